@@ -1,0 +1,65 @@
+"""fitplan: will a fine-tuning run fit, how long will it take, what will it cost?
+
+Python API::
+
+    import fitplan
+    est = fitplan.estimate(model="llama-2-7b", gpu="a100-80gb", precision="bf16-mixed",
+                           per_device_train_batch_size=4, max_seq_length=2048, gradient_checkpointing=True)
+    est["peak_bytes"], est.memory_bytes()
+
+The core never imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .declarations import OptimizerContext, OptimizerSpec, Quantity, Reducer, quantity, reducer
+from .errors import FitplanError, PluginError
+from .hookspecs import hookimpl
+from .scenario import Scenario
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Estimate", "FitplanError", "OptimizerContext", "OptimizerSpec", "PluginError", "Quantity", "Reducer", "Scenario",
+    "estimate", "hookimpl", "quantity", "reducer", "scenario_from_dict",
+]
+
+
+def scenario_from_dict(data: dict[str, Any], *, file: str | None = None) -> Scenario:
+    from .context import scenario_from_dict as _s
+
+    return _s(data, file=file)
+
+
+def estimate(scenario: Scenario | dict[str, Any] | None = None, /, *, ruleset_dirs: Sequence[str | Path] = (),
+             registry=None, **fields: Any):
+    """Estimate memory (and, with a dataset and GPU, time and cost) for one scenario.
+
+    :param scenario: a :class:`Scenario`, or a nested/flat mapping; ``fields`` (flat names such as
+        ``per_device_train_batch_size``) override it.
+    :param ruleset_dirs: extra ruleset directories (like ``--ruleset-dir``).
+    :raises FitplanError: on bad input.
+    """
+    from .context import get_context, merge
+    from .estimation import evaluate
+    from .scenario import flatten
+
+    if isinstance(scenario, Scenario):
+        base: dict[str, Any] = flatten(scenario)
+    else:
+        base = dict(scenario or {})
+    s = scenario_from_dict(merge(base, fields) if fields else base)
+    ctx = get_context(ruleset_dirs, registry)
+    return evaluate(s, ctx.registry, ctx.rulesets)
+
+
+def __getattr__(name: str):
+    if name == "Estimate":
+        from .estimation import Estimate
+
+        return Estimate
+    raise AttributeError(name)

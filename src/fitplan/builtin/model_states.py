@@ -1,0 +1,89 @@
+"""Model states: weights, master weights, gradients and optimizer states (bytes per GPU before sharding).
+
+Sharding (ZeRO/FSDP), offload and QLoRA are reducers on these terms, declared in their own plugins.
+"""
+
+from __future__ import annotations
+
+from ..declarations import OptimizerContext, quantity
+from ..hookspecs import hookimpl
+
+
+@quantity("tensors")
+def trainable_tensors(arch):
+    """The trainable parameter tensors as ``(shape, count)`` pairs: every parameter for full
+    fine-tuning (the LoRA reducer replaces them with the adapters)."""
+    return tuple((g.shape, g.count) for g in arch.param_groups())
+
+
+@quantity("params")
+def trainable_param_count(trainable_tensors):
+    """Σ numel over the trainable tensors."""
+    total = 0
+    for shape, count in trainable_tensors:
+        n = count
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+@quantity("params")
+def adapter_param_count(method, trainable_param_count):
+    """Parameters added by LoRA adapters (0 for full fine-tuning)."""
+    return 0 if method == "full" else trainable_param_count
+
+
+@quantity("bytes/param")
+def trainable_dtype_bytes(method, weight_dtype_bytes, assumptions):
+    """Bytes per trainable parameter. Full fine-tuning: the weight dtype. LoRA: 4, because peft
+    keeps adapters in fp32 (``autocast_adapter_dtype=True``, peft >= 0.12) whatever the base dtype."""
+    if method == "full" or assumptions == "seed":
+        return weight_dtype_bytes
+    return 4
+
+
+@quantity("bytes", category="memory")
+def weight_bytes(param_count, weight_dtype_bytes, adapter_param_count, trainable_dtype_bytes):
+    """Weights: param_count × bytes per weight, plus LoRA adapters in their own dtype.
+    Seed: "parameters × precision" (7B × 4 = 28 GB)."""
+    return param_count * weight_dtype_bytes + adapter_param_count * trainable_dtype_bytes
+
+
+@quantity("bytes", category="memory")
+def master_weight_bytes(trainable_param_count, master_weight_dtype_bytes):
+    """fp32 master copy of the trainable weights kept by DeepSpeed/Megatron mixed precision
+    (``*-master`` presets): 4 B per trainable parameter. Absent in torch AMP and pure 16-bit training."""
+    return trainable_param_count * master_weight_dtype_bytes
+
+
+@quantity("bytes", category="memory")
+def gradient_bytes(trainable_param_count, trainable_dtype_bytes):
+    """Gradients: one per trainable parameter, in the parameter's dtype (frozen weights have none).
+    Seed: "même taille que les poids"."""
+    return trainable_param_count * trainable_dtype_bytes
+
+
+@quantity("context")
+def optimizer_context(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes):
+    """What an optimizer's byte functions see: the trainable tensors and the state dtype."""
+    return OptimizerContext(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes)
+
+
+@quantity("bytes", category="memory")
+def optimizer_state_bytes(optimizer_spec, optimizer_context):
+    """Optimizer states as the chosen optimizer stores them (see ``fitplan plugins`` for each optimizer's rule)."""
+    return int(optimizer_spec.state_bytes(optimizer_context))
+
+
+@quantity("bytes")
+def optimizer_step_temp_bytes(optimizer_spec, optimizer_context):
+    """Temporaries alive during ``optimizer.step()`` (e.g. foreach AdamW's intermediate tensor lists)."""
+    return int(optimizer_spec.step_temp_bytes(optimizer_context))
+
+
+@hookimpl
+def fitplan_register_quantities(register):
+    for q in (trainable_tensors, trainable_param_count, adapter_param_count, trainable_dtype_bytes, weight_bytes,
+              master_weight_bytes, gradient_bytes, optimizer_context, optimizer_state_bytes, optimizer_step_temp_bytes):
+        register(q)

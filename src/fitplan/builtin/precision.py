@@ -1,0 +1,76 @@
+"""Precision presets: the bytes per element of each kind of tensor.
+
+========== ======= ===== ====== ====== ===========
+preset     weights grads master states activations
+========== ======= ===== ====== ====== ===========
+32-true    4       4     -      4      4
+bf16-mixed 4       4     -      4      2 (autocast)
+16-mixed   4       4     -      4      2 (autocast)
+bf16-true  2       2     -      2      2
+16-true    2       2     -      2      2
+bf16-master 2      2     4      4      2 (DeepSpeed / Megatron)
+16-master  2       2     4      4      2
+========== ======= ===== ====== ====== ===========
+
+Sources: torch.amp autocast keeps fp32 parameters and runs matmuls in 16-bit; torch optimizers
+create states with ``torch.zeros_like(param)`` (so bf16 weights give bf16 states); DeepSpeed's
+bf16/fp16 optimizers keep fp32 master weights and fp32 Adam states (ZeRO paper, 2+2+12 bytes).
+
+Under ``--assumptions seed`` the chapter's simplification holds instead: "bf16 + mixed precision"
+is 2-byte weights and gradients with fp32 AdamW states and no master copy (2 + 2 + 8 bytes).
+"""
+
+from __future__ import annotations
+
+from ..declarations import quantity
+from ..hookspecs import hookimpl
+
+_SIXTEEN = {"bf16-mixed", "16-mixed", "bf16-true", "16-true", "bf16-master", "16-master"}
+
+
+@quantity("bytes/param")
+def weight_dtype_bytes(precision, assumptions):
+    """Bytes per stored weight: 4 for 32-true and for autocast (``*-mixed``: fp32 weights), 2 for
+    ``*-true`` and ``*-master``. Seed assumptions: 2 for any 16-bit preset (the chapter's bf16 row)."""
+    if assumptions == "seed":
+        return 2 if precision in _SIXTEEN else 4
+    return 2 if precision.endswith(("-true", "-master")) and precision != "32-true" else 4
+
+
+@quantity("bytes/param")
+def master_weight_dtype_bytes(precision, assumptions):
+    """Bytes per fp32 master weight: 4 for ``*-master`` (DeepSpeed/Megatron keep an fp32 copy), else 0."""
+    if assumptions == "seed":
+        return 0
+    return 4 if precision.endswith("-master") else 0
+
+
+@quantity("bytes/elem")
+def optimizer_state_dtype_bytes(precision, assumptions, method):
+    """Bytes per full-precision optimizer state element. torch optimizers create states like their
+    parameter (2 for ``*-true``; 4 for LoRA adapters, which peft keeps in fp32); DeepSpeed keeps fp32
+    states (``*-master``); the seed assumes fp32 always."""
+    if assumptions == "seed" or method != "full":
+        return 4
+    return 2 if precision in ("bf16-true", "16-true") else 4
+
+
+@quantity("bytes/elem")
+def activation_dtype_bytes(precision):
+    """Bytes per activation element: 4 in 32-true, 2 under any 16-bit preset (autocast or 16-bit weights)."""
+    return 4 if precision == "32-true" else 2
+
+
+@quantity("dtype")
+def compute_dtype(precision):
+    """The dtype matmuls run in (selects the GPU's peak FLOP/s): fp32, bf16 or fp16."""
+    if precision == "32-true":
+        return "fp32"
+    return "bf16" if precision.startswith("bf16") else "fp16"
+
+
+@hookimpl
+def fitplan_register_quantities(register):
+    for q in (weight_dtype_bytes, master_weight_dtype_bytes, optimizer_state_dtype_bytes,
+              activation_dtype_bytes, compute_dtype):
+        register(q)

@@ -1,0 +1,226 @@
+"""The quantity graph: build once with networkx, check it, order it, evaluate it many times.
+
+Nodes are quantities and inputs (scenario fields and the resolved objects in
+:data:`INPUTS`); edges run from a dependency to its dependent. A quantity with reducers
+becomes a chain: the contributor's node is renamed ``<name>.raw``, each reducer adds a node
+``<name>.<reducer>``, and ``<name>`` is the end of the chain. The order of a chain follows the
+reducers' ``after``/``before`` constraints (ties broken by name, so it is deterministic).
+
+Evaluation is a plain loop over pre-ordered steps: no hook calls, no graph walks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+import networkx as nx
+
+from .declarations import Quantity, Reducer
+from .errors import GraphError, did_you_mean
+from .scenario import FIELD_SECTION
+
+RESOLVED_INPUTS: dict[str, str] = {
+    "arch": "the model's architecture (fitplan.architecture.ModelSpec) from the catalog, a config.json or --params",
+    "gpu_spec": "the GPU from the hardware ruleset (fitplan.rulesets.GPU), or None without --gpu",
+    "optimizer_spec": "the optimizer named by --optim (fitplan.declarations.OptimizerSpec)",
+    "framework": "framework overheads from the rulesets (fitplan.rulesets.Framework)",
+    "rulesets": "every ruleset entry in force (fitplan.rulesets.Rulesets)",
+}
+INPUTS: frozenset[str] = frozenset(FIELD_SECTION) | frozenset(RESOLVED_INPUTS)
+"""Names a quantity may depend on besides other quantities."""
+
+# step kinds
+Q, R, ALIAS = 0, 1, 2
+
+
+@attrs.frozen
+class Node:
+    name: str
+    kind: str  # "input" | "quantity" | "reducer"
+    deps: tuple[str, ...]
+    unit: str = ""
+    doc: str = ""
+    plugin: str = ""
+    target: str = ""
+    category: str = ""
+
+
+@attrs.define
+class CompiledGraph:
+    """An ordered, checked graph. :meth:`evaluate` runs it on one set of inputs."""
+
+    graph: nx.DiGraph
+    nodes: dict[str, Node]
+    steps: list[tuple]
+    chains: dict[str, list[str]]
+    quantities: dict[str, Quantity]
+    reducers: dict[str, Reducer]
+
+    def evaluate(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool]]:
+        """Evaluate every quantity. Returns ``(values, applied)``: ``applied[reducer_node]`` says
+        whether each reducer's condition held."""
+        v = dict(inputs)
+        applied: dict[str, bool] = {}
+        for step in self.steps:
+            kind = step[0]
+            if kind == Q:
+                _, name, fn, deps = step
+                v[name] = fn(*[v[d] for d in deps])
+            elif kind == R:
+                _, name, prev, cond, cdeps, fn, tdeps = step
+                if cond(*[v[d] for d in cdeps]):
+                    applied[name] = True
+                    v[name] = fn(v[prev], *[v[d] for d in tdeps])
+                else:
+                    applied[name] = False
+                    v[name] = v[prev]
+            else:
+                _, name, prev = step
+                v[name] = v[prev]
+        return v, applied
+
+    def to_dot(self) -> str:
+        lines = ["digraph fitplan {", "  rankdir=LR;", '  node [fontname="Helvetica", fontsize=10];']
+        for n in sorted(self.graph.nodes):
+            node = self.nodes[n]
+            shape = {"input": "ellipse", "quantity": "box", "reducer": "hexagon"}[node.kind]
+            label = n if not node.unit else f"{n}\\n[{node.unit}]"
+            lines.append(f'  "{n}" [shape={shape}, label="{label}"];')
+        for a, b in sorted(self.graph.edges):
+            lines.append(f'  "{a}" -> "{b}";')
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def to_mermaid(self) -> str:
+        ids = {n: f"n{i}" for i, n in enumerate(sorted(self.graph.nodes))}
+        lines = ["flowchart LR"]
+        for n, i in ids.items():
+            kind = self.nodes[n].kind
+            lines.append(f'  {i}{"([" if kind == "input" else "{{" if kind == "reducer" else "["}"{n}"{"])" if kind == "input" else "}}" if kind == "reducer" else "]"}')
+        for a, b in sorted(self.graph.edges):
+            lines.append(f"  {ids[a]} --> {ids[b]}")
+        return "\n".join(lines) + "\n"
+
+
+def _order_chain(target: str, reducers: Sequence[Reducer]) -> list[Reducer]:
+    by_name = {r.name: r for r in reducers}
+    g = nx.DiGraph()
+    g.add_nodes_from(by_name)
+    for r in reducers:
+        for a in r.after:
+            if a in by_name:
+                g.add_edge(a, r.name)
+        for b in r.before:
+            if b in by_name:
+                g.add_edge(r.name, b)
+    try:
+        order = list(nx.lexicographical_topological_sort(g))
+    except nx.NetworkXUnfeasible:
+        cycle = nx.find_cycle(g)
+        raise GraphError(
+            f"reducers on {target!r} have contradictory ordering: " + " -> ".join(a for a, _ in cycle) + f" -> {cycle[0][0]}",
+            field=target,
+        ) from None
+    return [by_name[n] for n in order]
+
+
+def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -> CompiledGraph:
+    """Check and order the declarations.
+
+    :raises GraphError: duplicate quantity names (naming both plugins), duplicate reducer names on
+        one target, reducers on unknown targets, unbound dependencies (with a suggestion), cycles.
+    """
+    qs: dict[str, Quantity] = {}
+    problems: list[str] = []
+    for q in quantities:
+        if q.name in qs:
+            problems.append(f"quantity {q.name!r} is declared by plugin {qs[q.name].plugin!r} and again by plugin {q.plugin!r}")
+            continue
+        if q.name in INPUTS:
+            problems.append(f"plugin {q.plugin!r} declares quantity {q.name!r}, which is an input name")
+            continue
+        qs[q.name] = q
+    chains_in: dict[str, list[Reducer]] = {}
+    for r in reducers:
+        if r.target not in qs:
+            hint = did_you_mean(r.target, qs)
+            problems.append(f"plugin {r.plugin!r}: reducer {r.name!r} targets unknown quantity {r.target!r}" + (f" ({hint})" if hint else ""))
+            continue
+        chain = chains_in.setdefault(r.target, [])
+        if any(x.name == r.name for x in chain):
+            other = next(x for x in chain if x.name == r.name)
+            problems.append(f"reducer {r.name!r} on {r.target!r} is declared by plugin {other.plugin!r} and again by plugin {r.plugin!r}")
+            continue
+        chain.append(r)
+
+    g = nx.DiGraph()
+    nodes: dict[str, Node] = {}
+    known = set(qs) | INPUTS
+
+    def need(dep: str, who: str, plugin: str) -> None:
+        if dep not in known:
+            hint = did_you_mean(dep, known)
+            problems.append(f"plugin {plugin!r}: {who} depends on unknown name {dep!r}" + (f" ({hint})" if hint else ""))
+
+    for q in qs.values():
+        raw = f"{q.name}.raw" if q.name in chains_in else q.name
+        nodes[raw] = Node(raw, "quantity", q.deps, q.unit, q.doc, q.plugin, category=q.category)
+        for d in q.deps:
+            need(d, f"quantity {q.name!r}", q.plugin)
+            g.add_edge(d, raw)
+        g.add_node(raw)
+    ordered_chains: dict[str, list[str]] = {}
+    reducer_by_node: dict[str, Reducer] = {}
+    for target, chain in chains_in.items():
+        try:
+            ordered = _order_chain(target, chain)
+        except GraphError as e:
+            problems.append(e.message)
+            continue
+        prev = f"{target}.raw"
+        names = [prev]
+        for r in ordered:
+            node = f"{target}.{r.name}"
+            deps = tuple(dict.fromkeys((*r.condition_deps, *r.transform_deps)))
+            nodes[node] = Node(node, "reducer", (prev, *deps), qs[target].unit, r.doc, r.plugin, target=target)
+            for d in deps:
+                need(d, f"reducer {r.name!r}", r.plugin)
+                g.add_edge(d, node)
+            g.add_edge(prev, node)
+            reducer_by_node[node] = r
+            prev = node
+            names.append(node)
+        q = qs[target]
+        nodes[target] = Node(target, "quantity", (prev,), q.unit, q.doc, q.plugin, category=q.category)
+        g.add_edge(prev, target)
+        ordered_chains[target] = names
+    if problems:
+        raise GraphError(f"{len(problems)} problem(s) in the quantity graph", details=problems)
+    try:
+        cycle = nx.find_cycle(g)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        path = " -> ".join(a for a, _ in cycle) + f" -> {cycle[0][0]}"
+        plugins = sorted({nodes[a].plugin for a, _ in cycle if a in nodes})
+        raise GraphError(f"dependency cycle: {path}", details=[f"declared by plugin(s): {', '.join(plugins)}"])
+    for n in g.nodes:
+        if n not in nodes:
+            nodes[n] = Node(n, "input", (), doc=RESOLVED_INPUTS.get(n, f"scenario field {FIELD_SECTION.get(n, '')}.{n}"))
+    steps: list[tuple] = []
+    for n in nx.lexicographical_topological_sort(g):
+        node = nodes[n]
+        if node.kind == "input":
+            continue
+        if node.kind == "reducer":
+            r = reducer_by_node[n]
+            steps.append((R, n, node.deps[0], r.condition, r.condition_deps, r.transform, r.transform_deps))
+        elif n in ordered_chains:
+            steps.append((ALIAS, n, node.deps[0]))
+        else:
+            base = n.removesuffix(".raw") if n.endswith(".raw") else n
+            q = qs[base]
+            steps.append((Q, n, q.func, q.deps))
+    return CompiledGraph(g, nodes, steps, ordered_chains, qs, {k: v for k, v in reducer_by_node.items()})

@@ -1,0 +1,285 @@
+"""TOML rulesets: hardware, pricing, models and framework overheads. Data only, never executed.
+
+A ruleset directory holds any number of ``*.toml`` files (searched recursively). Each file may
+contain any of the top-level arrays of tables ``[[gpu]]``, ``[[provider]]``, ``[[instance]]``,
+``[[model]]`` and the table ``[framework]``; see ``docs/rulesets.md``.
+
+Precedence (later wins, entry by entry, keyed by ``id``):
+
+1. the bundled ``rulesets/`` shipped inside the wheel;
+2. directories returned by plugins' ``fitplan_ruleset_dirs`` hook, in plugin registration order;
+3. each ``--ruleset-dir`` in the order given on the command line.
+
+Within one directory, files are read in sorted path order; the same ``id`` twice within one
+directory is an error (it is almost always a copy-paste mistake).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+
+from .convert import error_lines, CONVERTER
+from .errors import FitplanError, unknown
+
+
+def _nonneg(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or value < 0):
+        raise FitplanError(f"{type(inst).__name__}.{att.name} must be >= 0, got {value!r}", field=att.name, value=value)
+
+
+def _pos(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not value > 0):
+        raise FitplanError(f"{type(inst).__name__}.{att.name} must be > 0, got {value!r}", field=att.name, value=value)
+
+
+@frozen
+class GPU:
+    """One GPU model. ``usable_bytes`` is what ``torch.cuda.get_device_properties().total_memory`` reports."""
+
+    id: str
+    name: str
+    memory_bytes: int = field(validator=_pos)
+    usable_bytes: int = field(validator=_pos)
+    peak_tflops: dict[str, float]
+    """Dense peak TFLOPS per dtype: keys among fp32, tf32, bf16, fp16, fp8, int8."""
+    bandwidth_gbps: float = field(validator=_pos)
+    source: str
+    aliases: tuple[str, ...] = ()
+    interconnect: str = "pcie"
+    interconnect_gbps: float = field(default=32.0, validator=_pos)
+    """Per-GPU bidirectional-ish bandwidth within a node (NVLink or PCIe), GB/s."""
+    inter_node_gbps: float = field(default=50.0, validator=_pos)
+    """Per-GPU network bandwidth between nodes, GB/s (e.g. 400 Gb/s InfiniBand = 50 GB/s)."""
+    gpus_per_node: int = field(default=8, validator=_pos)
+
+    @usable_bytes.validator
+    def _usable_le_memory(self, att: attrs.Attribute, value: int) -> None:
+        if value > self.memory_bytes * 1.1:
+            raise FitplanError(
+                f"GPU.usable_bytes ({value}) exceeds memory_bytes ({self.memory_bytes})", field="usable_bytes", value=value
+            )
+
+
+@frozen
+class Provider:
+    id: str
+    name: str
+    source: str
+    billing: str = field(default="second", validator=attrs.validators.in_(("second", "minute", "hour")))
+    """Billing granularity: usage is rounded up to a whole unit."""
+    minimum_seconds: int = field(default=60, validator=_nonneg)
+    currency: str = "USD"
+    spot_overhead: float = field(default=0.1, validator=_nonneg)
+    """Extra fraction of run time lost to spot interruptions and restarts (0.1 = +10 %)."""
+
+
+@frozen
+class Instance:
+    """A rentable machine: ``gpus`` × ``gpu`` at an hourly price for the whole instance."""
+
+    provider: str
+    id: str
+    gpu: str
+    gpus: int = field(validator=_pos)
+    on_demand_per_hour: float = field(validator=_nonneg)
+    source: str
+    spot_per_hour: float | None = field(default=None, validator=_nonneg)
+    region: str = ""
+    date: str = ""
+
+
+@frozen
+class Framework:
+    """What CUDA and PyTorch add beyond tensor bytes. Calibrated by ``fitplan validate --calibrate-out``."""
+
+    cuda_context_bytes: int = field(default=500 * 2**20, validator=_nonneg)
+    cublas_workspace_bytes: int = field(default=8 * 2**20, validator=_nonneg)
+    allocator_reserve_ratio: float = field(default=1.05, validator=_pos)
+    """reserved / allocated at the peak (caching allocator fragmentation)."""
+    allocator_block_bytes: int = field(default=512, validator=_pos)
+    source: str = ""
+
+
+@frozen
+class ModelEntry:
+    """A catalog model: the fields of its HF ``config.json``."""
+
+    id: str
+    config: dict[str, Any]
+    source: str
+    aliases: tuple[str, ...] = ()
+    hf_id: str = ""
+
+
+@frozen
+class RulesetFile:
+    """The top level of one ruleset TOML file."""
+
+    gpu: list[GPU] = attrs.Factory(list)
+    provider: list[Provider] = attrs.Factory(list)
+    instance: list[Instance] = attrs.Factory(list)
+    model: list[ModelEntry] = attrs.Factory(list)
+    framework: Framework | None = None
+
+
+def parse_file(path: Path) -> tuple[RulesetFile | None, list[str]]:
+    """Read one ruleset file. Returns the parsed file and every error as ``file: message @ $.path``."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        return None, [f"{path}: malformed TOML: {e}"]
+    except OSError as e:
+        return None, [f"{path}: cannot read: {e.strerror}"]
+    try:
+        return CONVERTER.structure(data, RulesetFile), []
+    except Exception as e:  # noqa: BLE001 - cattrs error groups
+        return None, [f"{path}: {line}" for line in error_lines(e)]
+
+
+def ruleset_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*.toml") if p.is_file())
+
+
+def check_paths(paths: Iterable[str | Path]) -> list[str]:
+    """Validate ruleset files or directories; return every error at once (empty when all is well)."""
+    errors: list[str] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files = ruleset_files(p)
+            if not files:
+                errors.append(f"{p}: no *.toml files found")
+        elif p.exists():
+            files = [p]
+        else:
+            errors.append(f"{p}: no such file or directory")
+            continue
+        seen: dict[tuple[str, str], Path] = {}
+        for f in files:
+            parsed, errs = parse_file(f)
+            errors.extend(errs)
+            if parsed is not None:
+                errors.extend(_duplicates(parsed, f, seen))
+                errors.extend(_cross_check(parsed, f))
+    return errors
+
+
+def _duplicates(parsed: RulesetFile, f: Path, seen: dict[tuple[str, str], Path]) -> list[str]:
+    out = []
+    for kind in ("gpu", "provider", "model"):
+        for i, entry in enumerate(getattr(parsed, kind)):
+            key = (kind, entry.id)
+            if key in seen:
+                out.append(f"{f}: duplicate {kind} id {entry.id!r} (also in {seen[key]}) @ $.{kind}[{i}].id")
+            seen[key] = f
+    for i, inst in enumerate(parsed.instance):
+        key = ("instance", f"{inst.provider}/{inst.id}/{inst.region}")
+        if key in seen:
+            out.append(f"{f}: duplicate instance {inst.provider}/{inst.id} in region {inst.region!r} (also in {seen[key]}) @ $.instance[{i}].id")
+        seen[key] = f
+    return out
+
+
+def _cross_check(parsed: RulesetFile, f: Path) -> list[str]:
+    out = []
+    for i, entry in enumerate(parsed.model):
+        from .architecture import spec_from_config
+
+        try:
+            spec_from_config(entry.config, name=entry.id)
+        except FitplanError as e:
+            out.append(f"{f}: model {entry.id!r}: {e.message} @ $.model[{i}].config{(e.field or '').removeprefix('$')}")
+    return out
+
+
+def bundled_dir() -> Path:
+    """The bundled rulesets: inside the wheel, or the repository's top-level ``rulesets/``."""
+    here = Path(__file__).resolve().parent
+    inside = here / "_rulesets"
+    if inside.is_dir():
+        return inside
+    return here.parent.parent / "rulesets"
+
+
+@attrs.define
+class Rulesets:
+    """Every ruleset entry in force, with the file each came from."""
+
+    gpus: dict[str, GPU] = attrs.Factory(dict)
+    providers: dict[str, Provider] = attrs.Factory(dict)
+    instances: dict[tuple[str, str, str], Instance] = attrs.Factory(dict)
+    models: dict[str, ModelEntry] = attrs.Factory(dict)
+    framework: Framework = attrs.Factory(Framework)
+    origin: dict[str, str] = attrs.Factory(dict)
+    """``kind:id`` -> the file that set it (for ``explain``)."""
+    dirs: list[str] = attrs.Factory(list)
+
+    def add_dir(self, directory: Path) -> None:
+        errors = check_paths([directory])
+        if errors:
+            raise FitplanError(f"invalid ruleset directory {directory}", details=errors)
+        for f in ruleset_files(directory):
+            parsed, _ = parse_file(f)
+            assert parsed is not None
+            self._merge(parsed, str(f))
+        self.dirs.append(str(directory))
+
+    def _merge(self, parsed: RulesetFile, f: str) -> None:
+        for g in parsed.gpu:
+            self.gpus[g.id] = g
+            self.origin[f"gpu:{g.id}"] = f
+        for p in parsed.provider:
+            self.providers[p.id] = p
+            self.origin[f"provider:{p.id}"] = f
+        for i in parsed.instance:
+            self.instances[(i.provider, i.id, i.region)] = i
+            self.origin[f"instance:{i.provider}/{i.id}/{i.region}"] = f
+        for m in parsed.model:
+            self.models[m.id] = m
+            self.origin[f"model:{m.id}"] = f
+        if parsed.framework is not None:
+            self.framework = parsed.framework
+            self.origin["framework"] = f
+
+    # ---------------------------------------------------------------- lookups with suggestions
+
+    def gpu(self, name: str) -> GPU:
+        key = name.lower()
+        if key in self.gpus:
+            return self.gpus[key]
+        for g in self.gpus.values():
+            if key in (a.lower() for a in g.aliases):
+                return g
+        names = list(self.gpus) + [a for g in self.gpus.values() for a in g.aliases]
+        raise unknown("GPU", name, names, field="--gpu")
+
+    def model_entry(self, name: str) -> ModelEntry:
+        key = name.lower()
+        if key in self.models:
+            return self.models[key]
+        for m in self.models.values():
+            if key in (a.lower() for a in m.aliases) or key == m.hf_id.lower():
+                return m
+        raise unknown("model", name, list(self.models), field="--model")
+
+    def provider(self, name: str) -> Provider:
+        if name in self.providers:
+            return self.providers[name]
+        raise unknown("provider", name, list(self.providers), field="--provider")
+
+
+def load(extra_dirs: Sequence[str | Path] = (), plugin_dirs: Sequence[str | Path] = ()) -> Rulesets:
+    """Load bundled rulesets, then plugin directories, then ``extra_dirs`` (later wins)."""
+    rs = Rulesets()
+    rs.add_dir(bundled_dir())
+    for d in [*plugin_dirs, *extra_dirs]:
+        p = Path(d)
+        if not p.is_dir():
+            raise FitplanError("ruleset directory not found", file=str(p), field="--ruleset-dir", value=str(d))
+        rs.add_dir(p)
+    return rs
