@@ -24,6 +24,13 @@ def model_state_bytes(weight_bytes, master_weight_bytes, gradient_bytes, optimiz
 
 
 @quantity("bytes")
+def saved_for_backward_bytes(activation_bytes, logits_bytes, autocast_weight_copy_bytes):
+    """Everything autograd keeps for backward (what ``saved_tensors_hooks`` sees, parameters excluded):
+    layer activations + logits/loss tensors + autocast's 16-bit weight copies."""
+    return activation_bytes + logits_bytes + autocast_weight_copy_bytes
+
+
+@quantity("bytes")
 def phase_bytes(weight_bytes, master_weight_bytes, gradient_bytes, optimizer_state_bytes, activation_bytes, logits_bytes,
                 autocast_weight_copy_bytes, loss_backward_temp_bytes, optimizer_step_temp_bytes, comm_buffer_bytes,
                 gradient_accumulation_steps):
@@ -53,5 +60,5 @@ def peak_bytes(phase_bytes, peak_phase):
 
 @hookimpl
 def fitplan_register_quantities(register):
-    for q in (model_state_bytes, phase_bytes, peak_phase, peak_bytes):
+    for q in (model_state_bytes, saved_for_backward_bytes, phase_bytes, peak_phase, peak_bytes):
         register(q)
