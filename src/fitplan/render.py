@@ -1,0 +1,223 @@
+"""Rendering an Estimate: JSON (bytes as integers), a terminal table, Markdown, and explain trees.
+
+All output is deterministic (no timestamps, sorted keys where order is not meaningful), so that
+reports can be snapshot-tested. Human units are GB (10^9 bytes) unless ``units="GiB"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from . import __version__
+from .estimation import MEMORY_KEYS, Estimate
+from .units import format_bytes, format_count
+
+JSON_SECTIONS: list[Callable[[Estimate], dict[str, Any]]] = []
+"""Functions adding top-level sections to the JSON report (time and cost register here)."""
+TEXT_SECTIONS: list[Callable[[Estimate, str], list[tuple[str, str]]]] = []
+"""Functions adding ``(label, value)`` summary lines to the table and Markdown reports."""
+
+
+def _scenario_dict(est: Estimate) -> dict[str, Any]:
+    out = {}
+    for section in attrs.fields(type(est.scenario)):
+        value = attrs.asdict(getattr(est.scenario, section.name))
+        out[section.name] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in value.items()}
+    return out
+
+
+def to_json(est: Estimate) -> dict[str, Any]:
+    v = est.values
+    arch = est.arch
+    memory: dict[str, Any] = {
+        "per_gpu_bytes": est.memory_bytes(),
+        "peak_phase": v["peak_phase"],
+        "phases_bytes": {k: int(x) for k, x in v["phase_bytes"].items()},
+        "usable_bytes": v["usable_bytes"],
+        "fits": v["fits"],
+        "headroom_bytes": v["headroom_bytes"],
+        "cpu_offload_bytes": v["cpu_offload_bytes"],
+        "unit": "bytes",
+    }
+    out: dict[str, Any] = {
+        "fitplan_version": __version__,
+        "assumptions": est.scenario.model.assumptions,
+        "model": {
+            "name": arch.name,
+            "family": arch.family,
+            "param_count": v["param_count"],
+            "trainable_param_count": v["trainable_param_count"],
+            "source": arch.source,
+        },
+        "gpu": None if v["gpu_spec"] is None else {"id": v["gpu_spec"].id, "name": v["gpu_spec"].name,
+                                                     "usable_bytes": v["gpu_spec"].usable_bytes},
+        "optimizer": v["optimizer_spec"].name,
+        "world_size": v["world_size"],
+        "memory": memory,
+        "scenario": _scenario_dict(est),
+        "warnings": list(est.warnings),
+    }
+    for section in JSON_SECTIONS:
+        out.update(section(est))
+    return out
+
+
+_LABELS = {
+    "weights": "weights",
+    "master_weights": "master weights (fp32)",
+    "gradients": "gradients",
+    "optimizer_states": "optimizer states",
+    "activations": "activations",
+    "logits": "logits + loss",
+    "autocast_copies": "autocast weight copies",
+    "comm_buffers": "communication buffers",
+}
+
+
+def summary_lines(est: Estimate, units: str) -> list[tuple[str, str]]:
+    v = est.values
+    s = est.scenario
+    lines = [
+        ("model", f"{est.arch.name} ({format_count(v['param_count'])} params, {format_count(v['trainable_param_count'])} trainable)"),
+        ("setup", f"{s.model.method}, {s.training.precision}, {v['optimizer_spec'].name}, micro-batch {s.training.per_device_train_batch_size} "
+                  f"× seq {s.training.max_seq_length}" + (", grad. checkpointing" if s.training.gradient_checkpointing else "")
+                  + (f", ZeRO-{v['shard_stage']} over {v['shard_degree']} GPUs" if v["shard_stage"] and v["shard_degree"] > 1 else "")),
+        ("assumptions", s.model.assumptions),
+        ("peak (allocated)", f"{format_bytes(v['peak_bytes'], units)} at {v['peak_phase'].replace('_', ' ')}"),
+        ("device total", format_bytes(v["device_total_bytes"], units) + " (peak + CUDA context + allocator reserve)"),
+    ]
+    if v["gpu_spec"] is not None:
+        verdict = "fits" if v["fits"] else "does NOT fit"
+        lines.append(("GPU", f"{v['gpu_spec'].name}: {format_bytes(v['usable_bytes'], units)} usable, {verdict} "
+                             f"(headroom {format_bytes(v['headroom_bytes'], units)})"))
+    if v["cpu_offload_bytes"]:
+        lines.append(("CPU RAM (offload)", format_bytes(v["cpu_offload_bytes"], units) + " per node"))
+    for section in TEXT_SECTIONS:
+        lines.extend(section(est, units))
+    return lines
+
+
+def breakdown_rows(est: Estimate) -> list[tuple[str, int]]:
+    mem = est.memory_bytes()
+    return [(_LABELS[k], mem[k]) for k in _LABELS if mem.get(k)]
+
+
+def to_markdown(est: Estimate, units: str = "GB") -> str:
+    lines = [f"# fitplan estimate: {est.arch.name}", ""]
+    for label, value in summary_lines(est, units):
+        lines.append(f"- **{label}**: {value}")
+    lines += ["", f"| component | {units} | share of peak |", "|---|---:|---:|"]
+    peak = max(est.values["peak_bytes"], 1)
+    for label, b in breakdown_rows(est):
+        lines.append(f"| {label} | {format_bytes(b, units).split()[0]} | {100 * b / peak:.1f} % |")
+    lines.append(f"| **peak** | **{format_bytes(est.values['peak_bytes'], units).split()[0]}** | |")
+    lines.append(f"| **device total** | **{format_bytes(est.values['device_total_bytes'], units).split()[0]}** | |")
+    if est.warnings:
+        lines += ["", "Warnings:", *[f"- {w}" for w in est.warnings]]
+    lines += ["", f"_{units} = {'10^9' if units == 'GB' else '2^30'} bytes. Components are resident at different phases; "
+                  "the peak is the largest phase, not their sum._", ""]
+    return "\n".join(lines)
+
+
+def print_table(est: Estimate, console, units: str = "GB") -> None:
+    from rich.table import Table
+
+    for label, value in summary_lines(est, units):
+        console.print(f"[bold]{label:>18}[/]  {value}")
+    table = Table(title=None, show_edge=False, pad_edge=False)
+    table.add_column("component")
+    table.add_column(units, justify="right")
+    table.add_column("share of peak", justify="right")
+    table.add_column("")
+    peak = max(est.values["peak_bytes"], 1)
+    for label, b in breakdown_rows(est):
+        share = b / peak
+        table.add_row(label, format_bytes(b, units).split()[0], f"{100 * share:.1f} %", "█" * max(1, round(30 * min(share, 1))))
+    console.print(table)
+    for w in est.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    console.print(f"[dim]{units} = {'10^9' if units == 'GB' else '2^30'} bytes; components are resident at different phases, "
+                  "the peak is the largest phase.[/]")
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def format_value(value: Any, unit: str, units: str = "GB") -> str:
+    if value is None:
+        return "None"
+    if unit == "bytes" and isinstance(value, (int, float)):
+        return f"{format_bytes(value, units)} ({int(value):,} B)"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {format_value(x, unit if unit == 'bytes' else '', units)}" for k, x in value.items()) + "}"
+    if isinstance(value, float):
+        return f"{value:,.6g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if hasattr(value, "name") and hasattr(value, "__attrs_attrs__"):
+        return f"{type(value).__name__}({value.name})" if hasattr(value, "name") else type(value).__name__
+    if isinstance(value, tuple) and len(value) > 6:
+        return f"({len(value)} entries)"
+    return repr(value)
+
+
+def explain_tree(est: Estimate, name: str, *, depth: int = 4, units: str = "GB") -> dict[str, Any]:
+    """A nested dict: the quantity, its value, rule, plugin, and its dependencies' trees."""
+    seen: set[str] = set()
+
+    def walk(n: str, d: int) -> dict[str, Any]:
+        p = est.provenance(n)
+        node = {"name": n, "kind": p["kind"], "value": format_value(p["value"], p["unit"], units), "plugin": p["plugin"],
+                "doc": p["doc"], "children": []}
+        if "applied" in p:
+            node["applied"] = p["applied"]
+        if "ruleset" in p:
+            node["ruleset"] = p["ruleset"]
+        if n in seen or d <= 0:
+            node["elided"] = bool(p["deps"])
+            return node
+        seen.add(n)
+        node["children"] = [walk(dep, d - 1) for dep in p["deps"]]
+        return node
+
+    return walk(name, depth)
+
+
+def seed_differences(est: Estimate, seed_est: Estimate | None, names: list[str]) -> list[str]:
+    if seed_est is None:
+        return []
+    out = []
+    for n in names:
+        a, b = est.values.get(n), seed_est.values.get(n)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a != b:
+            out.append(f"{n}: {format_bytes(a)} here, {format_bytes(b)} under the seed chapter's assumptions")
+    return out
+
+
+def print_tree(tree: dict[str, Any], console) -> None:
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    def label(node: dict[str, Any]) -> str:
+        kind = node["kind"]
+        mark = ""
+        if kind == "reducer":
+            mark = " [green]✓ applied[/]" if node.get("applied") else " [dim]✗ not applied[/]"
+        src = f" [dim]\\[{escape(node['plugin'])}][/]" if node["plugin"] else ""
+        rs = f" [dim](ruleset: {escape(str(node['ruleset']))})[/]" if node.get("ruleset") else ""
+        more = " [dim]…[/]" if node.get("elided") else ""
+        doc = f"\n[italic dim]{escape(node['doc'])}[/]" if node["doc"] and kind != "input" else ""
+        return f"[bold]{escape(node['name'])}[/] = {escape(node['value'])}{mark}{src}{rs}{more}{doc}"
+
+    def add(parent, node):
+        branch = parent.add(label(node))
+        for child in node["children"]:
+            add(branch, child)
+
+    root = Tree(label(tree))
+    for child in tree["children"]:
+        add(root, child)
+    console.print(root)
