@@ -103,7 +103,10 @@ def _estimate(kwargs: dict[str, Any]):
 def _console(err: bool = False):
     from rich.console import Console
 
-    return Console(stderr=err, highlight=False, soft_wrap=True)
+    stream = sys.stderr if err else sys.stdout
+    # not a terminal (a pipe, a file, a test): wide enough that trees and tables are never cropped
+    width = None if stream.isatty() else 200
+    return Console(stderr=err, highlight=False, width=width)
 
 
 def _dump_json(data: Any) -> None:

@@ -167,6 +167,7 @@ def format_value(value: Any, unit: str, units: str = "GB") -> str:
 def explain_tree(est: Estimate, name: str, *, depth: int = 4, units: str = "GB") -> dict[str, Any]:
     """A nested dict: the quantity, its value, rule, plugin, and its dependencies' trees."""
     seen: set[str] = set()
+    chains = est.registry.compiled().chains
 
     def walk(n: str, d: int) -> dict[str, Any]:
         p = est.provenance(n)
@@ -180,6 +181,18 @@ def explain_tree(est: Estimate, name: str, *, depth: int = 4, units: str = "GB")
             node["elided"] = bool(p["deps"])
             return node
         seen.add(n)
+        chain = chains.get(n)
+        if chain:
+            # a reduced quantity: its raw contributor, then each reducer (applied or not) with its own inputs
+            node["children"] = [walk(chain[0], d - 1)]
+            for step in chain[1:]:
+                rp = est.provenance(step)
+                node["children"].append({
+                    "name": step, "kind": "reducer", "value": format_value(rp["value"], rp["unit"], units),
+                    "plugin": rp["plugin"], "doc": rp["doc"], "applied": rp["applied"],
+                    "children": [walk(dep, d - 2) for dep in rp["deps"][1:]] if rp["applied"] else [],
+                })
+            return node
         node["children"] = [walk(dep, d - 1) for dep in p["deps"]]
         return node
 
@@ -193,7 +206,10 @@ def seed_differences(est: Estimate, seed_est: Estimate | None, names: list[str])
     for n in names:
         a, b = est.values.get(n), seed_est.values.get(n)
         if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a != b:
-            out.append(f"{n}: {format_bytes(a)} here, {format_bytes(b)} under the seed chapter's assumptions")
+            here, there = format_bytes(a), format_bytes(b)
+            if here == there:
+                here, there = f"{int(a):,} B", f"{int(b):,} B"
+            out.append(f"{n}: {here} here, {there} under the seed chapter's assumptions")
     return out
 
 

@@ -1,0 +1,115 @@
+"""The quantity graph: declarations, checks, reducer chains, evaluation, provenance."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+import fitplan
+from fitplan import Quantity, Reducer, hookimpl, quantity, reducer
+from fitplan.errors import GraphError
+from fitplan.graph import compile_graph
+from fitplan.plugins import make_registry
+
+
+def q(name, func, plugin="p"):
+    return Quantity(name=name, func=func, unit="x", plugin=plugin)
+
+
+def test_dependencies_are_parameter_names_and_order_is_topological():
+    g = compile_graph([q("c", lambda a, b: a + b), q("a", lambda per_device_train_batch_size: per_device_train_batch_size * 2),
+                       q("b", lambda a: a * 10)], [])
+    values, _ = g.evaluate({"per_device_train_batch_size": 3})
+    assert (values["a"], values["b"], values["c"]) == (6, 60, 66)
+
+
+def test_duplicate_quantity_names_both_plugins():
+    with pytest.raises(GraphError) as e:
+        compile_graph([q("a", lambda: 1, "first"), q("a", lambda: 2, "second")], [])
+    assert "quantity 'a' is declared by plugin 'first' and again by plugin 'second'" in e.value.details[0]
+
+
+def test_unbound_dependency_suggests():
+    with pytest.raises(GraphError) as e:
+        compile_graph([q("weight_total", lambda weigth_bytes: 1, "mine")], [])
+    detail = e.value.details[0]
+    assert "plugin 'mine'" in detail and "unknown name 'weigth_bytes'" in detail
+
+
+def test_cycle_is_printed():
+    with pytest.raises(GraphError) as e:
+        compile_graph([q("a", lambda b: b), q("b", lambda c: c), q("c", lambda a: a)], [])
+    assert "dependency cycle:" in e.value.message
+    assert all(n in e.value.message for n in ("a ->", "b ->", "c"))
+
+
+def test_reducer_chain_order_and_conditions():
+    base = q("x", lambda per_device_train_batch_size: 100)
+    r1 = Reducer("half", "x", lambda value: value // 2, lambda zero_stage: zero_stage >= 1, after=("minus",))
+    r2 = Reducer("minus", "x", lambda value: value - 10, lambda: True)
+    g = compile_graph([base], [r1, r2])
+    assert g.chains["x"] == ["x.raw", "x.minus", "x.half"]
+    v, applied = g.evaluate({"per_device_train_batch_size": 1, "zero_stage": 1})
+    assert v["x"] == (100 - 10) // 2 and applied == {"x.minus": True, "x.half": True}
+    v, applied = g.evaluate({"per_device_train_batch_size": 1, "zero_stage": 0})
+    assert v["x"] == 90 and applied["x.half"] is False
+
+
+def test_contradictory_reducer_order():
+    base = q("x", lambda: 1)
+    r1 = Reducer("a", "x", lambda value: value, lambda: True, after=("b",))
+    r2 = Reducer("b", "x", lambda value: value, lambda: True, after=("a",))
+    with pytest.raises(GraphError) as e:
+        compile_graph([base], [r1, r2])
+    assert "contradictory ordering" in e.value.details[0]
+
+
+def test_reducer_on_unknown_target():
+    with pytest.raises(GraphError) as e:
+        compile_graph([q("weight_bytes", lambda: 1)], [Reducer("r", "weight_byte", lambda value: value, lambda: True, plugin="pl")])
+    assert "plugin 'pl': reducer 'r' targets unknown quantity 'weight_byte'" in e.value.details[0]
+    assert "weight_bytes" in e.value.details[0]
+
+
+class CountingPlugin:
+    calls = 0
+
+    @hookimpl
+    def fitplan_register_quantities(self, register):
+        CountingPlugin.calls += 1
+
+        @quantity("bytes")
+        def doubled_peak_bytes(peak_bytes):
+            """Twice the peak."""
+            return 2 * peak_bytes
+
+        register(doubled_peak_bytes)
+
+
+def test_compile_once_evaluate_many_without_hook_calls():
+    reg = make_registry(entry_points=False, extra_plugins=[("counting", CountingPlugin())])
+    assert CountingPlugin.calls == 1
+    for b in (1, 2, 4):
+        est = fitplan.estimate(params="1B", per_device_train_batch_size=b, registry=reg)
+        assert est["doubled_peak_bytes"] == 2 * est["peak_bytes"]
+    assert CountingPlugin.calls == 1
+
+
+def test_provenance_names_plugin_deps_and_ruleset():
+    est = fitplan.estimate(model="llama-2-7b", gpu="a100-80gb", precision="bf16-true")
+    p = est.provenance("weight_bytes.raw")
+    assert p["plugin"] == "fitplan.builtin.model_states"
+    assert "param_count" in p["deps"] and p["value"] == 6_738_415_616 * 2
+    assert est.provenance("gpu_spec")["ruleset"].endswith(".toml")
+    z = est.provenance("optimizer_state_bytes.zero")
+    assert z["kind"] == "reducer" and z["applied"] is False
+
+
+def test_graph_exports():
+    from fitplan.context import get_context
+
+    g = get_context().registry.compiled()
+    dot, mmd = g.to_dot(), g.to_mermaid()
+    assert dot.startswith("digraph fitplan {") and '"param_count" -> "weight_bytes.raw";' in dot
+    assert mmd.startswith("flowchart LR") and "weight_bytes" in mmd
