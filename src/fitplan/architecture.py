@@ -243,6 +243,8 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         if old in c and new not in c and c[old] is not None:
             c[new] = c[old]
     model_type = c.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise FitplanError(f"model_type must be a string, got {model_type!r}", file=file, field="$.model_type", value=model_type)
     if not model_type:
         raise FitplanError("required field missing: model_type", file=file, field="$.model_type",
                            suggestion="an HF config.json names its architecture, e.g. \"llama\"")

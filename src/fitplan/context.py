@@ -77,7 +77,11 @@ def merge(base: dict[str, Any], flat_overrides: dict[str, Any]) -> dict[str, Any
             else:
                 out[key] = value
     for key, value in flat_overrides.items():
-        section = sc.FIELD_SECTION[key]
+        section = sc.FIELD_SECTION.get(key)
+        if section is None:
+            from .errors import unknown
+
+            raise unknown("scenario field", key, sc.FIELD_SECTION)
         out.setdefault(section, {})
         if not isinstance(out[section], dict):
             out[section] = {}

@@ -48,9 +48,10 @@ def _one_of(choices: tuple[str, ...]):
         if value not in choices:
             from .errors import did_you_mean
 
-            hint = did_you_mean(str(value), [c for c in choices if c]) or "valid: " + ", ".join(c for c in choices if c)
+            shown = [str(c) for c in choices if c is not None]
+            hint = (did_you_mean(value, shown) if isinstance(value, str) else None) or "valid: " + ", ".join(shown)
             raise FitplanError(
-                f"{type(inst).__name__}.{att.name} must be one of {', '.join(c for c in choices if c)}, got {value!r}",
+                f"{type(inst).__name__}.{att.name} must be one of {', '.join(shown)}, got {value!r}",
                 field=att.name,
                 value=value,
                 suggestion=hint,

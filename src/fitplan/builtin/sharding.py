@@ -72,13 +72,14 @@ zero_grads = reducer("gradient_bytes", when=lambda shard_stage, shard_degree: sh
 
 @quantity("bytes")
 def live_param_bytes(arch, weight_dtype_bytes, tensor_parallel):
-    """ZeRO-3 / FSDP all-gathered parameters alive at once: the current unit and the prefetched next one,
-    2 × the larger of one decoder layer and the embedding, in the weight dtype."""
+    """ZeRO-3 / FSDP all-gathered parameters alive at once: the unit being computed and the prefetched
+    next one. The largest such pair is the embedding (or LM head) with a decoder layer, or two decoder
+    layers: ``(max(layer, V·h) + layer) × weight bytes``. A bare ``--params`` model is taken as 32 layers."""
     if arch.family == "bare":
         return int(2 * arch.param_count / 32 * weight_dtype_bytes)
     layer = sum(g.total for g in arch.param_groups() if g.layer) // arch.num_hidden_layers
     embed = arch.vocab_size * arch.hidden_size
-    return _ceil_div(2 * max(layer, embed) * weight_dtype_bytes, tensor_parallel)
+    return _ceil_div((max(layer, embed) + layer) * weight_dtype_bytes, tensor_parallel)
 
 
 @reducer("weight_bytes", when=lambda shard_stage, shard_degree: shard_stage >= 3 and shard_degree > 1,

@@ -1,0 +1,129 @@
+"""Invariants that hold in real training, checked with hypothesis over catalog models and random scenarios."""
+
+from __future__ import annotations
+
+import tomli_w
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fitplan
+from fitplan.errors import FitplanError
+
+MODELS = ["llama-2-7b", "llama-2-13b", "mistral-7b", "gpt2", "llama-3-8b", "qwen2.5-7b"]
+PRECISIONS = ["32-true", "bf16-mixed", "bf16-true", "bf16-master"]
+OPTIMS = ["adamw_torch", "adamw_torch_fused", "sgd", "adafactor", "adamw_8bit"]
+
+common = dict(
+    model=st.sampled_from(MODELS),
+    precision=st.sampled_from(PRECISIONS),
+    optim=st.sampled_from(OPTIMS),
+    batch=st.integers(1, 16),
+    seq=st.sampled_from([128, 512, 1024, 2048, 4096]),
+    ckpt=st.booleans(),
+    attn=st.sampled_from(["eager", "sdpa"]),
+)
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def est(**kw):
+    return fitplan.estimate(**kw)
+
+
+def known(model):
+    from fitplan.context import get_context
+
+    return model in get_context().rulesets.models
+
+
+@SETTINGS
+@given(**common, gpus=st.sampled_from([2, 4, 8, 16]), offload=st.booleans())
+def test_higher_zero_stage_never_needs_more(model, precision, optim, batch, seq, ckpt, attn, gpus, offload):
+    if not known(model):
+        return
+    base = dict(model=model, precision=precision, optim=optim, per_device_train_batch_size=batch, max_seq_length=seq,
+                gradient_checkpointing=ckpt, attn_implementation=attn, num_gpus=gpus, offload_optimizer=offload)
+    peaks = [est(**base, zero_stage=k)["device_total_bytes"] for k in (0, 1, 2, 3)]
+    assert peaks == sorted(peaks, reverse=True) or all(a >= b for a, b in zip(peaks[1:], peaks[2:])), peaks
+    assert all(a >= b for a, b in zip(peaks[1:], peaks[2:]))  # stages 1 >= 2 >= 3
+
+
+@SETTINGS
+@given(**common)
+def test_memory_grows_with_batch_and_sequence(model, precision, optim, batch, seq, ckpt, attn):
+    if not known(model):
+        return
+    base = dict(model=model, precision=precision, optim=optim, gradient_checkpointing=ckpt, attn_implementation=attn)
+    a = est(**base, per_device_train_batch_size=batch, max_seq_length=seq)
+    b = est(**base, per_device_train_batch_size=batch + 1, max_seq_length=seq)
+    c = est(**base, per_device_train_batch_size=batch, max_seq_length=seq * 2)
+    for q in ("activation_bytes", "peak_bytes", "device_total_bytes"):
+        assert b[q] >= a[q] and c[q] >= a[q], q
+
+
+@SETTINGS
+@given(**common, r=st.sampled_from([1, 4, 8, 16, 64, 256]), method=st.sampled_from(["lora", "qlora"]))
+def test_lora_never_needs_more_than_full(model, precision, optim, batch, seq, ckpt, attn, r, method):
+    if not known(model):
+        return
+    targets = "c_attn" if model.startswith("gpt2") else "q_proj,v_proj"
+    base = dict(model=model, precision=precision, optim=optim, per_device_train_batch_size=batch, max_seq_length=seq,
+                gradient_checkpointing=ckpt, attn_implementation=attn)
+    full = est(**base)
+    try:
+        lora = est(**base, method=method, lora_r=r, lora_target_modules=targets)
+    except FitplanError:
+        return  # e.g. a target module this architecture lacks
+    assert lora["model_state_bytes"] <= full["model_state_bytes"]
+    assert lora["peak_bytes"] <= full["peak_bytes"]
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), paged=st.booleans())
+def test_8bit_states_never_exceed_32bit(model, paged):
+    if not known(model):
+        return
+    eight = est(model=model, precision="32-true", optim="paged_adamw_8bit" if paged else "adamw_8bit")
+    full = est(model=model, precision="32-true", optim="adamw_torch")
+    assert eight["optimizer_state_bytes"] <= full["optimizer_state_bytes"]
+
+
+scalar = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=False, allow_infinity=False),
+                   st.text(max_size=12), st.sampled_from(["7B", "llama-2-7b", "gpt2", "a100-80gb", "lora", "bf16-true", "adamw_8bit"]))
+FIELDS = ["model", "params", "method", "precision", "optim", "per_device_train_batch_size", "max_seq_length", "zero_stage",
+          "fsdp", "num_gpus", "gpu", "lora_r", "lora_target_modules", "gradient_checkpointing", "tensor_parallel",
+          "attn_implementation", "offload_optimizer", "assumptions", "bogus_field"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(FIELDS), scalar, max_size=8))
+def test_fuzzed_scenarios_end_in_estimate_or_fitplan_error(fields):
+    try:
+        e = fitplan.estimate(**fields)
+    except FitplanError:
+        return
+    assert e["peak_bytes"] >= 0 and e["device_total_bytes"] >= e["peak_bytes"]
+
+
+toml_scalar = st.one_of(st.booleans(), st.integers(-5, 10**12), st.floats(allow_nan=False, allow_infinity=False, width=32),
+                        st.text(max_size=8))
+gpu_tables = st.fixed_dictionaries({}, optional={k: toml_scalar for k in (
+    "id", "name", "memory_bytes", "usable_bytes", "bandwidth_gbps", "source", "interconnect_gbps", "gpus_per_node")})
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.fixed_dictionaries({}, optional={
+    "gpu": st.lists(gpu_tables, max_size=3),
+    "framework": st.dictionaries(st.sampled_from(["cuda_context_bytes", "allocator_reserve_ratio", "junk"]), toml_scalar),
+    "instance": st.lists(st.dictionaries(st.sampled_from(["provider", "id", "gpu", "gpus", "on_demand_per_hour"]), toml_scalar), max_size=2),
+    "model": st.lists(st.fixed_dictionaries({"id": st.text(min_size=1, max_size=5), "source": st.just("s"),
+                                             "config": st.dictionaries(st.sampled_from(["model_type", "hidden_size", "vocab_size",
+                                                                                        "num_hidden_layers"]), toml_scalar)}), max_size=2),
+}))
+def test_fuzzed_rulesets_end_in_errors_not_crashes(tmp_path_factory, data):
+    from fitplan.rulesets import check_paths
+
+    d = tmp_path_factory.mktemp("rs")
+    (d / "r.toml").write_text(tomli_w.dumps(data))
+    errors = check_paths([d])
+    assert isinstance(errors, list)
+    assert all(e.startswith(str(d / "r.toml")) for e in errors)
