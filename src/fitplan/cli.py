@@ -359,7 +359,16 @@ def validate(mode: str, steps: int, calibrate_out: str | None, fmt: str, **kwarg
                            suggestion="pip install torch==2.13.0 transformers peft && pip install -e plugins/fitplan-torch")
     if steps < 1:
         raise FitplanError(f"--steps must be >= 1, got {steps}", field="--steps", value=steps)
-    report = hook(scenario=est.scenario, estimate=est, options={"mode": mode, "steps": steps, "calibrate_out": calibrate_out})
+    try:
+        report = hook(scenario=est.scenario, estimate=est, options={"mode": mode, "steps": steps, "calibrate_out": calibrate_out})
+    except FitplanError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a plugin bug is reported, not a traceback
+        from .errors import PluginError
+
+        names = ", ".join(est.registry.pm.get_name(i.plugin) or "?" for i in hook.get_hookimpls())
+        raise PluginError(f"the validation plugin ({names}) failed: {type(e).__name__}: {e}", field="fitplan_validate",
+                          suggestion="run with a smaller scenario or report the bug to the plugin") from None
     if report is None:
         raise FitplanError("the validation plugin returned nothing for this scenario", field="validate")
     if fmt == "json":

@@ -1,0 +1,36 @@
+# fitplan developer tasks. `make demo` and `make test` are the README's two commands.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+# torch is pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
+TORCH := torch==2.13.0
+TEST_EXTRAS := transformers==5.24.0 peft==0.21.2
+PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+
+.PHONY: demo test install install-test bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+install: $(VENV)/bin/python
+	$(PIP) -e .
+
+install-test: install
+	$(PIP) -e '.[test]'
+	$(PIP) $(TORCH)
+	$(PIP) $(TEST_EXTRAS) $(TORCH)
+	$(foreach p,$(PLUGINS),$(PIP) --no-deps -e $(p) &&) true
+
+demo: install
+	$(VENV)/bin/fitplan estimate --model llama-2-7b --gpu a100-80gb --precision bf16-mixed --optim adamw_torch \
+		--per-device-train-batch-size 4 --max-seq-length 2048 --gradient-checkpointing
+
+test: install-test
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) bench/bench_estimate.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,152 @@
+"""One test per hook, with real plugin objects registered through the plugin manager,
+and a meta-test: every hook has a test here and a heading in docs/hooks.md."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import click
+import pytest
+
+import fitplan
+from fitplan import OptimizerSpec, hookimpl, hookspecs, quantity, reducer
+from fitplan.plugins import make_registry
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOKS = sorted(n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("fitplan_"))
+
+
+def registry(*plugins):
+    return make_registry(entry_points=False, extra_plugins=[(type(p).__name__, p) for p in plugins])
+
+
+class Quantities:
+    @hookimpl
+    def fitplan_register_quantities(self, register):
+        @quantity("bytes", category="memory")
+        def kv_cache_bytes(arch, per_device_train_batch_size, max_seq_length, activation_dtype_bytes):
+            """2 (k and v) × L × b × s × kv_dim × E."""
+            return 2 * arch.num_hidden_layers * per_device_train_batch_size * max_seq_length * arch.kv_dim * activation_dtype_bytes
+
+        register(kv_cache_bytes)
+
+
+def test_fitplan_register_quantities():
+    e = fitplan.estimate(model="llama-2-7b", precision="bf16-true", per_device_train_batch_size=2, max_seq_length=100,
+                         registry=registry(Quantities()))
+    assert e["kv_cache_bytes"] == 2 * 32 * 2 * 100 * 4096 * 2
+    assert e.provenance("kv_cache_bytes")["plugin"] == "Quantities"
+
+
+class Reducers:
+    @hookimpl
+    def fitplan_register_reducers(self, register):
+        register(reducer("activation_bytes", when=lambda attn_implementation: attn_implementation == "eager",
+                         name="halve_for_test", after=("gradient_checkpointing",))(lambda value: value // 2))
+
+
+def test_fitplan_register_reducers():
+    reg = registry(Reducers())
+    kw = dict(model="llama-2-7b", precision="bf16-true", max_seq_length=256)
+    plain = fitplan.estimate(**kw, attn_implementation="eager")
+    halved = fitplan.estimate(**kw, attn_implementation="eager", registry=reg)
+    assert halved["activation_bytes"] == plain["activation_bytes"] // 2
+    assert "activation_bytes.halve_for_test" in reg.compiled().chains["activation_bytes"]
+    assert halved.applied["activation_bytes.halve_for_test"] is True
+
+
+class Optimizers:
+    @hookimpl
+    def fitplan_register_optimizers(self, register):
+        register(OptimizerSpec(name="one_state", state_bytes=lambda ctx: ctx.numel * ctx.state_bytes, doc="one state",
+                               states_per_param=1))
+
+
+def test_fitplan_register_optimizers():
+    e = fitplan.estimate(model="llama-2-7b", precision="32-true", optim="one_state", registry=registry(Optimizers()))
+    assert e["optimizer_state_bytes"] == 6_738_415_616 * 4
+
+
+class RulesetDirs:
+    def __init__(self, path):
+        self.path = path
+
+    @hookimpl
+    def fitplan_ruleset_dirs(self):
+        return [self.path]
+
+
+def test_fitplan_ruleset_dirs(tmp_path):
+    (tmp_path / "gpu.toml").write_text(
+        '[[gpu]]\nid = "lab-gpu"\nname = "Lab GPU"\nmemory_bytes = 50_000_000_000\nusable_bytes = 49_000_000_000\n'
+        'peak_tflops = { bf16 = 100 }\nbandwidth_gbps = 1000\nsource = "test"\n')
+    from fitplan.context import get_context
+
+    ctx = get_context(registry=registry(RulesetDirs(str(tmp_path))))
+    assert ctx.rulesets.gpu("lab-gpu").usable_bytes == 49_000_000_000
+    assert ctx.rulesets.origin["gpu:lab-gpu"] == str(tmp_path / "gpu.toml")
+
+
+class Commands:
+    @hookimpl
+    def fitplan_register_commands(self, cli):
+        @cli.command(name="hello-plugin")
+        def hello():
+            click.echo("hello from a plugin")
+
+
+def test_fitplan_register_commands():
+    from click.testing import CliRunner
+
+    group = click.Group("fitplan")
+    registry(Commands()).pm.hook.fitplan_register_commands(cli=group)
+    assert CliRunner().invoke(group, ["hello-plugin"]).output == "hello from a plugin\n"
+
+
+class Validator:
+    @hookimpl
+    def fitplan_validate(self, scenario, estimate, options):
+        w = estimate["weight_bytes"]
+        return {"mode": options["mode"], "components": {"parameters": {"predicted": w, "measured": w, "relative_error": 0.0}}}
+
+
+def test_fitplan_validate():
+    reg = registry(Validator())
+    e = fitplan.estimate(params="1B", registry=reg)
+    out = reg.pm.hook.fitplan_validate(scenario=e.scenario, estimate=e, options={"mode": "cpu"})
+    assert out["components"]["parameters"]["measured"] == 4 * 10**9
+
+
+def test_validate_without_plugin_says_how_to_install(cli):
+    proc = cli("validate", "--params", "1B", env={"FITPLAN_BLOCK_PLUGINS": "torch,fitplan-torch,fitplan_torch"})
+    assert proc.returncode == 2
+    assert "pip install" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_has_a_test_and_a_docs_heading(hook):
+    tests = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("test_*.py") if p.name != "test_hooks.py")
+    tests += "".join(f"def test_{h}" for h in HOOKS if f"def test_{h}(" in Path(__file__).read_text())
+    assert f"def test_{hook}" in tests, f"no test named test_{hook}"
+    docs = (ROOT / "docs" / "hooks.md").read_text(encoding="utf-8")
+    assert re.search(rf"^##+ `?{hook}`?", docs, re.M), f"docs/hooks.md has no heading for {hook}"
+
+
+def test_builtin_plugins_are_registered_like_third_party():
+    reg = make_registry(entry_points=False)
+    names = reg.plugin_names()
+    assert "fitplan.builtin.model_states" in names
+    assert {q.plugin for q in reg.quantities} <= set(names)
+
+
+def test_blocking_a_builtin_plugin_by_env(cli):
+    proc = cli("estimate", "--params", "1B", env={"FITPLAN_BLOCK_PLUGINS": "fitplan.builtin.seed"}, )
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("plugins", "--format", "json", env={"FITPLAN_BLOCK_PLUGINS": "fitplan.builtin.seed"})
+    import json
+
+    data = json.loads(proc.stdout)
+    assert "fitplan.builtin.seed" in data["blocked"]
+    assert "fitplan.builtin.seed" not in [p["name"] for p in data["plugins"]]
