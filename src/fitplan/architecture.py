@@ -7,12 +7,17 @@ Adafactor's factored states and per-tensor optimizer scalars all follow.
 
 Families (``family``) and the HF ``model_type`` values they cover:
 
-- ``llama``: llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, qwen3 and other
+- ``llama``: llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, qwen3, olmo and other
   RMSNorm / rotary / gated-MLP decoders (GQA via ``num_key_value_heads``, MoE via ``num_local_experts``).
+  qwen3 adds a per-head RMSNorm on q and k (``q_norm``, ``k_norm``: ``head_dim`` weights each);
+  olmo's LayerNorms are non-parametric (no norm weights at all).
 - ``phi3``: fused ``qkv_proj`` and ``gate_up_proj``.
 - ``gpt2``: learned positions, LayerNorm with bias, GELU MLP, Conv1D with biases, tied embeddings.
 - ``gpt_neox``: rotary, LayerNorm with bias, fused ``query_key_value`` with bias, untied ``embed_out``.
-- ``falcon``: fused ``query_key_value`` with multi-query or grouped kv, LayerNorm, GELU MLP.
+- ``falcon``: fused ``query_key_value`` with multi-query or grouped kv, LayerNorm, GELU MLP. One
+  LayerNorm per layer for the parallel attention/MLP block (falcon-7b), two for sequential blocks
+  (``parallel_attn: false``, falcon-rw) and for ``new_decoder_architecture`` (``ln_attn``, ``ln_mlp``)
+  unless ``num_ln_in_parallel_attn`` is 1.
 """
 
 from __future__ import annotations
@@ -90,8 +95,10 @@ class ModelSpec:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
-    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    norm: str = "rmsnorm"  # rmsnorm | layernorm | none (non-parametric, e.g. OLMo)
     norms_per_layer: int = 2
+    qk_norm: bool = False
+    """A per-head norm on queries and keys (qwen3): ``head_dim`` weights each, per layer."""
     hidden_act: str = "silu"
     gated_mlp: bool = True
     learned_positions: bool = False
@@ -152,6 +159,8 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
         g.append(ParamGroup(name, shape, module, count * L, True))
 
     def norm(name: str, module: str, per_layer: bool = True) -> None:
+        if spec.norm == "none":
+            return
         shapes = [("weight", (h,))] + ([("bias", (h,))] if spec.norm == "layernorm" else [])
         for suffix, shape in shapes:
             if per_layer:
@@ -174,6 +183,9 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
         linear("self_attn.k_proj", kv, h, "k_proj", spec.qkv_bias)
         linear("self_attn.v_proj", kv, h, "v_proj", spec.qkv_bias)
         linear("self_attn.o_proj", h, q, "o_proj", spec.o_bias)
+        if spec.qk_norm:
+            layer("self_attn.q_norm.weight", (spec.head_dim,), "norm")
+            layer("self_attn.k_norm.weight", (spec.head_dim,), "norm")
     elif fam == "phi3":
         linear("self_attn.qkv_proj", q + 2 * kv, h, "qkv_proj", spec.qkv_bias)
         linear("self_attn.o_proj", h, q, "o_proj", spec.o_bias)
@@ -292,6 +304,10 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         bias = bool(c.get("attention_bias", False))
         kw.update(qkv_bias=bias or model_type in ("qwen2", "qwen2_moe"), o_bias=bias, mlp_bias=bool(c.get("mlp_bias", False)))
         kw["norms_per_layer"] = 4 if model_type == "gemma2" else 2
+        if model_type == "qwen3":
+            kw["qk_norm"] = True
+        if model_type == "olmo":  # OlmoLayerNorm: layer_norm without weight or bias
+            kw["norm"] = "none"
         if model_type in ("gemma", "gemma2"):
             kw["tie_word_embeddings"] = bool(c.get("tie_word_embeddings", True))
         if model_type == "qwen2_moe":
@@ -316,11 +332,13 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
     elif family == "falcon":
         kw.update(norm="layernorm", gated_mlp=False, qkv_bias=bool(c.get("bias", False)), o_bias=bool(c.get("bias", False)),
                   mlp_bias=bool(c.get("bias", False)), tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
-                  norms_per_layer=2 if c.get("new_decoder_architecture") else 1,
                   attention_dropout=float(c.get("attention_dropout", 0.0) or 0.0),
                   hidden_dropout=float(c.get("hidden_dropout", 0.0) or 0.0))
-        if c.get("new_decoder_architecture") and c.get("num_ln_in_parallel_attn", 2) == 1:
-            kw["norms_per_layer"] = 1
+        # HF FalconDecoderLayer: a sequential block has input + post-attention LayerNorms; a parallel
+        # block has ln_attn + ln_mlp when num_ln_in_parallel_attn is 2 (the default for the new decoder
+        # architecture), else a single input_layernorm.
+        n_ln = c.get("num_ln_in_parallel_attn") or (2 if c.get("new_decoder_architecture") else 1)
+        kw["norms_per_layer"] = 2 if not c.get("parallel_attn", True) else n_ln
     inter = c.get("intermediate_size") or c.get("ffn_hidden_size")
     if family in ("gpt2", "gpt_neox", "falcon") and not inter:
         inter = 4 * h
