@@ -29,29 +29,18 @@ def est(**kw):
     return fitplan.estimate(**kw)
 
 
-def known(model):
-    from fitplan.context import get_context
-
-    return model in get_context().rulesets.models
-
-
 @SETTINGS
 @given(**common, gpus=st.sampled_from([2, 4, 8, 16]), offload=st.booleans())
 def test_higher_zero_stage_never_needs_more(model, precision, optim, batch, seq, ckpt, attn, gpus, offload):
-    if not known(model):
-        return
     base = dict(model=model, precision=precision, optim=optim, per_device_train_batch_size=batch, max_seq_length=seq,
                 gradient_checkpointing=ckpt, attn_implementation=attn, num_gpus=gpus, offload_optimizer=offload)
     peaks = [est(**base, zero_stage=k)["device_total_bytes"] for k in (0, 1, 2, 3)]
-    assert peaks == sorted(peaks, reverse=True) or all(a >= b for a, b in zip(peaks[1:], peaks[2:])), peaks
-    assert all(a >= b for a, b in zip(peaks[1:], peaks[2:]))  # stages 1 >= 2 >= 3
+    assert all(a >= b for a, b in zip(peaks, peaks[1:])), peaks
 
 
 @SETTINGS
 @given(**common)
 def test_memory_grows_with_batch_and_sequence(model, precision, optim, batch, seq, ckpt, attn):
-    if not known(model):
-        return
     base = dict(model=model, precision=precision, optim=optim, gradient_checkpointing=ckpt, attn_implementation=attn)
     a = est(**base, per_device_train_batch_size=batch, max_seq_length=seq)
     b = est(**base, per_device_train_batch_size=batch + 1, max_seq_length=seq)
@@ -63,8 +52,6 @@ def test_memory_grows_with_batch_and_sequence(model, precision, optim, batch, se
 @SETTINGS
 @given(**common, r=st.sampled_from([1, 4, 8, 16, 64, 256]), method=st.sampled_from(["lora", "qlora"]))
 def test_lora_never_needs_more_than_full(model, precision, optim, batch, seq, ckpt, attn, r, method):
-    if not known(model):
-        return
     targets = "c_attn" if model.startswith("gpt2") else "q_proj,v_proj"
     base = dict(model=model, precision=precision, optim=optim, per_device_train_batch_size=batch, max_seq_length=seq,
                 gradient_checkpointing=ckpt, attn_implementation=attn)
@@ -80,8 +67,6 @@ def test_lora_never_needs_more_than_full(model, precision, optim, batch, seq, ck
 @SETTINGS
 @given(model=st.sampled_from(MODELS), paged=st.booleans())
 def test_8bit_states_never_exceed_32bit(model, paged):
-    if not known(model):
-        return
     eight = est(model=model, precision="32-true", optim="paged_adamw_8bit" if paged else "adamw_8bit")
     full = est(model=model, precision="32-true", optim="adamw_torch")
     assert eight["optimizer_state_bytes"] <= full["optimizer_state_bytes"]
