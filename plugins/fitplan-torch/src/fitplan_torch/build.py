@@ -1,0 +1,240 @@
+"""Building the scenario's model, optimizer and batch in PyTorch (random weights, nothing downloaded).
+
+* the model: ``AutoConfig.for_model(**config.json)`` + ``AutoModelForCausalLM.from_config(config,
+  dtype=..., attn_implementation=...)``. transformers 5 builds in the config's ``torch_dtype`` unless
+  told otherwise, so the dtype is always passed.
+* precision presets: ``32-true`` fp32 weights; ``bf16-true``/``16-true`` 16-bit weights (optimizer
+  states follow the parameter dtype); ``bf16-mixed``/``16-mixed`` fp32 weights + ``torch.autocast``.
+  ``*-master`` (DeepSpeed-style fp32 master weights) has no plain-PyTorch equivalent: refused.
+* method: full; LoRA through peft's ``LoraConfig``; QLoRA needs bitsandbytes on CUDA (refused elsewhere).
+* gradient checkpointing: HF's ``gradient_checkpointing_enable(use_reentrant=False)``.
+* the optimizer: the scenario optimizer's ``torch_class`` and ``torch_kwargs`` (what CUDA would use),
+  so a third-party optimizer plugin is validated with its own implementation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any
+
+from fitplan import FitplanError
+
+from . import _deps
+
+PARAM_DTYPE = {"32-true": "float32", "bf16-true": "bfloat16", "16-true": "float16",
+               "bf16-mixed": "float32", "16-mixed": "float32"}
+AUTOCAST_DTYPE = {"bf16-mixed": "bfloat16", "16-mixed": "float16"}
+
+
+def param_dtype(precision: str):
+    torch = _deps.torch()
+    name = PARAM_DTYPE.get(precision)
+    if name is None:
+        raise FitplanError(
+            f"precision {precision!r} cannot be validated in plain PyTorch: fp32 master weights with 16-bit "
+            "weights are what DeepSpeed / Megatron optimizers do, not torch.optim",
+            field="precision", value=precision,
+            suggestion="validate bf16-true (same weights, gradients) or bf16-mixed (torch AMP) instead")
+    return getattr(torch, name)
+
+
+def autocast(precision: str, device_type: str):
+    """``torch.autocast`` for ``*-mixed`` presets, else a null context."""
+    torch = _deps.torch()
+    name = AUTOCAST_DTYPE.get(precision)
+    if name is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=getattr(torch, name))
+
+
+def hf_config(cfg: dict[str, Any], attn_implementation: str):
+    transformers = _deps.transformers()
+    cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    try:
+        config = transformers.AutoConfig.for_model(**cfg)
+    except (ValueError, KeyError, TypeError) as e:
+        raise FitplanError(f"transformers cannot build a config from this model: {e}", field="model",
+                           value=cfg.get("model_type"),
+                           suggestion="give a config.json whose model_type transformers knows") from None
+    config.use_cache = False
+    return config
+
+
+def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str, method: str,
+                lora: dict[str, Any] | None = None, gradient_checkpointing: bool = False, device: str = "cpu",
+                fake: bool = False, seed: int = 0):
+    """The scenario's model with random weights, in training mode.
+
+    Under FakeTensorMode (``fake=True``; the caller has entered the mode) parameters have shapes and
+    dtypes but no memory.
+    """
+    torch = _deps.torch()
+    transformers = _deps.transformers()
+    dtype = param_dtype(precision)
+    if method == "qlora":
+        if device != "cuda" or fake:
+            raise FitplanError("QLoRA needs bitsandbytes' 4-bit CUDA kernels: it cannot run on the CPU or under FakeTensorMode",
+                               field="method", value="qlora", suggestion="use --mode cuda on a GPU machine, or --method lora")
+        _deps.need("bitsandbytes")
+    config = hf_config(cfg, attn_implementation)
+    if attn_implementation == "flash_attention_2" and device != "cuda":
+        raise FitplanError("flash_attention_2 runs on CUDA only", field="attn_implementation", value=attn_implementation,
+                           suggestion="validate with --attn-implementation sdpa (the same memory model) or on a GPU")
+    torch.manual_seed(seed)
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation}
+    if method == "qlora":
+        kwargs["quantization_config"] = transformers.BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
+            bnb_4bit_use_double_quant=bool((lora or {}).get("bnb_4bit_use_double_quant", True)))
+    try:
+        with torch.device(device) if not fake else fake_safe_module_to():
+            model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+    except FitplanError:
+        raise
+    except (ValueError, ImportError, NotImplementedError) as e:
+        raise FitplanError(f"transformers cannot build {cfg.get('model_type')!r} with {attn_implementation}: {e}",
+                           field="model", value=cfg.get("model_type")) from None
+    if fake:
+        cast_floating_(model, dtype)  # from_config honours dtype, but be certain (model.to fails under fake)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if method in ("lora", "qlora"):
+        peft = _deps.peft()
+        lcfg = lora or {}
+        lc = peft.LoraConfig(r=lcfg.get("lora_r", 8), lora_alpha=lcfg.get("lora_alpha", 16),
+                             target_modules=list(lcfg.get("lora_target_modules", ("q_proj", "v_proj"))),
+                             lora_dropout=lcfg.get("lora_dropout", 0.0), task_type="CAUSAL_LM")
+        try:
+            with fake_safe_module_to() if fake else contextlib.nullcontext():
+                model = peft.get_peft_model(model, lc)
+        except ValueError as e:
+            raise FitplanError(f"peft cannot apply LoRA: {e}", field="lora_target_modules",
+                               value=",".join(lcfg.get("lora_target_modules", ()))) from None
+    model.train()
+    return model
+
+
+def cast_floating_(module, dtype=None, device=None) -> None:
+    """Move/cast parameters and buffers in place of ``module.to(...)``, which fails under FakeTensorMode in
+    torch 2.13 (it swaps tensors, and fake tensors carry weak references). Only floating-point tensors
+    change dtype; tied parameters stay tied (one new Parameter per original); RoPE's ``inv_freq`` stays fp32."""
+    torch = _deps.torch()
+    memo: dict[int, Any] = {}
+
+    def convert(t):
+        want_dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        want_device = torch.device(device) if device is not None else t.device
+        if t.dtype == want_dtype and t.device == want_device:
+            return None
+        return t.detach().to(device=want_device, dtype=want_dtype)
+
+    for mod in module.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            new = memo.get(id(p))
+            if new is None:
+                with torch.no_grad():
+                    data = convert(p)
+                if data is None:
+                    continue
+                new = memo[id(p)] = torch.nn.Parameter(data, requires_grad=p.requires_grad)
+            mod._parameters[name] = new
+        for name, b in list(mod._buffers.items()):
+            if b is None or "inv_freq" in name:
+                continue
+            data = convert(b)
+            if data is not None:
+                mod._buffers[name] = data
+
+
+@contextlib.contextmanager
+def fake_safe_module_to():
+    """Inside: ``nn.Module.to`` is :func:`cast_floating_` (peft moves each adapter to its base layer's
+    device and dtype with ``.to``, which FakeTensorMode cannot do)."""
+    torch = _deps.torch()
+    orig = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
+        cast_floating_(self, dtype, device)
+        return self
+
+    torch.nn.Module.to = to
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = orig
+
+
+def import_dotted(path: str):
+    mod, _, attr = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as e:
+        raise FitplanError(f"cannot import the optimizer class {path!r}: {e}", field="optim", value=path,
+                           suggestion="install the package that provides it") from None
+
+
+def build_optimizer(spec, params, *, device: str, lr: float = 1e-5):
+    """The optimizer fitplan modelled: ``spec.torch_class(params, **spec.torch_kwargs)``.
+
+    ``torch_kwargs`` name the implementation CUDA would pick (e.g. ``foreach=True``); on the CPU and
+    under FakeTensorMode the same implementation is forced, so the temporaries are CUDA's.
+    """
+    if not spec.torch_class:
+        raise FitplanError(f"optimizer {spec.name!r} declares no torch implementation (torch_class)", field="optim",
+                           value=spec.name, suggestion="its plugin should set OptimizerSpec.torch_class")
+    if spec.torch_class.startswith("bitsandbytes.") and device != "cuda":
+        raise FitplanError(f"optimizer {spec.name!r} ({spec.torch_class}) needs bitsandbytes on CUDA", field="optim",
+                           value=spec.name, suggestion="validate it with --mode cuda on a GPU machine")
+    cls = import_dotted(spec.torch_class)
+    kwargs = {"lr": lr, **dict(spec.torch_kwargs)}
+    return cls(params, **kwargs)
+
+
+def make_batch(vocab_size: int, batch: int, seq: int, *, device: str, seed: int = 0):
+    """Random token ids and labels (no padding, no attention mask: every token counts)."""
+    torch = _deps.torch()
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, vocab_size, (batch, seq), generator=g).to(device)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+@contextlib.contextmanager
+def real_path_under_fake():
+    """Make transformers take the path a real run takes while tensors are fake.
+
+    * transformers treats FakeTensors as tracing (``is_tracing(tensor)``) and then builds a (b, 1, s, s)
+      causal mask and repeats k/v for grouped-query attention, which a real run does not: inside this
+      context ``is_fake_tensor`` answers False.
+    * ``find_packed_sequence_indices`` asks ``(mask[:, -1] == 0).all()``, a data-dependent question a
+      fake tensor cannot answer; the batches built here are never packed, so the real answer is None.
+      The same temporaries are allocated before answering.
+    """
+    iu = importlib.import_module("transformers.utils.import_utils")
+    mu = importlib.import_module("transformers.masking_utils")
+    orig_fake, orig_packed = iu.is_fake_tensor, getattr(mu, "find_packed_sequence_indices", None)
+
+    def find_packed_sequence_indices(position_ids):
+        if orig_fake(position_ids):
+            torch = _deps.torch()
+            first = position_ids[:, :1] - 1
+            (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+            return None
+        return orig_packed(position_ids)
+
+    iu.is_fake_tensor = lambda x: False
+    if orig_packed is not None:
+        mu.find_packed_sequence_indices = find_packed_sequence_indices
+    try:
+        yield
+    finally:
+        iu.is_fake_tensor = orig_fake
+        if orig_packed is not None:
+            mu.find_packed_sequence_indices = orig_packed
+
+
+def vocab_size_of(model) -> int:
+    return int(model.get_input_embeddings().weight.shape[0])

@@ -1,0 +1,59 @@
+"""From a fitplan Estimate to a plain, picklable description of the run (spawned ranks receive it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class OptimizerRef:
+    """The parts of an :class:`fitplan.OptimizerSpec` torch needs (the spec itself holds lambdas)."""
+
+    name: str
+    torch_class: str
+    torch_kwargs: dict[str, Any]
+
+
+@attrs.frozen
+class RunConfig:
+    model_name: str
+    config: dict[str, Any]
+    precision: str
+    attn_implementation: str
+    method: str
+    lora: dict[str, Any]
+    gradient_checkpointing: bool
+    batch: int
+    seq: int
+    optimizer: OptimizerRef
+    device: str
+    fake: bool
+    seed: int = 0
+    zero_stage: int = 0
+    fsdp: str | None = None
+    world_size: int = 1
+    memtracker: bool = True
+
+
+def model_config(estimate) -> dict[str, Any]:
+    from fitplan.estimation import hf_config_for
+
+    return dict(hf_config_for(estimate.scenario, estimate.rulesets))
+
+
+def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
+    s = estimate.scenario
+    spec = estimate["optimizer_spec"]
+    lora = {"lora_r": s.lora.lora_r, "lora_alpha": s.lora.lora_alpha, "lora_target_modules": tuple(s.lora.lora_target_modules),
+            "lora_dropout": s.lora.lora_dropout, "bnb_4bit_use_double_quant": s.lora.bnb_4bit_use_double_quant}
+    return RunConfig(
+        model_name=str(estimate.arch.name), config=model_config(estimate), precision=s.training.precision,
+        attn_implementation=s.training.attn_implementation, method=s.model.method, lora=lora,
+        gradient_checkpointing=bool(s.training.gradient_checkpointing), batch=s.training.per_device_train_batch_size,
+        seq=s.training.max_seq_length, optimizer=OptimizerRef(spec.name, spec.torch_class, dict(spec.torch_kwargs)),
+        device="cuda" if mode == "cuda" else "cpu", fake=mode == "fake", seed=int(options.get("seed", 0)),
+        zero_stage=s.parallel.zero_stage, fsdp=s.parallel.fsdp, world_size=int(estimate["world_size"]),
+        memtracker=bool(options.get("memtracker", True)),
+    )

@@ -1,0 +1,222 @@
+"""Measuring instruments: exact bytes of tensors, a live-storage counter, a saved-tensor meter.
+
+* :func:`storage_bytes` sums ``nbytes`` over the *unique* untyped storages of some tensors (tied
+  weights, views and shared buffers count once). For DTensors (FSDP2) it counts the local shard.
+* :class:`LiveBytes` is a ``TorchDispatchMode`` that sees every tensor an operator returns, keeps a
+  weak reference to its untyped storage and subtracts the storage's bytes when it is freed: the live
+  tensor bytes at every operator, their peak and the phase of the step the peak fell in. Tensors that
+  exist before it starts (parameters, buffers, optimizer states, inputs) are registered with
+  :meth:`LiveBytes.track`. On CUDA this is what ``torch.cuda.max_memory_allocated`` sees minus the
+  caching allocator's 512-byte rounding; on the CPU and under FakeTensorMode it is the only measure.
+* :class:`SavedTensors` is a ``saved_tensors_hooks`` pair that records every tensor autograd saves for
+  backward, deduplicated by storage, parameter storages excluded.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from . import _deps
+
+
+def local_tensor(t):
+    """The local tensor of a DTensor (FSDP2 shards), else ``t``."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if inner is not None else t
+
+
+def storages(tensors: Iterable[Any]) -> dict[int, Any]:
+    """Unique untyped storages of ``tensors`` (None entries and non-tensors skipped), keyed by identity."""
+    torch = _deps.torch()
+    out: dict[int, Any] = {}
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        t = local_tensor(t)
+        st = t.untyped_storage()
+        out.setdefault(id(st), st)
+    return out
+
+
+def storage_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the unique storages behind ``tensors``."""
+    return sum(st.nbytes() for st in storages(tensors).values())
+
+
+def optimizer_state_tensors(optimizer) -> list[Any]:
+    """Every tensor in ``optimizer.state`` (exp_avg, exp_avg_sq, step, momentum buffers, factored stats)."""
+    torch = _deps.torch()
+    inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer wraps the local optimizer
+    opt = inner if inner is not None and hasattr(inner, "state") else optimizer
+    out = []
+    for state in opt.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+    return out
+
+
+def _mode_base():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+class _LiveBytesImpl:
+    """Mixin body of :class:`LiveBytes` (the base class is torch's, created lazily)."""
+
+    def _init(self) -> None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self._live = WeakIdKeyDictionary()  # storage -> [bytes, weakref with a free callback]
+        self.current = 0
+        self.peak = 0
+        self.phase = "setup"
+        self.peak_phase = "setup"
+        self.phase_peaks: dict[str, int] = {}
+        self.category: dict[str, int] = {}
+        self._orig_resize = None
+
+    def _freed(self, entry, _ref) -> None:
+        self.current -= entry[0]
+
+    def _add_storage(self, st) -> None:
+        entry = self._live.get(st)
+        if entry is not None:
+            n = st.nbytes()
+            if n != entry[0]:  # resized in place
+                self.current += n - entry[0]
+                entry[0] = n
+            return
+        entry = [st.nbytes(), None]
+        entry[1] = weakref.ref(st, lambda ref, e=entry: self._freed(e, ref))
+        self._live[st] = entry
+        self.current += entry[0]
+
+    def track(self, tensors: Iterable[Any]) -> None:
+        """Register tensors that already exist (parameters, buffers, states, inputs)."""
+        for st in storages(tensors).values():
+            self._add_storage(st)
+        self._note()
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.phase_peaks.setdefault(phase, self.current)
+
+    def _note(self) -> None:
+        if self.current > self.phase_peaks.get(self.phase, -1):
+            self.phase_peaks[self.phase] = self.current
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_phase = self.phase
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+        self.peak_phase = self.phase
+        self.phase_peaks = {self.phase: self.current}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        out = func(*args, **(kwargs or {}))
+        flat, _ = tree_flatten(out)
+        for t in flat:
+            if isinstance(t, torch.Tensor):
+                self._add_storage(local_tensor(t).untyped_storage())
+        self._note()
+        return out
+
+    def __enter__(self):
+        import torch
+
+        self._orig_resize = torch.UntypedStorage.resize_
+        orig = self._orig_resize
+        counter = self
+
+        def resize_(st, size):  # FSDP2 frees/refills its all-gather buffers with storage.resize_
+            orig(st, size)
+            if st in counter._live:
+                counter._add_storage(st)
+                counter._note()
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        import torch
+
+        if self._orig_resize is not None:
+            torch.UntypedStorage.resize_ = self._orig_resize
+        return super().__exit__(*exc)
+
+
+_CLASS_CACHE: dict[str, type] = {}
+
+
+def LiveBytes():  # noqa: N802 - a class factory that keeps torch out of module import
+    """A new live-storage counter (a ``TorchDispatchMode``); see the module doc."""
+    cls = _CLASS_CACHE.get("LiveBytes")
+    if cls is None:
+        base = _mode_base()
+
+        class LiveBytesMode(_LiveBytesImpl, base):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                base.__init__(self)
+                self._init()
+
+        cls = _CLASS_CACHE["LiveBytes"] = LiveBytesMode
+    return cls()
+
+
+class SavedTensors:
+    """Records what autograd saves for backward: unique storages, parameter storages excluded.
+
+    Use as a context manager around the forward pass; :attr:`bytes` is the total of the saved storages
+    still alive (everything saved stays alive until backward). Tensors saved inside non-reentrant
+    checkpointed regions are handled by checkpoint's own hooks and are not seen here.
+    """
+
+    def __init__(self, exclude: Iterable[Any] = ()) -> None:
+        self._exclude = {id(st) for st in storages(exclude).values()}
+        self._exclude_refs = list(storages(exclude).values())  # keep ids valid
+        self._seen = None
+        self._ctx = None
+        self.count = 0
+        self.bytes_at_exit = 0
+        """Saved bytes alive when the context exited (the end of the forward pass)."""
+
+    def _pack(self, t):
+        st = local_tensor(t).untyped_storage()
+        if id(st) not in self._exclude and st not in self._seen:
+            self._seen[st] = st.nbytes()
+        self.count += 1
+        return t
+
+    @staticmethod
+    def _unpack(t):
+        return t
+
+    def __enter__(self):
+        torch = _deps.torch()
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self._seen = WeakIdKeyDictionary()
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+        self.bytes_at_exit = self.bytes
+        return False
+
+    @property
+    def bytes(self) -> int:
+        """Saved bytes still alive now (after backward, nothing)."""
+        return sum(self._seen.values()) if self._seen is not None else 0
+
+    def storages(self) -> list[Any]:
+        return list(self._seen.keys()) if self._seen is not None else []

@@ -1,0 +1,212 @@
+"""``fitplan validate``: choose a mode, run the scenario, compare with the estimate.
+
+Modes:
+
+* ``cpu``: the real model with random weights on the CPU. Exact for everything a CPU allocates; see
+  :data:`CPU_CAVEATS` for what differs from CUDA. Refused when the run would not fit in RAM.
+* ``fake``: the same step under ``FakeTensorMode`` on the CPU device: real shapes and dtypes, no
+  memory, no compute. Real-size models (7B-70B) in seconds; byte-identical to ``cpu`` on small models.
+* ``cuda``: the real model on the GPU; adds ``torch.cuda.max_memory_allocated``, reserved memory,
+  step time and tokens/s; can write a calibrated ``[framework]`` ruleset (``calibrate_out``).
+* ``auto``: ``cuda`` when a GPU is visible, else ``cpu`` when the run fits in RAM, else ``fake``.
+
+Sharded scenarios (``--zero`` / ``--fsdp`` with ``--num-gpus N``) run per rank: two real gloo ranks
+on the CPU when N = 2, else one process with torch's fake process group (see :mod:`.distributed`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+from fitplan import FitplanError
+
+from . import _deps
+
+MODES = ("auto", "cpu", "fake", "cuda")
+COMPONENTS = ("parameters", "gradients", "optimizer_states", "activations", "peak")
+PREDICTED_KEY = {"parameters": "weight_bytes", "gradients": "gradient_bytes", "optimizer_states": "optimizer_state_bytes",
+                 "activations": "saved_for_backward_bytes", "peak": "peak_bytes"}
+CPU_CAVEATS = (
+    "CPU dropout saves a mask in the input dtype (CUDA: 1 byte per element)",
+    "CPU SDPA with dropout > 0 takes the decomposed math path (probabilities materialised)",
+    "kernel scratch is invisible on the CPU; no 512-byte rounding, allocator reserve or CUDA context",
+)
+RAM_FRACTION = 0.5
+"""A real CPU run is refused when fitplan's predicted peak exceeds this fraction of available RAM."""
+
+
+def relative_error(predicted: int, measured: int) -> float | None:
+    """``(predicted − measured) / measured``: positive when fitplan over-predicts."""
+    if measured == 0:
+        return 0.0 if predicted == 0 else None
+    return (predicted - measured) / measured
+
+
+def component(predicted: int, measured: int) -> dict[str, Any]:
+    return {"predicted": int(predicted), "measured": int(measured), "relative_error": relative_error(predicted, measured)}
+
+
+def available_ram() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else total physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+def choose_mode(estimate, options: dict[str, Any]) -> str:
+    mode = options.get("mode") or "auto"
+    if mode not in MODES:
+        raise FitplanError(f"unknown validation mode {mode!r}", field="--mode", value=mode, suggestion="one of " + ", ".join(MODES))
+    torch = _deps.torch()
+    if mode == "cuda" and not torch.cuda.is_available():
+        raise FitplanError("--mode cuda needs a CUDA GPU, and torch sees none", field="--mode", value=mode,
+                           suggestion="use --mode cpu (small models) or --mode fake (any size)")
+    if mode == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "cpu" if _fits_in_ram(estimate, options) else "fake"
+    if mode == "cpu" and not _fits_in_ram(estimate, options):
+        limit = _ram_limit(options)
+        raise FitplanError(
+            f"this run is too large for real CPU memory: fitplan predicts a {estimate['peak_bytes'] / 2**30:.1f} GiB peak per rank, "
+            f"and a real CPU run is allowed {limit / 2**30:.1f} GiB ({RAM_FRACTION:.0%} of available RAM)",
+            field="--mode", value="cpu", suggestion="use --mode fake (FakeTensorMode: real shapes, no memory)")
+    return mode
+
+
+def _ram_limit(options: dict[str, Any]) -> int:
+    return int(options.get("max_cpu_bytes") or RAM_FRACTION * available_ram())
+
+
+def _fits_in_ram(estimate, options: dict[str, Any]) -> bool:
+    ranks = _real_ranks(estimate, options)
+    return estimate["peak_bytes"] * max(1, ranks) <= _ram_limit(options)
+
+
+def _world(estimate) -> int:
+    return int(estimate["world_size"])
+
+
+def sharded(estimate) -> bool:
+    s = estimate.scenario
+    return _world(estimate) > 1 and (s.parallel.zero_stage > 0 or s.parallel.fsdp is not None)
+
+
+def _real_ranks(estimate, options: dict[str, Any]) -> int:
+    if not sharded(estimate):
+        return 1
+    return _world(estimate) if _world(estimate) <= int(options.get("max_real_ranks", 2)) else 1
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "peft"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    return out
+
+
+def run_validation(scenario, estimate, options: dict[str, Any]) -> dict[str, Any]:
+    """The ``fitplan_validate`` hook's body."""
+    _deps.torch()
+    _deps.transformers()
+    options = dict(options or {})
+    mode = choose_mode(estimate, options)
+    steps = int(options.get("steps") or 1)
+    if steps < 1:
+        raise FitplanError(f"--steps must be >= 1, got {steps}", field="--steps", value=steps)
+    if options.get("calibrate_out") and mode != "cuda":
+        raise FitplanError("--calibrate-out measures CUDA's framework overhead (context, cuBLAS workspace, allocator "
+                           "reserve), which does not exist on the CPU or under FakeTensorMode",
+                           field="--calibrate-out", value=options["calibrate_out"],
+                           suggestion="run it on a GPU machine with --mode cuda")
+    from .estimation_bridge import run_config
+
+    rc = run_config(estimate, options, mode)
+    if sharded(estimate):
+        from .distributed import run_sharded
+
+        result = run_sharded(rc, steps=steps, real_ranks=_real_ranks(estimate, options) if mode == "cpu" else 1)
+    else:
+        from .single import run_single
+
+        result = run_single(rc, steps=steps)
+    report = make_report(estimate, result, mode, rc)
+    if options.get("calibrate_out"):
+        from .calibrate import calibration_from_measurement, write_framework_toml
+
+        cal = calibration_from_measurement(result["cuda_calibration"])
+        rows = mfu_rows(estimate, report)
+        write_framework_toml(options["calibrate_out"], cal, rows)
+        report["calibration"] = {"file": str(options["calibrate_out"]), "framework": cal, "mfu_calibration": rows}
+    return report
+
+
+def mfu_rows(estimate, report: dict[str, Any]) -> list[dict[str, Any]]:
+    """An ``[[mfu_calibration]]`` row when the scenario names its GPU and the step was timed on CUDA:
+    MFU = tokens/s × FLOPs per token / (peak FLOP/s of one GPU)."""
+    s = estimate.scenario
+    tps = report.get("tokens_per_second")
+    try:
+        peak = estimate["peak_flops_per_gpu"]
+        per_token = estimate["flops_per_token"]
+    except FitplanError:
+        return []
+    if not (s.hardware.gpu and tps and peak and per_token):
+        return []
+    mfu = tps * per_token / peak
+    if not 0 < mfu <= 1:
+        return []
+    import datetime
+
+    return [{"gpu": s.hardware.gpu, "mfu": round(mfu, 4), "model": s.model.model or "", "method": s.model.method,
+             "source": f"fitplan validate --calibrate-out, {report['device']}, b={s.training.per_device_train_batch_size} "
+                       f"s={s.training.max_seq_length} {s.training.precision}",
+             "date": datetime.date.today().isoformat()}]
+
+
+def make_report(estimate, result: dict[str, Any], mode: str, rc) -> dict[str, Any]:
+    m = result["measurement"]
+    measured = {
+        "parameters": m["parameters"],
+        "gradients": m["gradients"],
+        "optimizer_states": m["optimizer_states"],
+        "activations": m["retained"],
+        "peak": m["cuda"]["max_memory_allocated"] if m.get("cuda") else m["peak"],
+    }
+    components = {k: component(estimate[PREDICTED_KEY[k]], measured[k]) for k in COMPONENTS}
+    predicted_phase = str(estimate["peak_phase"])
+    report: dict[str, Any] = {
+        "mode": mode,
+        "device": result["device"],
+        "model": rc.model_name,
+        "world_size": result.get("world_size", 1),
+        "rank": result.get("rank", 0),
+        "components": components,
+        "peak_phase": {"predicted": predicted_phase, "measured": m["peak_phase"]},
+        "measured": m,
+        "step_seconds": m["step_seconds"],
+        "versions": versions(),
+        "notes": list(result.get("notes", ())),
+    }
+    if mode == "cpu":
+        report["notes"].extend(CPU_CAVEATS)
+    if m.get("cuda"):
+        tokens = rc.batch * rc.seq
+        report["tokens_per_second"] = tokens / m["step_seconds"] if m["step_seconds"] else None
+        report["counter_peak"] = m["peak"]
+    if "ranks" in result:
+        report["ranks"] = result["ranks"]
+    return report

@@ -1,0 +1,171 @@
+"""One training step, instrumented: forward, ``loss.backward()``, ``optimizer.step()``,
+``zero_grad(set_to_none=True)``, as the HF Trainer runs it (the model output is dropped right after
+the loss is taken, so only what autograd saved outlives the forward).
+
+A warm-up step first creates the optimizer states; the measured step then starts from the steady state
+fitplan models: weights, buffers, optimizer states and the batch are live, gradients are not.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+
+from . import _deps
+from .build import autocast
+from .measure import LiveBytes, SavedTensors, optimizer_state_tensors, storage_bytes
+
+
+@attrs.define
+class StepMeasurement:
+    """What one measured step allocated (bytes, per rank)."""
+
+    parameters: int
+    buffers: int
+    gradients: int
+    optimizer_states: int
+    inputs: int
+    saved_tensors: int
+    """Unique storages autograd saved outside checkpointed regions (saved_tensors_hooks), parameters excluded."""
+    retained: int
+    """Bytes the forward left alive for backward: live bytes at the start of backward minus live bytes before
+    the forward, minus the loss scalar. Equals ``saved_tensors`` without checkpointing; with checkpointing it
+    also holds the layer inputs checkpoint keeps."""
+    peak: int
+    peak_phase: str
+    phase_peaks: dict[str, int]
+    start: int
+    """Live bytes when the step starts (parameters + buffers + optimizer states + batch)."""
+    step_seconds: float
+    loss: float | None = None
+    memtracker_peak: int | None = None
+    memtracker_breakdown: dict[str, int] | None = None
+    memtracker_error: str | None = None
+    cuda: dict[str, Any] | None = None
+
+    def asdict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def _params_and_buffers(model):
+    return list(model.parameters()), list(model.buffers())
+
+
+def train_step(model, optimizer, batch, *, precision: str, device_type: str, counter=None, saved=None,
+               grads_out: list | None = None) -> Any:
+    """One step; ``counter`` (a LiveBytes) gets phase marks, ``saved`` wraps the forward.
+
+    Returns the detached loss and the live bytes (per ``counter``) when the forward ended.
+    """
+    torch = _deps.torch()
+    mark = counter.set_phase if counter is not None else (lambda p: None)
+    mark("forward")
+    ctx_saved = saved if saved is not None else _Null()
+    with ctx_saved, autocast(precision, device_type):
+        out = model(**batch)
+        loss = out.loss
+    del out
+    retained_at = counter.current if counter is not None else None
+    mark("backward")
+    loss.backward()
+    value = loss.detach()
+    del loss
+    if grads_out is not None:
+        grads_out.append(storage_bytes(p.grad for p in model.parameters() if p.grad is not None))
+    mark("optimizer_step")
+    optimizer.step()
+    mark("zero_grad")
+    optimizer.zero_grad(set_to_none=True)
+    mark("end")
+    return value, retained_at
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def measure_step(model, optimizer, batch, *, precision: str, device_type: str, steps: int = 1,
+                 warmup: int = 1, memtracker: bool = True, extra_tracked=()) -> StepMeasurement:
+    """Warm up, then measure ``steps`` steps (the last one's numbers are reported; peaks are maxima)."""
+    torch = _deps.torch()
+    cuda = device_type == "cuda"
+    for _ in range(warmup):
+        train_step(model, optimizer, batch, precision=precision, device_type=device_type)
+    params, buffers = _params_and_buffers(model)
+    states = optimizer_state_tensors(optimizer)
+    trainable = [p for p in params if p.requires_grad]
+    m: StepMeasurement | None = None
+    for _ in range(max(1, steps)):
+        counter = LiveBytes()
+        counter.track([*params, *buffers, *states, *batch.values(), *extra_tracked])
+        start = counter.current
+        saved = SavedTensors(exclude=[*params, *buffers])
+        grads: list[int] = []
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            cuda_start = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        with counter:
+            value, retained_at = train_step(model, optimizer, batch, precision=precision, device_type=device_type,
+                                            counter=counter, saved=saved, grads_out=grads)
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        loss_bytes = value.untyped_storage().nbytes() if not _is_fake(value) else value.numel() * value.element_size()
+        peaks = dict(counter.phase_peaks)
+        peaks.pop("setup", None)
+        m = StepMeasurement(
+            parameters=storage_bytes(params), buffers=storage_bytes(buffers), gradients=grads[0] if grads else 0,
+            optimizer_states=storage_bytes(optimizer_state_tensors(optimizer)),
+            inputs=storage_bytes(batch.values()), saved_tensors=saved.bytes_at_exit,
+            retained=retained_at - start - loss_bytes, peak=counter.peak, peak_phase=counter.peak_phase,
+            phase_peaks=peaks, start=start, step_seconds=dt,
+            loss=None if _is_fake(value) else float(value),
+        )
+        if cuda:
+            m.cuda = {"max_memory_allocated": torch.cuda.max_memory_allocated(),
+                      "max_memory_reserved": torch.cuda.max_memory_reserved(),
+                      "memory_allocated_at_start": cuda_start}
+    if memtracker:
+        m.memtracker_peak, m.memtracker_breakdown, m.memtracker_error = memtracker_step(
+            model, optimizer, batch, precision=precision, device_type=device_type)
+    return m
+
+
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def memtracker_step(model, optimizer, batch, *, precision: str, device_type: str):
+    """The same step under ``torch.distributed._tools.mem_tracker.MemTracker``: its peak, the
+    per-category snapshot at the peak (Parameter, Buffer, Gradient, Activation, Temp, Optstate, Other),
+    and why it could not run (torch 2.13's MemTracker registers a gradient hook on every parameter of
+    the modules it sees, which fails for frozen parameters: LoRA's base model)."""
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError as e:
+        return None, None, f"MemTracker unavailable: {e}"
+    if any(not p.requires_grad for p in model.parameters()):
+        return None, None, "MemTracker cannot track frozen parameters (hooks on tensors that do not require grad)"
+    mt = MemTracker()
+    mt.track_external(model, optimizer, *batch.values())
+    try:
+        with mt:
+            train_step(model, optimizer, batch, precision=precision, device_type=device_type)
+    except Exception as e:  # noqa: BLE001 - the cross-check is optional; the primary counter already ran
+        return None, None, f"MemTracker failed: {type(e).__name__}: {e}"
+    peak = mt.get_tracker_snapshot("peak")
+    if not peak:
+        return None, None, "MemTracker recorded nothing"
+    dev, snap = max(peak.items(), key=lambda kv: kv[1].get("Total", 0))
+    breakdown = {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
+    return int(breakdown.get("Total", 0)), breakdown, None
