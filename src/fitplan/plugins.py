@@ -33,6 +33,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.sharding",
     "fitplan.builtin.overhead",
     "fitplan.builtin.peak",
+    "fitplan.builtin.time",
+    "fitplan.builtin.cost",
     "fitplan.builtin.seed",
 )
 ENTRY_POINT_GROUP = "fitplan"

@@ -149,6 +149,11 @@ def print_table(est: Estimate, console, units: str = "GB") -> None:
 def format_value(value: Any, unit: str, units: str = "GB") -> str:
     if value is None:
         return "None"
+    if type(value).__name__ == "Rulesets":
+        return f"Rulesets({len(value.gpus)} GPUs, {len(value.providers)} providers, {len(value.instances)} instances, " \
+               f"{len(value.models)} models; {', '.join(value.dirs)})"
+    if unit == "s" and isinstance(value, (int, float)) and value >= 600:
+        return f"{value:,.6g} s ({value / 3600:,.3g} h)"
     if unit == "bytes" and isinstance(value, (int, float)):
         return f"{format_bytes(value, units)} ({int(value):,} B)"
     if isinstance(value, dict):
@@ -161,7 +166,8 @@ def format_value(value: Any, unit: str, units: str = "GB") -> str:
         return f"{type(value).__name__}({value.name})" if hasattr(value, "name") else type(value).__name__
     if isinstance(value, tuple) and len(value) > 6:
         return f"({len(value)} entries)"
-    return repr(value)
+    text = repr(value)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def explain_tree(est: Estimate, name: str, *, depth: int = 4, units: str = "GB") -> dict[str, Any]:
@@ -237,3 +243,118 @@ def print_tree(tree: dict[str, Any], console) -> None:
     for child in tree["children"]:
         add(root, child)
     console.print(root)
+
+
+# --------------------------------------------------------------------------- time and cost sections
+
+
+def _num(v: Any) -> Any:
+    return None if v is None else (int(v) if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) < 2**53) else v)
+
+
+def time_json(est: Estimate) -> dict[str, Any]:
+    """The ``time`` section: tokens, FLOPs, seconds, throughput, MFU, communication share (null when unknown)."""
+    v = est.values
+    return {"time": {
+        "tokens": _num(v.get("train_tokens")),
+        "dataset_tokens": _num(v.get("dataset_tokens")),
+        "padding_tokens": _num(v.get("padding_tokens")),
+        "truncated_tokens": _num(v.get("truncated_tokens")),
+        "flops_per_token": _num(v.get("flops_per_token")),
+        "flops": _num(v.get("train_flops")),
+        "seconds": v.get("train_seconds"),
+        "hours": None if v.get("train_seconds") is None else v["train_seconds"] / 3600,
+        "tokens_per_second": v.get("train_tokens_per_second"),
+        "throughput_basis": v.get("throughput_basis"),
+        "mfu": v.get("train_mfu"),
+        "assumed_mfu": v.get("assumed_mfu"),
+        "peak_flops_per_gpu": v.get("peak_flops_per_gpu"),
+        "matmul_dtype": v.get("matmul_dtype"),
+        "step_seconds": v.get("step_seconds"),
+        "communication_share": v.get("communication_share"),
+    }}
+
+
+def cost_json(est: Estimate) -> dict[str, Any]:
+    """The ``cost`` section: GPU-hours, on-demand and spot totals over ``runs`` (null when unknown), in ``currency``."""
+    v = est.values
+    plan = v.get("instance_choice")
+    runs = est.scenario.cost.runs
+    out: dict[str, Any] = {
+        "gpu_hours": v.get("gpu_hours"),
+        "runs": runs,
+        "on_demand_usd": v.get("on_demand_cost_usd"),
+        "spot_usd": v.get("spot_cost_usd"),
+        "on_demand_usd_per_run": None if v.get("on_demand_cost_usd") is None else v["on_demand_cost_usd"] / runs,
+        "spot_usd_per_run": None if v.get("spot_cost_usd") is None else v["spot_cost_usd"] / runs,
+        "provider": est.scenario.cost.provider,
+        "instance": None if plan is None else plan.instance.id,
+        "instance_count": None if plan is None else plan.count,
+        "gpus_paid": None if plan is None else plan.gpus_paid,
+        "region": None if plan is None else plan.instance.region,
+        "on_demand_per_hour": None if plan is None else plan.on_demand_per_hour,
+        "spot_per_hour": None if plan is None else plan.spot_per_hour,
+        "billing": None if plan is None else plan.provider.billing,
+        "billed_seconds_on_demand": v.get("billed_seconds_on_demand"),
+        "billed_seconds_spot": v.get("billed_seconds_spot"),
+        "spot_overhead": None if plan is None else plan.provider.spot_overhead,
+        "currency": v.get("cost_currency") or "USD",
+    }
+    return {"cost": out}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:,.2f} h ({seconds:,.0f} s)"
+
+
+def time_lines(est: Estimate, units: str) -> list[tuple[str, str]]:
+    v = est.values
+    if v.get("train_tokens") is None:
+        return [("time", "give --num-examples and --tokens-per-example (or --total-tokens) to estimate time and cost")]
+    s = est.scenario
+    d = s.dataset
+    how = (f"{d.num_examples:,} examples × {d.tokens_per_example:,.0f} tokens" if d.total_tokens is None
+           else f"{d.total_tokens:,} tokens") + f" × {s.training.num_train_epochs:g} epoch(s)"
+    tokens = f"{v['train_tokens']:,.0f} ({how}, {'packed' if d.padding == 'pack' else 'padded to ' + str(s.training.max_seq_length)})"
+    if v.get("padding_tokens"):
+        tokens += f"; {v['padding_tokens']:,.0f} of them padding ({100 * v['padding_tokens'] / v['train_tokens']:.1f} %)"
+    if v.get("truncated_tokens"):
+        tokens += f"; {v['truncated_tokens']:,.0f} tokens truncated"
+    lines = [("tokens", tokens),
+             ("FLOPs", f"{v['flops_per_token']:.3g} per token, {v['train_flops']:.3g} in all")]
+    if v.get("train_seconds") is None:
+        lines.append(("time", "needs --gpu (or --tokens-per-second / --throughput-source)"))
+        return lines
+    tps = f"{v['train_tokens_per_second']:,.0f} tokens/s, {v['throughput_basis']}"
+    if v.get("train_mfu") is not None:
+        tps += f"; achieved MFU {100 * v['train_mfu']:.1f} %"
+    if v.get("communication_share") is not None:
+        tps += f"; communication {100 * v['communication_share']:.1f} % of the step"
+    lines.append(("time", f"{_duration(v['train_seconds'])} at {tps}"))
+    return lines
+
+
+def cost_lines(est: Estimate, units: str) -> list[tuple[str, str]]:
+    v = est.values
+    if v.get("gpu_hours") is None:
+        return []
+    runs = est.scenario.cost.runs
+    plan = v.get("instance_choice")
+    lines = [("GPU-hours", f"{v['gpu_hours']:,.2f}" + (f" ({runs} runs)" if runs > 1 else ""))]
+    if plan is None:
+        lines.append(("cost", "give --provider (and --gpu) to price it"))
+        return lines
+    cur = v.get("cost_currency") or "USD"
+    per = f" for {runs} runs" if runs > 1 else ""
+    spot = ("no spot price" if v.get("spot_cost_usd") is None else
+            f"{v['spot_cost_usd']:,.2f} {cur} spot" + (f" (+{100 * plan.provider.spot_overhead:g} % interruption overhead)"
+                                                        if plan.provider.spot_overhead else ""))
+    lines.append(("cost", f"{v['on_demand_cost_usd']:,.2f} {cur} on demand, {spot}{per}"))
+    lines.append(("instances", f"{plan.count} × {plan.provider.id} {plan.instance.id} ({plan.instance.gpus} × {plan.instance.gpu}"
+                               + (f", {plan.instance.region}" if plan.instance.region else "") + f"), {plan.on_demand_per_hour:,.2f} {cur}/h"
+                               + f", billed per {plan.provider.billing}"))
+    return lines
+
+
+JSON_SECTIONS.extend([time_json, cost_json])
+TEXT_SECTIONS.extend([time_lines, cost_lines])

@@ -2,7 +2,19 @@
 
 A ruleset directory holds any number of ``*.toml`` files (searched recursively). Each file may
 contain any of the top-level arrays of tables ``[[gpu]]``, ``[[provider]]``, ``[[instance]]``,
-``[[model]]`` and the table ``[framework]``; see ``docs/rulesets.md``.
+``[[model]]``, ``[[mfu]]``, ``[[throughput]]``, ``[[mfu_calibration]]`` and the table ``[framework]``;
+see ``docs/rulesets.md`` and ``docs/time-and-cost.md``.
+
+Time and cost tables (``docs/time-and-cost.md``):
+
+* ``[[mfu]]``: a published model-FLOPs-utilisation measurement (GPU, model size, method, sequence
+  length, GPUs, MFU, source). fitplan's default MFU for a GPU is fitted from these rows.
+* ``[[throughput]]``: measured tokens per second for a (GPU, model size, GPU count), grouped in named
+  sets (``set = "seed"``) that ``--throughput-source NAME`` selects.
+* ``[[mfu_calibration]]``: an MFU measured on a real GPU (``gpu``, ``mfu``; optionally the ``model``
+  and ``method`` it was measured with, ``source``, ``date``). This is what the validation plugin writes
+  (``fitplan validate --calibrate-out``): a row for the scenario's GPU overrides the fitted default; a row
+  that also names the model and method wins over one that does not.
 
 Precedence (later wins, entry by entry, keyed by ``id``):
 
@@ -107,6 +119,64 @@ class Framework:
 
 
 @frozen
+class MfuRow:
+    """A published MFU measurement: what one training setup reached on one GPU."""
+
+    id: str
+    gpu: str
+    param_count: float = field(validator=_pos)
+    """Model size (total parameters), e.g. ``6.7e9``."""
+    mfu: float = field(validator=_pos)
+    """Model FLOPs utilisation as a fraction (0.46 = 46 %), as the source reports it."""
+    source: str
+    model: str = ""
+    method: str = "full"
+    max_seq_length: int | None = field(default=None, validator=_pos)
+    num_gpus: int | None = field(default=None, validator=_pos)
+    tokens_per_second_per_gpu: float | None = field(default=None, validator=_pos)
+    note: str = ""
+
+    @mfu.validator
+    def _fraction(self, att: attrs.Attribute, value: float) -> None:
+        if value > 1:
+            raise FitplanError(f"MfuRow.mfu is a fraction (0.46 = 46 %), got {value!r}", field="mfu", value=value,
+                               suggestion="write percentages as fractions")
+
+
+@frozen
+class ThroughputRow:
+    """Measured training throughput, in a named set selected by ``--throughput-source``."""
+
+    id: str
+    set: str
+    gpu: str
+    param_count: float = field(validator=_pos)
+    tokens_per_second: float = field(validator=_pos)
+    """Tokens per second of the whole run (all ``num_gpus`` together)."""
+    source: str
+    num_gpus: int = field(default=1, validator=_pos)
+    model: str = ""
+    note: str = ""
+
+
+@frozen
+class MfuCalibration:
+    """An MFU measured on a real GPU (written by ``fitplan validate --calibrate-out``)."""
+
+    gpu: str
+    mfu: float = field(validator=_pos)
+    source: str = ""
+    model: str = ""
+    method: str = ""
+    date: str = ""
+
+    @mfu.validator
+    def _fraction(self, att: attrs.Attribute, value: float) -> None:
+        if value > 1:
+            raise FitplanError(f"MfuCalibration.mfu is a fraction (0.41 = 41 %), got {value!r}", field="mfu", value=value)
+
+
+@frozen
 class ModelEntry:
     """A catalog model: the fields of its HF ``config.json``."""
 
@@ -126,6 +196,9 @@ class RulesetFile:
     instance: list[Instance] = attrs.Factory(list)
     model: list[ModelEntry] = attrs.Factory(list)
     framework: Framework | None = None
+    mfu: list[MfuRow] = attrs.Factory(list)
+    throughput: list[ThroughputRow] = attrs.Factory(list)
+    mfu_calibration: list[MfuCalibration] = attrs.Factory(list)
 
 
 def parse_file(path: Path) -> tuple[RulesetFile | None, list[str]]:
@@ -171,7 +244,7 @@ def check_paths(paths: Iterable[str | Path]) -> list[str]:
 
 def _duplicates(parsed: RulesetFile, f: Path, seen: dict[tuple[str, str], Path]) -> list[str]:
     out = []
-    for kind in ("gpu", "provider", "model"):
+    for kind in ("gpu", "provider", "model", "mfu", "throughput"):
         for i, entry in enumerate(getattr(parsed, kind)):
             key = (kind, entry.id)
             if key in seen:
@@ -181,6 +254,12 @@ def _duplicates(parsed: RulesetFile, f: Path, seen: dict[tuple[str, str], Path])
         key = ("instance", f"{inst.provider}/{inst.id}/{inst.region}")
         if key in seen:
             out.append(f"{f}: duplicate instance {inst.provider}/{inst.id} in region {inst.region!r} (also in {seen[key]}) @ $.instance[{i}].id")
+        seen[key] = f
+    for i, cal in enumerate(parsed.mfu_calibration):
+        key = ("mfu_calibration", f"{cal.gpu}/{cal.model}/{cal.method}")
+        if key in seen:
+            out.append(f"{f}: duplicate mfu_calibration for gpu {cal.gpu!r}, model {cal.model!r}, method {cal.method!r} "
+                       f"(also in {seen[key]}) @ $.mfu_calibration[{i}]")
         seen[key] = f
     return out
 
@@ -215,9 +294,15 @@ class Rulesets:
     instances: dict[tuple[str, str, str], Instance] = attrs.Factory(dict)
     models: dict[str, ModelEntry] = attrs.Factory(dict)
     framework: Framework = attrs.Factory(Framework)
+    mfu_rows: dict[str, MfuRow] = attrs.Factory(dict)
+    throughput_rows: dict[str, ThroughputRow] = attrs.Factory(dict)
+    mfu_calibrations: dict[tuple[str, str, str], MfuCalibration] = attrs.Factory(dict)
+    """``(gpu, model, method)`` -> calibration ("" = any model / method)."""
     origin: dict[str, str] = attrs.Factory(dict)
     """``kind:id`` -> the file that set it (for ``explain``)."""
     dirs: list[str] = attrs.Factory(list)
+    cache: dict[Any, Any] = attrs.Factory(dict)
+    """Derived lookups (instance choices, fitted MFU defaults), computed once per key: see :meth:`memo`."""
 
     def add_dir(self, directory: Path) -> None:
         errors = check_paths([directory])
@@ -245,6 +330,27 @@ class Rulesets:
         if parsed.framework is not None:
             self.framework = parsed.framework
             self.origin["framework"] = f
+        for r in parsed.mfu:
+            self.mfu_rows[r.id] = r
+            self.origin[f"mfu:{r.id}"] = f
+        for t in parsed.throughput:
+            self.throughput_rows[t.id] = t
+            self.origin[f"throughput:{t.id}"] = f
+        for c in parsed.mfu_calibration:
+            self.mfu_calibrations[(c.gpu, c.model, c.method)] = c
+            self.origin[f"mfu_calibration:{c.gpu}/{c.model}/{c.method}"] = f
+        self.cache.clear()
+
+    def memo(self, key: Any, compute: Any) -> Any:
+        """``compute()`` once per ``key`` for these rulesets (cleared when a directory is added).
+
+        Lookups that scan a catalog (instances of a provider, MFU rows) go through here so that one
+        graph evaluation stays O(1) in the catalog size."""
+        try:
+            return self.cache[key]
+        except KeyError:
+            value = self.cache[key] = compute()
+            return value
 
     # ---------------------------------------------------------------- lookups with suggestions
 

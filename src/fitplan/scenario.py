@@ -82,6 +82,8 @@ class Training:
     precision: str = field(default="32-true", validator=_one_of(PRECISIONS))
     attn_implementation: str = field(default="sdpa", validator=_one_of(ATTN_IMPLEMENTATIONS))
     num_train_epochs: float = field(default=1.0, validator=_positive)
+    tf32: bool = False
+    """HF ``tf32``: fp32 matmuls on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``); off by default."""
 
 
 @frozen
@@ -133,7 +135,19 @@ class Cost:
     instance: str | None = None
     runs: int = field(default=1, validator=_at_least_one)
     tokens_per_second: float | None = field(default=None, validator=_positive)
+    """Measured training throughput of the whole run (all GPUs), overriding every model of it."""
     mfu: float | None = field(default=None, validator=_positive)
+    """Model FLOPs utilisation (0.4 = 40 %), overriding the ruleset default and calibration."""
+    throughput_source: str | None = None
+    """A named set of measured throughputs in the ``[[throughput]]`` ruleset (e.g. ``seed``)."""
+    region: str | None = None
+    """Only price instances in this region (default: the cheapest region)."""
+
+    @mfu.validator
+    def _mfu_fraction(self, att: attrs.Attribute, value: Any) -> None:
+        if value is not None and value > 1:
+            raise FitplanError(f"Cost.mfu is a fraction of the GPU's peak (0.4 = 40 %), got {value!r}", field="mfu",
+                               value=value, suggestion="write 40 % as 0.4")
 
 
 @frozen

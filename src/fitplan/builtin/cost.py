@@ -1,0 +1,83 @@
+"""Cost: GPU-hours × price, on demand and spot, from the pricing rulesets.
+
+``on_demand_cost_usd = runs × instances × price per hour × billed hours``, where billed hours are the
+training time rounded up to the provider's billing unit (and minimum); spot time is first lengthened by
+the provider's ``spot_overhead``. The instance shape is chosen by :func:`fitplan.pricing.choose_instance`
+(cheapest whole instances covering the GPUs). Amounts are in the provider's ``currency`` (``cost_currency``):
+the ``_usd`` names are historical, the currency is always stated.
+
+Everything is None (not an error) without a training time, a GPU or ``--provider``.
+"""
+
+from __future__ import annotations
+
+from ..declarations import quantity
+from ..hookspecs import hookimpl
+from ..pricing import billed_seconds, choose_instance
+
+
+@quantity("GPU-h")
+def gpu_hours(train_seconds, world_size, runs):
+    """GPU-hours used: GPUs × training hours × ``runs``. None without a training time."""
+    if train_seconds is None:
+        return None
+    return world_size * train_seconds / 3600 * runs
+
+
+@quantity("instances")
+def instance_choice(provider, instance, region, gpu_spec, num_gpus, num_nodes, rulesets):
+    """What is rented: the provider's instance shape with this GPU whose ``ceil(GPUs / GPUs per instance)``
+    whole instances cost least per hour (per node when ``num_nodes > 1``); ``--instance`` and ``--region``
+    force a shape or region. None without ``--provider`` or ``--gpu``. A provider with no instance of the
+    GPU is an error listing the GPUs it offers."""
+    if provider is None or gpu_spec is None:
+        return None
+    return choose_instance(rulesets, provider, gpu_spec.id, num_gpus, num_nodes, instance, region)
+
+
+@quantity("s")
+def billed_seconds_on_demand(train_seconds, instance_choice):
+    """One run's training time rounded up to the provider's billing unit (second, minute, hour) and minimum."""
+    if train_seconds is None or instance_choice is None:
+        return None
+    return billed_seconds(train_seconds, instance_choice.provider)
+
+
+@quantity("s")
+def billed_seconds_spot(train_seconds, instance_choice):
+    """One run's spot time, ``train_seconds × (1 + spot_overhead)`` (interruptions, restarts and checkpoint
+    reloads; the provider's assumption), rounded like on-demand time. None without a spot price."""
+    if train_seconds is None or instance_choice is None or instance_choice.spot_per_hour is None:
+        return None
+    return billed_seconds(train_seconds * (1 + instance_choice.provider.spot_overhead), instance_choice.provider)
+
+
+@quantity("USD")
+def on_demand_cost_usd(billed_seconds_on_demand, instance_choice, runs):
+    """On-demand cost of ``runs`` runs: ``runs × instances × hourly price × billed hours`` (the seed:
+    4 h × $4.00 = $16; 5 runs: $80). In ``cost_currency``."""
+    if billed_seconds_on_demand is None:
+        return None
+    return runs * instance_choice.on_demand_per_hour * billed_seconds_on_demand / 3600
+
+
+@quantity("USD")
+def spot_cost_usd(billed_seconds_spot, instance_choice, runs):
+    """Spot cost of ``runs`` runs: ``runs × instances × spot hourly price × billed spot hours`` (the seed:
+    4 h × $1.20 = $4.80; 5 runs: $24). None where the instance has no spot price."""
+    if billed_seconds_spot is None:
+        return None
+    return runs * instance_choice.spot_per_hour * billed_seconds_spot / 3600
+
+
+@quantity("currency")
+def cost_currency(instance_choice):
+    """The currency of every amount: the provider's ``currency`` (USD for every bundled provider)."""
+    return None if instance_choice is None else instance_choice.provider.currency
+
+
+@hookimpl
+def fitplan_register_quantities(register):
+    for q in (gpu_hours, instance_choice, billed_seconds_on_demand, billed_seconds_spot, on_demand_cost_usd,
+              spot_cost_usd, cost_currency):
+        register(q)
