@@ -33,6 +33,19 @@ HELP = {
     "zero_stage": "DeepSpeed ZeRO stage 0-3.",
     "fsdp": "full_shard | shard_grad_op | hybrid_shard.",
     "gpu": "GPU id or alias from the hardware ruleset (e.g. a100-80gb, h100-sxm).",
+    "num_examples": "Dataset examples (with --tokens-per-example; or give --total-tokens).",
+    "tokens_per_example": "Mean tokens per example.",
+    "total_tokens": "Tokens in the dataset (one epoch).",
+    "padding": "pack (default: sequences concatenated) | pad (every example padded to --max-seq-length).",
+    "num_train_epochs": "Passes over the dataset (default 1).",
+    "tf32": "HF tf32: fp32 matmuls on TF32 tensor cores (off by default in PyTorch and the HF Trainer).",
+    "provider": "Pricing provider id (aws, gcp, lambda, runpod, seed, ...) to price the run.",
+    "instance": "Force an instance type of the provider (default: the cheapest shape covering the GPUs).",
+    "region": "Only consider instances in this region (default: the cheapest region).",
+    "runs": "Number of runs to pay for (experiments; the seed counts 5).",
+    "tokens_per_second": "Measured throughput of the whole run, overriding the FLOPs model.",
+    "mfu": "Model FLOPs utilisation (0.4 = 40 %), overriding the ruleset default and calibration.",
+    "throughput_source": "Use a [[throughput]] ruleset table of measured tokens/s (e.g. seed).",
 }
 
 
@@ -180,7 +193,9 @@ def explain(quantity: str, depth: int, fmt: str, **kwargs: Any) -> None:
             console.print(f"  - {d}")
 
 
-_SHORT = {"peak": "peak_bytes", "weights": "weight_bytes", "gradients": "gradient_bytes", "activations": "activation_bytes",
+_SHORT = {"time": "train_seconds", "cost": "on_demand_cost_usd", "spot_cost": "spot_cost_usd", "tokens": "train_tokens",
+          "flops": "train_flops", "mfu": "train_mfu", "throughput": "train_tokens_per_second",
+          "peak": "peak_bytes", "weights": "weight_bytes", "gradients": "gradient_bytes", "activations": "activation_bytes",
           "optimizer_states": "optimizer_state_bytes", "device_total": "device_total_bytes", "logits": "logits_bytes",
           "master_weights": "master_weight_bytes"}
 
@@ -283,6 +298,102 @@ def rulesets_check(paths: tuple[str, ...]) -> None:
         click.echo(f"{len(errors)} error(s)", err=True)
         sys.exit(2)
     click.echo(f"ok: {', '.join(paths)}")
+
+
+def _provider_from_path(path: Path) -> str | None:
+    """``catalogs/v8/aws/vms.csv`` -> aws; ``aws_vms.csv`` -> aws."""
+    if path.name == "vms.csv":
+        return path.parent.name or None
+    stem = path.stem
+    for suffix in ("_vms", "-vms", ".vms"):
+        if stem.endswith(suffix):
+            return stem[: -len(suffix)] or None
+    return None
+
+
+@rulesets.command("import-skypilot")
+@click.argument("csv_file", type=click.Path(dir_okay=False))
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The pricing ruleset TOML to write.")
+@click.option("--provider", default=None, help="Provider id to write (default: the cloud, from catalogs/v8/<cloud>/vms.csv or <cloud>_vms.csv).")
+@click.option("--map", "mappings", multiple=True, metavar="NAME=GPU",
+              help="Map a SkyPilot accelerator name to a GPU id of the hardware ruleset (repeatable).")
+@click.option("--date", default="", help="The catalog's date, written on every instance (e.g. 2025-11).")
+@click.option("--billing", type=click.Choice(["second", "minute", "hour"]), default=None,
+              help="Billing unit (default: known per cloud, else second).")
+@click.option("--minimum-seconds", type=int, default=None, help="Minimum billed seconds (default: known per cloud, else 60).")
+@click.option("--spot-overhead", type=float, default=0.1, show_default=True,
+              help="Extra fraction of run time lost to spot interruptions.")
+@click.option("--ruleset-dir", "ruleset_dirs", multiple=True, type=click.Path(file_okay=False),
+              help="Extra ruleset directory whose GPU ids and aliases accelerator names may match.")
+def rulesets_import_skypilot(csv_file: str, out: str, provider: str | None, mappings: tuple[str, ...], date: str,
+                             billing: str | None, minimum_seconds: int | None, spot_overhead: float,
+                             ruleset_dirs: tuple[str, ...]) -> None:
+    """Convert a SkyPilot catalog CSV (catalogs/v8/<cloud>/vms.csv) into a pricing ruleset.
+
+    Columns are found by header name. GCP's separate VM and GPU rows are combined (VM + count × GPU
+    price, same region). Malformed rows are all reported with their line numbers (exit 2) and nothing
+    is written; accelerators that map to no GPU are reported and skipped.
+    """
+    import os
+    import tempfile
+
+    import tomli_w
+
+    from .context import get_context
+    from .convert import CONVERTER, error_lines
+    from .rulesets import RulesetFile, check_paths
+    from .skypilot import import_catalog, known_gpu_names
+
+    path = Path(csv_file)
+    if not path.exists():
+        raise FitplanError("file not found", file=str(path), field="CSV_FILE")
+    provider = provider or _provider_from_path(path)
+    if not provider:
+        raise FitplanError("cannot tell the provider from the file name", file=str(path), field="--provider",
+                           suggestion="pass --provider NAME (e.g. aws, gcp)")
+    extra: dict[str, str] = {}
+    for m in mappings:
+        name, sep, gpu = m.partition("=")
+        if not sep or not name.strip() or not gpu.strip():
+            raise FitplanError(f"--map expects NAME=GPU, got {m!r}", field="--map", value=m, suggestion="e.g. --map A100=a100-40gb")
+        extra[name.strip()] = gpu.strip()
+    rules = get_context(ruleset_dirs).rulesets
+    result = import_catalog(path, provider, known_gpus=known_gpu_names(rules.gpus.values()), extra_map=extra, date=date,
+                            billing=billing, minimum_seconds=minimum_seconds, spot_overhead=spot_overhead)
+    if result.errors:
+        raise FitplanError(f"{len(result.errors)} malformed row(s); nothing written", file=str(path), field="CSV_FILE",
+                           details=result.errors, suggestion="fix or remove these rows")
+    try:
+        CONVERTER.structure(result.data, RulesetFile)
+    except Exception as e:  # noqa: BLE001 - cattrs error groups
+        raise FitplanError("the converted ruleset is invalid; nothing written", file=str(path),
+                           details=error_lines(e)) from None
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+    if result.unknown:
+        names = ", ".join(f"{k} ({n} row{'s' if n > 1 else ''})" for k, n in sorted(result.unknown.items()))
+        click.echo(f"skipped accelerators that map to no GPU: {names}; map one with --map NAME=gpu-id", err=True)
+    unmapped = sorted({i["gpu"] for i in result.data["instance"]} - set(rules.gpus))
+    if unmapped:
+        click.echo(f"warning: GPU id(s) not in the hardware rulesets: {', '.join(unmapped)} "
+                   "(estimates with them need a [[gpu]] entry)", err=True)
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(f"# Pricing ruleset imported from the SkyPilot catalog {path.name} by `fitplan rulesets import-skypilot`.\n"
+                     .encode())
+            tomli_w.dump(result.data, fh)
+        problems = check_paths([tmp])
+        if problems:
+            raise FitplanError("the converted ruleset does not pass `fitplan rulesets check`; nothing written",
+                               details=problems)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    click.echo(f"wrote {target}: provider {provider!r}, {len(result.data['instance'])} instance(s)")
 
 
 @cli.group()

@@ -1,0 +1,256 @@
+"""Import a SkyPilot catalog (``catalogs/v8/<cloud>/vms.csv``) as a pricing ruleset.
+
+Columns are read by header name (their order differs per cloud): ``InstanceType``, ``AcceleratorName``,
+``AcceleratorCount``, ``Price``, ``SpotPrice``, ``Region`` are required; ``vCPUs``, ``MemoryGiB``,
+``AvailabilityZone`` and ``GpuInfo`` are read when present.
+
+* AWS-style rows name the instance and its accelerators together: one row is one priced GPU instance.
+* GCP lists VM rows and GPU rows separately. A GPU row has an ``AcceleratorName`` and an empty
+  ``InstanceType``; its ``Price`` is for ``AcceleratorCount`` GPUs. A GPU VM (``a2-highgpu-1g``) is a VM
+  row whose accelerators are implied by its machine type (:data:`GCP_MACHINE_GPUS`), and its price is
+  the VM row + ``AcceleratorCount`` × the per-GPU price of the GPU row in the same region (spot alike).
+* Availability zones of one region collapse into one instance per region (lowest price of its zones).
+
+Accelerator names map to hardware-ruleset GPU ids (:data:`ACCELERATOR_GPU`, or a GPU id / alias of the
+loaded hardware rulesets). Unknown accelerators are reported (name and row count), not silently dropped.
+Malformed rows are reported all at once with their line numbers, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+REQUIRED = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "SpotPrice", "Region")
+
+ACCELERATOR_GPU = {
+    "T4": "t4",
+    "A10G": "a10g",
+    "A10": "a10",
+    "L4": "l4",
+    "L40S": "l40s",
+    "V100": "v100-16gb",
+    "V100-32GB": "v100-32gb",
+    "A100": "a100-40gb",
+    "A100-80GB": "a100-80gb",
+    "H100": "h100-sxm",
+    "H100-MEGA": "h100-sxm",
+    "H100-80GB": "h100-sxm",
+    "H100-PCIE": "h100-pcie",
+    "H200": "h200",
+    "B200": "b200",
+    "RTX4090": "rtx-4090",
+    "RTX3090": "rtx-3090",
+    "MI300X": "mi300x",
+}
+"""SkyPilot accelerator names -> fitplan GPU ids (SkyPilot's ``A100`` is the 40 GB part)."""
+
+GCP_MACHINE_GPUS: tuple[tuple[str, str, int | None], ...] = (
+    (r"a2-highgpu-(\d+)g", "A100", None),
+    (r"a2-megagpu-(\d+)g", "A100", None),
+    (r"a2-ultragpu-(\d+)g", "A100-80GB", None),
+    (r"a3-(?:high|mega|edge)gpu-(\d+)g(?:-nolssd)?", "H100", None),
+    (r"a3-ultragpu-(\d+)g", "H200", None),
+    (r"a4-highgpu-(\d+)g", "B200", None),
+    (r"g2-standard-(?:4|8|12|16|32)", "L4", 1),
+    (r"g2-standard-24", "L4", 2),
+    (r"g2-standard-48", "L4", 4),
+    (r"g2-standard-96", "L4", 8),
+)
+"""GCP machine types whose GPUs are fixed by the type (Compute Engine "GPU machine types"): pattern,
+accelerator, count (None: the number before ``g``)."""
+
+KNOWN_BILLING = {
+    "aws": ("second", 60, "EC2 Linux instances are billed per second with a 60-second minimum"),
+    "gcp": ("second", 60, "Compute Engine bills per second with a 1-minute minimum"),
+}
+
+
+@attrs.frozen
+class ImportResult:
+    data: dict[str, Any]
+    """The ruleset, ready for ``tomli_w``."""
+    errors: list[str]
+    """Malformed input: ``file:line: message``. Nothing is written when there is any."""
+    unknown: dict[str, int]
+    """Accelerator name -> rows skipped because it maps to no GPU."""
+    warnings: list[str]
+
+
+def _number(text: str, column: str, line: int, path: str, errors: list[str], *, required: bool) -> float | None:
+    text = (text or "").strip()
+    if not text:
+        if required:
+            errors.append(f"{path}:{line}: {column} is empty")
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        errors.append(f"{path}:{line}: {column} is not a number: {text!r}")
+        return None
+    if not math.isfinite(value) or value < 0:
+        errors.append(f"{path}:{line}: {column} must be a finite number >= 0, got {text!r}")
+        return None
+    return value
+
+
+def _gcp_machine(instance_type: str) -> tuple[str, int] | None:
+    for pattern, acc, count in GCP_MACHINE_GPUS:
+        m = re.fullmatch(pattern, instance_type)
+        if m:
+            return acc, count if count is not None else int(m.group(1))
+    return None
+
+
+def gpu_for(name: str, known_gpus: dict[str, str], extra: dict[str, str]) -> str | None:
+    """The GPU id for a SkyPilot accelerator name: ``--map``, the built-in table, or a hardware id/alias."""
+    if name in extra:
+        return extra[name]
+    if name in ACCELERATOR_GPU:
+        return ACCELERATOR_GPU[name]
+    return known_gpus.get(name.lower())
+
+
+def import_catalog(path: str | Path, provider: str, *, known_gpus: dict[str, str] | None = None,
+                   extra_map: dict[str, str] | None = None, date: str = "", billing: str | None = None,
+                   minimum_seconds: int | None = None, spot_overhead: float = 0.1) -> ImportResult:
+    """Read a SkyPilot ``vms.csv``; return the pricing ruleset and every problem.
+
+    :param known_gpus: lowercase GPU id or alias of the hardware rulesets -> GPU id.
+    :param extra_map: accelerator name -> GPU id, for names the built-in table does not know.
+    """
+    p = Path(path)
+    known_gpus = known_gpus or {}
+    extra_map = extra_map or {}
+    errors: list[str] = []
+    warnings: list[str] = []
+    unknown: dict[str, int] = {}
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        return ImportResult({}, [f"{p}: cannot read: {e.strerror}"], {}, [])
+    reader = csv.reader(text.splitlines())
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        return ImportResult({}, [f"{p}:1: empty file: expected a header row with {', '.join(REQUIRED)}"], {}, [])
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        return ImportResult({}, [f"{p}:1: header lacks column(s) {', '.join(missing)} (found: {', '.join(header)})"], {}, [])
+    col = {name: header.index(name) for name in header}
+
+    vm_rows: list[tuple[int, dict[str, str], float, float | None]] = []
+    gpu_price: dict[tuple[str, str], tuple[float, float | None]] = {}  # (accelerator, region) -> per-GPU prices
+    instances: dict[tuple[str, str], dict[str, Any]] = {}
+    for line, raw in enumerate(reader, start=2):
+        if not raw or all(not c.strip() for c in raw):
+            continue
+        if len(raw) != len(header):
+            errors.append(f"{p}:{line}: {len(raw)} fields, expected {len(header)} (header: {', '.join(header)})")
+            continue
+        row = {name: raw[i].strip() for name, i in col.items()}
+        itype, acc, region = row["InstanceType"], row["AcceleratorName"], row["Region"]
+        if not region:
+            errors.append(f"{p}:{line}: Region is empty")
+        count = _number(row["AcceleratorCount"], "AcceleratorCount", line, str(p), errors, required=bool(acc))
+        price = _number(row["Price"], "Price", line, str(p), errors, required=True)
+        spot = _number(row["SpotPrice"], "SpotPrice", line, str(p), errors, required=False)
+        if count is not None and acc and (count <= 0 or not float(count).is_integer()):
+            errors.append(f"{p}:{line}: AcceleratorCount must be a whole number >= 1 for {acc}, got {row['AcceleratorCount']!r}")
+            continue
+        if price is None or not region or (acc and count is None):
+            continue
+        if not itype:
+            if not acc:
+                errors.append(f"{p}:{line}: both InstanceType and AcceleratorName are empty")
+                continue
+            # a GCP GPU row: the price of `count` accelerators, to be added to a VM row
+            if gpu_for(acc, known_gpus, extra_map) is None:
+                unknown[acc] = unknown.get(acc, 0) + 1
+                continue
+            per_gpu = (price / count, None if spot is None else spot / count)
+            old = gpu_price.get((acc, region))
+            if old is None or per_gpu[0] < old[0]:
+                gpu_price[(acc, region)] = per_gpu
+            continue
+        if not acc:
+            vm_rows.append((line, row, price, spot))  # a CPU VM, or a GCP VM with fixed GPUs
+            continue
+        gpu = gpu_for(acc, known_gpus, extra_map)
+        if gpu is None:
+            unknown[acc] = unknown.get(acc, 0) + 1
+            continue
+        _add(instances, itype, region, gpu, int(count), price, spot, f"{p.name} line {line}")
+
+    used: set[str] = set()
+    for line, row, price, spot in vm_rows:
+        fixed = _gcp_machine(row["InstanceType"])
+        if fixed is None:
+            continue  # a CPU-only VM: nothing to price for fitplan
+        acc, n = fixed
+        gpu = gpu_for(acc, known_gpus, extra_map)
+        if gpu is None:
+            unknown[acc] = unknown.get(acc, 0) + 1
+            continue
+        per = gpu_price.get((acc, row["Region"]))
+        if per is None:
+            warnings.append(f"{p}:{line}: {row['InstanceType']} in {row['Region']}: no {acc} GPU row in that region; skipped")
+            continue
+        used.add(acc)
+        total = price + n * per[0]
+        total_spot = None if spot is None or per[1] is None else spot + n * per[1]
+        _add(instances, row["InstanceType"], row["Region"], gpu, n, total, total_spot,
+             f"{p.name} line {line} (VM) + {n} × {acc} GPU row")
+
+    for acc in sorted({a for a, _ in gpu_price} - used):
+        warnings.append(f"{p}: {acc} GPU rows have no GPU machine type to attach to (e.g. an n1 VM + {acc}); not priced")
+    bill, minimum, why = KNOWN_BILLING.get(provider, ("second", 60, "assumed: per-second billing, 60-second minimum"))
+    provider_table = {
+        "id": provider,
+        "name": provider,
+        "billing": billing or bill,
+        "minimum_seconds": minimum if minimum_seconds is None else minimum_seconds,
+        "currency": "USD",
+        "spot_overhead": spot_overhead,
+        "source": f"SkyPilot catalog {p.name} (imported by fitplan rulesets import-skypilot); billing: {why}",
+    }
+    rows = []
+    for (itype, region), inst in sorted(instances.items()):
+        entry = {"provider": provider, "id": itype, "gpu": inst["gpu"], "gpus": inst["gpus"],
+                 "on_demand_per_hour": round(inst["price"], 6)}
+        if inst["spot"] is not None:
+            entry["spot_per_hour"] = round(inst["spot"], 6)
+        entry.update(region=region, source=f"SkyPilot catalog {inst['source']}")
+        if date:
+            entry["date"] = date
+        rows.append(entry)
+    if not rows and not errors:
+        warnings.append(f"{p}: no GPU instance found")
+    return ImportResult({"provider": [provider_table], "instance": rows}, errors, unknown, warnings)
+
+
+def _add(instances: dict, itype: str, region: str, gpu: str, gpus: int, price: float, spot: float | None, source: str) -> None:
+    key = (itype, region)
+    old = instances.get(key)
+    if old is None:
+        instances[key] = {"gpu": gpu, "gpus": gpus, "price": price, "spot": spot, "source": source}
+        return
+    old["price"] = min(old["price"], price)
+    if spot is not None:
+        old["spot"] = spot if old["spot"] is None else min(old["spot"], spot)
+
+
+def known_gpu_names(gpus: Iterable[Any]) -> dict[str, str]:
+    """Lowercase GPU id and aliases -> GPU id, from the hardware rulesets."""
+    out: dict[str, str] = {}
+    for g in gpus:
+        out[g.id.lower()] = g.id
+        for a in g.aliases:
+            out[a.lower()] = g.id
+    return out
