@@ -49,7 +49,7 @@ PCIE_HOST_GBPS = 25.0
 THROUGHPUT_SIZE_TOLERANCE = 1.3
 """A ``[[throughput]]`` row applies to models within this factor of its parameter count (7B row: 5.4B-9.1B)."""
 
-MFU_DEFAULT_MODEL = "gpu_median"
+MFU_DEFAULT_MODEL = "global_median"
 """Which fit of the ``[[mfu]]`` rows gives the default MFU (``global_median``, ``gpu_median`` or
 ``log_linear``): the one with the lowest leave-one-out error (``bench/mfu_loo.py``)."""
 
