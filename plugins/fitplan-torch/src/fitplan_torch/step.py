@@ -91,20 +91,30 @@ class _Null:
 
 
 def measure_step(model, optimizer, batch, *, precision: str, device_type: str, steps: int = 1,
-                 warmup: int = 1, memtracker: bool = True, extra_tracked=()) -> StepMeasurement:
-    """Warm up, then measure ``steps`` steps (the last one's numbers are reported; peaks are maxima)."""
+                 warmup: int = 1, memtracker: bool = True, counter=None, barrier=None) -> StepMeasurement:
+    """Warm up, then measure ``steps`` steps (the last one's numbers are reported).
+
+    ``counter``: a :class:`LiveBytes` the caller entered before building anything (sharded runs: it
+    then also sees DDP's buckets and FSDP's buffers); by default a fresh counter per measured step,
+    seeded with the parameters, buffers, optimizer states and batch. ``barrier``: called between steps
+    (distributed runs keep ranks in step).
+    """
     torch = _deps.torch()
     cuda = device_type == "cuda"
     for _ in range(warmup):
         train_step(model, optimizer, batch, precision=precision, device_type=device_type)
     params, buffers = _params_and_buffers(model)
     states = optimizer_state_tensors(optimizer)
-    trainable = [p for p in params if p.requires_grad]
     m: StepMeasurement | None = None
     for _ in range(max(1, steps)):
-        counter = LiveBytes()
-        counter.track([*params, *buffers, *states, *batch.values(), *extra_tracked])
-        start = counter.current
+        if barrier is not None:
+            barrier()
+        own = counter is None
+        c = LiveBytes() if own else counter
+        c.track([*params, *buffers, *states, *batch.values()])
+        c.set_phase("setup")
+        c.reset_peak()
+        start = c.current
         saved = SavedTensors(exclude=[*params, *buffers])
         grads: list[int] = []
         if cuda:
@@ -112,20 +122,20 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
             torch.cuda.reset_peak_memory_stats()
             cuda_start = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
-        with counter:
+        with c if own else _Null():
             value, retained_at = train_step(model, optimizer, batch, precision=precision, device_type=device_type,
-                                            counter=counter, saved=saved, grads_out=grads)
+                                            counter=c, saved=saved, grads_out=grads)
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        loss_bytes = value.untyped_storage().nbytes() if not _is_fake(value) else value.numel() * value.element_size()
-        peaks = dict(counter.phase_peaks)
+        loss_bytes = value.numel() * value.element_size()
+        peaks = dict(c.phase_peaks)
         peaks.pop("setup", None)
         m = StepMeasurement(
             parameters=storage_bytes(params), buffers=storage_bytes(buffers), gradients=grads[0] if grads else 0,
             optimizer_states=storage_bytes(optimizer_state_tensors(optimizer)),
             inputs=storage_bytes(batch.values()), saved_tensors=saved.bytes_at_exit,
-            retained=retained_at - start - loss_bytes, peak=counter.peak, peak_phase=counter.peak_phase,
+            retained=retained_at - start - loss_bytes, peak=c.peak, peak_phase=c.peak_phase,
             phase_peaks=peaks, start=start, step_seconds=dt,
             loss=None if _is_fake(value) else float(value),
         )
