@@ -125,8 +125,10 @@ def to_markdown(est: Estimate, units: str = "GB") -> str:
 def print_table(est: Estimate, console, units: str = "GB") -> None:
     from rich.table import Table
 
+    from rich.markup import escape
+
     for label, value in summary_lines(est, units):
-        console.print(f"[bold]{label:>18}[/]  {value}")
+        console.print(f"[bold]{label:>18}[/]  {escape(value)}")
     table = Table(title=None, show_edge=False, pad_edge=False)
     table.add_column("component")
     table.add_column(units, justify="right")
@@ -328,6 +330,8 @@ def time_lines(est: Estimate, units: str) -> list[tuple[str, str]]:
     tps = f"{v['train_tokens_per_second']:,.0f} tokens/s, {v['throughput_basis']}"
     if v.get("train_mfu") is not None:
         tps += f"; achieved MFU {100 * v['train_mfu']:.1f} %"
+        if v["train_mfu"] > 1:
+            tps += f" (over 100 %: impossible at the {v.get('matmul_dtype')} peak; check --precision)"
     if v.get("communication_share") is not None:
         tps += f"; communication {100 * v['communication_share']:.1f} % of the step"
     lines.append(("time", f"{_duration(v['train_seconds'])} at {tps}"))

@@ -455,7 +455,7 @@ def throughput_basis(tokens_per_second, measured_tokens_per_second, throughput_s
     if tokens_per_second is not None:
         return "given (--tokens-per-second)"
     if measured_tokens_per_second is not None:
-        return f"measured table {throughput_source!r} ([[throughput]] ruleset)"
+        return f"measured: table {throughput_source!r} of the throughput rulesets"
     if step_seconds is not None:
         origin = "--mfu" if mfu is not None else "calibrated" if mfu_calibrated is not None else "published default"
         return f"FLOPs model at an assumed MFU of {100 * assumed_mfu:.1f} % ({origin})"
