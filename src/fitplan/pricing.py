@@ -28,11 +28,14 @@ class InstancePlan:
     provider: Provider
     instance: Instance
     count: int
+    origin: str = ""
+    """The ruleset file the instance's price comes from."""
 
     @property
     def name(self) -> str:
         region = f", {self.instance.region}" if self.instance.region else ""
-        return f"{self.provider.id}/{self.instance.id} × {self.count}{region}"
+        origin = f"; ruleset {self.origin}" if self.origin else ""
+        return f"{self.provider.id}/{self.instance.id} × {self.count}{region}{origin}"
 
     @property
     def gpus_paid(self) -> int:
@@ -107,7 +110,8 @@ def _choose(rules, provider_id, gpu_id, num_gpus, num_nodes, instance_id, region
         candidates = in_region
 
     def plan(inst: Instance) -> InstancePlan:
-        return InstancePlan(provider, inst, num_nodes * math.ceil(num_gpus / inst.gpus))
+        return InstancePlan(provider, inst, num_nodes * math.ceil(num_gpus / inst.gpus),
+                            rules.origin.get(f"instance:{inst.provider}/{inst.id}/{inst.region}", ""))
 
     plans = [plan(i) for i in candidates]
     return min(plans, key=lambda p: (p.on_demand_per_hour, p.gpus_paid, p.instance.id, p.instance.region))

@@ -211,9 +211,15 @@ def seed_differences(est: Estimate, seed_est: Estimate | None, names: list[str])
     if seed_est is None:
         return []
     out = []
+    graph = est.registry.compiled()
     for n in names:
         a, b = est.values.get(n), seed_est.values.get(n)
         if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a != b:
+            node = graph.nodes.get(n)
+            if node is not None and node.unit != "bytes":
+                out.append(f"{n}: {format_value(a, node.unit)} {node.unit} here, {format_value(b, node.unit)} {node.unit} "
+                           "under the seed chapter's assumptions")
+                continue
             here, there = format_bytes(a), format_bytes(b)
             if here == there:
                 here, there = f"{int(a):,} B", f"{int(b):,} B"
