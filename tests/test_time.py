@@ -23,6 +23,7 @@ FIXTURE = """
 [[gpu]]
 id = "testgpu"
 name = "Test GPU"
+aliases = ["Test-GPU"]
 memory_bytes = 100_000_000_000
 usable_bytes = 100_000_000_000
 bandwidth_gbps = 1000
@@ -39,7 +40,7 @@ mfu = 0.3
 source = "test: measured on testgpu"
 
 [[mfu_calibration]]
-gpu = "testgpu"
+gpu = "Test-GPU"             # an alias, as `fitplan validate --calibrate-out` may write the user's --gpu
 model = "llama-2-7b"
 method = "full"
 mfu = 0.25

@@ -266,6 +266,11 @@ def _calibration(rulesets, gpu_id, model, method):
     def find():
         best = None
         for (gpu, m, meth), cal in rulesets.mfu_calibrations.items():
+            if gpu != gpu_id:
+                try:  # the row may name the GPU by an alias ("H100")
+                    gpu = rulesets.gpu(gpu).id
+                except FitplanError:
+                    continue
             if gpu != gpu_id or (m and m != model) or (meth and meth != method):
                 continue
             score = bool(m) + bool(meth)
