@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import warnings
 from typing import Any
 
 from fitplan import FitplanError
@@ -92,13 +93,14 @@ def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str
             model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
     except FitplanError:
         raise
-    except (ValueError, ImportError, NotImplementedError) as e:
-        raise FitplanError(f"transformers cannot build {cfg.get('model_type')!r} with {attn_implementation}: {e}",
+    except (ValueError, ImportError, NotImplementedError, KeyError, TypeError, AttributeError) as e:
+        raise FitplanError(f"transformers cannot build {cfg.get('model_type')!r} with {attn_implementation}: "
+                           f"{type(e).__name__}: {e}",
                            field="model", value=cfg.get("model_type")) from None
     if fake:
         cast_floating_(model, dtype)  # from_config honours dtype, but be certain (model.to fails under fake)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     if method in ("lora", "qlora"):
         peft = _deps.peft()
         lcfg = lora or {}
@@ -106,13 +108,24 @@ def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str
                              target_modules=list(lcfg.get("lora_target_modules", ("q_proj", "v_proj"))),
                              lora_dropout=lcfg.get("lora_dropout", 0.0), task_type="CAUSAL_LM")
         try:
-            with fake_safe_module_to() if fake else contextlib.nullcontext():
+            with fake_safe_module_to() if fake else contextlib.nullcontext(), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", category=FutureWarning)  # peft reads a deprecated transformers flag
                 model = peft.get_peft_model(model, lc)
         except ValueError as e:
             raise FitplanError(f"peft cannot apply LoRA: {e}", field="lora_target_modules",
                                value=",".join(lcfg.get("lora_target_modules", ()))) from None
     model.train()
     return model
+
+
+def enable_checkpointing(model) -> None:
+    """HF full recomputation, non-reentrant (transformers 5.24 renamed ``gradient_checkpointing_enable`` to
+    ``activation_checkpointing_enable``; both are accepted)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers < 5.24
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def cast_floating_(module, dtype=None, device=None) -> None:
