@@ -11,6 +11,7 @@ Evaluation is a plain loop over pre-ordered steps: no hook calls, no graph walks
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ import attrs
 import networkx as nx
 
 from .declarations import Quantity, Reducer
-from .errors import GraphError, did_you_mean
+from .errors import FitplanError, GraphError, PluginError, did_you_mean
 from .scenario import FIELD_SECTION
 
 RESOLVED_INPUTS: dict[str, str] = {
@@ -57,29 +58,86 @@ class CompiledGraph:
     chains: dict[str, list[str]]
     quantities: dict[str, Quantity]
     reducers: dict[str, Reducer]
+    memory: tuple[str, ...] = ()
+    """Quantities of category ``memory``: checked to be numbers after every evaluation."""
 
     def evaluate(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool]]:
         """Evaluate every quantity. Returns ``(values, applied)``: ``applied[reducer_node]`` says
-        whether each reducer's condition held."""
+        whether each reducer's condition held.
+
+        :raises PluginError: a quantity or reducer raised (other than a :class:`FitplanError`, which is
+            the user's), or a memory quantity is not a number: the message names the plugin and the quantity.
+        """
         v = dict(inputs)
         applied: dict[str, bool] = {}
-        for step in self.steps:
-            kind = step[0]
-            if kind == Q:
-                _, name, fn, deps = step
-                v[name] = fn(*[v[d] for d in deps])
-            elif kind == R:
-                _, name, prev, cond, cdeps, fn, tdeps = step
-                if cond(*[v[d] for d in cdeps]):
-                    applied[name] = True
-                    v[name] = fn(v[prev], *[v[d] for d in tdeps])
+        step: tuple = ()
+        try:
+            for step in self.steps:
+                kind = step[0]
+                if kind == Q:
+                    _, name, fn, deps = step
+                    v[name] = fn(*[v[d] for d in deps])
+                elif kind == R:
+                    _, name, prev, cond, cdeps, fn, tdeps = step
+                    if cond(*[v[d] for d in cdeps]):
+                        applied[name] = True
+                        v[name] = fn(v[prev], *[v[d] for d in tdeps])
+                    else:
+                        applied[name] = False
+                        v[name] = v[prev]
                 else:
-                    applied[name] = False
+                    _, name, prev = step
                     v[name] = v[prev]
-            else:
-                _, name, prev = step
-                v[name] = v[prev]
+        except FitplanError:
+            raise
+        except Exception as e:  # noqa: BLE001 - name the plugin and the quantity, not a bare traceback
+            raise self._step_error(step, v, e) from e
+        for name in self.memory:
+            x = v[name]
+            if type(x) is not int and type(x) is not float and (isinstance(x, bool) or not isinstance(x, numbers.Real)):
+                raise self._type_error(name, v)
         return v, applied
+
+    def _step_error(self, step: tuple, values: dict[str, Any], e: Exception) -> PluginError:
+        for m in self.memory:  # a wrong type upstream is the real fault, not the quantity that tripped on it
+            if m in values and (isinstance(values[m], bool) or not isinstance(values[m], numbers.Real)):
+                return self._type_error(m, values)
+        name = step[1]
+        node = self.nodes[name]
+        if node.kind == "reducer":
+            what = f"reducer {self.reducers[name].name!r} on quantity {node.target!r}"
+        else:
+            what = f"quantity {name.removesuffix('.raw')!r}"
+        culprit = _declared_by_input(e, [values.get(d) for d in node.deps])
+        if culprit is not None:
+            obj, attr = culprit
+            return PluginError(
+                f"plugin {obj.plugin!r}: {type(obj).__name__} {obj.name!r} raised {type(e).__name__}: {e} in {attr}, "
+                f"while computing {what} (plugin {node.plugin!r})",
+                field=name.removesuffix(".raw"), value=obj.name, suggestion=f"block it with FITPLAN_BLOCK_PLUGINS={obj.plugin}")
+        if isinstance(e, KeyError) and e.args and e.args[0] not in values and e.args[0] in node.deps:
+            return PluginError(f"plugin {node.plugin!r}: {what} needs input {e.args[0]!r}, which was not given",
+                               field=name.removesuffix(".raw"), value=e.args[0])
+        others = [x for x in (values.get(d) for d in node.deps)
+                  if attrs.has(type(x)) and isinstance(getattr(x, "plugin", None), str) and x.plugin not in ("", node.plugin)]
+        blame = [node.plugin, *dict.fromkeys(x.plugin for x in others)]
+        return PluginError(f"plugin {node.plugin!r}: {what} raised {type(e).__name__}: {e}"
+                           + "".join(f" (input {type(x).__name__} {x.name!r} from plugin {x.plugin!r})" for x in others),
+                           field=name.removesuffix(".raw"), value=node.plugin,
+                           suggestion="block the faulty plugin with FITPLAN_BLOCK_PLUGINS=" + " or ".join(blame))
+
+    def _type_error(self, name: str, values: dict[str, Any]) -> PluginError:
+        """The first step of ``name``'s chain that produced a non-number, named by plugin."""
+        chain = self.chains.get(name, [name])
+        for n in chain:
+            x = values.get(n)
+            if isinstance(x, bool) or not isinstance(x, numbers.Real):
+                node = self.nodes[n]
+                what = (f"reducer {self.reducers[n].name!r} on quantity {name!r}" if node.kind == "reducer"
+                        else f"quantity {name!r}")
+                return PluginError(f"plugin {node.plugin!r}: {what} returned {type(x).__name__} {x!r:.60}, "
+                                   "expected a number of bytes", field=name, value=node.plugin)
+        return PluginError(f"quantity {name!r} is not a number: {values.get(name)!r:.60}", field=name)
 
     def to_dot(self) -> str:
         lines = ["digraph fitplan {", "  rankdir=LR;", '  node [fontname="Helvetica", fontsize=10];']
@@ -102,6 +160,27 @@ class CompiledGraph:
         for a, b in sorted(self.graph.edges):
             lines.append(f"  {ids[a]} --> {ids[b]}")
         return "\n".join(lines) + "\n"
+
+
+def _declared_by_input(e: Exception, deps: Sequence[Any]) -> tuple[Any, str] | None:
+    """If ``e`` was raised inside a function held by an input a plugin declared (an OptimizerSpec's
+    ``state_bytes``, ...), that input and the function's attribute name: the plugin to blame."""
+    codes: dict[Any, tuple[Any, str]] = {}
+    for obj in deps:
+        if not (attrs.has(type(obj)) and isinstance(getattr(obj, "plugin", None), str) and getattr(obj, "plugin")):
+            continue
+        for f in attrs.fields(type(obj)):
+            code = getattr(getattr(obj, f.name), "__code__", None)
+            if code is not None:
+                codes[code] = (obj, f.name)
+    if not codes:
+        return None
+    tb = e.__traceback__
+    found = None
+    while tb is not None:
+        found = codes.get(tb.tb_frame.f_code, found)
+        tb = tb.tb_next
+    return found
 
 
 def _order_chain(target: str, reducers: Sequence[Reducer]) -> list[Reducer]:
@@ -196,16 +275,13 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -
         nodes[target] = Node(target, "quantity", (prev,), q.unit, q.doc, q.plugin, category=q.category)
         g.add_edge(prev, target)
         ordered_chains[target] = names
+    cycles = _cycles(g, nodes)
+    if cycles and not problems and len(cycles) == 1:
+        path, plugins = cycles[0]
+        raise GraphError(f"dependency cycle: {path}", details=[f"declared by plugin(s): {', '.join(plugins)}"])
+    problems += [f"dependency cycle: {path} (declared by plugin(s): {', '.join(plugins)})" for path, plugins in cycles]
     if problems:
         raise GraphError(f"{len(problems)} problem(s) in the quantity graph", details=problems)
-    try:
-        cycle = nx.find_cycle(g)
-    except nx.NetworkXNoCycle:
-        cycle = None
-    if cycle:
-        path = " -> ".join(a for a, _ in cycle) + f" -> {cycle[0][0]}"
-        plugins = sorted({nodes[a].plugin for a, _ in cycle if a in nodes})
-        raise GraphError(f"dependency cycle: {path}", details=[f"declared by plugin(s): {', '.join(plugins)}"])
     for n in g.nodes:
         if n not in nodes:
             nodes[n] = Node(n, "input", (), doc=RESOLVED_INPUTS.get(n, f"scenario field {FIELD_SECTION.get(n, '')}.{n}"))
@@ -223,4 +299,19 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -
             base = n.removesuffix(".raw") if n.endswith(".raw") else n
             q = qs[base]
             steps.append((Q, n, q.func, q.deps))
-    return CompiledGraph(g, nodes, steps, ordered_chains, qs, {k: v for k, v in reducer_by_node.items()})
+    memory = tuple(sorted(n for n, q in qs.items() if q.category == "memory"))
+    return CompiledGraph(g, nodes, steps, ordered_chains, qs, {k: v for k, v in reducer_by_node.items()}, memory)
+
+
+def _cycles(g: nx.DiGraph, nodes: dict[str, Node]) -> list[tuple[str, list[str]]]:
+    """One cycle per strongly connected component (or self-loop): ``(a -> b -> a, plugins)``."""
+    out = []
+    for comp in sorted(nx.strongly_connected_components(g), key=lambda c: sorted(c)):
+        if len(comp) == 1:
+            (n,) = comp
+            if not g.has_edge(n, n):
+                continue
+        cycle = nx.find_cycle(g.subgraph(comp), source=min(comp))
+        path = " -> ".join(a for a, _ in cycle) + f" -> {cycle[0][0]}"
+        out.append((path, sorted({nodes[a].plugin for a, _ in cycle if a in nodes})))
+    return out

@@ -1,0 +1,1 @@
+"""Broken fitplan plugins, one per fault (see ``plugins.py``)."""
