@@ -68,6 +68,13 @@ zero_master = reducer("master_weight_bytes", when=lambda shard_stage, shard_degr
                       name="zero", after=("tensor_parallel",))(_shard)
 zero_grads = reducer("gradient_bytes", when=lambda shard_stage, shard_degree: shard_stage >= 2 and shard_degree > 1,
                      name="zero", after=("tensor_parallel",))(_shard)
+tp_step_temp = reducer("optimizer_step_temp_bytes", when=lambda tensor_parallel: tensor_parallel > 1,
+                       name="tensor_parallel")(_tp)
+zero_step_temp = reducer("optimizer_step_temp_bytes",
+                         when=lambda shard_stage, shard_degree: shard_stage >= 1 and shard_degree > 1,
+                         name="zero", after=("tensor_parallel",))(_shard)
+"""From stage 1 each rank's optimizer steps only its partition of the states, so its step temporaries
+are those of the partition too."""
 
 
 @quantity("bytes")
@@ -97,6 +104,9 @@ offload_states = reducer("optimizer_state_bytes", when=lambda offload_optimizer:
                          name="offload", after=("zero",))(_offloaded)
 offload_master = reducer("master_weight_bytes", when=lambda offload_optimizer: offload_optimizer,
                          name="offload", after=("zero",))(_offloaded)
+offload_step_temp = reducer("optimizer_step_temp_bytes", when=lambda offload_optimizer: offload_optimizer,
+                            name="offload", after=("zero",))(_offloaded)
+"""With the optimizer offloaded, ``step()`` runs on the CPU: no step temporaries on the GPU."""
 
 
 @reducer("weight_bytes", when=lambda offload_params, shard_stage: offload_params and shard_stage >= 3,
@@ -149,6 +159,6 @@ def fitplan_register_quantities(register):
 
 @hookimpl
 def fitplan_register_reducers(register):
-    for r in (tp_weights, tp_master, tp_grads, tp_states, zero_states, zero_master, zero_grads, zero_weights,
-              offload_states, offload_master, offload_weights):
+    for r in (tp_weights, tp_master, tp_grads, tp_states, tp_step_temp, zero_states, zero_master, zero_grads,
+              zero_step_temp, zero_weights, offload_states, offload_master, offload_step_temp, offload_weights):
         register(r)
