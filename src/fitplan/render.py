@@ -368,3 +368,8 @@ def cost_lines(est: Estimate, units: str) -> list[tuple[str, str]]:
 
 JSON_SECTIONS.extend([time_json, cost_json])
 TEXT_SECTIONS.extend([time_lines, cost_lines])
+
+from .advice import advice_json, advice_lines  # noqa: E402 - the checklist's advice (rulesets/advice)
+
+JSON_SECTIONS.append(advice_json)
+TEXT_SECTIONS.append(advice_lines)

@@ -2,8 +2,8 @@
 
 A ruleset directory holds any number of ``*.toml`` files (searched recursively). Each file may
 contain any of the top-level arrays of tables ``[[gpu]]``, ``[[provider]]``, ``[[instance]]``,
-``[[model]]``, ``[[mfu]]``, ``[[throughput]]``, ``[[mfu_calibration]]`` and the table ``[framework]``;
-see ``docs/rulesets.md`` and ``docs/time-and-cost.md``.
+``[[model]]``, ``[[mfu]]``, ``[[throughput]]``, ``[[mfu_calibration]]``, ``[[policy]]``, ``[[advice]]`` and
+the table ``[framework]``; see ``docs/rulesets.md``, ``docs/time-and-cost.md`` and ``docs/policies.md``.
 
 Time and cost tables (``docs/time-and-cost.md``):
 
@@ -36,8 +36,10 @@ from typing import Any
 import attrs
 from attrs import field, frozen
 
+from .advice import AdviceRule
 from .convert import error_lines, CONVERTER
 from .errors import FitplanError, unknown
+from .policy import PolicyRule
 
 
 def _nonneg(inst: Any, att: attrs.Attribute, value: Any) -> None:
@@ -199,6 +201,10 @@ class RulesetFile:
     mfu: list[MfuRow] = attrs.Factory(list)
     throughput: list[ThroughputRow] = attrs.Factory(list)
     mfu_calibration: list[MfuCalibration] = attrs.Factory(list)
+    policy: list[PolicyRule] = attrs.Factory(list)
+    """Organisation policies (docs/policies.md)."""
+    advice: list[AdviceRule] = attrs.Factory(list)
+    """Advice rules: the seed's optimisation checklist (``rulesets/advice/checklist.toml``)."""
 
 
 def parse_file(path: Path) -> tuple[RulesetFile | None, list[str]]:
@@ -216,7 +222,12 @@ def parse_file(path: Path) -> tuple[RulesetFile | None, list[str]]:
 
 
 def ruleset_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*.toml") if p.is_file())
+    """The ``*.toml`` files of a directory, recursively, in sorted order; in the bundled directory, not
+    those under ``examples/`` (example policies are used only when named: ``--policy FILE``)."""
+    files = sorted(p for p in directory.rglob("*.toml") if p.is_file())
+    if directory.resolve() == bundled_dir().resolve():
+        files = [p for p in files if "examples" not in p.relative_to(directory).parts[:-1]]
+    return files
 
 
 def check_paths(paths: Iterable[str | Path]) -> list[str]:
@@ -244,7 +255,7 @@ def check_paths(paths: Iterable[str | Path]) -> list[str]:
 
 def _duplicates(parsed: RulesetFile, f: Path, seen: dict[tuple[str, str], Path]) -> list[str]:
     out = []
-    for kind in ("gpu", "provider", "model", "mfu", "throughput"):
+    for kind in ("gpu", "provider", "model", "mfu", "throughput", "policy", "advice"):
         for i, entry in enumerate(getattr(parsed, kind)):
             key = (kind, entry.id)
             if key in seen:
@@ -298,6 +309,8 @@ class Rulesets:
     throughput_rows: dict[str, ThroughputRow] = attrs.Factory(dict)
     mfu_calibrations: dict[tuple[str, str, str], MfuCalibration] = attrs.Factory(dict)
     """``(gpu, model, method)`` -> calibration ("" = any model / method)."""
+    policies: dict[str, PolicyRule] = attrs.Factory(dict)
+    advice: dict[str, AdviceRule] = attrs.Factory(dict)
     origin: dict[str, str] = attrs.Factory(dict)
     """``kind:id`` -> the file that set it (for ``explain``)."""
     dirs: list[str] = attrs.Factory(list)
@@ -339,6 +352,12 @@ class Rulesets:
         for c in parsed.mfu_calibration:
             self.mfu_calibrations[(c.gpu, c.model, c.method)] = c
             self.origin[f"mfu_calibration:{c.gpu}/{c.model}/{c.method}"] = f
+        for r in parsed.policy:
+            self.policies[r.id] = r
+            self.origin[f"policy:{r.id}"] = f
+        for a in parsed.advice:
+            self.advice[a.id] = a
+            self.origin[f"advice:{a.id}"] = f
         self.cache.clear()
 
     def memo(self, key: Any, compute: Any) -> Any:

@@ -1,0 +1,176 @@
+"""Organisation policies: declarative ``[[policy]]`` rules that forbid or penalise plans.
+
+A rule (docs/policies.md)::
+
+    [[policy]]
+    id = "no-long-spot"
+    description = "Spot instances only for runs under 8 hours"
+    action = "forbid"                       # or "penalise" (with penalty = 0.25: the objective × 1.25)
+    condition = { all = [ { eq = { market = "spot" } }, { gt = { train_hours = 8 } } ] }
+
+The condition says when the rule *fires*: a ``forbid`` rule rejects every plan its condition holds
+for; a ``penalise`` rule multiplies the plan's ranking objective by ``1 + penalty`` (the plan's own
+numbers do not change). Conditions are evaluated by :mod:`fitplan.conditions`, never ``eval``.
+
+Policies come from ruleset directories (``--ruleset-dir``, or a plugin's ``fitplan_ruleset_dirs``: an
+organisation's package) and from ``--policy FILE``. The bundled rulesets hold none; an example lives
+in ``rulesets/examples/policy-example.toml`` (not loaded unless named).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+
+from .conditions import Condition, Namespace, compile_condition, known_names, names_in, unknown_name_problems
+from .errors import FitplanError
+
+ACTIONS = ("forbid", "penalise")
+
+
+def _valid_condition(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    compile_condition(value)
+
+
+def _valid_action(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    if value not in ACTIONS:
+        from .errors import did_you_mean
+
+        raise FitplanError(f"{type(inst).__name__}.action must be one of {', '.join(ACTIONS)}, got {value!r}",
+                           field="action", value=value,
+                           suggestion=did_you_mean(str(value), [*ACTIONS, "penalize"]) or "forbid rejects, penalise ranks lower")
+
+
+@frozen
+class PolicyRule:
+    """One ``[[policy]]`` entry."""
+
+    id: str
+    description: str
+    condition: dict[str, Any] = field(validator=_valid_condition)
+    action: str = field(default="forbid", validator=_valid_action)
+    penalty: float = field(default=0.0)
+    """``penalise`` only: the ranking objective is multiplied by ``1 + penalty``."""
+    source: str = ""
+
+    @penalty.validator
+    def _penalty(self, att: attrs.Attribute, value: float) -> None:
+        if isinstance(value, bool) or value < 0:
+            raise FitplanError(f"PolicyRule.penalty must be >= 0, got {value!r}", field="penalty", value=value)
+        if self.action == "penalise" and value == 0:
+            raise FitplanError("a penalise rule needs penalty > 0 (0.25 = the objective × 1.25)", field="penalty",
+                               value=value, suggestion="add penalty = 0.25, or use action = \"forbid\"")
+
+
+@attrs.frozen
+class Verdict:
+    """A rule that fired for a plan: its id, action, and the comparisons that held."""
+
+    rule: str
+    action: str
+    description: str
+    reason: str
+    penalty: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"rule": self.rule, "action": self.action, "description": self.description, "reason": self.reason}
+        if self.action == "penalise":
+            out["penalty"] = self.penalty
+        return out
+
+
+class PolicySet:
+    """Compiled rules, checked against the names a registry knows.
+
+    :raises FitplanError: unknown names in a condition, each with a "did you mean" suggestion.
+    """
+
+    def __init__(self, rules: Sequence[PolicyRule], registry: Any = None, origin: dict[str, str] | None = None) -> None:
+        self.rules = list(rules)
+        self.origin = origin or {}
+        known = known_names(registry)
+        problems = []
+        for r in self.rules:
+            where = self.origin.get(r.id, "")
+            for p in unknown_name_problems(names_in(r.condition), known):
+                problems.append(f"{where + ': ' if where else ''}policy {r.id!r}: {p}")
+        if problems:
+            raise FitplanError(f"{len(problems)} unknown name(s) in policy conditions", details=problems)
+        self.compiled: list[tuple[PolicyRule, Condition]] = [(r, compile_condition(r.condition)) for r in self.rules]
+        self.names = frozenset().union(*(c.names for _, c in self.compiled)) if self.compiled else frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def check(self, ns: Namespace) -> tuple[list[Verdict], float]:
+        """Every rule that fires, and the penalty factor (1.0 when none)."""
+        fired: list[Verdict] = []
+        factor = 1.0
+        for rule, cond in self.compiled:
+            if cond.test(ns):
+                fired.append(Verdict(rule.id, rule.action, rule.description, cond.explain(ns), rule.penalty))
+                if rule.action == "penalise":
+                    factor *= 1 + rule.penalty
+        return fired, factor
+
+    def first_forbidding(self, ns: Namespace) -> PolicyRule | None:
+        """The first ``forbid`` rule that fires (the fast path of the search), or None."""
+        for rule, cond in self.compiled:
+            if rule.action == "forbid" and cond.test(ns):
+                return rule
+        return None
+
+    def penalty_factor(self, ns: Namespace) -> float:
+        factor = 1.0
+        for rule, cond in self.compiled:
+            if rule.action == "penalise" and cond.test(ns):
+                factor *= 1 + rule.penalty
+        return factor
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [{"id": r.id, "action": r.action, "description": r.description,
+                 **({"penalty": r.penalty} if r.action == "penalise" else {}),
+                 **({"file": self.origin[r.id]} if r.id in self.origin else {})} for r in self.rules]
+
+
+def load_policy_files(paths: Iterable[str | Path]) -> tuple[list[PolicyRule], dict[str, str]]:
+    """``[[policy]]`` entries of ``--policy FILE`` files (ruleset files: every error at once, as
+    ``file: message @ $.path``). A file without any ``[[policy]]`` is an error."""
+    from .rulesets import check_paths, parse_file
+
+    rules: list[PolicyRule] = []
+    origin: dict[str, str] = {}
+    for p in map(Path, paths):
+        if not p.is_file():
+            raise FitplanError("policy file not found", file=str(p), field="--policy",
+                               suggestion="for an example see rulesets/examples/policy-example.toml")
+        errors = check_paths([p])
+        if errors:
+            raise FitplanError("invalid policy file", file=str(p), details=errors)
+        parsed, _ = parse_file(p)
+        found = list(getattr(parsed, "policy", []) or [])
+        if not found:
+            raise FitplanError("no [[policy]] rules in this file", file=str(p), field="--policy",
+                               suggestion="a policy file holds [[policy]] tables (docs/policies.md)")
+        for r in found:
+            if r.id in origin:
+                raise FitplanError(f"duplicate policy id {r.id!r} (also in {origin[r.id]})", file=str(p), field="$.policy",
+                                   value=r.id)
+            rules.append(r)
+            origin[r.id] = str(p)
+    return rules, origin
+
+
+def policy_set(rulesets: Any, registry: Any, policy_files: Sequence[str | Path] = ()) -> PolicySet:
+    """The rules in force: those of the loaded ruleset directories, then ``--policy`` files (same id: later wins)."""
+    by_id: dict[str, PolicyRule] = dict(getattr(rulesets, "policies", {}) or {})
+    origin = {rid: rulesets.origin.get(f"policy:{rid}", "") for rid in by_id}
+    extra, extra_origin = load_policy_files(policy_files)
+    for r in extra:
+        by_id[r.id] = r
+    origin.update(extra_origin)
+    return PolicySet(list(by_id.values()), registry, origin)
