@@ -76,6 +76,8 @@ def scenario_options(func: Callable) -> Callable:
     func = click.option("--bf16", "bf16", is_flag=True, default=False, help="HF TrainingArguments bf16=True: autocast with fp32 weights (= --precision bf16-mixed).")(func)
     func = click.option("--fp16", "fp16", is_flag=True, default=False, help="HF TrainingArguments fp16=True (= --precision 16-mixed).")(func)
     func = click.option("--deepspeed", "deepspeed", type=click.Path(dir_okay=False), default=None, help="A DeepSpeed config JSON (ZeRO stage, offload, bf16/fp16, micro-batch).")(func)
+    func = click.option("--training-args", "training_args", type=click.Path(dir_okay=False), default=None,
+                        help="An HF TrainingArguments JSON (batch, accumulation, checkpointing, optim, bf16/fp16, epochs, deepspeed, fsdp).")(func)
     func = click.option("--ruleset-dir", "ruleset_dirs", multiple=True, type=click.Path(file_okay=False),
                         help="Extra ruleset directory (repeatable; later ones override earlier ones and the bundled rulesets).")(func)
     func = click.argument("scenario_file", required=False, type=click.Path(dir_okay=False))(func)
@@ -83,14 +85,23 @@ def scenario_options(func: Callable) -> Callable:
 
 
 def build_scenario(kwargs: dict[str, Any]) -> tuple[sc.Scenario, list[str]]:
-    """Scenario file, then DeepSpeed JSON, then flags (flags win). Returns (scenario, ruleset dirs)."""
+    """Scenario file, then TrainingArguments JSON, then DeepSpeed JSON, then flags (flags win).
+    Returns (scenario, ruleset dirs)."""
+    s, dirs, _ = build_scenario_fixed(kwargs)
+    return s, dirs
+
+
+def build_scenario_fixed(kwargs: dict[str, Any]) -> tuple[sc.Scenario, list[str], set[str]]:
+    """:func:`build_scenario`, plus the flat names of the fields the user set (in the scenario file, an
+    imported JSON or a flag): ``fitplan recommend`` searches only the others."""
     from .context import load_scenario_file, merge, scenario_from_dict
-    from .importers import deepspeed_fields
+    from .importers import deepspeed_fields, training_args_fields
 
     scenario_file = kwargs.pop("scenario_file", None)
     ruleset_dirs = list(kwargs.pop("ruleset_dirs", ()) or ())
     bf16, fp16 = kwargs.pop("bf16", False), kwargs.pop("fp16", False)
     ds = kwargs.pop("deepspeed", None)
+    ta = kwargs.pop("training_args", None)
     base: dict[str, Any] = load_scenario_file(scenario_file) if scenario_file else {}
     flags = {k: v for k, v in kwargs.items() if v is not None and k in sc.FIELD_SECTION}
     if bf16 and fp16:
@@ -98,10 +109,21 @@ def build_scenario(kwargs: dict[str, Any]) -> tuple[sc.Scenario, list[str]]:
     if (bf16 or fp16) and "precision" not in flags:
         flags["precision"] = "bf16-mixed" if bf16 else "16-mixed"
     overrides: dict[str, Any] = {}
+    if ta:
+        from .plugins import default_registry
+
+        reg = default_registry()
+        fields, warnings = training_args_fields(ta, known_optimizers=[*reg.optimizers, *reg.optimizer_aliases])
+        for w in warnings:
+            _console(err=True).print(f"[yellow]warning:[/] {w}", markup=True, highlight=False)
+        overrides.update(fields)
     if ds:
         overrides.update(deepspeed_fields(ds))
     overrides.update(flags)
-    return scenario_from_dict(merge(base, overrides), file=scenario_file), ruleset_dirs
+    fixed = set(overrides)
+    for key, value in base.items():
+        fixed |= set(value) if key in sc.SECTIONS and isinstance(value, dict) else {key}
+    return scenario_from_dict(merge(base, overrides), file=scenario_file), ruleset_dirs, fixed
 
 
 def _estimate(kwargs: dict[str, Any]):
@@ -509,6 +531,11 @@ def _register_plugin_commands() -> None:
         pass  # reported by the command that needs the plugins
     except Exception as e:  # noqa: BLE001 - a plugin's command must not break the CLI
         click.echo(f"warning: a plugin failed to add its commands: {e}", err=True)
+
+
+from .commands import register as _register_commands  # noqa: E402 - recommend, capacity
+
+_register_commands(cli)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,28 +22,39 @@ def _read_json(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def deepspeed_fields(path: str | Path) -> dict[str, Any]:
+def deepspeed_fields(path: str | Path, *, bf16: bool = False, fp16: bool = False) -> dict[str, Any]:
     """Scenario fields from a DeepSpeed config: ZeRO stage, offload, bf16/fp16 (16-bit weights with fp32
-    master weights and states: the ``*-master`` presets), micro-batch and accumulation when not "auto"."""
-    data = _read_json(path)
+    master weights and states: the ``*-master`` presets), micro-batch and accumulation when not "auto".
+
+    ``bf16``/``fp16``: the TrainingArguments flags, which resolve ``"enabled": "auto"`` (the HF integration
+    fills "auto" from them); without TrainingArguments, "auto" counts as enabled."""
+    return deepspeed_fields_from(_read_json(path), str(path), "$", bf16=bf16, fp16=fp16)
+
+
+def deepspeed_fields_from(data: dict[str, Any], path: str, root: str = "$", *, bf16: bool = False,
+                          fp16: bool = False) -> dict[str, Any]:
+    """:func:`deepspeed_fields` on an already-read config (``root``: its JSON path inside ``path``)."""
     out: dict[str, Any] = {}
     zero = data.get("zero_optimization", {})
     if not isinstance(zero, dict):
-        raise FitplanError("zero_optimization must be an object", file=str(path), field="$.zero_optimization", value=zero)
+        raise FitplanError("zero_optimization must be an object", file=str(path), field=f"{root}.zero_optimization", value=zero)
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise FitplanError(f"zero_optimization.stage must be 0-3, got {stage!r}", file=str(path),
-                           field="$.zero_optimization.stage", value=stage)
+                           field=f"{root}.zero_optimization.stage", value=stage)
     out["zero_stage"] = stage
     for key, field in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
         dev = (zero.get(key) or {}).get("device", "none") if isinstance(zero.get(key), dict) else "none"
         if dev not in ("none", "cpu", "nvme"):
             raise FitplanError(f"zero_optimization.{key}.device must be none, cpu or nvme, got {dev!r}",
-                               file=str(path), field=f"$.zero_optimization.{key}.device", value=dev)
+                               file=str(path), field=f"{root}.zero_optimization.{key}.device", value=dev)
         out[field] = dev in ("cpu", "nvme")
-    for key, preset in (("bf16", "bf16-master"), ("fp16", "16-master")):
+    ta_given = bf16 or fp16
+    for key, preset, flag in (("bf16", "bf16-master", bf16), ("fp16", "16-master", fp16)):
         sect = data.get(key)
-        if isinstance(sect, dict) and sect.get("enabled") in (True, "auto"):
+        enabled = isinstance(sect, dict) and (sect.get("enabled") is True or sect.get("enabled") == "auto"
+                                              and (flag or not ta_given))
+        if enabled:
             out["precision"] = preset
     for key, field in (("train_micro_batch_size_per_gpu", "per_device_train_batch_size"),
                        ("gradient_accumulation_steps", "gradient_accumulation_steps")):
@@ -51,6 +62,115 @@ def deepspeed_fields(path: str | Path) -> dict[str, Any]:
         if v is None or v == "auto":
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise FitplanError(f"{key} must be a positive integer or \"auto\", got {v!r}", file=str(path), field=f"$.{key}", value=v)
+            raise FitplanError(f"{key} must be a positive integer or \"auto\", got {v!r}", file=str(path), field=f"{root}.{key}", value=v)
         out[field] = v
     return out
+
+
+TRAINING_ARGS_FIELDS = {
+    "per_device_train_batch_size": "per_device_train_batch_size",
+    "per_gpu_train_batch_size": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_checkpointing": "gradient_checkpointing",
+    "optim": "optim",
+    "num_train_epochs": "num_train_epochs",
+    "tf32": "tf32",
+    "max_seq_length": "max_seq_length",
+    "max_length": "max_seq_length",
+}
+"""TrainingArguments (and TRL SFTConfig) keys fitplan reads -> scenario fields. ``bf16``, ``fp16``,
+``deepspeed`` and ``fsdp`` are read too (see :func:`training_args_fields`); every other key is ignored."""
+_TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "auto_find_batch_size")
+
+
+def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tuple[dict[str, Any], list[str]]:
+    """Scenario fields from an HF ``TrainingArguments`` JSON (``TrainingArguments.to_json_string()`` or a
+    hand-written ``args.json``), and warnings.
+
+    * ``bf16``/``fp16`` -> ``--precision bf16-mixed`` / ``16-mixed`` (autocast; the HF Trainer keeps fp32
+      weights); with a DeepSpeed config (``deepspeed``: a path, relative to this file, or an inline object)
+      its ZeRO stage, offload and 16-bit optimizer (``bf16-master``) win;
+    * ``fsdp`` (``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list) -> ``--fsdp``
+      (and offload);
+    * keys fitplan does not model are ignored; a key that looks like a misspelt one it reads is a warning.
+
+    :raises FitplanError: known keys with bad values (a batch size of 0, bf16 and fp16 both true, an
+        unknown optimizer with a suggestion, a malformed ``deepspeed`` value), naming the file and key.
+    """
+    import difflib
+
+    p = Path(path)
+    data = _read_json(p)
+    out: dict[str, Any] = {}
+    warnings: list[str] = []
+
+    def bad(key: str, message: str, suggestion: str | None = None) -> FitplanError:
+        return FitplanError(message, file=str(p), field=f"$.{key}", value=data.get(key), suggestion=suggestion)
+
+    for key, field in TRAINING_ARGS_FIELDS.items():
+        if key not in data or data[key] is None:
+            continue
+        v = data[key]
+        if field in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_seq_length"):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise bad(key, f"{key} must be a positive integer, got {v!r}")
+        elif field in ("gradient_checkpointing", "tf32"):
+            if not isinstance(v, bool):
+                raise bad(key, f"{key} must be true or false, got {v!r}")
+        elif field == "num_train_epochs":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise bad(key, f"num_train_epochs must be a number > 0, got {v!r}")
+            v = float(v)
+        elif field == "optim":
+            if not isinstance(v, str):
+                raise bad(key, f"optim must be a string, got {v!r}")
+            if known_optimizers is not None and v not in known_optimizers:
+                from .errors import did_you_mean
+
+                raise bad(key, f"optim {v!r} is not an optimizer fitplan knows",
+                          did_you_mean(v, known_optimizers) or "see `fitplan plugins` for the optimizers")
+        out[field] = v
+    bf16, fp16 = data.get("bf16"), data.get("fp16")
+    for key, v in (("bf16", bf16), ("fp16", fp16)):
+        if v is not None and not isinstance(v, bool):
+            raise bad(key, f"{key} must be true or false, got {v!r}")
+    if bf16 and fp16:
+        raise bad("fp16", "bf16 and fp16 are both true", "choose one (TrainingArguments refuses both)")
+    if bf16 or fp16:
+        out["precision"] = "bf16-mixed" if bf16 else "16-mixed"
+    if data.get("max_steps") not in (None, -1, 0):
+        warnings.append(f"{p}: max_steps ({data['max_steps']}) is not modelled: fitplan's time comes from the dataset size "
+                        "and num_train_epochs (or --total-tokens)")
+    if data.get("auto_find_batch_size"):
+        warnings.append(f"{p}: auto_find_batch_size is true: the Trainer may halve the batch after an OOM; "
+                        "`fitplan recommend --max micro-batch` finds the largest that fits")
+    fsdp = data.get("fsdp")
+    if fsdp:
+        words = fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, list) else None
+        if not words or not all(isinstance(w, str) for w in words):
+            raise bad("fsdp", f"fsdp must be a string or a list of strings, got {fsdp!r}")
+        modes = [w for w in words if w in ("full_shard", "shard_grad_op", "hybrid_shard")]
+        if not modes:
+            raise bad("fsdp", f"fsdp {fsdp!r} names no sharding strategy",
+                      "one of full_shard, shard_grad_op, hybrid_shard (with offload / auto_wrap)")
+        out["fsdp"] = modes[0]
+        if "offload" in words:
+            out["offload_params"] = True
+            out["offload_optimizer"] = True
+    ds = data.get("deepspeed")
+    if ds is not None:
+        if isinstance(ds, str):
+            ds_path = Path(ds) if Path(ds).is_absolute() else p.parent / ds
+            out.update(deepspeed_fields(ds_path, bf16=bool(bf16), fp16=bool(fp16)))
+        elif isinstance(ds, dict):
+            out.update(deepspeed_fields_from(ds, str(p), "$.deepspeed", bf16=bool(bf16), fp16=bool(fp16)))
+        else:
+            raise bad("deepspeed", f"deepspeed must be a path or an object, got {type(ds).__name__}")
+    read = set(TRAINING_ARGS_FIELDS) | set(_TA_OTHER)
+    for key in sorted(data):
+        if key in read:
+            continue
+        close = difflib.get_close_matches(key, sorted(read), n=1, cutoff=0.85)
+        if close:
+            warnings.append(f"{p}: key {key!r} is ignored (did you mean {close[0]!r}?)")
+    return out, warnings

@@ -1,0 +1,222 @@
+"""Writing a plan in the formats training stacks read: a DeepSpeed config JSON, an accelerate config YAML,
+HF TrainingArguments JSON, and fitplan's own scenario TOML (the lossless one).
+
+Every file is deterministic (fixed key order, no timestamps). Read back with ``--deepspeed`` and
+``--training-args`` (plus the flags those formats cannot carry, listed in the returned notes), or the
+scenario TOML as ``fitplan estimate plan.toml``, they give the plan's estimate again
+(``tests/test_exports.py`` checks the round trips).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from . import scenario as sc
+from .errors import FitplanError
+
+KINDS = ("deepspeed", "accelerate", "training-args", "scenario")
+FILENAMES = {"deepspeed": "ds_config.json", "accelerate": "accelerate_config.yaml",
+             "training-args": "training_args.json", "scenario": "fitplan-plan.toml"}
+DEEPSPEED_BUCKET = 500_000_000
+"""reduce/allgather bucket sizes in elements: DeepSpeed's defaults, which fitplan's comm-buffer term assumes."""
+HF_OPTIMIZERS = frozenset({"adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adamw_8bit", "adamw_bnb_8bit",
+                           "paged_adamw_8bit", "adamw_hf", "adamw_apex_fused", "adamw_anyprecision", "lion_8bit",
+                           "lion_32bit", "paged_lion_8bit", "paged_lion_32bit", "paged_adamw_32bit", "adagrad",
+                           "rmsprop", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "adamw_torch_xla",
+                           "adamw_torch_npu_fused", "galore_adamw", "galore_adamw_8bit", "galore_adafactor", "lomo",
+                           "adalomo", "grokadamw", "schedule_free_adamw", "schedule_free_sgd", "ademamix",
+                           "ademamix_8bit", "paged_ademamix_8bit", "paged_ademamix_32bit", "apollo_adamw",
+                           "adamw_torch_4bit", "adamw_torch_8bit", "stable_adamw"})
+"""``TrainingArguments.optim`` values (transformers ``OptimizerNames``)."""
+
+
+def uses_deepspeed(s: sc.Scenario) -> bool:
+    """A plan runs under DeepSpeed when it shards with ZeRO, offloads, or uses DeepSpeed's 16-bit optimizer
+    (fp32 master weights: the ``*-master`` presets)."""
+    p = s.parallel
+    return bool(p.zero_stage or p.offload_optimizer or p.offload_params or s.training.precision.endswith("-master"))
+
+
+def world(s: sc.Scenario) -> int:
+    return s.hardware.num_gpus * s.hardware.num_nodes
+
+
+def deepspeed_config(s: sc.Scenario) -> dict[str, Any]:
+    """The DeepSpeed config JSON of a plan (what ``--deepspeed`` reads back).
+
+    :raises FitplanError: the plan does not use DeepSpeed (no ZeRO, no offload, no ``*-master`` precision).
+    """
+    if not uses_deepspeed(s):
+        raise FitplanError("this plan does not use DeepSpeed (no ZeRO stage, offload or bf16-master/16-master precision)",
+                           field="--emit deepspeed", value=s.training.precision,
+                           suggestion="emit training-args (and accelerate) instead")
+    p, t = s.parallel, s.training
+    zero: dict[str, Any] = {"stage": p.zero_stage}
+    if p.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if p.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if p.zero_stage >= 1:
+        zero.update(overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=DEEPSPEED_BUCKET)
+    if p.zero_stage in (1, 2):
+        zero["allgather_bucket_size"] = DEEPSPEED_BUCKET
+    if p.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    out: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": t.per_device_train_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "train_batch_size": t.per_device_train_batch_size * t.gradient_accumulation_steps * world(s),
+        "bf16": {"enabled": t.precision == "bf16-master"},
+        "fp16": {"enabled": t.precision == "16-master", "loss_scale": 0, "initial_scale_power": 16},
+        "zero_optimization": zero,
+        "steps_per_print": 100,
+        "wall_clock_breakdown": False,
+    }
+    return out
+
+
+def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """HF ``TrainingArguments`` keys for a plan, and notes on what they cannot carry (to pass as flags or
+    model-loading arguments)."""
+    t, p = s.training, s.parallel
+    notes: list[str] = []
+    out: dict[str, Any] = {
+        "output_dir": "outputs",
+        "per_device_train_batch_size": t.per_device_train_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "gradient_checkpointing": t.gradient_checkpointing,
+        "optim": t.optim,
+        "bf16": t.precision in ("bf16-mixed", "bf16-master"),
+        "fp16": t.precision in ("16-mixed", "16-master"),
+        "num_train_epochs": t.num_train_epochs,
+    }
+    if t.tf32:
+        out["tf32"] = True
+    if t.optim not in HF_OPTIMIZERS:
+        notes.append(f"optim {t.optim!r} is not a TrainingArguments optimizer name: pass it to the Trainer as a "
+                     f"custom optimizer (fitplan reads it back with --optim {t.optim})")
+    if t.precision in ("bf16-true", "16-true"):
+        dtype = "bfloat16" if t.precision == "bf16-true" else "float16"
+        notes.append(f"precision {t.precision}: load the model with torch_dtype=torch.{dtype} (pure 16-bit training; "
+                     f"TrainingArguments has no key for it; fitplan reads it back with --precision {t.precision})")
+    if uses_deepspeed(s):
+        out["deepspeed"] = deepspeed_file or FILENAMES["deepspeed"]
+    if p.fsdp:
+        out["fsdp"] = p.fsdp + (" offload" if p.offload_params or p.offload_optimizer else "") + " auto_wrap"
+    if s.model.method != "full":
+        notes.append(f"method {s.model.method}: build the model with peft LoraConfig(r={s.lora.lora_r}, "
+                     f"lora_alpha={s.lora.lora_alpha}, target_modules={list(s.lora.lora_target_modules)!r})"
+                     + (", loaded in 4-bit NF4 (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", "
+                        f"bnb_4bit_use_double_quant={s.lora.bnb_4bit_use_double_quant}))" if s.model.method == "qlora" else ""))
+    if s.training.attn_implementation != "sdpa":
+        notes.append(f"attention: load the model with attn_implementation=\"{s.training.attn_implementation}\"")
+    notes.append(f"sequence length {t.max_seq_length}: TRL SFTConfig(max_length={t.max_seq_length}) or your tokenizer's truncation")
+    return out, notes
+
+
+def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
+    """An ``accelerate launch --config_file`` YAML for a plan."""
+    n, m = s.hardware.num_gpus, s.hardware.num_nodes
+    cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False}
+    precision = s.training.precision
+    mixed = "bf16" if precision.startswith("bf16") and precision != "bf16-true" else \
+        "fp16" if precision.startswith("16") and precision != "16-true" else "no"
+    if uses_deepspeed(s):
+        ds: dict[str, Any] = {"deepspeed_config_file": deepspeed_file or FILENAMES["deepspeed"]}
+        if s.parallel.zero_stage == 3:
+            ds["zero3_init_flag"] = True
+        cfg["deepspeed_config"] = ds
+        cfg["distributed_type"] = "DEEPSPEED"
+    elif s.parallel.fsdp:
+        cfg["distributed_type"] = "FSDP"
+        cfg["fsdp_config"] = {
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_offload_params": bool(s.parallel.offload_params or s.parallel.offload_optimizer),
+            "fsdp_sharding_strategy": {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP",
+                                       "hybrid_shard": "HYBRID_SHARD"}[s.parallel.fsdp],
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        }
+        cfg["mixed_precision"] = mixed
+    else:
+        cfg["distributed_type"] = "MULTI_GPU" if n * m > 1 else "NO"
+        cfg["mixed_precision"] = mixed
+    cfg.update({"machine_rank": 0, "main_training_function": "main", "num_machines": m, "num_processes": n * m,
+                "rdzv_backend": "static", "same_network": True, "use_cpu": False})
+    return to_yaml(cfg)
+
+
+def to_yaml(data: dict[str, Any], indent: int = 0) -> str:
+    """A tiny deterministic YAML writer for nested mappings of scalars (what accelerate configs hold)."""
+    lines = []
+    pad = "  " * indent
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines.append(f"{pad}{key}:")
+            lines.append(to_yaml(value, indent + 1).rstrip("\n"))
+        else:
+            lines.append(f"{pad}{key}: {_yaml_scalar(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    text = str(v)
+    plain = text and text[0].isalpha() and all(c.isalnum() or c in "_-./" for c in text) \
+        and text.lower() not in ("true", "false", "yes", "no", "null", "on", "off")
+    return text if plain else json.dumps(text)
+
+
+def scenario_toml(s: sc.Scenario) -> str:
+    """The scenario as a fitplan scenario TOML file: every field that differs from its default, by section."""
+    import attrs
+    import tomli_w
+
+    default = sc.Scenario()
+    out: dict[str, dict[str, Any]] = {}
+    for section in sc.SECTIONS:
+        here, there = attrs.asdict(getattr(s, section)), attrs.asdict(getattr(default, section))
+        diff = {k: (list(v) if isinstance(v, tuple) else v) for k, v in here.items() if v != there[k] and v is not None}
+        if diff:
+            out[section] = diff
+    return "# fitplan scenario: `fitplan estimate THIS_FILE` reproduces the plan\n" + tomli_w.dumps(out)
+
+
+def emit(kind: str, s: sc.Scenario, directory: str | Path) -> tuple[list[Path], list[str]]:
+    """Write ``kind`` (or ``all``) for scenario ``s`` into ``directory``. Returns the files written and notes.
+
+    :raises FitplanError: an unknown kind; ``deepspeed`` for a plan without DeepSpeed.
+    """
+    if kind != "all" and kind not in KINDS:
+        from .errors import unknown
+
+        raise unknown("export format", kind, [*KINDS, "all"], field="--emit")
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    kinds = list(KINDS) if kind == "all" else [kind]
+    if kind == "all" and not uses_deepspeed(s):
+        kinds.remove("deepspeed")
+    if kind in ("training-args", "accelerate") and uses_deepspeed(s):
+        kinds.insert(0, "deepspeed")  # they name it
+    written: list[Path] = []
+    notes: list[str] = []
+    for k in kinds:
+        path = d / FILENAMES[k]
+        if k == "deepspeed":
+            path.write_text(json.dumps(deepspeed_config(s), indent=2) + "\n", encoding="utf-8")
+        elif k == "training-args":
+            data, more = training_args(s)
+            notes += more
+            path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        elif k == "accelerate":
+            path.write_text(accelerate_config(s), encoding="utf-8")
+        else:
+            path.write_text(scenario_toml(s), encoding="utf-8")
+        written.append(path)
+    return written, notes

@@ -1,0 +1,241 @@
+"""Recommendation reports: JSON, Markdown and the terminal (rich). The HTML report is :mod:`fitplan.report_html`.
+
+Deterministic for snapshot tests: no timestamps or timings, plans in rank order, the front in time order,
+fixed float formatting in text. JSON numbers are the estimate's own (bytes as integers); each plan
+carries the ``fitplan estimate`` command line that reproduces its numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import __version__
+from .recommend import Plan, Result, command_line, describe_market, rejection_text
+from .units import format_bytes, format_count
+
+MEMORY_PARTS = (
+    ("weights", "weights"),
+    ("master_weights", "master weights"),
+    ("gradients", "gradients"),
+    ("optimizer_states", "optimizer states"),
+    ("activations", "activations"),
+    ("logits", "logits + loss"),
+    ("autocast_copies", "autocast copies"),
+    ("comm_buffers", "comm. buffers"),
+)
+
+
+def plan_json(result: Result, plan: Plan) -> dict[str, Any]:
+    """One plan: its choices, market, memory, time and cost sections (those of ``fitplan estimate
+    --format json``), policy penalties or rejections, and the command that reproduces it."""
+    from .render import to_json
+
+    est = to_json(plan.estimate) if plan.estimate is not None else {}
+    out: dict[str, Any] = {
+        "rank": plan.rank,
+        "label": plan.label,
+        "plan": dict(plan.fields),
+        "market": plan.market,
+        "cost_usd": plan.cost_usd,
+        "train_seconds": plan.train_seconds,
+        "score": plan.score,
+        "equivalent_plans": plan.equivalents,
+        "memory": est.get("memory"),
+        "time": est.get("time"),
+        "cost": est.get("cost"),
+        "warnings": est.get("warnings", []),
+        "command": command_line(result.base, plan),
+    }
+    if plan.penalties:
+        out["penalties"] = [v.to_dict() for v in plan.penalties]
+    if plan.rejected_by:
+        out["rejected_by"] = [v.to_dict() for v in plan.rejected_by]
+    return out
+
+
+def to_json(result: Result) -> dict[str, Any]:
+    from .estimation import resolve_arch
+
+    arch = resolve_arch(result.base, result.plans[0].estimate.rulesets) if result.plans and result.plans[0].estimate else None
+    space = result.space
+    return {
+        "fitplan_version": __version__,
+        "model": None if arch is None else {"name": arch.name, "param_count": arch.param_count},
+        "objective": result.objective,
+        "effective_batch_size": space.effective_batch_size,
+        "headroom": result.headroom,
+        "policies": result.policies,
+        "plans": [plan_json(result, p) for p in result.plans],
+        "pareto_front": [plan_json(result, p) for p in result.pareto],
+        "rejected": [plan_json(result, p) for p in result.rejected],
+        "search": result.stats.to_dict(),
+    }
+
+
+# --------------------------------------------------------------------------- text
+
+
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:,.2f} h"
+
+
+def _usd(v: float | None) -> str:
+    return "-" if v is None else f"${v:,.2f}"
+
+
+def _gb(v: float | None) -> str:
+    return "-" if v is None else format_bytes(v).replace(" GB", "")
+
+
+def _hardware(plan: Plan) -> str:
+    f = plan.fields
+    hw = f"{f['num_nodes']}×{f['num_gpus']}× {f['gpu']}" if f["num_nodes"] > 1 else f"{f['num_gpus']}× {f['gpu']}"
+    return hw
+
+
+def _instance(plan: Plan) -> str:
+    est = plan.estimate
+    choice = est.values.get("instance_choice") if est is not None else None
+    if choice is None:
+        return plan.fields.get("provider") or "-"
+    return f"{choice.provider.id}/{choice.instance.id} ×{choice.count}"
+
+
+def _sharding(plan: Plan) -> str:
+    f = plan.fields
+    parts = [f"ZeRO-{f['zero_stage']}" if f["zero_stage"] else "DDP" if plan.world_size > 1 else "-"]
+    if f["offload_optimizer"]:
+        parts.append("offload opt.")
+    if f["offload_params"]:
+        parts.append("offload params")
+    return ", ".join(parts)
+
+
+def plan_row(plan: Plan) -> list[str]:
+    f = plan.fields
+    return [
+        str(plan.rank) if plan.rank is not None else "",
+        _hardware(plan),
+        _instance(plan),
+        describe_market(plan),
+        f["method"],
+        f["precision"],
+        f["optim"],
+        f"{f['per_device_train_batch_size']}×{f['gradient_accumulation_steps']}",
+        "yes" if f["gradient_checkpointing"] else "no",
+        _sharding(plan),
+        f["attn_implementation"],
+        _gb(plan.device_total_bytes),
+        _gb(plan.headroom_bytes),
+        _hours(plan.train_seconds),
+        _usd(plan.cost_usd),
+    ]
+
+
+PLAN_COLUMNS = ("#", "GPUs", "instance", "market", "method", "precision", "optimizer", "batch", "ckpt", "sharding",
+                "attention", "GB/GPU", "free GB", "time", "cost")
+
+
+def stats_line(result: Result) -> str:
+    s = result.stats
+    parts = [f"{s.candidates:,} candidate plans: {s.allowed:,} allowed",
+             f"{s.too_big:,} too big", f"{s.pruned_monotone:,} pruned (a smaller micro-batch did not fit)"]
+    if s.rejected:
+        parts.append(f"{s.rejected:,} rejected by policy")
+    if s.unpriced:
+        parts.append(f"{s.unpriced:,} without a price")
+    if s.invalid:
+        parts.append(f"{s.invalid:,} invalid")
+    return ", ".join(parts) + f"; {s.memory_evaluations:,} memory and {s.time_evaluations:,} time evaluations"
+
+
+def _header(result: Result) -> list[str]:
+    from .estimation import resolve_arch
+
+    base = result.base
+    arch = resolve_arch(base, result.plans[0].estimate.rulesets) if result.plans and result.plans[0].estimate else None
+    name = arch.name if arch is not None else (base.model.model or base.model.params or "?")
+    lines = [f"model {name}" + (f" ({format_count(arch.param_count)} params)" if arch is not None else ""),
+             f"objective: {result.objective}; effective batch {result.space.effective_batch_size}; "
+             f"required headroom {result.headroom}"]
+    if result.policies:
+        lines.append("policies: " + ", ".join(f"{p['id']} ({p['action']})" for p in result.policies))
+    return lines
+
+
+def to_markdown(result: Result) -> str:
+    lines = ["# fitplan recommend", ""]
+    lines += [f"- {x}" for x in _header(result)]
+    lines += ["", "## Ranked plans", ""]
+    lines += _md_table(result.plans) if result.plans else ["_No plan fits with the required headroom._"]
+    lines += ["", "## Cost versus time: the Pareto front", "",
+              "Plans no other plan beats on both time and cost, fastest first.", ""]
+    lines += _md_table(result.pareto) if result.pareto else ["_No plan has both a time and a cost._"]
+    if result.rejected:
+        lines += ["", "## Rejected by policy", "", "| plan | time | cost | rejected by |", "|---|---:|---:|---|"]
+        for p in result.rejected:
+            lines.append(f"| {p.label} | {_hours(p.train_seconds)} | {_usd(p.cost_usd)} | {rejection_text(p)} |")
+    if any(p.penalties for p in result.plans):
+        lines += ["", "Penalties:"]
+        for p in result.plans:
+            for v in p.penalties:
+                lines.append(f"- plan {p.rank}: {v.rule} (× {1 + v.penalty:g}): {v.reason}")
+    lines += ["", "## Search", "", stats_line(result)]
+    for k, v in sorted(result.stats.rejected_by.items()):
+        lines.append(f"- rejected by {k}: {v:,}")
+    for k, v in sorted(result.stats.invalid_reasons.items()):
+        lines.append(f"- invalid ({v:,}): {k}")
+    lines += [f"- {n}" for n in result.stats.notes]
+    if result.plans:
+        lines += ["", "Reproduce plan 1:", "", "```", command_line(result.base, result.plans[0]), "```"]
+    lines += ["", "_GB = 10^9 bytes. GB/GPU is the device total (peak + CUDA context + allocator reserve)._", ""]
+    return "\n".join(lines)
+
+
+def _md_table(plans: list[Plan]) -> list[str]:
+    out = ["| " + " | ".join(PLAN_COLUMNS) + " |", "|" + "---|" * len(PLAN_COLUMNS)]
+    for p in plans:
+        out.append("| " + " | ".join(plan_row(p)) + " |")
+    return out
+
+
+def print_result(result: Result, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    for line in _header(result):
+        console.print(escape(line))
+
+    def table(title: str, plans: list[Plan]) -> None:
+        t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+        for c in PLAN_COLUMNS:
+            t.add_column(c, justify="right" if c in ("#", "GB/GPU", "free GB", "time", "cost") else "left")
+        for p in plans:
+            t.add_row(*[escape(x) for x in plan_row(p)])
+        console.print(t)
+
+    if result.plans:
+        table("Ranked plans", result.plans)
+    else:
+        console.print("[bold red]No plan fits with the required headroom.[/]")
+    if result.pareto:
+        table("Cost versus time: the Pareto front (fastest first)", result.pareto)
+    if result.rejected:
+        t = Table(title="Rejected by policy", title_justify="left", show_edge=False, pad_edge=False)
+        for c in ("plan", "time", "cost", "rejected by"):
+            t.add_column(c, justify="right" if c in ("time", "cost") else "left")
+        for p in result.rejected:
+            t.add_row(escape(p.label), _hours(p.train_seconds), _usd(p.cost_usd), escape(rejection_text(p)))
+        console.print(t)
+    for p in result.plans:
+        for v in p.penalties:
+            console.print(escape(f"plan {p.rank} penalised by {v.rule} (× {1 + v.penalty:g}): {v.reason}"))
+    console.print(f"[dim]{escape(stats_line(result))}[/]")
+    for k, v in sorted(result.stats.rejected_by.items()):
+        console.print(f"[dim]rejected by {escape(k)}: {v:,}[/]")
+    for k, v in sorted(result.stats.invalid_reasons.items()):
+        console.print(f"[dim]invalid ({v:,}): {escape(k)}[/]")
+    for n in result.stats.notes:
+        console.print(f"[yellow]note:[/] {escape(n)}")
+    if result.plans:
+        console.print("[dim]reproduce plan 1:[/] " + escape(command_line(result.base, result.plans[0])))
