@@ -85,3 +85,17 @@ def test_the_walkthrough_optimizer_on_the_command_line(walkthrough):
     assert proc.returncode == 0, proc.stderr
     # 32-true: square_avg 4 B per parameter + a 4-byte step per tensor (291 tensors)
     assert json.loads(proc.stdout)["memory"]["per_gpu_bytes"]["optimizer_states"] == 6_738_415_616 * 4 + 291 * 4
+
+
+def test_importing_the_pytest_plugin_has_no_side_effects():
+    """pytest imports fitplan.testing at start-up (entry point pytest11 = fitplan): it must only define
+    fixtures, not load plugins, build a registry or read rulesets."""
+    code = ("import os, sys; before = dict(os.environ); import fitplan.testing as t; "
+            "assert dict(os.environ) == before; "
+            "print(sorted(m for m in ('fitplan.plugins', 'fitplan.context', 'fitplan.rulesets', 'fitplan.builtin') "
+            "if m in sys.modules)); print(sorted(n for n in ('fitplan_registry', 'make_scenario', 'estimate_with', "
+            "'fitplan_entry_points') if hasattr(t, n)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    loaded, fixtures = proc.stdout.strip().splitlines()
+    assert loaded == "[]"
+    assert fixtures == "['estimate_with', 'fitplan_entry_points', 'fitplan_registry', 'make_scenario']"
