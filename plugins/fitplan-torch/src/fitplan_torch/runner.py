@@ -72,9 +72,15 @@ def choose_mode(estimate, options: dict[str, Any]) -> str:
         raise FitplanError("--mode cuda needs a CUDA GPU, and torch sees none", field="--mode", value=mode,
                            suggestion="use --mode cpu (small models) or --mode fake (any size)")
     if mode == "auto":
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and _fits_on_gpu(estimate, options):
             return "cuda"
         return "cpu" if _fits_in_ram(estimate, options) else "fake"
+    if mode == "cuda" and not _fits_on_gpu(estimate, options):
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        raise FitplanError(
+            f"this run is too large for this GPU: fitplan predicts a {estimate['peak_bytes'] / 2**30:.1f} GiB peak per rank "
+            f"and the GPU has {total / 2**30:.1f} GiB", field="--mode", value="cuda",
+            suggestion="use --mode fake (FakeTensorMode: real shapes, no memory)")
     if mode == "cpu" and not _fits_in_ram(estimate, options):
         limit = _ram_limit(options)
         raise FitplanError(
@@ -91,6 +97,16 @@ def _ram_limit(options: dict[str, Any]) -> int:
 def _fits_in_ram(estimate, options: dict[str, Any]) -> bool:
     ranks = _real_ranks(estimate, options)
     return estimate["peak_bytes"] * max(1, ranks) <= _ram_limit(options)
+
+
+GPU_FRACTION = 0.9
+"""A CUDA run is refused when fitplan's predicted peak exceeds this fraction of the GPU's memory."""
+
+
+def _fits_on_gpu(estimate, options: dict[str, Any]) -> bool:
+    torch = _deps.torch()
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return estimate["peak_bytes"] <= GPU_FRACTION * total
 
 
 def _world(estimate) -> int:
@@ -205,7 +221,8 @@ def make_report(estimate, result: dict[str, Any], mode: str, rc) -> dict[str, An
         report["notes"].extend(CPU_CAVEATS)
     if m.get("cuda"):
         tokens = rc.batch * rc.seq
-        report["tokens_per_second"] = tokens / m["step_seconds"] if m["step_seconds"] else None
+        secs = m["cuda"].get("uninstrumented_step_seconds") or m["step_seconds"]
+        report["tokens_per_second"] = tokens / secs if secs else None
         report["counter_peak"] = m["peak"]
     if "ranks" in result:
         report["ranks"] = result["ranks"]

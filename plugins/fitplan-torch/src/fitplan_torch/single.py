@@ -53,5 +53,8 @@ def run_single(rc: RunConfig, *, steps: int = 1) -> dict[str, Any]:
         out["cuda_calibration"] = measure_cuda_overhead(m)
     del model, optimizer, batch
     if rc.device == "cuda":
+        import gc
+
+        gc.collect()
         torch.cuda.empty_cache()
     return out

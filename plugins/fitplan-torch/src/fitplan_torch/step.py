@@ -15,7 +15,7 @@ import attrs
 
 from . import _deps
 from .build import autocast
-from .measure import LiveBytes, SavedTensors, optimizer_state_tensors, storage_bytes
+from .measure import LiveBytes, SavedTensors, optimizer_state_tensors, storage_bytes, storages
 
 
 @attrs.define
@@ -31,14 +31,16 @@ class StepMeasurement:
     """Unique storages autograd saved outside checkpointed regions (saved_tensors_hooks), parameters excluded."""
     retained: int
     """Bytes the forward left alive for backward: live bytes at the start of backward minus live bytes before
-    the forward, minus the loss scalar. Equals ``saved_tensors`` without checkpointing; with checkpointing it
-    also holds the layer inputs checkpoint keeps."""
+    the forward, minus the loss scalar and any FSDP all-gathered parameters. Equals ``saved_tensors`` without
+    checkpointing; with checkpointing it also holds the layer inputs checkpoint keeps."""
     peak: int
     peak_phase: str
     phase_peaks: dict[str, int]
     start: int
     """Live bytes when the step starts (parameters + buffers + optimizer states + batch)."""
     step_seconds: float
+    gathered_params: int = 0
+    """FSDP: bytes of all-gathered parameters still alive when backward starts (not counted in ``retained``)."""
     loss: float | None = None
     memtracker_peak: int | None = None
     memtracker_breakdown: dict[str, int] | None = None
@@ -54,7 +56,8 @@ def _params_and_buffers(model):
 
 
 def train_step(model, optimizer, batch, *, precision: str, device_type: str, counter=None, saved=None,
-               grads_out: list | None = None) -> Any:
+               grads_out: list | None = None, start_params: set[int] | None = None,
+               gathered_bytes: list | None = None) -> Any:
     """One step; ``counter`` (a LiveBytes) gets phase marks, ``saved`` wraps the forward.
 
     Returns the detached loss and the live bytes (per ``counter``) when the forward ended.
@@ -68,6 +71,12 @@ def train_step(model, optimizer, batch, *, precision: str, device_type: str, cou
         loss = out.loss
     del out
     retained_at = counter.current if counter is not None else None
+    if counter is not None and start_params is not None:
+        # FSDP keeps all-gathered parameters from forward to backward (reshard_after_forward=False, or the
+        # root module): parameter memory, not activations
+        gathered = [st for k, st in storages(model.parameters()).items() if k not in start_params]
+        retained_at -= sum(st.nbytes() for st in gathered)
+        gathered_bytes[0] = sum(st.nbytes() for st in gathered)
     mark("backward")
     loss.backward()
     value = loss.detach()
@@ -103,6 +112,13 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
     cuda = device_type == "cuda"
     for _ in range(warmup):
         train_step(model, optimizer, batch, precision=precision, device_type=device_type)
+    timed = None
+    if cuda:  # throughput from a step without the instruments (the dispatch mode costs Python time per op)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        train_step(model, optimizer, batch, precision=precision, device_type=device_type)
+        torch.cuda.synchronize()
+        timed = time.perf_counter() - t0
     params, buffers = _params_and_buffers(model)
     states = optimizer_state_tensors(optimizer)
     m: StepMeasurement | None = None
@@ -117,6 +133,8 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
         start = c.current
         saved = SavedTensors(exclude=[*params, *buffers])
         grads: list[int] = []
+        gathered = [0]
+        start_params = set(storages(params))
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -124,7 +142,8 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
         t0 = time.perf_counter()
         with c if own else _Null():
             value, retained_at = train_step(model, optimizer, batch, precision=precision, device_type=device_type,
-                                            counter=c, saved=saved, grads_out=grads)
+                                            counter=c, saved=saved, grads_out=grads, start_params=start_params,
+                                            gathered_bytes=gathered)
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -137,12 +156,12 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
             inputs=storage_bytes(batch.values()), saved_tensors=saved.bytes_at_exit,
             retained=retained_at - start - loss_bytes, peak=c.peak, peak_phase=c.peak_phase,
             phase_peaks=peaks, start=start, step_seconds=dt,
-            loss=None if _is_fake(value) else float(value),
+            loss=None if _is_fake(value) else float(value), gathered_params=gathered[0],
         )
         if cuda:
             m.cuda = {"max_memory_allocated": torch.cuda.max_memory_allocated(),
                       "max_memory_reserved": torch.cuda.max_memory_reserved(),
-                      "memory_allocated_at_start": cuda_start}
+                      "memory_allocated_at_start": cuda_start, "uninstrumented_step_seconds": timed}
     if memtracker:
         m.memtracker_peak, m.memtracker_breakdown, m.memtracker_error = memtracker_step(
             model, optimizer, batch, precision=precision, device_type=device_type)
