@@ -170,6 +170,16 @@ class Advice:
         return {"id": self.id, "checklist": self.checklist, "message": self.message, "variant": dict(self.variant)}
 
 
+def name_problems(rule: AdviceRule, known: set[str]) -> list[str]:
+    """``advice 'id': unknown name ...`` for each unknown name in the rule's condition, message and variant."""
+    used = names_in(rule.condition) + [(n, "message") for n in template_names(rule.message)]
+    out = [f"advice {rule.id!r}: {p}" for p in unknown_name_problems(used, known, variants=True)]
+    for k, v in rule.variant.items():
+        if isinstance(v, Mapping) and not is_known(v["from"], known):
+            out += [f"advice {rule.id!r}: {p}" for p in unknown_name_problems([(v["from"], f"variant.{k}.from")], known)]
+    return out
+
+
 class AdviceSet:
     """Compiled advice rules, their names checked against a registry's graph.
 
@@ -183,13 +193,7 @@ class AdviceSet:
         problems = []
         for r in self.rules:
             where = origin.get(r.id, "")
-            used = names_in(r.condition) + [(n, "message") for n in template_names(r.message)]
-            for p in unknown_name_problems(used, known, variants=True):
-                problems.append(f"{where + ': ' if where else ''}advice {r.id!r}: {p}")
-            for k, v in r.variant.items():
-                if isinstance(v, Mapping) and not is_known(v["from"], known):
-                    problems.extend(f"{where + ': ' if where else ''}advice {r.id!r}: {p}"
-                                    for p in unknown_name_problems([(v["from"], f"variant.{k}.from")], known))
+            problems += [f"{where + ': ' if where else ''}{p}" for p in name_problems(r, known)]
         if problems:
             raise FitplanError(f"{len(problems)} unknown name(s) in advice rules", details=problems)
         self.compiled: list[tuple[AdviceRule, Condition, bool]] = []

@@ -39,6 +39,9 @@ def _fits(est, headroom_fraction: float, headroom_bytes: int) -> bool:
     return est.values["device_total_bytes"] <= u - max(int(u * headroom_fraction), headroom_bytes)
 
 
+REVERSE_LABELS = {"per_device_train_batch_size": "micro-batch", "max_seq_length": "seq-length"}
+
+
 def largest_fitting(base: sc.Scenario, field: str, ctx, *, headroom: str | float = "0.05", upper: int = MAX_PROBE,
                     arch=None) -> dict[str, Any]:
     """The largest value of ``field`` (an integer scenario field memory does not decrease in) that fits
@@ -52,8 +55,9 @@ def largest_fitting(base: sc.Scenario, field: str, ctx, *, headroom: str | float
     from .recommend import parse_headroom
 
     if base.hardware.gpu is None:
-        raise FitplanError(f"--max {field.replace('_', '-')} needs a GPU to fit", field="--gpu",
-                           suggestion="add --gpu NAME (see `fitplan rulesets`), e.g. --gpu a100-80gb")
+        label = REVERSE_LABELS.get(field, field.replace("_", "-"))
+        raise FitplanError(f"--max {label} needs a GPU to fit", field="--gpu",
+                           suggestion="add --gpu NAME, e.g. --gpu a100-80gb (GPU ids: rulesets/hardware/*.toml)")
     frac, hb = parse_headroom(headroom)
     cache: dict[int, Any] = {}
 

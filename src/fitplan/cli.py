@@ -314,6 +314,11 @@ def rulesets_check(paths: tuple[str, ...]) -> None:
     from .rulesets import check_paths
 
     errors = check_paths(paths)
+    if not errors:
+        from .plugins import default_registry
+        from .policy import rule_name_problems
+
+        errors = rule_name_problems(paths, default_registry())
     for e in errors:
         click.echo(e, err=True)
     if errors:

@@ -332,7 +332,8 @@ def compile_condition(data: Any, where: str = "condition") -> Condition:
         return Not(compile_condition(operand, here))
     if op not in COMPARISONS:
         hint = did_you_mean(str(op), OPERATORS) or "operators: " + ", ".join(OPERATORS)
-        raise FitplanError(f"unknown operator {op!r}", field=here, value=op, suggestion=hint)
+        # the hint is part of the message: ruleset checks print messages with their location only
+        raise FitplanError(f"unknown operator {op!r} ({hint})", field=here, value=op)
     if not isinstance(operand, Mapping) or not operand:
         raise FitplanError(f"{op!r} takes a table of name = value, got {operand!r:.60}", field=here,
                            suggestion=f"for example {{ {op} = {{ train_hours = 8 }} }}")

@@ -174,3 +174,24 @@ def policy_set(rulesets: Any, registry: Any, policy_files: Sequence[str | Path] 
         by_id[r.id] = r
     origin.update(extra_origin)
     return PolicySet(list(by_id.values()), registry, origin)
+
+
+def rule_name_problems(paths: Iterable[str | Path], registry: Any) -> list[str]:
+    """Unknown names in the ``[[policy]]`` and ``[[advice]]`` rules of ruleset files or directories (each with a
+    "did you mean"), as ``file: policy 'id': unknown name ... @ location`` (``fitplan rulesets check``)."""
+    from . import advice
+    from .rulesets import parse_file, ruleset_files
+
+    known = known_names(registry)
+    out: list[str] = []
+    for p in map(Path, paths):
+        files = ruleset_files(p) if p.is_dir() else [p] if p.is_file() else []
+        for f in files:
+            parsed, _ = parse_file(f)
+            if parsed is None:
+                continue
+            for r in parsed.policy:
+                out += [f"{f}: policy {r.id!r}: {x}" for x in unknown_name_problems(names_in(r.condition), known)]
+            for a in parsed.advice:
+                out += [f"{f}: {x}" for x in advice.name_problems(a, known)]
+    return out

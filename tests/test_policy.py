@@ -1,0 +1,202 @@
+"""Policies and the condition language: operators, unknown values, errors with locations and suggestions,
+name checks, the example policy, and rejections that name their rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fitplan.conditions import Namespace, compile_condition, names_in
+from fitplan.errors import FitplanError
+from fitplan.policy import PolicyRule, PolicySet, load_policy_files
+
+from conftest import ROOT, run_cli
+
+EXAMPLE = ROOT / "rulesets" / "examples" / "policy-example.toml"
+
+
+def ns(**values) -> Namespace:
+    market = values.pop("market", None)
+    return Namespace(values, market)
+
+
+@pytest.mark.parametrize(("cond", "values", "expected"), [
+    ({"gt": {"x": 3}}, {"x": 4}, True),
+    ({"gt": {"x": 3}}, {"x": 3}, False),
+    ({"ge": {"x": 3}}, {"x": 3}, True),
+    ({"lt": {"x": 3}}, {"x": 2.5}, True),
+    ({"le": {"x": 3}}, {"x": 3.5}, False),
+    ({"eq": {"method": "lora"}}, {"method": "lora"}, True),
+    ({"ne": {"method": "lora"}}, {"method": "full"}, True),
+    ({"in": {"provider": ["aws", "gcp"]}}, {"provider": "gcp"}, True),
+    ({"not_in": {"provider": ["aws", "gcp"]}}, {"provider": "lambda"}, True),
+    ({"not_in": {"provider": ["aws", "gcp"]}}, {"provider": "aws"}, False),
+    ({"all": [{"gt": {"x": 1}}, {"lt": {"x": 5}}]}, {"x": 3}, True),
+    ({"all": [{"gt": {"x": 1}}, {"lt": {"x": 5}}]}, {"x": 7}, False),
+    ({"any": [{"gt": {"x": 10}}, {"eq": {"y": True}}]}, {"x": 3, "y": True}, True),
+    ({"not": {"eq": {"y": True}}}, {"y": False}, True),
+    ({"lt": {"x": 5, "y": 2}}, {"x": 1, "y": 3}, False),  # several names in one table: all of them
+])
+def test_operators(cond, values, expected):
+    assert compile_condition(cond).test(ns(**values)) is expected
+
+
+def test_unknown_values_make_comparisons_false():
+    # no price, no GPU: a budget rule does not fire, and neither does its negation's comparison
+    assert compile_condition({"gt": {"cost_usd": 10}}).test(ns()) is False
+    assert compile_condition({"not_in": {"provider": ["aws"]}}).test(ns(provider=None)) is False
+    assert compile_condition({"not": {"gt": {"cost_usd": 10}}}).test(ns()) is True
+
+
+def test_derived_names():
+    values = {"train_seconds": 7200.0, "on_demand_cost_usd": 40.0, "spot_cost_usd": 10.0,
+              "headroom_bytes": 8e9, "usable_bytes": 80e9}
+    spot = Namespace(values, "spot")
+    assert compile_condition({"eq": {"train_hours": 2.0}}).test(spot)
+    assert compile_condition({"eq": {"cost_usd": 10.0}}).test(spot)
+    assert compile_condition({"eq": {"cost_usd": 40.0}}).test(Namespace(values, "on_demand"))
+    assert compile_condition({"eq": {"headroom_fraction": 0.1}}).test(spot)
+    assert compile_condition({"eq": {"spot_saving_fraction": 0.75}}).test(spot)
+    assert compile_condition({"eq": {"time.seconds": 7200.0}}).test(spot)  # the JSON report's dotted key
+
+
+@pytest.mark.parametrize(("cond", "message"), [
+    ({"gtt": {"x": 1}}, "unknown operator 'gtt' (did you mean 'gt'?) @ condition.gtt"),
+    ({}, "a condition is a table with exactly one operator key, got an empty table"),
+    ({"gt": {"x": 1}, "lt": {"x": 5}}, "a condition is a table with exactly one operator key, got a table with 2 keys (gt, lt)"),
+    ({"all": []}, "'all' takes a non-empty list of conditions, got [] @ condition.all"),
+    ({"in": {"provider": "aws"}}, "'in' needs a list of values for 'provider', got 'aws' @ condition.in.provider"),
+    ({"gt": {"method": "full"}}, "'gt' compares 'method' with a number, got 'full' @ condition.gt.method"),
+    ({"any": [{"eq": {"x": 1}}, {"nott": {"eq": {"x": 1}}}]}, "unknown operator 'nott' (did you mean 'not' or 'not_in'?) @ condition.any[1].nott"),
+])
+def test_malformed_conditions(cond, message):
+    with pytest.raises(FitplanError) as e:
+        compile_condition(cond)
+    assert e.value.render().startswith(message)
+
+
+def test_type_mismatch_at_evaluation_names_the_comparison():
+    with pytest.raises(FitplanError, match="cannot compare method = 'full' with 3 using 'gt'"):
+        compile_condition({"gt": {"method": 3}}).test(ns(method="full"))
+
+
+def test_names_in_lists_locations():
+    cond = {"all": [{"gt": {"cost_usd": 1}}, {"not": {"in": {"gpu": ["t4"]}}}]}
+    assert names_in(cond) == [("cost_usd", "condition.all[0].gt.cost_usd"), ("gpu", "condition.all[1].not.in.gpu")]
+
+
+def test_unknown_names_get_a_suggestion(registry_context):
+    rule = PolicyRule(id="r", description="d", condition={"gt": {"peak_byte": 1}})
+    with pytest.raises(FitplanError) as e:
+        PolicySet([rule], registry_context.registry)
+    assert e.value.details == ["policy 'r': unknown name 'peak_byte' (did you mean 'peak_bytes' or 'share_peak_bytes' or 'phase_bytes'?) @ condition.gt.peak_byte"]
+
+
+def test_penalise_needs_a_penalty():
+    with pytest.raises(FitplanError, match="a penalise rule needs penalty > 0"):
+        PolicyRule(id="r", description="d", condition={"gt": {"x": 1}}, action="penalise")
+    with pytest.raises(FitplanError, match="action must be one of forbid, penalise, got 'penalize'"):
+        PolicyRule(id="r", description="d", condition={"gt": {"x": 1}}, action="penalize")
+
+
+def test_check_reports_every_rule_that_fires_and_the_penalty():
+    rules = [PolicyRule(id="budget", description="b", condition={"gt": {"cost_usd": 100}}),
+             PolicyRule(id="multi", description="m", action="penalise", penalty=0.25, condition={"gt": {"num_nodes": 1}}),
+             PolicyRule(id="slow", description="s", action="penalise", penalty=0.5, condition={"gt": {"train_hours": 1}})]
+    ps = PolicySet(rules)
+    fired, factor = ps.check(Namespace({"on_demand_cost_usd": 150.0, "num_nodes": 2, "train_seconds": 7200.0}, "on_demand"))
+    assert [v.rule for v in fired] == ["budget", "multi", "slow"]
+    assert factor == pytest.approx(1.25 * 1.5)
+    assert fired[0].reason == "cost_usd = 150 > 100"
+
+
+def test_example_policy_file_is_valid_and_not_auto_loaded(registry_context):
+    rules, origin = load_policy_files([EXAMPLE])
+    assert [r.id for r in rules] == ["approved-providers", "approved-gpus", "spot-short-runs-only", "budget", "deadline",
+                                     "min-headroom", "methods", "prefer-single-node"]
+    assert set(origin.values()) == {str(EXAMPLE)}
+    PolicySet(rules, registry_context.registry)  # every name is known
+    assert registry_context.rulesets.policies == {}  # rulesets/examples is skipped in the bundled directory
+
+
+def test_policy_file_errors(tmp_path):
+    bad = tmp_path / "p.toml"
+    bad.write_text('[[policy]]\nid = "x"\ndescription = "d"\ncondition = { gtt = { cost_usd = 1 } }\n')
+    proc = run_cli("rulesets", "check", str(bad))
+    assert proc.returncode == 2
+    assert "unknown operator 'gtt' (did you mean 'gt'?) @ $.policy[0].condition.gtt" in proc.stderr
+    empty = tmp_path / "e.toml"
+    empty.write_text('[[gpu]]\nid = "g"\nname = "G"\nmemory_bytes = 1\nusable_bytes = 1\npeak_tflops = {}\n'
+                     'bandwidth_gbps = 1\nsource = "s"\n')
+    with pytest.raises(FitplanError, match="no \\[\\[policy\\]\\] rules in this file"):
+        load_policy_files([empty])
+
+
+def test_rulesets_check_reports_unknown_names(tmp_path):
+    f = tmp_path / "p.toml"
+    f.write_text('[[policy]]\nid = "x"\ndescription = "d"\ncondition = { gt = { train_hour = 1 } }\n')
+    proc = run_cli("rulesets", "check", str(f))
+    assert proc.returncode == 2
+    assert f"{f}: policy 'x': unknown name 'train_hour' (did you mean 'train_hours' or 'train_mfu' or 'train_flops'?) @ condition.gt.train_hour" in proc.stderr
+
+
+def test_recommend_names_the_rule_behind_each_rejection(tmp_path):
+    # spot only under 1 hour, and a budget: llama-2-7b LoRA on one GPU takes hours (hand check: 102.4M tokens)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        '[[policy]]\nid = "no-long-spot"\ndescription = "spot only under 1 h"\naction = "forbid"\n'
+        'condition = { all = [ { eq = { market = "spot" } }, { ge = { train_hours = 1 } } ] }\n'
+        '[[policy]]\nid = "budget"\ndescription = "at most $40"\naction = "forbid"\ncondition = { gt = { cost_usd = 40 } }\n')
+    proc = run_cli("recommend", "--model", "llama-2-7b", "--num-examples", "50000", "--tokens-per-example", "1024",
+                   "--num-train-epochs", "2", "--method", "lora", "--gpus", "a100-80gb,h100-sxm", "--providers", "aws,seed",
+                   "--policy", str(policy), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert {p["id"] for p in data["policies"]} == {"no-long-spot", "budget"}
+    for plan in data["plans"]:
+        assert plan["cost_usd"] <= 40
+        assert not (plan["market"] == "spot" and plan["train_seconds"] >= 3600)
+    assert data["rejected"], "some plan must be rejected"
+    for plan in data["rejected"]:
+        rules = {r["rule"] for r in plan["rejected_by"]}
+        assert rules <= {"no-long-spot", "budget"} and rules
+        if "no-long-spot" in rules:
+            assert plan["market"] == "spot" and plan["train_seconds"] >= 3600
+        if "budget" in rules:
+            assert plan["cost_usd"] > 40
+        assert all(r["reason"] for r in plan["rejected_by"])
+    counts = data["search"]["rejected_by"]
+    assert sum(counts.values()) == data["search"]["rejected"] > 0
+
+
+def test_policy_from_a_ruleset_dir(tmp_path):
+    (tmp_path / "org.toml").write_text(
+        '[[policy]]\nid = "no-qlora"\ndescription = "no 4-bit"\naction = "forbid"\ncondition = { eq = { method = "qlora" } }\n')
+    proc = run_cli("recommend", "--model", "llama-2-7b", "--gpus", "a100-80gb", "--providers", "aws", "--objective", "gpus",
+                   "--ruleset-dir", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [p["id"] for p in data["policies"]] == ["no-qlora"]
+    assert all(p["plan"]["method"] != "qlora" for p in data["plans"])
+    assert data["search"]["rejected_by"]["no-qlora"] > 0
+
+
+def test_missing_policy_file_is_a_user_error():
+    proc = run_cli("recommend", "--model", "llama-2-7b", "--policy", "nope.toml")
+    assert proc.returncode == 2
+    assert "nope.toml: policy file not found @ --policy" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def registry_context():
+    from fitplan.context import get_context
+    from fitplan.plugins import make_registry
+
+    return get_context((), make_registry(entry_points=False, blocked=()))
+
+
+def test_example_path_exists():
+    assert Path(EXAMPLE).is_file()
