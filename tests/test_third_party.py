@@ -425,4 +425,27 @@ def test_org_rulesets_are_valid_and_use_bundled_gpu_ids(cli, fitplan_registry):
     for inst in acme_instances:
         assert rules.gpu(inst.gpu).id == inst.gpu  # raises for an id the hardware ruleset lacks
         assert inst.provider in rules.providers
-    assert not any(f.name == "policy.toml" for f in ACME_DIR.iterdir())  # policies wait for the policy schema
+    assert not any(f.name == "policy.toml" for f in ACME_DIR.rglob("*.toml"))  # policies are opt-in (README)
+
+
+ACME_POLICY = ACME_DIR.parent / "policies" / "policy.toml"
+
+
+def test_org_policies_restrict_recommend(cli, acme):
+    assert cli("rulesets", "check", str(ACME_POLICY)).returncode == 0
+    proc = cli("recommend", "--model", "llama-2-7b", "--method", "lora", "--total-tokens", "100000000",
+               "--gpus", "a100-80gb,h100-sxm", "--providers", "aws,acme-aws,acme-cluster", "--policy", str(ACME_POLICY),
+               "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [p["id"] for p in data["policies"]] == ["acme-approved-providers", "acme-aws-spot-short-runs",
+                                                   "acme-cluster-size", "acme-budget", "acme-prefer-cluster"]
+    assert data["plans"]
+    for plan in data["plans"]:
+        provider = plan["plan"]["provider"]
+        assert provider in ("acme-aws", "acme-cluster")
+        assert not (provider == "acme-aws" and plan["market"] == "spot" and plan["train_seconds"] >= 4 * 3600)
+        assert plan["cost_usd"] <= 2000
+        penalised = [r["rule"] for r in plan["penalties"]]
+        assert penalised == (["acme-prefer-cluster"] if provider == "acme-aws" else [])
+    assert data["search"]["rejected_by"]["acme-approved-providers"] > 0  # every plain-aws plan
