@@ -1,0 +1,61 @@
+"""How fast is `fitplan recommend`? Candidate plans evaluated or soundly pruned per second.
+
+Goal (issue 6): at least 100,000 candidate plans evaluated or soundly pruned in under 2 s on the 2-core CI
+machine. A candidate is one (GPU type, provider, GPUs per node, nodes, method, precision, optimizer,
+checkpointing, ZeRO stage + offload, micro-batch × accumulation, attention kernel, market) of the search
+space; each is either evaluated (its memory, and when it fits its time, cost and policies) or pruned by the
+micro-batch monotonicity (docs/recommend.md). Prints the rate for the default search space of two models.
+
+    python bench/bench_recommend.py
+"""
+
+from __future__ import annotations
+
+import time
+
+GOAL_CANDIDATES = 100_000
+GOAL_SECONDS = 2.0
+SCENARIOS = (
+    {"model": "llama-2-13b", "num_examples": 50000, "tokens_per_example": 1024, "num_train_epochs": 2},
+    {"model": "llama-2-7b", "num_examples": 10000, "tokens_per_example": 512, "num_train_epochs": 3},
+)
+
+
+def run(data: dict, repeat: int = 3) -> None:
+    import fitplan
+    from fitplan import recommend as rec
+    from fitplan.context import get_context
+
+    ctx = get_context()
+    base = fitplan.scenario_from_dict(data)
+    best = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = rec.search(base, ctx, objective="cost", fixed=set(data))
+        elapsed = time.perf_counter() - t0
+        if best is None or elapsed < best[0]:
+            best = (elapsed, result)
+    elapsed, result = best
+    s = result.stats
+    rate = s.candidates / elapsed
+    per_goal = GOAL_CANDIDATES / rate
+    print(f"{data['model']}: {s.candidates:,} candidate plans in {elapsed:.2f} s = {rate:,.0f} per second "
+          f"(best of {repeat})")
+    print(f"  evaluated: {s.too_big + s.allowed + s.rejected + s.unpriced:,} "
+          f"(fit: {s.allowed + s.rejected + s.unpriced:,}, too big: {s.too_big:,}); "
+          f"pruned by micro-batch monotonicity: {s.pruned_monotone:,}")
+    print(f"  graph work: {s.memory_evaluations:,} memory and {s.time_evaluations:,} time evaluations")
+    verdict = "met" if per_goal < GOAL_SECONDS else "NOT met"
+    print(f"  goal {GOAL_CANDIDATES:,} candidates in under {GOAL_SECONDS:g} s: {per_goal:.2f} s at this rate, "
+          f"ratio {per_goal / GOAL_SECONDS:.2f} ({verdict})")
+    top = result.plans[0]
+    print(f"  cheapest: {top.label}: ${top.cost_usd:,.2f}, {top.train_seconds / 3600:.2f} h")
+
+
+def main() -> None:
+    for data in SCENARIOS:
+        run(data)
+
+
+if __name__ == "__main__":
+    main()

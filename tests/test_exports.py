@@ -1,0 +1,203 @@
+"""Exports (DeepSpeed JSON, accelerate YAML, TrainingArguments JSON, scenario TOML), the TrainingArguments
+importer, and round trips: a plan written out and read back gives the same estimate."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+import fitplan
+from fitplan import exports
+from fitplan.errors import FitplanError
+from fitplan.importers import training_args_fields
+
+from conftest import run_cli
+
+KNOWN = ["adamw_torch", "adamw_torch_fused", "adamw_8bit", "adafactor", "sgd"]
+
+
+def scenario(**kw):
+    return fitplan.scenario_from_dict({"model": "llama-2-7b", **kw})
+
+
+def test_deepspeed_config_by_hand():
+    s = scenario(precision="bf16-master", zero_stage=3, offload_optimizer=True, offload_params=True,
+                 per_device_train_batch_size=2, gradient_accumulation_steps=4, num_gpus=8)
+    assert exports.deepspeed_config(s) == {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 4,
+        "train_batch_size": 64,
+        "bf16": {"enabled": True},
+        "fp16": {"enabled": False, "loss_scale": 0, "initial_scale_power": 16},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "offload_param": {"device": "cpu", "pin_memory": True},
+            "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 500_000_000,
+            "stage3_gather_16bit_weights_on_model_save": True,
+        },
+        "steps_per_print": 100,
+        "wall_clock_breakdown": False,
+    }
+
+
+def test_deepspeed_needs_a_deepspeed_plan():
+    with pytest.raises(FitplanError, match="this plan does not use DeepSpeed") as e:
+        exports.deepspeed_config(scenario(precision="bf16-mixed"))
+    assert e.value.suggestion == "emit training-args (and accelerate) instead"
+
+
+def test_yaml_writer_by_hand():
+    assert exports.to_yaml({"a": 1, "b": {"c": True, "d": "FULL_SHARD", "e": "x y"}, "f": None}) == (
+        'a: 1\nb:\n  c: true\n  d: FULL_SHARD\n  e: "x y"\nf: null\n')
+
+
+def test_accelerate_config_for_deepspeed_and_ddp():
+    ds = exports.accelerate_config(scenario(precision="bf16-master", zero_stage=3, num_gpus=8))
+    assert ds == ("compute_environment: LOCAL_MACHINE\ndebug: false\ndeepspeed_config:\n"
+                  "  deepspeed_config_file: ds_config.json\n  zero3_init_flag: true\ndistributed_type: DEEPSPEED\n"
+                  "machine_rank: 0\nmain_training_function: main\nnum_machines: 1\nnum_processes: 8\n"
+                  "rdzv_backend: static\nsame_network: true\nuse_cpu: false\n")
+    ddp = exports.accelerate_config(scenario(precision="bf16-mixed", num_gpus=4, num_nodes=2))
+    assert "distributed_type: MULTI_GPU\nmixed_precision: bf16\n" in ddp
+    assert "num_machines: 2\nnum_processes: 8\n" in ddp
+    # YAML 1.1 reads a bare NO or no as false: they are quoted, as accelerate writes them
+    assert 'distributed_type: "NO"\nmixed_precision: "no"\n' in exports.accelerate_config(scenario())
+
+
+def test_training_args_and_their_notes():
+    args, notes = exports.training_args(scenario(method="qlora", precision="bf16-true", optim="sgd_momentum",
+                                                 gradient_checkpointing=True, num_train_epochs=3))
+    assert args == {"output_dir": "outputs", "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
+                    "gradient_checkpointing": True, "optim": "sgd_momentum", "bf16": False, "fp16": False,
+                    "num_train_epochs": 3.0}
+    text = "\n".join(notes)
+    assert "optim 'sgd_momentum' is not a TrainingArguments optimizer name" in text
+    assert "load the model with torch_dtype=torch.bfloat16" in text
+    assert "loaded in 4-bit NF4" in text
+
+
+# --------------------------------------------------------------------------- importing TrainingArguments
+
+
+def write(tmp_path, data, name="args.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(data))
+    return p
+
+
+def test_training_args_import(tmp_path):
+    p = write(tmp_path, {"output_dir": "o", "learning_rate": 2e-5, "per_device_train_batch_size": 4,
+                         "gradient_accumulation_steps": 8, "gradient_checkpointing": True, "optim": "adamw_8bit",
+                         "bf16": True, "num_train_epochs": 2, "max_steps": 500, "per_device_train_batchsize": 3})
+    fields, warnings = training_args_fields(p, KNOWN)
+    assert fields == {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 8, "gradient_checkpointing": True,
+                      "optim": "adamw_8bit", "num_train_epochs": 2.0, "precision": "bf16-mixed"}
+    assert any("max_steps (500) is not modelled" in w for w in warnings)
+    assert any("key 'per_device_train_batchsize' is ignored (did you mean 'per_device_train_batch_size'?)" in w
+               for w in warnings)
+    assert not any("learning_rate" in w for w in warnings)
+
+
+def test_training_args_with_deepspeed_and_fsdp(tmp_path):
+    write(tmp_path, {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "bf16": {"enabled": "auto"},
+                     "train_micro_batch_size_per_gpu": "auto"}, "ds.json")
+    p = write(tmp_path, {"bf16": True, "deepspeed": "ds.json", "per_device_train_batch_size": 2})
+    fields, _ = training_args_fields(p, KNOWN)
+    assert fields == {"per_device_train_batch_size": 2, "precision": "bf16-master", "zero_stage": 2,
+                      "offload_optimizer": True, "offload_params": False}
+    inline = write(tmp_path, {"fp16": True, "deepspeed": {"zero_optimization": {"stage": 3}, "fp16": {"enabled": "auto"}}})
+    assert training_args_fields(inline, KNOWN)[0]["precision"] == "16-master"
+    fsdp = write(tmp_path, {"fsdp": "full_shard offload auto_wrap"})
+    assert training_args_fields(fsdp, KNOWN)[0] == {"fsdp": "full_shard", "offload_params": True, "offload_optimizer": True}
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"per_device_train_batch_size": 0}, "per_device_train_batch_size must be a positive integer, got 0 @ $.per_device_train_batch_size"),
+    ({"bf16": True, "fp16": True}, "bf16 and fp16 are both true @ $.fp16 (choose one"),
+    ({"optim": "adamw_8bitt"}, "optim 'adamw_8bitt' is not an optimizer fitplan knows @ $.optim (did you mean 'adamw_8bit'"),
+    ({"gradient_checkpointing": "yes"}, "gradient_checkpointing must be true or false, got 'yes'"),
+    ({"num_train_epochs": -1}, "num_train_epochs must be a number > 0, got -1"),
+    ({"fsdp": "auto_wrap"}, "fsdp 'auto_wrap' names no sharding strategy"),
+    ({"deepspeed": 3}, "deepspeed must be a path or an object, got int"),
+])
+def test_training_args_bad_values(tmp_path, data, message):
+    p = write(tmp_path, data)
+    with pytest.raises(FitplanError) as e:
+        training_args_fields(p, KNOWN)
+    assert e.value.render().startswith(f"{p}: {message}")
+
+
+def test_training_args_errors_on_the_command_line(tmp_path):
+    p = write(tmp_path, {"per_device_train_batch_size": "four"})
+    proc = run_cli("estimate", "--model", "llama-2-7b", "--training-args", str(p))
+    assert proc.returncode == 2
+    assert f"{p}: per_device_train_batch_size must be a positive integer, got 'four'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """Two recommended plans: one DeepSpeed (ZeRO), one plain HF (DDP)."""
+    out = {}
+    for name, extra in (("deepspeed", ["--zero", "3", "--precision", "bf16-master", "--gpu", "a100-40gb",
+                                       "--num-gpus", "8"]),
+                        ("hf", ["--precision", "bf16-mixed", "--gpu", "a100-80gb", "--method", "lora"])):
+        d = tmp_path_factory.mktemp(name)
+        proc = run_cli("recommend", "--model", "llama-2-7b", "--num-examples", "20000", "--tokens-per-example", "512",
+                       "--providers", "aws,lambda,seed", *extra, "--format", "json", "--top", "1", "--emit", "all", str(d))
+        assert proc.returncode == 0, proc.stderr
+        out[name] = (json.loads(proc.stdout)["plans"][0], d)
+    return out
+
+
+def _estimate_json(*args):
+    proc = run_cli("estimate", *args, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _same(plan, est):
+    assert est["memory"] == plan["memory"]
+    assert est["time"] == plan["time"]
+    assert est["cost"] == plan["cost"]
+
+
+@pytest.mark.parametrize("name", ["deepspeed", "hf"])
+def test_scenario_toml_round_trip(plans, name):
+    plan, d = plans[name]
+    _same(plan, _estimate_json(str(d / "fitplan-plan.toml")))
+
+
+@pytest.mark.parametrize("name", ["deepspeed", "hf"])
+def test_training_args_and_deepspeed_round_trip(plans, name):
+    """The HF files carry batch, accumulation, checkpointing, optimizer, bf16/fp16, epochs and the DeepSpeed
+    config; the rest (model, method, dataset, hardware, attention, pure-16-bit precision) are flags."""
+    plan, d = plans[name]
+    assert (d / "training_args.json").is_file() and (d / "accelerate_config.yaml").is_file()
+    assert (d / "ds_config.json").is_file() == (name == "deepspeed")
+    p = plan["plan"]
+    flags = ["--model", "llama-2-7b", "--num-examples", "20000", "--tokens-per-example", "512",
+             "--method", p["method"], "--gpu", p["gpu"], "--num-gpus", str(p["num_gpus"]),
+             "--num-nodes", str(p["num_nodes"]), "--provider", p["provider"],
+             "--attn-implementation", p["attn_implementation"]]
+    if p["precision"] in ("bf16-true", "16-true"):
+        flags += ["--precision", p["precision"]]
+    _same(plan, _estimate_json(*flags, "--training-args", str(d / "training_args.json")))
+
+
+def test_command_line_reproduces_the_plan(plans):
+    plan, _ = plans["deepspeed"]
+    _same(plan, _estimate_json(*shlex.split(plan["command"])[2:]))
+
+
+def test_emit_deepspeed_for_a_plan_without_deepspeed(tmp_path):
+    proc = run_cli("recommend", "--model", "llama-2-7b", "--gpus", "a100-80gb", "--providers", "lambda", "--method", "lora",
+                   "--precision", "bf16-true", "--objective", "gpus", "--emit", "deepspeed", str(tmp_path))
+    assert proc.returncode == 2
+    assert "this plan does not use DeepSpeed" in proc.stderr
