@@ -238,7 +238,12 @@ class Compare(Condition):
                                suggestion=f"{self.name} is a {type(x).__name__}") from None
 
     def explain(self, ns: Namespace) -> str:
-        return f"{self.name} = {format_literal(self.get(ns))} {SYMBOLS[self.op]} {format_literal(self.value)}"
+        here = f"{self.name} = {format_literal(self.get(ns))}"
+        if self.op == "eq":
+            return here
+        if self.op in ("ne", "in", "not_in"):
+            return f"{here}, {'not' if self.op == 'ne' else SYMBOLS[self.op]} {format_literal(self.value)}"
+        return f"{here} {SYMBOLS[self.op]} {format_literal(self.value)}"
 
 
 class All(Condition):
