@@ -235,6 +235,50 @@ def test_torch_implementation_allocates_what_the_estimate_says(tmp_path, estimat
     assert counter.peak - counter.base == est["optimizer_step_temp_bytes"]
 
 
+# Fused MoE experts (transformers 5 stores them as one 3-D (E, out, in) parameter per layer), matrices,
+# an embedding and a norm; names as HF writes them, counts as fitplan's tensor list has them (2 layers).
+MOE_TENSORS = [
+    ("model.layers.{i}.mlp.experts.gate_up_proj", (4, 24, 16), 2),
+    ("model.layers.{i}.self_attn.q_proj.weight", (16, 16), 2),
+    ("model.layers.{i}.mlp.down_proj.weight", (16, 40), 2),
+    ("model.embed_tokens.weight", (40, 16), 1),
+    ("model.norm.weight", (16,), 1),
+]
+
+
+@pytest.mark.parametrize("dtype_name,nbytes", [("float32", 4), ("bfloat16", 2)])
+@pytest.mark.parametrize("optim", ["lion", "galore_adamw", "adam_mini", "muon"])
+def test_torch_implementation_on_3d_expert_weights(fitplan_registry, optimizers_extra, optim, dtype_name, nbytes):
+    """The spec's byte functions (as fitplan calls them) against the torch implementation, on shapes that
+    include a 3-D fused-experts tensor (Muon orthogonalises it as a batch; GaLore gives it AdamW)."""
+    torch = pytest.importorskip("torch")
+    from fitplan import OptimizerContext
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    dtype = getattr(torch, dtype_name)
+    spec = fitplan_registry(OPTIMIZERS_DIST).resolve_optimizer(optim)
+    named = [(name.format(i=i), torch.nn.Parameter(torch.randn(shape, dtype=dtype)))
+             for name, shape, count in MOE_TENSORS for i in range(count)]
+    ctx = OptimizerContext(tensors=tuple((shape, count) for _, shape, count in MOE_TENSORS), state_bytes=nbytes,
+                           param_bytes=nbytes)
+    kwargs = {**spec.torch_kwargs, **({"update_proj_gap": 1} if optim.startswith("galore") else {})}
+    opt = _torch_class(spec)(named, lr=1e-3, **kwargs)
+    params = [p for _, p in named]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    assert sum(t.untyped_storage().nbytes() for t in state) == spec.state_bytes(ctx)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    counter = _live_bytes(torch, [*params, *(p.grad for p in params), *state])
+    del state
+    with counter:
+        opt.step()
+    assert counter.peak - counter.base == spec.step_temp_bytes(ctx)
+
+
 def _live_bytes(torch, tensors):
     """A TorchDispatchMode that counts the bytes of storages created during the step that are alive at
     once (freed ones subtracted through weak references). ``existing`` (parameters, gradients, states)

@@ -5,12 +5,13 @@ Every byte function receives a :class:`fitplan.OptimizerContext`: the trainable 
 ``torch.zeros_like(p)``: 2 for bf16/fp16 weights, 4 for fp32 weights and for peft's fp32 adapters)
 and ``param_bytes``.
 
-**Which tensors are "hidden matrices".** GaLore and Muon treat the 2-D weights inside the decoder
+**Which tensors are "hidden matrices".** GaLore and Muon treat the weight matrices inside the decoder
 layers differently from the embeddings, the LM head and the 1-D gains and biases; Adam-mini treats
 the embeddings and the head differently from the rest. The context gives shapes, not names, so this
 plugin uses fitplan's tensor list: a tensor repeated once per decoder layer has ``count > 1`` there,
-while the token/position embeddings and the LM head occur once. So *hidden matrix* = a 2-D tensor
-with ``count > 1``; *embedding or head* = a 2-D tensor with ``count == 1``. (A one-layer model has
+while the token/position embeddings and the LM head occur once. So *hidden matrix* = a tensor of 2 or
+more dimensions with ``count > 1`` (3-D: fused MoE experts, a batch of matrices); *embedding or head*
+= a 2-D tensor with ``count == 1``. (A one-layer model has
 every tensor once; its matrices are then counted as embeddings.) The torch implementations in
 :mod:`fitplan_optimizers_extra.torch_impl` draw the same line from parameter names when the optimizer
 is given ``model.named_parameters()``.
@@ -36,8 +37,9 @@ PLUGIN_SOURCE = "fitplan-optimizers-extra"
 
 
 def is_hidden_matrix(shape: tuple[int, ...], count: int) -> bool:
-    """A 2-D weight repeated in every decoder layer (see the module docstring)."""
-    return len(shape) == 2 and count > 1
+    """A weight of 2 or more dimensions repeated in every decoder layer (see the module docstring).
+    A 3-D tensor is a batch of matrices (MoE experts stored fused, ``(E, out, in)``)."""
+    return len(shape) >= 2 and count > 1
 
 
 def is_embedding_or_head(shape: tuple[int, ...], count: int) -> bool:
@@ -114,7 +116,8 @@ def galore_state_bytes_for(rank: int):
     def state_bytes(ctx: OptimizerContext) -> float:
         """Per hidden (m, n) matrix: the projector in the parameter dtype plus Adam's exp_avg and
         exp_avg_sq of the *projected* gradient (``torch.zeros_like(low_rank_grad)``, the parameter
-        dtype); every other tensor: full AdamW states. No step tensor (a Python int).
+        dtype); every other tensor (3-D expert weights included: the reference's Tucker projector for
+        >2-D tensors is not modelled) gets full AdamW states. No step tensor (a Python int).
 
         Reference: jiaweizzhao/GaLore ``galore_torch/adamw.py`` and ``galore_projector.py``; Zhao et al.
         2024, Algorithm 2. The reference keeps ``Vh[:r]`` as a *view* of the full (min(m,n) × n) fp32
@@ -123,7 +126,7 @@ def galore_state_bytes_for(rank: int):
         """
         total = 0
         for shape, count in ctx.tensors:
-            if is_hidden_matrix(shape, count):
+            if len(shape) == 2 and is_hidden_matrix(shape, count):
                 proj, low = galore_shapes(shape[0], shape[1], rank)
                 total += count * (proj * ctx.param_bytes + 2 * low * ctx.state_bytes)
             else:
@@ -150,7 +153,7 @@ def galore_step_temp_bytes_for(rank: int):
         best = 0.0
         for shape, count in ctx.tensors:
             n_el = math.prod(shape)
-            if is_hidden_matrix(shape, count):
+            if len(shape) == 2 and is_hidden_matrix(shape, count):
                 m, n = shape
                 k0 = min(m, n)
                 proj, low = galore_shapes(m, n, rank)
@@ -269,14 +272,16 @@ def muon_newton_schulz_temp_elements(m: int, n: int) -> int:
 
 def muon_step_temp_bytes(ctx: OptimizerContext) -> float:
     """The larger of: the Newton-Schulz working set of the largest hidden matrix (bf16, 2 bytes per
-    element, plus a bf16 copy of the gradient when it is not bf16: freed after normalisation, so it
-    overlaps only the first division); the auxiliary AdamW's ``adam_update`` for the largest other
-    tensor (``buf1 / c1``, ``buf2 / c2``, ``sqrt`` and ``+ eps``: 4 × numel in the state dtype)."""
+    element; a 3-D tensor is orthogonalised as a batch, so its working set is batch × one matrix's;
+    a bf16 copy of the gradient when it is not bf16 is freed after normalisation, so it overlaps only
+    the first division); the auxiliary AdamW's ``adam_update`` for the largest other tensor
+    (``buf1 / c1``, ``buf2 / c2``, ``sqrt`` and ``+ eps``: 4 × numel in the state dtype)."""
     best = 0.0
     for shape, count in ctx.tensors:
         n_el = math.prod(shape)
         if is_hidden_matrix(shape, count):
-            best = max(best, 2 * muon_newton_schulz_temp_elements(*shape), 2 * 2 * n_el)
+            batch = math.prod(shape[:-2])
+            best = max(best, 2 * batch * muon_newton_schulz_temp_elements(shape[-2], shape[-1]), 2 * 2 * n_el)
         else:
             best = max(best, 4 * n_el * ctx.state_bytes)
     return best

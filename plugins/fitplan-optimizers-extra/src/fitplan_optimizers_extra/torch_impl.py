@@ -33,7 +33,8 @@ def is_embedding_or_head_name(name: str) -> bool:
 
 
 class _Classified(torch.optim.Optimizer):
-    """Base: which parameters are hidden matrices (``self._hidden[p]``)."""
+    """Base: which parameters are hidden matrices (``self._hidden[p]``): 2 or more dimensions (3-D:
+    fused MoE experts, a batch of matrices), not an embedding or the LM head."""
 
     def _classify(self) -> None:
         self._hidden: dict[torch.Tensor, bool] = {}
@@ -42,15 +43,16 @@ class _Classified(torch.optim.Optimizer):
             names = group.get("param_names")
             for i, p in enumerate(group["params"]):
                 if "hidden" in group:
-                    self._hidden[p] = bool(group["hidden"]) and p.ndim == 2
+                    self._hidden[p] = bool(group["hidden"]) and p.ndim >= 2
                 elif names is not None:
-                    self._hidden[p] = p.ndim == 2 and not is_embedding_or_head_name(names[i])
+                    self._hidden[p] = p.ndim >= 2 and not is_embedding_or_head_name(names[i])
                 else:
-                    if p.ndim == 2 and not warned:
-                        warnings.warn(f"{type(self).__name__} got parameters without names: every 2-D parameter is "
-                                      "treated as a hidden matrix (pass model.named_parameters())", stacklevel=3)
+                    if p.ndim >= 2 and not warned:
+                        warnings.warn(f"{type(self).__name__} got parameters without names: every parameter of 2 or "
+                                      "more dimensions is treated as a hidden matrix (pass model.named_parameters())",
+                                      stacklevel=3)
                         warned = True
-                    self._hidden[p] = p.ndim == 2
+                    self._hidden[p] = p.ndim >= 2
 
     def _embedding_or_head(self, p: torch.Tensor) -> bool:
         return p.ndim == 2 and not self._hidden[p]
@@ -107,7 +109,7 @@ class GaLoreAdamW(_Classified):
     """GaLore AdamW (Zhao et al. 2024), after jiaweizzhao/GaLore ``galore_torch/adamw.py`` with the
     ``std`` projector of ``galore_projector.py``.
 
-    Hidden matrices: the gradient is projected onto its top-``rank`` singular vectors (recomputed every
+    2-D hidden matrices: the gradient is projected onto its top-``rank`` singular vectors (recomputed every
     ``update_proj_gap`` steps, starting at the first), Adam runs in the projection, the update is
     projected back and scaled by ``scale``. Other parameters: plain AdamW (the reference's default
     ``eps=1e-6`` and ``correct_bias=True``). ``step`` is a Python int.
@@ -151,7 +153,7 @@ class GaLoreAdamW(_Classified):
                 state = self.state[p]
                 if "step" not in state:
                     state["step"] = 0
-                hidden = self._hidden[p]
+                hidden = self._hidden[p] and p.ndim == 2  # >2-D (fused experts): plain AdamW here
                 if hidden:
                     if "projector" not in state or state["step"] % group["update_proj_gap"] == 0:
                         state["projector"] = self._projector(grad, group["rank"])
@@ -264,7 +266,7 @@ class Muon(_Classified):
     """Muon with an auxiliary AdamW, after KellerJordan/Muon ``SingleDeviceMuonWithAuxAdam``.
 
     Hidden matrices: Nesterov momentum (``momentum_buffer``), orthogonalised by 5 Newton-Schulz
-    iterations, scaled by sqrt(max(1, rows/cols)). Everything else: AdamW (``exp_avg``, ``exp_avg_sq``,
+    iterations (batched over the leading dimension of 3-D expert weights), scaled by sqrt(max(1, rows/cols)). Everything else: AdamW (``exp_avg``, ``exp_avg_sq``,
     Python int ``step``) with ``adamw_betas`` and ``adamw_eps``. One ``lr`` for both (the reference lets
     each group have its own; use groups with ``hidden=`` and ``lr=`` for that).
     Difference: parameters without a gradient are skipped (the reference zero-fills their grad to keep
