@@ -12,7 +12,7 @@ from fitplan.conditions import Namespace, compile_condition, names_in
 from fitplan.errors import FitplanError
 from fitplan.policy import PolicyRule, PolicySet, load_policy_files
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, run_json
 
 EXAMPLE = ROOT / "rulesets" / "examples" / "policy-example.toml"
 
@@ -200,3 +200,22 @@ def registry_context():
 
 def test_example_path_exists():
     assert Path(EXAMPLE).is_file()
+
+
+def test_estimate_checks_a_scenario_against_policies():
+    # 8 × H100 on AWS p5: 500,000 × 1,024 tokens of llama-2-13b LoRA take hours; spot is forbidden from 2 h
+    args = ("estimate", "--model", "llama-2-13b", "--method", "lora", "--precision", "bf16-true", "--gpu", "h100-sxm",
+            "--num-gpus", "8", "--provider", "aws", "--num-examples", "500000", "--tokens-per-example", "1024",
+            "--policy", str(EXAMPLE))
+    proc = run_cli(*args, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    hours = data["time"]["seconds"] / 3600
+    fired = {(v["rule"], v["market"]) for v in data["policy"]}
+    assert (("spot-short-runs-only", "spot") in fired) == (hours >= 2)
+    assert ("spot-short-runs-only", "on_demand") not in fired
+    assert (("budget", "on_demand") in fired) == (data["cost"]["on_demand_usd"] > 100)
+    table = run_cli(*args)
+    assert "policy spot-short-runs-only (forbid, spot)" in table.stdout or hours < 2
+    plain = run_json("estimate", "--model", "llama-2-7b")
+    assert "policy" not in plain  # no policy in force: no section

@@ -158,21 +158,33 @@ def cli() -> None:
 @scenario_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table")
 @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", help="GB = 10^9 bytes (default), GiB = 2^30.")
-def estimate(fmt: str, units: str, **kwargs: Any) -> None:
+@click.option("--policy", "policy_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Check the scenario against a policy file of [[policy]] rules (repeatable; docs/policies.md).")
+def estimate(fmt: str, units: str, policy_files: tuple[str, ...], **kwargs: Any) -> None:
     """Estimate memory per GPU (and time and cost, given a dataset and a GPU).
 
     SCENARIO_FILE is an optional TOML file with [model], [training], [lora], [parallel], [hardware],
     [dataset] and [cost] sections; flags override it.
     """
     from . import render
+    from .policy import estimate_verdicts
 
     est = _estimate(kwargs)
+    verdicts = estimate_verdicts(est, policy_files)
     if fmt == "json":
-        _dump_json(render.to_json(est))
+        data = render.to_json(est)
+        if verdicts is not None:
+            data["policy"] = verdicts
+        _dump_json(data)
     elif fmt == "markdown":
         click.echo(render.to_markdown(est, units))
+        for v in verdicts or []:
+            click.echo(f"- **policy {v['rule']}** ({v['action']}{', ' + v['market'] if v['market'] else ''}): {v['reason']}")
     else:
         render.print_table(est, _console(), units)
+        for v in verdicts or []:
+            _console().print(f"[red]policy {v['rule']}[/] ({v['action']}{', ' + v['market'] if v['market'] else ''}): "
+                             f"{v['reason']}", markup=True, highlight=False)
 
 
 @cli.command()

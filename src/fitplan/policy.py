@@ -195,3 +195,21 @@ def rule_name_problems(paths: Iterable[str | Path], registry: Any) -> list[str]:
             for a in parsed.advice:
                 out += [f"{f}: {x}" for x in advice.name_problems(a, known)]
     return out
+
+
+def estimate_verdicts(est: Any, policy_files: Sequence[str | Path]) -> list[dict[str, Any]] | None:
+    """The rules that fire for an estimate, in each market it has a price for (none: no market), or None
+    when no policy is in force (neither in the rulesets nor given)."""
+    from .conditions import Namespace
+
+    ps = policy_set(est.rulesets, est.registry, policy_files)
+    if not ps:
+        return None
+    v = est.values
+    markets: list[str | None] = [m for m, key in (("on_demand", "on_demand_cost_usd"), ("spot", "spot_cost_usd"))
+                                 if v.get(key) is not None] or [None]
+    out = []
+    for market in markets:
+        fired, _ = ps.check(Namespace(v, market))
+        out += [{**f.to_dict(), "market": market} for f in fired]
+    return out
