@@ -437,7 +437,9 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
     needs_price = objective == "cost"
 
     # fixed inputs: everything but the searched fields
-    probe = base
+    # the fixed inputs (searched ones are set by the loops); the probe's GPU count only has to be valid
+    tp = flat["tensor_parallel"]
+    probe = base if (flat["num_gpus"] * flat["num_nodes"]) % tp == 0 else base.replace(num_gpus=tp, num_nodes=1)
     inputs = build_inputs(probe, registry, rules, arch)
     for name in SEARCHED | {"gpu_spec", "optimizer_spec"}:
         inputs.pop(name, None)
@@ -549,7 +551,9 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
                 for ckpt in ckpts:
                     set_level({"gradient_checkpointing": ckpt}, L_CKPT)
                     for (n, m) in worlds:
-                        dp = n * m
+                        if (n * m) % tp:
+                            continue  # tensor parallelism must divide the GPUs
+                        dp = n * m // tp
                         hw = hardware[(n, m)]
                         batches = _batch_options(space, dp)
                         if not batches:
@@ -610,7 +614,7 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
                                         if tc is None:
                                             tc = tmemo[tkey] = _time_cost(T, vt, g, plist, stats)
                                         order = _candidates(collector, stats, policies, ns, values, objective, needs_price,
-                                                            cur, plist, tc, dt, u, dp, simplicity, order)
+                                                            cur, plist, tc, dt, u, n * m, simplicity, order)
                                         cur["provider"] = flat["provider"]
     stats.seconds = time.perf_counter() - t0
     plans = [p for _, p in collector.best]
@@ -620,7 +624,7 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
     rejected = [p for _, p in collector.rejected]
     if not needs_time and not missing_tc and flat["num_examples"] is None and flat["total_tokens"] is None:
         stats.notes.append("no dataset given: plans have no time or cost (add --num-examples and --tokens-per-example)")
-    worlds_skipped = sorted({n * m for (n, m) in worlds if not _batch_options(space, n * m)})
+    worlds_skipped = sorted({n * m for (n, m) in worlds if (n * m) % tp == 0 and not _batch_options(space, n * m // tp)})
     if worlds_skipped:
         stats.notes.append(f"effective batch {space.effective_batch_size} cannot be split over "
                            f"{', '.join(map(str, worlds_skipped))} GPUs: those GPU counts were not searched")
