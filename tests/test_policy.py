@@ -219,3 +219,13 @@ def test_estimate_checks_a_scenario_against_policies():
     assert "policy spot-short-runs-only (forbid, spot)" in table.stdout or hours < 2
     plain = run_json("estimate", "--model", "llama-2-7b")
     assert "policy" not in plain  # no policy in force: no section
+
+
+def test_report_says_when_policies_reject_every_fitting_plan(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text('[[policy]]\nid = "nothing"\ndescription = "forbid all"\ncondition = { ge = { world_size = 1 } }\n')
+    proc = run_cli("recommend", "--model", "llama-2-7b", "--gpus", "h100-sxm", "--providers", "aws", "--method", "lora",
+                   "--num-examples", "1000", "--tokens-per-example", "512", "--policy", str(policy), "--format", "markdown")
+    assert proc.returncode == 0, proc.stderr
+    assert "_No plan is allowed: " in proc.stdout and "the policies reject every one of them" in proc.stdout
+    assert "nothing: world_size = " in proc.stdout

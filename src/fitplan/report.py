@@ -136,6 +136,16 @@ PLAN_COLUMNS = ("#", "GPUs", "instance", "market", "method", "precision", "optim
                 "attention", "GB/GPU", "free GB", "time", "cost")
 
 
+def no_plan_text(result: Result) -> str:
+    """Why there is no ranked plan."""
+    s = result.stats
+    if s.rejected:
+        return f"No plan is allowed: {s.rejected:,} fit, and the policies reject every one of them (see below)."
+    if s.unpriced:
+        return f"No plan has a price: {s.unpriced:,} fit, but none has the time and cost the objective needs."
+    return "No plan fits with the required headroom."
+
+
 def stats_line(result: Result) -> str:
     s = result.stats
     parts = [f"{s.candidates:,} candidate plans: {s.allowed:,} allowed",
@@ -167,7 +177,7 @@ def to_markdown(result: Result) -> str:
     lines = ["# fitplan recommend", ""]
     lines += [f"- {x}" for x in _header(result)]
     lines += ["", "## Ranked plans", ""]
-    lines += _md_table(result.plans) if result.plans else ["_No plan fits with the required headroom._"]
+    lines += _md_table(result.plans) if result.plans else [f"_{no_plan_text(result)}_"]
     lines += ["", "## Cost versus time: the Pareto front", "",
               "Plans no other plan beats on both time and cost, fastest first.", ""]
     lines += _md_table(result.pareto) if result.pareto else ["_No plan has both a time and a cost._"]
@@ -217,7 +227,7 @@ def print_result(result: Result, console) -> None:
     if result.plans:
         table("Ranked plans", result.plans)
     else:
-        console.print("[bold red]No plan fits with the required headroom.[/]")
+        console.print(f"[bold red]{escape(no_plan_text(result))}[/]")
     if result.pareto:
         table("Cost versus time: the Pareto front (fastest first)", result.pareto)
     if result.rejected:

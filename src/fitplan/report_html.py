@@ -13,7 +13,7 @@ from html import escape
 
 from . import __version__
 from .recommend import Plan, Result, command_line, describe_market, rejection_text
-from .report import PLAN_COLUMNS, _header, plan_row, stats_line
+from .report import PLAN_COLUMNS, _header, no_plan_text, plan_row, stats_line
 
 SEGMENTS = (
     ("weights", "weights", "#4e79a7"),
@@ -220,7 +220,7 @@ def render(result: Result) -> str:
              "<h1>fitplan recommend</h1>"]
     parts += [f'<p class="meta">{escape(x)}</p>' for x in _header(result)]
     parts.append("<h2>Ranked plans</h2>")
-    parts.append(_table(result, result.plans) if result.plans else "<p>No plan fits with the required headroom.</p>")
+    parts.append(_table(result, result.plans) if result.plans else f"<p>{escape(no_plan_text(result))}</p>")
     for p in result.plans:
         for v in p.penalties:
             parts.append(f'<p class="note">plan {p.rank} penalised by {escape(v.rule)} (× {1 + v.penalty:g}): '
