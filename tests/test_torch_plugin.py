@@ -80,10 +80,21 @@ def test_param_count_matches_transformers(name):
 # --------------------------------------------------------------------------- model states, to the byte
 
 
+def _core_fused_experts() -> bool:
+    spec = spec_from_config(json.loads((CONFIGS / "tiny-mixtral" / "config.json").read_text()))
+    return any("gate_up_proj" in g.name for g in spec.param_groups())
+
+
+def _core_gpt2_hf_names() -> bool:
+    spec = spec_from_config(json.loads((CONFIGS / "tiny-gpt2" / "config.json").read_text()))
+    return any(g.module == "c_attn" for g in spec.param_groups())
+
+
 def _case_marks(name: str, method: str):
-    if name == "tiny-mixtral" and method == "full":
+    # strict xfails while the core has the discrepancy; they turn into plain passes once the core is fixed
+    if name == "tiny-mixtral" and method == "full" and not _core_fused_experts():
         return [pytest.mark.xfail(strict=True, reason=MIXTRAL_FUSED_EXPERTS)]
-    if name == "tiny-gpt2" and method == "lora":
+    if name == "tiny-gpt2" and method == "lora" and not _core_gpt2_hf_names():
         return [pytest.mark.xfail(strict=True, raises=FitplanError, reason=GPT2_LORA_NAMES)]
     return []
 
@@ -149,6 +160,15 @@ def test_saved_tensor_hooks_see_what_the_forward_retains():
     # (saved by the embedding, allocated before the step)
     m = run("tiny-llama", precision="bf16-true", per_device_train_batch_size=2, max_seq_length=32)["measured"]
     assert m["saved_tensors"] - m["retained"] == 2 * 32 * 8
+
+
+def test_gradient_accumulation_carries_gradients_into_the_next_forward():
+    one = run("tiny-llama", precision="bf16-true", per_device_train_batch_size=2, max_seq_length=32)["measured"]
+    two = run("tiny-llama", precision="bf16-true", per_device_train_batch_size=2, max_seq_length=32,
+              gradient_accumulation_steps=2)["measured"]
+    assert (two["retained"], two["gradients"]) == (one["retained"], one["gradients"])
+    # the second micro-batch's forward runs with the first one's gradients (and its 4-byte fp32 loss) alive
+    assert two["phase_peaks"]["forward"] == one["phase_peaks"]["forward"] + one["gradients"] + 4
 
 
 def test_report_shape():

@@ -141,7 +141,8 @@ def _rank_body(rc: RunConfig, steps: int, fake_tensors: bool, fake_pg: bool = Fa
         if fake is not None:
             batch = {k: fake.from_tensor(v) for k, v in batch.items()}
         m = measure_step(model, optimizer, batch, precision=rc.precision, device_type=device, steps=steps,
-                         memtracker=False, counter=counter, barrier=None if fake_tensors else dist.barrier)
+                         memtracker=False, counter=counter, barrier=None if fake_tensors else dist.barrier,
+                         accumulation=rc.accumulation)
     del extras
     out = m.asdict()
     out["rank"] = rank

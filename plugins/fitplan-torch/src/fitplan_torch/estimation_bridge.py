@@ -35,6 +35,7 @@ class RunConfig:
     fsdp: str | None = None
     world_size: int = 1
     memtracker: bool = True
+    accumulation: int = 1
 
 
 def model_config(estimate) -> dict[str, Any]:
@@ -55,5 +56,5 @@ def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
         seq=s.training.max_seq_length, optimizer=OptimizerRef(spec.name, spec.torch_class, dict(spec.torch_kwargs)),
         device="cuda" if mode == "cuda" else "cpu", fake=mode == "fake", seed=int(options.get("seed", 0)),
         zero_stage=s.parallel.zero_stage, fsdp=s.parallel.fsdp, world_size=int(estimate["world_size"]),
-        memtracker=bool(options.get("memtracker", True)),
+        memtracker=bool(options.get("memtracker", True)), accumulation=s.training.gradient_accumulation_steps,
     )

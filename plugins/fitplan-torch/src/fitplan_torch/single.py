@@ -45,7 +45,7 @@ def run_single(rc: RunConfig, *, steps: int = 1) -> dict[str, Any]:
     with fake_mode() if rc.fake else contextlib.nullcontext() as fake:
         model, optimizer, batch = build_all(rc, fake)
         m = measure_step(model, optimizer, batch, precision=rc.precision, device_type=rc.device, steps=steps,
-                         memtracker=rc.memtracker and not rc.fake)
+                         memtracker=rc.memtracker and not rc.fake, accumulation=rc.accumulation)
     out: dict[str, Any] = {"measurement": m.asdict(), "device": device_name(rc), "notes": notes}
     if rc.device == "cuda":
         from .calibrate import measure_cuda_overhead

@@ -57,30 +57,37 @@ def _params_and_buffers(model):
 
 def train_step(model, optimizer, batch, *, precision: str, device_type: str, counter=None, saved=None,
                grads_out: list | None = None, start_params: set[int] | None = None,
-               gathered_bytes: list | None = None) -> Any:
-    """One step; ``counter`` (a LiveBytes) gets phase marks, ``saved`` wraps the forward.
+               gathered_bytes: list | None = None, accumulation: int = 1) -> Any:
+    """One optimizer step over ``accumulation`` micro-batches; ``counter`` (a LiveBytes) gets phase marks,
+    ``saved`` wraps each forward.
 
-    Returns the detached loss and the live bytes (per ``counter``) when the forward ended.
+    Returns the detached loss and the bytes the last forward left alive (per ``counter``: live bytes after
+    the forward minus before it, FSDP's gathered parameters excluded; None without a counter).
     """
-    torch = _deps.torch()
     mark = counter.set_phase if counter is not None else (lambda p: None)
-    mark("forward")
-    ctx_saved = saved if saved is not None else _Null()
-    with ctx_saved, autocast(precision, device_type):
-        out = model(**batch)
-        loss = out.loss
-    del out
-    retained_at = counter.current if counter is not None else None
-    if counter is not None and start_params is not None:
-        # FSDP keeps all-gathered parameters from forward to backward (reshard_after_forward=False, or the
-        # root module): parameter memory, not activations
-        gathered = [st for k, st in storages(model.parameters()).items() if k not in start_params]
-        retained_at -= sum(st.nbytes() for st in gathered)
-        gathered_bytes[0] = sum(st.nbytes() for st in gathered)
-    mark("backward")
-    loss.backward()
-    value = loss.detach()
-    del loss
+    retained = None
+    value = None
+    for _ in range(max(1, accumulation)):
+        mark("forward")
+        before = counter.current if counter is not None else 0
+        ctx_saved = saved if saved is not None else _Null()
+        with ctx_saved, autocast(precision, device_type):
+            out = model(**batch)
+            loss = out.loss
+        del out
+        if counter is not None:
+            retained = counter.current - before
+            if start_params is not None:
+                # FSDP keeps all-gathered parameters from forward to backward (reshard_after_forward=False, or
+                # the root module): parameter memory, not activations
+                gathered = [st for k, st in storages(model.parameters()).items() if k not in start_params]
+                retained -= sum(st.nbytes() for st in gathered)
+                if gathered_bytes is not None:
+                    gathered_bytes[0] = sum(st.nbytes() for st in gathered)
+        mark("backward")
+        loss.backward()
+        value = loss.detach()
+        del loss
     if grads_out is not None:
         grads_out.append(storage_bytes(p.grad for p in model.parameters() if p.grad is not None))
     mark("optimizer_step")
@@ -88,7 +95,7 @@ def train_step(model, optimizer, batch, *, precision: str, device_type: str, cou
     mark("zero_grad")
     optimizer.zero_grad(set_to_none=True)
     mark("end")
-    return value, retained_at
+    return value, retained
 
 
 class _Null:
@@ -100,7 +107,8 @@ class _Null:
 
 
 def measure_step(model, optimizer, batch, *, precision: str, device_type: str, steps: int = 1,
-                 warmup: int = 1, memtracker: bool = True, counter=None, barrier=None) -> StepMeasurement:
+                 warmup: int = 1, memtracker: bool = True, counter=None, barrier=None,
+                 accumulation: int = 1) -> StepMeasurement:
     """Warm up, then measure ``steps`` steps (the last one's numbers are reported).
 
     ``counter``: a :class:`LiveBytes` the caller entered before building anything (sharded runs: it
@@ -111,12 +119,12 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
     torch = _deps.torch()
     cuda = device_type == "cuda"
     for _ in range(warmup):
-        train_step(model, optimizer, batch, precision=precision, device_type=device_type)
+        train_step(model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation)
     timed = None
     if cuda:  # throughput from a step without the instruments (the dispatch mode costs Python time per op)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        train_step(model, optimizer, batch, precision=precision, device_type=device_type)
+        train_step(model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation)
         torch.cuda.synchronize()
         timed = time.perf_counter() - t0
     params, buffers = _params_and_buffers(model)
@@ -141,9 +149,9 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
             cuda_start = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
         with c if own else _Null():
-            value, retained_at = train_step(model, optimizer, batch, precision=precision, device_type=device_type,
-                                            counter=c, saved=saved, grads_out=grads, start_params=start_params,
-                                            gathered_bytes=gathered)
+            value, retained = train_step(model, optimizer, batch, precision=precision, device_type=device_type,
+                                         counter=c, saved=saved, grads_out=grads, start_params=start_params,
+                                         gathered_bytes=gathered, accumulation=accumulation)
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -154,7 +162,7 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
             parameters=storage_bytes(params), buffers=storage_bytes(buffers), gradients=grads[0] if grads else 0,
             optimizer_states=storage_bytes(optimizer_state_tensors(optimizer)),
             inputs=storage_bytes(batch.values()), saved_tensors=saved.bytes_at_exit,
-            retained=retained_at - start - loss_bytes, peak=c.peak, peak_phase=c.peak_phase,
+            retained=retained - loss_bytes, peak=c.peak, peak_phase=c.peak_phase,
             phase_peaks=peaks, start=start, step_seconds=dt,
             loss=None if _is_fake(value) else float(value), gathered_params=gathered[0],
         )
@@ -164,7 +172,7 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
                       "memory_allocated_at_start": cuda_start, "uninstrumented_step_seconds": timed}
     if memtracker:
         m.memtracker_peak, m.memtracker_breakdown, m.memtracker_error = memtracker_step(
-            model, optimizer, batch, precision=precision, device_type=device_type)
+            model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation)
     return m
 
 
@@ -174,7 +182,7 @@ def _is_fake(t) -> bool:
     return isinstance(t, FakeTensor)
 
 
-def memtracker_step(model, optimizer, batch, *, precision: str, device_type: str):
+def memtracker_step(model, optimizer, batch, *, precision: str, device_type: str, accumulation: int = 1):
     """The same step under ``torch.distributed._tools.mem_tracker.MemTracker``: its peak, the
     per-category snapshot at the peak (Parameter, Buffer, Gradient, Activation, Temp, Optstate, Other),
     and why it could not run (torch 2.13's MemTracker registers a gradient hook on every parameter of
@@ -189,7 +197,7 @@ def memtracker_step(model, optimizer, batch, *, precision: str, device_type: str
     mt.track_external(model, optimizer, *batch.values())
     try:
         with mt:
-            train_step(model, optimizer, batch, precision=precision, device_type=device_type)
+            train_step(model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation)
     except Exception as e:  # noqa: BLE001 - the cross-check is optional; the primary counter already ran
         return None, None, f"MemTracker failed: {type(e).__name__}: {e}"
     peak = mt.get_tracker_snapshot("peak")
