@@ -113,3 +113,32 @@ def test_graph_exports():
     dot, mmd = g.to_dot(), g.to_mermaid()
     assert dot.startswith("digraph fitplan {") and '"param_count" -> "weight_bytes.raw";' in dot
     assert mmd.startswith("flowchart LR") and "weight_bytes" in mmd
+
+
+def test_order_cache_skips_networkx_and_survives_corruption(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    env = {"FITPLAN_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    probe = ("import sys, fitplan; e = fitplan.estimate(params='7B', assumptions='seed'); "
+             "print(e['weight_bytes'], 'networkx' in sys.modules)")
+    first = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert first == ["28000000000", "True"]  # cold: networkx orders the graph, the order is cached
+    (entry,) = tmp_path.glob("graph-*.json")
+    second = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert second == ["28000000000", "False"]  # warm: same declarations, networkx never imported
+    data = json.loads(entry.read_text())
+    data["order"].reverse()  # an order that contradicts the edges must be discarded, not trusted
+    entry.write_text(json.dumps(data))
+    third = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert third == ["28000000000", "True"]
+
+
+def test_objective_choices_match_the_recommender():
+    import inspect
+
+    from fitplan import commands, recommend
+
+    assert 'OBJECTIVES = ("cost", "time", "gpus")' in inspect.getsource(commands)
+    assert recommend.OBJECTIVES == ("cost", "time", "gpus")

@@ -90,7 +90,7 @@ def _progress():
 def register(cli: click.Group) -> None:
     """Add ``recommend`` and ``capacity`` to ``cli``."""
     from .cli import _console, _dump_json, scenario_options
-    from .recommend import OBJECTIVES
+    OBJECTIVES = ("cost", "time", "gpus")  # == recommend.OBJECTIVES (tested); not imported: recommend pulls in networkx
 
     @cli.command()
     @scenario_options

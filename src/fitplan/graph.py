@@ -7,16 +7,31 @@ becomes a chain: the contributor's node is renamed ``<name>.raw``, each reducer 
 reducers' ``after``/``before`` constraints (ties broken by name, so it is deterministic).
 
 Evaluation is a plain loop over pre-ordered steps: no hook calls, no graph walks.
+
+Compile once, across processes too: networkx costs ~0.1 s to import, more than everything else a
+``fitplan estimate`` does. So the order that networkx computes (the reducer chains and the topological
+order of every node) is cached on disk, keyed by a fingerprint of the declarations
+(:func:`_fingerprint`), and a later compile of the same declarations reuses it after checking that it
+is still a valid topological order of the current edges. Duplicate names and unbound dependencies are
+checked on every compile; cycles cannot hide behind a cache entry, because only acyclic compiles are
+written and a cached order that contradicts an edge is discarded. ``FITPLAN_NO_CACHE=1`` disables the
+cache; ``FITPLAN_CACHE_DIR`` moves it (default: ``$XDG_CACHE_HOME/fitplan`` or ``~/.cache/fitplan``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import numbers
+import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import networkx as nx
+
+if TYPE_CHECKING:  # pragma: no cover
+    import networkx as nx
 
 from .declarations import Quantity, Reducer
 from .errors import FitplanError, GraphError, PluginError, did_you_mean
@@ -52,7 +67,7 @@ class Node:
 class CompiledGraph:
     """An ordered, checked graph. :meth:`evaluate` runs it on one set of inputs."""
 
-    graph: nx.DiGraph
+    edges: list[tuple[str, str]]
     nodes: dict[str, Node]
     steps: list[tuple]
     chains: dict[str, list[str]]
@@ -60,6 +75,19 @@ class CompiledGraph:
     reducers: dict[str, Reducer]
     memory: tuple[str, ...] = ()
     """Quantities of category ``memory``: checked to be numbers after every evaluation."""
+    _graph: Any = None
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The dependency graph as a networkx DiGraph (built on first use)."""
+        if self._graph is None:
+            import networkx as nx
+
+            g = nx.DiGraph()
+            g.add_nodes_from(self.nodes)
+            g.add_edges_from(self.edges)
+            self._graph = g
+        return self._graph
 
     def evaluate(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool]]:
         """Evaluate every quantity. Returns ``(values, applied)``: ``applied[reducer_node]`` says
@@ -184,6 +212,8 @@ def _declared_by_input(e: Exception, deps: Sequence[Any]) -> tuple[Any, str] | N
 
 
 def _order_chain(target: str, reducers: Sequence[Reducer]) -> list[Reducer]:
+    import networkx as nx
+
     by_name = {r.name: r for r in reducers}
     g = nx.DiGraph()
     g.add_nodes_from(by_name)
@@ -234,9 +264,11 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -
             continue
         chain.append(r)
 
-    g = nx.DiGraph()
+    edges: list[tuple[str, str]] = []
     nodes: dict[str, Node] = {}
     known = set(qs) | INPUTS
+    key = _fingerprint(qs, chains_in) if not problems else None
+    cached = _cache_load(key)
 
     def need(dep: str, who: str, plugin: str) -> None:
         if dep not in known:
@@ -248,13 +280,17 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -
         nodes[raw] = Node(raw, "quantity", q.deps, q.unit, q.doc, q.plugin, category=q.category)
         for d in q.deps:
             need(d, f"quantity {q.name!r}", q.plugin)
-            g.add_edge(d, raw)
-        g.add_node(raw)
+            edges.append((d, raw))
     ordered_chains: dict[str, list[str]] = {}
     reducer_by_node: dict[str, Reducer] = {}
     for target, chain in chains_in.items():
         try:
-            ordered = _order_chain(target, chain)
+            if cached is not None and sorted(cached["chains"].get(target, ())) == sorted(r.name for r in chain):
+                by_name = {r.name: r for r in chain}
+                ordered = [by_name[n] for n in cached["chains"][target]]
+            else:
+                cached = None
+                ordered = _order_chain(target, chain)
         except GraphError as e:
             problems.append(e.message)
             continue
@@ -266,27 +302,29 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -
             nodes[node] = Node(node, "reducer", (prev, *deps), qs[target].unit, r.doc, r.plugin, target=target)
             for d in deps:
                 need(d, f"reducer {r.name!r}", r.plugin)
-                g.add_edge(d, node)
-            g.add_edge(prev, node)
+                edges.append((d, node))
+            edges.append((prev, node))
             reducer_by_node[node] = r
             prev = node
             names.append(node)
         q = qs[target]
         nodes[target] = Node(target, "quantity", (prev,), q.unit, q.doc, q.plugin, category=q.category)
-        g.add_edge(prev, target)
+        edges.append((prev, target))
         ordered_chains[target] = names
-    cycles = _cycles(g, nodes)
-    if cycles and not problems and len(cycles) == 1:
-        path, plugins = cycles[0]
-        raise GraphError(f"dependency cycle: {path}", details=[f"declared by plugin(s): {', '.join(plugins)}"])
-    problems += [f"dependency cycle: {path} (declared by plugin(s): {', '.join(plugins)})" for path, plugins in cycles]
+    for a, b in edges:
+        for n in (a, b):
+            if n not in nodes:
+                nodes[n] = Node(n, "input", (), doc=RESOLVED_INPUTS.get(n, f"scenario field {FIELD_SECTION.get(n, '')}.{n}"))
+    order = _valid_order(cached["order"], nodes, edges) if cached is not None and not problems else None
+    if order is None:
+        order = _order(nodes, edges, problems)
+        if not problems:
+            _cache_save(key, {"chains": {t: [n.split(".", 1)[1] for n in names[1:]] for t, names in ordered_chains.items()},
+                              "order": order})
     if problems:
         raise GraphError(f"{len(problems)} problem(s) in the quantity graph", details=problems)
-    for n in g.nodes:
-        if n not in nodes:
-            nodes[n] = Node(n, "input", (), doc=RESOLVED_INPUTS.get(n, f"scenario field {FIELD_SECTION.get(n, '')}.{n}"))
     steps: list[tuple] = []
-    for n in nx.lexicographical_topological_sort(g):
+    for n in order:
         node = nodes[n]
         if node.kind == "input":
             continue
@@ -300,11 +338,90 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -
             q = qs[base]
             steps.append((Q, n, q.func, q.deps))
     memory = tuple(sorted(n for n, q in qs.items() if q.category == "memory"))
-    return CompiledGraph(g, nodes, steps, ordered_chains, qs, {k: v for k, v in reducer_by_node.items()}, memory)
+    return CompiledGraph(edges, nodes, steps, ordered_chains, qs, {k: v for k, v in reducer_by_node.items()}, memory)
+
+
+def _order(nodes: dict[str, Node], edges: list[tuple[str, str]], problems: list[str]) -> list[str]:
+    """networkx: report cycles (into ``problems``), else the lexicographic topological order."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    g.add_nodes_from(nodes)
+    g.add_edges_from(edges)
+    cycles = _cycles(g, nodes)
+    if cycles and not problems and len(cycles) == 1:
+        path, plugins = cycles[0]
+        raise GraphError(f"dependency cycle: {path}", details=[f"declared by plugin(s): {', '.join(plugins)}"])
+    problems += [f"dependency cycle: {path} (declared by plugin(s): {', '.join(plugins)})" for path, plugins in cycles]
+    if problems:
+        return []
+    return list(nx.lexicographical_topological_sort(g))
+
+
+# --------------------------------------------------------------------------- the order cache
+
+
+def _fingerprint(qs: dict[str, Quantity], chains_in: dict[str, list[Reducer]]) -> str:
+    """A key for everything the order depends on: names, dependencies, reducer ordering constraints."""
+    from . import __version__
+
+    parts = [__version__, sorted(INPUTS)]
+    parts.append(sorted((q.name, list(q.deps)) for q in qs.values()))
+    parts.append(sorted((r.target, r.name, list(r.after), list(r.before), list(r.condition_deps), list(r.transform_deps))
+                        for chain in chains_in.values() for r in chain))
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _cache_dir() -> Path | None:
+    if os.environ.get("FITPLAN_NO_CACHE"):
+        return None
+    base = os.environ.get("FITPLAN_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "fitplan"
+
+
+def _cache_load(key: str | None) -> dict[str, Any] | None:
+    d = _cache_dir()
+    if key is None or d is None:
+        return None
+    try:
+        data = json.loads((d / f"graph-{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("order"), list) or not isinstance(data.get("chains"), dict):
+        return None
+    return data
+
+
+def _cache_save(key: str | None, data: dict[str, Any]) -> None:
+    d = _cache_dir()
+    if key is None or d is None:
+        return
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f"graph-{key}.json.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        tmp.replace(d / f"graph-{key}.json")
+    except OSError:
+        pass  # a read-only home is fine: the next compile computes the order again
+
+
+def _valid_order(order: list[Any], nodes: dict[str, Node], edges: list[tuple[str, str]]) -> list[str] | None:
+    """``order`` if it lists exactly the current nodes and every edge points forward, else None."""
+    if len(order) != len(nodes) or set(order) != nodes.keys():
+        return None
+    pos = {n: i for i, n in enumerate(order)}
+    if any(pos[a] >= pos[b] for a, b in edges):
+        return None
+    return order
 
 
 def _cycles(g: nx.DiGraph, nodes: dict[str, Node]) -> list[tuple[str, list[str]]]:
     """One cycle per strongly connected component (or self-loop): ``(a -> b -> a, plugins)``."""
+    import networkx as nx
+
     out = []
     for comp in sorted(nx.strongly_connected_components(g), key=lambda c: sorted(c)):
         if len(comp) == 1:
