@@ -206,6 +206,16 @@ def test_fsdp2_two_gloo_ranks_halve_every_model_state():
         assert x["optimizer_states"] == (single["optimizer_states"] - 4 * 21) // 2 + 4 * 21
 
 
+def test_plain_data_parallel_keeps_ddp_buckets():
+    # stage 0 over 4 GPUs: DDP (rank 0 of a fake process group) holds a gradient-sized bucket copy from the start
+    single = run("tiny-llama", precision="bf16-true")["measured"]
+    r = run("tiny-llama", precision="bf16-true", num_gpus=4)
+    m = r["measured"]
+    assert "fake process group" in r["device"]
+    assert (m["parameters"], m["gradients"], m["optimizer_states"]) == (single["parameters"], single["gradients"], single["optimizer_states"])
+    assert m["start"] - single["start"] == single["gradients"]
+
+
 def test_fake_process_group_gives_rank_zero_of_eight():
     single = run("tiny-llama", precision="bf16-true")["measured"]
     r = run("tiny-llama", mode="fake", precision="bf16-true", zero_stage=3, num_gpus=8)
@@ -249,6 +259,8 @@ def test_unbuildable_config_is_a_fitplan_error(tmp_path):
     ({"method": "qlora"}, "QLoRA needs bitsandbytes"),
     ({"attn_implementation": "flash_attention_2"}, "CUDA only"),
     ({"optim": "adamw_8bit"}, "needs bitsandbytes on CUDA"),
+    ({"tensor_parallel": 2, "num_gpus": 2}, "tensor parallelism"),
+    ({"zero_stage": 3, "num_gpus": 2, "offload_optimizer": True}, "CPU offload"),
 ])
 def test_what_the_cpu_cannot_run_is_refused_clearly(fields, match):
     est = fitplan.estimate(model=config_path("tiny-llama"), max_seq_length=16, **fields)

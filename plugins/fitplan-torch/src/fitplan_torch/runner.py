@@ -114,8 +114,22 @@ def _world(estimate) -> int:
 
 
 def sharded(estimate) -> bool:
+    """Data parallel over more than one GPU: DDP (stage 0), ZeRO-1, FSDP2 (ZeRO-2/3), measured per rank."""
+    return _world(estimate) > 1
+
+
+def check_supported(estimate) -> None:
+    """What the referee cannot run, refused with a reason."""
     s = estimate.scenario
-    return _world(estimate) > 1 and (s.parallel.zero_stage > 0 or s.parallel.fsdp is not None)
+    if s.parallel.tensor_parallel > 1:
+        raise FitplanError("the torch referee does not implement tensor parallelism", field="tensor_parallel",
+                           value=s.parallel.tensor_parallel, suggestion="validate with --tensor-parallel 1")
+    if s.parallel.offload_optimizer or s.parallel.offload_params:
+        raise FitplanError("the torch referee does not implement CPU offload (DeepSpeed ZeRO-Offload)", field="offload_optimizer",
+                           value=True, suggestion="validate the scenario without --offload-optimizer / --offload-params")
+    if s.parallel.fsdp == "hybrid_shard" and s.hardware.num_nodes > 1:
+        raise FitplanError("the torch referee runs hybrid_shard on one node only", field="fsdp", value="hybrid_shard",
+                           suggestion="validate one node (--num-nodes 1), where hybrid_shard is full_shard")
 
 
 def _real_ranks(estimate, options: dict[str, Any]) -> int:
@@ -139,6 +153,7 @@ def run_validation(scenario, estimate, options: dict[str, Any]) -> dict[str, Any
     _deps.torch()
     _deps.transformers()
     options = dict(options or {})
+    check_supported(estimate)
     mode = choose_mode(estimate, options)
     steps = int(options.get("steps") or 1)
     if steps < 1:
