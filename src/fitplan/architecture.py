@@ -108,6 +108,12 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    embedding_dropout: float = 0.0
+    """Dropout on the embedding output (GPT-2 ``embd_pdrop``, GPT-NeoX ``hidden_dropout``)."""
+    partial_rotary_factor: float = 1.0
+    """Share of ``head_dim`` that rotary embeddings rotate (GPT-NeoX ``rotary_pct``, Phi ``partial_rotary_factor``)."""
+    parallel_residual: bool = False
+    """``x + attn(ln1(x)) + mlp(ln2(x))`` (GPT-NeoX ``use_parallel_residual``, Falcon ``parallel_attn``)."""
     source: str = ""
     bare_param_count: int | None = None
     """Set for ``--params 7B``: a count with no shapes (the seed's view of a model)."""
@@ -189,7 +195,10 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
     elif fam == "phi3":
         linear("self_attn.qkv_proj", q + 2 * kv, h, "qkv_proj", spec.qkv_bias)
         linear("self_attn.o_proj", h, q, "o_proj", spec.o_bias)
-    elif fam in ("gpt2", "gpt_neox", "falcon"):
+    elif fam == "gpt2":  # HF GPT2Attention: Conv1D c_attn and c_proj
+        linear("attn.c_attn", q + 2 * kv, h, "c_attn", spec.qkv_bias)
+        linear("attn.c_proj", h, q, "c_proj", spec.o_bias)
+    elif fam in ("gpt_neox", "falcon"):
         linear("attn.query_key_value", q + 2 * kv, h, "query_key_value", spec.qkv_bias)
         linear("attn.dense", h, q, "dense", spec.o_bias)
     else:  # pragma: no cover - guarded by FAMILIES
@@ -199,9 +208,10 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
     if spec.is_moe:
         E, Im = spec.num_experts, spec.moe_intermediate_size or I
         layer("mlp.gate.weight", (E, h), "router")
-        linear("mlp.experts.gate_proj", Im, h, "experts.gate_proj", spec.mlp_bias, E)
-        linear("mlp.experts.up_proj", Im, h, "experts.up_proj", spec.mlp_bias, E)
-        linear("mlp.experts.down_proj", h, Im, "experts.down_proj", spec.mlp_bias, E)
+        # transformers 5 stores the experts fused, as two 3-D parameters per layer (MixtralExperts,
+        # Qwen2MoeExperts): gate_up_proj (E, 2I, h) and down_proj (E, h, I).
+        layer("mlp.experts.gate_up_proj", (E, 2 * Im, h), "experts.gate_up_proj")
+        layer("mlp.experts.down_proj", (E, h, Im), "experts.down_proj")
         if spec.shared_expert_intermediate_size:
             Is = spec.shared_expert_intermediate_size
             linear("mlp.shared_expert.gate_proj", Is, h, "shared_expert.gate_proj", False)
@@ -319,16 +329,21 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         kw["attention_dropout"] = float(c.get("attention_dropout", 0.0) or 0.0)
     elif family == "phi3":
         kw.update(attention_dropout=float(c.get("attention_dropout", 0.0) or 0.0),
-                  hidden_dropout=float(c.get("resid_pdrop", 0.0) or 0.0))
+                  hidden_dropout=float(c.get("resid_pdrop", 0.0) or 0.0),
+                  partial_rotary_factor=float(_rope(c).get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) or 1.0))
     elif family == "gpt2":
         kw.update(norm="layernorm", gated_mlp=False, learned_positions=True, qkv_bias=True, o_bias=True, mlp_bias=True,
                   tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
-                  attention_dropout=float(c.get("attn_pdrop", 0.1)), hidden_dropout=float(c.get("resid_pdrop", 0.1)))
+                  attention_dropout=float(c.get("attn_pdrop", 0.1)), hidden_dropout=float(c.get("resid_pdrop", 0.1)),
+                  embedding_dropout=float(c.get("embd_pdrop", 0.1)))
         kw.setdefault("max_position_embeddings", c.get("n_positions", 1024))
     elif family == "gpt_neox":
         kw.update(norm="layernorm", gated_mlp=False, qkv_bias=bool(c.get("attention_bias", True)), o_bias=bool(c.get("attention_bias", True)),
                   mlp_bias=True, attention_dropout=float(c.get("attention_dropout", 0.0) or 0.0),
-                  hidden_dropout=float(c.get("hidden_dropout", 0.0) or 0.0))
+                  hidden_dropout=float(c.get("hidden_dropout", 0.0) or 0.0),
+                  embedding_dropout=float(c.get("hidden_dropout", 0.0) or 0.0),
+                  partial_rotary_factor=float(_rope(c).get("partial_rotary_factor", c.get("rotary_pct", 0.25))),
+                  parallel_residual=bool(c.get("use_parallel_residual", True)))
     elif family == "falcon":
         kw.update(norm="layernorm", gated_mlp=False, qkv_bias=bool(c.get("bias", False)), o_bias=bool(c.get("bias", False)),
                   mlp_bias=bool(c.get("bias", False)), tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
@@ -339,6 +354,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         # architecture), else a single input_layernorm.
         n_ln = c.get("num_ln_in_parallel_attn") or (2 if c.get("new_decoder_architecture") else 1)
         kw["norms_per_layer"] = 2 if not c.get("parallel_attn", True) else n_ln
+        kw["parallel_residual"] = bool(c.get("parallel_attn", True))
     inter = c.get("intermediate_size") or c.get("ffn_hidden_size")
     if family in ("gpt2", "gpt_neox", "falcon") and not inter:
         inter = 4 * h
@@ -346,6 +362,12 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         raise FitplanError(f"intermediate_size must be a positive integer, got {inter!r}", file=file, field="$.intermediate_size", value=inter)
     kw["intermediate_size"] = inter
     return ModelSpec(**kw)
+
+
+def _rope(c: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5 ``rope_parameters`` (or the older ``rope_scaling``), as a dict."""
+    r = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    return r if isinstance(r, dict) else {}
 
 
 def load_config_json(path: str | Path) -> ModelSpec:

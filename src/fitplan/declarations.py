@@ -67,11 +67,14 @@ class OptimizerContext:
     :ivar tensors: the trainable parameter tensors as ``(shape, count)`` pairs.
     :ivar state_bytes: bytes per element of a full-precision state (4 for fp32 states, 2 when states follow bf16 weights).
     :ivar param_bytes: bytes per element of the trainable parameters.
+    :ivar device: ``cuda`` or ``cpu``: where the step runs (torch keeps some optimizer scalars, such as
+        AdamW's ``step``, on the CPU when the parameters are on a GPU).
     """
 
     tensors: tuple[tuple[tuple[int, ...], int], ...]
     state_bytes: float
     param_bytes: float
+    device: str = "cuda"
 
     @property
     def numel(self) -> int:

@@ -23,6 +23,7 @@ ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
 ASSUMPTIONS = ("realistic", "seed")
 PADDING = ("pad", "pack")
+DEVICES = ("cuda", "cpu")
 
 
 def _positive(inst: Any, att: attrs.Attribute, value: Any) -> None:
@@ -115,6 +116,10 @@ class Hardware:
     gpu: str | None = None
     num_gpus: int = field(default=1, validator=_at_least_one)
     num_nodes: int = field(default=1, validator=_at_least_one)
+    device: str = field(default="cuda", validator=_one_of(DEVICES))
+    """Whose kernels run the step: ``cuda`` (default) or ``cpu``, what fitplan-torch's CPU and FakeTensor
+    referees run (CPU dropout keeps its mask in the input dtype, CPU SDPA with dropout takes the math path,
+    no 512-byte allocator rounding, AdamW's ``step`` scalars live with the parameters)."""
 
 
 @frozen
