@@ -165,6 +165,8 @@ def run_validation(scenario, estimate, options: dict[str, Any]) -> dict[str, Any
                            suggestion="run it on a GPU machine with --mode cuda")
     from .estimation_bridge import run_config
 
+    cuda_estimate = estimate
+    estimate = comparable_estimate(estimate, mode)
     rc = run_config(estimate, options, mode)
     if sharded(estimate):
         from .distributed import run_sharded
@@ -175,6 +177,11 @@ def run_validation(scenario, estimate, options: dict[str, Any]) -> dict[str, Any
 
         result = run_single(rc, steps=steps)
     report = make_report(estimate, result, mode, rc)
+    if estimate is not cuda_estimate:
+        report["predicted_for_device"] = referee_device(mode)
+        report["notes"].append(f"predictions are fitplan's for --device {referee_device(mode)} (the kernels this referee ran); "
+                               f"for --device {cuda_estimate.scenario.hardware.device} fitplan predicts a peak of "
+                               f"{int(cuda_estimate['peak_bytes'])} bytes")
     if options.get("calibrate_out"):
         from .calibrate import calibration_from_measurement, write_framework_toml
 
@@ -206,6 +213,23 @@ def mfu_rows(estimate, report: dict[str, Any]) -> list[dict[str, Any]]:
              "source": f"fitplan validate --calibrate-out, {report['device']}, b={s.training.per_device_train_batch_size} "
                        f"s={s.training.max_seq_length} {s.training.precision}",
              "date": datetime.date.today().isoformat()}]
+
+
+def referee_device(mode: str) -> str:
+    return "cuda" if mode == "cuda" else "cpu"
+
+
+def comparable_estimate(estimate, mode: str):
+    """The estimate for the device whose kernels the referee runs: fitplan's ``hardware.device`` (cuda or
+    cpu) changes what it predicts (CPU dropout masks, AdamW's step scalars, allocator rounding); a CPU or
+    FakeTensorMode run is compared with the ``cpu`` prediction. Cores without the field are used as is."""
+    hw = estimate.scenario.hardware
+    want = referee_device(mode)
+    if not hasattr(hw, "device") or hw.device == want:
+        return estimate
+    from fitplan.estimation import evaluate
+
+    return evaluate(estimate.scenario.replace(device=want), estimate.registry, estimate.rulesets)
 
 
 def make_report(estimate, result: dict[str, Any], mode: str, rc) -> dict[str, Any]:
