@@ -134,7 +134,16 @@ class PolicySet:
     def describe(self) -> list[dict[str, Any]]:
         return [{"id": r.id, "action": r.action, "description": r.description,
                  **({"penalty": r.penalty} if r.action == "penalise" else {}),
-                 **({"file": self.origin[r.id]} if r.id in self.origin else {})} for r in self.rules]
+                 **({"file": display_path(self.origin[r.id])} if r.id in self.origin else {})} for r in self.rules]
+
+
+def display_path(path: str | Path) -> str:
+    """``path`` relative to the working directory when it lies below it (reports stay the same wherever
+    the project is checked out), else as given."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def load_policy_files(paths: Iterable[str | Path]) -> tuple[list[PolicyRule], dict[str, str]]:
