@@ -26,7 +26,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--method", default="full")
-    ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--lora-targets", default="q_proj,v_proj", help="comma-separated LoRA target modules")
+    ap.add_argument("--checkpointing", action="store_true",
+                    help="(tensors saved inside checkpointed layers are checkpoint's, not listed)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
 
@@ -38,8 +40,9 @@ def main(argv=None) -> int:
     from fitplan_torch import build
 
     cfg = json.load(open(args.config, encoding="utf-8"))
+    targets = tuple(args.lora_targets.split(","))
     model = build.build_model(cfg, precision=args.precision, attn_implementation=args.attn, method=args.method,
-                              gradient_checkpointing=args.checkpointing)
+                              gradient_checkpointing=args.checkpointing, lora={"lora_target_modules": targets})
     batch = build.make_batch(build.vocab_size_of(model), args.batch, args.seq, device="cpu")
     params = {id(p.untyped_storage()) for p in model.parameters()}
     seen = WeakIdKeyDictionary()
@@ -70,7 +73,8 @@ def main(argv=None) -> int:
     print(f"{'total':16s} {total:12d}")
     est = fitplan.estimate(model=args.config, precision=args.precision, attn_implementation=args.attn,
                            per_device_train_batch_size=args.batch, max_seq_length=args.seq, method=args.method,
-                           gradient_checkpointing=args.checkpointing)
+                           gradient_checkpointing=args.checkpointing,
+                           **({"lora_target_modules": targets} if args.method != "full" else {}))
     print(f"\nfitplan: activation_bytes_per_layer {est['activation_bytes_per_layer']}, activation_bytes {est['activation_bytes']}, "
           f"logits_bytes {est['logits_bytes']}, autocast copies {est['autocast_weight_copy_bytes']}, "
           f"saved_for_backward_bytes {est['saved_for_backward_bytes']}")
