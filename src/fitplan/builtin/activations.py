@@ -1,58 +1,78 @@
-"""Activations: the tensors saved for backward, per GPU.
+"""Activations: the tensors the forward pass keeps for the backward pass, per GPU.
 
-Default model (``activation_bytes``), per decoder layer, with E bytes per activation element,
-b micro-batch, s sequence, h hidden, I intermediate, a heads, q/kv the query and key/value widths:
+The default rule (``activation_bytes``, ``logits_bytes``, ``autocast_weight_copy_bytes``) comes from a
+symbolic trace of the step (:mod:`fitplan.builtin.step_trace`): each Hugging Face forward (transformers
+5.24) written op by op, with what autograd saves for each op (PyTorch 2.13 ``derivatives.yaml``),
+counted once per storage. Per decoder layer, with E bytes per activation element, T = b·s tokens,
+h hidden, I intermediate, q/kv the query and key/value widths, a heads:
 
-* Llama-style blocks (RMSNorm, rotary, gated MLP), counted from what HF's implementation saves:
-  ``8·s·b·h`` (two RMSNorms, fp32 upcast) ``+ E·s·b·(5h + q + 2kv)`` (norm outputs, q/k/v, attention
-  output, residual inputs) ``+ 4E·s·b·I`` (SwiGLU's four I-sized tensors) ``+ 8·s·b`` (rsqrt
-  statistics) + the attention core: eager keeps the fp32 softmax ``4·a·s²·b`` (+ its 16-bit copy
-  ``2·a·s²·b`` when E = 2); SDPA / FlashAttention keep a fp32 logsumexp per head, ``4·a·b·s``.
-  (DOMAIN.md §9, measured with torch 2.13 / transformers 5.)
-* GPT-style blocks (LayerNorm, GELU MLP, dropout): Korthikanti et al. 2022, ``s·b·h·(34 + 5·a·s/h)``
-  for E = 2, scaled by E/2, with the ``5·a·s²·b`` score/softmax/dropout term replaced by ``4·a·b·s``
-  under memory-efficient attention.
+* Llama family, trained (full fine-tuning): RMSNorm ×2 ``(4 + 2E)·T·h + 4·T`` each (the fp32 input,
+  its normalised fp32 product cast back to E, the fp32 rsqrt) and their outputs ``E·T·h`` as the next
+  Linear's input; q, k (after rotary) and v ``E·T·(q + 2·kv)``; the attention output ``E·T·q``
+  (shared with o_proj's input); SwiGLU/GeGLU ``4·E·T·I``; the attention core: SDPA keeps a fp32
+  logsumexp ``4·a·T``, eager keeps the fp32 softmax ``4·a·s·T`` plus its E copy when E = 2, copies
+  of q, kᵀ, v for ``matmul`` and a copy of its output. Rotary cos/sin ``2·s·d·E`` once per step.
+* Phi-3 / GPT-NeoX / GPT-2: fused QKV projections, whose value view keeps the whole ``E·T·(q+2kv)``
+  projection alive; LayerNorm keeps its input and two per-row statistics; GPT-2's ``gelu_new`` keeps
+  five ``E·T·I`` tensors; dropout keeps a mask (1 byte per element on CUDA, the input dtype on CPU).
+* MoE (Mixtral): every token goes to k experts, processed together (S = k·T rows): ``E·S·(h + 4I)``
+  plus routing indices and weights; the router's fp32 probabilities ``4·T·n_experts``.
+* LoRA: frozen Linears save no input; each adapter saves its fp32-cast input ``4·T·in`` and its rank
+  intermediate ``4·T·r``; ops before the first adapter save nothing (nothing requires grad yet).
+* bf16-mixed (autocast): every Linear casts its input to 16-bit (one copy per consuming Linear) and
+  keeps a 16-bit copy of its weight (``autocast_weight_copy_bytes``); the residual stream stays fp32.
+* Gradient checkpointing (non-reentrant): each layer keeps its arguments (hidden states ``E·T·h``,
+  cos/sin, position ids, the eager mask); one layer is recomputed during its backward.
 
-Mixture-of-experts layers route each token to k experts: the MLP term counts k experts' tensors.
-Outside the layers: the embedding output (``E·s·b·h``) and the logits (``logits_bytes``).
-The Korthikanti formula is always available as ``activation_bytes_korthikanti`` for comparison.
+Korthikanti et al. 2022's GPT formula stays available as ``activation_bytes_korthikanti`` (a named
+approximation: 22 % low to 19 % high for bf16 Llama). docs/memory-model.md lists every rule.
 """
 
 from __future__ import annotations
 
 from ..declarations import quantity, reducer
 from ..hookspecs import hookimpl
+from .step_trace import StepTrace, TraceSpec, build
 
 
-def _attention_core(arch, b, s, E, attn):
-    a = arch.num_attention_heads
-    if attn == "eager":
-        return 4 * a * s * s * b + (2 * a * s * s * b if E == 2 else 0)
-    return 4 * a * b * s
+def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,
+              framework=None) -> StepTrace | None:
+    if arch.family == "bare":
+        return None
+    attn = "sdpa" if attn == "flash_attention_2" else attn
+    targets = tuple(lora_target_modules) if method != "full" else ()
+    block = framework.allocator_block_bytes if framework is not None else 512
+    return build(TraceSpec(arch, int(b), int(s), precision, attn, bool(ckpt), method, int(lora_r), targets,
+                           float(lora_dropout) if method != "full" else 0.0, device, int(block)))
+
+
+@quantity("trace")
+def step_trace_without_checkpointing(arch, per_device_train_batch_size, max_seq_length, precision, attn_implementation,
+                                     method, lora_r, lora_target_modules, lora_dropout, device, framework):
+    """The symbolic trace of one step without gradient checkpointing (builtin/step_trace.py): saved tensors
+    per storage, the forward and backward live-byte timelines. ``flash_attention_2`` saves what SDPA's
+    flash kernel saves."""
+    return trace_for(arch, per_device_train_batch_size, max_seq_length, precision, attn_implementation, False, method,
+                     lora_r, lora_target_modules, lora_dropout, device, framework)
+
+
+@quantity("trace")
+def step_trace(step_trace_without_checkpointing, gradient_checkpointing, arch, per_device_train_batch_size,
+               max_seq_length, precision, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
+               device, framework):
+    """The symbolic trace of one step as configured (with gradient checkpointing when it is on)."""
+    if not gradient_checkpointing:
+        return step_trace_without_checkpointing
+    return trace_for(arch, per_device_train_batch_size, max_seq_length, precision, attn_implementation, True, method,
+                     lora_r, lora_target_modules, lora_dropout, device, framework)
 
 
 @quantity("bytes")
-def activation_bytes_per_layer(arch, per_device_train_batch_size, max_seq_length, activation_dtype_bytes, attn_implementation):
-    """Bytes saved for backward by one decoder layer (see the module doc for the formula)."""
-    b, s, E, h = per_device_train_batch_size, max_seq_length, activation_dtype_bytes, arch.hidden_size
-    if arch.family == "bare":
-        return 0
-    if arch.family in ("llama", "phi3"):
-        I = arch.intermediate_size
-        mlp = 4 * E * s * b * I
-        if arch.is_moe:
-            Im = arch.moe_intermediate_size or I
-            mlp = 4 * E * s * b * Im * arch.num_experts_per_tok + 4 * s * b * arch.num_experts
-            if arch.shared_expert_intermediate_size:
-                mlp += 4 * E * s * b * arch.shared_expert_intermediate_size
-        return (8 * s * b * h + E * s * b * (5 * h + arch.q_dim + 2 * arch.kv_dim) + mlp + 8 * s * b
-                + _attention_core(arch, b, s, E, attn_implementation))
-    per = s * b * h * 34 * E / 2
-    if attn_implementation == "eager":
-        per += 5 * arch.num_attention_heads * s * s * b * E / 2
-    else:
-        per += 4 * arch.num_attention_heads * b * s
-    return int(per)
+def activation_bytes_per_layer(step_trace_without_checkpointing):
+    """What one decoder layer keeps for backward without checkpointing (a layer after the first, whose
+    input already requires grad), from the step trace."""
+    t = step_trace_without_checkpointing
+    return 0 if t is None else t.layer_bytes
 
 
 @quantity("bytes")
@@ -67,19 +87,22 @@ def activation_bytes_korthikanti(arch, per_device_train_batch_size, max_seq_leng
 
 
 @quantity("bytes", category="memory")
-def activation_bytes(arch, activation_bytes_per_layer, per_device_train_batch_size, max_seq_length, activation_dtype_bytes):
-    """Saved activations of all layers plus the embedding output: ``L × per-layer + E·s·b·h``."""
-    emb = activation_dtype_bytes * per_device_train_batch_size * max_seq_length * arch.hidden_size
-    return arch.num_hidden_layers * activation_bytes_per_layer + (emb if arch.family != "bare" else 0)
+def activation_bytes(step_trace_without_checkpointing):
+    """Saved activations without checkpointing: everything the forward keeps for the backward except the
+    loss head's tensors (``logits_bytes``) and autocast's weight copies, from the step trace (the
+    per-block rules are in the module doc and docs/memory-model.md). Checkpointing and tensor
+    parallelism are reducers on this value."""
+    t = step_trace_without_checkpointing
+    return 0 if t is None else t.activation_bytes
 
 
 @reducer("activation_bytes", when=lambda gradient_checkpointing: gradient_checkpointing)
-def gradient_checkpointing(value, arch, activation_bytes_per_layer, per_device_train_batch_size, max_seq_length, activation_dtype_bytes):
-    """Full recomputation (Chen et al. 2016; HF ``gradient_checkpointing_enable``, non-reentrant): keep
-    each layer's input ``E·s·b·h``, plus one layer's full activations while it is recomputed in backward."""
-    kept = arch.num_hidden_layers * activation_dtype_bytes * per_device_train_batch_size * max_seq_length * arch.hidden_size
-    emb = activation_dtype_bytes * per_device_train_batch_size * max_seq_length * arch.hidden_size
-    return kept + activation_bytes_per_layer + emb
+def gradient_checkpointing(value, step_trace):
+    """Full recomputation (Chen et al. 2016; HF ``gradient_checkpointing_enable``, non-reentrant): each
+    layer keeps only its arguments (hidden states ``E·b·s·h``, cos/sin, position ids, the eager mask),
+    and re-runs its forward when its backward starts (one layer's activations during the backward,
+    counted in the peak's timeline). Outside the layers nothing changes."""
+    return value if step_trace is None else step_trace.activation_bytes
 
 
 @reducer("activation_bytes", when=lambda tensor_parallel: tensor_parallel > 1, after=("gradient_checkpointing",))
@@ -90,38 +113,26 @@ def tensor_parallel_activations(value, tensor_parallel):
 
 
 @quantity("bytes", category="memory")
-def logits_bytes(arch, per_device_train_batch_size, max_seq_length, activation_dtype_bytes):
-    """Logits and loss: the LM head output ``E·b·s·V`` plus its fp32 upcast for cross entropy ``4·b·s·V``
-    (in fp32 training, the log-softmax output takes the second slot)."""
-    if arch.family == "bare":
-        return 0
-    return per_device_train_batch_size * max_seq_length * arch.vocab_size * (activation_dtype_bytes + 4)
-
-
-@quantity("bytes")
-def loss_backward_temp_bytes(arch, per_device_train_batch_size, max_seq_length):
-    """At the start of backward the loss gradient holds two fp32 ``b·s·V`` tensors."""
-    if arch.family == "bare":
-        return 0
-    return 2 * 4 * per_device_train_batch_size * max_seq_length * arch.vocab_size
+def logits_bytes(step_trace):
+    """The loss head's saved tensors (HF ``ForCausalLMLoss``): the fp32 ``log_softmax`` output ``4·b·s·V``
+    (the logits are upcast with ``.float()`` first), the shifted labels ``8·b·s`` and nll_loss's 4-byte
+    ``total_weight``. The E-byte logits themselves are only alive until the forward returns (peak)."""
+    return 0 if step_trace is None else step_trace.logits_bytes
 
 
 @quantity("bytes", category="memory")
-def autocast_weight_copy_bytes(arch, precision, method):
-    """Autocast (``*-mixed``) casts each Linear weight to 16-bit for the matmul and keeps the copy for
-    backward: 2 B per matrix parameter inside the layers and the LM head (DOMAIN.md §9)."""
-    if not precision.endswith("-mixed") or arch.family == "bare":
-        return 0
-    n = sum(g.total for g in arch.param_groups() if g.is_matrix and g.module not in ("embed_tokens", "embed_positions"))
-    if arch.tie_word_embeddings:
-        n += arch.vocab_size * arch.hidden_size
-    return 2 * n
+def autocast_weight_copy_bytes(step_trace):
+    """Autocast (``*-mixed``) casts each trained Linear's fp32 weight to 16-bit once per forward (cached:
+    leaf tensors that require grad) and the matmul saves the copy: 2 B per Linear weight element (LM head
+    included, embeddings excluded). Frozen weights (LoRA) are cast per use and kept only where the
+    input requires grad. With checkpointing the copies inside layers are not kept (recomputed)."""
+    return 0 if step_trace is None else step_trace.autocast_copy_bytes
 
 
 @hookimpl
 def fitplan_register_quantities(register):
-    for q in (activation_bytes_per_layer, activation_bytes_korthikanti, activation_bytes, logits_bytes,
-              loss_backward_temp_bytes, autocast_weight_copy_bytes):
+    for q in (step_trace_without_checkpointing, step_trace, activation_bytes_per_layer, activation_bytes_korthikanti, activation_bytes, logits_bytes,
+              autocast_weight_copy_bytes):
         register(q)
 
 

@@ -65,9 +65,10 @@ def gradient_bytes(trainable_param_count, trainable_dtype_bytes):
 
 
 @quantity("context")
-def optimizer_context(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes):
-    """What an optimizer's byte functions see: the trainable tensors and the state dtype."""
-    return OptimizerContext(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes)
+def optimizer_context(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device):
+    """What an optimizer's byte functions see: the trainable tensors (in ``model.parameters()`` order),
+    the state and parameter dtypes, the device."""
+    return OptimizerContext(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device)
 
 
 @quantity("bytes", category="memory")
@@ -77,9 +78,13 @@ def optimizer_state_bytes(optimizer_spec, optimizer_context):
 
 
 @quantity("bytes")
-def optimizer_step_temp_bytes(optimizer_spec, optimizer_context):
-    """Temporaries alive during ``optimizer.step()`` (e.g. foreach AdamW's intermediate tensor lists)."""
-    return int(optimizer_spec.step_temp_bytes(optimizer_context))
+def optimizer_step_temp_bytes(optimizer_spec, optimizer_context, shard_stage, shard_degree, tensor_parallel):
+    """The most ``optimizer.step()`` allocates beyond the states (each optimizer's rule: foreach AdamW one
+    state-sized list, single-tensor AdamW two copies of one tensor, fused none, Adafactor a few per
+    tensor). Sharded optimizers (ZeRO ≥ 1, FSDP) step on their shard: divided by the shard degree."""
+    temp = optimizer_spec.step_temp_bytes(optimizer_context)
+    div = (shard_degree if shard_stage >= 1 else 1) * tensor_parallel
+    return int(-(-temp // div))
 
 
 @hookimpl

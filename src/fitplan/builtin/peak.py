@@ -1,20 +1,35 @@
-"""The step peak: the maximum of live tensor bytes over the phases of one training step.
+"""The step peak: the maximum of live tensor bytes over a training step, phase by phase.
 
-Phases (a steady-state step: states exist, ``zero_grad(set_to_none=True)`` freed the gradients):
+A steady-state step (the optimizer states exist; ``zero_grad(set_to_none=True)`` freed the gradients)
+as the HF Trainer and fitplan-torch run it: ``forward`` (``out = model(**batch); loss = out.loss;
+del out``), ``backward`` (``loss.backward()``), ``optimizer_step``. Resident throughout: weights,
+master weights, optimizer states, buffers, the batch and communication buffers (``resident_bytes``).
 
-* ``forward``: weights, master weights, optimizer states, saved activations, logits, autocast copies,
-  communication buffers, and the gradients of earlier micro-steps when accumulating (k > 1);
-* ``backward_start``: the same plus the loss-gradient temporaries and the first gradients backward produces;
-* ``backward_end``: activations are freed, every gradient exists;
-* ``optimizer_step``: all model states plus the optimizer's step temporaries.
+* ``forward``: resident + the most the forward adds at any op (the step trace's forward timeline: saved
+  activations accumulating, each op's transients, the logits and their fp32 upcast and log-softmax at
+  the end), + the gradients of earlier micro-batches when accumulating (k > 1);
+* ``backward``: resident + the maximum over the backward timeline of what is left of the activations,
+  the gradients flowing between ops, each op's transients and the parameter gradients produced so far
+  (the step trace replays autograd op by op, in reverse order). Typically at the start (the loss
+  gradient: two fp32 ``b·s·V`` tensors while everything is still saved) or at the end (every gradient,
+  plus the embedding's dense gradient). With k > 1 the gradients already exist: each op only adds the
+  gradient it is accumulating;
+* ``optimizer_step``: resident + all gradients + the optimizer's step temporaries (foreach AdamW: one
+  state-sized list, ``exp_avg_sq.sqrt()``).
 
-``peak_bytes`` is comparable to ``torch.cuda.max_memory_allocated``; ``peak_phase`` names where it falls.
+``peak_bytes`` is what ``torch.cuda.max_memory_allocated`` (or fitplan-torch's live-storage counter on
+the CPU) reports; ``peak_phase`` names the phase it falls in (``forward``, ``backward``,
+``optimizer_step``). On ``device = cuda`` every tensor is rounded up to the allocator block (512 B).
 """
 
 from __future__ import annotations
 
+import math
+
 from ..declarations import quantity
 from ..hookspecs import hookimpl
+
+PHASES = ("forward", "backward", "optimizer_step")
 
 
 @quantity("bytes", category="memory")
@@ -25,44 +40,98 @@ def model_state_bytes(weight_bytes, master_weight_bytes, gradient_bytes, optimiz
 
 @quantity("bytes")
 def saved_for_backward_bytes(activation_bytes, logits_bytes, autocast_weight_copy_bytes):
-    """Everything autograd keeps for backward (what ``saved_tensors_hooks`` sees, parameters excluded):
-    layer activations + logits/loss tensors + autocast's 16-bit weight copies."""
+    """Everything the forward leaves alive for the backward beyond what was alive before it (parameters,
+    states and the batch excluded; fitplan-torch's ``retained``): layer activations + the loss head's
+    tensors + autocast's 16-bit weight copies. Without checkpointing this is what
+    ``saved_tensors_hooks`` sees, less the input ids the embedding saves (they belong to the batch)."""
     return activation_bytes + logits_bytes + autocast_weight_copy_bytes
 
 
 @quantity("bytes")
-def backward_first_grad_bytes(arch, method, gradient_bytes, param_count):
-    """Gradients that already exist while almost every activation is still alive: those of the first
-    modules backward reaches, the LM head (``V·h``) and the last decoder layer (full fine-tuning), or one
-    layer's adapters (LoRA), as a share of ``gradient_bytes`` (so sharding applies to them too)."""
-    if arch.family == "bare":
-        return gradient_bytes // 32
-    if method != "full":
-        return gradient_bytes // arch.num_hidden_layers
-    layer = sum(g.total for g in arch.param_groups() if g.layer) // arch.num_hidden_layers
-    share = (arch.vocab_size * arch.hidden_size + layer) / param_count
-    return int(gradient_bytes * min(1.0, share))
+def buffer_bytes(step_trace):
+    """The model's buffers: rotary ``inv_freq`` and ``original_inv_freq`` (``d_rot/2`` fp32 each, whatever the
+    model dtype) and Gemma's fp32 ``embed_scale``."""
+    return 0 if step_trace is None else step_trace.buffer_bytes
 
 
 @quantity("bytes")
-def phase_bytes(weight_bytes, master_weight_bytes, gradient_bytes, optimizer_state_bytes, activation_bytes, logits_bytes,
-                autocast_weight_copy_bytes, loss_backward_temp_bytes, optimizer_step_temp_bytes, comm_buffer_bytes,
-                gradient_accumulation_steps, backward_first_grad_bytes):
-    """Live bytes at the end of each phase of a step (see the module doc)."""
-    resident = weight_bytes + master_weight_bytes + optimizer_state_bytes
+def batch_bytes(arch, per_device_train_batch_size, max_seq_length, device, framework):
+    """The micro-batch on the device: ``input_ids`` and ``labels``, int64 ``b·s`` each (no attention mask:
+    packed or unpadded batches)."""
+    if arch.family == "bare":
+        return 0
+    return 2 * _round(8 * per_device_train_batch_size * max_seq_length, device, framework)
+
+
+def _round(n: int, device: str, framework) -> int:
+    if device != "cuda" or n == 0:
+        return int(n)
+    block = framework.allocator_block_bytes
+    return int(-(-n // block) * block)
+
+
+@quantity("bytes")
+def allocator_rounding_bytes(trainable_tensors, arch, weight_dtype_bytes, trainable_dtype_bytes, optimizer_spec,
+                             optimizer_state_dtype_bytes, method, device, framework):
+    """CUDA's caching allocator rounds every block up to ``allocator_block_bytes`` (512 B, ``[framework]``):
+    the bytes this adds to the model states (one block per parameter, gradient and per-element optimizer
+    state tensor). Small tensors (norms, biases) lose most. 0 on the CPU."""
+    if device != "cuda" or arch.family == "bare":
+        return 0
+    block = framework.allocator_block_bytes
+
+    def pad(n_bytes: float) -> float:
+        return -(-n_bytes // block) * block - n_bytes if n_bytes else 0
+
+    total = 0.0
+    for g in arch.param_groups():
+        total += pad(g.numel * weight_dtype_bytes) * g.count
+    states = int(optimizer_spec.states_per_param)
+    for shape, count in trainable_tensors:
+        n = math.prod(shape)
+        adapters = 2 if method != "full" else 1  # LoRA adapters: their weights and their gradients
+        total += pad(n * trainable_dtype_bytes) * count * adapters
+        total += pad(n * optimizer_state_dtype_bytes) * count * states
+    return int(total)
+
+
+@quantity("bytes")
+def resident_bytes(weight_bytes, master_weight_bytes, optimizer_state_bytes, buffer_bytes, batch_bytes,
+                   comm_buffer_bytes):
+    """Alive for the whole step: weights, master weights, optimizer states, buffers, the batch and the
+    communication buffers (DDP's gradient buckets, DeepSpeed's reduce bucket)."""
+    return weight_bytes + master_weight_bytes + optimizer_state_bytes + buffer_bytes + batch_bytes + comm_buffer_bytes
+
+
+@quantity("bytes")
+def phase_bytes(step_trace, resident_bytes, gradient_bytes, optimizer_step_temp_bytes, saved_for_backward_bytes,
+                gradient_accumulation_steps, allocator_rounding_bytes):
+    """The peak of live bytes within each phase of a step (see the module doc): ``forward``,
+    ``backward``, ``optimizer_step``."""
+    resident = resident_bytes + allocator_rounding_bytes
+    if step_trace is None:  # a bare parameter count: activations as estimated, no timeline
+        act = saved_for_backward_bytes
+        return {"forward": resident + act, "backward": resident + act + gradient_bytes // 32,
+                "optimizer_step": resident + gradient_bytes + optimizer_step_temp_bytes}
+    t = step_trace
+    act_scale = saved_for_backward_bytes / t.retained_bytes if t.retained_bytes else 1.0
+    grad_scale = gradient_bytes / t.param_grad_bytes if t.param_grad_bytes else 0.0
     carried = gradient_bytes if gradient_accumulation_steps > 1 else 0
-    fwd = resident + carried + activation_bytes + logits_bytes + autocast_weight_copy_bytes + (comm_buffer_bytes if carried else 0)
+    forward = resident + carried + int(t.forward_peak_bytes * act_scale)
+    if carried:
+        backward = carried + max(a * act_scale + o * grad_scale for a, o in t.backward_frontier_accumulating)
+    else:
+        backward = max(a * act_scale + g * grad_scale for a, g in t.backward_frontier)
     return {
-        "forward": fwd,
-        "backward_start": fwd + loss_backward_temp_bytes + (0 if carried else backward_first_grad_bytes),
-        "backward_end": resident + gradient_bytes + comm_buffer_bytes,
-        "optimizer_step": resident + gradient_bytes + optimizer_step_temp_bytes,
+        "forward": int(forward),
+        "backward": int(resident + backward),
+        "optimizer_step": int(resident + gradient_bytes + optimizer_step_temp_bytes),
     }
 
 
 @quantity("phase")
 def peak_phase(phase_bytes):
-    """The phase of the step where the peak falls."""
+    """The phase of the step where the peak falls: ``forward``, ``backward`` or ``optimizer_step``."""
     return max(phase_bytes, key=phase_bytes.__getitem__)
 
 
@@ -74,5 +143,6 @@ def peak_bytes(phase_bytes, peak_phase):
 
 @hookimpl
 def fitplan_register_quantities(register):
-    for q in (model_state_bytes, saved_for_backward_bytes, backward_first_grad_bytes, phase_bytes, peak_phase, peak_bytes):
+    for q in (model_state_bytes, saved_for_backward_bytes, buffer_bytes, batch_bytes, allocator_rounding_bytes,
+              resident_bytes, phase_bytes, peak_phase, peak_bytes):
         register(q)

@@ -43,6 +43,7 @@ from attrs import frozen
 
 BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "bool": 1, "u8": 1}
 ALLOCATOR_BLOCK = 512
+"""PyTorch's CUDA caching allocator rounds each allocation up to a multiple of 512 bytes."""
 DEBUG: list | None = None
 """Set to a list to collect the replay's timeline (tests and probes)."""
 
@@ -62,6 +63,8 @@ class TraceSpec:
     lora_targets: tuple[str, ...] = ()
     lora_dropout: float = 0.0
     device: str = "cuda"
+    block: int = ALLOCATOR_BLOCK
+    """CUDA's caching allocator rounds every block up to this many bytes (``[framework]`` ruleset)."""
 
 
 @frozen
@@ -75,8 +78,10 @@ class StepTrace:
     :ivar logits_bytes: the loss head's saved tensors (log-softmax output, targets).
     :ivar autocast_copy_bytes: autocast's 16-bit weight copies kept for backward.
     :ivar forward_peak_bytes: the most the forward adds at any op over what was alive before it.
-    :ivar backward_points: ``(other_bytes, param_grad_bytes)`` at candidate instants of the backward;
-        live bytes there are the step's resident bytes + other + param_grad (scaled by sharding).
+    :ivar backward_points: ``(other_bytes, param_grad_bytes, op_param_grad_bytes)`` at candidate instants
+        of the backward: live bytes there are the step's resident bytes + other + param_grad (scaled by
+        sharding); ``op_param_grad_bytes`` is the gradient the op is producing, the only extra when the
+        gradients already exist (accumulation steps after the first).
     :ivar param_grad_bytes: gradients of all trainable parameters at the end of backward.
     :ivar buffer_bytes: the model's buffers (rotary ``inv_freq``, Gemma's ``embed_scale``).
     """
@@ -87,7 +92,11 @@ class StepTrace:
     logits_bytes: int
     autocast_copy_bytes: int
     forward_peak_bytes: int
-    backward_points: tuple[tuple[int, int], ...]
+    backward_points: tuple[tuple[int, int, int], ...]
+    backward_frontier: tuple[tuple[int, int], ...]
+    """The (other, param_grad) backward points no other point dominates (what the peak needs)."""
+    backward_frontier_accumulating: tuple[tuple[int, int], ...]
+    """Likewise for (other, op_param_grad): the points that matter when gradients already exist."""
     param_grad_bytes: int
     buffer_bytes: int
     layer_bytes: int = 0
@@ -176,12 +185,14 @@ class Trace:
         self.kind_default = "activation"
         self.rounding = spec.device == "cuda"
         self.model_pins: set[int] = set()
+        self.leaves: set[int] = set()
+        """Non-parameter tensors that require grad as leaves: alive until the backward ends."""
         self.model_pins_end = -1
 
     # ---- storages
     def _storage(self, nbytes: int, label: str) -> int:
         if self.rounding and nbytes:
-            nbytes = -(-nbytes // ALLOCATOR_BLOCK) * ALLOCATOR_BLOCK
+            nbytes = -(-nbytes // self.spec.block) * self.spec.block
         self.size.append(nbytes)
         self.label.append(label)
         self.kind.append(self.kind_default)
@@ -834,7 +845,14 @@ def prologue(tr: Trace) -> tuple[T, dict[str, Any], T]:
     ids = tr.external_tensor(rows, "i64", "input_ids")
     labels = tr.external_tensor(rows, "i64", "labels")
     w = tr.param(V * h, c.param_dtype, full)
-    x = tr.new(rows * h, c.param_dtype, full, "embed_tokens")
+    # peft + gradient checkpointing: PeftModel.__init__ calls enable_input_require_grads() when the model
+    # already checkpoints, so the (frozen) embedding output is a leaf that requires grad: autograd's
+    # AccumulateGrad node keeps it alive until the backward has run.
+    leaf = c.lora and spec.checkpointing
+    scaled = arch.model_type in ("gemma", "gemma2")
+    x = tr.new(rows * h, c.param_dtype, full or (leaf and not scaled), "embed_tokens")
+    if leaf and not scaled:
+        tr.leaves.add(x.sid)
     tied = arch.tie_word_embeddings
     gw = w.nbytes if full else 0
     # Tied with the LM head: the head's weight gradient waits in the autograd input buffer; the
@@ -844,9 +862,12 @@ def prologue(tr: Trace) -> tuple[T, dict[str, Any], T]:
               bwd_temp=gw if tied else 0)
     if tied:
         tr.ops[-1].bwd_temp_after = 2 * gw
-    if arch.model_type in ("gemma", "gemma2"):
+    if scaled:  # GemmaScaledWordEmbedding: the module's output (what the hook marks) is the scaled one
         scale = tr.param(1, "f32", False) if c.param_dtype == "f32" else tr.new(1, c.param_dtype, False, "embed_scale")
         x = tr.mul(x, scale, "embed_scale")
+        if leaf:
+            x.rg = True
+            tr.leaves.add(x.sid)
     pos = tr.new(s, "i64", False, "position_ids")
     tr.record("position_ids", [], [pos])
     tr.model_pins.add(pos.sid)
@@ -905,8 +926,11 @@ def epilogue(tr: Trace, x: T, labels: T) -> None:
     lf = tr.cast(logits, "f32", "logits.float")
     padded = tr.new(b * (s + 1), "i64", False, "labels.pad")
     tr.record("labels.pad", [labels], [padded])
-    shifted = tr.new(rows, "i64", False, "labels.shift")
-    tr.record("labels.shift", [padded], [shifted])
+    if b == 1:  # labels[..., 1:] of a (1, s+1) tensor is already contiguous: a view, no copy
+        shifted = tr.view(padded, rows)
+    else:
+        shifted = tr.new(rows, "i64", False, "labels.shift")
+        tr.record("labels.shift", [padded], [shifted])
     ls = tr.unary(lf, "log_softmax", "result")
     loss = tr.new(1, "f32", ls.rg, "loss")
     tw = tr.new(1, "f32", False, "nll.total_weight")
@@ -962,7 +986,7 @@ def replay(tr: Trace) -> StepTrace:
     for sids in tr.ckpt_keep.values():
         for sid in sids:
             keepers[sid] = keepers.get(sid, 0) + 1
-    pinned = set(tr.pinned) | {tr.loss.sid}
+    pinned = set(tr.pinned) | {tr.loss.sid} | tr.leaves
     model_pins = set(tr.model_pins)
     alive: set[int] = set()
     state = {"live": 0, "phantom": 0}
@@ -1011,11 +1035,12 @@ def replay(tr: Trace) -> StepTrace:
                     free(sid, seg)
     forward_peak = peak
     pinned.clear()
-    pinned.add(tr.loss.sid)  # the caller holds the loss until backward
+    pinned.update({tr.loss.sid} | tr.leaves)  # the caller holds the loss, autograd the leaves
     for sid in list(alive):
         if not held(sid):
             free(sid, seg)
     pinned.clear()
+    pinned.update(tr.leaves)
     retained_total = state["live"] + state["phantom"] - size[tr.loss.sid]
     saved_by_kind = {"activation": 0, "logits": 0, "autocast": 0}
     per_seg: dict[int, int] = {}
@@ -1032,13 +1057,13 @@ def replay(tr: Trace) -> StepTrace:
         labels[key] = labels.get(key, 0) + n
 
     # ---- backward
-    points: list[tuple[int, int]] = []
+    points: list[tuple[int, int, int]] = []
     grads = {"live": 0, "phantom": 0}
     pending: dict[int, list[int]] = {}  # id(T) -> [bytes, refs]
 
     def gbytes(t: T) -> int:
         n = t.nbytes
-        return -(-n // ALLOCATOR_BLOCK) * ALLOCATOR_BLOCK if tr.rounding else n
+        return -(-n // tr.spec.block) * tr.spec.block if tr.rounding else n
 
     def release(buf: list[int]) -> None:
         buf[1] -= 1
@@ -1061,10 +1086,10 @@ def replay(tr: Trace) -> StepTrace:
         release(buf)
         pending[t.key] = summed
 
-    seg_points: list[tuple[int, int]] = []
+    seg_points: list[tuple[int, int, int]] = []
 
-    def point(extra: int = 0, name: str = "") -> None:
-        seg_points.append((state["live"] + extra, grads["live"]))
+    def point(extra: int = 0, name: str = "", op_grad: int = 0) -> None:
+        seg_points.append((state["live"] + extra, grads["live"], op_grad))
         if DEBUG is not None:
             DEBUG.append(("backward", name, state["live"] + extra + grads["live"] + state["phantom"] + grads["phantom"], state["live"], extra, grads["live"]))
 
@@ -1073,13 +1098,13 @@ def replay(tr: Trace) -> StepTrace:
         pa, pg = state["phantom"], grads["phantom"]
         if w > 1:
             da, dg = state["live"] - start[0], grads["live"] - start[1]
-            for a, g in seg_points:
-                points.append((a + pa, g + pg))
-                points.append((a + pa + (w - 1) * da, g + pg + (w - 1) * dg))
+            for a, g, o in seg_points:
+                points.append((a + pa, g + pg, o))
+                points.append((a + pa + (w - 1) * da, g + pg + (w - 1) * dg, o))
             state["phantom"] += (w - 1) * da
             grads["phantom"] += (w - 1) * dg
         else:
-            points.extend((a + pa, g + pg) for a, g in seg_points)
+            points.extend((a + pa, g + pg, o) for a, g, o in seg_points)
         seg_points.clear()
 
     def recompute(sg: int) -> None:
@@ -1127,7 +1152,7 @@ def replay(tr: Trace) -> StepTrace:
                 give(t, incoming[0] if op.alias and incoming else None)
             if not op.cast_grad:
                 grads["live"] += op.param_grad
-            point(op.bwd_temp, op.name)
+            point(op.bwd_temp, op.name, 0 if op.cast_grad else op.param_grad)
             for buf in incoming:
                 release(buf)
         for sid in op.saved:
@@ -1136,7 +1161,7 @@ def replay(tr: Trace) -> StepTrace:
                 free(sid, seg)
         if run and op.cast_grad:
             grads["live"] += op.param_grad
-            point(op.bwd_temp, op.name + ".cast")
+            point(op.bwd_temp, op.name + ".cast", op.param_grad)
         if run and op.bwd_temp_after:
             point(op.bwd_temp_after, op.name)
     flush(seg, seg_start)
@@ -1145,6 +1170,8 @@ def replay(tr: Trace) -> StepTrace:
         DEBUG.append(("end", "pending: " + ", ".join(str(b) for b in pending.values()), 0))
     return StepTrace(
         saved=tuple(sorted(labels.items(), key=lambda kv: -kv[1])),
+        backward_frontier=_frontier([(a, g) for a, g, _ in points]),
+        backward_frontier_accumulating=_frontier([(a, o) for a, _, o in points]),
         retained_bytes=int(retained_total),
         activation_bytes=int(retained_total - saved_by_kind["logits"] - saved_by_kind["autocast"]),
         logits_bytes=int(saved_by_kind["logits"]),
@@ -1156,6 +1183,16 @@ def replay(tr: Trace) -> StepTrace:
         layer_bytes=int(seg_delta.get(nseg - 2, 0)),
         max_param_grad_bytes=max((op.param_grad for op in ops), default=0),
     )
+
+
+def _frontier(pairs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The pairs not dominated by another (for non-negative weights x, y the maximum of ``x·a + y·g`` is
+    reached on these)."""
+    out: list[tuple[int, int]] = []
+    for a, g in sorted(set(pairs), key=lambda p: (-p[0], -p[1])):
+        if not out or g > out[-1][1]:
+            out.append((a, g))
+    return tuple(out)
 
 
 def buffer_bytes(arch) -> int:
