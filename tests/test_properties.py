@@ -61,7 +61,12 @@ def test_lora_never_needs_more_than_full(model, precision, optim, batch, seq, ck
     except FitplanError:
         return  # e.g. a target module this architecture lacks
     assert lora["model_state_bytes"] <= full["model_state_bytes"]
-    assert lora["peak_bytes"] <= full["peak_bytes"]
+    # LoRA can exceed full fine-tuning when the peak is the start of the backward (SGD, checkpointing:
+    # neither run has gradients yet), by its adapter weights and, with checkpointing, the embedding output
+    # that peft keeps as a leaf requiring grad (enable_input_require_grads). Measured with torch 2.13 on
+    # GPT-2 124M fp32, SGD, checkpointing, b=2, s=1024, LoRA r=64 on c_attn: 1,836,741,640 vs 1,827,304,456 bytes.
+    allowance = lora["weight_bytes"] - full["weight_bytes"] + (4 * batch * seq * full.arch.hidden_size if ckpt else 0)
+    assert lora["peak_bytes"] <= full["peak_bytes"] + allowance
 
 
 @SETTINGS
