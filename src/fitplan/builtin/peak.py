@@ -117,15 +117,16 @@ def phase_bytes(step_trace, resident_bytes, gradient_bytes, optimizer_step_temp_
     act_scale = saved_for_backward_bytes / t.retained_bytes if t.retained_bytes else 1.0
     grad_scale = gradient_bytes / t.param_grad_bytes if t.param_grad_bytes else 0.0
     carried = gradient_bytes if gradient_accumulation_steps > 1 else 0
-    forward = resident + carried + int(t.forward_peak_bytes * act_scale)
+    loss = t.loss_bytes  # loss.detach(), kept for logging, shares the loss's storage
+    forward = resident + (carried + loss if carried else 0) + int(t.forward_peak_bytes * act_scale)
     if carried:
-        backward = carried + max(a * act_scale + o * grad_scale for a, o in t.backward_frontier_accumulating)
+        backward = carried + loss + max(a * act_scale + o * grad_scale for a, o in t.backward_frontier_accumulating)
     else:
         backward = max(a * act_scale + g * grad_scale for a, g in t.backward_frontier)
     return {
         "forward": int(forward),
         "backward": int(resident + backward),
-        "optimizer_step": int(resident + gradient_bytes + optimizer_step_temp_bytes),
+        "optimizer_step": int(resident + gradient_bytes + optimizer_step_temp_bytes + loss),
     }
 
 

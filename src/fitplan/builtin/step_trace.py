@@ -101,6 +101,8 @@ class StepTrace:
     buffer_bytes: int
     layer_bytes: int = 0
     """What one decoder layer (a representative one: layer 1, or layer 0 of a one-layer model) keeps."""
+    loss_bytes: int = 4
+    """The loss scalar: kept through the optimizer step by ``loss.detach()`` (the logged value)."""
     max_param_grad_bytes: int = 0
     """The largest parameter gradient one op produces (the transient of accumulating into existing grads)."""
 
@@ -1128,6 +1130,7 @@ def replay(tr: Trace) -> StepTrace:
 
     loss = tr.loss
     give(loss, None)
+    pending[loss.key][1] += 1  # torch.autograd.backward holds the root's gradient (ones_like) until it returns
     seg = nseg - 1
     seg_start = (state["live"], grads["live"])
     entered: set[int] = set()
@@ -1182,6 +1185,7 @@ def replay(tr: Trace) -> StepTrace:
         buffer_bytes=buffer_bytes(tr.spec.arch),
         layer_bytes=int(seg_delta.get(nseg - 2, 0)),
         max_param_grad_bytes=max((op.param_grad for op in ops), default=0),
+        loss_bytes=int(size[tr.loss.sid]),
     )
 
 
