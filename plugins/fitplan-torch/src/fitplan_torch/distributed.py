@@ -164,8 +164,14 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, rc_dict: dict[s
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         result = _rank_body(rc, steps, fake_tensors=False)
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as f:
+        partial = os.path.join(out_dir, f"rank{rank}.json.part")
+        with open(partial, "w", encoding="utf-8") as f:
             json.dump(result, f)
+        os.replace(partial, os.path.join(out_dir, f"rank{rank}.json"))  # complete or absent
+        import gc
+
+        gc.collect()  # DDP's reducer and its gloo work objects go before the group does
+        dist.barrier()  # no rank tears gloo down while the other still talks to it
     except BaseException as e:  # noqa: BLE001 - reported by the parent
         with open(os.path.join(out_dir, f"rank{rank}.error"), "w", encoding="utf-8") as f:
             f.write(f"{type(e).__name__}: {e}")
@@ -190,13 +196,16 @@ def run_real_ranks(rc: RunConfig, *, steps: int, world: int) -> list[dict[str, A
 
     with tempfile.TemporaryDirectory(prefix="fitplan-gloo-") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
+        results = [os.path.join(tmp, f"rank{r}.json") for r in range(world)]
         try:
             mp.spawn(_worker, args=(world, init_file, tmp, _rc_to_dict(rc), steps), nprocs=world, join=True)
         except Exception as e:  # noqa: BLE001 - a rank's own error is more useful than spawn's
             errors = [open(os.path.join(tmp, f), encoding="utf-8").read() for f in sorted(os.listdir(tmp)) if f.endswith(".error")]
-            raise FitplanError(f"a gloo rank failed: {errors[0] if errors else e}", field="validate",
-                               suggestion="run the scenario with --mode fake (one process, fake process group)") from None
-        return [json.load(open(os.path.join(tmp, f"rank{r}.json"), encoding="utf-8")) for r in range(world)]
+            if errors or not all(os.path.exists(p) for p in results):
+                raise FitplanError(f"a gloo rank failed: {errors[0] if errors else e}", field="validate",
+                                   suggestion="run the scenario with --mode fake (one process, fake process group)") from None
+            # every rank measured and wrote its result; a crash while gloo tears down does not change them
+        return [json.load(open(p, encoding="utf-8")) for p in results]
 
 
 @contextlib.contextmanager
