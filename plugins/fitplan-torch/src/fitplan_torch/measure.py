@@ -67,8 +67,13 @@ def _mode_base():
 class _LiveBytesImpl:
     """Mixin body of :class:`LiveBytes` (the base class is torch's, created lazily)."""
 
-    def _init(self) -> None:
+    def _init(self, snapshot: bool = False) -> None:
         from torch.utils.weak import WeakIdKeyDictionary
+
+        self.snapshot = snapshot
+        self.peak_snapshot: list[tuple[int, str, str]] = []
+        """With ``snapshot=True``: (bytes, creating operator, phase it was created in) of every storage live at the peak."""
+        self._origin = WeakIdKeyDictionary() if snapshot else None
 
         self._live = WeakIdKeyDictionary()  # storage -> [bytes, weakref with a free callback]
         self.current = 0
@@ -94,9 +99,14 @@ class _LiveBytesImpl:
         entry[1] = weakref.ref(st, lambda ref, e=entry: self._freed(e, ref))
         self._live[st] = entry
         self.current += entry[0]
+        if self._origin is not None:
+            self._origin[st] = (self._op, self.phase)
+
+    _op = "pre-existing"
 
     def track(self, tensors: Iterable[Any]) -> None:
         """Register tensors that already exist (parameters, buffers, states, inputs)."""
+        self._op = "pre-existing"
         for st in storages(tensors).values():
             self._add_storage(st)
         self._note()
@@ -111,6 +121,8 @@ class _LiveBytesImpl:
         if self.current > self.peak:
             self.peak = self.current
             self.peak_phase = self.phase
+            if self._origin is not None:
+                self.peak_snapshot = [(e[0], *self._origin.get(st, ("?", "?"))) for st, e in self._live.items()]
 
     def reset_peak(self) -> None:
         self.peak = self.current
@@ -122,6 +134,7 @@ class _LiveBytesImpl:
         from torch.utils._pytree import tree_flatten
 
         out = func(*args, **(kwargs or {}))
+        self._op = str(func)
         flat, _ = tree_flatten(out)
         for t in flat:
             if isinstance(t, torch.Tensor):
@@ -156,19 +169,20 @@ class _LiveBytesImpl:
 _CLASS_CACHE: dict[str, type] = {}
 
 
-def LiveBytes():  # noqa: N802 - a class factory that keeps torch out of module import
-    """A new live-storage counter (a ``TorchDispatchMode``); see the module doc."""
+def LiveBytes(snapshot: bool = False):  # noqa: N802 - a class factory that keeps torch out of module import
+    """A new live-storage counter (a ``TorchDispatchMode``); see the module doc. ``snapshot=True`` also keeps
+    what was live at the peak (``peak_snapshot``), at some cost per new peak."""
     cls = _CLASS_CACHE.get("LiveBytes")
     if cls is None:
         base = _mode_base()
 
         class LiveBytesMode(_LiveBytesImpl, base):  # type: ignore[misc, valid-type]
-            def __init__(self) -> None:
+            def __init__(self, snapshot: bool = False) -> None:
                 base.__init__(self)
-                self._init()
+                self._init(snapshot)
 
         cls = _CLASS_CACHE["LiveBytes"] = LiveBytesMode
-    return cls()
+    return cls(snapshot)
 
 
 class SavedTensors:
