@@ -499,8 +499,14 @@ def models_show(name: str, ruleset_dirs: tuple[str, ...]) -> None:
 @click.option("--steps", type=int, default=1, show_default=True, help="Measured steps after one warm-up step.")
 @click.option("--calibrate-out", type=click.Path(dir_okay=False), default=None,
               help="Write measured framework overheads (CUDA only) as a ruleset TOML file.")
+@click.option("--random-seed", type=int, default=0, show_default=True, help="Seed for the random weights and tokens.")
+@click.option("--memtracker/--no-memtracker", default=True, show_default=True,
+              help="Also measure the peak with torch's MemTracker (per-category breakdown).")
+@click.option("--max-cpu-memory", default=None, help="Refuse real CPU runs whose peak exceeds this (e.g. 16G; "
+              "default: a fraction of the available RAM).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
-def validate(mode: str, steps: int, calibrate_out: str | None, fmt: str, **kwargs: Any) -> None:
+def validate(mode: str, steps: int, calibrate_out: str | None, random_seed: int, memtracker: bool,
+             max_cpu_memory: str | None, fmt: str, **kwargs: Any) -> None:
     """Run the scenario for real with PyTorch and compare with the estimate (needs the fitplan-torch plugin)."""
     est = _estimate(kwargs)
     hook = est.registry.pm.hook.fitplan_validate
@@ -510,7 +516,13 @@ def validate(mode: str, steps: int, calibrate_out: str | None, fmt: str, **kwarg
     if steps < 1:
         raise FitplanError(f"--steps must be >= 1, got {steps}", field="--steps", value=steps)
     try:
-        report = hook(scenario=est.scenario, estimate=est, options={"mode": mode, "steps": steps, "calibrate_out": calibrate_out})
+        options: dict[str, Any] = {"mode": mode, "steps": steps, "calibrate_out": calibrate_out, "seed": random_seed,
+                                   "memtracker": memtracker}
+        if max_cpu_memory is not None:
+            from .units import parse_count
+
+            options["max_cpu_bytes"] = parse_count(max_cpu_memory, field="--max-cpu-memory")
+        report = hook(scenario=est.scenario, estimate=est, options=options)
     except FitplanError:
         raise
     except Exception as e:  # noqa: BLE001 - a plugin bug is reported, not a traceback
@@ -526,7 +538,7 @@ def validate(mode: str, steps: int, calibrate_out: str | None, fmt: str, **kwarg
         return
     from rich.table import Table
 
-    from .units import format_bytes
+    from .units import format_bytes_auto as format_bytes
 
     t = Table(title=f"predicted vs measured ({report.get('mode', mode)}, {report.get('device', '')})", show_edge=False)
     for c in ("component", "predicted", "measured", "error"):

@@ -46,6 +46,16 @@ def format_bytes(n: float | None, unit: str = "GB") -> str:
     return f"{n / div:,.2f} {unit}"
 
 
+def format_bytes_auto(n: float | None) -> str:
+    """Decimal units scaled to the value (``1.50 MB``, ``28.00 GB``): for tiny models in ``validate``."""
+    if n is None:
+        return "-"
+    for div, unit in ((GB, "GB"), (10**6, "MB"), (10**3, "kB")):
+        if abs(n) >= div:
+            return f"{n / div:,.2f} {unit}"
+    return f"{int(n)} B"
+
+
 def format_count(n: float) -> str:
     for div, suf in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "k")):
         if abs(n) >= div:
