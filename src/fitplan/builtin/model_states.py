@@ -78,13 +78,11 @@ def optimizer_state_bytes(optimizer_spec, optimizer_context):
 
 
 @quantity("bytes")
-def optimizer_step_temp_bytes(optimizer_spec, optimizer_context, shard_stage, shard_degree, tensor_parallel):
+def optimizer_step_temp_bytes(optimizer_spec, optimizer_context):
     """The most ``optimizer.step()`` allocates beyond the states (each optimizer's rule: foreach AdamW one
     state-sized list, single-tensor AdamW two copies of one tensor, fused none, Adafactor a few per
-    tensor). Sharded optimizers (ZeRO ≥ 1, FSDP) step on their shard: divided by the shard degree."""
-    temp = optimizer_spec.step_temp_bytes(optimizer_context)
-    div = (shard_degree if shard_stage >= 1 else 1) * tensor_parallel
-    return int(-(-temp // div))
+    tensor). Sharding and offload are reducers on it."""
+    return int(optimizer_spec.step_temp_bytes(optimizer_context))
 
 
 @hookimpl

@@ -5,10 +5,10 @@ as the HF Trainer and fitplan-torch run it: ``forward`` (``out = model(**batch);
 del out``), ``backward`` (``loss.backward()``), ``optimizer_step``. Resident throughout: weights,
 master weights, optimizer states, buffers, the batch and communication buffers (``resident_bytes``).
 
-* ``forward``: resident + the most the forward adds at any op (the step trace's forward timeline: saved
+* ``forward``: resident + FSDP's gathered parameters + the most the forward adds at any op (the step trace's forward timeline: saved
   activations accumulating, each op's transients, the logits and their fp32 upcast and log-softmax at
   the end), + the gradients of earlier micro-batches when accumulating (k > 1);
-* ``backward``: resident + the maximum over the backward timeline of what is left of the activations,
+* ``backward``: resident + FSDP's gathered parameters + the maximum over the backward timeline of what is left of the activations,
   the gradients flowing between ops, each op's transients and the parameter gradients produced so far
   (the step trace replays autograd op by op, in reverse order). Typically at the start (the loss
   gradient: two fp32 ``b·s·V`` tensors while everything is still saved) or at the end (every gradient,
@@ -105,27 +105,35 @@ def resident_bytes(weight_bytes, master_weight_bytes, optimizer_state_bytes, buf
 
 @quantity("bytes")
 def phase_bytes(step_trace, resident_bytes, gradient_bytes, optimizer_step_temp_bytes, saved_for_backward_bytes,
-                gradient_accumulation_steps, allocator_rounding_bytes):
+                gradient_accumulation_steps, allocator_rounding_bytes, gathered_param_bytes):
     """The peak of live bytes within each phase of a step (see the module doc): ``forward``,
     ``backward``, ``optimizer_step``."""
     resident = resident_bytes + allocator_rounding_bytes
+    gf, gb = gathered_param_bytes["forward"], gathered_param_bytes["backward"]
     if step_trace is None:  # a bare parameter count: activations as estimated, no timeline
         act = saved_for_backward_bytes
-        return {"forward": resident + act, "backward": resident + act + gradient_bytes // 32,
+        return {"forward": resident + gf + act, "backward": resident + gb + act + gradient_bytes // 32,
                 "optimizer_step": resident + gradient_bytes + optimizer_step_temp_bytes}
     t = step_trace
     act_scale = saved_for_backward_bytes / t.retained_bytes if t.retained_bytes else 1.0
     grad_scale = gradient_bytes / t.param_grad_bytes if t.param_grad_bytes else 0.0
     carried = gradient_bytes if gradient_accumulation_steps > 1 else 0
     loss = t.loss_bytes  # loss.detach(), kept for logging, shares the loss's storage
-    forward = resident + (carried + loss if carried else 0) + int(t.forward_peak_bytes * act_scale)
+    before = resident + (carried + loss if carried else 0)
+    forward = max(before + gf + int(t.forward_peak_bytes * act_scale),
+                  before + gathered_param_bytes["forward_spike"] + int(t.forward_before_last_layer_bytes * act_scale)
+                  if gathered_param_bytes["forward_spike"] else 0)
     if carried:
         backward = carried + loss + max(a * act_scale + o * grad_scale for a, o in t.backward_frontier_accumulating)
     else:
         backward = max(a * act_scale + g * grad_scale for a, g in t.backward_frontier)
+    if gathered_param_bytes.get("backward_in_layer"):
+        # FSDP stage 3 inside a layer's backward: prefetched next layer, unsharded gradients (sharding.py)
+        in_layer = max((a * act_scale + g * grad_scale for a, g in t.backward_frontier_layers), default=0)
+        backward = max(backward, in_layer + gathered_param_bytes["backward_in_layer"] - gb)
     return {
         "forward": int(forward),
-        "backward": int(resident + backward),
+        "backward": int(resident + gb + backward),
         "optimizer_step": int(resident + gradient_bytes + optimizer_step_temp_bytes + loss),
     }
 

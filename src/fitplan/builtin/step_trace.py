@@ -96,11 +96,17 @@ class StepTrace:
     backward_frontier: tuple[tuple[int, int], ...]
     """The (other, param_grad) backward points no other point dominates (what the peak needs)."""
     backward_frontier_accumulating: tuple[tuple[int, int], ...]
+    backward_frontier_layers: tuple[tuple[int, int], ...]
+    """The (other, param_grad) frontier of the points inside decoder layers' backward only."""
     """Likewise for (other, op_param_grad): the points that matter when gradients already exist."""
     param_grad_bytes: int
     buffer_bytes: int
     layer_bytes: int = 0
     """What one decoder layer (a representative one: layer 1, or layer 0 of a one-layer model) keeps."""
+    backward_after_head: tuple[int, int] = (0, 0)
+    """(other, param_grad) bytes when the LM head and final norm are differentiated, before the last layer."""
+    forward_before_last_layer_bytes: int = 0
+    """Live bytes (over what was alive before the step) when the last decoder layer's forward starts."""
     loss_bytes: int = 4
     """The loss scalar: kept through the optimizer step by ``loss.detach()`` (the logged value)."""
     max_param_grad_bytes: int = 0
@@ -1008,11 +1014,14 @@ def replay(tr: Trace) -> StepTrace:
 
     # ---- forward
     seg_delta: dict[int, int] = {}
+    before_last = 0
     peak = 0
     seg, seg_start, seg_max = 0, 0, 0
     for i, op in enumerate(ops):
         if op.seg != seg:
             seg_delta[seg] = state["live"] - seg_start
+            if op.seg == nseg - 2:  # the last layer segment starts (its last repetition, with the phantom)
+                before_last = state["live"] + state["phantom"]
             if weight[seg] > 1:
                 delta = state["live"] - seg_start
                 peak = max(peak, seg_max + max(0, (weight[seg] - 1) * delta))
@@ -1060,6 +1069,7 @@ def replay(tr: Trace) -> StepTrace:
 
     # ---- backward
     points: list[tuple[int, int, int]] = []
+    layer_points: list[tuple[int, int, int]] = []
     grads = {"live": 0, "phantom": 0}
     pending: dict[int, list[int]] = {}  # id(T) -> [bytes, refs]
 
@@ -1098,6 +1108,7 @@ def replay(tr: Trace) -> StepTrace:
     def flush(sg: int, start: tuple[int, int]) -> None:
         w = weight[sg]
         pa, pg = state["phantom"], grads["phantom"]
+        first = len(points)
         if w > 1:
             da, dg = state["live"] - start[0], grads["live"] - start[1]
             for a, g, o in seg_points:
@@ -1107,6 +1118,8 @@ def replay(tr: Trace) -> StepTrace:
             grads["phantom"] += (w - 1) * dg
         else:
             points.extend((a + pa, g + pg, o) for a, g, o in seg_points)
+        if 0 < sg < nseg - 1:
+            layer_points.extend(points[first:])
         seg_points.clear()
 
     def recompute(sg: int) -> None:
@@ -1128,6 +1141,7 @@ def replay(tr: Trace) -> StepTrace:
                 if last_in.get(sid, -1) <= i and alloc_seg.get(sid) == sg and not held(sid):
                     free(sid, sg)
 
+    after_head = (0, 0)
     loss = tr.loss
     give(loss, None)
     pending[loss.key][1] += 1  # torch.autograd.backward holds the root's gradient (ones_like) until it returns
@@ -1143,6 +1157,8 @@ def replay(tr: Trace) -> StepTrace:
                     if not held(sid):
                         free(sid, seg)
             flush(seg, seg_start)
+            if seg == nseg - 1:
+                after_head = (state["live"] + state["phantom"], grads["live"] + grads["phantom"])
             seg = op.seg
             seg_start = (state["live"], grads["live"])
         if ckpt[seg] and seg not in entered:
@@ -1175,6 +1191,7 @@ def replay(tr: Trace) -> StepTrace:
         saved=tuple(sorted(labels.items(), key=lambda kv: -kv[1])),
         backward_frontier=_frontier([(a, g) for a, g, _ in points]),
         backward_frontier_accumulating=_frontier([(a, o) for a, _, o in points]),
+        backward_frontier_layers=_frontier([(a, g) for a, g, _ in layer_points]),
         retained_bytes=int(retained_total),
         activation_bytes=int(retained_total - saved_by_kind["logits"] - saved_by_kind["autocast"]),
         logits_bytes=int(saved_by_kind["logits"]),
@@ -1186,6 +1203,8 @@ def replay(tr: Trace) -> StepTrace:
         layer_bytes=int(seg_delta.get(nseg - 2, 0)),
         max_param_grad_bytes=max((op.param_grad for op in ops), default=0),
         loss_bytes=int(size[tr.loss.sid]),
+        backward_after_head=(int(after_head[0]), int(after_head[1])),
+        forward_before_last_layer_bytes=int(before_last + max(0, weight[nseg - 2] - 1) * seg_delta.get(nseg - 2, 0)),
     )
 
 
