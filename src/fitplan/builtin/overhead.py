@@ -1,10 +1,19 @@
 """What the GPU must hold beyond tensor bytes, and whether it fits.
 
-``device_total_bytes = peak × allocator_reserve_ratio + CUDA context + cuBLAS workspace``, with the
-three terms from the ``[framework]`` ruleset (defaults: PyTorch's caching allocator keeps about 5 %
-more reserved than allocated at the peak; the CUDA context of a PyTorch process with cuBLAS/cuDNN
-loaded takes 300 MiB – 2 GiB; cuBLAS workspaces are a few MiB per stream). ``fitplan validate
---calibrate-out`` measures them on a real GPU and writes a ruleset that overrides the defaults.
+CUDA realities, each a named term calibratable through the ``[framework]`` ruleset
+(``rulesets/framework/framework.toml``; ``fitplan validate --calibrate-out`` measures them on a GPU):
+
+* ``allocator_block_bytes`` (512): the caching allocator rounds every allocation up to a multiple of
+  512 bytes. Already inside ``peak_bytes`` (the step trace rounds activations and gradients,
+  ``allocator_rounding_bytes`` the model states), because ``torch.cuda.max_memory_allocated`` counts it.
+* ``allocator_reserve_ratio`` (1.05): reserved / allocated at the peak (fragmentation of the caching
+  allocator's segments): ``(ratio − 1) × peak``.
+* ``cuda_context_bytes`` (500 MiB): the CUDA context of a PyTorch process with cuBLAS/cuDNN loaded
+  (300 MiB – 2 GiB depending on GPU and libraries; not visible to ``memory_allocated``).
+* ``cublas_workspace_bytes`` (8 MiB): cuBLAS workspaces (``CUBLAS_WORKSPACE_CONFIG=:4096:8``, 4 MiB × 2).
+
+``device_total_bytes = peak + (ratio − 1) × peak + context + workspace``. On ``device = "cpu"`` (the
+CPU referee) none of these exist: the overhead is 0.
 """
 
 from __future__ import annotations
@@ -14,8 +23,10 @@ from ..hookspecs import hookimpl
 
 
 @quantity("bytes", category="memory")
-def framework_overhead_bytes(peak_bytes, framework):
-    """CUDA context + cuBLAS workspace + allocator reserve ``(ratio − 1) × peak``."""
+def framework_overhead_bytes(peak_bytes, framework, device):
+    """CUDA context + cuBLAS workspace + allocator reserve ``(ratio − 1) × peak`` (0 on the CPU)."""
+    if device == "cpu":
+        return 0
     return int(framework.cuda_context_bytes + framework.cublas_workspace_bytes
                + (framework.allocator_reserve_ratio - 1) * peak_bytes)
 

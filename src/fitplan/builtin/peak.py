@@ -50,7 +50,7 @@ def saved_for_backward_bytes(activation_bytes, logits_bytes, autocast_weight_cop
 @quantity("bytes")
 def buffer_bytes(step_trace):
     """The model's buffers: rotary ``inv_freq`` and ``original_inv_freq`` (``d_rot/2`` fp32 each, whatever the
-    model dtype) and Gemma's fp32 ``embed_scale``."""
+    model dtype) and Gemma's 0-d ``embed_scale`` (in the model's dtype)."""
     return 0 if step_trace is None else step_trace.buffer_bytes
 
 

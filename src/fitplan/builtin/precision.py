@@ -15,6 +15,13 @@ bf16-master 2      2     4      4      2 (DeepSpeed / Megatron)
 Sources: torch.amp autocast keeps fp32 parameters and runs matmuls in 16-bit; torch optimizers
 create states with ``torch.zeros_like(param)`` (so bf16 weights give bf16 states); DeepSpeed's
 bf16/fp16 optimizers keep fp32 master weights and fp32 Adam states (ZeRO paper, 2+2+12 bytes).
+Activations in the table are the dtype of the residual stream and of most saved tensors; the step
+trace (``builtin/step_trace.py``) follows each op's own dtype (RMSNorm's fp32 upcast, fp32 softmax and
+log-softmax, autocast's 16-bit copies of fp32 tensors).
+
+LoRA (peft 0.21, ``autocast_adapter_dtype=True``): adapters are fp32 whatever the base dtype, so their
+gradients and AdamW states are fp32 too (``trainable_dtype_bytes`` = 4). Exact, measured with torch
+2.13 on eight tiny architectures in 32-true, bf16-true and bf16-mixed (tests/test_memory_model.py).
 
 Under ``--assumptions seed`` the chapter's simplification holds instead: "bf16 + mixed precision"
 is 2-byte weights and gradients with fp32 AdamW states and no master copy (2 + 2 + 8 bytes).

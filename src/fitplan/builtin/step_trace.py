@@ -19,13 +19,19 @@ Rules (each op helper below names its source):
 * saved tensors are counted once per storage (views share their base's storage); parameters and
   buffers are not counted;
 * a tensor is freed after its last use in the forward unless an op saved it or the model's Python
-  code holds it (rotary cos/sin, the causal mask and the logits until the forward returns);
+  code holds it (rotary cos/sin, position ids and the causal mask until the base model returns; the
+  final hidden state and the logits until the forward returns; a norm's input during the norm);
 * the backward runs the ops in reverse order (the CPU autograd engine executes ready nodes by
   decreasing sequence number); each op allocates the gradients of its inputs that require grad,
-  frees the gradients of its outputs and releases what it alone still saved;
+  frees the gradients of its outputs and releases what it alone still saved. Two gradients of one
+  tensor are added out of place (``input_buffer.cpp``); gradients of views (chunks of a fused
+  projection) are joined once, after the ops that used the views released their saved tensors
+  (``SplitBackward0``); an autocast weight's 16-bit gradient becomes the fp32 ``.grad`` after the op's
+  saved tensors are released (``ToCopyBackward0``); a tied embedding's gradient is added to the LM
+  head's out of place;
 * gradient checkpointing (non-reentrant, HF ``GradientCheckpointingLayer``) keeps each layer's
   arguments (hidden states, cos/sin, position ids, mask) and re-runs the layer's forward when its
-  backward starts.
+  backward starts, up to its last op that saves something ("early stop").
 
 Layers after the first are identical, so the trace builds the prologue, layer 0, one representative
 layer standing for layers 1..L-1, and the epilogue; :func:`build` accounts for the repetition
@@ -35,7 +41,6 @@ exactly (saved bytes are additive, live bytes are affine in the number of repeti
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import attrs
@@ -188,7 +193,7 @@ class Trace:
         self.ckpt_keep: dict[int, set[int]] = {}
         self.autocast_cache: dict[str, T] = {}
         self.param_grad_total = 0
-        self.loss_sid = -1
+        self.loss: T | None = None
         self.external: set[int] = set()
         self.kind_default = "activation"
         self.rounding = spec.device == "cuda"
@@ -230,7 +235,6 @@ class Trace:
         self.seg_weight.append(weight)
         self.seg_ckpt.append(ckpt)
         self.seg = len(self.seg_names) - 1
-        self.autocast_cache_seg = {}
 
     # ---- recording
     def record(self, name: str, ins: list[T], outs: list[T], saved: list[T | None] = (), *, alias: bool = False,
@@ -624,7 +628,9 @@ def attention_core(tr: Trace, q: T, k: T, v: T, mask: T | None, label: str, *, f
         scaled = tr.add(scaled, mask, label + ".mask")
     # Llama family: softmax(dtype=float32).to(q.dtype); GPT-2: softmax in the scores' dtype (fp32 once
     # the fp32 mask of autocast is added) then .type(v.dtype)
-    probs = tr.unary(scaled, label + ".softmax", "result", dtype="f32" if fp32_softmax else scaled.dtype)
+    if fp32_softmax:  # softmax(x, dtype=float32) is x.to(float32) then _softmax (and so in backward)
+        scaled = tr.cast(scaled, "f32", label + ".softmax_upcast")
+    probs = tr.unary(scaled, label + ".softmax", "result")
     probs = tr.cast(probs, E, label + ".softmax_cast")
     dropped = tr.dropout(probs, p, label + ".attn_dropout")
     o = tr.bmm(dropped, v, qn, label + ".pv")
@@ -1087,16 +1093,37 @@ def replay(tr: Trace) -> StepTrace:
             buf = [gbytes(t), 0]
             state["live"] += buf[0]
         buf[1] += 1
+        if t.base is not None:  # a view's gradient waits for the view's backward (SplitBackward0: one cat)
+            parts.setdefault(t.key, []).append(buf)
+            return
         old = pending.get(t.key)
         if old is None:
             pending[t.key] = buf
             return
-        summed = [gbytes(t.base if t.base is not None else t), 1]  # InputBuffer accumulation: old + new, out of place
+        summed = [gbytes(t), 1]  # InputBuffer accumulation: old + new, out of place
         state["live"] += summed[0]
         point()
         release(old)
         release(buf)
         pending[t.key] = summed
+
+    def collect(t: T) -> list[int] | None:
+        """The gradient of ``t`` when its producer's backward runs: the views' gradients are first joined into
+        one tensor of ``t``'s size (after the ops that used the views released what they saved)."""
+        got = pending.pop(t.key, None)
+        views = parts.pop(t.key, None)
+        if not views:
+            return got
+        joined = [gbytes(t), 1]
+        state["live"] += joined[0]
+        point()
+        for b in views:
+            release(b)
+        if got is not None:
+            release(got)
+        return joined
+
+    parts: dict[int, list[list[int]]] = {}
 
     seg_points: list[tuple[int, int, int]] = []
 
@@ -1124,6 +1151,9 @@ def replay(tr: Trace) -> StepTrace:
 
     def recompute(sg: int) -> None:
         seg_ops = [(i, op) for i, op in enumerate(ops) if op.seg == sg]
+        # non-reentrant checkpoint stops recomputing once every saved tensor is back ("early stop")
+        last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved), default=-1)
+        seg_ops = seg_ops[:last_saving + 1]
         last_in: dict[int, int] = {}
         for i, op in seg_ops:
             for sid in (*op.reads, *op.allocs):
@@ -1164,7 +1194,7 @@ def replay(tr: Trace) -> StepTrace:
         if ckpt[seg] and seg not in entered:
             entered.add(seg)
             recompute(seg)
-        incoming = [pending.pop(t.key) for t in op.outs if t.key in pending]
+        incoming = [b for b in (collect(t) for t in op.outs) if b is not None]
         run = bool(incoming or op.param_grad)
         if run:
             for t in op.grad_ins:
@@ -1199,7 +1229,7 @@ def replay(tr: Trace) -> StepTrace:
         forward_peak_bytes=int(forward_peak),
         backward_points=tuple(points),
         param_grad_bytes=int(tr.param_grad_total),
-        buffer_bytes=buffer_bytes(tr.spec.arch),
+        buffer_bytes=buffer_bytes(tr.spec.arch, BYTES[tr.cfg.param_dtype]),
         layer_bytes=int(seg_delta.get(nseg - 2, 0)),
         max_param_grad_bytes=max((op.param_grad for op in ops), default=0),
         loss_bytes=int(size[tr.loss.sid]),
@@ -1218,9 +1248,9 @@ def _frontier(pairs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def buffer_bytes(arch) -> int:
-    """The model's buffers: rotary ``inv_freq`` and ``original_inv_freq`` (``d_rot/2`` fp32 each, kept in
-    fp32 whatever the model dtype); Gemma's ``embed_scale`` (a 0-d fp32 tensor)."""
+def buffer_bytes(arch, param_bytes: int = 4) -> int:
+    """The model's buffers: rotary ``inv_freq`` and ``original_inv_freq`` (``d_rot/2`` fp32 each, computed in
+    fp32 whatever the model dtype); Gemma's ``embed_scale`` (a 0-d tensor created in the model's dtype)."""
     if arch.family == "bare":
         return 0
     n = 0
@@ -1229,5 +1259,5 @@ def buffer_bytes(arch) -> int:
         rot -= rot % 2
         n += 2 * (rot // 2) * 4
     if arch.model_type in ("gemma", "gemma2"):
-        n += 4
+        n += param_bytes
     return n
