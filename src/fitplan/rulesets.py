@@ -31,7 +31,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 from attrs import field, frozen
@@ -327,37 +327,28 @@ class Rulesets:
             self._merge(parsed, str(f))
         self.dirs.append(str(directory))
 
+    # table in a ruleset file -> (attribute of Rulesets, key of an entry, how `origin` names it)
+    _TABLES: ClassVar[tuple[tuple[str, str, Any, Any], ...]] = (
+        ("gpu", "gpus", lambda e: e.id, lambda e: e.id),
+        ("provider", "providers", lambda e: e.id, lambda e: e.id),
+        ("instance", "instances", lambda e: (e.provider, e.id, e.region), lambda e: f"{e.provider}/{e.id}/{e.region}"),
+        ("model", "models", lambda e: e.id, lambda e: e.id),
+        ("mfu", "mfu_rows", lambda e: e.id, lambda e: e.id),
+        ("throughput", "throughput_rows", lambda e: e.id, lambda e: e.id),
+        ("mfu_calibration", "mfu_calibrations", lambda e: (e.gpu, e.model, e.method), lambda e: f"{e.gpu}/{e.model}/{e.method}"),
+        ("policy", "policies", lambda e: e.id, lambda e: e.id),
+        ("advice", "advice", lambda e: e.id, lambda e: e.id),
+    )
+
     def _merge(self, parsed: RulesetFile, f: str) -> None:
-        for g in parsed.gpu:
-            self.gpus[g.id] = g
-            self.origin[f"gpu:{g.id}"] = f
-        for p in parsed.provider:
-            self.providers[p.id] = p
-            self.origin[f"provider:{p.id}"] = f
-        for i in parsed.instance:
-            self.instances[(i.provider, i.id, i.region)] = i
-            self.origin[f"instance:{i.provider}/{i.id}/{i.region}"] = f
-        for m in parsed.model:
-            self.models[m.id] = m
-            self.origin[f"model:{m.id}"] = f
+        for table, attr, key, label in self._TABLES:
+            target = getattr(self, attr)
+            for entry in getattr(parsed, table):
+                target[key(entry)] = entry
+                self.origin[f"{table}:{label(entry)}"] = f
         if parsed.framework is not None:
             self.framework = parsed.framework
             self.origin["framework"] = f
-        for r in parsed.mfu:
-            self.mfu_rows[r.id] = r
-            self.origin[f"mfu:{r.id}"] = f
-        for t in parsed.throughput:
-            self.throughput_rows[t.id] = t
-            self.origin[f"throughput:{t.id}"] = f
-        for c in parsed.mfu_calibration:
-            self.mfu_calibrations[(c.gpu, c.model, c.method)] = c
-            self.origin[f"mfu_calibration:{c.gpu}/{c.model}/{c.method}"] = f
-        for r in parsed.policy:
-            self.policies[r.id] = r
-            self.origin[f"policy:{r.id}"] = f
-        for a in parsed.advice:
-            self.advice[a.id] = a
-            self.origin[f"advice:{a.id}"] = f
         self.cache.clear()
 
     def memo(self, key: Any, compute: Any) -> Any:
