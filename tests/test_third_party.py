@@ -495,3 +495,22 @@ def test_org_policies_restrict_recommend(cli, acme):
         penalised = [r["rule"] for r in plan["penalties"]]
         assert penalised == (["acme-prefer-cluster"] if provider == "acme-aws" else [])
     assert data["search"]["rejected_by"]["acme-approved-providers"] > 0  # every plain-aws plan
+
+
+@pytest.mark.parametrize("optim", ["galore_adamw", "muon", "adam_mini"])
+def test_validate_measures_name_aware_plugin_optimizers_exactly(optim):
+    """GaLore, Muon and Adam-mini treat embeddings and the LM head apart from hidden matrices by parameter name:
+    the referee must hand them named parameters, and then torch measures exactly the bytes the plugin declares."""
+    pytest.importorskip("torch")
+    import json as _json
+    import subprocess as _sp
+    import sys as _sys
+
+    from conftest import ROOT as _ROOT
+
+    proc = _sp.run([_sys.executable, "-m", "fitplan", "validate", "--model", str(_ROOT / "tests/data/configs/tiny-llama/config.json"),
+                    "--precision", "32-true", "--optim", optim, "--per-device-train-batch-size", "2", "--max-seq-length", "64",
+                    "--no-memtracker", "--format", "json"], capture_output=True, text=True, cwd=_ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    states = _json.loads(proc.stdout)["components"]["optimizer_states"]
+    assert states["predicted"] == states["measured"]
