@@ -32,6 +32,14 @@ def is_embedding_or_head_name(name: str) -> bool:
     return any(k in name for k in EMBEDDING_OR_HEAD_NAMES)
 
 
+
+def _run_closure(closure: Callable[[], float] | None) -> float | None:
+    """The loss of ``closure`` computed with gradients enabled, as torch's optimizers do (None without one)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
 class _Classified(torch.optim.Optimizer):
     """Base: which parameters are hidden matrices (``self._hidden[p]``): 2 or more dimensions (3-D:
     fused MoE experts, a batch of matrices), not an embedding or the LM head."""
@@ -78,10 +86,7 @@ class Lion(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _run_closure(closure)
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
             beta1, beta2 = group["betas"]
@@ -140,10 +145,7 @@ class GaLoreAdamW(_Classified):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _run_closure(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
@@ -200,10 +202,7 @@ class AdamMini(_Classified):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _run_closure(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
@@ -281,10 +280,7 @@ class Muon(_Classified):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _run_closure(closure)
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
             for p in group["params"]:
