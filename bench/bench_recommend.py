@@ -23,7 +23,7 @@ SCENARIOS = (
 
 def run(data: dict, repeat: int = 3) -> None:
     import fitplan
-    from fitplan import recommend as rec
+    from fitplan.search import recommend as rec
     from fitplan.context import get_context
 
     ctx = get_context()

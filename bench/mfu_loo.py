@@ -16,7 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from fitplan import rulesets
+from fitplan.rulesets import loader as rulesets
 from fitplan.builtin.time import MFU_DEFAULT_MODEL, fit_mfu
 
 MODELS = ("global_median", "gpu_median", "log_linear")

@@ -8,8 +8,8 @@ import json
 import pytest
 
 import fitplan
-from fitplan.advice import AdviceRule, AdviceSet, _FORMATTER, _Value, render_message, template_names
-from fitplan.conditions import Namespace
+from fitplan.rules.advice import AdviceRule, AdviceSet, _FORMATTER, _Value, render_message, template_names
+from fitplan.rules.conditions import Namespace
 from fitplan.errors import FitplanError
 
 from conftest import run_cli
@@ -64,13 +64,13 @@ def test_prefixed_names():
 @pytest.fixture(scope="module")
 def ctx():
     from fitplan.context import get_context
-    from fitplan.plugins import make_registry
+    from fitplan.pluginmgr.registry import make_registry
 
     return get_context((), make_registry(entry_points=False, blocked=()))
 
 
 def _advice(est):
-    from fitplan.advice import advise
+    from fitplan.rules.advice import advise
 
     return {a.id: a for a in advise(est)}
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from fitplan import capacity as cap
+from fitplan.search import capacity as cap
 from fitplan.estimation import evaluate
 
 from conftest import run_cli
@@ -26,7 +26,7 @@ def llama_params(L: int) -> int:
 @pytest.fixture(scope="module")
 def ctx():
     from fitplan.context import get_context
-    from fitplan.plugins import make_registry
+    from fitplan.pluginmgr.registry import make_registry
 
     return get_context((), make_registry(entry_points=False, blocked=()))
 

@@ -9,9 +9,9 @@ import shlex
 import pytest
 
 import fitplan
-from fitplan import exports
+from fitplan.output import exports
 from fitplan.errors import FitplanError
-from fitplan.importers import training_args_fields
+from fitplan.inputs.importers import training_args_fields
 
 from conftest import run_cli
 

@@ -20,7 +20,7 @@ import pytest
 import fitplan
 from fitplan import OptimizerSpec, PluginError, hookimpl, quantity, reducer
 from fitplan.errors import GraphError
-from fitplan.plugins import BLOCK_ENV, make_registry
+from fitplan.pluginmgr.registry import BLOCK_ENV, make_registry
 from fitplan.testing import write_dist_info
 
 ROOT = Path(__file__).resolve().parents[1]

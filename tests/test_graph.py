@@ -9,8 +9,8 @@ import pytest
 import fitplan
 from fitplan import Quantity, Reducer, hookimpl, quantity, reducer
 from fitplan.errors import GraphError
-from fitplan.graph import compile_graph
-from fitplan.plugins import make_registry
+from fitplan.engine.graph import compile_graph
+from fitplan.pluginmgr.registry import make_registry
 
 
 def q(name, func, plugin="p"):
@@ -138,7 +138,8 @@ def test_order_cache_skips_networkx_and_survives_corruption(tmp_path):
 def test_objective_choices_match_the_recommender():
     import inspect
 
-    from fitplan import commands, recommend
+    from fitplan.cli import commands
+    from fitplan.search import recommend
 
     assert 'OBJECTIVES = ("cost", "time", "gpus")' in inspect.getsource(commands)
     assert recommend.OBJECTIVES == ("cost", "time", "gpus")

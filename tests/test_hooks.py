@@ -11,8 +11,9 @@ import click
 import pytest
 
 import fitplan
-from fitplan import OptimizerSpec, hookimpl, hookspecs, quantity, reducer
-from fitplan.plugins import make_registry
+from fitplan import OptimizerSpec, hookimpl, quantity, reducer
+from fitplan.pluginmgr import hookspecs
+from fitplan.pluginmgr.registry import make_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = sorted(n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("fitplan_"))

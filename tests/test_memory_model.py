@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import fitplan
-from fitplan.declarations import OptimizerContext
+from fitplan.engine.declarations import OptimizerContext
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "data" / "configs"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fitplan.conditions import Namespace, compile_condition, names_in
+from fitplan.rules.conditions import Namespace, compile_condition, names_in
 from fitplan.errors import FitplanError
-from fitplan.policy import PolicyRule, PolicySet, load_policy_files
+from fitplan.rules.policy import PolicyRule, PolicySet, load_policy_files
 
 from conftest import ROOT, run_cli, run_json
 
@@ -193,7 +193,7 @@ def test_missing_policy_file_is_a_user_error():
 @pytest.fixture(scope="module")
 def registry_context():
     from fitplan.context import get_context
-    from fitplan.plugins import make_registry
+    from fitplan.pluginmgr.registry import make_registry
 
     return get_context((), make_registry(entry_points=False, blocked=()))
 

@@ -110,7 +110,7 @@ gpu_tables = st.fixed_dictionaries({}, optional={k: toml_scalar for k in (
                                                                                         "num_hidden_layers"]), toml_scalar)}), max_size=2),
 }))
 def test_fuzzed_rulesets_end_in_errors_not_crashes(tmp_path_factory, data):
-    from fitplan.rulesets import check_paths
+    from fitplan.rulesets.loader import check_paths
 
     d = tmp_path_factory.mktemp("rs")
     (d / "r.toml").write_text(tomli_w.dumps(data))

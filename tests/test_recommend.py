@@ -12,11 +12,11 @@ from itertools import product
 import pytest
 
 import fitplan
-from fitplan import recommend as rec
-from fitplan.conditions import Namespace
+from fitplan.search import recommend as rec
+from fitplan.rules.conditions import Namespace
 from fitplan.errors import FitplanError
 from fitplan.estimation import evaluate
-from fitplan.policy import PolicyRule, PolicySet
+from fitplan.rules.policy import PolicyRule, PolicySet
 
 from conftest import run_cli
 
@@ -39,7 +39,7 @@ POLICIES = [
 @pytest.fixture(scope="module")
 def ctx():
     from fitplan.context import get_context
-    from fitplan.plugins import make_registry
+    from fitplan.pluginmgr.registry import make_registry
 
     return get_context((), make_registry(entry_points=False, blocked=()))
 
@@ -169,7 +169,7 @@ def test_reported_plans_are_the_estimates_of_their_scenarios(ctx):
 def test_staged_evaluation_equals_full_evaluation(ctx):
     """Loop-invariant evaluation with loops in an arbitrary order gives the values of a full evaluation."""
     from fitplan.estimation import build_inputs
-    from fitplan.staging import StagedGraph
+    from fitplan.engine.staging import StagedGraph
 
     compiled = ctx.registry.compiled()
     targets = ["device_total_bytes", "train_seconds", "on_demand_cost_usd"]
@@ -199,7 +199,7 @@ def test_staged_evaluation_equals_full_evaluation(ctx):
 def test_plugin_optimizers_are_searched(ctx):
     from fitplan import OptimizerSpec, hookimpl
     from fitplan.context import get_context
-    from fitplan.plugins import make_registry
+    from fitplan.pluginmgr.registry import make_registry
 
     class Plugin:
         @hookimpl
@@ -252,7 +252,7 @@ def test_bad_headroom(text):
 @pytest.mark.parametrize(("field", "flag"), [("per_device_train_batch_size", "micro-batch"),
                                              ("max_seq_length", "seq-length")])
 def test_largest_value_that_fits(ctx, field, flag):
-    from fitplan.capacity import largest_fitting
+    from fitplan.search.capacity import largest_fitting
 
     base = fitplan.scenario_from_dict({"model": "llama-2-7b", "gpu": "a100-80gb", "method": "lora",
                                                              "precision": "bf16-true", "gradient_checkpointing": True})
@@ -277,7 +277,7 @@ def test_largest_value_needs_a_gpu():
 
 
 def test_nothing_fits_is_reported(ctx):
-    from fitplan.capacity import largest_fitting
+    from fitplan.search.capacity import largest_fitting
 
     base = fitplan.scenario_from_dict({"model": "llama-2-70b", "gpu": "t4"})
     r = largest_fitting(base, "per_device_train_batch_size", ctx)

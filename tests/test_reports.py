@@ -13,8 +13,9 @@ from io import StringIO
 import pytest
 
 import fitplan
-from fitplan import recommend as rec
-from fitplan import report, report_html
+from fitplan.search import recommend as rec
+from fitplan.output import recommend_report as report
+from fitplan.output import recommend_html as report_html
 
 from conftest import ROOT
 
@@ -37,14 +38,14 @@ SCENARIOS = {
 @pytest.fixture(scope="module")
 def ctx():
     from fitplan.context import get_context
-    from fitplan.plugins import make_registry
+    from fitplan.pluginmgr.registry import make_registry
 
     return get_context((), make_registry(entry_points=False, blocked=()))
 
 
 @pytest.fixture(scope="module")
 def results(ctx):
-    from fitplan.policy import policy_set
+    from fitplan.rules.policy import policy_set
 
     out = {}
     for name, (data, space, objective, policy, top) in SCENARIOS.items():
@@ -113,7 +114,7 @@ def estimate_cases(ctx):
 
 @pytest.mark.parametrize("name", ["fp32-7b", "ddp-13b-priced"])
 def test_estimate_advice(estimate_cases, snapshot, name):
-    from fitplan import render
+    from fitplan.output import estimate_report as render
 
     est = estimate_cases[name]
     assert {"advice": render.to_json(est)["advice"], "markdown": render.to_markdown(est)} == snapshot

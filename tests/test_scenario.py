@@ -56,7 +56,7 @@ def test_hf_flags_map_to_presets(cli):
 
 
 def test_deepspeed_json(tmp_path):
-    from fitplan.importers import deepspeed_fields
+    from fitplan.inputs.importers import deepspeed_fields
 
     f = tmp_path / "ds.json"
     f.write_text('{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}, "bf16": {"enabled": true},'

@@ -391,7 +391,7 @@ def test_plugin_module_does_not_import_torch(optimizers_extra, tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, fitplan.plugins as p; reg = p.make_registry(entry_points=['fitplan-optimizers-extra'], "
+    code = ("import sys, fitplan.pluginmgr.registry as p; reg = p.make_registry(entry_points=['fitplan-optimizers-extra'], "
             "blocked=()); assert not reg.errors, reg.errors; assert 'lion' in reg.optimizers; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -463,7 +463,7 @@ def test_without_the_package_the_provider_is_unknown(cli, acme):
 def test_org_rulesets_are_valid_and_use_bundled_gpu_ids(cli, fitplan_registry):
     proc = cli("rulesets", "check", str(ACME_DIR))
     assert proc.returncode == 0, proc.stderr
-    from fitplan import rulesets
+    from fitplan.rulesets import loader as rulesets
 
     rules = rulesets.load([ACME_DIR])
     acme_instances = [i for i in rules.instances.values() if i.provider.startswith("acme-")]

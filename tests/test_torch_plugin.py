@@ -29,7 +29,7 @@ except ImportError:  # not pip-installed: use the source tree (the CLI test then
 import fitplan  # noqa: E402
 import fitplan_torch  # noqa: E402
 from fitplan import FitplanError  # noqa: E402
-from fitplan.architecture import spec_from_config  # noqa: E402
+from fitplan.inputs.architecture import spec_from_config  # noqa: E402
 
 CONFIGS = ROOT / "tests" / "data" / "configs"
 ARCHS = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-gemma", "tiny-phi3", "tiny-gpt2", "tiny-mixtral", "tiny-gpt-neox")
@@ -307,7 +307,7 @@ def test_calibration_writer_round_trips_through_ruleset_dir(tmp_path):
     assert cal["cublas_workspace_bytes"] == 8_519_680
     row = {"gpu": "h200", "mfu": 0.41, "model": "llama-2-7b", "method": "full", "source": "test", "date": "2025-01-01"}
     write_framework_toml(tmp_path / "calibration.toml", cal, [row])
-    from fitplan import rulesets
+    from fitplan.rulesets import loader as rulesets
 
     assert rulesets.check_paths([tmp_path]) == []
     est = fitplan.estimate(model="llama-2-7b", max_seq_length=16, ruleset_dirs=[tmp_path])

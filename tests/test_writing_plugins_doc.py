@@ -92,7 +92,7 @@ def test_importing_the_pytest_plugin_has_no_side_effects():
     fixtures, not load plugins, build a registry or read rulesets."""
     code = ("import os, sys; before = dict(os.environ); import fitplan.testing as t; "
             "assert dict(os.environ) == before; "
-            "print(sorted(m for m in ('fitplan.plugins', 'fitplan.context', 'fitplan.rulesets', 'fitplan.builtin') "
+            "print(sorted(m for m in ('fitplan.pluginmgr.registry', 'fitplan.context', 'fitplan.rulesets.loader', 'fitplan.builtin') "
             "if m in sys.modules)); print(sorted(n for n in ('fitplan_registry', 'make_scenario', 'estimate_with', "
             "'fitplan_entry_points') if hasattr(t, n)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .declarations import OptimizerContext, OptimizerSpec, Quantity, Reducer, quantity, reducer
-from .errors import FitplanError, PluginError
-from .hookspecs import hookimpl
-from .scenario import Scenario
+from fitplan.engine.declarations import OptimizerContext, OptimizerSpec, Quantity, Reducer, quantity, reducer
+from fitplan.errors import FitplanError, PluginError
+from fitplan.pluginmgr.hookspecs import hookimpl
+from fitplan.inputs.scenario import Scenario
 
 __version__ = "0.1.0"
 
@@ -30,7 +30,7 @@ __all__ = [
 
 
 def scenario_from_dict(data: dict[str, Any], *, file: str | None = None) -> Scenario:
-    from .context import scenario_from_dict as _s
+    from fitplan.context import scenario_from_dict as _s
 
     return _s(data, file=file)
 
@@ -44,9 +44,9 @@ def estimate(scenario: Scenario | dict[str, Any] | None = None, /, *, ruleset_di
     :param ruleset_dirs: extra ruleset directories (like ``--ruleset-dir``).
     :raises FitplanError: on bad input.
     """
-    from .context import get_context, merge
-    from .estimation import evaluate
-    from .scenario import flatten
+    from fitplan.context import get_context, merge
+    from fitplan.estimation import evaluate
+    from fitplan.inputs.scenario import flatten
 
     if isinstance(scenario, Scenario):
         base: dict[str, Any] = flatten(scenario)
@@ -59,7 +59,7 @@ def estimate(scenario: Scenario | dict[str, Any] | None = None, /, *, ruleset_di
 
 def __getattr__(name: str):
     if name == "Estimate":
-        from .estimation import Estimate
+        from fitplan.estimation import Estimate
 
         return Estimate
     raise AttributeError(name)

@@ -1,3 +1,3 @@
-from .cli import main
+from fitplan.cli import main
 
 main()

@@ -9,11 +9,11 @@ from typing import Any
 
 import attrs
 
-from . import rulesets as rs
-from . import scenario as sc
-from .convert import structure_scenario
-from .errors import FitplanError
-from .plugins import Registry, default_registry
+from fitplan.rulesets import loader as rs
+from fitplan.inputs import scenario as sc
+from fitplan.inputs.convert import structure_scenario
+from fitplan.errors import FitplanError
+from fitplan.pluginmgr.registry import Registry, default_registry
 
 
 @attrs.define
@@ -46,7 +46,7 @@ def scenario_from_dict(data: dict[str, Any], *, file: str | None = None) -> sc.S
         elif key in sc.FIELD_SECTION:
             nested.setdefault(sc.FIELD_SECTION[key], {})[key] = value
         else:
-            from .errors import did_you_mean
+            from fitplan.errors import did_you_mean
 
             hint = did_you_mean(key, [*sc.SECTIONS, *sc.FIELD_SECTION]) or "sections: " + ", ".join(sc.SECTIONS)
             raise FitplanError(f"unknown key {key!r}", file=file, field=f"$.{key}", value=key, suggestion=hint)
@@ -79,7 +79,7 @@ def merge(base: dict[str, Any], flat_overrides: dict[str, Any]) -> dict[str, Any
     for key, value in flat_overrides.items():
         section = sc.FIELD_SECTION.get(key)
         if section is None:
-            from .errors import unknown
+            from fitplan.errors import unknown
 
             raise unknown("scenario field", key, sc.FIELD_SECTION)
         out.setdefault(section, {})

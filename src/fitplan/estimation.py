@@ -10,11 +10,12 @@ from typing import Any
 
 import attrs
 
-from . import architecture, scenario as sc
-from .errors import FitplanError
-from .plugins import Registry
-from .rulesets import Rulesets
-from .units import parse_count
+from fitplan.inputs import architecture
+from fitplan.inputs import scenario as sc
+from fitplan.errors import FitplanError
+from fitplan.pluginmgr.registry import Registry
+from fitplan.rulesets.loader import Rulesets
+from fitplan.units import parse_count
 
 MEMORY_KEYS = {
     "weights": "weight_bytes",
@@ -118,7 +119,7 @@ class Estimate:
         try:
             return self.values[name]
         except KeyError:
-            from .errors import unknown
+            from fitplan.errors import unknown
 
             raise unknown("quantity", name, self.registry.compiled().quantities) from None
 

@@ -34,8 +34,8 @@ import pytest
 
 if TYPE_CHECKING:  # pragma: no cover
     from fitplan.estimation import Estimate
-    from fitplan.plugins import Registry
-    from fitplan.scenario import Scenario
+    from fitplan.pluginmgr.registry import Registry
+    from fitplan.inputs.scenario import Scenario
 
 __all__ = ["assert_explains", "build_registry", "estimate_with", "fitplan_entry_points", "fitplan_registry",
            "make_scenario", "plugin_name", "write_dist_info"]
@@ -56,14 +56,14 @@ def plugin_name(plugin: object) -> str:
 
 def build_registry(plugins: Iterable[PluginLike] = (), *, entry_points: bool | Iterable[str] = False,
                    blocked: Iterable[str] = ()) -> Registry:
-    """An isolated :class:`fitplan.plugins.Registry`: the built-in plugins plus ``plugins``.
+    """An isolated :class:`fitplan.pluginmgr.registry.Registry`: the built-in plugins plus ``plugins``.
 
     :param plugins: modules or objects with hook implementations, ``(name, plugin)`` pairs, or names of
         installed ``fitplan`` entry points (loaded exactly as ``fitplan`` loads them).
     :param entry_points: load every installed entry point as well (``True``), or these names.
     :param blocked: plugin names to block (``FITPLAN_BLOCK_PLUGINS`` is ignored here, for isolation).
     """
-    from fitplan.plugins import make_registry
+    from fitplan.pluginmgr.registry import make_registry
 
     extra: list[tuple[str, object]] = []
     names: set[str] = set()
@@ -89,9 +89,9 @@ def _scenario(fields: Mapping[str, Any]) -> Scenario:
 
 def _estimate(registry: Registry, fields: Mapping[str, Any], ruleset_dirs: Sequence[str | Path] = (),
               *, raise_errors: bool = True) -> Estimate:
-    from fitplan import rulesets
+    from fitplan.rulesets import loader as rulesets
     from fitplan.estimation import evaluate
-    from fitplan.scenario import Scenario
+    from fitplan.inputs.scenario import Scenario
 
     scenario = fields.get("scenario")
     if isinstance(scenario, Scenario):
@@ -118,7 +118,7 @@ def estimate_with_registry(registry: Registry, *, ruleset_dirs: Sequence[str | P
 def fitplan_registry() -> Callable[..., Registry]:
     """Factory: ``fitplan_registry(MyPlugin(), "my-entry-point", blocked=["fitplan.builtin.seed"])``.
 
-    Returns a fresh :class:`fitplan.plugins.Registry` (built-ins + the given plugins) each call. Its
+    Returns a fresh :class:`fitplan.pluginmgr.registry.Registry` (built-ins + the given plugins) each call. Its
     ``errors`` list holds every plugin problem; ``compiled()`` raises graph problems.
     """
 
@@ -222,7 +222,7 @@ def _walk(tree: dict[str, Any]) -> Iterable[dict[str, Any]]:
 def assert_explains(estimate: Estimate, quantity: str, *, depends_on: Iterable[str] = (),
                     applied: Iterable[str] = (), not_applied: Iterable[str] = (), plugin: str | None = None,
                     depth: int = 8) -> dict[str, Any]:
-    """Assert on ``fitplan explain QUANTITY``'s tree (:func:`fitplan.render.explain_tree`).
+    """Assert on ``fitplan explain QUANTITY``'s tree (:func:`fitplan.output.estimate_report.explain_tree`).
 
     :param depends_on: names that must appear below ``quantity`` (quantities or inputs, at any depth).
     :param applied: reducer names (``"zero"`` or ``"optimizer_state_bytes.zero"``) whose condition held.
@@ -230,7 +230,7 @@ def assert_explains(estimate: Estimate, quantity: str, *, depends_on: Iterable[s
     :param plugin: the plugin that must have declared ``quantity`` (its contributor, for a reducer chain).
     :returns: the tree, for further assertions.
     """
-    from fitplan.render import explain_tree
+    from fitplan.output.estimate_report import explain_tree
 
     tree = explain_tree(estimate, quantity, depth=depth)
     nodes = list(_walk(tree))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import FitplanError
+from fitplan.errors import FitplanError
 
 GB = 10**9
 GiB = 2**30

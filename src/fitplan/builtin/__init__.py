@@ -1,1 +1,1 @@
-"""Built-in plugins: registered exactly like third-party ones (see :data:`fitplan.plugins.BUILTIN_PLUGINS`)."""
+"""Built-in plugins: registered exactly like third-party ones (see :data:`fitplan.pluginmgr.registry.BUILTIN_PLUGINS`)."""

@@ -30,9 +30,9 @@ approximation: 22 % low to 19 % high for bf16 Llama). docs/memory-model.md lists
 
 from __future__ import annotations
 
-from ..declarations import quantity, reducer
-from ..hookspecs import hookimpl
-from .step_trace import StepTrace, TraceSpec, build
+from fitplan.engine.declarations import quantity, reducer
+from fitplan.pluginmgr.hookspecs import hookimpl
+from fitplan.builtin.step_trace import StepTrace, TraceSpec, build
 
 
 def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,

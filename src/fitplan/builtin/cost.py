@@ -2,7 +2,7 @@
 
 ``on_demand_cost_usd = runs × instances × price per hour × billed hours``, where billed hours are the
 training time rounded up to the provider's billing unit (and minimum); spot time is first lengthened by
-the provider's ``spot_overhead``. The instance shape is chosen by :func:`fitplan.pricing.choose_instance`
+the provider's ``spot_overhead``. The instance shape is chosen by :func:`fitplan.rulesets.pricing.choose_instance`
 (cheapest whole instances covering the GPUs). Amounts are in the provider's ``currency`` (``cost_currency``):
 the ``_usd`` names are historical, the currency is always stated.
 
@@ -11,9 +11,9 @@ Everything is None (not an error) without a training time, a GPU or ``--provider
 
 from __future__ import annotations
 
-from ..declarations import quantity
-from ..hookspecs import hookimpl
-from ..pricing import billed_seconds, choose_instance
+from fitplan.engine.declarations import quantity
+from fitplan.pluginmgr.hookspecs import hookimpl
+from fitplan.rulesets.pricing import billed_seconds, choose_instance
 
 
 @quantity("GPU-h")

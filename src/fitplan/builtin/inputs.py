@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..declarations import quantity
-from ..hookspecs import hookimpl
+from fitplan.engine.declarations import quantity
+from fitplan.pluginmgr.hookspecs import hookimpl
 
 
 @quantity("params")

@@ -9,9 +9,9 @@ quantisation, or 8-bit with one fp32 second-level constant per 256 blocks with i
 
 from __future__ import annotations
 
-from ..declarations import reducer
-from ..errors import FitplanError
-from ..hookspecs import hookimpl
+from fitplan.engine.declarations import reducer
+from fitplan.errors import FitplanError
+from fitplan.pluginmgr.hookspecs import hookimpl
 
 NF4_BLOCK = 64
 DOUBLE_QUANT_BLOCK = 256

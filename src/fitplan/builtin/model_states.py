@@ -5,8 +5,8 @@ Sharding (ZeRO/FSDP), offload and QLoRA are reducers on these terms, declared in
 
 from __future__ import annotations
 
-from ..declarations import OptimizerContext, quantity
-from ..hookspecs import hookimpl
+from fitplan.engine.declarations import OptimizerContext, quantity
+from fitplan.pluginmgr.hookspecs import hookimpl
 
 
 @quantity("tensors")

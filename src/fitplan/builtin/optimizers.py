@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from ..declarations import OptimizerSpec
-from ..hookspecs import hookimpl
+from fitplan.engine.declarations import OptimizerSpec
+from fitplan.pluginmgr.hookspecs import hookimpl
 
 BNB_BLOCK = 256
 """bitsandbytes' blockwise 8-bit optimizers quantise states in blocks of 256 with one fp32 absmax each."""

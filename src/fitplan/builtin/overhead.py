@@ -18,8 +18,8 @@ CPU referee) none of these exist: the overhead is 0.
 
 from __future__ import annotations
 
-from ..declarations import quantity
-from ..hookspecs import hookimpl
+from fitplan.engine.declarations import quantity
+from fitplan.pluginmgr.hookspecs import hookimpl
 
 
 @quantity("bytes", category="memory")

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import math
 
-from ..declarations import quantity
-from ..hookspecs import hookimpl
+from fitplan.engine.declarations import quantity
+from fitplan.pluginmgr.hookspecs import hookimpl
 
 PHASES = ("forward", "backward", "optimizer_step")
 

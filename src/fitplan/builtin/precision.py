@@ -29,8 +29,8 @@ is 2-byte weights and gradients with fp32 AdamW states and no master copy (2 + 2
 
 from __future__ import annotations
 
-from ..declarations import quantity
-from ..hookspecs import hookimpl
+from fitplan.engine.declarations import quantity
+from fitplan.pluginmgr.hookspecs import hookimpl
 
 _SIXTEEN = {"bf16-mixed", "16-mixed", "bf16-true", "16-true", "bf16-master", "16-master"}
 

@@ -8,8 +8,8 @@ last column); there is no framework overhead, no logits term and no master copy.
 
 from __future__ import annotations
 
-from ..declarations import reducer
-from ..hookspecs import hookimpl
+from fitplan.engine.declarations import reducer
+from fitplan.pluginmgr.hookspecs import hookimpl
 
 SEED_HIDDEN = 4096
 SEED_ACTIVATION_BYTES = 4

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import math
 
-from ..declarations import OptimizerContext, quantity, reducer
-from ..hookspecs import hookimpl
+from fitplan.engine.declarations import OptimizerContext, quantity, reducer
+from fitplan.pluginmgr.hookspecs import hookimpl
 
 FSDP_STAGE = {"full_shard": 3, "shard_grad_op": 2, "hybrid_shard": 3}
 

@@ -19,9 +19,9 @@ import functools
 import math
 import statistics
 
-from ..declarations import quantity
-from ..errors import FitplanError
-from ..hookspecs import hookimpl
+from fitplan.engine.declarations import quantity
+from fitplan.errors import FitplanError
+from fitplan.pluginmgr.hookspecs import hookimpl
 
 # --------------------------------------------------------------------------- named constants
 
@@ -426,7 +426,7 @@ def _throughput_row(rulesets, set_name, gpu_id, param_count):
         rows = [r for r in rulesets.throughput_rows.values() if r.set == set_name]
         if not rows:
             sets = sorted({r.set for r in rulesets.throughput_rows.values()})
-            from ..errors import unknown
+            from fitplan.errors import unknown
 
             raise unknown("throughput source", set_name, sets, field="--throughput-source")
         fits = [r for r in rows if r.gpu == gpu_id

@@ -4,7 +4,7 @@ A search varies its inputs in nested loops (method, then precision, ..., then mi
 whose inputs are all fixed at loop level L need not be recomputed inside the deeper loops: this module
 gives every step of the compiled graph the level of its deepest-varying input and runs, at each level,
 only the steps of that level. Quantity functions are pure (STYLE.md), so the values are exactly those
-of a full :meth:`~fitplan.graph.CompiledGraph.evaluate` on the same inputs; ``tests/test_recommend.py``
+of a full :meth:`~fitplan.engine.graph.CompiledGraph.evaluate` on the same inputs; ``tests/test_recommend.py``
 checks that against the ordinary estimate.
 
 Only the steps that the ``targets`` need are kept (the ancestors of the targets in the graph).
@@ -17,8 +17,8 @@ from typing import Any
 
 import networkx as nx
 
-from .errors import FitplanError
-from .graph import Q, R, CompiledGraph
+from fitplan.errors import FitplanError
+from fitplan.engine.graph import Q, R, CompiledGraph
 
 
 def step_deps(step: tuple) -> tuple[str, ...]:
@@ -42,7 +42,7 @@ class StagedGraph:
         self.targets = tuple(targets)
         missing = [t for t in self.targets if t not in compiled.graph]
         if missing:
-            from .errors import unknown
+            from fitplan.errors import unknown
 
             raise unknown("quantity", missing[0], compiled.quantities)
         needed: set[str] = set(self.targets)

@@ -27,9 +27,9 @@ from typing import Any
 
 import attrs
 
-from . import scenario as sc
-from .errors import FitplanError
-from .units import format_count
+from fitplan.inputs import scenario as sc
+from fitplan.errors import FitplanError
+from fitplan.units import format_count
 
 MAX_PROBE = 1 << 20
 
@@ -51,8 +51,8 @@ def largest_fitting(base: sc.Scenario, field: str, ctx, *, headroom: str | float
         largest + 1), "limit_bytes", "usable_bytes", "gpu"}``; ``largest`` is 0 when even 1 does not fit.
     :raises FitplanError: without ``--gpu``.
     """
-    from .estimation import evaluate
-    from .recommend import parse_headroom
+    from fitplan.estimation import evaluate
+    from fitplan.search.recommend import parse_headroom
 
     if base.hardware.gpu is None:
         label = REVERSE_LABELS.get(field, field.replace("_", "-"))
@@ -104,7 +104,7 @@ def llama_config(layers: int) -> dict[str, Any]:
 
 
 def llama_spec(layers: int):
-    from .architecture import spec_from_config
+    from fitplan.inputs.architecture import spec_from_config
 
     return spec_from_config(llama_config(layers), name=f"llama-shaped-L{layers}")
 
@@ -166,7 +166,7 @@ def _setup_scenario(setup: Setup, gpu, num_gpus: int) -> sc.Scenario:
 
 def largest_model(setup: Setup, gpu, num_gpus: int, ctx) -> dict[str, Any]:
     """The deepest Llama-shaped model (and its size) that fits ``num_gpus`` × ``gpu`` under ``setup``."""
-    from .estimation import evaluate
+    from fitplan.estimation import evaluate
 
     base = _setup_scenario(setup, gpu, num_gpus)
     cache: dict[int, Any] = {}
@@ -207,7 +207,7 @@ def size_text(row: dict[str, Any]) -> str:
 
 def largest_catalog_model(setup: Setup, gpu, num_gpus: int, ctx, family: Sequence[str]) -> str | None:
     """The largest of ``family`` (catalog model ids, smallest first) that fits, or None."""
-    from .estimation import evaluate
+    from fitplan.estimation import evaluate
 
     best = None
     for mid in family:

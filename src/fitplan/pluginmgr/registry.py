@@ -19,9 +19,9 @@ from typing import Any
 import attrs
 import pluggy
 
-from . import hookspecs
-from .declarations import OptimizerSpec, Quantity, Reducer
-from .errors import PluginError
+from fitplan.pluginmgr import hookspecs
+from fitplan.engine.declarations import OptimizerSpec, Quantity, Reducer
+from fitplan.errors import PluginError
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.inputs",
@@ -151,7 +151,7 @@ class Registry:
         ruleset file is a problem naming the plugin)."""
         if self._ruleset_dirs is not None:
             return self._ruleset_dirs
-        from .rulesets import check_paths
+        from fitplan.rulesets.loader import check_paths
 
         out: dict[str, list[str]] = {}
         for name, result in self._call_each("fitplan_ruleset_dirs", {}):
@@ -192,7 +192,7 @@ class Registry:
     def compiled(self):
         """The quantity graph, compiled once per registry."""
         if self._compiled is None:
-            from .graph import compile_graph
+            from fitplan.engine.graph import compile_graph
 
             self._compiled = compile_graph(self.quantities, self.reducers)
         return self._compiled
@@ -204,7 +204,7 @@ class Registry:
         key = self.optimizer_aliases.get(name, name)
         if key in self.optimizers:
             return self.optimizers[key]
-        from .errors import unknown
+        from fitplan.errors import unknown
 
         raise unknown("optimizer", name, [*self.optimizers, *self.optimizer_aliases], field="--optim")
 
@@ -282,7 +282,7 @@ def _probe_optimizer(spec: OptimizerSpec) -> str | None:
     non-number before any estimate does."""
     import numbers
 
-    from .declarations import OptimizerContext
+    from fitplan.engine.declarations import OptimizerContext
 
     global _PROBE
     if _PROBE is None:
@@ -313,7 +313,7 @@ def _unknown_hooks(pm: pluggy.PluginManager) -> list[PluginError]:
         caller = getattr(pm.hook, hook_name)
         if caller.has_spec():
             continue
-        from .errors import did_you_mean
+        from fitplan.errors import did_you_mean
 
         known = [n for n in vars(pm.hook) if not n.startswith("_") and getattr(pm.hook, n).has_spec()]
         for impl in caller.get_hookimpls():
@@ -321,7 +321,7 @@ def _unknown_hooks(pm: pluggy.PluginManager) -> list[PluginError]:
                 continue
             out.append(PluginError(f"plugin {impl.plugin_name!r} implements unknown hook {hook_name!r}",
                                    field=hook_name, value=impl.plugin_name,
-                                   suggestion=did_you_mean(hook_name, known) or "see fitplan.hookspecs"))
+                                   suggestion=did_you_mean(hook_name, known) or "see fitplan.pluginmgr.hookspecs"))
     return out
 
 

@@ -1,4 +1,4 @@
-"""Recommendation reports: JSON, Markdown and the terminal (rich). The HTML report is :mod:`fitplan.report_html`.
+"""Recommendation reports: JSON, Markdown and the terminal (rich). The HTML report is :mod:`fitplan.output.recommend_html`.
 
 Deterministic for snapshot tests: no timestamps or timings, plans in rank order, the front in time order,
 fixed float formatting in text. JSON numbers are the estimate's own (bytes as integers); each plan
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import __version__
-from .recommend import Plan, Result, command_line, describe_market, rejection_text
-from .units import format_bytes, format_count
+from fitplan import __version__
+from fitplan.search.recommend import Plan, Result, command_line, describe_market, rejection_text
+from fitplan.units import format_bytes, format_count
 
 MEMORY_PARTS = (
     ("weights", "weights"),
@@ -28,7 +28,7 @@ MEMORY_PARTS = (
 def plan_json(result: Result, plan: Plan) -> dict[str, Any]:
     """One plan: its choices, market, memory, time and cost sections (those of ``fitplan estimate
     --format json``), policy penalties or rejections, and the command that reproduces it."""
-    from .render import to_json
+    from fitplan.output.estimate_report import to_json
 
     est = to_json(plan.estimate) if plan.estimate is not None else {}
     out: dict[str, Any] = {
@@ -54,7 +54,7 @@ def plan_json(result: Result, plan: Plan) -> dict[str, Any]:
 
 
 def to_json(result: Result) -> dict[str, Any]:
-    from .estimation import resolve_arch
+    from fitplan.estimation import resolve_arch
 
     arch = resolve_arch(result.base, result.plans[0].estimate.rulesets) if result.plans and result.plans[0].estimate else None
     space = result.space
@@ -160,7 +160,7 @@ def stats_line(result: Result) -> str:
 
 
 def _header(result: Result) -> list[str]:
-    from .estimation import resolve_arch
+    from fitplan.estimation import resolve_arch
 
     base = result.base
     arch = resolve_arch(base, result.plans[0].estimate.rulesets) if result.plans and result.plans[0].estimate else None

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 from attrs import field, frozen
 
-from .errors import FitplanError
+from fitplan.errors import FitplanError
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "bf16-master", "16-master")
 """Precision presets. Lightning's names, plus ``bf16-master``/``16-master``: 16-bit weights and
@@ -47,7 +47,7 @@ def _one_of(choices: tuple[str, ...]):
         if value is None and None in choices:
             return
         if value not in choices:
-            from .errors import did_you_mean
+            from fitplan.errors import did_you_mean
 
             shown = [str(c) for c in choices if c is not None]
             hint = (did_you_mean(value, shown) if isinstance(value, str) else None) or "valid: " + ", ".join(shown)
@@ -198,10 +198,10 @@ def from_flat(values: dict[str, Any]) -> Scenario:
     for name, value in values.items():
         section = FIELD_SECTION.get(name)
         if section is None:
-            from .errors import unknown
+            from fitplan.errors import unknown
 
             raise unknown("scenario field", name, FIELD_SECTION)
         nested.setdefault(section, {})[name] = value
-    from .convert import structure_scenario
+    from fitplan.inputs.convert import structure_scenario
 
     return structure_scenario(nested)

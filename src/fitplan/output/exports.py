@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import scenario as sc
-from .errors import FitplanError
+from fitplan.inputs import scenario as sc
+from fitplan.errors import FitplanError
 
 KINDS = ("deepspeed", "accelerate", "training-args", "scenario")
 FILENAMES = {"deepspeed": "ds_config.json", "accelerate": "accelerate_config.yaml",
@@ -194,7 +194,7 @@ def emit(kind: str, s: sc.Scenario, directory: str | Path) -> tuple[list[Path], 
     :raises FitplanError: an unknown kind; ``deepspeed`` for a plan without DeepSpeed.
     """
     if kind != "all" and kind not in KINDS:
-        from .errors import unknown
+        from fitplan.errors import unknown
 
         raise unknown("export format", kind, [*KINDS, "all"], field="--emit")
     d = Path(directory)

@@ -15,8 +15,8 @@ import math
 
 import attrs
 
-from .errors import FitplanError, unknown
-from .rulesets import Instance, Provider, Rulesets
+from fitplan.errors import FitplanError, unknown
+from fitplan.rulesets.loader import Instance, Provider, Rulesets
 
 BILLING_SECONDS = {"second": 1, "minute": 60, "hour": 3600}
 

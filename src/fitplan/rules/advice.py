@@ -30,9 +30,9 @@ from typing import Any
 import attrs
 from attrs import field, frozen
 
-from .conditions import (Condition, Namespace, compile_condition, getter, is_known, known_names, names_in,
+from fitplan.rules.conditions import (Condition, Namespace, compile_condition, getter, is_known, known_names, names_in,
                          unknown_name_problems, VARIANT_PREFIXES)
-from .errors import FitplanError
+from fitplan.errors import FitplanError
 
 CUSTOM_SPECS = ("GB", "GiB", "pct", "usd", "h", "x")
 
@@ -76,11 +76,11 @@ def _valid_message(inst: Any, att: attrs.Attribute, value: str) -> None:
 
 
 def _valid_variant(inst: Any, att: attrs.Attribute, value: dict[str, Any]) -> None:
-    from .scenario import FIELD_SECTION
+    from fitplan.inputs.scenario import FIELD_SECTION
 
     for k, v in value.items():
         if k not in FIELD_SECTION:
-            from .errors import unknown
+            from fitplan.errors import unknown
 
             e = unknown("scenario field", k, FIELD_SECTION)
             raise FitplanError(e.message, field=f"variant.{k}", value=k, suggestion=e.suggestion)
@@ -204,7 +204,7 @@ class AdviceSet:
 
     def advise(self, est: Any, *, market: str | None = None) -> list[Advice]:
         """The advice for an :class:`~fitplan.estimation.Estimate`, in rule order."""
-        from .estimation import evaluate
+        from fitplan.estimation import evaluate
 
         out: list[Advice] = []
         ns = Namespace(est.values, market)

@@ -29,7 +29,7 @@ import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .errors import FitplanError, did_you_mean
+from fitplan.errors import FitplanError, did_you_mean
 
 
 def _contains(value: Any, options: Any) -> bool:
@@ -387,8 +387,8 @@ def names_in(data: Any) -> list[tuple[str, str]]:
 def known_names(registry: Any = None) -> set[str]:
     """Every name a condition may use (besides the prefixed forms): scenario fields, resolved inputs,
     quantities of ``registry``'s graph, aliases and derived names."""
-    from .graph import RESOLVED_INPUTS
-    from .scenario import FIELD_SECTION
+    from fitplan.engine.graph import RESOLVED_INPUTS
+    from fitplan.inputs.scenario import FIELD_SECTION
 
     names = set(FIELD_SECTION) | set(RESOLVED_INPUTS) | set(ALIASES) | set(DERIVED)
     if registry is not None:

@@ -10,7 +10,7 @@ A rule (docs/policies.md)::
 
 The condition says when the rule *fires*: a ``forbid`` rule rejects every plan its condition holds
 for; a ``penalise`` rule multiplies the plan's ranking objective by ``1 + penalty`` (the plan's own
-numbers do not change). Conditions are evaluated by :mod:`fitplan.conditions`, never ``eval``.
+numbers do not change). Conditions are evaluated by :mod:`fitplan.rules.conditions`, never ``eval``.
 
 Policies come from ruleset directories (``--ruleset-dir``, or a plugin's ``fitplan_ruleset_dirs``: an
 organisation's package) and from ``--policy FILE``. The bundled rulesets hold none; an example lives
@@ -26,8 +26,8 @@ from typing import Any
 import attrs
 from attrs import field, frozen
 
-from .conditions import Condition, Namespace, compile_condition, known_names, names_in, unknown_name_problems
-from .errors import FitplanError
+from fitplan.rules.conditions import Condition, Namespace, compile_condition, known_names, names_in, unknown_name_problems
+from fitplan.errors import FitplanError
 
 ACTIONS = ("forbid", "penalise")
 
@@ -38,7 +38,7 @@ def _valid_condition(inst: Any, att: attrs.Attribute, value: Any) -> None:
 
 def _valid_action(inst: Any, att: attrs.Attribute, value: Any) -> None:
     if value not in ACTIONS:
-        from .errors import did_you_mean
+        from fitplan.errors import did_you_mean
 
         raise FitplanError(f"{type(inst).__name__}.action must be one of {', '.join(ACTIONS)}, got {value!r}",
                            field="action", value=value,
@@ -149,7 +149,7 @@ def display_path(path: str | Path) -> str:
 def load_policy_files(paths: Iterable[str | Path]) -> tuple[list[PolicyRule], dict[str, str]]:
     """``[[policy]]`` entries of ``--policy FILE`` files (ruleset files: every error at once, as
     ``file: message @ $.path``). A file without any ``[[policy]]`` is an error."""
-    from .rulesets import check_paths, parse_file
+    from fitplan.rulesets.loader import check_paths, parse_file
 
     rules: list[PolicyRule] = []
     origin: dict[str, str] = {}
@@ -188,8 +188,8 @@ def policy_set(rulesets: Any, registry: Any, policy_files: Sequence[str | Path] 
 def rule_name_problems(paths: Iterable[str | Path], registry: Any) -> list[str]:
     """Unknown names in the ``[[policy]]`` and ``[[advice]]`` rules of ruleset files or directories (each with a
     "did you mean"), as ``file: policy 'id': unknown name ... @ location`` (``fitplan rulesets check``)."""
-    from . import advice
-    from .rulesets import parse_file, ruleset_files
+    from fitplan.rules import advice
+    from fitplan.rulesets.loader import parse_file, ruleset_files
 
     known = known_names(registry)
     out: list[str] = []
@@ -209,7 +209,7 @@ def rule_name_problems(paths: Iterable[str | Path], registry: Any) -> list[str]:
 def estimate_verdicts(est: Any, policy_files: Sequence[str | Path]) -> list[dict[str, Any]] | None:
     """The rules that fire for an estimate, in each market it has a price for (none: no market), or None
     when no policy is in force (neither in the rulesets nor given)."""
-    from .conditions import Namespace
+    from fitplan.rules.conditions import Namespace
 
     ps = policy_set(est.rulesets, est.registry, policy_files)
     if not ps:

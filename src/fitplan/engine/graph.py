@@ -33,14 +33,14 @@ import attrs
 if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
 
-from .declarations import Quantity, Reducer
-from .errors import FitplanError, GraphError, PluginError, did_you_mean
-from .scenario import FIELD_SECTION
+from fitplan.engine.declarations import Quantity, Reducer
+from fitplan.errors import FitplanError, GraphError, PluginError, did_you_mean
+from fitplan.inputs.scenario import FIELD_SECTION
 
 RESOLVED_INPUTS: dict[str, str] = {
-    "arch": "the model's architecture (fitplan.architecture.ModelSpec) from the catalog, a config.json or --params",
+    "arch": "the model's architecture (fitplan.inputs.architecture.ModelSpec) from the catalog, a config.json or --params",
     "gpu_spec": "the GPU from the hardware ruleset (fitplan.rulesets.GPU), or None without --gpu",
-    "optimizer_spec": "the optimizer named by --optim (fitplan.declarations.OptimizerSpec)",
+    "optimizer_spec": "the optimizer named by --optim (fitplan.engine.declarations.OptimizerSpec)",
     "framework": "framework overheads from the rulesets (fitplan.rulesets.Framework)",
     "rulesets": "every ruleset entry in force (fitplan.rulesets.Rulesets)",
 }
@@ -363,7 +363,7 @@ def _order(nodes: dict[str, Node], edges: list[tuple[str, str]], problems: list[
 
 def _fingerprint(qs: dict[str, Quantity], chains_in: dict[str, list[Reducer]]) -> str:
     """A key for everything the order depends on: names, dependencies, reducer ordering constraints."""
-    from . import __version__
+    from fitplan import __version__
 
     parts = [__version__, sorted(INPUTS)]
     parts.append(sorted((q.name, list(q.deps)) for q in qs.values()))

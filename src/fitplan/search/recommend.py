@@ -8,7 +8,7 @@ checkpointing, ZeRO stage and CPU offload, micro-batch × accumulation for a fix
 the attention kernel, plus the market (on demand or spot). A field the user set (``--method lora``,
 ``--gpu h100-sxm``, a scenario file's value) is fixed, not searched.
 
-Speed: the search evaluates the quantity graph loop-invariantly (:mod:`fitplan.staging`): each quantity
+Speed: the search evaluates the quantity graph loop-invariantly (:mod:`fitplan.engine.staging`): each quantity
 is recomputed only in the loops its inputs vary in. Memory does not depend on the GPU model, so one
 memory evaluation serves every GPU and provider; time does not depend on the attention kernel, so one
 time evaluation serves every kernel. Sound pruning (proofs in docs/recommend.md):
@@ -32,11 +32,11 @@ from typing import Any
 
 import attrs
 
-from . import scenario as sc
-from .conditions import Namespace, format_literal
-from .errors import FitplanError, PluginError
-from .policy import PolicySet, Verdict
-from .staging import StagedGraph
+from fitplan.inputs import scenario as sc
+from fitplan.rules.conditions import Namespace, format_literal
+from fitplan.errors import FitplanError, PluginError
+from fitplan.rules.policy import PolicySet, Verdict
+from fitplan.engine.staging import StagedGraph
 
 OBJECTIVES = ("cost", "time", "gpus")
 MARKETS = ("on_demand", "spot")
@@ -317,7 +317,7 @@ class _PlanValues:
 
 def _hardware(rules, space: SearchSpace, fixed: dict[str, Any], needs_price: bool) -> dict[tuple[int, int], list[tuple[Any, list[tuple[str | None, tuple[str, ...]]]]]]:
     """(GPUs per node, nodes) -> [(GPU, [(provider, markets with a price)])], respecting instance shapes."""
-    from .pricing import choose_instance, instances_for
+    from fitplan.rulesets.pricing import choose_instance, instances_for
 
     gpu_ids = space.gpus if space.gpus is not None else tuple(sorted({i.gpu for i in rules.instances.values()}))
     out: dict[tuple[int, int], list] = {}
@@ -410,10 +410,10 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
     :raises FitplanError: an unknown objective, a search space with nothing in it, an objective that
         needs a dataset or prices the scenario does not give.
     """
-    from .estimation import build_inputs, resolve_arch
+    from fitplan.estimation import build_inputs, resolve_arch
 
     if objective not in OBJECTIVES:
-        from .errors import unknown
+        from fitplan.errors import unknown
 
         raise unknown("objective", objective, OBJECTIVES, field="--objective")
     t0 = time.perf_counter()
@@ -752,7 +752,7 @@ def attach_estimates(result: Result, ctx, *, check: bool = True) -> None:
 
     :raises PluginError: the search and the estimate disagree (a bug, or an impure plugin quantity).
     """
-    from .estimation import evaluate
+    from fitplan.estimation import evaluate
 
     seen: dict[int, Any] = {}
     for plan in [*result.plans, *result.pareto, *result.rejected]:

@@ -11,9 +11,9 @@ from typing import Any
 
 import attrs
 
-from . import __version__
-from .estimation import MEMORY_KEYS, Estimate
-from .units import format_bytes, format_count
+from fitplan import __version__
+from fitplan.estimation import MEMORY_KEYS, Estimate
+from fitplan.units import format_bytes, format_count
 
 JSON_SECTIONS: list[Callable[[Estimate], dict[str, Any]]] = []
 """Functions adding top-level sections to the JSON report (time and cost register here)."""
@@ -369,7 +369,7 @@ def cost_lines(est: Estimate, units: str) -> list[tuple[str, str]]:
 JSON_SECTIONS.extend([time_json, cost_json])
 TEXT_SECTIONS.extend([time_lines, cost_lines])
 
-from .advice import advice_json, advice_lines  # noqa: E402 - the checklist's advice (rulesets/advice)
+from fitplan.rules.advice import advice_json, advice_lines  # noqa: E402 - the checklist's advice (rulesets/advice)
 
 JSON_SECTIONS.append(advice_json)
 TEXT_SECTIONS.append(advice_lines)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import FitplanError
+from fitplan.errors import FitplanError
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
@@ -125,7 +125,7 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tupl
             if not isinstance(v, str):
                 raise bad(key, f"optim must be a string, got {v!r}")
             if known_optimizers is not None and v not in known_optimizers:
-                from .errors import did_you_mean
+                from fitplan.errors import did_you_mean
 
                 raise bad(key, f"optim {v!r} is not an optimizer fitplan knows",
                           did_you_mean(v, known_optimizers) or "see `fitplan plugins` for the optimizers")

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .errors import FitplanError
+from fitplan.errors import FitplanError
 
 FORMATS = ("table", "json", "markdown", "html")
 
@@ -21,7 +21,7 @@ def _csv(text: str | None, option: str, valid: tuple[str, ...] | None = None) ->
     if not items:
         raise FitplanError(f"{option} needs at least one value", field=option, value=text)
     if valid is not None:
-        from .errors import unknown
+        from fitplan.errors import unknown
 
         for x in items:
             if x not in valid:
@@ -30,8 +30,8 @@ def _csv(text: str | None, option: str, valid: tuple[str, ...] | None = None) ->
 
 
 def _space(opts: dict[str, Any], ctx) -> Any:
-    from . import scenario as sc
-    from .recommend import MARKETS, SearchSpace
+    from fitplan.inputs import scenario as sc
+    from fitplan.search.recommend import MARKETS, SearchSpace
 
     rules, reg = ctx.rulesets, ctx.registry
     kw: dict[str, Any] = {}
@@ -89,7 +89,7 @@ def _progress():
 
 def register(cli: click.Group) -> None:
     """Add ``recommend`` and ``capacity`` to ``cli``."""
-    from .cli import _console, _dump_json, scenario_options
+    from fitplan.cli import _console, _dump_json, scenario_options
     OBJECTIVES = ("cost", "time", "gpus")  # == recommend.OBJECTIVES (tested); not imported: recommend pulls in networkx
 
     @cli.command()
@@ -131,10 +131,10 @@ def register(cli: click.Group) -> None:
         """
         import time
 
-        from . import recommend as rec
-        from .cli import build_scenario_fixed
-        from .context import get_context
-        from .policy import policy_set
+        from fitplan.search import recommend as rec
+        from fitplan.cli import build_scenario_fixed
+        from fitplan.context import get_context
+        from fitplan.rules.policy import policy_set
 
         base, dirs, fixed = build_scenario_fixed(kwargs)
         ctx = get_context(dirs)
@@ -161,7 +161,7 @@ def register(cli: click.Group) -> None:
             if not result.plans:
                 raise FitplanError("no plan to emit: none fits with the required headroom", field="--emit",
                                    suggestion="lower --headroom, allow more GPUs (--max-gpus) or methods")
-            from .exports import emit
+            from fitplan.output.exports import emit
 
             written, notes = emit(kind, rec.plan_scenario(base, result.plans[0]), directory)
             for p in written:
@@ -170,8 +170,8 @@ def register(cli: click.Group) -> None:
                 click.echo(f"note: {n}", err=True)
 
     def _reverse(base, ctx, what: str, headroom: str, fmt: str, out: str | None) -> None:
-        from .capacity import largest_fitting
-        from .units import format_bytes
+        from fitplan.search.capacity import largest_fitting
+        from fitplan.units import format_bytes
 
         field = "per_device_train_batch_size" if what == "micro-batch" else "max_seq_length"
         upper = 1 << 16 if field == "per_device_train_batch_size" else 1 << 22
@@ -195,7 +195,7 @@ def register(cli: click.Group) -> None:
             click.echo(text)
 
     def _write(result, fmt: str, out: str | None) -> None:
-        from . import report
+        from fitplan.output import recommend_report as report
 
         if fmt == "table" and not out:
             report.print_result(result, _console())
@@ -207,7 +207,7 @@ def register(cli: click.Group) -> None:
         elif fmt == "markdown":
             text = report.to_markdown(result)
         elif fmt == "html":
-            from .report_html import render
+            from fitplan.output.recommend_html import render
 
             text = render(result)
         else:
@@ -233,14 +233,14 @@ def register(cli: click.Group) -> None:
 
         The seed's own columns are shown beside fitplan's; docs/recommend.md states the method.
         """
-        from .capacity import capacity_table
-        from .context import get_context
+        from fitplan.search.capacity import capacity_table
+        from fitplan.context import get_context
 
         table = capacity_table(get_context(ruleset_dirs), gpus or None)
         if fmt == "json":
             _dump_json(table)
             return
-        from .capacity import print_table, to_markdown
+        from fitplan.search.capacity import print_table, to_markdown
 
         if fmt == "markdown":
             click.echo(to_markdown(table))

@@ -12,7 +12,7 @@ from typing import Any
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
-from .errors import FitplanError, did_you_mean
+from fitplan.errors import FitplanError, did_you_mean
 
 
 def make_converter() -> cattrs.Converter:
@@ -111,6 +111,6 @@ def structure(data: Any, cls: type, *, file: str | None = None, root: str = "$")
 
 
 def structure_scenario(nested: dict[str, Any], *, file: str | None = None):
-    from .scenario import Scenario
+    from fitplan.inputs.scenario import Scenario
 
     return structure(nested, Scenario, file=file)

@@ -19,9 +19,9 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover
     import click
 
-    from .declarations import OptimizerSpec, Quantity, Reducer
-    from .estimation import Estimate
-    from .scenario import Scenario
+    from fitplan.engine.declarations import OptimizerSpec, Quantity, Reducer
+    from fitplan.estimation import Estimate
+    from fitplan.inputs.scenario import Scenario
 
 hookspec = pluggy.HookspecMarker("fitplan")
 hookimpl = pluggy.HookimplMarker("fitplan")

@@ -15,9 +15,9 @@ from typing import Any
 import attrs
 import click
 
-from . import __version__
-from . import scenario as sc
-from .errors import FitplanError
+from fitplan import __version__
+from fitplan.inputs import scenario as sc
+from fitplan.errors import FitplanError
 
 OPTION_NAMES = {"zero_stage": "--zero"}
 """Flags whose name differs from their field (``--zero`` sets ``zero_stage``)."""
@@ -94,8 +94,8 @@ def build_scenario(kwargs: dict[str, Any]) -> tuple[sc.Scenario, list[str]]:
 def build_scenario_fixed(kwargs: dict[str, Any]) -> tuple[sc.Scenario, list[str], set[str]]:
     """:func:`build_scenario`, plus the flat names of the fields the user set (in the scenario file, an
     imported JSON or a flag): ``fitplan recommend`` searches only the others."""
-    from .context import load_scenario_file, merge, scenario_from_dict
-    from .importers import deepspeed_fields, training_args_fields
+    from fitplan.context import load_scenario_file, merge, scenario_from_dict
+    from fitplan.inputs.importers import deepspeed_fields, training_args_fields
 
     scenario_file = kwargs.pop("scenario_file", None)
     ruleset_dirs = list(kwargs.pop("ruleset_dirs", ()) or ())
@@ -110,7 +110,7 @@ def build_scenario_fixed(kwargs: dict[str, Any]) -> tuple[sc.Scenario, list[str]
         flags["precision"] = "bf16-mixed" if bf16 else "16-mixed"
     overrides: dict[str, Any] = {}
     if ta:
-        from .plugins import default_registry
+        from fitplan.pluginmgr.registry import default_registry
 
         reg = default_registry()
         fields, warnings = training_args_fields(ta, known_optimizers=[*reg.optimizers, *reg.optimizer_aliases])
@@ -127,8 +127,8 @@ def build_scenario_fixed(kwargs: dict[str, Any]) -> tuple[sc.Scenario, list[str]
 
 
 def _estimate(kwargs: dict[str, Any]):
-    from .context import get_context
-    from .estimation import evaluate
+    from fitplan.context import get_context
+    from fitplan.estimation import evaluate
 
     s, dirs = build_scenario(kwargs)
     ctx = get_context(dirs)
@@ -166,8 +166,8 @@ def estimate(fmt: str, units: str, policy_files: tuple[str, ...], **kwargs: Any)
     SCENARIO_FILE is an optional TOML file with [model], [training], [lora], [parallel], [hardware],
     [dataset] and [cost] sections; flags override it.
     """
-    from . import render
-    from .policy import estimate_verdicts
+    from fitplan.output import estimate_report as render
+    from fitplan.rules.policy import estimate_verdicts
 
     est = _estimate(kwargs)
     verdicts = estimate_verdicts(est, policy_files)
@@ -197,9 +197,9 @@ def explain(quantity: str, depth: int, fmt: str, **kwargs: Any) -> None:
 
     Without a model, explains the documented example (llama-2-7b, bf16-mixed, batch 4, seq 2048).
     """
-    from . import render
-    from .context import get_context
-    from .estimation import evaluate
+    from fitplan.output import estimate_report as render
+    from fitplan.context import get_context
+    from fitplan.estimation import evaluate
 
     if not any(kwargs.get(k) for k in ("model", "params", "scenario_file")):
         kwargs.update(model="llama-2-7b", precision=kwargs.get("precision") or "bf16-mixed",
@@ -239,7 +239,7 @@ def _quantity_name(name: str, est) -> str:
     graph = est.registry.compiled()
     if name in graph.nodes:
         return name
-    from .errors import unknown
+    from fitplan.errors import unknown
 
     raise unknown("quantity", name, [n for n in graph.nodes if graph.nodes[n].kind != "input"] + list(_SHORT))
 
@@ -250,7 +250,7 @@ def _quantity_name(name: str, est) -> str:
               help="Write both fitplan-graph.dot and fitplan-graph.mmd into this directory.")
 def graph(fmt: str, out_dir: str | None) -> None:
     """Print the quantity graph as Graphviz DOT or Mermaid."""
-    from .context import get_context
+    from fitplan.context import get_context
 
     compiled = get_context().registry.compiled()
     if out_dir:
@@ -268,7 +268,7 @@ def graph(fmt: str, out_dir: str | None) -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
 def plugins(check: bool, fmt: str) -> None:
     """List plugins and what each registers (quantities, reducers, optimizers, ruleset dirs)."""
-    from .plugins import make_registry
+    from fitplan.pluginmgr.registry import make_registry
 
     reg = make_registry()
     dirs_by_plugin: dict[str, list[str]] = {}
@@ -278,7 +278,7 @@ def plugins(check: bool, fmt: str) -> None:
     try:
         reg.compiled()
     except FitplanError as e:
-        from .errors import PluginError
+        from fitplan.errors import PluginError
 
         reg.errors.append(PluginError(e.message, details=e.details))
     rows = []
@@ -323,12 +323,12 @@ def rulesets() -> None:
 @click.argument("paths", nargs=-1, required=True)
 def rulesets_check(paths: tuple[str, ...]) -> None:
     """Validate ruleset files or directories; report every error at once as `file: message @ $.path`."""
-    from .rulesets import check_paths
+    from fitplan.rulesets.loader import check_paths
 
     errors = check_paths(paths)
     if not errors:
-        from .plugins import default_registry
-        from .policy import rule_name_problems
+        from fitplan.pluginmgr.registry import default_registry
+        from fitplan.rules.policy import rule_name_problems
 
         errors = rule_name_problems(paths, default_registry())
     for e in errors:
@@ -378,10 +378,10 @@ def rulesets_import_skypilot(csv_file: str, out: str, provider: str | None, mapp
 
     import tomli_w
 
-    from .context import get_context
-    from .convert import CONVERTER, error_lines
-    from .rulesets import RulesetFile, check_paths
-    from .skypilot import import_catalog, known_gpu_names
+    from fitplan.context import get_context
+    from fitplan.inputs.convert import CONVERTER, error_lines
+    from fitplan.rulesets.loader import RulesetFile, check_paths
+    from fitplan.rulesets.skypilot import import_catalog, known_gpu_names
 
     path = Path(csv_file)
     if not path.exists():
@@ -445,8 +445,8 @@ def models() -> None:
 @click.option("--ruleset-dir", "ruleset_dirs", multiple=True, type=click.Path(file_okay=False))
 def models_list(fmt: str, ruleset_dirs: tuple[str, ...]) -> None:
     """List catalog models with their parameter counts."""
-    from .architecture import spec_from_config
-    from .context import get_context
+    from fitplan.inputs.architecture import spec_from_config
+    from fitplan.context import get_context
 
     rules = get_context(ruleset_dirs).rulesets
     rows = []
@@ -460,7 +460,7 @@ def models_list(fmt: str, ruleset_dirs: tuple[str, ...]) -> None:
         return
     from rich.table import Table
 
-    from .units import format_count
+    from fitplan.units import format_count
 
     t = Table(show_edge=False)
     for c in ("id", "HF id", "type", "params"):
@@ -475,8 +475,8 @@ def models_list(fmt: str, ruleset_dirs: tuple[str, ...]) -> None:
 @click.option("--ruleset-dir", "ruleset_dirs", multiple=True, type=click.Path(file_okay=False))
 def models_show(name: str, ruleset_dirs: tuple[str, ...]) -> None:
     """Show a catalog model (or a config.json): its fields and exact parameter count."""
-    from .architecture import load_config_json, spec_from_config, spec_to_dict
-    from .context import get_context
+    from fitplan.inputs.architecture import load_config_json, spec_from_config, spec_to_dict
+    from fitplan.context import get_context
 
     if name.endswith(".json"):
         spec = load_config_json(name)
@@ -519,14 +519,14 @@ def validate(mode: str, steps: int, calibrate_out: str | None, random_seed: int,
         options: dict[str, Any] = {"mode": mode, "steps": steps, "calibrate_out": calibrate_out, "seed": random_seed,
                                    "memtracker": memtracker}
         if max_cpu_memory is not None:
-            from .units import parse_count
+            from fitplan.units import parse_count
 
             options["max_cpu_bytes"] = parse_count(max_cpu_memory, field="--max-cpu-memory")
         report = hook(scenario=est.scenario, estimate=est, options=options)
     except FitplanError:
         raise
     except Exception as e:  # noqa: BLE001 - a plugin bug is reported, not a traceback
-        from .errors import PluginError
+        from fitplan.errors import PluginError
 
         names = ", ".join(est.registry.pm.get_name(i.plugin) or "?" for i in hook.get_hookimpls())
         raise PluginError(f"the validation plugin ({names}) failed: {type(e).__name__}: {e}", field="fitplan_validate",
@@ -538,7 +538,7 @@ def validate(mode: str, steps: int, calibrate_out: str | None, random_seed: int,
         return
     from rich.table import Table
 
-    from .units import format_bytes_auto as format_bytes
+    from fitplan.units import format_bytes_auto as format_bytes
 
     t = Table(title=f"predicted vs measured ({report.get('mode', mode)}, {report.get('device', '')})", show_edge=False)
     for c in ("component", "predicted", "measured", "error"):
@@ -552,7 +552,7 @@ def validate(mode: str, steps: int, calibrate_out: str | None, random_seed: int,
 
 def _register_plugin_commands() -> None:
     try:
-        from .plugins import default_registry
+        from fitplan.pluginmgr.registry import default_registry
 
         reg = default_registry()
         reg.pm.hook.fitplan_register_commands(cli=cli)
@@ -562,7 +562,7 @@ def _register_plugin_commands() -> None:
         click.echo(f"warning: a plugin failed to add its commands: {e}", err=True)
 
 
-from .commands import register as _register_commands  # noqa: E402 - recommend, capacity
+from fitplan.cli.commands import register as _register_commands  # noqa: E402 - recommend, capacity
 
 _register_commands(cli)
 

@@ -36,10 +36,10 @@ from typing import Any, ClassVar
 import attrs
 from attrs import field, frozen
 
-from .advice import AdviceRule
-from .convert import error_lines, CONVERTER
-from .errors import FitplanError, unknown
-from .policy import PolicyRule
+from fitplan.rules.advice import AdviceRule
+from fitplan.inputs.convert import error_lines, CONVERTER
+from fitplan.errors import FitplanError, unknown
+from fitplan.rules.policy import PolicyRule
 
 
 def _nonneg(inst: Any, att: attrs.Attribute, value: Any) -> None:
@@ -278,7 +278,7 @@ def _duplicates(parsed: RulesetFile, f: Path, seen: dict[tuple[str, str], Path])
 def _cross_check(parsed: RulesetFile, f: Path) -> list[str]:
     out = []
     for i, entry in enumerate(parsed.model):
-        from .architecture import spec_from_config
+        from fitplan.inputs.architecture import spec_from_config
 
         try:
             spec_from_config(entry.config, name=entry.id)
@@ -289,11 +289,11 @@ def _cross_check(parsed: RulesetFile, f: Path) -> list[str]:
 
 def bundled_dir() -> Path:
     """The bundled rulesets: inside the wheel, or the repository's top-level ``rulesets/``."""
-    here = Path(__file__).resolve().parent
-    inside = here / "_rulesets"
+    package = Path(__file__).resolve().parent.parent
+    inside = package / "_rulesets"
     if inside.is_dir():
         return inside
-    return here.parent.parent / "rulesets"
+    return package.parent.parent / "rulesets"
 
 
 @attrs.define

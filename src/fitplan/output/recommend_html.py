@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from html import escape
 
-from . import __version__
-from .recommend import Plan, Result, command_line, describe_market, rejection_text
-from .report import PLAN_COLUMNS, _header, no_plan_text, plan_row, stats_line
+from fitplan import __version__
+from fitplan.search.recommend import Plan, Result, command_line, describe_market, rejection_text
+from fitplan.output.recommend_report import PLAN_COLUMNS, _header, no_plan_text, plan_row, stats_line
 
 SEGMENTS = (
     ("weights", "weights", "#4e79a7"),

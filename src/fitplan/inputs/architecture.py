@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 from attrs import frozen
 
-from .errors import FitplanError
+from fitplan.errors import FitplanError
 
 FAMILIES = {
     "llama": "llama",
@@ -272,7 +272,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
                            suggestion="an HF config.json names its architecture, e.g. \"llama\"")
     family = FAMILIES.get(model_type)
     if family is None:
-        from .errors import unknown
+        from fitplan.errors import unknown
 
         raise unknown("model_type", model_type, FAMILIES, file=file, field="$.model_type")
     for key in _REQUIRED:
