@@ -68,7 +68,7 @@ def activation_dtype_bytes(precision):
     return 4 if precision == "32-true" else 2
 
 
-@quantity("dtype")
+@quantity("dtype", type="text")
 def compute_dtype(precision):
     """The dtype matmuls run in (selects the GPU's peak FLOP/s): fp32, bf16 or fp16."""
     if precision == "32-true":

@@ -1251,7 +1251,7 @@ def _frontier(pairs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
 def buffer_bytes(arch, param_bytes: int = 4) -> int:
     """The model's buffers: rotary ``inv_freq`` and ``original_inv_freq`` (``d_rot/2`` fp32 each, computed in
     fp32 whatever the model dtype); Gemma's ``embed_scale`` (a 0-d tensor created in the model's dtype)."""
-    if arch.family == "bare":
+    if arch.is_bare:
         return 0
     n = 0
     if not arch.learned_positions:

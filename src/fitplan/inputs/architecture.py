@@ -119,6 +119,11 @@ class ModelSpec:
     """Set for ``--params 7B``: a count with no shapes (the seed's view of a model)."""
 
     @property
+    def is_bare(self) -> bool:
+        """Known only by a parameter count (``--params 7B``): no shapes, so no activations or logits."""
+        return self.bare_param_count is not None
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 

@@ -14,10 +14,9 @@ import attrs
 from attrs import field, frozen
 
 from fitplan.errors import FitplanError
+from fitplan.inputs.convert import structure
+from fitplan.inputs.precision import PRECISIONS
 
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "bf16-master", "16-master")
-"""Precision presets. Lightning's names, plus ``bf16-master``/``16-master``: 16-bit weights and
-gradients with fp32 master weights and fp32 optimizer states (DeepSpeed / Megatron style)."""
 METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
@@ -202,6 +201,9 @@ def from_flat(values: dict[str, Any]) -> Scenario:
 
             raise unknown("scenario field", name, FIELD_SECTION)
         nested.setdefault(section, {})[name] = value
-    from fitplan.inputs.convert import structure_scenario
+    return from_nested(nested)
 
-    return structure_scenario(nested)
+
+def from_nested(nested: dict[str, Any], *, file: str | None = None) -> Scenario:
+    """Build a scenario from ``{"section": {field: value}}`` (strict: wrong types and unknown keys are errors)."""
+    return structure(nested, Scenario, file=file)

@@ -188,8 +188,8 @@ def scenario_toml(s: sc.Scenario) -> str:
     return "# fitplan scenario: `fitplan estimate THIS_FILE` reproduces the plan\n" + tomli_w.dumps(out)
 
 
-def emit(kind: str, s: sc.Scenario, directory: str | Path) -> tuple[list[Path], list[str]]:
-    """Write ``kind`` (or ``all``) for scenario ``s`` into ``directory``. Returns the files written and notes.
+def render_exports(kind: str, s: sc.Scenario) -> tuple[list[tuple[str, str]], list[str]]:
+    """The files of export ``kind`` (or ``all``) for scenario ``s``: ``[(file name, text)]`` and notes.
 
     :raises FitplanError: an unknown kind; ``deepspeed`` for a plan without DeepSpeed.
     """
@@ -197,26 +197,42 @@ def emit(kind: str, s: sc.Scenario, directory: str | Path) -> tuple[list[Path], 
         from fitplan.errors import unknown
 
         raise unknown("export format", kind, [*KINDS, "all"], field="--emit")
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     kinds = list(KINDS) if kind == "all" else [kind]
     if kind == "all" and not uses_deepspeed(s):
         kinds.remove("deepspeed")
     if kind in ("training-args", "accelerate") and uses_deepspeed(s):
         kinds.insert(0, "deepspeed")  # they name it
-    written: list[Path] = []
+    files: list[tuple[str, str]] = []
     notes: list[str] = []
     for k in kinds:
-        path = d / FILENAMES[k]
         if k == "deepspeed":
-            path.write_text(json.dumps(deepspeed_config(s), indent=2) + "\n", encoding="utf-8")
+            text = json.dumps(deepspeed_config(s), indent=2) + "\n"
         elif k == "training-args":
             data, more = training_args(s)
             notes += more
-            path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+            text = json.dumps(data, indent=2) + "\n"
         elif k == "accelerate":
-            path.write_text(accelerate_config(s), encoding="utf-8")
+            text = accelerate_config(s)
         else:
-            path.write_text(scenario_toml(s), encoding="utf-8")
-        written.append(path)
-    return written, notes
+            text = scenario_toml(s)
+        files.append((FILENAMES[k], text))
+    return files, notes
+
+
+def write_exports(directory: str | Path, files: list[tuple[str, str]]) -> list[Path]:
+    """Write rendered export files into ``directory`` (created if needed), each file whole or not at all."""
+    from fitplan.errors import FitplanError
+    from fitplan.output.files import write_text
+
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FitplanError(f"cannot create the directory: {e.strerror or e}", file=str(d), field="--emit") from None
+    return [write_text(d / name, text) for name, text in files]
+
+
+def emit(kind: str, s: sc.Scenario, directory: str | Path) -> tuple[list[Path], list[str]]:
+    """Render and write export ``kind`` for ``s`` into ``directory``: the files written and the notes."""
+    files, notes = render_exports(kind, s)
+    return write_exports(directory, files), notes

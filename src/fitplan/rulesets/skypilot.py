@@ -254,3 +254,85 @@ def known_gpu_names(gpus: Iterable[Any]) -> dict[str, str]:
         for a in g.aliases:
             out[a.lower()] = g.id
     return out
+
+
+def provider_from_path(path: Path) -> str | None:
+    """``catalogs/v8/aws/vms.csv`` -> aws; ``aws_vms.csv`` -> aws."""
+    if path.name == "vms.csv":
+        return path.parent.name or None
+    stem = path.stem
+    for suffix in ("_vms", "-vms", ".vms"):
+        if stem.endswith(suffix):
+            return stem[: -len(suffix)] or None
+    return None
+
+
+def parse_mappings(mappings: Iterable[str]) -> dict[str, str]:
+    """``--map NAME=GPU`` options as a dict. :raises FitplanError: a malformed one."""
+    from fitplan.errors import FitplanError
+
+    out: dict[str, str] = {}
+    for m in mappings:
+        name, sep, gpu = m.partition("=")
+        if not sep or not name.strip() or not gpu.strip():
+            raise FitplanError(f"--map expects NAME=GPU, got {m!r}", field="--map", value=m, suggestion="e.g. --map A100=a100-40gb")
+        out[name.strip()] = gpu.strip()
+    return out
+
+
+def import_to_file(csv_file: str | Path, out: str | Path, *, provider: str | None, rules: Any, extra_map: dict[str, str],
+                   date: str = "", billing: str | None = None, minimum_seconds: int | None = None,
+                   spot_overhead: float = 0.1) -> tuple[ImportResult, list[str]]:
+    """Convert ``csv_file`` and write the pricing ruleset ``out`` (atomically, only when every row is valid and
+    the result passes ``fitplan rulesets check``). Returns the import result and the messages to show (warnings
+    and skipped accelerators).
+
+    :raises FitplanError: the file is missing, the provider cannot be told, rows are malformed, or the
+        converted ruleset is invalid; nothing is written then.
+    """
+    import tomli_w
+
+    from fitplan.errors import FitplanError
+    from fitplan.inputs.convert import CONVERTER, error_lines
+    from fitplan.output.files import write_bytes
+    from fitplan.rulesets.loader import check_paths
+    from fitplan.rulesets.schema import RulesetFile
+
+    path = Path(csv_file)
+    if not path.exists():
+        raise FitplanError("file not found", file=str(path), field="CSV_FILE")
+    provider = provider or provider_from_path(path)
+    if not provider:
+        raise FitplanError("cannot tell the provider from the file name", file=str(path), field="--provider",
+                           suggestion="pass --provider NAME (e.g. aws, gcp)")
+    result = import_catalog(path, provider, known_gpus=known_gpu_names(rules.gpus.values()), extra_map=extra_map,
+                            date=date, billing=billing, minimum_seconds=minimum_seconds, spot_overhead=spot_overhead)
+    if result.errors:
+        raise FitplanError(f"{len(result.errors)} malformed row(s); nothing written", file=str(path), field="CSV_FILE",
+                           details=result.errors, suggestion="fix or remove these rows")
+    try:
+        CONVERTER.structure(result.data, RulesetFile)
+    except Exception as e:  # noqa: BLE001 - cattrs error groups
+        raise FitplanError("the converted ruleset is invalid; nothing written", file=str(path),
+                           details=error_lines(e)) from None
+    text = (f"# Pricing ruleset imported from the SkyPilot catalog {path.name} by `fitplan rulesets import-skypilot`.\n"
+            .encode() + tomli_w.dumps(result.data).encode())
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:  # check the exact bytes before they replace anything
+        probe = Path(d) / "probe.toml"
+        probe.write_bytes(text)
+        problems = check_paths([probe])
+    if problems:
+        raise FitplanError("the converted ruleset does not pass `fitplan rulesets check`; nothing written",
+                           details=problems)
+    write_bytes(out, text)
+    messages = [f"warning: {w}" for w in result.warnings]
+    if result.unknown:
+        names = ", ".join(f"{k} ({n} row{'s' if n > 1 else ''})" for k, n in sorted(result.unknown.items()))
+        messages.append(f"skipped accelerators that map to no GPU: {names}; map one with --map NAME=gpu-id")
+    unmapped = sorted({i["gpu"] for i in result.data["instance"]} - set(rules.gpus))
+    if unmapped:
+        messages.append(f"warning: GPU id(s) not in the hardware rulesets: {', '.join(unmapped)} "
+                        "(estimates with them need a [[gpu]] entry)")
+    return result, messages

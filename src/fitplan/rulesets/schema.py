@@ -1,0 +1,255 @@
+"""The schemas of ruleset files: every table a ruleset TOML may hold, as frozen attrs classes.
+
+Structured by the strict cattrs converter (:mod:`fitplan.inputs.convert`): unknown keys, wrong types and
+values out of range are errors naming the file and the ``$.path``. Policy and advice conditions are checked
+for syntax here (compiled by :mod:`fitplan.rules.conditions`); their names are checked against the plugins'
+vocabulary by ``fitplan rulesets check``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+
+from fitplan.errors import FitplanError
+from fitplan.rules.conditions import compile_condition
+from fitplan.rules.templates import template_names
+
+
+def _nonneg(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or value < 0):
+        raise FitplanError(f"{type(inst).__name__}.{att.name} must be >= 0, got {value!r}", field=att.name, value=value)
+
+
+def _pos(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not value > 0):
+        raise FitplanError(f"{type(inst).__name__}.{att.name} must be > 0, got {value!r}", field=att.name, value=value)
+
+
+@frozen
+class GPU:
+    """One GPU model. ``usable_bytes`` is what ``torch.cuda.get_device_properties().total_memory`` reports."""
+
+    id: str
+    name: str
+    memory_bytes: int = field(validator=_pos)
+    usable_bytes: int = field(validator=_pos)
+    peak_tflops: dict[str, float]
+    """Dense peak TFLOPS per dtype: keys among fp32, tf32, bf16, fp16, fp8, int8."""
+    bandwidth_gbps: float = field(validator=_pos)
+    source: str
+    aliases: tuple[str, ...] = ()
+    interconnect: str = "pcie"
+    interconnect_gbps: float = field(default=32.0, validator=_pos)
+    """Per-GPU bidirectional-ish bandwidth within a node (NVLink or PCIe), GB/s."""
+    inter_node_gbps: float = field(default=50.0, validator=_pos)
+    """Per-GPU network bandwidth between nodes, GB/s (e.g. 400 Gb/s InfiniBand = 50 GB/s)."""
+    gpus_per_node: int = field(default=8, validator=_pos)
+
+    @usable_bytes.validator
+    def _usable_le_memory(self, att: attrs.Attribute, value: int) -> None:
+        if value > self.memory_bytes * 1.1:
+            raise FitplanError(
+                f"GPU.usable_bytes ({value}) exceeds memory_bytes ({self.memory_bytes})", field=att.name, value=value
+            )
+
+
+@frozen
+class Provider:
+    id: str
+    name: str
+    source: str
+    billing: str = field(default="second", validator=attrs.validators.in_(("second", "minute", "hour")))
+    """Billing granularity: usage is rounded up to a whole unit."""
+    minimum_seconds: int = field(default=60, validator=_nonneg)
+    currency: str = "USD"
+    spot_overhead: float = field(default=0.1, validator=_nonneg)
+    """Extra fraction of run time lost to spot interruptions and restarts (0.1 = +10 %)."""
+
+
+@frozen
+class Instance:
+    """A rentable machine: ``gpus`` × ``gpu`` at an hourly price for the whole instance."""
+
+    provider: str
+    id: str
+    gpu: str
+    gpus: int = field(validator=_pos)
+    on_demand_per_hour: float = field(validator=_nonneg)
+    source: str
+    spot_per_hour: float | None = field(default=None, validator=_nonneg)
+    region: str = ""
+    date: str = ""
+
+
+@frozen
+class Framework:
+    """What CUDA and PyTorch add beyond tensor bytes. Calibrated by ``fitplan validate --calibrate-out``."""
+
+    cuda_context_bytes: int = field(default=500 * 2**20, validator=_nonneg)
+    cublas_workspace_bytes: int = field(default=8 * 2**20, validator=_nonneg)
+    allocator_reserve_ratio: float = field(default=1.05, validator=_pos)
+    """reserved / allocated at the peak (caching allocator fragmentation)."""
+    allocator_block_bytes: int = field(default=512, validator=_pos)
+    source: str = ""
+
+
+@frozen
+class MfuRow:
+    """A published MFU measurement: what one training setup reached on one GPU."""
+
+    id: str
+    gpu: str
+    param_count: float = field(validator=_pos)
+    """Model size (total parameters), e.g. ``6.7e9``."""
+    mfu: float = field(validator=_pos)
+    """Model FLOPs utilisation as a fraction (0.46 = 46 %), as the source reports it."""
+    source: str
+    model: str = ""
+    method: str = "full"
+    max_seq_length: int | None = field(default=None, validator=_pos)
+    num_gpus: int | None = field(default=None, validator=_pos)
+    tokens_per_second_per_gpu: float | None = field(default=None, validator=_pos)
+    note: str = ""
+
+    @mfu.validator
+    def _fraction(self, att: attrs.Attribute, value: float) -> None:
+        if value > 1:
+            raise FitplanError(f"MfuRow.mfu is a fraction (0.46 = 46 %), got {value!r}", field="mfu", value=value,
+                               suggestion="write percentages as fractions")
+
+
+@frozen
+class ThroughputRow:
+    """Measured training throughput, in a named set selected by ``--throughput-source``."""
+
+    id: str
+    set: str
+    gpu: str
+    param_count: float = field(validator=_pos)
+    tokens_per_second: float = field(validator=_pos)
+    """Tokens per second of the whole run (all ``num_gpus`` together)."""
+    source: str
+    num_gpus: int = field(default=1, validator=_pos)
+    model: str = ""
+    note: str = ""
+
+
+@frozen
+class MfuCalibration:
+    """An MFU measured on a real GPU (written by ``fitplan validate --calibrate-out``)."""
+
+    gpu: str
+    mfu: float = field(validator=_pos)
+    source: str = ""
+    model: str = ""
+    method: str = ""
+    date: str = ""
+
+    @mfu.validator
+    def _fraction(self, att: attrs.Attribute, value: float) -> None:
+        if value > 1:
+            raise FitplanError(f"MfuCalibration.mfu is a fraction (0.41 = 41 %), got {value!r}", field="mfu", value=value)
+
+
+@frozen
+class ModelEntry:
+    """A catalog model: the fields of its HF ``config.json``."""
+
+    id: str
+    config: dict[str, Any]
+    source: str
+    aliases: tuple[str, ...] = ()
+    hf_id: str = ""
+
+
+def _valid_condition(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    compile_condition(value)
+
+
+def _valid_message(inst: Any, att: attrs.Attribute, value: str) -> None:
+    template_names(value)
+
+
+def _valid_variant(inst: Any, att: attrs.Attribute, value: dict[str, Any]) -> None:
+    from fitplan.inputs.scenario import FIELD_SECTION
+
+    for k, v in value.items():
+        if k not in FIELD_SECTION:
+            from fitplan.errors import unknown
+
+            e = unknown("scenario field", k, FIELD_SECTION)
+            raise FitplanError(e.message, field=f"variant.{k}", value=k, suggestion=e.suggestion)
+        if isinstance(v, Mapping) and (set(v) != {"from"} or not isinstance(v["from"], str)):
+            raise FitplanError(f"variant.{k} must be a value or {{ from = \"name\" }}, got {v!r:.60}", field=f"variant.{k}",
+                               value=v)
+
+
+@frozen
+class AdviceRule:
+    """One ``[[advice]]`` entry."""
+
+    id: str
+    condition: dict[str, Any] = field(validator=_valid_condition)
+    message: str = field(validator=_valid_message)
+    checklist: str = ""
+    """The seed checklist item the rule implements (the chapter's own words)."""
+    variant: dict[str, Any] = field(factory=dict, validator=_valid_variant)
+    """Scenario fields to change to compute ``variant_*`` / ``delta_*`` / ``ratio_*`` names."""
+    source: str = ""
+
+
+ACTIONS = ("forbid", "penalise")
+
+
+def _valid_action(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    if value not in ACTIONS:
+        from fitplan.errors import did_you_mean
+
+        raise FitplanError(f"{type(inst).__name__}.action must be one of {', '.join(ACTIONS)}, got {value!r}",
+                           field="action", value=value,
+                           suggestion=did_you_mean(str(value), [*ACTIONS, "penalize"]) or "forbid rejects, penalise ranks lower")
+
+
+@frozen
+class PolicyRule:
+    """One ``[[policy]]`` entry."""
+
+    id: str
+    description: str
+    condition: dict[str, Any] = field(validator=_valid_condition)
+    action: str = field(default="forbid", validator=_valid_action)
+    penalty: float = field(default=0.0)
+    """``penalise`` only: the ranking objective is multiplied by ``1 + penalty``."""
+    source: str = ""
+
+    @penalty.validator
+    def _penalty(self, att: attrs.Attribute, value: float) -> None:
+        if isinstance(value, bool) or value < 0:
+            raise FitplanError(f"PolicyRule.penalty must be >= 0, got {value!r}", field="penalty", value=value)
+        if self.action == "penalise" and value == 0:
+            raise FitplanError("a penalise rule needs penalty > 0 (0.25 = the objective × 1.25)", field="penalty",
+                               value=value, suggestion="add penalty = 0.25, or use action = \"forbid\"")
+
+
+@frozen
+class RulesetFile:
+    """The top level of one ruleset TOML file."""
+
+    gpu: list[GPU] = attrs.Factory(list)
+    provider: list[Provider] = attrs.Factory(list)
+    instance: list[Instance] = attrs.Factory(list)
+    model: list[ModelEntry] = attrs.Factory(list)
+    framework: Framework | None = None
+    mfu: list[MfuRow] = attrs.Factory(list)
+    throughput: list[ThroughputRow] = attrs.Factory(list)
+    mfu_calibration: list[MfuCalibration] = attrs.Factory(list)
+    policy: list[PolicyRule] = attrs.Factory(list)
+    """Organisation policies (docs/policies.md)."""
+    advice: list[AdviceRule] = attrs.Factory(list)
+    """Advice rules: the seed's optimisation checklist (``rulesets/advice/checklist.toml``)."""
+
+
