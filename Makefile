@@ -15,6 +15,7 @@ $(VENV)/bin/python:
 
 install: $(VENV)/bin/python
 	$(PIP) -e .
+	$(PY) -m compileall -q src  # bytecode for the editable install (PYTHONDONTWRITEBYTECODE=1 would recompile every run)
 
 install-test: install
 	$(PIP) -e '.[test]'
@@ -31,6 +32,7 @@ test: install-test
 
 bench: install
 	$(PY) bench/bench_estimate.py
+	$(PY) bench/bench_cli_startup.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -132,3 +132,30 @@ def test_json_keys_metadata_matches_the_report():
     ns = Namespace(est.values, None, None, vocab)
     assert report["time"]["hours"] == ns.get("time.hours") == ns.get("train_hours")
     assert checked >= 30
+
+
+MODULE_LINES, FUNCTION_LINES = 550, 80
+"""About 500 lines a module and 80 a function (CONTRIBUTING.md), unless a reason is stated below."""
+LONG_MODULES = {
+    "fitplan/builtin/step_trace.py": "every HF forward written out op by op; replaced by learned architecture files (#12)",
+}
+LONG_FUNCTIONS = {
+    ("fitplan/builtin/step_trace.py", "replay"): "the forward and backward timelines in one pass over shared state (#12)",
+    ("fitplan/inputs/architecture.py", "spec_from_config"): "per-family config reading, replaced by the learned "
+                                                             "files' config normalisation (#12)",
+}
+
+
+def test_modules_and_functions_stay_small():
+    long_modules, long_functions = [], []
+    for f in sorted((SRC / "fitplan").rglob("*.py")):
+        rel = f.relative_to(SRC).as_posix()
+        text = f.read_text(encoding="utf-8")
+        if text.count("\n") > MODULE_LINES and rel not in LONG_MODULES:
+            long_modules.append(f"{rel}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > FUNCTION_LINES and (rel, node.name) not in LONG_FUNCTIONS:
+                    long_functions.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
+    assert (long_modules, long_functions) == ([], [])

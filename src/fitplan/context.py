@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 
 from fitplan.rulesets import loader as rs
-from fitplan.inputs import scenario as sc
-from fitplan.errors import FitplanError
 from fitplan.pluginmgr.registry import Registry, default_registry
 
 

@@ -38,7 +38,7 @@ def model_state_bytes(weight_bytes, master_weight_bytes, gradient_bytes, optimiz
     return weight_bytes + master_weight_bytes + gradient_bytes + optimizer_state_bytes
 
 
-@quantity("bytes")
+@quantity("bytes", role="saved")
 def saved_for_backward_bytes(activation_bytes, logits_bytes, autocast_weight_copy_bytes):
     """Everything the forward leaves alive for the backward beyond what was alive before it (parameters,
     states and the batch excluded; fitplan-torch's ``retained``): layer activations + the loss head's

@@ -427,17 +427,18 @@ class Cfg:
     qlora: bool
 
 
+_TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+
+
 def make_cfg(spec: TraceSpec) -> Cfg:
-    p = spec.precision
-    half = "bf16" if p.startswith("bf16") else "f16"
-    if p == "32-true":
-        param, act, compute, ac = "f32", "f32", "f32", False
-    elif p.endswith("-mixed"):
-        param, act, compute, ac = "f32", "f32", half, True
-    else:  # *-true, *-master: 16-bit weights
-        param, act, compute, ac = half, half, half, False
+    """The trace's dtypes from the precision preset (:data:`fitplan.inputs.precision.PRESETS`): autocast keeps
+    fp32 weights and activations between the ops it casts; the other presets run in their weights' dtype."""
+    from fitplan.inputs.precision import PRESETS
+
+    p = PRESETS[spec.precision]
+    param, compute = _TRACE_DTYPE[p.weight_dtype], _TRACE_DTYPE[p.compute_dtype]
     lora = spec.method in ("lora", "qlora")
-    return Cfg(param, act, compute, ac, "f32", lora, spec.method == "qlora")
+    return Cfg(param, param, compute, p.autocast, "f32", lora, spec.method == "qlora")
 
 
 # --------------------------------------------------------------------------- model blocks (HF forwards, op by op)

@@ -10,7 +10,6 @@ from typing import Any
 import attrs
 import click
 
-from fitplan.errors import FitplanError
 from fitplan.inputs import scenario as sc
 from fitplan.inputs.sources import flag_for
 

@@ -35,6 +35,7 @@ TYPES = ("number", "text", "bool", "object")
 
 ROLES: dict[str, str] = {
     "peak": "peak allocated bytes per GPU in one step (the breakdown's total; share_X = X / peak)",
+    "saved": "what the forward leaves alive for the backward (activations, logits, autocast copies)",
     "device_total": "bytes the GPU must hold: the peak plus framework overheads (compared with the usable memory)",
     "overhead": "bytes the framework adds beyond the peak (CUDA context, allocator reserve): not a part of the peak",
     "usable": "the GPU's usable memory in bytes",

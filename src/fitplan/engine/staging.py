@@ -3,7 +3,7 @@
 A search varies its inputs in nested loops (method, then precision, ..., then micro-batch). A quantity
 whose inputs are all fixed at loop level L need not be recomputed inside the deeper loops: this module
 gives every step of the compiled graph the level of its deepest-varying input and runs, at each level,
-only the steps of that level. Quantity functions are pure (STYLE.md), so the values are exactly those
+only the steps of that level. Quantity functions are pure (docs/style.md), so the values are exactly those
 of a full :meth:`~fitplan.engine.graph.CompiledGraph.evaluate` on the same inputs; ``tests/test_recommend.py``
 checks that against the ordinary estimate.
 

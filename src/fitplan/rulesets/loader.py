@@ -41,8 +41,23 @@ from fitplan.rulesets.schema import (GPU, AdviceRule, Framework, Instance, MfuCa
                                      Provider, RulesetFile, ThroughputRow)
 
 
+_PARSED: dict[tuple[str, int, int], tuple[RulesetFile | None, list[str]]] = {}
+"""Files already read in this process, by (path, mtime, size): a ruleset directory is checked and then loaded."""
+
+
 def parse_file(path: Path) -> tuple[RulesetFile | None, list[str]]:
     """Read one ruleset file. Returns the parsed file and every error as ``file: message @ $.path``."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        return None, [f"{path}: cannot read: {e.strerror}"]
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _PARSED:
+        _PARSED[key] = _parse(path)
+    return _PARSED[key]
+
+
+def _parse(path: Path) -> tuple[RulesetFile | None, list[str]]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
@@ -50,9 +65,11 @@ def parse_file(path: Path) -> tuple[RulesetFile | None, list[str]]:
     except OSError as e:
         return None, [f"{path}: cannot read: {e.strerror}"]
     try:
-        return CONVERTER.structure(data, RulesetFile), []
+        parsed = CONVERTER.structure(data, RulesetFile)
     except Exception as e:  # noqa: BLE001 - cattrs error groups
         return None, [f"{path}: {line}" for line in error_lines(e)]
+    problems = _cross_check(parsed, path)
+    return (None if problems else parsed), problems
 
 
 def ruleset_files(directory: Path) -> list[Path]:
@@ -83,7 +100,6 @@ def check_paths(paths: Iterable[str | Path]) -> list[str]:
             errors.extend(errs)
             if parsed is not None:
                 errors.extend(_duplicates(parsed, f, seen))
-                errors.extend(_cross_check(parsed, f))
     return errors
 
 

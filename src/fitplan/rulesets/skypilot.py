@@ -117,6 +117,22 @@ def gpu_for(name: str, known_gpus: dict[str, str], extra: dict[str, str]) -> str
     return known_gpus.get(name.lower())
 
 
+@attrs.define
+class _Reading:
+    """What one pass over the CSV rows found."""
+
+    errors: list[str] = attrs.Factory(list)
+    warnings: list[str] = attrs.Factory(list)
+    unknown: dict[str, int] = attrs.Factory(dict)
+    vm_rows: list[tuple[int, dict[str, str], float, float | None]] = attrs.Factory(list)
+    gpu_price: dict[tuple[str, str], tuple[float, float | None]] = attrs.Factory(dict)
+    """(accelerator, region) -> per-GPU on-demand and spot prices of GCP's separate GPU rows."""
+    instances: dict[tuple[str, str], dict[str, Any]] = attrs.Factory(dict)
+
+    def skip(self, accelerator: str) -> None:
+        self.unknown[accelerator] = self.unknown.get(accelerator, 0) + 1
+
+
 def import_catalog(path: str | Path, provider: str, *, known_gpus: dict[str, str] | None = None,
                    extra_map: dict[str, str] | None = None, date: str = "", billing: str | None = None,
                    minimum_seconds: int | None = None, spot_overhead: float = 0.1) -> ImportResult:
@@ -126,11 +142,7 @@ def import_catalog(path: str | Path, provider: str, *, known_gpus: dict[str, str
     :param extra_map: accelerator name -> GPU id, for names the built-in table does not know.
     """
     p = Path(path)
-    known_gpus = known_gpus or {}
-    extra_map = extra_map or {}
-    errors: list[str] = []
-    warnings: list[str] = []
-    unknown: dict[str, int] = {}
+    known_gpus, extra_map = known_gpus or {}, extra_map or {}
     try:
         text = p.read_text(encoding="utf-8-sig")
     except OSError as e:
@@ -143,73 +155,81 @@ def import_catalog(path: str | Path, provider: str, *, known_gpus: dict[str, str
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         return ImportResult({}, [f"{p}:1: header lacks column(s) {', '.join(missing)} (found: {', '.join(header)})"], {}, [])
-    col = {name: header.index(name) for name in header}
-
-    vm_rows: list[tuple[int, dict[str, str], float, float | None]] = []
-    gpu_price: dict[tuple[str, str], tuple[float, float | None]] = {}  # (accelerator, region) -> per-GPU prices
-    instances: dict[tuple[str, str], dict[str, Any]] = {}
+    found = _Reading()
     for line, raw in enumerate(reader, start=2):
-        if not raw or all(not c.strip() for c in raw):
-            continue
-        if len(raw) != len(header):
-            errors.append(f"{p}:{line}: {len(raw)} fields, expected {len(header)} (header: {', '.join(header)})")
-            continue
-        row = {name: raw[i].strip() for name, i in col.items()}
-        itype, acc, region = row["InstanceType"], row["AcceleratorName"], row["Region"]
-        if not region:
-            errors.append(f"{p}:{line}: Region is empty")
-        count = _number(row["AcceleratorCount"], "AcceleratorCount", line, str(p), errors, required=bool(acc))
-        price = _number(row["Price"], "Price", line, str(p), errors, required=True)
-        spot = _number(row["SpotPrice"], "SpotPrice", line, str(p), errors, required=False)
-        if count is not None and acc and (count <= 0 or not float(count).is_integer()):
-            errors.append(f"{p}:{line}: AcceleratorCount must be a whole number >= 1 for {acc}, got {row['AcceleratorCount']!r}")
-            continue
-        if price is None or not region or (acc and count is None):
-            continue
-        if not itype:
-            if not acc:
-                errors.append(f"{p}:{line}: both InstanceType and AcceleratorName are empty")
-                continue
-            # a GCP GPU row: the price of `count` accelerators, to be added to a VM row
-            if gpu_for(acc, known_gpus, extra_map) is None:
-                unknown[acc] = unknown.get(acc, 0) + 1
-                continue
-            per_gpu = (price / count, None if spot is None else spot / count)
-            old = gpu_price.get((acc, region))
-            if old is None or per_gpu[0] < old[0]:
-                gpu_price[(acc, region)] = per_gpu
-            continue
-        if not acc:
-            vm_rows.append((line, row, price, spot))  # a CPU VM, or a GCP VM with fixed GPUs
-            continue
-        gpu = gpu_for(acc, known_gpus, extra_map)
-        if gpu is None:
-            unknown[acc] = unknown.get(acc, 0) + 1
-            continue
-        _add(instances, itype, region, gpu, int(count), price, spot, f"{p.name} line {line}")
+        _read_row(found, p, line, raw, header, known_gpus, extra_map)
+    _price_gcp_vms(found, p, known_gpus, extra_map)
+    return _ruleset(found, p, provider, date, billing, minimum_seconds, spot_overhead)
 
+
+def _read_row(found: _Reading, p: Path, line: int, raw: list[str], header: list[str], known_gpus: dict[str, str],
+              extra_map: dict[str, str]) -> None:
+    """One CSV row: a priced GPU instance, a GCP GPU row (its per-GPU price) or a VM row (kept for later)."""
+    errors = found.errors
+    if not raw or all(not c.strip() for c in raw):
+        return
+    if len(raw) != len(header):
+        errors.append(f"{p}:{line}: {len(raw)} fields, expected {len(header)} (header: {', '.join(header)})")
+        return
+    row = {name: raw[i].strip() for i, name in enumerate(header)}
+    itype, acc, region = row["InstanceType"], row["AcceleratorName"], row["Region"]
+    if not region:
+        errors.append(f"{p}:{line}: Region is empty")
+    count = _number(row["AcceleratorCount"], "AcceleratorCount", line, str(p), errors, required=bool(acc))
+    price = _number(row["Price"], "Price", line, str(p), errors, required=True)
+    spot = _number(row["SpotPrice"], "SpotPrice", line, str(p), errors, required=False)
+    if count is not None and acc and (count <= 0 or not float(count).is_integer()):
+        errors.append(f"{p}:{line}: AcceleratorCount must be a whole number >= 1 for {acc}, got {row['AcceleratorCount']!r}")
+        return
+    if price is None or not region or (acc and count is None):
+        return
+    if not itype:
+        if not acc:
+            errors.append(f"{p}:{line}: both InstanceType and AcceleratorName are empty")
+        elif gpu_for(acc, known_gpus, extra_map) is None:
+            found.skip(acc)
+        else:  # a GCP GPU row: the price of `count` accelerators, to be added to a VM row
+            per_gpu = (price / count, None if spot is None else spot / count)
+            old = found.gpu_price.get((acc, region))
+            if old is None or per_gpu[0] < old[0]:
+                found.gpu_price[(acc, region)] = per_gpu
+        return
+    if not acc:
+        found.vm_rows.append((line, row, price, spot))  # a CPU VM, or a GCP VM with fixed GPUs
+        return
+    gpu = gpu_for(acc, known_gpus, extra_map)
+    if gpu is None:
+        found.skip(acc)
+        return
+    _add(found.instances, itype, region, gpu, int(count), price, spot, f"{p.name} line {line}")
+
+
+def _price_gcp_vms(found: _Reading, p: Path, known_gpus: dict[str, str], extra_map: dict[str, str]) -> None:
+    """GCP VMs whose machine type fixes their GPUs: the VM row + n × the GPU row of the same region."""
     used: set[str] = set()
-    for line, row, price, spot in vm_rows:
+    for line, row, price, spot in found.vm_rows:
         fixed = _gcp_machine(row["InstanceType"])
         if fixed is None:
             continue  # a CPU-only VM: nothing to price for fitplan
         acc, n = fixed
         gpu = gpu_for(acc, known_gpus, extra_map)
         if gpu is None:
-            unknown[acc] = unknown.get(acc, 0) + 1
+            found.skip(acc)
             continue
-        per = gpu_price.get((acc, row["Region"]))
+        per = found.gpu_price.get((acc, row["Region"]))
         if per is None:
-            warnings.append(f"{p}:{line}: {row['InstanceType']} in {row['Region']}: no {acc} GPU row in that region; skipped")
+            found.warnings.append(f"{p}:{line}: {row['InstanceType']} in {row['Region']}: no {acc} GPU row in that region; skipped")
             continue
         used.add(acc)
-        total = price + n * per[0]
         total_spot = None if spot is None or per[1] is None else spot + n * per[1]
-        _add(instances, row["InstanceType"], row["Region"], gpu, n, total, total_spot,
+        _add(found.instances, row["InstanceType"], row["Region"], gpu, n, price + n * per[0], total_spot,
              f"{p.name} line {line} (VM) + {n} × {acc} GPU row")
+    for acc in sorted({a for a, _ in found.gpu_price} - used):
+        found.warnings.append(f"{p}: {acc} GPU rows have no GPU machine type to attach to (e.g. an n1 VM + {acc}); not priced")
 
-    for acc in sorted({a for a, _ in gpu_price} - used):
-        warnings.append(f"{p}: {acc} GPU rows have no GPU machine type to attach to (e.g. an n1 VM + {acc}); not priced")
+
+def _ruleset(found: _Reading, p: Path, provider: str, date: str, billing: str | None, minimum_seconds: int | None,
+             spot_overhead: float) -> ImportResult:
     bill, minimum, why = KNOWN_BILLING.get(provider, ("second", 60, "assumed: per-second billing, 60-second minimum"))
     provider_table = {
         "id": provider,
@@ -221,7 +241,7 @@ def import_catalog(path: str | Path, provider: str, *, known_gpus: dict[str, str
         "source": f"SkyPilot catalog {p.name} (imported by fitplan rulesets import-skypilot); billing: {why}",
     }
     rows = []
-    for (itype, region), inst in sorted(instances.items()):
+    for (itype, region), inst in sorted(found.instances.items()):
         entry = {"provider": provider, "id": itype, "gpu": inst["gpu"], "gpus": inst["gpus"],
                  "on_demand_per_hour": round(inst["price"], 6)}
         if inst["spot"] is not None:
@@ -230,9 +250,9 @@ def import_catalog(path: str | Path, provider: str, *, known_gpus: dict[str, str
         if date:
             entry["date"] = date
         rows.append(entry)
-    if not rows and not errors:
-        warnings.append(f"{p}: no GPU instance found")
-    return ImportResult({"provider": [provider_table], "instance": rows}, errors, unknown, warnings)
+    if not rows and not found.errors:
+        found.warnings.append(f"{p}: no GPU instance found")
+    return ImportResult({"provider": [provider_table], "instance": rows}, found.errors, found.unknown, found.warnings)
 
 
 def _add(instances: dict, itype: str, region: str, gpu: str, gpus: int, price: float, spot: float | None, source: str) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from fitplan.cli.options import emit, estimate_from, format_option, out_option, registry, scenario_options
+from fitplan.cli.options import emit, estimate_from, format_option, out_option, scenario_options
 from fitplan.errors import FitplanError
 
 
