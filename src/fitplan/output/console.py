@@ -12,14 +12,15 @@ from collections.abc import Callable
 from io import StringIO
 from typing import Any
 
-from rich.markup import escape as _escape_markup
-
 from fitplan.output.formats import RenderOptions
 
 
 def escape(text: Any) -> str:
-    """``text`` as rich prints it literally (markup brackets escaped)."""
-    return _escape_markup(str(text))
+    """``text`` as rich prints it literally (markup brackets escaped). rich is imported only when something is
+    printed through it: the JSON and Markdown reports never load it."""
+    from rich.markup import escape as escape_markup
+
+    return escape_markup(str(text))
 
 
 def console(err: bool = False):
