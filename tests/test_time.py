@@ -286,8 +286,8 @@ def test_json_time_section():
 
 
 def test_explain_train_seconds():
-    p = _cli("explain", "train_seconds", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--num-gpus", "8", "--precision",
-             "bf16-mixed", "--zero", "2", "--num-examples", "10000", "--tokens-per-example", "512", "--num-train-epochs", "3",
+    p = _cli("explain", "train_seconds", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--num-gpus", "8", "--bf16",
+             "--zero", "2", "--num-examples", "10000", "--tokens-per-example", "512", "--num-train-epochs", "3",
              "--format", "json", "--depth", "6")
     assert p.returncode == 0, p.stderr
     text = p.stdout

@@ -107,35 +107,85 @@ def resident_bytes(weight_bytes, master_weight_bytes, optimizer_state_bytes, buf
 def phase_bytes(step_trace, resident_bytes, gradient_bytes, optimizer_step_temp_bytes, saved_for_backward_bytes,
                 gradient_accumulation_steps, allocator_rounding_bytes, gathered_param_bytes):
     """The peak of live bytes within each phase of a step (see the module doc): ``forward``,
-    ``backward``, ``optimizer_step``."""
-    resident = resident_bytes + allocator_rounding_bytes
-    gf, gb = gathered_param_bytes["forward"], gathered_param_bytes["backward"]
+    ``backward``, ``optimizer_step``. The stack's terms (``gathered_param_bytes``, builtin/sharding) add
+    gathered parameters, say how gradients are held in the backward (``grad_mode``: ``accumulate``, every
+    gradient kept; ``bucketed``, each gradient leaves for a bucket as it is produced, DeepSpeed ZeRO-2/3) and
+    replace the optimizer step's bytes (``step``: DeepSpeed's flattened fp32 partition gradients)."""
+    stack = gathered_param_bytes
+    persistent = gradient_bytes if stack.get("persistent_grads") else 0
+    resident = resident_bytes + allocator_rounding_bytes + persistent
+    gf, gb = stack.get("forward", 0), stack.get("backward", 0)
+    step = stack.get("step")
+    step = gradient_bytes + optimizer_step_temp_bytes if step is None else step
     if step_trace is None:  # a bare parameter count: activations as estimated, no timeline
         act = saved_for_backward_bytes
         return {"forward": resident + gf + act, "backward": resident + gb + act + gradient_bytes // 32,
-                "optimizer_step": resident + gradient_bytes + optimizer_step_temp_bytes}
+                "optimizer_step": resident + step}
     t = step_trace
     act_scale = saved_for_backward_bytes / t.retained_bytes if t.retained_bytes else 1.0
-    grad_scale = gradient_bytes / t.param_grad_bytes if t.param_grad_bytes else 0.0
     carried = gradient_bytes if gradient_accumulation_steps > 1 else 0
     loss = t.loss_bytes  # loss.detach(), kept for logging, shares the loss's storage
     before = resident + (carried + loss if carried else 0)
     forward = max(before + gf + int(t.forward_peak_bytes * act_scale),
-                  before + gathered_param_bytes["forward_spike"] + int(t.forward_before_last_layer_bytes * act_scale)
-                  if gathered_param_bytes["forward_spike"] else 0)
-    if carried:
-        backward = carried + loss + max(a * act_scale + o * grad_scale for a, o in t.backward_frontier_accumulating)
-    else:
-        backward = max(a * act_scale + g * grad_scale for a, g in t.backward_frontier)
-    if gathered_param_bytes.get("backward_in_layer"):
-        # FSDP stage 3 inside a layer's backward: prefetched next layer, unsharded gradients (sharding.py)
-        in_layer = max((a * act_scale + g * grad_scale for a, g in t.backward_frontier_layers), default=0)
-        backward = max(backward, in_layer + gathered_param_bytes["backward_in_layer"] - gb)
+                  before + stack["forward_spike"] + int(t.forward_before_last_layer_bytes * act_scale)
+                  if stack.get("forward_spike") else 0)
+    backward = _backward(t, stack, act_scale, gradient_bytes, carried, loss)
     return {
         "forward": int(forward),
         "backward": int(resident + gb + backward),
-        "optimizer_step": int(resident + gradient_bytes + optimizer_step_temp_bytes + loss),
+        "optimizer_step": int(resident + step + loss),
     }
+
+
+def _backward(t, stack, act_scale: float, gradient_bytes: int, carried: int, loss: int) -> float:
+    """The most the backward adds over the resident bytes and gathered parameters (``phase_bytes``)."""
+    grad_scale = stack.get("backward_grads", gradient_bytes) / t.param_grad_bytes if t.param_grad_bytes else 0.0
+    if carried:
+        return carried + loss + max(a * act_scale + o * grad_scale for a, o in t.backward_frontier_accumulating)
+    if stack.get("grad_mode") == "bucketed":
+        op_scale = stack.get("op_grad_scale", 1.0)
+        early, late = _split_backward(t, stack.get("flush_at", 0) / op_scale, act_scale, op_scale)
+        first, flushed = stack.get("grad_resident", 0), stack.get("grad_flushed", 0)
+        a, _ = t.backward_frontier[-1]
+        end = a * act_scale + first + flushed  # the last bucket is reduced when the backward ends
+        return max(t.backward_before_grads * act_scale, early + first if early is not None else 0,
+                   late + first + flushed if late is not None else 0, end)
+    first = stack.get("grad_first", 0)
+    backward = max(a * act_scale + g * grad_scale + (first if g else 0) for a, g in t.backward_frontier)
+    if stack.get("reduce_end"):
+        a, g = t.backward_frontier[-1]
+        backward = max(backward, a * act_scale + g * grad_scale + stack["reduce_end"])
+    if stack.get("backward_in_layer"):
+        # FSDP stage 3 inside a layer's backward: prefetched next layer, unsharded gradients (sharding.py)
+        in_layer = max((a * act_scale + g * grad_scale for a, g in t.backward_frontier_layers), default=0)
+        backward = max(backward, in_layer + stack["backward_in_layer"] - stack.get("backward", 0))
+    return backward
+
+
+_SPLIT: dict = {}
+
+
+def _split_backward(t, threshold: float, act_scale: float, op_scale: float):
+    """The most ``other + op gradient`` over the backward points that have produced parameter gradients,
+    split at ``threshold`` gradient bytes (when DeepSpeed's first bucket fills and its gradient partition is
+    allocated): (before, after), None where there is no such point. Cached per trace and arguments."""
+    key = (id(t), threshold, act_scale, op_scale)
+    hit = _SPLIT.get(key)
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    early = late = None
+    for a, g, o in t.backward_points:
+        if not g:
+            continue
+        x = a * act_scale + o * op_scale
+        if g < threshold:
+            early = x if early is None or x > early else early
+        else:
+            late = x if late is None or x > late else late
+    if len(_SPLIT) > 256:
+        _SPLIT.clear()
+    _SPLIT[key] = (t, (early, late))
+    return early, late
 
 
 @quantity("phase", json_key="memory.peak_phase", type="text")

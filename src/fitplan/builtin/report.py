@@ -25,6 +25,7 @@ def memory_json(est) -> dict[str, Any]:
                if q.json_key.startswith("memory.per_gpu_bytes.") and name in v}
     return {
         "assumptions": est.scenario.model.assumptions,
+        "parallel": stack_json(est),
         "model": {"name": arch.name, "family": arch.family, "param_count": v["param_count"],
                   "trainable_param_count": v["trainable_param_count"], "source": arch.source},
         "gpu": None if gpu is None else {"id": gpu.id, "name": gpu.name, "usable_bytes": gpu.usable_bytes},
@@ -43,15 +44,46 @@ def memory_json(est) -> dict[str, Any]:
     }
 
 
+def stack_json(est) -> dict[str, Any]:
+    """Which stack shards (``parallel.stack``, its words in ``stack_description``), over how many ranks, the
+    ds_config values its rules used (DeepSpeed) and the stated assumptions of QLoRA."""
+    v = est.values
+    out: dict[str, Any] = {"stack": v["stack_name"], "stack_description": v["stack_description"],
+                           "shard_degree": v["shard_degree"], "data_parallel_degree": v["data_parallel_degree"]}
+    if v["stack_name"] == "deepspeed":
+        out["ds_config"] = dict(v["deepspeed_config_values"])
+    if est.scenario.model.method == "qlora":
+        out["kbit_preparation"] = est.scenario.lora.kbit_preparation
+    return out
+
+
+def ds_config_text(est) -> str:
+    """The DeepSpeed values the rules used, each with where it came from."""
+    p = est.scenario.parallel
+    vals = est.values["deepspeed_config_values"]
+    parts = []
+    for key in ("reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
+        if key.startswith("stage3") and p.zero_stage != 3:
+            continue
+        given = getattr(p, key)
+        how = "DeepSpeed default" if given is None else ('HF "auto"' if given == "auto" else "given")
+        value = vals[key]
+        parts.append(f"{key} {value:g} ({how})" if not isinstance(value, bool) else f"{key} {str(value).lower()} ({how})")
+    return ", ".join(parts)
+
+
 def memory_lines(est, units: str) -> list[tuple[str, str]]:
     v = est.values
     s = est.scenario
-    sharded = f", ZeRO-{v['shard_stage']} over {v['shard_degree']} GPUs" if v["shard_stage"] and v["shard_degree"] > 1 else ""
+    stack = v["stack_description"] + (f" over {v['data_parallel_degree']} GPUs" if v["stack_name"] != "none" else "")
+    if v["stack_name"] == "deepspeed":
+        stack += "; ds_config " + ds_config_text(est)
     lines = [
         ("model", f"{est.arch.name} ({format_count(v['param_count'])} params, {format_count(v['trainable_param_count'])} trainable)"),
         ("setup", f"{s.model.method}, {s.training.precision}, {v['optimizer_spec'].name}, micro-batch "
                   f"{s.training.per_device_train_batch_size} × seq {s.training.max_seq_length}"
-                  + (", grad. checkpointing" if s.training.gradient_checkpointing else "") + sharded),
+                  + (", grad. checkpointing" if s.training.gradient_checkpointing else "")),
+        ("stack", stack),
         ("assumptions", s.model.assumptions),
         ("peak (allocated)", f"{format_bytes(v['peak_bytes'], units)} at {v['peak_phase'].replace('_', ' ')}"),
         ("device total", format_bytes(v["device_total_bytes"], units) + " (peak + CUDA context + allocator reserve)"),
@@ -89,7 +121,15 @@ def time_json(est) -> dict[str, Any]:
         "matmul_dtype": v.get("matmul_dtype"),
         "step_seconds": v.get("step_seconds"),
         "communication_share": v.get("communication_share"),
+        "communication": _comm_json(v),
     }}
+
+
+def _comm_json(v) -> dict[str, Any]:
+    """Bytes per collective per step (``comm_volumes``) and where the GPUs sit (``topology``)."""
+    vol = v.get("comm_volumes") or {}
+    return {"volumes_bytes": {k: _num(x) for k, x in vol.items() if k not in ("overlap", "ranks")},
+            "ranks": vol.get("ranks"), "overlap": vol.get("overlap"), "topology": v.get("topology")}
 
 
 def cost_json(est) -> dict[str, Any]:
@@ -108,6 +148,8 @@ def cost_json(est) -> dict[str, Any]:
         "instance": None if plan is None else plan.instance.id,
         "instance_count": None if plan is None else plan.count,
         "gpus_paid": None if plan is None else plan.gpus_paid,
+        "gpus_used": v.get("world_size"),
+        "gpus_idle": None if plan is None else max(0, plan.gpus_paid - v["world_size"]),
         "region": None if plan is None else plan.instance.region,
         "on_demand_per_hour": None if plan is None else plan.on_demand_per_hour,
         "spot_per_hour": None if plan is None else plan.spot_per_hour,
@@ -150,7 +192,24 @@ def time_lines(est, units: str) -> list[tuple[str, str]]:
     if v.get("communication_share") is not None:
         tps += f"; communication {100 * v['communication_share']:.1f} % of the step"
     lines.append(("time", f"{_duration(v['train_seconds'])} at {tps}"))
+    net = network_line(v)
+    if net:
+        lines.append(("network", net))
     return lines
+
+
+def network_line(v) -> str | None:
+    """When the GPUs span instances: how many, and what their collectives cross (the network)."""
+    topo = v.get("topology")
+    if not topo or topo["instances"] <= 1 or topo["gpus"] <= 1:
+        return None
+    vol = v.get("comm_volumes") or {}
+    total = sum(x for k, x in vol.items() if k not in ("overlap", "ranks", "tp_all_reduce"))
+    inside = f"{topo['gpus_per_instance']} GPU(s) each" + (f" over {topo['intra']}" if topo["gpus_per_instance"] > 1 else "")
+    secs = v.get("comm_seconds_per_step")
+    t = f", {secs:.3g} s of collectives per step" if secs else ""
+    return (f"{topo['instances']} instances ({inside}): the collectives cross the network at "
+            f"{topo['network_gbps']:g} GB/s per GPU ({format_bytes(total, 'GB')} per step{t}; {topo['source']})")
 
 
 def cost_lines(est, units: str) -> list[tuple[str, str]]:
@@ -172,7 +231,18 @@ def cost_lines(est, units: str) -> list[tuple[str, str]]:
     lines.append(("instances", f"{plan.count} × {plan.provider.id} {plan.instance.id} ({plan.instance.gpus} × {plan.instance.gpu}"
                                + (f", {plan.instance.region}" if plan.instance.region else "") + f"), {plan.on_demand_per_hour:,.2f} {cur}/h"
                                + f", billed per {plan.provider.billing}"))
+    idle = idle_line(plan, v["world_size"])
+    if idle:
+        lines.append(("billing", idle))
     return lines
+
+
+def idle_line(plan, used: int) -> str | None:
+    """The explicit line when more GPUs are paid than used (instances come in fixed shapes)."""
+    if plan.gpus_paid <= used:
+        return None
+    return (f"{plan.gpus_paid} GPUs paid, {used} used: {plan.gpus_paid - used} idle "
+            f"({plan.instance.id} comes with {plan.instance.gpus} GPUs; the cost counts them all)")
 
 
 SECTIONS = (
