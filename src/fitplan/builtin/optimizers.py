@@ -105,16 +105,20 @@ def _adafactor_states(ctx):
 
 
 def _adam8bit_states(ctx):
-    # bitsandbytes 8-bit blockwise Adam: two uint8 states + one fp32 absmax per 256-element block per
-    # state + two 256-entry fp32 quantisation maps per tensor; small tensors keep two fp32 states.
-    total = 0
+    """bitsandbytes 0.50.2 ``Optimizer2State.init_state`` (optim/optimizer.py:491-532): per tensor of n
+    elements two uint8 states and an fp32 absmax per 256-element block of each; tensors under
+    ``min_8bit_size`` (4096) keep two fp32 states; the two 256-entry fp32 quantisation maps are shared by
+    every parameter (``name2qmap``, 157-159); ``step`` is a Python int. Measured on the CPU backend: 204,288 B
+    for a 98,624-parameter model (16 tensors 8-bit, 5 norms 32-bit)."""
+    total, qmaps = 0, 0
     for shape, count in ctx.tensors:
         n = math.prod(shape)
         if n < BNB_MIN_8BIT_SIZE:
             total += count * 2 * 4 * n
         else:
-            total += count * (2 * n + 2 * 4 * math.ceil(n / BNB_BLOCK) + 2 * 256 * 4)
-    return total
+            total += count * (2 * n + 2 * 4 * math.ceil(n / BNB_BLOCK))
+            qmaps = 2 * 256 * 4
+    return total + qmaps
 
 
 BUILTIN = (

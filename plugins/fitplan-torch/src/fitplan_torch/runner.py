@@ -16,6 +16,7 @@ on the CPU when N = 2, else one process with torch's fake process group (see :mo
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 from typing import Any
@@ -180,10 +181,10 @@ def _real_ranks(estimate, options: dict[str, Any]) -> int:
 
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for name in ("torch", "transformers", "peft", "deepspeed", "bitsandbytes"):
-        try:
-            out[name] = __import__(name).__version__
-        except ImportError:
+    for name in ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes"):
+        try:  # package metadata: importing deepspeed would print its accelerator banner on stdout
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
             pass
     return out
 

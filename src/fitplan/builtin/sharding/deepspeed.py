@@ -39,6 +39,8 @@ optimizer groups g; file:line in deepspeed/runtime/ of 0.19.8):
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from fitplan.builtin.sharding.params import P, bare, ceil_div, ordered
@@ -109,7 +111,7 @@ def _sub_groups(group: list[P], n: int, size: int) -> list[int]:
     return out
 
 
-def _reuse_kept(params: list[P], n: int, b: float, persistent: set[int], max_reuse: int) -> tuple[int, int]:
+def _reuse_kept(params: tuple[P, ...], n: int, b: float, persistent: frozenset[int], max_reuse: int) -> tuple[int, int]:
     """Stage 3 after the forward: bytes of gathered parameters kept for the backward (modules whose next use,
     in the backward, comes within ``max_reuse`` elements of the trace), and the largest module's gathered bytes."""
     modules: list[list[tuple[int, P]]] = []
@@ -129,10 +131,10 @@ def _reuse_kept(params: list[P], n: int, b: float, persistent: set[int], max_reu
     return int(kept), int(max(gathered, default=0))
 
 
-def layout(params: list[P], stage: int, n: int, b: float, optimizer_spec, device: str, offload_optimizer: bool,
-           offload_params: bool, values: dict) -> DSRank:
+def layout(params, stage: int, n: int, b: float, device: str, offload_optimizer: bool, offload_params: bool,
+           values: dict) -> DSRank:
     """Rank 0's DeepSpeed tensors for ``params`` (weights already in the engine's dtype: ``b`` bytes)."""
-    r = _layout(params, stage, n, b, device, offload_optimizer, offload_params, values)
+    r = _layout(tuple(params), stage, n, b, device, offload_optimizer, offload_params, values)
     return attrs.evolve(r, full_grads=int(sum(p.numel for p in params if p.trainable) * b),
                         bucket_el=int(values["reduce_bucket_size"]))
 
@@ -170,7 +172,7 @@ def _layout(params, stage, n, b, device, offload_optimizer, offload_params, valu
                       stage, host, int(grads) if stage == 1 else 0)
     # stage 3
     threshold = values["stage3_param_persistence_threshold"]
-    persistent = {i for i, p in enumerate(params) if p.numel <= threshold}
+    persistent = frozenset(i for i, p in enumerate(params) if p.numel <= threshold)
     parts_all = sum(ceil_div(p.numel, n) for p in params)
     whole = sum(ceil_div(p.numel, n) * n for i, p in enumerate(params) if i in persistent) * b
     subs = [s for g in groups for s in _sub_groups(g, n, values["sub_group_size"])]
@@ -214,15 +216,21 @@ def ds_values(arch, zero_stage, reduce_bucket_size, overlap_comm, stage3_prefetc
     }
 
 
-def rank_layout(arch, method, trainable_tensors, weight_dtype_bytes, trainable_dtype_bytes, zero_stage, shard_degree,
-                tensor_parallel, optimizer_spec, device, offload_optimizer, offload_params, values) -> DSRank:
-    """:func:`layout` for the scenario (bare counts: one flat tensor)."""
-    b = weight_dtype_bytes
+def rank_layout(arch, method, trainable_tensors, weight_dtype_bytes, zero_stage, shard_degree, tensor_parallel, device,
+                offload_optimizer, offload_params, values) -> DSRank:
+    """:func:`layout` for the scenario (bare counts: one flat tensor); cached, for searches."""
+    return _rank_layout(arch, method, trainable_tensors, weight_dtype_bytes, zero_stage, shard_degree, tensor_parallel,
+                        device, offload_optimizer, offload_params, tuple(sorted(values.items())))
+
+
+@functools.lru_cache(maxsize=512)
+def _rank_layout(arch, method, trainable_tensors, b, zero_stage, shard_degree, tensor_parallel, device,
+                 offload_optimizer, offload_params, items) -> DSRank:
     if arch.is_bare:
         params = bare(ceil_div(arch.param_count, tensor_parallel), b)
     else:
         params = ordered(arch, method, trainable_tensors, b, b, tensor_parallel)
-    return layout(params, zero_stage, shard_degree, b, optimizer_spec, device, offload_optimizer, offload_params, values)
+    return layout(params, zero_stage, shard_degree, b, device, offload_optimizer, offload_params, dict(items))
 
 
 # --------------------------------------------------------------------------- quantities and reducers
@@ -240,15 +248,13 @@ def deepspeed_config_values(arch, zero_stage, reduce_bucket_size, overlap_comm, 
 
 
 @quantity("layout", type="object")
-def deepspeed_rank(sharding_kind, arch, method, trainable_tensors, weight_dtype_bytes, trainable_dtype_bytes,
-                   zero_stage, shard_degree, tensor_parallel, optimizer_spec, device, offload_optimizer,
-                   offload_params, deepspeed_config_values):
+def deepspeed_rank(sharding_kind, arch, method, trainable_tensors, weight_dtype_bytes, zero_stage, shard_degree,
+                   tensor_parallel, device, offload_optimizer, offload_params, deepspeed_config_values):
     """Rank 0's DeepSpeed tensors (module doc); None under another stack."""
     if not sharding_kind.startswith("ds"):
         return None
-    return rank_layout(arch, method, trainable_tensors, weight_dtype_bytes, trainable_dtype_bytes, zero_stage,
-                       shard_degree, tensor_parallel, optimizer_spec, device, offload_optimizer, offload_params,
-                       deepspeed_config_values)
+    return rank_layout(arch, method, trainable_tensors, weight_dtype_bytes, zero_stage, shard_degree, tensor_parallel,
+                       device, offload_optimizer, offload_params, deepspeed_config_values)
 
 
 def _ds(sharding_kind):

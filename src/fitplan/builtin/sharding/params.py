@@ -8,6 +8,7 @@ every bias and every norm weight (``get_decay_parameter_names``, trainer.py:1408
 
 from __future__ import annotations
 
+import functools
 import math
 
 from attrs import frozen
@@ -31,11 +32,12 @@ def _no_decay(name: str, module: str) -> bool:
     return module == "norm" or name.endswith(".bias")
 
 
+@functools.lru_cache(maxsize=128)
 def ordered(arch, method: str, trainable_tensors, weight_dtype_bytes: float, trainable_dtype_bytes: float,
-            tensor_parallel: int = 1) -> list[P]:
+            tensor_parallel: int = 1) -> tuple[P, ...]:
     """Every parameter tensor of ``arch`` in ``model.parameters()`` order (LoRA adapters after the frozen
     weight of the Linear they adapt; counts split evenly over the decoder layers). Tensor parallelism
-    divides each tensor's elements (approximately: rank 0's slice)."""
+    divides each tensor's elements (approximately: rank 0's slice). Cached: searches ask again and again."""
     groups = arch.param_groups()
     L = max(1, arch.num_hidden_layers)
     full = method == "full"
@@ -73,7 +75,7 @@ def ordered(arch, method: str, trainable_tensors, weight_dtype_bytes: float, tra
     for g in after:
         for _ in range(g.count):
             add(g, -1)
-    return out
+    return tuple(out)
 
 
 def bare(count: int, weight_dtype_bytes: float) -> list[P]:
