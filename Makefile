@@ -6,6 +6,8 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 # torch is pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 TEST_EXTRAS := transformers==5.24.0 peft==0.21.2
+# the stacks the referee runs on the CPU (docs/validation.md): DeepSpeed, accelerate, bitsandbytes
+STACK_EXTRAS := deepspeed==0.19.8 accelerate==1.16.0 bitsandbytes==0.50.2
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
 
 .PHONY: demo test install install-test bench clean
@@ -21,6 +23,7 @@ install-test: install
 	$(PIP) -e '.[test]'
 	$(PIP) $(TORCH)
 	$(PIP) $(TEST_EXTRAS) $(TORCH)
+	$(PIP) $(STACK_EXTRAS) $(TORCH)
 	$(foreach p,$(PLUGINS),$(PIP) --no-deps -e $(p) &&) true
 
 demo: install

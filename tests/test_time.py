@@ -305,3 +305,13 @@ def test_mfu_loo_doc_is_current():
                        cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "global_median (default)" in (ROOT / "docs" / "time-and-cost.md").read_text(encoding="utf-8")
+
+
+def test_deepspeed_zero2_lora_moves_only_the_adapters(rdir):
+    # DeepSpeed stages 1-2 flatten the optimizer's parameter groups (stage_1_and_2.py): only the trainable LoRA
+    # weights are reduce-scattered and all-gathered. Llama-2-7B, r = 8 on q_proj and v_proj: 32 layers × 2 ×
+    # (4096 × 8 + 8 × 4096) = 4,194,304 parameters, G = 2 B each = 8,388,608 B; 4 GPUs, f = 3/4: f·G + f·G
+    e = est(rdir, model="llama-2-7b", method="lora", lora_r=8, lora_target_modules=("q_proj", "v_proj"),
+            precision="bf16-master", zero_stage=2, num_gpus=4, gpu="testgpu")
+    assert e["trainable_param_count"] == 4_194_304
+    assert e["comm_bytes_per_step"]["intra"] == pytest.approx(2 * 0.75 * 8_388_608)

@@ -24,7 +24,7 @@ QLoRA as transformers 5.24 and bitsandbytes 0.50.2 build it (Dettmers et al. 202
 
 from __future__ import annotations
 
-from fitplan.engine.declarations import reducer
+from fitplan.engine.declarations import quantity, reducer
 from fitplan.errors import FitplanError
 from fitplan.pluginmgr.hookspecs import hookimpl
 
@@ -107,6 +107,41 @@ def qlora(value, arch, param_count, weight_dtype_bytes, adapter_param_count, tra
     packed = sum(nf4_bytes(g.numel, bnb_4bit_use_double_quant) * g.count for g in groups)
     base = (param_count - q) * kbit_base_bytes(weight_dtype_bytes, kbit_preparation)
     return int(base + packed + adapter_param_count * trainable_dtype_bytes)
+
+
+@quantity("params")
+def qlora_unquantized_param_count(method, arch, param_count):
+    """Base parameters a QLoRA run leaves unquantized (bitsandbytes replaces ``nn.Linear`` only): embeddings,
+    norms, routers, the LM head and the fused 3-D MoE experts; 0 without QLoRA."""
+    if method != "qlora":
+        return 0
+    return param_count - quantized_param_count(arch)
+
+
+@quantity("bytes")
+def qlora_unquantized_bytes(qlora_unquantized_param_count, weight_dtype_bytes, kbit_preparation):
+    """Their bytes in the dtype the script leaves them (fp32 after ``prepare_model_for_kbit_training``)."""
+    return int(qlora_unquantized_param_count * kbit_base_bytes(weight_dtype_bytes, kbit_preparation))
+
+
+def qlora_line(values, arch, kbit_preparation: str) -> str | None:
+    """The report's line for QLoRA: what bitsandbytes quantized and what it left (and in which dtype)."""
+    kept = values.get("qlora_unquantized_param_count") or 0
+    if not kept:
+        return None
+    q = quantized_param_count(arch)
+    experts = sum(g.total for g in arch.param_groups() if g.layer and len(g.shape) == 3)
+    dtype = {"peft": "fp32 (prepare_model_for_kbit_training)", "trl": "the load dtype (TRL: no k-bit preparation)",
+             "none": "the load dtype"}[kbit_preparation]
+    what = f"{experts / 1e9:.2f}B in fused MoE experts, " if experts else ""
+    return (f"bitsandbytes quantized {q / 1e9:.2f}B Linear parameters to 4 bits; {kept / 1e9:.2f}B stay unquantized "
+            f"({what}embeddings, norms, head) in {dtype}: {values['qlora_unquantized_bytes'] / 1e9:.2f} GB")
+
+
+@hookimpl
+def fitplan_register_quantities(register):
+    register(qlora_unquantized_param_count)
+    register(qlora_unquantized_bytes)
 
 
 @hookimpl

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fitplan.builtin.lora import qlora_line
 from fitplan.output.formats import ReportSection
 from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.units import format_bytes, format_count
@@ -94,6 +95,9 @@ def memory_lines(est, units: str) -> list[tuple[str, str]]:
                              f"(headroom {format_bytes(v['headroom_bytes'], units)})"))
     if v["cpu_offload_bytes"]:
         lines.append(("CPU RAM (offload)", format_bytes(v["cpu_offload_bytes"], units) + " per node"))
+    q = qlora_line(v, est.arch, s.lora.kbit_preparation)
+    if q:
+        lines.append(("4-bit", q))
     return lines
 
 

@@ -9,14 +9,16 @@ stack                      all_gather             reduce_scatter           all_r
 ========================== ====================== ======================== =================
 DDP                        -                      -                        G (once per step)
 DeepSpeed ZeRO-0           -                      -                        G
-DeepSpeed ZeRO-1           P (after the step)     G (at the boundary)      -
-DeepSpeed ZeRO-2           P                      k·G (during backward)    -
+DeepSpeed ZeRO-1           G (after the step)     G (at the boundary)      -
+DeepSpeed ZeRO-2           G                      k·G (during backward)    -
 DeepSpeed ZeRO-3           k·(P + P_b)            k·G                      -
 FSDP full_shard            k·2P                   k·G                      -
 FSDP shard_grad_op         k·P                    k·G                      -
 PyTorch ZeRO-1 (ZeRO opt.) P (broadcasts)         -                        G
 ========================== ====================== ======================== =================
 
+ZeRO-1/2 all-gather the updated 16-bit partitions of the trainable parameters only (stage_1_and_2.py
+builds its flat groups from the optimizer's parameter groups): G, not P, under LoRA.
 P_b: ZeRO-3 re-gathers in the backward only the parameters it released after the forward
 (``stage3_max_reuse_distance``). A ring collective moves ``(N-1)/N`` of the tensor per rank (all-gather,
 reduce-scatter) or twice that (all-reduce); ``comm_bytes_per_step`` applies it and splits the bytes by
@@ -65,12 +67,14 @@ def comm_volumes(sharding_kind, data_parallel_degree, param_count, trainable_par
             b = weight_dtype_bytes
             P, G = param_count * b / t, trainable_param_count * b / t
             stage = int(kind[2:])
+            # stages 1-2 partition only the optimizer's (trainable) parameters: the all-gather after the step
+            # moves their updated 16-bit partitions, G bytes (frozen LoRA bases are never communicated)
             if stage == 0:
                 out.update(all_reduce=G, overlap="none (reduced after the backward)")
             elif stage == 1:
-                out.update(reduce_scatter=G, all_gather=P, overlap="none (reduced at the boundary)")
+                out.update(reduce_scatter=G, all_gather=G, overlap="none (reduced at the boundary)")
             elif stage == 2:
-                out.update(reduce_scatter=k * G, all_gather=P, overlap="reduce-scatter during the backward")
+                out.update(reduce_scatter=k * G, all_gather=G, overlap="reduce-scatter during the backward")
             else:
                 kept = (deepspeed_rank.gathered_kept if deepspeed_rank is not None else 0) * n / max(n, 1)
                 out.update(all_gather=k * (2 * P - min(kept, P)), reduce_scatter=k * G,
@@ -112,9 +116,11 @@ def topology(gpu_spec, provider, instance, region, num_gpus, num_nodes, rulesets
             link = inst.interconnect
         if inst.interconnect_gbps:
             link_gbps = inst.interconnect_gbps
+        source = f"instance {inst.provider}/{inst.id}"
         if inst.network_gbps:
             network = inst.network_gbps / inst.gpus
-        source = f"instance {inst.provider}/{inst.id}"
+        else:
+            source += f" (it states no network: the {gpu_spec.id} ruleset's inter_node_gbps, an assumption)"
     used = num_gpus * num_nodes
     instances = num_nodes * -(-num_gpus // per) if per < num_gpus else num_nodes
     return {"gpus_per_instance": per, "instances": instances, "gpus": used,

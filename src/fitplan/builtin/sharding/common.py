@@ -18,9 +18,10 @@ def stack_name(stack, zero_stage, fsdp, offload_optimizer, offload_params, preci
 
 
 @quantity("stack", json_key="parallel.stack_description", label="stack", type="text")
-def stack_description(stack_name, zero_stage, fsdp, offload_optimizer, offload_params):
-    """The stack in words, as every output names it (``DeepSpeed ZeRO-2 + optimizer offload``)."""
-    return stacks.describe(stack_name, zero_stage, fsdp, offload_optimizer, offload_params)
+def stack_description(stack_name, shard_stage, fsdp, offload_optimizer, offload_params):
+    """The stack in words, as every output names it (``DeepSpeed ZeRO-2 + optimizer offload``); the stage is the
+    ZeRO-equivalent one (``--stack torch --fsdp full_shard`` is PyTorch-native FSDP2, stage 3)."""
+    return stacks.describe(stack_name, shard_stage, fsdp, offload_optimizer, offload_params)
 
 
 @quantity("mode", type="text")
