@@ -67,7 +67,7 @@ def test_deepspeed_stage_k_plus_one_never_needs_more(model, batch, seq, ckpt, me
     # * ZeRO-2 allocates its gradient partition at the first bucket flush, while activations are alive;
     #   ZeRO-1 only when the backward ends (stage_1_and_2.py:2182-2195, 2290-2295);
     # * ZeRO-3 keeps parameters gathered for the backward (stage3_max_reuse_distance), prefetches, keeps its
-    #   bucket for the whole step and, for fp32 models, a second fp32 copy (stage3.py:1162-1167);
+    #   bucket for the whole step and, for fp32 models, an fp32 master clone beside the fp32 partitions (stage3.py:1162-1167);
     # * ZeRO-0 and ZeRO-1 tie in fp32 on 2 GPUs (16 bytes per parameter at the end of the backward each),
     #   ZeRO-1 then larger by its 2·N alignment padding.
     op_grad = ests[2]["step_trace"].max_param_grad_bytes if ests[2]["step_trace"] is not None else 0

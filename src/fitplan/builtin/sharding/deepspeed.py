@@ -20,12 +20,15 @@ optimizer groups g; file:line in deepspeed/runtime/ of 0.19.8):
   parameters of at most ``stage3_param_persistence_threshold`` elements also stay whole after their first
   gather (1292-1297). fp32 clones of the trainable partitions per sub-group of ``sub_group_size`` elements
   (stage3.py:1153-1172, 1210-1233); for an fp32 model the "already fp32" shortcut never fires (1162-1167
-  compares a ``torch.device`` with a string), so there are two fp32 copies. The gradient partition buffer
+  compares a ``torch.device`` with a string), so an fp32 model keeps its fp32 partition (the weights) and an
+  fp32 clone (the master), as a 16-bit model does (measured: master = the trainable partitions × 4 B, in bf16
+  and in fp32). The gradient partition buffer
   (786-801) and the IPG bucket (779-784, not doubled by ``overlap_comm``) are allocated at init and persist.
   Around each module its parameters are all-gathered (``ceil(n/N)·N`` elements each) and released after it
   unless used again within ``stage3_max_reuse_distance`` elements of the module trace
   (partitioned_param_coordinator.py:634-661): with the default 1e9 the last modules of the forward stay
-  gathered until their backward. ``stage3_prefetch_bucket_size`` elements are gathered ahead (452-454).
+  gathered until their backward. ``stage3_prefetch_bucket_size`` elements of parameters not yet gathered are
+  gathered ahead (452-476): bounded by what is left to gather.
 * **ZeRO-0** (no ZeRO optimizer): fp32, the client optimizer itself; bf16, ``FP16_UnfusedOptimizer``
   (runtime/fp16/unfused_optimizer.py:78): an fp32 copy of every parameter, 16-bit gradients, all cast to fp32
   at step (218-222). Gradients are all-reduced at the end of the backward through one flat copy of up to 5e8
@@ -177,11 +180,16 @@ def _layout(params, stage, n, b, device, offload_optimizer, offload_params, valu
     whole = sum(ceil_div(p.numel, n) * n for i, p in enumerate(params) if i in persistent) * b
     subs = [s for g in groups for s in _sub_groups(g, n, values["sub_group_size"])]
     trainable_parts = sum(subs)
-    masters = trainable_parts * 4 * (2 if b == 4 else 1)  # fp32 models: a second fp32 copy (stage3.py:1162-1167)
+    masters = trainable_parts * 4  # a clone for fp32 models too: the shortcut of stage3.py:1162-1167 never fires
     ctx = OptimizerContext(tuple(((x,), 1) for x in subs), 4, 4, device)
     gctx = tuple(OptimizerContext((((x,), 1),), 4, 4, device) for x in subs)
     kept, module = _reuse_kept(params, n, b, persistent, values["stage3_max_reuse_distance"])
-    prefetch = min(values["stage3_prefetch_bucket_size"], values["stage3_max_live_parameters"]) * b
+    # prefetch gathers up to stage3_prefetch_bucket_size elements of the next parameters in the trace that are
+    # not already gathered (partitioned_param_coordinator.py:452-476): never more than the non-persistent
+    # parameters left once the kept ones are counted
+    gatherable = sum(ceil_div(p.numel, n) * n for i, p in enumerate(params) if i not in persistent) * b
+    prefetch = max(0, min(min(values["stage3_prefetch_bucket_size"], values["stage3_max_live_parameters"]) * b,
+                          gatherable - kept))
     weights = parts_all * b + whole
     grads = trainable_parts * b
     bucket = bucket_el * b
