@@ -123,6 +123,7 @@ def stack_cases(quick: bool) -> list[dict[str, Any]]:
         ("deepspeed zero2 bf16 4 ranks", dict(ds, zero_stage=2, num_gpus=4)),
         ("deepspeed zero3 bf16 4 ranks small buckets", dict(ds, zero_stage=3, num_gpus=4, **small)),
         ("deepspeed zero2 lora bf16 2 ranks", dict(ds, zero_stage=2, method="lora", lora_target_modules=("q_proj", "v_proj"))),
+        ("deepspeed zero3 lora bf16 2 ranks", dict(ds, zero_stage=3, method="lora", lora_target_modules=("q_proj", "v_proj"))),
     ]
     q = dict(precision="bf16-true", per_device_train_batch_size=TINY_BATCH, max_seq_length=TINY_SEQ, method="qlora",
              lora_target_modules=("all-linear",), gradient_checkpointing=True)

@@ -60,18 +60,22 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
     * QLoRA with ``kbit_preparation = "peft"`` (``prepare_model_for_kbit_training``, peft/utils/other.py:204-209)
       casts every non-quantized parameter to fp32, so the residual stream, norms, attention and LM head run in
       fp32 (``Linear4bit`` returns its input's dtype): the ``32-true`` trace with 4-bit matmuls in
-      ``bnb_4bit_compute_dtype``; ``trl`` casts the adapters to bf16 (trl/trainer/sft_trainer.py:908-911)."""
+      ``bnb_4bit_compute_dtype``; ``trl`` casts the adapters to bf16 (trl/trainer/sft_trainer.py:908-911);
+    * DeepSpeed with 16-bit weights casts the whole module, LoRA adapters included, to 16 bits
+      (runtime/engine.py:2080-2088): the adapters run in the weights' dtype."""
     trace = precision
     if sharding_kind.startswith("hf_fsdp"):
         trace = TRUE_TWIN.get(precision, precision)
     adapter = "fp32"
+    from fitplan.inputs.precision import PRESETS
+
+    if sharding_kind.startswith("ds") and PRESETS[precision].master:
+        adapter = PRESETS[precision].weight_dtype  # DeepSpeed casts every parameter, adapters too (engine.py:2080-2088)
     if method == "qlora":
         if kbit_preparation == "peft" and precision in TRUE_TWIN.values():
             trace = "32-true"
         if kbit_preparation == "trl":
             adapter = "bf16"
-    from fitplan.inputs.precision import PRESETS
-
     return (trace, adapter, bnb_4bit_compute_dtype or PRESETS[precision].compute_dtype)
 
 

@@ -88,7 +88,8 @@ def engine_tensors(engine) -> dict[str, list[Any]]:
     kind = type(o).__name__
     out: dict[str, list[Any]] = {}
     if kind == "DeepSpeedZeroOptimizer":
-        out["parameters"] = _tensors(o, "bit16_groups_flat")
+        # frozen parameters (a LoRA base) are not in the optimizer's flat groups: the module keeps them whole
+        out["parameters"] = _tensors(o, "bit16_groups_flat") + [p.data for p in mod.parameters() if not p.requires_grad]
         out["master_weights"] = _tensors(o, "single_partition_of_fp32_groups")
         out["gradients"] = ([p.grad for p in o.single_partition_of_fp32_groups if p.grad is not None] if o.cpu_offload
                             else _tensors(o, "averaged_gradients"))
@@ -96,7 +97,8 @@ def engine_tensors(engine) -> dict[str, list[Any]]:
         out["offload_buffers"] = _tensors(o, "param_buffer_of_bit16_for_cpu_offload_groups", "temp_grad_buffer_for_cpu_offload")
     elif kind == "DeepSpeedZeroOptimizer_Stage3":
         persistent = [p for p in mod.parameters() if getattr(p, "ds_persist", False) and p.data.numel()]
-        out["parameters"] = _tensors(o, "fp16_partitioned_groups_flat") + [p.data for p in persistent]
+        frozen = [p.ds_tensor for p in mod.parameters() if not p.requires_grad and getattr(p, "ds_tensor", None) is not None]
+        out["parameters"] = _tensors(o, "fp16_partitioned_groups_flat") + [p.data for p in persistent] + frozen
         out["master_weights"] = _tensors(o, "fp32_partitioned_groups_flat")
         out["gradients"] = _tensors(o, "grad_partitions_flat_buffer") + [
             p.grad for p in o.fp32_partitioned_groups_flat if p.grad is not None]  # offload: the fp32 gradient too
