@@ -93,9 +93,15 @@ def _instance(plan: Plan) -> str:
     return f"{choice.provider.id}/{choice.instance.id} ×{choice.count}"
 
 
+def zero_label(fields) -> str:
+    """``--zero N`` names its stack: DeepSpeed unless the plan says PyTorch-native (``--stack torch``)."""
+    who = "torch" if fields.get("stack") == "torch" else "DeepSpeed"
+    return f"{who} ZeRO-{fields['zero_stage']}"
+
+
 def _sharding(plan: Plan) -> str:
     f = plan.fields
-    parts = [f"ZeRO-{f['zero_stage']}" if f["zero_stage"] else "DDP" if plan.world_size > 1 else "-"]
+    parts = [zero_label(f) if f["zero_stage"] else "DDP" if plan.world_size > 1 else "-"]
     if f["offload_optimizer"]:
         parts.append("offload opt.")
     if f["offload_params"]:

@@ -98,7 +98,7 @@ class Plan:
         if f["gradient_checkpointing"]:
             parts.append("ckpt")
         if f["zero_stage"]:
-            parts.append(f"ZeRO-{f['zero_stage']}")
+            parts.append(("torch " if f.get("stack") == "torch" else "DeepSpeed ") + f"ZeRO-{f['zero_stage']}")
         if f["offload_optimizer"] or f["offload_params"]:
             parts.append("offload " + "+".join(x for x, on in (("optimizer", f["offload_optimizer"]),
                                                              ("params", f["offload_params"])) if on))
