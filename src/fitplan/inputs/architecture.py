@@ -23,7 +23,6 @@ Families (``family``) and the HF ``model_type`` values they cover:
 from __future__ import annotations
 
 import functools
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -377,13 +376,15 @@ def _rope(c: dict[str, Any]) -> dict[str, Any]:
 
 def load_config_json(path: str | Path) -> ModelSpec:
     """Read an HF ``config.json`` from disk."""
+    from fitplan.inputs.files import read_json
+
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FitplanError("file not found", file=str(p), suggestion="pass a catalog name (fitplan models list) or a path to config.json") from None
-    except json.JSONDecodeError as e:
-        raise FitplanError(f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})", file=str(p)) from None
+        data = read_json(p)
+    except FitplanError as e:
+        if e.message == "file not found":
+            e.suggestion = "pass a catalog name (fitplan models list) or a path to config.json"
+        raise
     name = p.parent.name if p.name == "config.json" else p.stem
     return spec_from_config(data, name=name, file=str(p), source=str(p))
 
