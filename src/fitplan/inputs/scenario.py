@@ -33,6 +33,8 @@ LIMITS: dict[str, float] = {
 }
 """The largest value of a number that makes physical sense (a micro-batch of a million sequences, a sequence of
 16M tokens, 65,536 GPUs, 10^16 tokens): beyond it a value is a typo, and refusing it keeps the arithmetic finite."""
+MINIMA: dict[str, float] = {"tokens_per_second": 1e-3, "mfu": 1e-4}
+"""The smallest value of a rate that makes sense: below it a time comes out infinite."""
 TEXT_LIMITS: dict[str, int] = {"model": 4096, "params": 64}
 """The longest text a field takes (paths are long); every other text field: :data:`TEXT_LIMIT`."""
 TEXT_LIMIT = 256
@@ -50,6 +52,8 @@ def _positive(inst: Any, att: attrs.Attribute, value: Any) -> None:
         raise _number_error(inst, att, value, "a finite number")
     if not value > 0:
         raise _number_error(inst, att, value, "> 0")
+    if value < MINIMA.get(att.name, 0):
+        raise _number_error(inst, att, value, f"at least {MINIMA[att.name]:g}")
     limit = LIMITS.get(att.name)
     if limit is not None and value > limit:
         raise _number_error(inst, att, value, f"at most {limit:,g}")
