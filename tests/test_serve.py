@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -240,7 +241,7 @@ def test_the_page_needs_no_network(served):
     for path in ("/", "/static/app.js", "/static/app.css"):
         text = get(served, path)[1].decode()
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
-        assert "//" not in "".join(line.split("//")[0] for line in text.splitlines() if "src=" in line)
+        assert not re.search(r"""(src|href)\s*=\s*["']?//|url\(\s*["']?//|@import""", text)  # protocol-relative
 
 
 # --------------------------------------------------------------------------- uploads and exports, read back
@@ -280,7 +281,8 @@ def test_exports_read_back_give_the_same_estimate(served, tmp_path, kind, flag):
 
 
 def test_the_view_is_the_estimate_and_its_variants(served):
-    """/api/view's parts are estimates of variants: each equals /api/estimate with that one flag changed."""
+    """/api/view's parts (and /api/largest) are estimates of variants: each equals /api/estimate with that one flag
+    changed."""
     q = {"model": "llama-2-7b", "gpu": "a100-80gb", "precision": "bf16-true", "gradient-checkpointing": "true",
          "num-examples": "10000", "tokens-per-example": "512"}
     view = json.loads(get(served, "/api/view", q)[1])
@@ -290,7 +292,9 @@ def test_the_view_is_the_estimate_and_its_variants(served):
     lambda_row = next(p for p in view["providers"] if p["id"] == "lambda")
     priced = json.loads(get(served, "/api/estimate", {**q, "provider": "lambda"})[1])
     assert lambda_row["cost"] == priced["cost"] and lambda_row["time"] == priced["time"]
-    n = view["largest"]["micro-batch"]["largest"]
+    largest = json.loads(get(served, "/api/largest", q)[1])
+    assert largest["micro-batch"]["headroom"] == "0" and largest["seq-length"]["gpu"] == "a100-80gb"
+    n = largest["micro-batch"]["largest"]
     at = lambda b: json.loads(get(served, "/api/estimate", {**q, "per-device-train-batch-size": str(b)})[1])["memory"]["fits"]
     assert n >= 1 and at(n) is True and at(n + 1) is False  # the boundary of the fits verdict
     assert {k["kind"] for k in view["exports"]["kinds"] if "error" not in k} == {"accelerate", "training-args", "scenario"}
@@ -321,3 +325,28 @@ def test_the_core_and_the_api_modules_import_no_web_framework():
             "assert not {'starlette', 'uvicorn'} & set(sys.modules), sorted({'starlette', 'uvicorn'} & set(sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_fitplan_serve_serves_the_page_and_stops_on_ctrl_c(tmp_path):
+    """The command itself: it prints its address, serves the page, and stops cleanly on SIGINT, removing its
+    uploads' directory."""
+    import os
+    import re as re_
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "fitplan", "serve", "--port", "0"], cwd=ROOT, env=env,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stderr.readline()
+        url = re_.search(r"http://127\.0\.0\.1:\d+/", line).group(0)
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert b"<title>fitplan</title>" in r.read()
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith("fitplan-serve-")]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, proc.stderr.read()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("fitplan-serve-")]

@@ -108,6 +108,10 @@ def test_the_page_shows_the_cli_numbers_and_follows_the_micro_batch(page, served
     assert (before["peak"], before["device_total"], before["usable"]) == (
         cli["per_gpu_bytes"]["peak"], cli["per_gpu_bytes"]["device_total"], cli["usable_bytes"])
     assert before["fits"] == "true" and "fits" in before["verdict"]
+    cards = page.eval_on_selector_all("#gpus .gpu", "bs => bs.map(b => [b.dataset.gpu, b.dataset.fits])")
+    assert len(cards) == len(served.settings.context().rulesets.gpus) and ["a100-80gb", "true"] in cards
+    assert page.eval_on_selector("#gpus .gpu.selected", "b => b.dataset.gpu") == "a100-80gb"
+    assert len(page.query_selector_all("#providers tr.provider")) >= 2  # priced by several providers
 
     times = [change_micro_batch(page, largest + 1)]
     after = shown(page)

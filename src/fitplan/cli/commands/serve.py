@@ -63,6 +63,9 @@ def serve(host: str, port: int, open_browser: bool, ruleset_dirs: tuple[str, ...
         click.echo(f"fitplan serve: {url}  (Ctrl+C to stop)", err=True)
         if open_browser:
             threading.Timer(0.3, webbrowser.open, [url]).start()
-        server.run(sockets=[sock])
+        try:
+            server.run(sockets=[sock])
+        except KeyboardInterrupt:  # uvicorn shut down gracefully, then re-raised the signal: a normal stop
+            click.echo("fitplan serve: stopped", err=True)
     finally:
         settings.uploads.close()
