@@ -11,7 +11,6 @@ is at most :data:`MAX_UPLOAD_BYTES`.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shutil
 import tempfile
@@ -56,17 +55,13 @@ class UploadStore:
         :raises FitplanError: too large, not UTF-8 JSON, or not a config fitplan reads (naming the field).
         """
         from fitplan.inputs.architecture import spec_from_config
+        from fitplan.inputs.files import decode, loads_json
 
         shown = Path(filename or "config.json").name or "config.json"
         if len(data) > MAX_UPLOAD_BYTES:
             raise FitplanError(f"upload larger than {MAX_UPLOAD_BYTES:,} bytes", file=shown,
                                suggestion="a config.json is a few kB; upload the model's config.json only")
-        try:
-            config = json.loads(data.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise FitplanError("not UTF-8 text", file=shown) from None
-        except json.JSONDecodeError as e:
-            raise FitplanError(f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})", file=shown) from None
+        config = loads_json(decode(data, file=shown), file=shown)  # the CLI's input boundary (inputs/files.py)
         if not isinstance(config, dict):
             raise FitplanError("a model config must be a JSON object", file=shown, value=type(config).__name__)
         name = display_name(config, shown)
