@@ -161,6 +161,11 @@ def test_no_query_parameter_reads_a_local_path(served, query):
     assert "reads no local file" in error or "unknown query parameter" in error
 
 
+def test_numbers_are_not_mistaken_for_paths(served):
+    status, body, _ = get(served, "/api/estimate", {"model": "llama-2-7b", "mfu": ".4", "gpu": "a100-80gb"})
+    assert status == 200 and json.loads(body)["scenario"]["cost"]["mfu"] == 0.4
+
+
 def test_a_hub_id_is_not_read_as_a_path(served):
     status, body, _ = get(served, "/api/estimate", {"model": "some-org/some-model"})
     error = json.loads(body)["error"]

@@ -193,3 +193,20 @@ def test_a_dropped_config_is_estimated(page, served):
                            "document.body.dataset.state === 'ready'")
     assert "llama" in page.inner_text("#summary") and page.input_value("#f-model").startswith("upload:")
     assert page.problems == []
+
+
+def test_a_confidence_band_is_read_in_each_documented_shape(page, served):
+    """The time model's band (#14) is shown when the report carries one, in any shape docs/serve.md lists; the
+    value alone otherwise."""
+    open_view(page, served, START)
+    got = page.evaluate("""() => [
+        band({seconds: 5, seconds_band: [4, 7]}, 'seconds'),
+        band({seconds: 5, seconds_range: {low: 4, high: 7}}, 'seconds'),
+        band({seconds: 5, seconds_interval: {lo: 4, hi: 7}}, 'seconds'),
+        band({seconds: 5, seconds_low: 4, seconds_high: 7}, 'seconds'),
+        band({seconds: 5, band: [4, 5, 7]}, 'seconds'),
+        band({seconds: 5}, 'seconds'),
+        withBand('5 s', band({seconds_band: [4, 7]}, 'seconds'), String),
+        withBand('5 s', null, String)]""")
+    assert got[:5] == [[4, 7]] * 5 and got[5] is None
+    assert got[6:] == ["5 s (band 4 – 7)", "5 s"]

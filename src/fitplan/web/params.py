@@ -5,8 +5,8 @@ A query names the CLI's long flags without their dashes (``?model=llama-2-7b&per
 (``--per-device-train-batch-size=4 --gradient-checkpointing``) and parsed by that command's click parser, so
 that types, checks and error messages are the CLI's. Only the scenario's flags (plus ``--bf16`` / ``--fp16``)
 and each endpoint's own extras are accepted: no query parameter reaches an option that reads a file
-(``--deepspeed``, ``--training-args``, ``--ruleset-dir``, ``--policy``, a scenario file), and no value may
-name a local path (:func:`check_not_a_path`).
+(``--deepspeed``, ``--training-args``, ``--ruleset-dir``, ``--policy``, a scenario file), and no text value
+may name a local path (:func:`check_not_a_path`).
 """
 
 from __future__ import annotations
@@ -98,8 +98,9 @@ def parse(command: click.Command, items: Iterable[tuple[str, str]], *, extras: S
     for key, value in given.items():
         if key in positional:
             continue
-        check_not_a_path(key, value)
         opt = options[key]
+        if opt.type is click.STRING:  # a number (mfu=.4) names no file
+            check_not_a_path(key, value)
         if opt.is_flag:
             on = _bool(key, value)
             if on or opt.secondary_opts:
