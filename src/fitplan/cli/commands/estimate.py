@@ -50,14 +50,19 @@ def explain(quantity: str, depth: int, fmt: str, out: str | None, **options: Any
     QUANTITY is a quantity's name or its short name (peak, weights, gradients, activations, time, cost, ...).
     Without a model, explains the documented example (llama-2-7b, bf16-mixed, batch 4, seq 2048).
     """
+    emit("explain", explanation_for(quantity, depth, options), fmt, out)
+
+
+def explanation_for(quantity: str, depth: int, options: dict[str, Any]):
+    """The :class:`~fitplan.output.explain.Explanation` of ``quantity`` for the scenario of ``options`` (the
+    documented example when they name no model)."""
     from fitplan.assess import assess
     from fitplan.output.explain import explain as explanation
 
     if not any(options.get(k) for k in ("model", "params", "scenario_file")):
         options = {**options, **{k: options.get(k) or v for k, v in EXAMPLE.items()}}
     est = estimate_from(options)
-    name = quantity_name(quantity, est)
-    emit("explain", explanation(assess(est, advice=False, seed=True), name, depth=depth), fmt, out)
+    return explanation(assess(est, advice=False, seed=True), quantity_name(quantity, est), depth=depth)
 
 
 def quantity_name(name: str, est) -> str:
