@@ -21,7 +21,10 @@ METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
 ASSUMPTIONS = ("realistic", "seed")
-PADDING = ("pad", "pack")
+PADDING = ("pad", "pack", "longest", "group_by_length", "padding_free")
+"""How micro-batches are formed (fitplan.data.padding): padded to max_seq_length, packed (TRL packing, bfd),
+padded to the longest in each micro-batch (TRL's default; with group_by_length, batches grouped by length),
+padding-free. The last three need the examples' lengths (``dataset_path``)."""
 DEVICES = ("cuda", "cpu")
 
 
@@ -123,12 +126,24 @@ class Hardware:
 
 @frozen
 class Dataset:
-    """How much data: examples × tokens per example, or total tokens; × epochs (in Training)."""
+    """How much data: examples × tokens per example, or total tokens; × epochs (in Training). Or the dataset
+    itself (``dataset_path``: a data file or directory, or a summary TOML), read as TRL's SFT trainer reads it
+    (docs/dataset.md)."""
 
     num_examples: int | None = field(default=None, validator=_positive)
     tokens_per_example: float | None = field(default=None, validator=_positive)
     total_tokens: int | None = field(default=None, validator=_positive)
     padding: str = field(default="pack", validator=_one_of(PADDING))
+    dataset_path: str | None = None
+    dataset_text_field: str = "text"
+    """TRL's ``SFTConfig.dataset_text_field``: the column of plain-text examples."""
+    tokenizer: str | None = None
+    """A tokenizer directory or Hugging Face id (default: the model's)."""
+    chat_template_path: str | None = None
+    """TRL's ``SFTConfig.chat_template_path``: a ``.jinja`` file replacing the tokenizer's chat template."""
+    dataset_split: str | None = None
+    dataset_sample: int | None = field(default=None, validator=_positive)
+    """Tokenize a random sample of this many examples (totals scaled, with a confidence interval)."""
 
 
 @frozen
