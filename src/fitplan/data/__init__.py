@@ -2,8 +2,9 @@
 tokens each padding or packing mode makes the GPUs compute (``fitplan dataset``, ``--dataset``; docs/dataset.md).
 
 * :mod:`~fitplan.data.extra`: the optional dependencies (``pip install 'fitplan[data]'``);
-* :mod:`~fitplan.data.readers` and :mod:`~fitplan.data.columnar`: records streamed from JSONL, JSON, CSV,
-  Parquet and Arrow files (a ``datasets`` dataset saved to disk), each with its line or row;
+* :mod:`~fitplan.data.source`: what ``--dataset`` names; :mod:`~fitplan.data.readers` and
+  :mod:`~fitplan.data.columnar`: records streamed from JSONL, JSON, CSV, Parquet and Arrow files (a ``datasets``
+  dataset saved to disk), each with its line or row;
 * :mod:`~fitplan.data.tokenizer`: the model's fast tokenizer (``tokenizer.json``) and its chat template, from a
   directory or the Hugging Face cache;
 * :mod:`~fitplan.data.chat`: chat templates rendered as transformers renders them (sandboxed jinja2);

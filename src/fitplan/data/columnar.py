@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fitplan.data.extra import need
-from fitplan.data.readers import Located, Source, bad_field, not_utf8
+from fitplan.data.readers import Located, bad_field, not_utf8
 from fitplan.errors import FitplanError
 
 BATCH_ROWS = 1024
@@ -98,8 +98,9 @@ def _read_json(path: Path) -> dict:
         raise FitplanError(f"cannot read the saved dataset's description: {e}", file=str(path), field="--dataset") from None
 
 
-def saved_dataset(directory: Path, split: str | None) -> Source | None:
-    """The :class:`Source` of a directory written by ``datasets``' ``save_to_disk``, or None when it is not one."""
+def saved_dataset(directory: Path, split: str | None) -> tuple[str, tuple[Path, ...], str | None] | None:
+    """``(format, files, split)`` of a directory written by ``datasets``' ``save_to_disk``, or None when it is
+    not one."""
     dict_file = directory / "dataset_dict.json"
     if dict_file.is_file():
         splits = [str(s) for s in _read_json(dict_file).get("splits", [])]
@@ -111,7 +112,7 @@ def saved_dataset(directory: Path, split: str | None) -> Source | None:
         inner = saved_dataset(directory / chosen, None)
         if inner is None:
             raise FitplanError(f"split {chosen!r} has no state.json", file=str(directory / chosen), field="--split")
-        return Source(directory, inner.format, inner.files, chosen)
+        return inner[0], inner[1], chosen
     state_file = directory / "state.json"
     if not state_file.is_file():
         return None
@@ -121,4 +122,4 @@ def saved_dataset(directory: Path, split: str | None) -> Source | None:
         raise FitplanError("the saved dataset's state.json lists no data files" if not files else
                            f"data files listed in state.json are missing: {', '.join(missing)}",
                            file=str(state_file), field="--dataset")
-    return Source(directory, "arrow", tuple(files), split)
+    return "arrow", tuple(files), split

@@ -48,7 +48,7 @@ def batching(summary: DatasetSummary, mode: str, max_length: int, batch: int, ac
 def _point(lengths: Lengths, max_length: int, batch: int, accumulation: int, drop: int, seed: int) -> dict[str, float]:
     """The additive figures of one set of lengths (unscaled)."""
     over, cut = lengths.over(max_length)
-    out = {"tokens.total": float(lengths.total), "truncated_examples": float(over), "truncated_tokens": float(cut)}
+    out = {"tokens.total": float(lengths.total), "truncated_examples": float(over), "tokens_cut": float(cut)}
     for mode in padding.MODES:
         d = drop if mode not in ("pack", "padding_free") else 0
         out[f"padding.{mode}"] = padding.batching(mode, lengths, max_length, batch, accumulation,
@@ -108,10 +108,10 @@ def figures(summary: DatasetSummary, max_length: int, batch: int, accumulation: 
         "gradient_accumulation_steps": accumulation,
         "truncated_examples": over * f,
         "truncated_examples_ci": ci.get("truncated_examples"),
-        "truncated_tokens": cut * f,
-        "truncated_tokens_ci": ci.get("truncated_tokens"),
         "truncated_examples_share": over / h.examples if h.examples else 0.0,
-        "truncated_tokens_share": cut / h.total if h.total else 0.0,
+        "tokens_cut": cut * f,
+        "tokens_cut_ci": ci.get("tokens_cut"),
+        "tokens_cut_share": cut / h.total if h.total else 0.0,
         "dropped_examples": dropped(summary, max_length) * f,
         "padding": modes,
         "histogram": h.bins(bin_edges(h.max, max_length)),

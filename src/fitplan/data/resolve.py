@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from fitplan.data import summary as sm
-from fitplan.data.readers import Source, open_source
+from fitplan.data.source import Source, open_source
 from fitplan.errors import FitplanError
 
 SEED = 0

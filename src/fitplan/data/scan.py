@@ -20,7 +20,8 @@ from typing import Any
 import attrs
 
 from fitplan.data.examples import COLUMNS, Renderer, detect_kind
-from fitplan.data.readers import Located, Source, line_ranges
+from fitplan.data.readers import Located, line_ranges
+from fitplan.data.source import Source
 from fitplan.data.tokenizer import ModelTokenizer, load
 from fitplan.errors import FitplanError
 

@@ -65,8 +65,14 @@ class DatasetSummary:
         return out
 
     def to_toml(self) -> str:
-        head = "# fitplan dataset summary: token lengths of a dataset's examples (no text). docs/dataset.md\n"
-        return head + tomli_w.dumps(self.to_dict())
+        """The summary as TOML, each histogram's arrays on one line."""
+        data = self.to_dict()
+        tables = {k: data.pop(k) for k in ("lengths", "prompt_lengths") if k in data}
+        out = ["# fitplan dataset summary: token lengths of a dataset's examples (no text). docs/dataset.md\n",
+               tomli_w.dumps(data)]
+        for name, table in tables.items():
+            out.append(f"\n[{name}]\n" + "".join(f"{k} = [{', '.join(map(str, v))}]\n" for k, v in table.items()))
+        return "".join(out)
 
 
 def _no_none(d: dict[str, Any]) -> dict[str, Any]:

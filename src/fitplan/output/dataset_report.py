@@ -27,8 +27,8 @@ def _header(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("tokens", f"{t['total']:,.0f}{_ci(t['total_ci'])}; per example mean {t['mean']:,.1f}, p50 {t['p50']:,}, "
                    f"p90 {t['p90']:,}, p99 {t['p99']:,}, max {t['max']:,}" + (" (in the sample)" if sample else "")),
         ("truncated", f"{r['truncated_examples']:,.0f} examples ({100 * r['truncated_examples_share']:.2f} %) longer than "
-                      f"--max-seq-length {r['max_seq_length']:,}; {r['truncated_tokens']:,.0f} tokens cut "
-                      f"({100 * r['truncated_tokens_share']:.2f} %){_ci(r['truncated_tokens_ci'])}"),
+                      f"--max-seq-length {r['max_seq_length']:,}; {r['tokens_cut']:,.0f} tokens cut "
+                      f"({100 * r['tokens_cut_share']:.2f} %){_ci(r['tokens_cut_ci'])}"),
     ]
     if r["dropped_examples"]:
         lines.append(("dropped", f"{r['dropped_examples']:,.0f} examples whose prompt fills --max-seq-length "
