@@ -137,3 +137,17 @@ def test_no_interval_when_every_example_is_read():
     assert f["tokens"]["total_ci"] is None and f["sample"] is None
     assert f["padding"]["longest"]["computed_tokens_per_epoch"] == pytest.approx(40 / 3)
     assert set(itertools.chain(f["padding"])) == set(padding.MODES)
+
+
+def test_the_worked_example_of_docs_dataset_md():
+    """docs/dataset.md's numbers, worked out by hand there."""
+    h = L(80, 120, 300, 400, 1500, 2600)
+    got = {m: padding.batching(m, h, 2048, 2) for m in padding.MODES}
+    assert h.over(2048) == (1, 552) and got["pack"].real_tokens == 4448
+    assert got["pad"].computed_tokens == 12288 and got["pad"].efficiency == pytest.approx(0.362, abs=5e-4)
+    assert got["longest"].computed_tokens == pytest.approx(3 * 2 * 18160 / 15)
+    assert got["longest"].efficiency == pytest.approx(0.612, abs=5e-4) and got["longest"].seq_length == 2048
+    assert padding.batching("group_by_length", h, 2048, 2, accumulation=4).computed_tokens == 5136
+    assert (got["pack"].computed_tokens, got["padding_free"].computed_tokens) == (4448, 5000)
+    wide = padding.batching("longest", h, 4096, 2)
+    assert (wide.computed_tokens, wide.seq_length) == (pytest.approx(8368), 2600)
