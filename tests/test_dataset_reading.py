@@ -245,3 +245,38 @@ def test_worker_processes_count_the_same(hub, monkeypatch, tmp_path):
     with pytest.raises(FitplanError) as e:
         make(Request(str(p), tokenizer=REPO, jobs=2, use_cache=False))
     assert (e.value.file, e.value.field) == (str(p), "text") and "line 61:" in e.value.message
+
+
+def test_the_tokenizer_of_a_catalog_model_is_its_hub_id(hub):
+    from fitplan.data.tokenizer import locate, tokenizer_spec
+
+    class Entry:
+        id, hf_id = "tiny", REPO
+
+    class Rules:
+        def model_entry(self, name):
+            if name != "tiny":
+                raise FitplanError(f"unknown model {name!r}")
+            return Entry()
+
+    assert tokenizer_spec(None, "tiny", Rules()) == REPO
+    assert tokenizer_spec("dir", "tiny", Rules()) == "dir"
+    assert tokenizer_spec(None, "other-org/model", Rules()) == "other-org/model"
+    name, files = locate(REPO)
+    assert files["tokenizer.json"] == snapshot(hub) / "tokenizer.json" and files["chat_template.jinja"] is None
+    with pytest.raises(FitplanError) as e:
+        locate("other-org/not-cached")
+    assert "not in the Hugging Face cache and HF_HUB_OFFLINE is set" in e.value.message
+
+
+def test_chat_template_file_wins_over_the_config(hub, tmp_path):
+    import shutil
+
+    d = tmp_path / "tok"
+    shutil.copytree(snapshot(hub), d)
+    (d / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    s = make(Request(str(DATA / "chat.jsonl"), tokenizer=str(d)))
+    tok = reference_tokenizer(hub)
+    expected = sorted(len(tok.encode("".join(m["content"] for m in r["messages"]), add_special_tokens=False).ids)
+                      for r in records("chat.jsonl"))
+    assert lengths_of(s) == expected

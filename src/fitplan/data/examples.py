@@ -82,10 +82,10 @@ class Renderer:
         return FitplanError(f"{where}: {text}", file=self.file, field=field, suggestion=suggestion)
 
     def _get(self, record: dict, field: str, where: str) -> Any:
-        if field not in record or record[field] is None:
-            has = ", ".join(sorted(record)) or "none"
+        if record.get(field) is None:
+            has = ", ".join(sorted(k for k, v in record.items() if v is not None)) or "none"
             hint = f"the record has: {has}" + ("; pass --text-field NAME" if field == self.text_field else "")
-            raise self._error(where, f"no field {field!r}", field, hint)
+            raise self._error(where, f"field {field!r} is null" if field in record else f"no field {field!r}", field, hint)
         return record[field]
 
     def _text(self, record: dict, field: str, where: str) -> str:

@@ -36,7 +36,6 @@ import attrs
 
 from fitplan.data.extra import need
 from fitplan.data.lengths import Lengths
-from fitplan.errors import FitplanError
 
 MODES = ("pad", "longest", "group_by_length", "pack", "padding_free")
 """The padding modes, in the order reports list them."""
@@ -91,10 +90,10 @@ def expected_max(lengths: Lengths, m: int):
     np = need("numpy")
     n = lengths.examples
     cum = lengths.counts.cumsum().astype(np.float64)
-    j = np.arange(m, dtype=np.float64)
     # P(max <= v_i) = C(F_i, m) / C(n, m) = prod_j (F_i - j) / (n - j), 0 when F_i < m
-    ratio = np.clip((cum[:, None] - j[None, :]) / (n - j[None, :]), 0.0, None)
-    cdf = ratio.prod(axis=1)
+    cdf = np.ones_like(cum)
+    for j in range(m):
+        cdf *= np.clip((cum - j) / (n - j), 0.0, None)
     pmf = np.diff(np.concatenate(([0.0], cdf)))
     return float(np.dot(pmf, lengths.values))
 
@@ -117,10 +116,15 @@ def group_by_length_order(values, batch_size: int, perm):
     mult = min(n // (batch_size * 4), MEGABATCH_MAX) or 1
     size = mult * batch_size
     shuffled = values[perm]
-    mega = [np.sort(shuffled[i:i + size])[::-1].copy() for i in range(0, n, size)]
+    full = n // size * size
+    mega = [row for row in -np.sort(-shuffled[:full].reshape(-1, size), axis=1)]
+    if full < n:
+        mega.append(-np.sort(-shuffled[full:]))
+    if not mega:
+        return shuffled
     top = int(np.argmax([m[0] for m in mega]))
     mega[0][0], mega[top][0] = mega[top][0], mega[0][0]
-    return np.concatenate(mega) if mega else shuffled
+    return np.concatenate(mega)
 
 
 def batch_padded_tokens(ordered, batch: int) -> int:
@@ -161,26 +165,22 @@ def batching(mode: str, lengths: Lengths, max_length: int, batch: int, accumulat
                         "max_seq_length (packed rows)", "exact")
     if mode == "padding_free":
         largest = largest_batch_tokens(lengths, batch, seed) if lengths.examples else 0
-        return Batching(mode, float(lengths.total), lengths.total, lengths.examples, math.ceil(largest / batch),
+        return Batching(mode, float(lengths.total), lengths.total, lengths.examples, max(1, math.ceil(largest / batch)),
                         f"the largest micro-batch of one shuffle (seed {seed}): {largest:,} tokens", "exact")
     trained = trained_lengths(lengths, max_length, dropped)
+    if not trained.examples:  # every example dropped: nothing to size memory on but the limit
+        return Batching(mode, 0.0, 0, 0, max_length, "max_seq_length (no example left)", "exact")
     longest = f"the longest example ({trained.max:,} tokens" + (", truncated)" if lengths.max > max_length else ")")
     if mode == "pad":
         return Batching(mode, float(trained.examples * max_length), trained.total, trained.examples, max_length,
                         "max_seq_length (every example padded to it)", "exact")
     if mode == "longest":
-        return Batching(mode, longest_tokens(trained, batch) if trained.examples else 0.0, trained.total,
+        return Batching(mode, longest_tokens(trained, batch), trained.total,
                         trained.examples, trained.max, longest, "expected over the random order (exact formula)")
     if mode == "group_by_length":
-        tokens = group_by_length_tokens(trained, batch, accumulation, seed) if trained.examples else 0
+        tokens = group_by_length_tokens(trained, batch, accumulation, seed)
         return Batching(mode, float(tokens), trained.total, trained.examples, trained.max, longest,
                         f"one simulated shuffle (seed {seed})")
     from fitplan.errors import unknown
 
     raise unknown("padding mode", mode, MODES, field="padding")
-
-
-def check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise FitplanError(f"unknown padding mode {mode!r}", field="padding", value=mode,
-                           suggestion="valid: " + ", ".join(MODES))
