@@ -280,3 +280,29 @@ def test_chat_template_file_wins_over_the_config(hub, tmp_path):
     expected = sorted(len(tok.encode("".join(m["content"] for m in r["messages"]), add_special_tokens=False).ids)
                       for r in records("chat.jsonl"))
     assert lengths_of(s) == expected
+
+
+@pytest.mark.parametrize("name", ["text.jsonl", "text.csv", "text.parquet", "chat.json"])
+def test_sample_reads_the_drawn_records(hub, name):
+    """``--sample 5`` of 12: the records drawn by ``random.Random(seed).sample``, totals scaled by 12/5."""
+    import random
+
+    tok = reference_tokenizer(hub)
+    if name == "chat.json":
+        chats = [r["messages"] for r in records("chat.jsonl")]
+        picked = random.Random(7).sample(range(6), 5)
+        expected = sorted(len(tok.encode(render(chats[i]), add_special_tokens=False).ids) for i in picked)
+    else:
+        texts = [r["text"] for r in records("text.jsonl")]
+        picked = random.Random(7).sample(range(12), 5)
+        expected = sorted(len(tok.encode(texts[i] + "</s>").ids) for i in picked)
+    s = make(Request(str(DATA / name), tokenizer=REPO, sample=5, seed=7))
+    n = 6 if name == "chat.json" else 12
+    assert (s.examples, s.read, s.sampled) == (n, 5, True)
+    assert lengths_of(s) == expected
+    from fitplan.data.figures import figures
+
+    f = figures(s, 2048, 2)
+    assert f["tokens"]["total"] == pytest.approx(sum(expected) * n / 5)
+    lo, hi = f["tokens"]["total_ci"]
+    assert lo < f["tokens"]["total"] < hi and f["sample"]["read"] == 5

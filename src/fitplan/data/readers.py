@@ -217,6 +217,10 @@ def json_records(file: Path, select: Any = None) -> Iterator[Located]:
     return _JsonArray(file)(select)
 
 
+def json_count(file: Path) -> int:
+    return sum(1 for _ in json_records(file))
+
+
 def is_json_array(file: Path) -> bool:
     with open(file, "rb") as f:
         head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")

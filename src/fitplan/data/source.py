@@ -52,14 +52,14 @@ class Source:
         if self.format == "jsonl":
             return readers.jsonl_count(file)
         if self.format == "json":
-            return sum(1 for _ in readers.json_records(file, select=()))
+            return readers.json_count(file)
         if self.format == "csv":
             return readers.csv_count(file)
         return columnar.table_count(file, self.format)
 
 
 def _shift(select: Any, by: int) -> Any:
-    return None if select is None or not by else {i - by for i in select}
+    return select if select is None or not by else {i - by for i in select}
 
 
 def _offset(records: Iterator[Located], by: int) -> Iterator[Located]:
