@@ -30,8 +30,6 @@ from fitplan.data.tokenizer import ModelTokenizer
 from fitplan.errors import FitplanError
 
 KINDS = ("text", "messages", "prompt_completion", "chat_prompt_completion")
-KIND_LABELS = {"text": "text", "messages": "chat messages", "prompt_completion": "prompt-completion text",
-               "chat_prompt_completion": "prompt-completion chat"}
 COLUMNS = ("messages", "conversations", "prompt", "completion", "tools", "chat_template_kwargs")
 """The fields any kind may read, besides the text field."""
 
@@ -60,7 +58,8 @@ def chatml(record: dict) -> dict:
     return out
 
 
-def detect_kind(record: dict, text_field: str) -> str:
+def detect_kind(record: dict) -> str:
+    """The dataset's kind, from its first record (see the module doc)."""
     record = chatml(record)
     if "prompt" in record:
         return "chat_prompt_completion" if _is_chat(record["prompt"]) else "prompt_completion"

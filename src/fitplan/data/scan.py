@@ -167,7 +167,7 @@ def scan(source: Source, tokenizer: ModelTokenizer, text_field: str, *, select: 
     """Read ``source`` (or the ``select``-ed records, ``offsets``: each file's first record index) and count
     the token lengths: ``(kind, tally)``. ``jobs`` > 1: worker processes for a large JSON Lines file."""
     first = first_record(source, text_field)[2]
-    renderer = Renderer(detect_kind(first, text_field), text_field, tokenizer, str(source.files[0]))
+    renderer = Renderer(detect_kind(first), text_field, tokenizer, str(source.files[0]))
     tally = Tally()
     if jobs > 1 and select is None and tokenizer.files and source.format == "jsonl" and source.size >= PARALLEL_BYTES:
         _parallel(source, renderer, jobs, tally)
