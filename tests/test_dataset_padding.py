@@ -151,3 +151,13 @@ def test_the_worked_example_of_docs_dataset_md():
     assert (got["pack"].computed_tokens, got["padding_free"].computed_tokens) == (4448, 5000)
     wide = padding.batching("longest", h, 4096, 2)
     assert (wide.computed_tokens, wide.seq_length) == (pytest.approx(8368), 2600)
+
+
+@pytest.mark.parametrize("xs,batch", [((3, 1, 4, 1, 5), 2), ((9, 2, 6, 5, 3, 5), 4), ((7, 7, 1, 2), 3), ((10,), 2)])
+def test_longest_equals_every_order_enumerated(xs, batch):
+    """The formula against the exact mean over every ordering of the examples (a DataLoader's random order)."""
+    total = count = 0
+    for order in itertools.permutations(xs):
+        total += sum(len(order[i:i + batch]) * max(order[i:i + batch]) for i in range(0, len(order), batch))
+        count += 1
+    assert padding.longest_tokens(Lengths.from_lengths(xs), batch) == pytest.approx(total / count, rel=1e-12)

@@ -110,6 +110,9 @@ def check(data: dict[str, Any]) -> DatasetSummary:
         raise ValueError(f"prompt_lengths counts {prompts.examples} examples, not {read}")
     if not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
+    for table in ("source", "tokenizer"):
+        if not isinstance(data.get(table, {}), dict):
+            raise ValueError(f"[{table}] must be a table")
     return DatasetSummary(kind, str(data.get("text_field", "text")), examples, lengths, prompts, seed,
                           dict(data.get("source") or {}), dict(data.get("tokenizer") or {}), str(data.get("key", "")))
 
