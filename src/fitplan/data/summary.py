@@ -119,14 +119,13 @@ def check(data: dict[str, Any]) -> DatasetSummary:
 
 def read_summary(path: str | Path) -> DatasetSummary:
     """A summary file the user names (``--dataset summary.toml``). :raises FitplanError: naming the file."""
-    p = Path(path)
+    from fitplan.inputs.files import read_toml
+
+    data = read_toml(path, field="--dataset")
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
         return check(data)
-    except FileNotFoundError:
-        raise FitplanError("dataset summary not found", file=str(p), field="--dataset") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError) as e:
-        raise FitplanError(f"not a valid dataset summary: {e}", file=str(p), field="--dataset",
+    except (ValueError, TypeError) as e:
+        raise FitplanError(f"not a valid dataset summary: {e}", file=str(path), field="--dataset",
                            suggestion="write one with `fitplan dataset DATA --out summary.toml`") from None
 
 
@@ -189,8 +188,11 @@ def store(summary: DatasetSummary) -> Path | None:
     from fitplan.output.files import write_text
 
     directory = cache_dir()
+    entry = directory / f"{summary.key}.toml"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        return write_text(directory / f"{summary.key}.toml", summary.to_toml())
+        if entry.is_symlink() or entry.exists() and not entry.is_file():
+            entry.unlink()  # a link, FIFO or device where the entry belongs: replaced
+        return write_text(entry, summary.to_toml())
     except (OSError, FitplanError):
         return None

@@ -23,7 +23,6 @@ vocabulary and merges; they are meant to give ``tokenizer.json``'s ids, which is
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +99,9 @@ def file_fingerprint(files: dict[str, Path | None], chat_template_path: str | No
 def _read_json(path: Path | None) -> dict:
     if path is None:
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise FitplanError(f"cannot read the tokenizer file: {e}", file=str(path), field="--tokenizer") from None
+    from fitplan.inputs.files import read_json
+
+    data = read_json(path, field="--tokenizer")
     return data if isinstance(data, dict) else {}
 
 
@@ -139,7 +137,9 @@ def _added_tokens(config: dict, named: dict[str, str]) -> list[Any]:
 
 def _chat_template(config: dict, files: dict[str, Path | None]) -> Any:
     if files.get("chat_template.jinja") is not None:
-        return files["chat_template.jinja"].read_text(encoding="utf-8")
+        from fitplan.inputs.files import read_text
+
+        return read_text(files["chat_template.jinja"], field="--tokenizer")
     t = config.get("chat_template")
     if isinstance(t, list):
         return {d["name"]: d["template"] for d in t if isinstance(d, dict) and "name" in d and "template" in d}
@@ -167,11 +167,9 @@ def load(name: str, files: dict[str, Path | None], chat_template_path: str | Non
     template = _chat_template(config, files)
     fingerprint = file_fingerprint(files, chat_template_path)
     if chat_template_path:
-        try:
-            template = Path(chat_template_path).read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise FitplanError(f"the chat template is not UTF-8: {e}", file=chat_template_path,
-                               field="--chat-template") from None
+        from fitplan.inputs.files import read_text
+
+        template = read_text(chat_template_path, field="--chat-template")
     return ModelTokenizer(name, backend, named, template, fingerprint, dict(files), chat_template_path)
 
 

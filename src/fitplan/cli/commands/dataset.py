@@ -13,6 +13,15 @@ def add(cli: click.Group) -> None:
     cli.add_command(dataset)
 
 
+def _check_out(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--out`` is checked before the dataset is read."""
+    if value:
+        from fitplan.output.files import check_target
+
+        check_target(value)
+    return value
+
+
 @click.command()
 @click.argument("path", type=click.Path())
 @click.option("--model", default=None, help="Whose tokenizer: a catalog model (its Hugging Face id), a Hugging Face id, "
@@ -40,7 +49,7 @@ def add(cli: click.Group) -> None:
 @click.option("--ruleset-dir", "ruleset_dirs", multiple=True, type=click.Path(file_okay=False),
               help="Extra ruleset directory (for --model names of a custom catalog).")
 @format_option("dataset")
-@click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
+@click.option("--out", "out", type=click.Path(dir_okay=False), default=None, callback=_check_out,
               help="Write the summary (token lengths, no text) to this TOML file; --dataset accepts it.")
 def dataset(path: str, model: str | None, tokenizer: str | None, text_field: str, chat_template_path: str | None,
             split: str | None, max_length: int, batch: int, accumulation: int, sample: int | None, seed: int,
