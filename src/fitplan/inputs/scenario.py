@@ -36,6 +36,8 @@ LIMITS: dict[str, float] = {
 }
 """The largest value of a number that makes physical sense (a micro-batch of a million sequences, a sequence of
 16M tokens, 65,536 GPUs, 10^16 tokens): beyond it a value is a typo, and refusing it keeps the arithmetic finite."""
+MINIMUMS: dict[str, float] = {"tokens_per_second": 1e-3, "mfu": 1e-6}
+"""Divisors of the time model: anything smaller (a subnormal float) makes the training time overflow to infinity."""
 TEXT_LIMITS: dict[str, int] = {"model": 4096, "params": 64, "dataset_path": 4096, "tokenizer": 4096,
                                "chat_template_path": 4096}
 """The longest text a field takes (paths are long); every other text field: :data:`TEXT_LIMIT`."""
@@ -52,8 +54,8 @@ def _positive(inst: Any, att: attrs.Attribute, value: Any) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (float("inf"), -float("inf")):
         raise _number_error(inst, att, value, "a finite number")
-    if not value > 0:
-        raise _number_error(inst, att, value, "> 0")
+    if not value > MINIMUMS.get(att.name, 0):
+        raise _number_error(inst, att, value, f"> {MINIMUMS.get(att.name, 0):g}")
     limit = LIMITS.get(att.name)
     if limit is not None and value > limit:
         raise _number_error(inst, att, value, f"at most {limit:,g}")
