@@ -42,7 +42,8 @@ def build_tokenizer(directory: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(corpus(), trainers.BpeTrainer(vocab_size=420, special_tokens=SPECIALS,
-                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
     directory.mkdir(parents=True, exist_ok=True)

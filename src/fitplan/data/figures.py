@@ -38,7 +38,7 @@ def batching(summary: DatasetSummary, mode: str, max_length: int, batch: int, ac
                              seed=summary.seed)
         f = summary.examples / summary.read
         if f != 1:
-            b = padding.Batching(b.mode, b.computed_tokens * f, round(b.real_tokens * f), round(b.examples * f),
+            b = padding.Batching(b.mode, b.computed_tokens * f, b.real_tokens * f, round(b.examples * f),
                                  b.seq_length, b.seq_length_basis + " (in the sample)", b.basis + f", scaled from a "
                                  f"sample of {summary.read:,}")
         summary.memo[key] = b

@@ -57,7 +57,8 @@ class Batching:
     """One padding mode over one epoch.
 
     :ivar computed_tokens: token positions the GPUs compute (real tokens plus padding).
-    :ivar real_tokens: tokens trained on (after truncation and the examples TRL drops).
+    :ivar real_tokens: tokens trained on (after truncation and the examples TRL drops; a float when scaled
+        from a sample).
     :ivar examples: examples trained on.
     :ivar seq_length: the sequence length memory must hold (the realized one: see the module doc).
     :ivar basis: how ``computed_tokens`` is known (exact, an expectation over the shuffle, one simulated shuffle).
@@ -65,7 +66,7 @@ class Batching:
 
     mode: str
     computed_tokens: float
-    real_tokens: int
+    real_tokens: float
     examples: int
     seq_length: int
     seq_length_basis: str

@@ -12,7 +12,8 @@ BAR = 30
 
 
 def _ci(pair: Any) -> str:
-    return "" if not pair else f" (95 %: {pair[0]:,.0f} to {pair[1]:,.0f})"
+    """A sample's 95 % interval (nothing when every example was read, or when the figure is exact)."""
+    return "" if not pair or round(pair[0]) == round(pair[1]) else f" (95 %: {pair[0]:,.0f} to {pair[1]:,.0f})"
 
 
 def _header(r: dict[str, Any]) -> list[tuple[str, str]]:
