@@ -132,6 +132,7 @@ def batch_padded_tokens(ordered, batch: int) -> int:
     """Tokens computed when consecutive micro-batches of ``ordered`` are padded to their longest."""
     np = need("numpy")
     n = len(ordered)
+    batch = max(1, min(batch, n))
     pad = (-n) % batch
     rows = np.concatenate((ordered, np.zeros(pad, dtype=ordered.dtype))).reshape(-1, batch)
     sizes = np.full(len(rows), batch)
@@ -152,6 +153,7 @@ def largest_batch_tokens(lengths: Lengths, batch: int, seed: int) -> int:
     """The largest sum of ``batch`` consecutive lengths in one shuffle (numpy's generator, ``seed``)."""
     np = need("numpy")
     values = np.random.default_rng(seed).permutation(lengths.expand())
+    batch = max(1, min(batch, len(values)))
     pad = (-len(values)) % batch
     return int(np.concatenate((values, np.zeros(pad, dtype=values.dtype))).reshape(-1, batch).sum(axis=1).max())
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from fitplan.cli.options import emit, format_option
-from fitplan.inputs.scenario import Training
+from fitplan.inputs.scenario import LIMITS, Training
 
 
 def add(cli: click.Group) -> None:
@@ -33,13 +33,14 @@ def _check_out(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--chat-template", "chat_template_path", type=click.Path(dir_okay=False), default=None,
               help="A .jinja chat template replacing the tokenizer's (TRL's chat_template_path).")
 @click.option("--split", default=None, help="The split of a saved DatasetDict (default train).")
-@click.option("--max-seq-length", "max_length", type=click.IntRange(min=1), default=Training().max_seq_length,
+@click.option("--max-seq-length", "max_length", type=click.IntRange(1, int(LIMITS["max_seq_length"])), default=Training().max_seq_length,
               show_default=True, help="Truncation length (TRL's max_length) and the packed row length.")
-@click.option("--per-device-train-batch-size", "batch", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--per-device-train-batch-size", "batch", type=click.IntRange(1, int(LIMITS["per_device_train_batch_size"])), default=8, show_default=True,
               help="Micro-batch whose padding is counted (8: the TrainingArguments default).")
-@click.option("--gradient-accumulation-steps", "accumulation", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--gradient-accumulation-steps", "accumulation",
+              type=click.IntRange(1, int(LIMITS["gradient_accumulation_steps"])), default=1, show_default=True,
               help="Accumulation steps (group_by_length sorts megabatches of micro-batch × steps).")
-@click.option("--sample", type=click.IntRange(min=1), default=None,
+@click.option("--sample", type=click.IntRange(1, int(LIMITS["dataset_sample"])), default=None,
               help="Tokenize a random sample of N examples; totals are scaled, with a 95 % confidence interval.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample and of the simulated shuffles.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
