@@ -18,7 +18,7 @@ install: $(VENV)/bin/python
 	$(PY) -m compileall -q src  # bytecode for the editable install (PYTHONDONTWRITEBYTECODE=1 would recompile every run)
 
 install-test: install
-	$(PIP) -e '.[test,web]'
+	$(PIP) -e '.[test,web,data]'
 	$(PIP) $(TORCH)
 	$(PIP) $(TEST_EXTRAS) $(TORCH)
 	$(foreach p,$(PLUGINS),$(PIP) --no-deps -e $(p) &&) true

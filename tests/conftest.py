@@ -10,6 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ("dataset_support",)  # the tiny tokenizer in a Hugging Face cache (tests/test_dataset_*.py)
+
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run the real `fitplan` command line in a subprocess (exit codes, stderr, no traceback)."""

@@ -86,7 +86,18 @@ def build_inputs(s: sc.Scenario, registry: Registry, rules: Rulesets, arch: arch
         framework=rules.framework,
         rulesets=rules,
     )
+    flat.update(dataset_inputs(s, rules))
     return flat
+
+
+def dataset_inputs(s: sc.Scenario, rules: Rulesets) -> dict[str, Any]:
+    """``dataset_summary``: the token lengths of ``--dataset`` (read by :mod:`fitplan.data` only when one is
+    given), and then the dataset's examples and tokens as ``num_examples`` and ``total_tokens``."""
+    if not s.dataset.dataset_path:
+        return {"dataset_summary": None}
+    from fitplan.data.resolve import scenario_inputs
+
+    return scenario_inputs(s, rules)
 
 
 @attrs.define

@@ -55,12 +55,12 @@ def buffer_bytes(step_trace):
 
 
 @quantity("bytes")
-def batch_bytes(arch, per_device_train_batch_size, max_seq_length, device, framework):
+def batch_bytes(arch, per_device_train_batch_size, realized_seq_length, device, framework):
     """The micro-batch on the device: ``input_ids`` and ``labels``, int64 ``b·s`` each (no attention mask:
     packed or unpadded batches)."""
     if arch.is_bare:
         return 0
-    return 2 * _round(8 * per_device_train_batch_size * max_seq_length, device, framework)
+    return 2 * _round(8 * per_device_train_batch_size * realized_seq_length, device, framework)
 
 
 def _round(n: int, device: str, framework) -> int:

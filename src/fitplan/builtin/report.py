@@ -130,9 +130,13 @@ def time_lines(est, units: str) -> list[tuple[str, str]]:
         return [("time", "give --num-examples and --tokens-per-example (or --total-tokens) to estimate time and cost")]
     s = est.scenario
     d = s.dataset
-    how = (f"{d.num_examples:,} examples × {d.tokens_per_example:,.0f} tokens" if d.total_tokens is None
+    how = (f"dataset {d.dataset_path}" if d.dataset_path else
+           f"{d.num_examples:,} examples × {d.tokens_per_example:,.0f} tokens" if d.total_tokens is None
            else f"{d.total_tokens:,} tokens") + f" × {s.training.num_train_epochs:g} epoch(s)"
-    tokens = f"{v['train_tokens']:,.0f} ({how}, {'packed' if d.padding == 'pack' else 'padded to ' + str(s.training.max_seq_length)})"
+    mode = {"pack": "packed", "pad": f"padded to {s.training.max_seq_length}", "longest": "padded to the longest "
+            "in each micro-batch", "group_by_length": "grouped by length, padded to the longest",
+            "padding_free": "padding-free"}.get(d.padding, d.padding)
+    tokens = f"{v['train_tokens']:,.0f} ({how}, {mode})"
     if v.get("padding_tokens"):
         tokens += f"; {v['padding_tokens']:,.0f} of them padding ({100 * v['padding_tokens'] / v['train_tokens']:.1f} %)"
     if v.get("truncated_tokens"):

@@ -28,7 +28,16 @@ HELP = {
     "num_examples": "Dataset examples (with --tokens-per-example; or give --total-tokens).",
     "tokens_per_example": "Mean tokens per example.",
     "total_tokens": "Tokens in the dataset (one epoch).",
-    "padding": "pack (default: sequences concatenated) | pad (every example padded to --max-seq-length).",
+    "padding": "pack (default: TRL packing, no padding) | pad (every example padded to --max-seq-length) | longest "
+               "(TRL's default: padded to the longest in each micro-batch) | group_by_length | padding_free; the last "
+               "three need --dataset.",
+    "dataset_path": "The dataset (JSONL, JSON, CSV, Parquet, a saved `datasets` directory) or a summary TOML from "
+                    "`fitplan dataset --out`: its tokens replace --num-examples/--total-tokens (docs/dataset.md).",
+    "dataset_text_field": "With --dataset: the column of plain-text examples (default text).",
+    "tokenizer": "With --dataset: a tokenizer directory or Hugging Face id (default: the model's).",
+    "chat_template_path": "With --dataset: a .jinja chat template replacing the tokenizer's.",
+    "dataset_split": "With --dataset: the split of a saved DatasetDict (default train).",
+    "dataset_sample": "With --dataset: tokenize a random sample of N examples (totals get a confidence interval).",
     "num_train_epochs": "Passes over the dataset (default 1).",
     "tf32": "HF tf32: fp32 matmuls on TF32 tensor cores (off by default in PyTorch and the HF Trainer).",
     "provider": "Pricing provider id (aws, gcp, lambda, runpod, seed, ...) to price the run.",

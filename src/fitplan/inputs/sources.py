@@ -16,7 +16,8 @@ from fitplan.errors import FitplanError
 from fitplan.inputs import scenario as sc
 from fitplan.inputs.precision import MIXED_FOR_FLAG
 
-FLAG_NAMES = {"zero_stage": "--zero"}
+FLAG_NAMES = {"zero_stage": "--zero", "dataset_path": "--dataset", "dataset_text_field": "--text-field",
+              "chat_template_path": "--chat-template", "dataset_split": "--split", "dataset_sample": "--sample"}
 """Flags whose name differs from their field (``--zero`` sets ``zero_stage``)."""
 
 

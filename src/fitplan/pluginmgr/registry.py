@@ -40,6 +40,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.peak",
     "fitplan.builtin.overhead",
     "fitplan.builtin.time",
+    "fitplan.builtin.dataset",
     "fitplan.builtin.cost",
     "fitplan.builtin.seed",
     "fitplan.builtin.names",
@@ -50,7 +51,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 ESSENTIAL: frozenset[str] = frozenset({
     "fitplan.builtin.inputs", "fitplan.builtin.precision", "fitplan.builtin.model_states", "fitplan.builtin.optimizers",
     "fitplan.builtin.activations", "fitplan.builtin.lora", "fitplan.builtin.sharding", "fitplan.builtin.overhead",
-    "fitplan.builtin.peak", "fitplan.builtin.time", "fitplan.builtin.report", "fitplan.builtin.formats",
+    "fitplan.builtin.peak", "fitplan.builtin.time", "fitplan.builtin.dataset", "fitplan.builtin.report", "fitplan.builtin.formats",
     "fitplan.builtin.commands",
 })
 """Built-in plugins that cannot be blocked: the terms of the memory model and of time (the others depend on
