@@ -27,16 +27,42 @@ def resolve_arch(s: sc.Scenario, rules: Rulesets) -> architecture.ModelSpec:
     if not m.model:
         raise FitplanError("no model given", field="model",
                            suggestion="pass --model NAME (see `fitplan models list`), --model path/to/config.json, or --params 7B")
-    text = m.model
-    if text.endswith(".json") or "/" in text and not text.startswith(("meta-llama/", "mistralai/")):
-        from pathlib import Path
+    kind, where = model_source(m.model, rules)
+    if kind == "catalog":
+        entry = where
+        return architecture.spec_from_config(entry.config, name=entry.id, file=rules.origin.get(f"model:{entry.id}"),
+                                             source=entry.source)
+    spec = architecture.load_config_json(where)
+    if kind == "hub":
+        spec = attrs.evolve(spec, name=m.model, source=f"Hugging Face Hub {m.model} ({where})")
+    return spec
 
-        if Path(text).is_dir():
-            text = str(Path(text) / "config.json")
-        if text.endswith(".json"):
-            return architecture.load_config_json(text)
-    entry = rules.model_entry(text)
-    return architecture.spec_from_config(entry.config, name=entry.id, file=rules.origin.get(f"model:{entry.id}"), source=entry.source)
+
+def model_source(text: str, rules: Rulesets) -> tuple[str, Any]:
+    """Where ``--model TEXT`` comes from, in this order: a local ``config.json`` (or a folder holding one);
+    a catalog name or alias (``fitplan models list``); a Hub id ``ORG/NAME[@revision]``, whose
+    ``config.json`` is read from the local Hugging Face cache or downloaded (:mod:`fitplan.inputs.hub`).
+    Returns ``("file", path)``, ``("catalog", ModelEntry)`` or ``("hub", path)``.
+
+    :raises FitplanError: an unknown name (with the catalog's suggestions), or a Hub id that is not cached
+        while offline / cannot be downloaded.
+    """
+    from pathlib import Path
+
+    from fitplan.inputs import hub
+
+    p = Path(text)
+    if p.is_dir():
+        return "file", str(p / "config.json")
+    if text.endswith(".json"):
+        return "file", text
+    try:
+        return "catalog", rules.model_entry(text)
+    except FitplanError:
+        if not hub.is_repo_id(text):
+            raise
+    repo, revision = hub.split_revision(text)
+    return "hub", str(hub.fetch_file(repo, "config.json", revision))
 
 
 def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]:
@@ -171,9 +197,10 @@ def hf_config_for(s: sc.Scenario, rules: Rulesets) -> dict[str, Any]:
     if not text:
         raise FitplanError("this needs a model architecture, not a bare --params count", field="model",
                            suggestion="pass --model NAME or --model path/to/config.json")
-    p = Path(text)
-    if p.is_dir():
-        p = p / "config.json"
-    if p.suffix == ".json" and p.exists():
-        return json.loads(p.read_text(encoding="utf-8"))
-    return dict(rules.model_entry(text).config)
+    kind, where = model_source(text, rules)
+    if kind == "catalog":
+        return dict(where.config)
+    try:
+        return json.loads(Path(where).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise FitplanError(f"cannot read config.json: {e}", file=str(where), field="model", value=text) from None
