@@ -6,7 +6,13 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 # torch is pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 TEST_EXTRAS := transformers==5.24.0 peft==0.21.2
-PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+# The referee (fitplan-torch) is a real plugin: installed into .venv. The example plugins (a fictional
+# organisation's prices, third-party optimizers) never go into .venv, which `make demo` and a user's
+# `pip install` see: they are installed into $(TEST_PLUGINS), which tests/conftest.py puts on sys.path
+# (and PYTHONPATH) for the test session only.
+PLUGINS := plugins/fitplan-torch
+EXAMPLE_PLUGINS := plugins/acme-fitplan-rules plugins/fitplan-optimizers-extra
+TEST_PLUGINS := .test-plugins
 
 .PHONY: demo test install install-test bench clean
 
@@ -22,6 +28,8 @@ install-test: install
 	$(PIP) $(TORCH)
 	$(PIP) $(TEST_EXTRAS) $(TORCH)
 	$(foreach p,$(PLUGINS),$(PIP) --no-deps -e $(p) &&) true
+	rm -rf $(TEST_PLUGINS)
+	$(PIP) --no-deps --no-compile --target $(TEST_PLUGINS) $(EXAMPLE_PLUGINS)
 
 demo: install
 	$(VENV)/bin/fitplan estimate --model llama-2-7b --gpu a100-80gb --precision bf16-mixed --optim adamw_torch \
@@ -35,4 +43,4 @@ bench: install
 	$(PY) bench/bench_cli_startup.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TEST_PLUGINS) .pytest_cache .hypothesis
