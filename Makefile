@@ -6,6 +6,9 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 # torch is pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 TEST_EXTRAS := transformers==5.24.0 peft==0.21.2
+# The libraries behind TrainingArguments.optim names, for the referee (tests/test_optimizer_names.py).
+OPTIM_LIBS := bitsandbytes==0.50.2 torchao==0.18.0 galore-torch==1.0 apollo-torch==1.0.3 schedulefree==1.4.1 \
+	lomo-optim==0.1.1 grokadamw==0.1.2 torch-optimi==0.3.3
 # The referee (fitplan-torch) is a real plugin: installed into .venv. The example plugins (a fictional
 # organisation's prices, third-party optimizers) never go into .venv, which `make demo` and a user's
 # `pip install` see: they are installed into $(TEST_PLUGINS), which tests/conftest.py puts on sys.path
@@ -27,6 +30,7 @@ install-test: install
 	$(PIP) -e '.[test]'
 	$(PIP) $(TORCH)
 	$(PIP) $(TEST_EXTRAS) $(TORCH)
+	$(PIP) $(OPTIM_LIBS) $(TEST_EXTRAS) $(TORCH)
 	$(foreach p,$(PLUGINS),$(PIP) --no-deps -e $(p) &&) true
 	rm -rf $(TEST_PLUGINS)
 	$(PIP) --no-deps --no-compile --target $(TEST_PLUGINS) $(EXAMPLE_PLUGINS)

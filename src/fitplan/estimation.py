@@ -83,8 +83,27 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]
     return out
 
 
-def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec) -> None:
-    """Errors that need the architecture to detect."""
+def check_optimizer(s: sc.Scenario, spec: Any, world: int) -> None:
+    """The optimizer's run-dependent refusal (``OptimizerSpec.check``): a CUDA-only optimizer on the CPU, a
+    layer-wise one with gradient accumulation, ..."""
+    if spec is None or spec.check is None:
+        return
+    from fitplan.inputs.optimizer import OptimizerRun
+    from fitplan.inputs.precision import PRESETS
+
+    p = PRESETS[s.training.precision]
+    run = OptimizerRun(device=s.hardware.device, world_size=world,
+                       gradient_accumulation_steps=s.training.gradient_accumulation_steps,
+                       grad_dtype=p.weight_dtype if s.model.method == "full" else "fp32", compute_dtype=p.compute_dtype,
+                       method=s.model.method, target_modules=tuple(s.training.optim_target_modules))
+    reason = spec.check(run)
+    if reason:
+        raise FitplanError(f"optim {s.training.optim!r} is not estimated for this run: {reason}", field="optim",
+                           value=s.training.optim)
+
+
+def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any = None) -> None:
+    """Errors that need the architecture (or the optimizer) to detect."""
     if s.model.method != "full":
         if arch.is_bare:
             raise FitplanError("LoRA/QLoRA needs the model's architecture", field="method", value=s.model.method,
@@ -96,6 +115,7 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec) -> None:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide num_attention_heads ({arch.num_attention_heads})",
                            field="tensor_parallel", value=s.parallel.tensor_parallel)
     world = s.hardware.num_gpus * s.hardware.num_nodes
+    check_optimizer(s, optimizer, world)
     if world % s.parallel.tensor_parallel:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide the number of GPUs ({world})",
                            field="tensor_parallel", value=s.parallel.tensor_parallel)
@@ -103,12 +123,13 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec) -> None:
 
 def build_inputs(s: sc.Scenario, registry: Registry, rules: Rulesets, arch: architecture.ModelSpec | None = None) -> dict[str, Any]:
     arch = arch or resolve_arch(s, rules)
-    check_scenario(s, arch)
+    optimizer = registry.resolve_optimizer(s.training.optim)
+    check_scenario(s, arch, optimizer)
     flat = sc.flatten(s)
     flat.update(
         arch=arch,
         gpu_spec=rules.gpu(s.hardware.gpu) if s.hardware.gpu else None,
-        optimizer_spec=registry.resolve_optimizer(s.training.optim),
+        optimizer_spec=optimizer,
         framework=rules.framework,
         rulesets=rules,
     )
@@ -184,7 +205,12 @@ def evaluate(s: sc.Scenario, registry: Registry, rules: Rulesets, *, arch: archi
     compiled = registry.compiled()
     inputs = build_inputs(s, registry, rules, arch)
     values, applied = compiled.evaluate(inputs)
-    return Estimate(s, values, applied, registry, rules, scenario_warnings(s, inputs["arch"]))
+    warnings = scenario_warnings(s, inputs["arch"])
+    spec = inputs["optimizer_spec"]
+    if not spec.hf and not spec.plugin.startswith("fitplan.builtin."):
+        warnings.append(f"optim {spec.name!r} comes from plugin {spec.plugin!r}: it is not an HF TrainingArguments.optim "
+                        "name (the HF Trainer does not build it)")
+    return Estimate(s, values, applied, registry, rules, warnings)
 
 
 def hf_config_for(s: sc.Scenario, rules: Rulesets) -> dict[str, Any]:

@@ -38,6 +38,7 @@ def memory_json(est) -> dict[str, Any]:
             "fits": v["fits"],
             "headroom_bytes": v["headroom_bytes"],
             "cpu_offload_bytes": v["cpu_offload_bytes"],
+            "optimizer_host_bytes": v.get("optimizer_host_bytes", 0),
             "unit": "bytes",
         },
     }
@@ -62,6 +63,9 @@ def memory_lines(est, units: str) -> list[tuple[str, str]]:
                              f"(headroom {format_bytes(v['headroom_bytes'], units)})"))
     if v["cpu_offload_bytes"]:
         lines.append(("CPU RAM (offload)", format_bytes(v["cpu_offload_bytes"], units) + " per node"))
+    if v.get("optimizer_host_bytes"):
+        lines.append(("CPU RAM (optimizer)", format_bytes(v["optimizer_host_bytes"], units)
+                      + f" per process ({v['optimizer_spec'].name} keeps its states in host memory)"))
     return lines
 
 

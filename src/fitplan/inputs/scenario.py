@@ -79,6 +79,10 @@ class Training:
     max_seq_length: int = field(default=2048, validator=_at_least_one)
     gradient_checkpointing: bool = False
     optim: str = "adamw_torch"
+    optim_args: str = ""
+    """HF ``optim_args``: ``"rank=64,momentum=0.9"`` (GaLore/APOLLO rank, SGD/RMSprop momentum, torchao block_size)."""
+    optim_target_modules: tuple[str, ...] = ()
+    """HF ``optim_target_modules`` (GaLore, APOLLO): module names, ``all-linear``, or one regular expression."""
     precision: str = field(default="32-true", validator=_one_of(PRECISIONS))
     attn_implementation: str = field(default="sdpa", validator=_one_of(ATTN_IMPLEMENTATIONS))
     num_train_epochs: float = field(default=1.0, validator=_positive)

@@ -309,7 +309,13 @@ class Registry:
     def resolve_optimizer(self, name: str) -> OptimizerSpec:
         key = self.optimizer_aliases.get(name, name)
         if key in self.optimizers:
-            return self.optimizers[key]
+            spec = self.optimizers[key]
+            if spec.refused:
+                from fitplan.errors import FitplanError
+
+                raise FitplanError(f"optim {name!r} is not estimated: {spec.refused}", field="--optim", value=name,
+                                   suggestion="`fitplan plugins` lists the optimizers fitplan models")
+            return spec
         from fitplan.errors import unknown
 
         raise unknown("optimizer", name, [*self.optimizers, *self.optimizer_aliases], field="--optim")
