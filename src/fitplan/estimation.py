@@ -65,7 +65,7 @@ def model_source(text: str, rules: Rulesets) -> tuple[str, Any]:
     return "hub", str(hub.fetch_file(repo, "config.json", revision))
 
 
-def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]:
+def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = None) -> list[str]:
     out = []
     world = s.hardware.num_gpus * s.hardware.num_nodes
     p = s.parallel
@@ -78,8 +78,36 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]
     if s.model.method == "full" and s.lora != sc.Lora():
         out.append("LoRA options given with --method full: they are ignored (use --method lora or qlora)")
     if s.training.max_seq_length > arch.max_position_embeddings and not arch.is_bare:
-        out.append(f"--max-seq-length {s.training.max_seq_length} exceeds the model's max_position_embeddings "
-                   f"({arch.max_position_embeddings})")
+        out.append(f"--max-seq-length {s.training.max_seq_length} exceeds {arch.name}'s max_position_embeddings "
+                   f"({arch.max_position_embeddings}): rotary positions run past it without an error (transformers does "
+                   "not check it), but the model was not trained there")
+    return out + precision_warnings(s, gpu)
+
+
+def precision_warnings(s: sc.Scenario, gpu: Any = None) -> list[str]:
+    """What the HF Trainer would do with the precision that the user may not expect (docs/memory-model.md,
+    "Precision as the HF Trainer decides it")."""
+    from fitplan.inputs.precision import PRESETS
+
+    p = PRESETS[s.training.precision]
+    out = []
+    if p.compute_dtype == "bf16" and gpu is not None and "bf16" not in gpu.peak_tflops:
+        out.append(f"bf16 on {gpu.name}: it has no bf16 tensor cores (compute capability < 8.0). The HF Trainer's check "
+                   "(torch.cuda.is_bf16_supported(), which accepts emulation) lets it run, emulated: fitplan prices its "
+                   "matmuls at the fp32 peak; fp16 (--fp16) uses the tensor cores")
+    if p.autocast and p.compute_dtype == "fp16" and s.hardware.device == "cpu":
+        out.append("fp16 autocast on the CPU: accelerate skips fp16 mixed precision on the CPU (no autocast, no "
+                   "GradScaler), so the HF Trainer would run this step in fp32")
+    if s.model.method == "qlora":
+        cd = s.lora.bnb_4bit_compute_dtype
+        if cd not in (None, p.compute_dtype) and p.compute_dtype != "fp16":
+            out.append(f"bnb_4bit_compute_dtype={cd} is not what runs: bitsandbytes' Linear4bit computes in its input's "
+                       f"dtype when that is fp32 or bf16 (nn/modules.py set_compute_type): {p.compute_dtype} under "
+                       f"--precision {p.name}")
+        elif cd is None and p.compute_dtype == "fp32":
+            out.append("QLoRA without bf16/fp16: the HF Trainer computes the 4-bit layers in fp32 (bnb_4bit_compute_dtype "
+                       "defaults to float32 and Linear4bit follows the fp32 activations); TRL's SFTConfig defaults to "
+                       "bf16=True: pass --bf16 for that")
     return out
 
 
@@ -114,6 +142,11 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any 
     if s.parallel.tensor_parallel > 1 and not arch.is_bare and arch.num_attention_heads % s.parallel.tensor_parallel:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide num_attention_heads ({arch.num_attention_heads})",
                            field="tensor_parallel", value=s.parallel.tensor_parallel)
+    if arch.learned_positions and s.training.max_seq_length > arch.max_position_embeddings:
+        raise FitplanError(f"max_seq_length ({s.training.max_seq_length}) exceeds {arch.name}'s learned position "
+                           f"table ({arch.max_position_embeddings} positions): the embedding lookup raises IndexError",
+                           field="max_seq_length", value=s.training.max_seq_length,
+                           suggestion=f"use --max-seq-length {arch.max_position_embeddings} or less")
     world = s.hardware.num_gpus * s.hardware.num_nodes
     check_optimizer(s, optimizer, world)
     if world % s.parallel.tensor_parallel:
@@ -205,7 +238,7 @@ def evaluate(s: sc.Scenario, registry: Registry, rules: Rulesets, *, arch: archi
     compiled = registry.compiled()
     inputs = build_inputs(s, registry, rules, arch)
     values, applied = compiled.evaluate(inputs)
-    warnings = scenario_warnings(s, inputs["arch"])
+    warnings = scenario_warnings(s, inputs["arch"], inputs["gpu_spec"])
     spec = inputs["optimizer_spec"]
     if not spec.hf and not spec.plugin.startswith("fitplan.builtin."):
         warnings.append(f"optim {spec.name!r} comes from plugin {spec.plugin!r}: it is not an HF TrainingArguments.optim "

@@ -118,6 +118,9 @@ class OptimizerSpec:
     set of gradients never exists."""
     measured_on_cpu: bool = False
     """The referee (fitplan-torch) runs it on the CPU and the tests compare its state bytes with this spec."""
+    search: bool = True
+    """Whether ``fitplan recommend`` tries it when no ``--optims`` list is given (the common ones: the built-in
+    specs of the other HF names are estimated when named, not searched)."""
 
 
 @frozen

@@ -99,6 +99,9 @@ class Lora:
     lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")
     lora_dropout: float = 0.0
     bnb_4bit_use_double_quant: bool = True
+    bnb_4bit_compute_dtype: str | None = field(default=None, validator=_one_of((None, "fp32", "bf16", "fp16")))  # type: ignore[arg-type]
+    """transformers' ``BitsAndBytesConfig.bnb_4bit_compute_dtype`` (None: float32). bitsandbytes 0.50.2 computes in
+    the input's dtype whenever that is fp32 or bf16 (``Linear4bit.set_compute_type``): fitplan warns when it differs."""
 
 
 @frozen

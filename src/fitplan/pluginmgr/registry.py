@@ -40,6 +40,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.peak",
     "fitplan.builtin.overhead",
     "fitplan.builtin.time",
+    "fitplan.builtin.confidence",
     "fitplan.builtin.cost",
     "fitplan.builtin.seed",
     "fitplan.builtin.names",

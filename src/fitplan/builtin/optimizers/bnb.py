@@ -38,11 +38,11 @@ def _no_bf16_32bit_kernel(run):
     return None
 
 
-def _spec(name, cls, states, eight_bit, maps, flops, *, paged=False, aliases=(), check=None, doc=""):
+def _spec(name, cls, states, eight_bit, maps, flops, *, paged=False, aliases=(), check=None, doc="", search=False):
     kind = "8-bit blockwise" if eight_bit else "32-bit"
     return OptimizerSpec(
         name=name, aliases=aliases, state_bytes=_states(states, eight_bit, maps), flops_per_param=flops,
-        states_per_param=states * (0.25 if eight_bit else 1.0), hf=True, measured_on_cpu=True, check=check,
+        states_per_param=states * (0.25 if eight_bit else 1.0), hf=True, measured_on_cpu=True, check=check, search=search,
         torch_class=f"bitsandbytes.optim.{cls}", torch_kwargs={"optim_bits": 8 if eight_bit else 32} |
         ({"is_paged": paged} if "RMSprop" not in cls else {}),
         doc=f"bitsandbytes {cls} {kind}{' (paged: CUDA unified memory)' if paged else ''}: {doc}",
@@ -56,8 +56,8 @@ LION = "one momentum state"
 RMS = "square_avg"
 
 SPECS = (
-    _spec("adamw_8bit", "AdamW", 2, True, 2, 14, aliases=("adamw_bnb_8bit",), doc=ADAM),
-    _spec("paged_adamw_8bit", "AdamW", 2, True, 2, 14, paged=True, doc=ADAM),
+    _spec("adamw_8bit", "AdamW", 2, True, 2, 14, aliases=("adamw_bnb_8bit",), doc=ADAM, search=True),
+    _spec("paged_adamw_8bit", "AdamW", 2, True, 2, 14, paged=True, doc=ADAM, search=True),
     _spec("paged_adamw_32bit", "AdamW", 2, False, 0, 12, paged=True, doc=ADAM),
     _spec("ademamix", "AdEMAMix", 3, False, 0, 18, doc=ADEMAMIX),
     _spec("ademamix_8bit", "AdEMAMix", 3, True, 2, 22, doc=ADEMAMIX),

@@ -114,7 +114,7 @@ def _spec(name: str, flops: float, torch_class: str, doc: str, *, measured: bool
     cuda_only = base == "galore_adamw_8bit"
     return OptimizerSpec(
         name=name, state_bytes=_states(base), step_temp_bytes=_temp(base), flops_per_param=flops, states_per_param=0,
-        hf=True, measured_on_cpu=measured and not cuda_only, frees_gradients=layerwise, torch_class=torch_class,
+        hf=True, search=False, measured_on_cpu=measured and not cuda_only, frees_gradients=layerwise, torch_class=torch_class,
         check=lambda run: _needs_targets(run, layerwise=layerwise, cuda_only=cuda_only),
         doc=doc + (" Layer-wise: one optimizer per parameter, each gradient freed as soon as it is applied." if layerwise else ""),
         source=f"{'apollo-torch 1.0.3 apollo_torch/apollo.py' if 'apollo' in name else 'galore-torch 1.0 galore_torch/'}; "
@@ -139,7 +139,7 @@ SPECS = (
     _spec("apollo_adamw_layerwise", 262, "apollo_torch.APOLLOAdamW",
           "APOLLO AdamW: low-rank moments + a compact random projector per target; AdamW states elsewhere."),
     OptimizerSpec(
-        name="galore_adafactor_layerwise", state_bytes=lambda ctx: 0, hf=True,
+        name="galore_adafactor_layerwise", state_bytes=lambda ctx: 0, hf=True, search=False,
         refused="broken in transformers 5.24 on every device: the layer-wise branch builds GaLoreAdafactor with only "
                 "lr, so relative_step=True plus a manual lr raises ValueError ('Cannot combine manual lr and "
                 "relative_step=True'; trainer_optimizer.py _setup_low_rank_optimizer vs _get_galore_optimizer)",

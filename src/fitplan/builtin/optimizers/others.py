@@ -86,46 +86,46 @@ def _stable_temp(ctx):
 
 SPECS = (
     OptimizerSpec(
-        name="lomo", state_bytes=lambda ctx: 0, step_temp_bytes=_lomo_temp, flops_per_param=3, hf=True,
+        name="lomo", state_bytes=lambda ctx: 0, step_temp_bytes=_lomo_temp, flops_per_param=3, hf=True, search=False,
         measured_on_cpu=True, frees_gradients=True, check=_lomo_check, torch_class="lomo_optim.Lomo",
         doc="LOMO: SGD fused into backward (a gradient hook updates and frees each gradient): no state, no full "
             "set of gradients. With gradient accumulation it still updates on every micro-batch.",
         source=f"lomo-optim 0.1.1 lomo_optim/lomo.py; {TF} _get_lomo_optimizer",
     ),
     OptimizerSpec(
-        name="adalomo", state_bytes=_adalomo_states, step_temp_bytes=_lomo_temp, flops_per_param=15, hf=True,
+        name="adalomo", state_bytes=_adalomo_states, step_temp_bytes=_lomo_temp, flops_per_param=15, hf=True, search=False,
         frees_gradients=True, check=_adalomo_check, torch_class="lomo_optim.AdaLomo",
         doc="AdaLomo: LOMO with Adafactor-style fp32 factored statistics for every parameter (CUDA only; source).",
         source=f"lomo-optim 0.1.1 lomo_optim/adalomo.py; {TF} _get_lomo_optimizer",
     ),
     OptimizerSpec(
         name="grokadamw", state_bytes=lambda ctx: 0, host_state_bytes=_grok_host, step_temp_bytes=_grok_temp,
-        flops_per_param=20, hf=True, measured_on_cpu=True, torch_class="grokadamw.GrokAdamW",
+        flops_per_param=20, hf=True, search=False, measured_on_cpu=True, torch_class="grokadamw.GrokAdamW",
         doc="GrokAdamW: three states like p kept in host RAM, copied to the GPU and back for every parameter's "
             "update (6·n·pb bytes over PCIe per step).",
         source=f"grokadamw 0.1.2 grokadamw/grokadamw.py; {TF} _get_grokadamw",
     ),
     OptimizerSpec(
         name="schedule_free_adamw", state_bytes=_like_p(2), step_temp_bytes=_sf_temp, flops_per_param=15,
-        states_per_param=2, hf=True, measured_on_cpu=True, torch_class="schedulefree.AdamWScheduleFree",
+        states_per_param=2, hf=True, search=False, measured_on_cpu=True, torch_class="schedulefree.AdamWScheduleFree",
         doc="Schedule-free AdamW: z (a clone of p) + exp_avg_sq, like p; a foreach denominator list during step.",
         source=f"schedulefree 1.4.1 adamw_schedulefree.py; {TF} _get_schedule_free_optimizer",
     ),
     OptimizerSpec(
         name="schedule_free_radam", state_bytes=_like_p(2), step_temp_bytes=_sf_temp, flops_per_param=15,
-        states_per_param=2, hf=True, measured_on_cpu=True, torch_class="schedulefree.RAdamScheduleFree",
+        states_per_param=2, hf=True, search=False, measured_on_cpu=True, torch_class="schedulefree.RAdamScheduleFree",
         doc="Schedule-free RAdam: z + exp_avg_sq like p; the foreach denominator list once rho_t > 4 (step 5 on).",
         source=f"schedulefree 1.4.1 radam_schedulefree.py; {TF} _get_schedule_free_optimizer",
     ),
     OptimizerSpec(
-        name="schedule_free_sgd", state_bytes=_like_p(1), flops_per_param=7, states_per_param=1, hf=True,
+        name="schedule_free_sgd", state_bytes=_like_p(1), flops_per_param=7, states_per_param=1, hf=True, search=False,
         measured_on_cpu=True, torch_class="schedulefree.SGDScheduleFree",
         doc="Schedule-free SGD: z (a clone of p).",
         source=f"schedulefree 1.4.1 sgd_schedulefree.py; {TF} _get_schedule_free_optimizer",
     ),
     OptimizerSpec(
         name="stable_adamw", state_bytes=_stable_states, step_temp_bytes=_stable_temp, flops_per_param=16,
-        states_per_param=2, hf=True, measured_on_cpu=True, torch_class="optimi.StableAdamW",
+        states_per_param=2, hf=True, search=False, measured_on_cpu=True, torch_class="optimi.StableAdamW",
         doc="torch-optimi StableAdamW: exp_avg + exp_avg_sq like p, a 0-d eps_sq per tensor, Kahan compensation "
             "like p for 16-bit weights.",
         source=f"torch-optimi 0.3.3 optimi/stableadamw.py; {TF} _get_stable_adamw",

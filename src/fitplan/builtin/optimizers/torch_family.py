@@ -113,7 +113,7 @@ def _adafactor_temp(ctx):
 
 
 def _refused(name, reason, source):
-    return OptimizerSpec(name=name, state_bytes=lambda ctx: 0, hf=True, refused=reason, doc=reason, source=source)
+    return OptimizerSpec(name=name, state_bytes=lambda ctx: 0, hf=True, search=False, refused=reason, doc=reason, source=source)
 
 
 SPECS = (
@@ -154,13 +154,13 @@ SPECS = (
         source="torch 2.13 torch/optim/sgd.py",
     ),
     OptimizerSpec(
-        name="adagrad", state_bytes=_adagrad_states, step_temp_bytes=_per_tensor_sqrt_temp, flops_per_param=7,
+        name="adagrad", search=False, state_bytes=_adagrad_states, step_temp_bytes=_per_tensor_sqrt_temp, flops_per_param=7,
         states_per_param=1, hf=True, measured_on_cpu=True, torch_class="torch.optim.Adagrad",
         doc="torch.optim.Adagrad: sum like p + a CPU step scalar per tensor, created at construction.",
         source=f"torch 2.13 torch/optim/adagrad.py; {TF} _get_adagrad",
     ),
     OptimizerSpec(
-        name="rmsprop", state_bytes=_rmsprop_states, step_temp_bytes=_per_tensor_sqrt_temp, flops_per_param=8,
+        name="rmsprop", search=False, state_bytes=_rmsprop_states, step_temp_bytes=_per_tensor_sqrt_temp, flops_per_param=8,
         states_per_param=1, hf=True, measured_on_cpu=True, torch_class="torch.optim.RMSprop",
         doc="torch.optim.RMSprop: square_avg like p + a CPU step scalar (momentum_buffer / grad_avg with "
             "optim_args momentum / centered).",

@@ -51,7 +51,7 @@ def _temp(per_elem: float):
 SPECS = tuple(
     OptimizerSpec(
         name=f"adamw_torch_{bits}bit", state_bytes=_states(bits), step_temp_bytes=_temp(temp), flops_per_param=30,
-        states_per_param=0.5 if bits == 8 else 0.25, hf=True, measured_on_cpu=True,
+        states_per_param=0.5 if bits == 8 else 0.25, hf=True, search=False, measured_on_cpu=True,
         torch_class=f"torchao.optim.AdamW{bits}bit", torch_kwargs={"block_size": BLOCK},
         doc=f"torchao AdamW{bits}bit: two {bits}-bit blockwise states (block 256) with per-state maps; tensors under "
             "4,096 elements (or not a multiple of the block) keep states like the parameter.",
