@@ -95,5 +95,5 @@ def test_sequence_beyond_positions():
     est = fitplan.estimate(model="llama-3-8b", max_seq_length=200_000)
     [w] = [w for w in est.warnings if "max_position_embeddings" in w]
     assert "200000" in w and "8192" in w
-    with pytest.raises(FitplanError, match="learned position table"):
-        fitplan.estimate(model="gpt2", max_seq_length=4096)
+    [w] = [w for w in fitplan.estimate(model="gpt2", max_seq_length=4096).warnings if "max_position_embeddings" in w]
+    assert "4096" in w and "1024" in w and "IndexError" in w

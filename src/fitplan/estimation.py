@@ -78,9 +78,12 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = N
     if s.model.method == "full" and s.lora != sc.Lora():
         out.append("LoRA options given with --method full: they are ignored (use --method lora or qlora)")
     if s.training.max_seq_length > arch.max_position_embeddings and not arch.is_bare:
+        what = ("its learned position table has no row beyond it: the embedding lookup raises IndexError (use "
+                f"--max-seq-length {arch.max_position_embeddings} or less)" if arch.learned_positions else
+                "rotary positions run past it without an error (transformers does not check it), but the model was "
+                "not trained there")
         out.append(f"--max-seq-length {s.training.max_seq_length} exceeds {arch.name}'s max_position_embeddings "
-                   f"({arch.max_position_embeddings}): rotary positions run past it without an error (transformers does "
-                   "not check it), but the model was not trained there")
+                   f"({arch.max_position_embeddings}): {what}")
     return out + precision_warnings(s, gpu)
 
 
@@ -142,11 +145,6 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any 
     if s.parallel.tensor_parallel > 1 and not arch.is_bare and arch.num_attention_heads % s.parallel.tensor_parallel:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide num_attention_heads ({arch.num_attention_heads})",
                            field="tensor_parallel", value=s.parallel.tensor_parallel)
-    if arch.learned_positions and s.training.max_seq_length > arch.max_position_embeddings:
-        raise FitplanError(f"max_seq_length ({s.training.max_seq_length}) exceeds {arch.name}'s learned position "
-                           f"table ({arch.max_position_embeddings} positions): the embedding lookup raises IndexError",
-                           field="max_seq_length", value=s.training.max_seq_length,
-                           suggestion=f"use --max-seq-length {arch.max_position_embeddings} or less")
     world = s.hardware.num_gpus * s.hardware.num_nodes
     check_optimizer(s, optimizer, world)
     if world % s.parallel.tensor_parallel:

@@ -1025,6 +1025,7 @@ def replay(tr: Trace) -> StepTrace:
     state = {"live": 0, "phantom": 0}
     # live and phantom bytes by category (PARTS: saved activations, logits/loss, autocast copies, temporaries)
     cat_of: dict[int, int] = {}
+    first_cat: dict[int, int] = {}
     live_v, ph_v = [0, 0, 0, 0], [0, 0, 0, 0]
 
     def alloc(sid: int) -> None:
@@ -1033,6 +1034,7 @@ def replay(tr: Trace) -> StepTrace:
         k = tr.kind[sid]
         c = 1 if k == "logits" else 2 if k == "autocast" else 0 if savers.get(sid, 0) > 0 or keepers.get(sid, 0) > 0 else 3
         cat_of[sid] = c
+        first_cat.setdefault(sid, c)  # the category its forward phantom copies were counted under
         live_v[c] += size[sid]
 
     def held(sid: int) -> bool:
@@ -1048,7 +1050,7 @@ def replay(tr: Trace) -> StepTrace:
         sg = alloc_seg.get(sid, cur_seg)
         if sg != cur_seg and weight[sg] > 1 and sid not in carried:
             state["phantom"] -= (weight[sg] - 1) * size[sid]
-            ph_v[cat_of[sid]] -= (weight[sg] - 1) * size[sid]
+            ph_v[first_cat[sid]] -= (weight[sg] - 1) * size[sid]
 
     # ---- forward
     seg_delta: dict[int, int] = {}
@@ -1067,6 +1069,8 @@ def replay(tr: Trace) -> StepTrace:
             if weight[seg] > 1:
                 delta = state["live"] - seg_start
                 delta_v = [a - b for a, b in zip(live_v, seg_start_v)]
+                if ckpt[seg]:  # what outlives a checkpointed layer is its output: the next layer's kept input
+                    delta_v = [delta_v[0] + delta_v[3], delta_v[1], delta_v[2], 0]
                 if seg_max + max(0, (weight[seg] - 1) * delta) > peak:
                     peak = seg_max + max(0, (weight[seg] - 1) * delta)
                     peak_v = [m + (weight[seg] - 1) * d * (delta > 0) for m, d in zip(seg_max_v, delta_v)]
