@@ -257,7 +257,6 @@ def hf_config_for(s: sc.Scenario, rules: Rulesets) -> dict[str, Any]:
     kind, where = model_source(text, rules)
     if kind == "catalog":
         return dict(where.config)
-    try:
-        return json.loads(Path(where).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise FitplanError(f"cannot read config.json: {e}", file=str(where), field="model", value=text) from None
+    from fitplan.inputs.files import read_json
+
+    return read_json(Path(where), field="--model")

@@ -7,7 +7,6 @@ Flag names follow the scenario's field names (``--per-device-train-batch-size`` 
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +43,9 @@ def scenario_from_dict(data: dict[str, Any], *, file: str | None = None) -> sc.S
 
 def load_scenario_file(path: str | Path) -> dict[str, Any]:
     """Read a scenario TOML file into a nested dict (validated later, together with flags)."""
-    p = Path(path)
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FitplanError("scenario file not found", file=str(p)) from None
-    except tomllib.TOMLDecodeError as e:
-        raise FitplanError(f"malformed TOML: {e}", file=str(p)) from None
+    from fitplan.inputs.files import read_toml
+
+    return read_toml(path, field="SCENARIO_FILE")
 
 
 def merge(base: dict[str, Any], flat_overrides: dict[str, Any]) -> dict[str, Any]:
