@@ -22,6 +22,8 @@ compact form the table prints. The peak takes the weakest level of the rows it i
 
 from __future__ import annotations
 
+import functools
+from collections import namedtuple
 from typing import Any
 
 from fitplan.engine.declarations import quantity
@@ -30,11 +32,15 @@ from fitplan.pluginmgr.hookspecs import hookimpl
 LEVELS = ("exact", "source", "calibrated", "measured", "approximate")
 """From the surest to the least sure (the peak takes the last of its rows' levels in this order)."""
 
+_Optimizer = namedtuple("_Optimizer", "name source measured_on_cpu frees_gradients")
+"""What the confidence rules read of an ``OptimizerSpec`` (hashable, for the cache)."""
+
 DEFAULT_MFU_BAND = 0.49
 """The default MFU's worst leave-one-out time error over the published ``[[mfu]]`` rows (docs/time-and-cost.md,
 "The default MFU and its leave-one-out error": median 11.5 %, max 48.8 %)."""
 
 
+@functools.lru_cache(maxsize=256)
 def entry(level: str, basis: str, band: float | None = None) -> dict[str, Any]:
     short = {"exact": "exact", "source": "source", "calibrated": "calibrated", "measured": "measured",
              "approximate": "approx."}[level]
@@ -69,7 +75,15 @@ def _temporaries(device: str, spec, peak_phase: str) -> dict[str, Any]:
 @quantity("confidence", json_key="memory.confidence", type="object", role="confidence")
 def memory_confidence(device, method, optimizer_spec, shard_stage, shard_degree, peak_breakdown, peak_phase):
     """How each row of the peak breakdown (and the peak itself) is known: ``{row: entry}`` (module doc)."""
-    sharded = bool(shard_stage) and shard_degree > 1
+    o = optimizer_spec
+    used = tuple(r for r, b in peak_breakdown.items() if b)
+    return _memory_confidence(device, method, (o.name, o.source, o.measured_on_cpu, o.frees_gradients),
+                              bool(shard_stage) and shard_degree > 1, used, peak_phase)
+
+
+@functools.lru_cache(maxsize=1024)
+def _memory_confidence(device, method, optimizer, sharded, used, peak_phase):
+    optimizer_spec = _Optimizer(*optimizer)
     acts = _activations(device)
     rows = {
         "weights": entry("source", "bitsandbytes NF4 storage with double quantisation (source)") if method == "qlora"
@@ -87,7 +101,6 @@ def memory_confidence(device, method, optimizer_spec, shard_stage, shard_degree,
         "framework_overhead": entry("approximate", "CUDA context and allocator reserve: constants of the framework "
                                                    "ruleset, vary with the driver and the library versions"),
     }
-    used = [r for r, b in peak_breakdown.items() if b]
     worst = max((rows[r]["level"] for r in used if r in rows), key=LEVELS.index, default="exact")
     rows["peak"] = entry(worst, "the weakest of the rows the peak is made of: " + ", ".join(
         r for r in used if r in rows and rows[r]["level"] == worst))

@@ -5,6 +5,7 @@ Sharding (ZeRO/FSDP), offload and QLoRA are reducers on these terms, declared in
 
 from __future__ import annotations
 
+import functools
 import math
 
 from fitplan.engine.declarations import quantity
@@ -79,6 +80,12 @@ def _kind(g) -> str:
     return "other"
 
 
+@functools.lru_cache(maxsize=256)
+def _modules(arch) -> tuple[tuple[str, str], ...]:
+    """``(name, kind)`` of each parameter tensor of ``arch``."""
+    return tuple((g.name, _kind(g)) for g in arch.param_groups())
+
+
 CONV1D_MODULES = ("c_attn", "c_proj", "c_fc")
 """GPT-2's projections are ``transformers.pytorch_utils.Conv1D``, not ``nn.Linear`` (GaLore never targets them)."""
 
@@ -90,7 +97,7 @@ def optimizer_context(trainable_tensors, optimizer_state_dtype_bytes, trainable_
     their names and kinds (embedding, linear, adapter, other), the state and parameter dtypes, the device, the
     HF ``optim_args`` and ``optim_target_modules``."""
     if method == "full" and not arch.is_bare:
-        modules = tuple((g.name, _kind(g)) for g in arch.param_groups())
+        modules = _modules(arch)
     else:
         modules = tuple(("lora", "adapter") for _ in trainable_tensors) if method != "full" else ()
     pairs = tuple(tuple(kv.strip().split("=", 1)) for kv in optim_args.split(",") if "=" in kv)

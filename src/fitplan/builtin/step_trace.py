@@ -126,7 +126,7 @@ class StepTrace:
     forward_before_last_layer_parts: tuple[int, int, int, int] = (0, 0, 0, 0)
     """``forward_before_last_layer_bytes`` split into :data:`PARTS`."""
     backward_parts: tuple[tuple[int, tuple[int, int, int, int]], ...] = ()
-    """For each backward point's ``other_bytes``: that value split into :data:`PARTS` (sums to it)."""
+    """For each backward frontier point's ``other_bytes``: that value split into :data:`PARTS` (sums to it)."""
 
     def parts_of(self, other_bytes: int) -> tuple[int, int, int, int]:
         """The :data:`PARTS` of a backward point's ``other_bytes`` (all temporaries when unknown)."""
@@ -1298,8 +1298,16 @@ def replay(tr: Trace) -> StepTrace:
         forward_peak_parts=tuple(int(x) for x in peak_v),
         forward_before_last_layer_parts=tuple(int(b + max(0, weight[nseg - 2] - 1) * d) for b, d in
                                               zip(before_last_v, seg_delta_v.get(nseg - 2, [0, 0, 0, 0]))),
-        backward_parts=tuple(sorted(parts.items())),
+        backward_parts=_frontier_parts(parts, points, layer_points),
     )
+
+
+def _frontier_parts(parts: dict[int, tuple[int, int, int, int]], points: list, layer_points: list) -> tuple:
+    """The PARTS of the points on the three frontiers only (what the peak's breakdown looks up)."""
+    keep = {a for a, _ in _frontier([(a, g) for a, g, _ in points])}
+    keep |= {a for a, _ in _frontier([(a, o) for a, _, o in points])}
+    keep |= {a for a, _ in _frontier([(a, g) for a, g, _ in layer_points])}
+    return tuple(sorted((a, p) for a, p in parts.items() if a in keep))
 
 
 def _frontier(pairs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
