@@ -32,6 +32,7 @@ install-test: install
 	$(PIP) $(TEST_EXTRAS) $(TORCH)
 	$(PIP) $(OPTIM_LIBS) $(TEST_EXTRAS) $(TORCH)
 	$(foreach p,$(PLUGINS),$(PIP) --no-deps -e $(p) &&) true
+	$(PY) -m pip uninstall -q -y acme-fitplan-rules fitplan-optimizers-extra 2>/dev/null || true  # an older .venv had them
 	rm -rf $(TEST_PLUGINS)
 	$(PIP) --no-deps --no-compile --target $(TEST_PLUGINS) $(EXAMPLE_PLUGINS)
 
