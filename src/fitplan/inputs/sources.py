@@ -103,18 +103,19 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
     if bf16 and fp16:
         raise FitplanError("--bf16 and --fp16 are mutually exclusive (TrainingArguments refuses both)",
                            field="--bf16/--fp16")
-    if (bf16 or fp16) and "precision" not in flags and not options.get("deepspeed"):
+    if (bf16 or fp16) and "precision" not in flags and options.get("deepspeed") is None:
         flags["precision"] = MIXED_FOR_FLAG["bf16" if bf16 else "fp16"]  # under DeepSpeed, its config decides
     overrides: dict[str, Any] = {}
     warnings: list[str] = []
-    if options.get("training_args"):
-        fields, warnings = training_args_fields(options["training_args"], known_optimizers=known_optimizers)
+    if options.get("training_args") is not None:
+        fields, warnings = training_args_fields(_path(options["training_args"], "--training-args"),
+                                                known_optimizers=known_optimizers)
         overrides.update(fields)
-    if options.get("deepspeed"):
+    if options.get("deepspeed") is not None:
         stated = bf16 or fp16 or options.get("training_args")
         ta_bf16 = bf16 or overrides.get("precision", "").startswith("bf16")
         ta_fp16 = fp16 or overrides.get("precision", "").startswith("16")
-        overrides.update(deepspeed_fields(options["deepspeed"], bf16=ta_bf16 if stated else None,
+        overrides.update(deepspeed_fields(_path(options["deepspeed"], "--deepspeed"), bf16=ta_bf16 if stated else None,
                                           fp16=ta_fp16 if stated else None, warnings=warnings))
     overrides.update(flags)
     fixed = set(overrides)
@@ -122,6 +123,12 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
         fixed |= set(value) if key in sc.SECTIONS and isinstance(value, dict) else {key}
     s = scenario_from_dict(merge(base, overrides), file=scenario_file)
     return FromOptions(s, tuple(options.get("ruleset_dirs") or ()), frozenset(fixed), tuple(warnings))
+
+
+def _path(text: str, flag: str) -> str:
+    if not str(text).strip():
+        raise FitplanError(f"{flag} needs a path to a JSON file, got an empty one", field=flag, value=text)
+    return text
 
 
 def scenario_args(s: sc.Scenario) -> list[str]:
