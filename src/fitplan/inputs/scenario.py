@@ -135,6 +135,10 @@ class Training:
     max_seq_length: int = field(default=2048, validator=_at_least_one)
     gradient_checkpointing: bool = False
     optim: str = field(default="adamw_torch", validator=_text)
+    optim_args: str = field(default="", validator=_text)
+    """HF ``optim_args``: ``"rank=64,momentum=0.9"`` (GaLore/APOLLO rank, SGD/RMSprop momentum, torchao block_size)."""
+    optim_target_modules: tuple[str, ...] = field(default=(), validator=lambda i, a, v: v == () or _module_names(i, a, v))
+    """HF ``optim_target_modules`` (GaLore, APOLLO): module names, ``all-linear``, or one regular expression."""
     precision: str = field(default="32-true", validator=_one_of(PRECISIONS))
     attn_implementation: str = field(default="sdpa", validator=_one_of(ATTN_IMPLEMENTATIONS))
     num_train_epochs: float = field(default=1.0, validator=_positive)
@@ -151,6 +155,9 @@ class Lora:
     lora_target_modules: tuple[str, ...] = field(default=("q_proj", "v_proj"), validator=_module_names)
     lora_dropout: float = field(default=0.0, validator=_probability)
     bnb_4bit_use_double_quant: bool = True
+    bnb_4bit_compute_dtype: str | None = field(default=None, validator=_one_of((None, "fp32", "bf16", "fp16")))  # type: ignore[arg-type]
+    """transformers' ``BitsAndBytesConfig.bnb_4bit_compute_dtype`` (None: float32). bitsandbytes 0.50.2 computes in
+    the input's dtype whenever that is fp32 or bf16 (``Linear4bit.set_compute_type``): fitplan warns when it differs."""
 
 
 @frozen

@@ -41,6 +41,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.overhead",
     "fitplan.builtin.time",
     "fitplan.builtin.dataset",
+    "fitplan.builtin.confidence",
     "fitplan.builtin.cost",
     "fitplan.builtin.seed",
     "fitplan.builtin.names",
@@ -310,7 +311,13 @@ class Registry:
     def resolve_optimizer(self, name: str) -> OptimizerSpec:
         key = self.optimizer_aliases.get(name, name)
         if key in self.optimizers:
-            return self.optimizers[key]
+            spec = self.optimizers[key]
+            if spec.refused:
+                from fitplan.errors import FitplanError
+
+                raise FitplanError(f"optim {name!r} is not estimated: {spec.refused}", field="--optim", value=name,
+                                   suggestion="`fitplan plugins` lists the optimizers fitplan models")
+            return spec
         from fitplan.errors import unknown
 
         raise unknown("optimizer", name, [*self.optimizers, *self.optimizer_aliases], field="--optim")

@@ -172,7 +172,8 @@ def _choices(flat: dict[str, Any], fixed: set[str], space: SearchSpace, registry
     return {
         "method": methods,
         "precision": choices("precision", space.precisions),
-        "optim": choices("optim", space.optimizers if space.optimizers is not None else tuple(registry.optimizers)),
+        "optim": choices("optim", space.optimizers if space.optimizers is not None else
+                          tuple(n for n, o in registry.optimizers.items() if o.search and not o.refused)),
         "gradient_checkpointing": choices("gradient_checkpointing", space.checkpointing),
         "attn_implementation": choices("attn_implementation", space.attn_implementations),
     }
