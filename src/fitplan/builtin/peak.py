@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from fitplan.builtin.step_trace import PARTS
 from fitplan.engine.declarations import quantity
 from fitplan.pluginmgr.hookspecs import hookimpl
 
@@ -55,12 +56,12 @@ def buffer_bytes(step_trace):
 
 
 @quantity("bytes")
-def batch_bytes(arch, per_device_train_batch_size, max_seq_length, device, framework):
+def batch_bytes(arch, per_device_train_batch_size, realized_seq_length, device, framework):
     """The micro-batch on the device: ``input_ids`` and ``labels``, int64 ``b·s`` each (no attention mask:
     packed or unpadded batches)."""
     if arch.is_bare:
         return 0
-    return 2 * _round(8 * per_device_train_batch_size * max_seq_length, device, framework)
+    return 2 * _round(8 * per_device_train_batch_size * realized_seq_length, device, framework)
 
 
 def _round(n: int, device: str, framework) -> int:
@@ -95,80 +96,127 @@ def allocator_rounding_bytes(trainable_tensors, arch, weight_dtype_bytes, traina
     return int(total)
 
 
-@quantity("bytes")
-def resident_bytes(weight_bytes, master_weight_bytes, optimizer_state_bytes, buffer_bytes, batch_bytes,
-                   comm_buffer_bytes):
-    """Alive for the whole step: weights, master weights, optimizer states, buffers, the batch and the
-    communication buffers (DDP's gradient buckets, DeepSpeed's reduce bucket)."""
-    return weight_bytes + master_weight_bytes + optimizer_state_bytes + buffer_bytes + batch_bytes + comm_buffer_bytes
+def _add(rows: dict[str, float], **parts: float) -> dict[str, float]:
+    for k, v in parts.items():
+        rows[k] = rows.get(k, 0) + v
+    return rows
 
 
-@quantity("bytes", json_key="memory.phases_bytes", type="object")
-def phase_bytes(step_trace, resident_bytes, gradient_bytes, optimizer_step_temp_bytes, saved_for_backward_bytes,
-                gradient_accumulation_steps, allocator_rounding_bytes, gathered_param_bytes):
-    """The peak of live bytes within each phase of a step (see the module doc): ``forward``,
-    ``backward``, ``optimizer_step``. The stack's terms (``gathered_param_bytes``, builtin/sharding) add
-    gathered parameters, say how gradients are held in the backward (``grad_mode``: ``accumulate``, every
-    gradient kept; ``bucketed``, each gradient leaves for a bucket as it is produced, DeepSpeed ZeRO-2/3) and
-    replace the optimizer step's bytes (``step``: DeepSpeed's flattened fp32 partition gradients)."""
+def _scaled(parts, scale: float) -> dict[str, float]:
+    """A trace's PARTS (saved activations, logits, autocast copies, temporaries) scaled like its bytes."""
+    return {k: v * scale for k, v in zip(PARTS, parts)}
+
+
+def _exact(rows: dict[str, float], total: int) -> dict[str, int]:
+    """``rows`` as integers summing to ``total`` exactly: the phase's value is computed in floats and truncated
+    once, so the rounding (a few bytes) is carried by ``temporaries``."""
+    out = {k: int(v) for k, v in rows.items()}
+    out["temporaries"] = out.get("temporaries", 0) + total - sum(out.values())
+    return out
+
+
+@quantity("bytes", type="object")
+def phase_rows(step_trace, weight_bytes, master_weight_bytes, optimizer_state_bytes, comm_buffer_bytes,
+               other_resident_bytes, gradient_bytes, optimizer_step_temp_bytes, saved_for_backward_bytes,
+               activation_bytes, logits_bytes, autocast_weight_copy_bytes, gradient_accumulation_steps,
+               gathered_param_bytes):
+    """The peak of live bytes within each phase of a step (see the module doc), as breakdown rows: weights,
+    master weights, optimizer states, communication buffers, other (buffers, batch, allocator rounding, the
+    logged loss), gathered parameters, gradients, and what the step trace says the rest is at the peak instant
+    (saved activations, logits and loss, autocast copies, temporaries). Each phase's rows sum to its peak.
+
+    The stack's terms (``gathered_param_bytes``, builtin/sharding) add gathered parameters, say how gradients
+    are held in the backward (``grad_mode``: ``accumulate``, every gradient kept; ``bucketed``, each gradient
+    leaves for a bucket as it is produced, DeepSpeed ZeRO-2/3), keep a persistent gradient partition
+    (``persistent_grads``) and replace the optimizer step's bytes (``step``: DeepSpeed's flattened fp32
+    partition gradients and its group-by-group temporaries)."""
     stack = gathered_param_bytes
-    persistent = gradient_bytes if stack.get("persistent_grads") else 0
-    resident = resident_bytes + allocator_rounding_bytes + persistent
-    gf, gb = stack.get("forward", 0), stack.get("backward", 0)
-    step = stack.get("step")
-    step = gradient_bytes + optimizer_step_temp_bytes if step is None else step
+    resident = dict(weights=weight_bytes, master_weights=master_weight_bytes, optimizer_states=optimizer_state_bytes,
+                    comm_buffers=comm_buffer_bytes, other=other_resident_bytes,
+                    gradients=gradient_bytes if stack.get("persistent_grads") else 0)
+    gf, gb = stack["forward"], stack["backward"]
+    step_total = stack.get("step")
+    if step_total is None:
+        step_parts = dict(gradients=gradient_bytes, temporaries=optimizer_step_temp_bytes)
+    else:
+        grads = min(gradient_bytes, step_total)
+        step_parts = dict(gradients=grads, temporaries=step_total - grads)
     if step_trace is None:  # a bare parameter count: activations as estimated, no timeline
-        act = saved_for_backward_bytes
-        return {"forward": resident + gf + act, "backward": resident + gb + act + gradient_bytes // 32,
-                "optimizer_step": resident + step}
+        saved = dict(activations=activation_bytes, logits=logits_bytes, autocast_copies=autocast_weight_copy_bytes)
+        rows = {"forward": _add(dict(resident), gathered_params=gf, **saved),
+                "backward": _add(dict(resident), gathered_params=gb, gradients=gradient_bytes // 32, **saved),
+                "optimizer_step": _add(dict(resident), **step_parts)}
+        return {ph: _exact(r, int(sum(r.values()))) for ph, r in rows.items()}
     t = step_trace
     act_scale = saved_for_backward_bytes / t.retained_bytes if t.retained_bytes else 1.0
     carried = gradient_bytes if gradient_accumulation_steps > 1 else 0
     loss = t.loss_bytes  # loss.detach(), kept for logging, shares the loss's storage
-    before = resident + (carried + loss if carried else 0)
-    forward = max(before + gf + int(t.forward_peak_bytes * act_scale),
-                  before + stack["forward_spike"] + int(t.forward_before_last_layer_bytes * act_scale)
-                  if stack.get("forward_spike") else 0)
-    backward = _backward(t, stack, act_scale, gradient_bytes, carried, loss)
-    return {
-        "forward": int(forward),
-        "backward": int(resident + gb + backward),
-        "optimizer_step": int(resident + step + loss),
-    }
+    before = _add(dict(resident), gradients=carried, other=loss if carried else 0)
+    forward = _add(dict(before), gathered_params=gf, **_scaled(t.forward_peak_parts, act_scale))
+    if stack["forward_spike"]:
+        spike = _add(dict(before), gathered_params=stack["forward_spike"],
+                     **_scaled(t.forward_before_last_layer_parts, act_scale))
+        forward = max(forward, spike, key=lambda r: sum(r.values()))
+    backward = _backward_rows(t, resident, gb, stack, act_scale, gradient_bytes, carried, loss)
+    step = _add(dict(resident), other=loss, **step_parts)
+    return {"forward": _exact(forward, int(sum(forward.values()))),
+            "backward": _exact(backward, int(sum(backward.values()))),
+            "optimizer_step": _exact(step, int(sum(step.values())))}
 
 
-def _backward(t, stack, act_scale: float, gradient_bytes: int, carried: int, loss: int) -> float:
-    """The most the backward adds over the resident bytes and gathered parameters (``phase_bytes``)."""
+def _point(resident, gathered, act_scale, a, grads, temporaries=0.0, t=None) -> dict[str, float]:
+    """The rows of one backward instant: resident, gathered parameters, gradients, the trace's parts of ``a``."""
+    return _add(dict(resident), gathered_params=gathered, gradients=grads,
+                **_add(_scaled(t.parts_of(a), act_scale), temporaries=temporaries))
+
+
+def _backward_rows(t, resident, gb, stack, act_scale, gradient_bytes, carried, loss) -> dict[str, float]:
+    """The backward phase's rows at its peak instant: the frontier point with the most live bytes."""
     grad_scale = stack.get("backward_grads", gradient_bytes) / t.param_grad_bytes if t.param_grad_bytes else 0.0
     if carried:
-        return carried + loss + max(a * act_scale + o * grad_scale for a, o in t.backward_frontier_accumulating)
+        a, o = max(t.backward_frontier_accumulating, key=lambda p: p[0] * act_scale + p[1] * grad_scale)
+        return _add(_point(resident, gb, act_scale, a, carried, o * grad_scale, t), other=loss)
     if stack.get("grad_mode") == "bucketed":
-        op_scale = stack.get("op_grad_scale", 1.0)
-        early, late = _split_backward(t, stack.get("flush_at", 0) / op_scale, act_scale, op_scale)
-        first, flushed = stack.get("grad_resident", 0), stack.get("grad_flushed", 0)
-        a, _ = t.backward_frontier[-1]
-        end = a * act_scale + first + flushed  # the last bucket is reduced when the backward ends
-        return max(t.backward_before_grads * act_scale, early + first if early is not None else 0,
-                   late + first + flushed if late is not None else 0, end)
+        return _bucketed_rows(t, resident, gb, stack, act_scale)
     first = stack.get("grad_first", 0)
-    backward = max(a * act_scale + g * grad_scale + (first if g else 0) for a, g in t.backward_frontier)
-    if stack.get("reduce_end"):
+    a, g = max(t.backward_frontier, key=lambda p: p[0] * act_scale + p[1] * grad_scale + (first if p[1] else 0))
+    rows = _point(resident, gb, act_scale, a, g * grad_scale + (first if g else 0), t=t)
+    candidates = [rows]
+    if stack.get("reduce_end"):  # DeepSpeed ZeRO-0/1 reduce every gradient when the backward ends
         a, g = t.backward_frontier[-1]
-        backward = max(backward, a * act_scale + g * grad_scale + stack["reduce_end"])
-    if stack.get("backward_in_layer"):
+        candidates.append(_point(resident, gb, act_scale, a, g * grad_scale + stack["reduce_end"], t=t))
+    if stack.get("backward_in_layer") and t.backward_frontier_layers:
         # FSDP stage 3 inside a layer's backward: prefetched next layer, unsharded gradients (sharding.py)
-        in_layer = max((a * act_scale + g * grad_scale for a, g in t.backward_frontier_layers), default=0)
-        backward = max(backward, in_layer + stack["backward_in_layer"] - stack.get("backward", 0))
-    return backward
+        a2, g2 = max(t.backward_frontier_layers, key=lambda p: p[0] * act_scale + p[1] * grad_scale)
+        candidates.append(_point(resident, stack["backward_in_layer"], act_scale, a2, g2 * grad_scale, t=t))
+    return max(candidates, key=lambda r: sum(r.values()))
+
+
+def _bucketed_rows(t, resident, gb, stack, act_scale) -> dict[str, float]:
+    """DeepSpeed ZeRO-2/3: each gradient leaves for the IPG bucket as it is produced; the gradient partition
+    exists from the first flush (``flush_at`` bytes of gradients). Candidates: before any parameter gradient,
+    the most before and after the first flush, and the end (the last bucket reduced)."""
+    op_scale = stack.get("op_grad_scale", 1.0)
+    early, late = _split_backward(t, stack.get("flush_at", 0) / op_scale, act_scale, op_scale)
+    first, flushed = stack.get("grad_resident", 0), stack.get("grad_flushed", 0)
+    candidates = [_point(resident, gb, act_scale, t.backward_before_grads, 0, t=t)]
+    for hit, grads in ((early, first), (late, first + flushed)):
+        if hit is not None:
+            a, o = hit
+            candidates.append(_point(resident, gb, act_scale, a, grads, o * op_scale, t=t))
+    a, _ = t.backward_frontier[-1]
+    candidates.append(_point(resident, gb, act_scale, a, first + flushed, t=t))
+    return max(candidates, key=lambda r: sum(r.values()))
 
 
 _SPLIT: dict = {}
 
 
 def _split_backward(t, threshold: float, act_scale: float, op_scale: float):
-    """The most ``other + op gradient`` over the backward points that have produced parameter gradients,
-    split at ``threshold`` gradient bytes (when DeepSpeed's first bucket fills and its gradient partition is
-    allocated): (before, after), None where there is no such point. Cached per trace and arguments."""
+    """The backward point (other bytes, op gradient bytes) with the most ``other + op gradient`` among those
+    that have produced parameter gradients, split at ``threshold`` gradient bytes (when DeepSpeed's first
+    bucket fills and its gradient partition is allocated): (before, after), None where there is no such point.
+    Cached per trace and arguments."""
     key = (id(t), threshold, act_scale, op_scale)
     hit = _SPLIT.get(key)
     if hit is not None and hit[0] is t:
@@ -179,13 +227,20 @@ def _split_backward(t, threshold: float, act_scale: float, op_scale: float):
             continue
         x = a * act_scale + o * op_scale
         if g < threshold:
-            early = x if early is None or x > early else early
+            early = (a, o) if early is None or x > early[0] * act_scale + early[1] * op_scale else early
         else:
-            late = x if late is None or x > late else late
+            late = (a, o) if late is None or x > late[0] * act_scale + late[1] * op_scale else late
     if len(_SPLIT) > 256:
         _SPLIT.clear()
     _SPLIT[key] = (t, (early, late))
     return early, late
+
+
+@quantity("bytes", json_key="memory.phases_bytes", type="object")
+def phase_bytes(phase_rows):
+    """The peak of live bytes within each phase of a step (see the module doc): ``forward``,
+    ``backward``, ``optimizer_step``: the sum of the phase's rows."""
+    return {ph: sum(rows.values()) for ph, rows in phase_rows.items()}
 
 
 @quantity("phase", json_key="memory.peak_phase", type="text")
@@ -200,8 +255,39 @@ def peak_bytes(phase_bytes, peak_phase):
     return phase_bytes[peak_phase]
 
 
+@quantity("bytes", json_key="memory.peak_breakdown_bytes", type="object", role="breakdown")
+def peak_breakdown(phase_rows, peak_phase):
+    """What the peak is made of: the rows of the peak phase (their keys are the breakdown rows declared by the
+    memory quantities' ``row`` metadata), summing exactly to ``peak_bytes``."""
+    return dict(phase_rows[peak_phase])
+
+
+@quantity("bytes", category="memory", label="other (buffers, batch, allocator rounding)", short_label="other",
+          json_key="memory.per_gpu_bytes.other", row="other")
+def other_resident_bytes(buffer_bytes, batch_bytes, allocator_rounding_bytes):
+    """Resident for the whole step besides the model states: the model's buffers (rotary ``inv_freq``), the
+    micro-batch (``input_ids``, ``labels``) and CUDA's 512-byte allocator rounding of the model states."""
+    return buffer_bytes + batch_bytes + allocator_rounding_bytes
+
+
+@quantity("bytes", category="memory", label="gathered parameters (FSDP / ZeRO-3)", short_label="gathered params",
+          json_key="memory.per_gpu_bytes.gathered_params", row="gathered_params")
+def gathered_at_peak_bytes(peak_breakdown):
+    """Parameters gathered from the other ranks and alive at the peak instant (FSDP / ZeRO-3)."""
+    return peak_breakdown.get("gathered_params", 0)
+
+
+@quantity("bytes", category="memory", label="temporaries (at the peak)", short_label="temporaries",
+          json_key="memory.per_gpu_bytes.temporaries", row="temporaries")
+def temporary_bytes(peak_breakdown):
+    """Transients alive at the peak instant: the running op's buffers, gradients flowing between ops, the
+    optimizer step's temporaries, the model's pinned tensors (rotary cos/sin, mask, final hidden state)."""
+    return peak_breakdown.get("temporaries", 0)
+
+
 @hookimpl
 def fitplan_register_quantities(register):
     for q in (model_state_bytes, saved_for_backward_bytes, buffer_bytes, batch_bytes, allocator_rounding_bytes,
-              resident_bytes, phase_bytes, peak_phase, peak_bytes):
+              other_resident_bytes, phase_rows, phase_bytes, peak_phase, peak_bytes, peak_breakdown, gathered_at_peak_bytes,
+              temporary_bytes):
         register(q)

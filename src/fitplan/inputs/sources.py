@@ -7,7 +7,6 @@ Flag names follow the scenario's field names (``--per-device-train-batch-size`` 
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,8 @@ from fitplan.errors import FitplanError
 from fitplan.inputs import scenario as sc
 from fitplan.inputs.precision import MIXED_FOR_FLAG
 
-FLAG_NAMES = {"zero_stage": "--zero"}
+FLAG_NAMES = {"zero_stage": "--zero", "dataset_path": "--dataset", "dataset_text_field": "--text-field",
+              "chat_template_path": "--chat-template", "dataset_split": "--split", "dataset_sample": "--sample"}
 """Flags whose name differs from their field (``--zero`` sets ``zero_stage``)."""
 
 
@@ -44,13 +44,9 @@ def scenario_from_dict(data: dict[str, Any], *, file: str | None = None) -> sc.S
 
 def load_scenario_file(path: str | Path) -> dict[str, Any]:
     """Read a scenario TOML file into a nested dict (validated later, together with flags)."""
-    p = Path(path)
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FitplanError("scenario file not found", file=str(p)) from None
-    except tomllib.TOMLDecodeError as e:
-        raise FitplanError(f"malformed TOML: {e}", file=str(p)) from None
+    from fitplan.inputs.files import read_toml
+
+    return read_toml(path, field="SCENARIO_FILE")
 
 
 def merge(base: dict[str, Any], flat_overrides: dict[str, Any]) -> dict[str, Any]:
@@ -106,16 +102,22 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
     base: dict[str, Any] = load_scenario_file(scenario_file) if scenario_file else {}
     flags = {k: v for k, v in options.items() if v is not None and k in sc.FIELD_SECTION}
     if bf16 and fp16:
-        raise FitplanError("--bf16 and --fp16 are mutually exclusive", field="--bf16/--fp16")
-    if (bf16 or fp16) and "precision" not in flags:
-        flags["precision"] = MIXED_FOR_FLAG["bf16" if bf16 else "fp16"]
+        raise FitplanError("--bf16 and --fp16 are mutually exclusive (TrainingArguments refuses both)",
+                           field="--bf16/--fp16")
+    if (bf16 or fp16) and "precision" not in flags and options.get("deepspeed") is None:
+        flags["precision"] = MIXED_FOR_FLAG["bf16" if bf16 else "fp16"]  # under DeepSpeed, its config decides
     overrides: dict[str, Any] = {}
     warnings: list[str] = []
-    if options.get("training_args"):
-        fields, warnings = training_args_fields(options["training_args"], known_optimizers=known_optimizers)
+    if options.get("training_args") is not None:
+        fields, warnings = training_args_fields(_path(options["training_args"], "--training-args"),
+                                                known_optimizers=known_optimizers)
         overrides.update(fields)
-    if options.get("deepspeed"):
-        overrides.update(deepspeed_fields(options["deepspeed"]))
+    if options.get("deepspeed") is not None:
+        stated = bf16 or fp16 or options.get("training_args")
+        ta_bf16 = bf16 or overrides.get("precision", "").startswith("bf16")
+        ta_fp16 = fp16 or overrides.get("precision", "").startswith("16")
+        overrides.update(deepspeed_fields(_path(options["deepspeed"], "--deepspeed"), bf16=ta_bf16 if stated else None,
+                                          fp16=ta_fp16 if stated else None, warnings=warnings))
     overrides.update(flags)
     fixed = set(overrides)
     for key, value in base.items():
@@ -141,6 +143,12 @@ def _hf_flag_under_stack(s: sc.Scenario, flag: str) -> sc.Scenario:
     if stacks.resolve(p.stack, p.zero_stage, p.fsdp, p.offload_optimizer, p.offload_params, s.training.precision, dp) == "deepspeed":
         return s.replace(precision=MASTER_FOR_FLAG[flag])
     return s
+
+
+def _path(text: str, flag: str) -> str:
+    if not str(text).strip():
+        raise FitplanError(f"{flag} needs a path to a JSON file, got an empty one", field=flag, value=text)
+    return text
 
 
 def scenario_args(s: sc.Scenario) -> list[str]:
