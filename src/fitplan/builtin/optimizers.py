@@ -16,6 +16,62 @@ BNB_BLOCK = 256
 """bitsandbytes' blockwise 8-bit optimizers quantise states in blocks of 256 with one fp32 absmax each."""
 BNB_MIN_8BIT_SIZE = 4096
 """bitsandbytes keeps tensors with fewer elements than this in 32-bit states (``min_8bit_size``)."""
+FOREACH_CHUNK = 320 * 65536
+"""Elements one ``multi_tensor_apply`` launch covers (320 blocks of 65,536: ATen/native/cuda/MultiTensorApply.cuh)."""
+FOREACH_TENSORS = {2: 64, 3: 48, 4: 36}
+"""Tensors one ``multi_tensor_apply`` launch takes, by the number of tensor lists (``depth_to_max_tensors``)."""
+
+
+# ---- what one step moves (the time model prices an update on memory bandwidth) and how many kernels it launches
+
+
+def _foreach_launches(ctx, ops: int, depth: int) -> float:
+    return ops * max(math.ceil(ctx.num_tensors / FOREACH_TENSORS[depth]), math.ceil(ctx.numel / FOREACH_CHUNK), 1)
+
+
+def _adamw_foreach_bytes(ctx):
+    """torch 2.13 ``_multi_tensor_adam`` (decoupled weight decay, ``weight_decay = 0``: the HF default, so no
+    ``_foreach_mul_`` of the parameters): ``lerp_(exp_avg, grad)``, ``mul_(exp_avg_sq)``, ``addcmul_(exp_avg_sq,
+    grad, grad)``, ``sqrt(exp_avg_sq)`` (a new list), ``div_``, ``add_(eps)``, ``addcdiv_(param, exp_avg,
+    denom)``: per element 14 state-sized reads and writes, 2 gradient reads, the parameter read and written."""
+    return ctx.numel * (14 * ctx.state_bytes + 2 * ctx.param_bytes + 2 * ctx.param_bytes)
+
+
+def _adamw_foreach_kernels(ctx):
+    return _foreach_launches(ctx, 7, 3)
+
+
+def _adamw_single_kernels(ctx):
+    """``_single_tensor_adam``: seven kernels per parameter tensor (lerp_, mul_, addcmul_, sqrt, div, add_, addcdiv_)."""
+    return 7 * ctx.num_tensors
+
+
+def _adamw_fused_bytes(ctx):
+    """``_fused_adamw``: one kernel reads the parameter, gradient and both states and writes them back."""
+    return ctx.numel * (2 * ctx.param_bytes + ctx.param_bytes + 4 * ctx.state_bytes)
+
+
+def _sgd_bytes(ctx):
+    """``_foreach_add_(params, grads, alpha=-lr)``: the parameter read and written, the gradient read."""
+    return ctx.numel * 3 * ctx.param_bytes
+
+
+def _sgd_momentum_bytes(ctx):
+    """``mul_(bufs)``, ``add_(bufs, grads)``, ``add_(params, bufs)``: 5 state passes, a gradient read, the parameter."""
+    return ctx.numel * (5 * ctx.state_bytes + 3 * ctx.param_bytes)
+
+
+def _adafactor_bytes(ctx):
+    """HF ``Adafactor.step`` runs about ten fp32 passes over each parameter-sized tensor (the upcast gradient,
+    ``grad**2 + eps``, the row and column means, the approximated squared gradient, ``update * grad``, its RMS,
+    the clipping, ``p.add_``): 20 × 4 bytes per element, an approximation of its Python loop."""
+    return ctx.numel * 80.0
+
+
+def _adam8bit_bytes(ctx):
+    """bitsandbytes ``optimizer_update_8bit_blockwise``: one kernel per tensor reads the parameter, the gradient,
+    two uint8 states and their absmax, and writes the parameter and states back."""
+    return ctx.numel * (3 * ctx.param_bytes + 4) + 8 * ctx.numel / BNB_BLOCK
 
 
 def _adamw_states(ctx):
@@ -121,6 +177,7 @@ BUILTIN = (
     OptimizerSpec(
         name="adamw_torch", aliases=("adamw",), state_bytes=_adamw_states, step_temp_bytes=_foreach_temp,
         flops_per_param=12, states_per_param=2, torch_class="torch.optim.AdamW", torch_kwargs={"foreach": True},
+        step_bytes=_adamw_foreach_bytes, step_kernels=_adamw_foreach_kernels,
         doc="torch.optim.AdamW as the HF Trainer builds it; foreach on CUDA (one state-sized step temporary). "
             "States: exp_avg + exp_avg_sq in the parameter dtype; the 4-byte step scalars stay on the CPU.",
         source="torch/optim/adamw.py; transformers TrainingArguments.optim",
@@ -128,6 +185,7 @@ BUILTIN = (
     OptimizerSpec(
         name="adamw_torch_fused", state_bytes=_adamw_fused_states, step_temp_bytes=lambda ctx: 0,
         flops_per_param=12, states_per_param=2, torch_class="torch.optim.AdamW", torch_kwargs={"fused": True},
+        step_bytes=_adamw_fused_bytes, step_kernels=lambda ctx: _foreach_launches(ctx, 1, 4),
         doc="torch.optim.AdamW(fused=True): exp_avg + exp_avg_sq + a 4-byte step per tensor on the device; "
             "no step temporaries.",
         source="torch/optim/adamw.py (_fused_adamw)",
@@ -135,25 +193,28 @@ BUILTIN = (
     OptimizerSpec(
         name="adamw_torch_single", state_bytes=_adamw_states, step_temp_bytes=_single_tensor_temp,
         flops_per_param=12, states_per_param=2, torch_class="torch.optim.AdamW", torch_kwargs={"foreach": False},
+        step_bytes=_adamw_foreach_bytes, step_kernels=_adamw_single_kernels,
         doc="torch.optim.AdamW(foreach=False): same states, two copies of one tensor (+ the previous denom) "
             "during step.",
         source="torch/optim/adamw.py (_single_tensor_adamw)",
     ),
     OptimizerSpec(
         name="sgd", state_bytes=_sgd_states, flops_per_param=2, states_per_param=0,
+        step_bytes=_sgd_bytes, step_kernels=lambda ctx: _foreach_launches(ctx, 1, 2),
         torch_class="torch.optim.SGD", torch_kwargs={"lr": 1e-3},
         doc="torch.optim.SGD without momentum (the HF Trainer's 'sgd'): no state.",
         source="torch/optim/sgd.py",
     ),
     OptimizerSpec(
         name="sgd_momentum", state_bytes=_sgd_momentum_states, flops_per_param=3, states_per_param=1,
+        step_bytes=_sgd_momentum_bytes, step_kernels=lambda ctx: _foreach_launches(ctx, 3, 2),
         torch_class="torch.optim.SGD", torch_kwargs={"lr": 1e-3, "momentum": 0.9},
         doc="torch.optim.SGD(momentum=0.9): one momentum buffer per parameter.",
         source="torch/optim/sgd.py",
     ),
     OptimizerSpec(
         name="adafactor", state_bytes=_adafactor_states, step_temp_bytes=_adafactor_temp, flops_per_param=10,
-        states_per_param=0,
+        states_per_param=0, step_bytes=_adafactor_bytes, step_kernels=lambda ctx: 15 * ctx.num_tensors,
         torch_class="transformers.optimization.Adafactor",
         torch_kwargs={"scale_parameter": False, "relative_step": False, "warmup_init": False, "lr": 1e-3},
         doc="HF Adafactor without first moment: factored row and column second-moment statistics per matrix.",
@@ -162,11 +223,13 @@ BUILTIN = (
     OptimizerSpec(
         name="adamw_8bit", aliases=("adamw_bnb_8bit",), state_bytes=_adam8bit_states, flops_per_param=14,
         states_per_param=0.5, torch_class="bitsandbytes.optim.AdamW8bit",
+        step_bytes=_adam8bit_bytes, step_kernels=lambda ctx: 2 * ctx.num_tensors,
         doc="bitsandbytes 8-bit blockwise AdamW: 2 B/param + fp32 absmax per 256-element block.",
         source="Dettmers et al. 2021; bitsandbytes/optim/optimizer.py",
     ),
     OptimizerSpec(
         name="paged_adamw_8bit", state_bytes=_adam8bit_states, flops_per_param=14, states_per_param=0.5,
+        step_bytes=_adam8bit_bytes, step_kernels=lambda ctx: 2 * ctx.num_tensors,
         torch_class="bitsandbytes.optim.PagedAdamW8bit",
         doc="Same bytes as adamw_8bit, in CUDA unified memory that can page out to the CPU under pressure.",
         source="bitsandbytes/optim/adamw.py",

@@ -84,6 +84,8 @@ class Training:
     num_train_epochs: float = field(default=1.0, validator=_positive)
     tf32: bool = False
     """HF ``tf32``: fp32 matmuls on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``); off by default."""
+    torch_compile: bool = False
+    """HF ``torch_compile``: the model runs under ``torch.compile`` (Inductor fuses elementwise ops: time only)."""
 
 
 @frozen
@@ -95,6 +97,10 @@ class Lora:
     lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")
     lora_dropout: float = 0.0
     bnb_4bit_use_double_quant: bool = True
+    autocast_adapter_dtype: bool = True
+    """peft's ``get_peft_model(..., autocast_adapter_dtype=True)``: 16-bit adapters are upcast to fp32 (their
+    GEMMs then run in fp32 without autocast). False keeps them in the base weights' dtype, as torchtune's
+    LoRA modules are."""
 
 
 @frozen

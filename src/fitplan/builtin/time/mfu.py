@@ -1,0 +1,51 @@
+"""An MFU the user states or measured: ``--mfu`` and ``[[mfu_calibration]]`` rows.
+
+When one applies, one step's compute is ``FLOPs / (peak × MFU)`` instead of the roofline: the user's own
+measurement of this GPU (``fitplan validate --calibrate-out`` writes the rows) is worth more than a model.
+The published pretraining ``[[mfu]]`` rows (``rulesets/mfu/``) are not used for fine-tuning time: they are
+kept apart (docs/time-and-cost.md).
+"""
+
+from __future__ import annotations
+
+from fitplan.engine.declarations import quantity
+from fitplan.errors import FitplanError
+
+
+def _calibration(rulesets, gpu_id, model, method):
+    def find():
+        best = None
+        for (gpu, m, meth), cal in rulesets.mfu_calibrations.items():
+            if gpu != gpu_id:
+                try:  # the row may name the GPU by an alias ("H100")
+                    gpu = rulesets.gpu(gpu).id
+                except FitplanError:
+                    continue
+            if gpu != gpu_id or (m and m != model) or (meth and meth != method):
+                continue
+            score = bool(m) + bool(meth)
+            if best is None or score > best[0]:
+                best = (score, cal)
+        return None if best is None else best[1]
+
+    return rulesets.memo(("mfu_calibration", gpu_id, model, method), find)
+
+
+@quantity("fraction")
+def mfu_calibrated(gpu_spec, rulesets, model, method):
+    """An MFU measured on this GPU (``[[mfu_calibration]]``, written by ``fitplan validate --calibrate-out``):
+    the row that also names this model and method wins over one that names only the GPU. None when none applies."""
+    if gpu_spec is None:
+        return None
+    cal = _calibration(rulesets, gpu_spec.id, model or "", method)
+    return None if cal is None else cal.mfu
+
+
+@quantity("fraction", json_key="time.assumed_mfu")
+def assumed_mfu(mfu, mfu_calibrated):
+    """The MFU a step's compute is priced at when one is given (``--mfu``) or measured on this GPU
+    (``[[mfu_calibration]]``); None otherwise: the roofline prices the step."""
+    return mfu if mfu is not None else mfu_calibrated
+
+
+QUANTITIES = (mfu_calibrated, assumed_mfu)
