@@ -240,8 +240,9 @@ class TimeCalibration:
     source: str = ""
     model: str = ""
     method: str = ""
-    measured_tokens_per_second: float | None = field(default=None, validator=_pos)
-    predicted_tokens_per_second: float | None = field(default=None, validator=_pos)
+    measured_tokens_per_second_per_gpu: float | None = field(default=None, validator=_pos)
+    predicted_tokens_per_second_per_gpu: float | None = field(default=None, validator=_pos)
+    """What the time model gave for the measured run, before this calibration."""
     date: str = ""
 
 

@@ -7,6 +7,8 @@ the model and the method wins over one that names only the GPU. The estimate say
 
 from __future__ import annotations
 
+import json
+
 from fitplan.engine.declarations import quantity
 from fitplan.errors import FitplanError
 
@@ -37,6 +39,54 @@ def time_calibration(gpu_spec, rulesets, model, method):
     if gpu_spec is None:
         return None
     return find_calibration(rulesets, gpu_spec.id, model or "", method)
+
+
+
+def calibration_row(est, measurement, date: str) -> dict:
+    """The ``[[time_calibration]]`` row for a measured run: the run's scenario is ``est`` (evaluated without
+    this calibration's effect: an earlier calibration that applies is divided out) and ``measurement`` what its
+    log says (:class:`fitplan.inputs.runlogs.RunMeasurement`). ``scale`` = measured step time / the model's
+    = the model's tokens/s / the measured. :raises FitplanError: when the estimate has no time model to compare."""
+    v = est.values
+    s = est.scenario
+    if v["gpu_spec"] is None:
+        raise FitplanError("fitplan calibrate needs the GPU the run used", field="--gpu", suggestion="add --gpu ID")
+    if v["step_seconds"] is None or v["assumed_mfu"] or v["tokens_per_second"] is not None \
+            or v["measured_tokens_per_second"] is not None:
+        raise FitplanError("fitplan calibrate compares the run with the time model: drop --tokens-per-second, "
+                           "--throughput-source and --mfu (and any [[mfu_calibration]] for this GPU)",
+                           field="--tokens-per-second")
+    batch = s.training.per_device_train_batch_size
+    if measurement.per_device_batch and measurement.per_device_batch != batch:
+        raise FitplanError(f"the log's train_batch_size ({measurement.per_device_batch}) is not the scenario's "
+                           f"per-device micro-batch ({batch})", field="--per-device-train-batch-size", value=batch,
+                           suggestion=f"describe the run as it ran: --per-device-train-batch-size {measurement.per_device_batch}")
+    world = v["world_size"]
+    current = v["time_calibration"]
+    predicted_step = v["step_seconds"] / (current.scale if current is not None else 1.0)
+    predicted = v["tokens_per_step"] / predicted_step / world
+    if measurement.seconds_per_step is not None:
+        measured = v["tokens_per_step"] / measurement.seconds_per_step / world
+    elif measurement.tokens_per_second is not None:
+        measured = measurement.tokens_per_second / world
+    else:
+        measured = measurement.tokens_per_second_per_gpu
+    return {"gpu": v["gpu_spec"].id, "model": s.model.model or "", "method": s.model.method, "scale": predicted / measured,
+            "measured_tokens_per_second_per_gpu": measured, "predicted_tokens_per_second_per_gpu": predicted,
+            "source": f"fitplan calibrate: {measurement.basis} ({measurement.kind}); {world} GPU(s), micro-batch {batch} × "
+                      f"{s.training.max_seq_length} tokens × {s.training.gradient_accumulation_steps} accumulation steps",
+            "date": date}
+
+
+def calibration_toml(row: dict) -> str:
+    """The row as a ruleset file (load it with ``--ruleset-dir``)."""
+    lines = ["# Written by `fitplan calibrate`: a measured run's step time over the time model's. Later estimates on",
+             "# this GPU (and this model and method) multiply their step time by `scale` when this file's directory",
+             "# is given with --ruleset-dir (docs/time-and-cost.md, \"Calibrating on your own runs\").", "",
+             "[[time_calibration]]"]
+    for key, value in row.items():
+        lines.append(f"{key} = {json.dumps(value) if isinstance(value, str) else repr(float(value))}")
+    return "\n".join(lines) + "\n"
 
 
 QUANTITIES = (time_calibration,)

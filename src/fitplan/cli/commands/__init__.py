@@ -8,7 +8,7 @@ import click
 
 def add_all(cli: click.Group) -> None:
     """Add every built-in command to ``cli``."""
-    from fitplan.cli.commands import catalog, estimate, plugins, recommend, validate
+    from fitplan.cli.commands import calibrate, catalog, estimate, plugins, recommend, validate
 
-    for module in (estimate, recommend, catalog, plugins, validate):
+    for module in (estimate, recommend, catalog, plugins, validate, calibrate):
         module.add(cli)
