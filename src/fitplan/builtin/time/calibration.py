@@ -34,7 +34,7 @@ def find_calibration(rulesets, gpu_id: str, model: str, method: str):
 
 
 @quantity("row", type="object")
-def time_calibration(gpu_spec, rulesets, model, method):
+def step_time_calibration(gpu_spec, rulesets, model, method):
     """The ``[[time_calibration]]`` row that applies to this GPU, model and method (the most specific), or None."""
     if gpu_spec is None:
         return None
@@ -62,7 +62,7 @@ def calibration_row(est, measurement, date: str) -> dict:
                            f"per-device micro-batch ({batch})", field="--per-device-train-batch-size", value=batch,
                            suggestion=f"describe the run as it ran: --per-device-train-batch-size {measurement.per_device_batch}")
     world = v["world_size"]
-    current = v["time_calibration"]
+    current = v["step_time_calibration"]
     predicted_step = v["step_seconds"] / (current.scale if current is not None else 1.0)
     predicted = v["tokens_per_step"] / predicted_step / world
     if measurement.seconds_per_step is not None:
@@ -89,4 +89,4 @@ def calibration_toml(row: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-QUANTITIES = (time_calibration,)
+QUANTITIES = (step_time_calibration,)

@@ -122,7 +122,7 @@ def offload_seconds_per_step(offload_optimizer, offload_params, shard_stage, sha
 
 
 @quantity("s", json_key="time.step_seconds")
-def step_seconds(compute_seconds_per_step, comm_seconds_per_step, offload_seconds_per_step, time_calibration):
+def step_seconds(compute_seconds_per_step, comm_seconds_per_step, offload_seconds_per_step, step_time_calibration):
     """One optimizer step: ``(compute + max(0, communication + offload − 0.5 × compute)) × calibration``:
     transfers overlap with up to half of the compute (``COMM_OVERLAP_FRACTION``, reasoning in the module);
     ``calibration`` is a measured run's step time over the model's (``fitplan calibrate``), 1 without one."""
@@ -130,7 +130,7 @@ def step_seconds(compute_seconds_per_step, comm_seconds_per_step, offload_second
         return None
     transfers = (comm_seconds_per_step or 0.0) + offload_seconds_per_step
     step = compute_seconds_per_step + max(0.0, transfers - COMM_OVERLAP_FRACTION * compute_seconds_per_step)
-    return step * (time_calibration.scale if time_calibration is not None else 1.0)
+    return step * (step_time_calibration.scale if step_time_calibration is not None else 1.0)
 
 
 QUANTITIES = (comm_bytes_per_step, comm_seconds_per_step, offload_seconds_per_step, step_seconds)

@@ -57,7 +57,7 @@ def _efficiency(gpu_spec, rulesets):
 
 
 @quantity("factors", type="object")
-def time_efficiency(gpu_spec, rulesets):
+def kernel_efficiency(gpu_spec, rulesets):
     """The achievable fractions of the GPU's peaks (GEMM FLOP/s, attention FLOP/s, memory bandwidth) and the
     host's time per kernel launch: ``[[time_efficiency]]`` for the GPU's ``generation`` (fitted on published
     fine-tuning runs by ``bench/time_loo.py``), else the run-weighted mean of the fitted generations. None
@@ -68,15 +68,15 @@ def time_efficiency(gpu_spec, rulesets):
 
 
 @quantity("s", type="object")
-def micro_step_time(step_trace, gpu_spec, time_efficiency, torch_compile, tf32, tensor_parallel, flops_per_token,
+def micro_step_time(step_trace, gpu_spec, kernel_efficiency, torch_compile, tf32, tensor_parallel, flops_per_token,
                     per_device_train_batch_size, max_seq_length, matmul_dtype, zero3_fetches_per_pass):
     """One micro-step (forward, backward, recomputation) on one GPU, by kernel class and phase, in seconds:
     the roofline over the step trace's kernels (``torch.compile``: fused elementwise runs; tensor
     parallelism: every kernel's work / t), ``gpu``, ``host`` (kernel launches, ZeRO-3's fetches) and
     ``micro_step`` (each phase the slower of its GPU and host times). A bare ``--params`` model has no trace: its FLOPs at the GEMM efficiency. None without a GPU."""
-    if gpu_spec is None or time_efficiency is None:
+    if gpu_spec is None or kernel_efficiency is None:
         return None
-    eff = time_efficiency
+    eff = kernel_efficiency
     if step_trace is None:
         peak = roofline.peak_flops(gpu_spec.peak_tflops, {"fp32": "f32", "fp16": "f16"}.get(matmul_dtype, matmul_dtype))
         s = flops_per_token * per_device_train_batch_size * max_seq_length / tensor_parallel / (peak * eff.gemm)
@@ -128,13 +128,13 @@ def optimizer_step_kernels(optimizer_spec, rank_optimizer_context, offload_optim
 
 
 @quantity("s")
-def optimizer_step_seconds(optimizer_step_bytes, optimizer_step_kernels, gpu_spec, time_efficiency):
+def optimizer_step_seconds(optimizer_step_bytes, optimizer_step_kernels, gpu_spec, kernel_efficiency):
     """The optimizer update on one GPU: its bytes at the memory efficiency, overlapped with its kernel launches
     on the host (``roofline.overlap``). None without a GPU."""
-    if gpu_spec is None or time_efficiency is None:
+    if gpu_spec is None or kernel_efficiency is None:
         return None
-    gpu = roofline.memory_seconds(optimizer_step_bytes, gpu_spec.bandwidth_gbps, time_efficiency)
-    return roofline.overlap(gpu, optimizer_step_kernels * time_efficiency.host_seconds_per_kernel)
+    gpu = roofline.memory_seconds(optimizer_step_bytes, gpu_spec.bandwidth_gbps, kernel_efficiency)
+    return roofline.overlap(gpu, optimizer_step_kernels * kernel_efficiency.host_seconds_per_kernel)
 
 
 @quantity("bytes")
@@ -152,19 +152,19 @@ def grad_clip_bytes(gradient_bytes):
 
 
 @quantity("s")
-def gradient_accumulation_seconds(gradient_accumulation_bytes, gpu_spec, time_efficiency):
+def gradient_accumulation_seconds(gradient_accumulation_bytes, gpu_spec, kernel_efficiency):
     """Gradient accumulation's bytes at the memory efficiency. None without a GPU."""
-    if gpu_spec is None or time_efficiency is None:
+    if gpu_spec is None or kernel_efficiency is None:
         return None
-    return roofline.memory_seconds(gradient_accumulation_bytes, gpu_spec.bandwidth_gbps, time_efficiency)
+    return roofline.memory_seconds(gradient_accumulation_bytes, gpu_spec.bandwidth_gbps, kernel_efficiency)
 
 
 @quantity("s")
-def grad_clip_seconds(grad_clip_bytes, gpu_spec, time_efficiency):
+def grad_clip_seconds(grad_clip_bytes, gpu_spec, kernel_efficiency):
     """Gradient clipping's bytes at the memory efficiency. None without a GPU."""
-    if gpu_spec is None or time_efficiency is None:
+    if gpu_spec is None or kernel_efficiency is None:
         return None
-    return roofline.memory_seconds(grad_clip_bytes, gpu_spec.bandwidth_gbps, time_efficiency)
+    return roofline.memory_seconds(grad_clip_bytes, gpu_spec.bandwidth_gbps, kernel_efficiency)
 
 
 @quantity("s", json_key="time.compute_seconds_per_step")
@@ -185,6 +185,6 @@ def compute_seconds_per_step(micro_step_time, gradient_accumulation_steps,
             + grad_clip_seconds + optimizer_step_seconds)
 
 
-QUANTITIES = (time_efficiency, zero3_fetches_per_pass, micro_step_time, optimizer_step_bytes, optimizer_step_kernels, optimizer_step_seconds,
+QUANTITIES = (kernel_efficiency, zero3_fetches_per_pass, micro_step_time, optimizer_step_bytes, optimizer_step_kernels, optimizer_step_seconds,
               gradient_accumulation_bytes, grad_clip_bytes, gradient_accumulation_seconds, grad_clip_seconds,
               compute_seconds_per_step)

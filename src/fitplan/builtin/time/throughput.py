@@ -63,7 +63,7 @@ def tokens_per_step(per_device_train_batch_size, max_seq_length, gradient_accumu
 
 @quantity("text", json_key="time.throughput_basis", type="text")
 def throughput_basis(tokens_per_second, measured_tokens_per_second, throughput_source, step_seconds, assumed_mfu, mfu,
-                     time_calibration, time_efficiency):
+                     step_time_calibration, kernel_efficiency):
     """Where the throughput comes from: given, a ``[[throughput]]`` table, a stated or measured MFU, or the
     roofline over the step trace (and whether a ``fitplan calibrate`` measurement scales it)."""
     if tokens_per_second is not None:
@@ -76,9 +76,9 @@ def throughput_basis(tokens_per_second, measured_tokens_per_second, throughput_s
         origin = "--mfu" if mfu is not None else "measured on this GPU, [[mfu_calibration]]"
         text = f"FLOPs at an MFU of {100 * assumed_mfu:.1f} % ({origin})"
     else:
-        text = f"roofline over the step's kernels ({time_efficiency.rule})"
-    if time_calibration is not None:
-        text += f"; × {time_calibration.scale:.3f} calibrated on your run ({time_calibration.source or 'fitplan calibrate'})"
+        text = f"roofline over the step's kernels ({kernel_efficiency.rule})"
+    if step_time_calibration is not None:
+        text += f"; × {step_time_calibration.scale:.3f} calibrated on your run ({step_time_calibration.source or 'fitplan calibrate'})"
     return text
 
 
@@ -140,23 +140,23 @@ def train_mfu(train_tokens_per_second, flops_per_token, world_size, peak_flops_p
 
 @quantity("fraction", json_key="time.communication_share")
 def communication_share(tokens_per_second, measured_tokens_per_second, step_seconds, compute_seconds_per_step,
-                        time_calibration):
+                        step_time_calibration):
     """Share of the step spent in exposed (not overlapped) communication and offload copies: ``(step −
     compute) / step``. None when the throughput is given or measured (it already includes communication)."""
     if tokens_per_second is not None or measured_tokens_per_second is not None or not step_seconds:
         return None
-    scale = time_calibration.scale if time_calibration is not None else 1.0
+    scale = step_time_calibration.scale if step_time_calibration is not None else 1.0
     return max(0.0, (step_seconds - compute_seconds_per_step * scale) / step_seconds)
 
 
 @quantity("fraction", json_key="time.optimizer_share", short="optimizer_share", label="optimizer step share")
-def optimizer_step_share(optimizer_step_seconds, grad_clip_seconds, step_seconds, time_calibration, assumed_mfu):
+def optimizer_step_share(optimizer_step_seconds, grad_clip_seconds, step_seconds, step_time_calibration, assumed_mfu):
     """Share of one optimizer step spent in the optimizer update and gradient clipping: ``(update + clipping)
     × calibration / step``. The update reads and writes every state of every trainable parameter once per
     step, whatever the batch: with few tokens per step it dominates. None without a step model."""
     if not step_seconds or optimizer_step_seconds is None or assumed_mfu:
         return None
-    scale = time_calibration.scale if time_calibration is not None else 1.0
+    scale = step_time_calibration.scale if step_time_calibration is not None else 1.0
     return (optimizer_step_seconds + grad_clip_seconds) * scale / step_seconds
 
 
