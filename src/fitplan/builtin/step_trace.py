@@ -633,8 +633,8 @@ def attention_core(tr: Trace, q: T, k: T, v: T, mask: T | None, label: str, *, f
         extra = []
         if spec.device == "cuda" and p > 0:
             extra = [tr.new(2, "i64", False, label + ".rng_state")]
-        io = q.nbytes + k.nbytes + v.nbytes + out.nbytes + lse.nbytes
-        work = op_work.attention(b, a, s, d, E, io, causal=True, backward=q.rg or k.rg or v.rg)
+        work = op_work.attention(b, a, s, d, E, sum(t.nbytes for t in (q, k, v, out, lse)), causal=True,
+                                 backward=q.rg or k.rg or v.rg)
         tr.record(label + ".sdpa", [q, k, v], [out, lse, *extra], [q, k, v, out, lse, *extra], work=work)
         return tr.contiguous(tr.view(out, layout="c" if out.layout == "bshd" else "bhsd"), label + ".transpose_copy")
     groups = a // kvh

@@ -2,13 +2,20 @@
 
 A ruleset directory holds any number of ``*.toml`` files (searched recursively). Each file may
 contain any of the top-level arrays of tables ``[[gpu]]``, ``[[provider]]``, ``[[instance]]``,
-``[[model]]``, ``[[mfu]]``, ``[[throughput]]``, ``[[mfu_calibration]]``, ``[[policy]]``, ``[[advice]]`` and
-the table ``[framework]``; see ``docs/rulesets.md``, ``docs/time-and-cost.md`` and ``docs/policies.md``.
+``[[model]]``, ``[[mfu]]``, ``[[throughput]]``, ``[[mfu_calibration]]``, ``[[finetune_run]]``,
+``[[time_efficiency]]``, ``[[time_calibration]]``, ``[[policy]]``, ``[[advice]]`` and the tables ``[framework]``
+and ``[time_model]``; see ``docs/rulesets.md``, ``docs/time-and-cost.md`` and ``docs/policies.md``.
 
 Time and cost tables (``docs/time-and-cost.md``):
 
-* ``[[mfu]]``: a published model-FLOPs-utilisation measurement (GPU, model size, method, sequence
-  length, GPUs, MFU, source). fitplan's default MFU for a GPU is fitted from these rows.
+* ``[[mfu]]``: a published model-FLOPs-utilisation measurement of pretraining (GPU, model size, method,
+  sequence length, GPUs, MFU, source): reference data, kept apart from the fine-tuning time model.
+* ``[[finetune_run]]``: a published, measured fine-tuning throughput with its setup as scenario fields (and an
+  ``exclude`` reason when it cannot be modelled); ``bench/time_loo.py`` fits the time model on them.
+* ``[[time_efficiency]]`` (per GPU generation) and ``[time_model]``: the time model's fitted efficiency factors,
+  host times and leave-one-out band (``rulesets/throughput/fitted.toml``, written by ``bench/time_loo.py``).
+* ``[[time_calibration]]``: a measured run's step time over the model's (``fitplan calibrate``): estimates on the
+  same GPU (and model and method, when named) multiply their step time by its ``scale``.
 * ``[[throughput]]``: measured tokens per second for a (GPU, model size, GPU count), grouped in named
   sets (``set = "seed"``) that ``--throughput-source NAME`` selects.
 * ``[[mfu_calibration]]``: an MFU measured on a real GPU (``gpu``, ``mfu``; optionally the ``model``

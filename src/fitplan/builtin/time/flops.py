@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 
+from fitplan.builtin.time import roofline
 from fitplan.engine.declarations import quantity
 
 _EMBEDDINGS = ("embed_tokens", "embed_positions")
@@ -75,9 +76,6 @@ def train_flops(flops_per_token, train_tokens):
 
 # --------------------------------------------------------------------------- peak
 
-_PEAK_FALLBACK = {"bf16": ("bf16", "fp32"), "fp16": ("fp16", "bf16"), "tf32": ("tf32", "fp32"), "fp32": ("fp32",)}
-
-
 @quantity("dtype", json_key="time.matmul_dtype", type="text")
 def matmul_dtype(compute_dtype, tf32):
     """The dtype whose peak applies. fp32 training runs full-fp32 matmuls: PyTorch leaves
@@ -90,13 +88,10 @@ def matmul_dtype(compute_dtype, tf32):
 def peak_flops_per_gpu(gpu_spec, matmul_dtype):
     """Dense peak FLOP/s of one GPU at the matmul dtype (hardware ruleset ``peak_tflops``). A GPU without
     tensor cores for that dtype runs it at a slower rate: bf16 without a bf16 entry (T4, V100) falls back
-    to fp32, tf32 to fp32, fp16 to bf16. None without a GPU."""
+    to fp32, tf32 to fp32, fp16 to bf16 (``roofline.PEAK_FALLBACK``). None without a GPU."""
     if gpu_spec is None:
         return None
-    for dtype in _PEAK_FALLBACK[matmul_dtype]:
-        if dtype in gpu_spec.peak_tflops:
-            return gpu_spec.peak_tflops[dtype] * 1e12
-    return None
+    return roofline.peak_flops(gpu_spec.peak_tflops, matmul_dtype) or None
 
 
 QUANTITIES = (flops_param_count, attention_flops_per_token, flops_per_token, train_flops, matmul_dtype, peak_flops_per_gpu)

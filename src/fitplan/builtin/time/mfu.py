@@ -42,10 +42,13 @@ def mfu_calibrated(gpu_spec, rulesets, model, method):
 
 
 @quantity("fraction", json_key="time.assumed_mfu")
-def assumed_mfu(mfu, mfu_calibrated):
+def assumed_mfu(mfu, gpu_spec, rulesets, model, method):
     """The MFU a step's compute is priced at when one is given (``--mfu``) or measured on this GPU
-    (``[[mfu_calibration]]``); None otherwise: the roofline prices the step."""
-    return mfu if mfu is not None else mfu_calibrated
+    (``[[mfu_calibration]]``, as ``mfu_calibrated``); None otherwise: the roofline prices the step."""
+    if mfu is not None or gpu_spec is None:
+        return mfu
+    cal = _calibration(rulesets, gpu_spec.id, model or "", method)
+    return None if cal is None else cal.mfu
 
 
 QUANTITIES = (mfu_calibrated, assumed_mfu)

@@ -24,9 +24,10 @@ from attrs import frozen
 from fitplan.builtin.op_work import OpWork
 
 _GEMM_KINDS = ("gemm", "attention")
-TRACE_DTYPE_PEAK = {"bf16": ("bf16", "fp32"), "f16": ("fp16", "bf16", "fp32"), "f32": ("fp32",), "tf32": ("tf32", "fp32")}
-"""The hardware ruleset's ``peak_tflops`` key for a trace dtype, with its fallbacks (a GPU without tensor
-cores for a dtype runs it at the next rate: bf16 on a T4/V100 at the fp32 rate)."""
+PEAK_FALLBACK = {"bf16": ("bf16", "fp32"), "fp16": ("fp16", "bf16", "fp32"), "fp32": ("fp32",), "tf32": ("tf32", "fp32")}
+"""The hardware ruleset's ``peak_tflops`` keys for a dtype, in order: a GPU without tensor cores for a dtype
+runs it at the next rate (bf16 on a T4/V100 at the fp32 rate, tf32 at fp32, fp16 at bf16)."""
+_HARDWARE_NAME = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "fp32": "fp32", "fp16": "fp16", "tf32": "tf32"}
 
 
 @frozen
@@ -55,8 +56,9 @@ class Term:
 
 
 def peak_flops(peak_tflops: dict[str, float], dtype: str) -> float:
-    """Peak FLOP/s of a GPU for a trace dtype (``f32``, ``tf32``, ``bf16``, ``f16``), with fallbacks; 0 if none."""
-    for key in TRACE_DTYPE_PEAK.get(dtype, ("fp32",)):
+    """Peak FLOP/s of a GPU for a dtype (the trace's ``f32``, ``f16``, ``bf16`` or the ruleset's ``fp32``,
+    ``tf32``, ``bf16``, ``fp16``), with the :data:`PEAK_FALLBACK`; 0 if none."""
+    for key in PEAK_FALLBACK[_HARDWARE_NAME.get(dtype, "fp32")]:
         if key in peak_tflops:
             return peak_tflops[key] * 1e12
     return 0.0

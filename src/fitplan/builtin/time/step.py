@@ -78,7 +78,7 @@ def micro_step_time(step_trace, gpu_spec, kernel_efficiency, torch_compile, tf32
         return None
     eff = kernel_efficiency
     if step_trace is None:
-        peak = roofline.peak_flops(gpu_spec.peak_tflops, {"fp32": "f32", "fp16": "f16"}.get(matmul_dtype, matmul_dtype))
+        peak = roofline.peak_flops(gpu_spec.peak_tflops, matmul_dtype)
         s = flops_per_token * per_device_train_batch_size * max_seq_length / tensor_parallel / (peak * eff.gemm)
         return {"gemm": s, "gpu": s, "host": 0.0, "micro_step": s}
     key = (id(step_trace), gpu_spec.id, eff, bool(torch_compile), bool(tf32), tensor_parallel, zero3_fetches_per_pass)
@@ -168,21 +168,24 @@ def grad_clip_seconds(grad_clip_bytes, gpu_spec, kernel_efficiency):
 
 
 @quantity("s", json_key="time.compute_seconds_per_step")
-def compute_seconds_per_step(micro_step_time, gradient_accumulation_steps,
-                             gradient_accumulation_seconds, grad_clip_seconds, optimizer_step_seconds, flops_per_token,
-                             per_device_train_batch_size, max_seq_length, tensor_parallel, peak_flops_per_gpu, assumed_mfu):
+def compute_seconds_per_step(micro_step_time, gradient_accumulation_steps, gradient_accumulation_bytes, grad_clip_bytes,
+                             optimizer_step_seconds, gpu_spec, kernel_efficiency, flops_per_token, per_device_train_batch_size,
+                             max_seq_length, tensor_parallel, matmul_dtype, assumed_mfu):
     """Compute time of one optimizer step on one GPU: ``k × micro-step + accumulation + clipping + optimizer
-    update`` (the module doc); with ``--mfu`` or a measured MFU, ``FLOPs per token × b·s·k / t / (peak ×
-    MFU)``. None without a GPU."""
+    update`` (the module doc: the accumulation's and clipping's bytes at the memory efficiency, as
+    ``gradient_accumulation_seconds`` and ``grad_clip_seconds``); with ``--mfu`` or a measured MFU, ``FLOPs per
+    token × b·s·k / t / (peak × MFU)``. None without a GPU."""
+    if gpu_spec is None:
+        return None
     if assumed_mfu:
-        if not peak_flops_per_gpu:
-            return None
+        peak = roofline.peak_flops(gpu_spec.peak_tflops, matmul_dtype)
         tokens = per_device_train_batch_size * max_seq_length * gradient_accumulation_steps
-        return flops_per_token * tokens / tensor_parallel / (peak_flops_per_gpu * assumed_mfu)
+        return flops_per_token * tokens / tensor_parallel / (peak * assumed_mfu) if peak else None
     if micro_step_time is None:
         return None
-    return (gradient_accumulation_steps * micro_step_time["micro_step"] + gradient_accumulation_seconds
-            + grad_clip_seconds + optimizer_step_seconds)
+    passes = roofline.memory_seconds(gradient_accumulation_bytes + grad_clip_bytes, gpu_spec.bandwidth_gbps,
+                                     kernel_efficiency)
+    return gradient_accumulation_steps * micro_step_time["micro_step"] + passes + optimizer_step_seconds
 
 
 QUANTITIES = (kernel_efficiency, zero3_fetches_per_pass, micro_step_time, optimizer_step_bytes, optimizer_step_kernels, optimizer_step_seconds,
