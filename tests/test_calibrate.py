@@ -96,6 +96,8 @@ def test_litgpt_metrics_csv_last_throughput(tmp_path):
     ('{"log_history": [{"step": 10, "train_runtime": -1}]}', "trainer_state.json", "train_runtime must be a number > 0"),
     ("no steps here\n", "log.txt", "not a torchtune DiskLogger log"),
     ("a,b\n1,2\n", "metrics.csv", "not a litgpt metrics.csv"),
+    ("Step 1 | loss:1.0 tokens_per_second_per_gpu:fast\n", "log.txt", "not a number"),
+    ('{"log_history": [{"step": 10, "train_runtime": NaN}]}', "trainer_state.json", "malformed JSON"),
 ])
 def test_bad_run_logs_name_the_file(tmp_path, content, name, message):
     f = tmp_path / name
@@ -116,5 +118,5 @@ def test_calibrate_bad_input_exits_2(cli, tmp_path):
     p = cli("calibrate", log, *RUN, "--tokens-per-second", "1000", "--out", str(tmp_path / "cal.toml"))
     assert p.returncode == 2 and "drop --tokens-per-second" in p.stderr
     p = cli("calibrate", str(tmp_path / "missing.json"), *RUN, "--out", str(tmp_path / "cal.toml"))
-    assert p.returncode == 2 and "cannot read the run log" in p.stderr
+    assert p.returncode == 2 and "file not found" in p.stderr and "missing.json" in p.stderr
     assert not (tmp_path / "cal.toml").exists()

@@ -175,5 +175,7 @@ def hf_config_for(s: sc.Scenario, rules: Rulesets) -> dict[str, Any]:
     if p.is_dir():
         p = p / "config.json"
     if p.suffix == ".json" and p.exists():
-        return json.loads(p.read_text(encoding="utf-8"))
+        from fitplan.inputs.files import read_json
+
+        return read_json(p, field="--model")
     return dict(rules.model_entry(text).config)

@@ -2,8 +2,10 @@
 
 The group holds no command of its own: every command, the built-in ones included, comes from a plugin's
 ``fitplan_register_commands`` (the built-ins from ``fitplan.builtin.commands``; their code is in
-:mod:`fitplan.cli.commands`). Every user-caused error is a :class:`~fitplan.errors.FitplanError`: printed
-without a traceback, exit status 2.
+:mod:`fitplan.cli.commands`). Exit statuses (docs/reliability.md): 0 success; 2 bad input (a
+:class:`~fitplan.errors.FitplanError`, printed without a traceback, naming the file, field and value); 70 an
+internal error (a bug in fitplan or a plugin: one line, the traceback only with ``FITPLAN_DEBUG=1``); 130
+interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ def load_commands(group: click.Group = cli) -> None:
     default_registry().register_commands(group)
 
 
+INTERNAL_ERROR = 70
+"""Exit status of an unexpected exception (``EX_SOFTWARE``): not the user's input, a bug."""
+
+
 def main(argv: list[str] | None = None) -> None:
     from fitplan.output.console import console, escape
 
@@ -50,3 +56,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except BrokenPipeError:
         sys.exit(0)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - a bug: one line, not a traceback
+        import os
+
+        if os.environ.get("FITPLAN_DEBUG"):
+            raise
+        console(err=True).print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: {escape(e)} "
+                                "(a bug in fitplan or a plugin; FITPLAN_DEBUG=1 shows the traceback)",
+                                markup=True, highlight=False)
+        sys.exit(INTERNAL_ERROR)

@@ -105,8 +105,17 @@ def format_option(kind: str, default: str = "table") -> Callable:
                         help="Output format (fitplan plugins lists the formats).")
 
 
+def _check_out(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value:
+        from fitplan.output.files import check_target
+
+        check_target(value)
+    return value
+
+
 def out_option(func: Callable) -> Callable:
-    return click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
+    """``--out FILE``, checked when the options are read (before anything is computed)."""
+    return click.option("--out", "out", type=click.Path(dir_okay=False), default=None, callback=_check_out,
                         help="Write the report to this file (written whole, or not at all).")(func)
 
 

@@ -51,7 +51,7 @@ def run(steps: Iterable[tuple], v: dict[str, Any], applied: dict[str, bool] | No
                 v[step[1]] = v[step[2]]
     except FitplanError:
         raise
-    except Exception as e:  # noqa: BLE001 - the caller names the plugin and the quantity
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the caller names the plugin and the quantity
         if fail is None:
             raise
         raise fail(step, v, e) from e

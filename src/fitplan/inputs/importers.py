@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +10,10 @@ from fitplan.inputs.precision import MASTER_FOR_FLAG, MIXED_FOR_FLAG
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
+    from fitplan.inputs.files import read_json
+
     p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FitplanError("file not found", file=str(p)) from None
-    except json.JSONDecodeError as e:
-        raise FitplanError(f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})", file=str(p)) from None
+    data = read_json(p)
     if not isinstance(data, dict):
         raise FitplanError("expected a JSON object", file=str(p), value=type(data).__name__)
     return data

@@ -18,7 +18,7 @@ included when the run did them).
 from __future__ import annotations
 
 import csv
-import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Any
 from attrs import frozen
 
 from fitplan.errors import FitplanError
+from fitplan.inputs import files
 
 
 @frozen
@@ -49,23 +50,16 @@ class RunMeasurement:
 def read_run_log(path: str | Path) -> RunMeasurement:
     """Read a run's measured speed from ``path`` (see the module doc). :raises FitplanError: naming the file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise FitplanError(f"cannot read the run log: {e.strerror or e}", file=str(p)) from None
+    text = files.read_text(p, field="RUN_LOG")
     if p.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise FitplanError(f"malformed JSON: {e}", file=str(p)) from None
-        return _hf(data, p)
+        return _hf(files.loads_json(text, file=str(p), field="RUN_LOG"), p)
     if p.suffix == ".csv":
         return _litgpt(text, p)
     return _torchtune(text, p)
 
 
 def _number(value: Any, p: Path, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
         raise FitplanError(f"{field} must be a number > 0, got {value!r}", file=str(p), field=field, value=value)
     return float(value)
 
@@ -101,6 +95,14 @@ def _hf(data: Any, p: Path) -> RunMeasurement:
                        "(train_results.json)", file=str(p))
 
 
+def _float(text: str, p: Path, field: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise FitplanError(f"{field} is not a number: {text!r}", file=str(p), field=field, value=text) from None
+    return _number(value, p, field)
+
+
 _TORCHTUNE = re.compile(r"^Step (\d+) \| (.*)$")
 
 
@@ -112,7 +114,7 @@ def _torchtune(text: str, p: Path) -> RunMeasurement:
             continue
         fields = dict(kv.split(":", 1) for kv in m.group(2).split() if ":" in kv)
         if "tokens_per_second_per_gpu" in fields:
-            values.append(float(fields["tokens_per_second_per_gpu"]))
+            values.append(_float(fields["tokens_per_second_per_gpu"], p, "tokens_per_second_per_gpu"))
     if not values:
         raise FitplanError("no 'Step N | ... tokens_per_second_per_gpu:X' lines: not a torchtune DiskLogger log",
                            file=str(p), suggestion="pass the log_*.txt torchtune wrote, a trainer_state.json or a "
@@ -126,7 +128,7 @@ def _torchtune(text: str, p: Path) -> RunMeasurement:
 def _litgpt(text: str, p: Path) -> RunMeasurement:
     rows = list(csv.DictReader(text.splitlines()))
     col = next((c for c in (rows[0].keys() if rows else ()) if c and c.endswith("device/items_per_sec")), None)
-    found = [float(r[col]) for r in rows if col and r.get(col)] if col else []
+    found = [_float(r[col], p, col) for r in rows if r.get(col)] if col else []
     if not found:
         raise FitplanError("no device/items_per_sec column with values: not a litgpt metrics.csv", file=str(p))
     return RunMeasurement("litgpt", f"{p.name}: last {col} (tokens per second per device, window of 50 iterations)",

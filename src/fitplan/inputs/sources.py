@@ -7,7 +7,6 @@ Flag names follow the scenario's field names (``--per-device-train-batch-size`` 
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +43,9 @@ def scenario_from_dict(data: dict[str, Any], *, file: str | None = None) -> sc.S
 
 def load_scenario_file(path: str | Path) -> dict[str, Any]:
     """Read a scenario TOML file into a nested dict (validated later, together with flags)."""
-    p = Path(path)
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FitplanError("scenario file not found", file=str(p)) from None
-    except tomllib.TOMLDecodeError as e:
-        raise FitplanError(f"malformed TOML: {e}", file=str(p)) from None
+    from fitplan.inputs.files import read_toml
+
+    return read_toml(path, field="SCENARIO_FILE")
 
 
 def merge(base: dict[str, Any], flat_overrides: dict[str, Any]) -> dict[str, Any]:
@@ -111,17 +106,24 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
         flags["precision"] = MIXED_FOR_FLAG["bf16" if bf16 else "fp16"]
     overrides: dict[str, Any] = {}
     warnings: list[str] = []
-    if options.get("training_args"):
-        fields, warnings = training_args_fields(options["training_args"], known_optimizers=known_optimizers)
+    if options.get("training_args") is not None:
+        fields, warnings = training_args_fields(_path(options["training_args"], "--training-args"),
+                                                known_optimizers=known_optimizers)
         overrides.update(fields)
-    if options.get("deepspeed"):
-        overrides.update(deepspeed_fields(options["deepspeed"]))
+    if options.get("deepspeed") is not None:
+        overrides.update(deepspeed_fields(_path(options["deepspeed"], "--deepspeed")))
     overrides.update(flags)
     fixed = set(overrides)
     for key, value in base.items():
         fixed |= set(value) if key in sc.SECTIONS and isinstance(value, dict) else {key}
     s = scenario_from_dict(merge(base, overrides), file=scenario_file)
     return FromOptions(s, tuple(options.get("ruleset_dirs") or ()), frozenset(fixed), tuple(warnings))
+
+
+def _path(text: str, flag: str) -> str:
+    if not str(text).strip():
+        raise FitplanError(f"{flag} needs a path to a JSON file, got an empty one", field=flag, value=text)
+    return text
 
 
 def scenario_args(s: sc.Scenario) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fitplan.output.console import escape, render_rich
+from fitplan.output.console import escape, md, render_rich
 from fitplan.output.formats import RenderOptions
 from fitplan.search.capacity import CATALOG_LADDER, size_text
 from fitplan.units import format_bytes
@@ -43,11 +43,11 @@ def to_markdown(table: dict[str, Any]) -> str:
     sc_, s_rows, mc, m_rows = _rows(table)
     lines = ["# Largest model per GPU: the seed's tables, recomputed", "", "## One GPU", "",
              "| " + " | ".join(sc_) + " |", "|" + "---|" * len(sc_)]
-    lines += ["| " + " | ".join(r) + " |" for r in s_rows]
+    lines += ["| " + " | ".join(md(x) for x in r) + " |" for r in s_rows]
     lines += ["", "## Several GPUs (ZeRO-3)", "", "| " + " | ".join(mc) + " |", "|" + "---|" * len(mc)]
-    lines += ["| " + " | ".join(r) + " |" for r in m_rows]
-    lines += ["", "## Method", ""] + [f"- {x}" for x in _method_lines(table)]
-    lines += ["", "## Why the numbers differ", ""] + [f"- {n}" for n in table["notes"]] + [""]
+    lines += ["| " + " | ".join(md(x) for x in r) + " |" for r in m_rows]
+    lines += ["", "## Method", ""] + [f"- {md(x)}" for x in _method_lines(table)]
+    lines += ["", "## Why the numbers differ", ""] + [f"- {md(n)}" for n in table["notes"]] + [""]
     return "\n".join(lines)
 
 

@@ -7,19 +7,41 @@ model name or a ruleset string is printed as it is written.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from io import StringIO
 from typing import Any
 
-from rich.markup import escape as _escape_markup
-
 from fitplan.output.formats import RenderOptions
 
 
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")
+_ENTITY = re.compile(r"&(?=[A-Za-z#])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters but tab and newline: an escape sequence in a ruleset string must not reach the terminal."""
+
+
+def printable(text: Any) -> str:
+    """``text`` without control characters (terminal escape sequences, carriage returns), tab and newline kept."""
+    return _CONTROL.sub("\ufffd", str(text))
+
+
 def escape(text: Any) -> str:
-    """``text`` as rich prints it literally (markup brackets escaped)."""
-    return _escape_markup(str(text))
+    """``text`` as rich prints it literally: markup brackets escaped, control characters removed. rich is imported
+    only when something is printed through it: the JSON and Markdown reports never load it."""
+    from rich.markup import escape as escape_markup
+
+    return escape_markup(printable(text))
+
+
+def md(text: Any) -> str:
+    """``text`` as Markdown shows it literally inside a paragraph or a table cell: no raw HTML (a ``<`` that could
+    open a tag and an ``&`` that could open an entity become entities; ``x < 0.1`` stays), no cell break (``|``),
+    no code span (a backtick), no line break or control character."""
+    s = _ENTITY.sub("&amp;", printable(text))
+    s = _TAG.sub("&lt;", s)
+    return s.replace("|", "\\|").replace("`", "\\`").replace("\n", " ")
 
 
 def console(err: bool = False):
@@ -55,5 +77,6 @@ def render_rich(draw: Callable[[Any], None], options: RenderOptions) -> str:
 
 
 def dumps_json(data: Any) -> str:
-    """Indented JSON, keys in their order, unknown objects as strings."""
-    return json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    """Indented JSON, keys in their order, unknown objects as strings. NaN and infinity are not JSON: inputs are
+    checked to be finite, and a non-finite number reaching here is a bug (``ValueError``), never output."""
+    return json.dumps(data, indent=2, sort_keys=False, default=str, allow_nan=False) + "\n"

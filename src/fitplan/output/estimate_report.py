@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from fitplan import __version__
-from fitplan.output.console import escape, render_rich
+from fitplan.output.console import escape, md, render_rich
 from fitplan.output.formats import RenderOptions
 from fitplan.units import format_bytes
 
@@ -81,21 +81,22 @@ def _totals(est: Estimate) -> tuple[int, int]:
 
 def to_markdown(a: Assessment, units: str = "GB") -> str:
     est = a.estimate
-    lines = [f"# fitplan estimate: {est.arch.name}", ""]
+    lines = [f"# fitplan estimate: {md(est.arch.name)}", ""]
     for label, value in summary_lines(a, units):
-        lines.append(f"- **{label}**: {value}")
+        lines.append(f"- **{md(label)}**: {md(value)}")
     peak, total = _totals(est)
     lines += ["", f"| component | {units} | share of peak |", "|---|---:|---:|"]
     for label, b in breakdown_rows(est):
-        lines.append(f"| {label} | {format_bytes(b, units).split()[0]} | {100 * b / max(peak, 1):.1f} % |")
+        lines.append(f"| {md(label)} | {format_bytes(b, units).split()[0]} | {100 * b / max(peak, 1):.1f} % |")
     lines.append(f"| **peak** | **{format_bytes(peak, units).split()[0]}** | |")
     lines.append(f"| **device total** | **{format_bytes(total, units).split()[0]}** | |")
     if est.warnings:
-        lines += ["", "Warnings:", *[f"- {w}" for w in est.warnings]]
+        lines += ["", "Warnings:", *[f"- {md(w)}" for w in est.warnings]]
     lines += ["", f"_{units} = {'10^9' if units == 'GB' else '2^30'} bytes. Components are resident at different phases; "
                   "the peak is the largest phase, not their sum._", ""]
     for v in a.verdicts or ():
-        lines.insert(-1, f"- **policy {v['rule']}** ({v['action']}{', ' + v['market'] if v['market'] else ''}): {v['reason']}")
+        lines.insert(-1, f"- **policy {md(v['rule'])}** ({v['action']}{', ' + v['market'] if v['market'] else ''}): "
+                         f"{md(v['reason'])}")
     return "\n".join(lines)
 
 

@@ -19,14 +19,24 @@ def write_text(path: str | Path, text: str) -> Path:
     return write_bytes(path, text.encode("utf-8"))
 
 
-def write_bytes(path: str | Path, data: bytes) -> Path:
+def check_target(path: str | Path, field: str = "--out") -> Path:
+    """``path`` can be written: not a directory, in a directory that exists. Commands check their output paths
+    before they compute anything. :raises FitplanError: naming the path."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
-        raise FitplanError("is a directory, not a file", file=str(target), field="--out")
+        raise FitplanError("is a directory, not a file", file=str(target), field=field)
     if not directory.is_dir():
-        raise FitplanError("the directory to write into does not exist", file=str(target), field="--out",
+        raise FitplanError("the directory to write into does not exist", file=str(target), field=field,
                            suggestion=f"create {directory} first")
+    if target.exists() and not target.is_file():
+        raise FitplanError("is not a regular file (a FIFO, a socket or a device)", file=str(target), field=field)
+    return target
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    target = check_target(path)
+    directory = target.parent if str(target.parent) else Path(".")
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")

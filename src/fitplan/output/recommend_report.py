@@ -7,10 +7,11 @@ carries the ``fitplan estimate`` command line that reproduces its numbers.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fitplan import __version__
-from fitplan.output.console import render_rich
+from fitplan.output.console import md, printable, render_rich
 from fitplan.output.formats import RenderOptions
 from fitplan.search.plans import Plan, Result, command_line, describe_market, rejection_text
 from fitplan.units import format_bytes, format_count
@@ -198,7 +199,7 @@ def _header(result: Result) -> list[str]:
 
 def to_markdown(result: Result) -> str:
     lines = ["# fitplan recommend", ""]
-    lines += [f"- {x}" for x in _header(result)]
+    lines += [f"- {md(x)}" for x in _header(result)]
     lines += ["", "## Ranked plans", ""]
     lines += _md_table(result.plans) if result.plans else [f"_{no_plan_text(result)}_"]
     lines += ["", "## Cost versus time: the Pareto front", "",
@@ -207,20 +208,22 @@ def to_markdown(result: Result) -> str:
     if result.rejected:
         lines += ["", "## Rejected by policy", "", "| plan | time | cost | rejected by |", "|---|---:|---:|---|"]
         for p in result.rejected:
-            lines.append(f"| {p.label} | {time_text(p)} | {cost_text(p)} | {rejection_text(p)} |")
+            lines.append(f"| {md(p.label)} | {time_text(p)} | {cost_text(p)} | {md(rejection_text(p))} |")
     if any(p.penalties for p in result.plans):
         lines += ["", "Penalties:"]
         for p in result.plans:
             for v in p.penalties:
-                lines.append(f"- plan {p.rank}: {v.rule} (× {1 + v.penalty:g}): {v.reason}")
+                lines.append(f"- plan {p.rank}: {md(v.rule)} (× {1 + v.penalty:g}): {md(v.reason)}")
     lines += ["", "## Search", "", stats_line(result)]
     for k, v in sorted(result.stats.rejected_by.items()):
-        lines.append(f"- rejected by {k}: {v:,}")
+        lines.append(f"- rejected by {md(k)}: {v:,}")
     for k, v in sorted(result.stats.invalid_reasons.items()):
-        lines.append(f"- invalid ({v:,}): {k}")
-    lines += [f"- {n}" for n in result.stats.notes]
+        lines.append(f"- invalid ({v:,}): {md(k)}")
+    lines += [f"- {md(n)}" for n in result.stats.notes]
     if result.plans:
-        lines += ["", "Reproduce plan 1:", "", "```", command_line(result.base, result.plans[0]), "```"]
+        command = printable(command_line(result.base, result.plans[0]))
+        fence = "`" * max(3, 1 + max((len(r) for r in re.findall(r"`+", command)), default=0))
+        lines += ["", "Reproduce plan 1:", "", fence, command, fence]
     lines += ["", "_GB = 10^9 bytes. GB/GPU is the device total (peak + CUDA context + allocator reserve)._", ""]
     return "\n".join(lines)
 
@@ -228,7 +231,7 @@ def to_markdown(result: Result) -> str:
 def _md_table(plans: list[Plan]) -> list[str]:
     out = ["| " + " | ".join(PLAN_COLUMNS) + " |", "|" + "---|" * len(PLAN_COLUMNS)]
     for p in plans:
-        out.append("| " + " | ".join(plan_row(p)) + " |")
+        out.append("| " + " | ".join(md(x) for x in plan_row(p)) + " |")
     return out
 
 

@@ -361,9 +361,33 @@ def format_literal(v: Any) -> str:
 _SCALARS = (bool, int, float, str)
 
 
+MAX_DEPTH, MAX_NODES = 32, 1000
+"""A condition nests at most 32 levels and holds at most 1000 operators: real rules use a handful."""
+
+
 def compile_condition(data: Any, where: str = "condition") -> Condition:
     """Compile a condition table. :raises FitplanError: naming the location (``condition.all[1].gtt``),
-    for an unknown operator (with a suggestion), a malformed operand or a literal of the wrong type."""
+    for an unknown operator (with a suggestion), a malformed operand, a literal of the wrong type, or a
+    condition deeper or larger than :data:`MAX_DEPTH` / :data:`MAX_NODES`."""
+    _check_size(data, where)
+    return _compile(data, where)
+
+
+def _check_size(data: Any, where: str) -> None:
+    stack, nodes = [(data, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if depth > MAX_DEPTH or nodes > MAX_NODES:
+            raise FitplanError(f"a condition nests more than {MAX_DEPTH} levels or holds more than {MAX_NODES} operators",
+                               field=where, suggestion="split the rule into several rules")
+        if isinstance(node, Mapping):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
+def _compile(data: Any, where: str) -> Condition:
     if not isinstance(data, Mapping) or len(data) != 1:
         got = "an empty table" if isinstance(data, Mapping) and not data else (
             f"a table with {len(data)} keys ({', '.join(map(str, data))})" if isinstance(data, Mapping) else type(data).__name__)
@@ -375,10 +399,10 @@ def compile_condition(data: Any, where: str = "condition") -> Condition:
     if op in ("all", "any"):
         if not isinstance(operand, list) or not operand:
             raise FitplanError(f"{op!r} takes a non-empty list of conditions, got {operand!r:.60}", field=here)
-        children = [compile_condition(c, f"{here}[{i}]") for i, c in enumerate(operand)]
+        children = [_compile(c, f"{here}[{i}]") for i, c in enumerate(operand)]
         return All(children) if op == "all" else AnyOf(children)
     if op == "not":
-        return Not(compile_condition(operand, here))
+        return Not(_compile(operand, here))
     if op not in COMPARISONS:
         hint = did_you_mean(str(op), OPERATORS) or "operators: " + ", ".join(OPERATORS)
         # the hint is part of the message: ruleset checks print messages with their location only

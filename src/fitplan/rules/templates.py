@@ -8,11 +8,32 @@ as "1.33×"), or any Python number format (``.1f``).
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fitplan.errors import FitplanError
+
+MAX_WIDTH, MAX_PRECISION = 80, 12
+"""A template field is at most this wide, with at most this many decimals: a spec that passes ``rulesets check``
+never makes a huge or failing message later."""
+_SPEC = re.compile(r"^(?:[^{}]?[<>=^])?[+\- ]?#?0?(?P<width>\d{1,4})?[,_]?(?:\.(?P<precision>\d{1,4}))?[eEfFgGn%d]?$")
+
+
+def _valid_spec(spec: str) -> bool:
+    """A Python number format spec (the values are numbers) with a bounded width and precision."""
+    m = _SPEC.match(spec)
+    if m is None:
+        return False
+    if int(m.group("width") or 0) > MAX_WIDTH or int(m.group("precision") or 0) > MAX_PRECISION:
+        return False
+    try:
+        format(1.5, spec)
+    except ValueError:
+        return False
+    return True
+
 
 CUSTOM_SPECS = ("GB", "GiB", "pct", "usd", "h", "x")
 
@@ -43,6 +64,11 @@ def template_names(template: str, where: str = "message") -> list[str]:
                                field=where, value=spec)
         if name[0].isdigit():
             raise FitplanError(f"message template field {{{name}}} is positional", field=where, value=name)
+        if spec and spec not in CUSTOM_SPECS and not _valid_spec(spec):
+            raise FitplanError(f"message template field {{{name}:{spec}}} has a format spec fitplan cannot use",
+                               field=where, value=spec,
+                               suggestion=f"one of {', '.join(CUSTOM_SPECS)}, or a number format such as .1f or ,.0f "
+                                          f"(width at most {MAX_WIDTH}, precision at most {MAX_PRECISION})")
         names.append(name)
     return names
 
@@ -62,7 +88,7 @@ class _Value:
         if isinstance(v, bool):
             return "yes" if v else "no"
         if isinstance(v, str) or not isinstance(v, (int, float)):
-            return format(str(v), spec if spec not in CUSTOM_SPECS else "")
+            return str(v)  # a number format on a text: the text as it is
         if spec == "GB":
             return f"{v / 1e9:,.1f} GB"
         if spec == "GiB":

@@ -35,7 +35,6 @@ directory is an error (it is almost always a copy-paste mistake).
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -66,12 +65,12 @@ def parse_file(path: Path) -> tuple[RulesetFile | None, list[str]]:
 
 
 def _parse(path: Path) -> tuple[RulesetFile | None, list[str]]:
+    from fitplan.inputs.files import read_toml
+
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        return None, [f"{path}: malformed TOML: {e}"]
-    except OSError as e:
-        return None, [f"{path}: cannot read: {e.strerror}"]
+        data = read_toml(path)
+    except FitplanError as e:
+        return None, [e.render()]
     try:
         parsed = CONVERTER.structure(data, RulesetFile)
     except Exception as e:  # noqa: BLE001 - cattrs error groups

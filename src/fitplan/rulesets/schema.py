@@ -8,6 +8,8 @@ vocabulary by ``fitplan rulesets check``.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,25 +21,71 @@ from fitplan.rules.conditions import compile_condition
 from fitplan.rules.templates import template_names
 
 
+MAXIMA: dict[str, float] = {
+    "memory_bytes": 2**44, "usable_bytes": 2**44, "bandwidth_gbps": 1e5, "interconnect_gbps": 1e5,
+    "inter_node_gbps": 1e5, "gpus_per_node": 1024, "gpus": 1024, "on_demand_per_hour": 1e5, "spot_per_hour": 1e5,
+    "minimum_seconds": 86_400 * 31, "spot_overhead": 10, "cuda_context_bytes": 2**40, "cublas_workspace_bytes": 2**40,
+    "allocator_reserve_ratio": 10, "allocator_block_bytes": 2**30, "param_count": 1e15, "max_seq_length": 2**24,
+    "num_gpus": 1e6, "tokens_per_second_per_gpu": 1e9, "tokens_per_second": 1e12, "penalty": 1e6, "peak_tflops": 1e6,
+}
+"""The largest value of a ruleset number that makes physical sense (16 TiB of GPU memory, $100,000 an hour,
+a million TFLOPS): beyond it a value is a typo (a missing decimal point, bytes written as bits)."""
+ID = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,127}$")
+"""Ids of GPUs, providers, models, rows and rules: lowercase, as ``--gpu`` / ``--model`` / ``--provider`` look
+them up (an uppercase id could never be selected)."""
+
+
+def _check_number(inst: Any, att: attrs.Attribute, value: Any, positive: bool) -> None:
+    if value is None:
+        return
+    where = f"{type(inst).__name__}.{att.name}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise FitplanError(f"{where} must be a finite number, got {value!r}", field=att.name, value=value)
+    if value <= 0 if positive else value < 0:
+        raise FitplanError(f"{where} must be {'> 0' if positive else '>= 0'}, got {value!r}", field=att.name, value=value)
+    limit = MAXIMA.get(att.name)
+    if limit is not None and value > limit:
+        raise FitplanError(f"{type(inst).__name__}.{att.name} must be at most {limit:,g}, got {value!r}", field=att.name,
+                           value=value, suggestion="check the unit")
+
+
 def _nonneg(inst: Any, att: attrs.Attribute, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or value < 0):
-        raise FitplanError(f"{type(inst).__name__}.{att.name} must be >= 0, got {value!r}", field=att.name, value=value)
+    _check_number(inst, att, value, positive=False)
 
 
 def _pos(inst: Any, att: attrs.Attribute, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not value > 0):
-        raise FitplanError(f"{type(inst).__name__}.{att.name} must be > 0, got {value!r}", field=att.name, value=value)
+    _check_number(inst, att, value, positive=True)
+
+
+def _id(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not ID.match(value):
+        raise FitplanError(f"{type(inst).__name__}.{att.name} must be a lowercase id (letters, digits, '.', '_', '+', "
+                           f"'-'; at most 128), got {value!r:.60}", field=att.name, value=value,
+                           suggestion=f"write {value.lower()!r}" if isinstance(value, str) and ID.match(value.lower()) else None)
+
+
+def _tflops(inst: Any, att: attrs.Attribute, value: dict[str, float]) -> None:
+    for dtype, v in value.items():
+        if dtype not in DTYPES:
+            from fitplan.errors import did_you_mean
+
+            raise FitplanError(f"GPU.peak_tflops has unknown dtype {dtype!r}", field=f"peak_tflops.{dtype}", value=dtype,
+                               suggestion=did_you_mean(dtype, DTYPES) or "dtypes: " + ", ".join(DTYPES))
+        _check_number(inst, att, v, positive=True)
+
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "int8")
 
 
 @frozen
 class GPU:
     """One GPU model. ``usable_bytes`` is what ``torch.cuda.get_device_properties().total_memory`` reports."""
 
-    id: str
+    id: str = field(validator=_id)
     name: str
     memory_bytes: int = field(validator=_pos)
     usable_bytes: int = field(validator=_pos)
-    peak_tflops: dict[str, float]
+    peak_tflops: dict[str, float] = field(validator=_tflops)
     """Dense peak TFLOPS per dtype: keys among fp32, tf32, bf16, fp16, fp8, int8."""
     bandwidth_gbps: float = field(validator=_pos)
     source: str
@@ -62,7 +110,7 @@ class GPU:
 
 @frozen
 class Provider:
-    id: str
+    id: str = field(validator=_id)
     name: str
     source: str
     billing: str = field(default="second", validator=attrs.validators.in_(("second", "minute", "hour")))
@@ -77,9 +125,9 @@ class Provider:
 class Instance:
     """A rentable machine: ``gpus`` × ``gpu`` at an hourly price for the whole instance."""
 
-    provider: str
+    provider: str = field(validator=_id)
     id: str
-    gpu: str
+    gpu: str = field(validator=_id)
     gpus: int = field(validator=_pos)
     on_demand_per_hour: float = field(validator=_nonneg)
     source: str
@@ -104,7 +152,7 @@ class Framework:
 class MfuRow:
     """A published MFU measurement: what one training setup reached on one GPU."""
 
-    id: str
+    id: str = field(validator=_id)
     gpu: str
     param_count: float = field(validator=_pos)
     """Model size (total parameters), e.g. ``6.7e9``."""
@@ -129,7 +177,7 @@ class MfuRow:
 class ThroughputRow:
     """Measured training throughput, in a named set selected by ``--throughput-source``."""
 
-    id: str
+    id: str = field(validator=_id)
     set: str
     gpu: str
     param_count: float = field(validator=_pos)
@@ -250,7 +298,7 @@ class TimeCalibration:
 class ModelEntry:
     """A catalog model: the fields of its HF ``config.json``."""
 
-    id: str
+    id: str = field(validator=_id)
     config: dict[str, Any]
     source: str
     aliases: tuple[str, ...] = ()
@@ -283,7 +331,7 @@ def _valid_variant(inst: Any, att: attrs.Attribute, value: dict[str, Any]) -> No
 class AdviceRule:
     """One ``[[advice]]`` entry."""
 
-    id: str
+    id: str = field(validator=_id)
     condition: dict[str, Any] = field(validator=_valid_condition)
     message: str = field(validator=_valid_message)
     checklist: str = ""
@@ -309,7 +357,7 @@ def _valid_action(inst: Any, att: attrs.Attribute, value: Any) -> None:
 class PolicyRule:
     """One ``[[policy]]`` entry."""
 
-    id: str
+    id: str = field(validator=_id)
     description: str
     condition: dict[str, Any] = field(validator=_valid_condition)
     action: str = field(default="forbid", validator=_valid_action)
@@ -319,6 +367,7 @@ class PolicyRule:
 
     @penalty.validator
     def _penalty(self, att: attrs.Attribute, value: float) -> None:
+        _check_number(self, att, value, positive=False)
         if isinstance(value, bool) or value < 0:
             raise FitplanError(f"PolicyRule.penalty must be >= 0, got {value!r}", field="penalty", value=value)
         if self.action == "penalise" and value == 0:

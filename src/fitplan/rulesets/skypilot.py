@@ -143,21 +143,28 @@ def import_catalog(path: str | Path, provider: str, *, known_gpus: dict[str, str
     """
     p = Path(path)
     known_gpus, extra_map = known_gpus or {}, extra_map or {}
+    from fitplan.errors import FitplanError
+    from fitplan.inputs.files import read_text
+
     try:
-        text = p.read_text(encoding="utf-8-sig")
-    except OSError as e:
-        return ImportResult({}, [f"{p}: cannot read: {e.strerror}"], {}, [])
+        text = read_text(p, field="CSV_FILE")
+    except FitplanError as e:
+        return ImportResult({}, [e.render()], {}, [])
     reader = csv.reader(text.splitlines())
     try:
-        header = [h.strip() for h in next(reader)]
-    except StopIteration:
-        return ImportResult({}, [f"{p}:1: empty file: expected a header row with {', '.join(REQUIRED)}"], {}, [])
-    missing = [c for c in REQUIRED if c not in header]
-    if missing:
-        return ImportResult({}, [f"{p}:1: header lacks column(s) {', '.join(missing)} (found: {', '.join(header)})"], {}, [])
-    found = _Reading()
-    for line, raw in enumerate(reader, start=2):
-        _read_row(found, p, line, raw, header, known_gpus, extra_map)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            return ImportResult({}, [f"{p}:1: empty file: expected a header row with {', '.join(REQUIRED)}"], {}, [])
+        missing = [c for c in REQUIRED if c not in header]
+        if missing:
+            return ImportResult({}, [f"{p}:1: header lacks column(s) {', '.join(missing)} (found: {', '.join(header)})"],
+                                {}, [])
+        found = _Reading()
+        for line, raw in enumerate(reader, start=2):
+            _read_row(found, p, line, raw, header, known_gpus, extra_map)
+    except csv.Error as e:  # a field over csv's size limit, a NUL byte, an unterminated quote
+        return ImportResult({}, [f"{p}:{reader.line_num}: malformed CSV: {e}"], {}, [])
     _price_gcp_vms(found, p, known_gpus, extra_map)
     return _ruleset(found, p, provider, date, billing, minimum_seconds, spot_overhead)
 

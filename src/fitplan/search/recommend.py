@@ -138,6 +138,7 @@ def _prepare(base: sc.Scenario, flat: dict[str, Any], ctx, space: SearchSpace, o
                            suggestion="check --gpu, --provider and --max-gpus against `fitplan rulesets` data")
     usable = usable_memory(compiled, inputs, hardware, roles["usable"])
     choices = _choices(flat, fixed, space, registry, arch)
+    _check_size(choices, hardware, space, flat["tensor_parallel"])
     optim_specs = {o: registry.resolve_optimizer(o) for o in choices["optim"]}
     base_optim = registry.resolve_optimizer(flat["optim"]).name
     optim_rank = {o: 0 if optim_specs[o].name == base_optim else 1 if optim_specs[o].name.startswith("adamw") else 2
@@ -175,6 +176,26 @@ def _choices(flat: dict[str, Any], fixed: set[str], space: SearchSpace, registry
         "gradient_checkpointing": choices("gradient_checkpointing", space.checkpointing),
         "attn_implementation": choices("attn_implementation", space.attn_implementations),
     }
+
+
+MAX_CANDIDATES = 20_000_000
+"""The largest search fitplan starts (the default space of a 7B model holds about 1.4 million candidates, searched
+in a few seconds): a larger one is narrowed by the user first."""
+
+
+def _check_size(choices: dict[str, tuple[Any, ...]], hardware: dict, space: SearchSpace, tp: int) -> None:
+    """:raises FitplanError: the search space holds more than :data:`MAX_CANDIDATES` candidates (an upper bound:
+    every sharding option for every configuration)."""
+    per_config = 1
+    for options in choices.values():
+        per_config *= len(options)
+    per_world = sum(len(batch_options(space, n * m // tp)) * sum(max(1, len(mk)) for _, plist in hw for _, mk in plist)
+                    for (n, m), hw in hardware.items() if (n * m) % tp == 0)
+    total = per_config * per_world * 9  # at most 9 ZeRO/offload combinations
+    if total > MAX_CANDIDATES:
+        raise FitplanError(f"the search space holds up to {total:,} candidate plans, more than {MAX_CANDIDATES:,}",
+                           field="--gpus/--providers/--methods/--optims",
+                           suggestion="narrow it: --gpus, --providers, --methods, --precisions, --optims, --max-gpus")
 
 
 def _note_invalid(stats: Stats, e: FitplanError, n: int) -> None:

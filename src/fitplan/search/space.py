@@ -69,16 +69,21 @@ def parse_headroom(text: str | float) -> tuple[float, int]:
     Returns ``(fraction, bytes)``; one of them is 0."""
     s = str(text).strip()
     try:
+        if len(s) > 40:
+            raise ValueError(s)
         if s.endswith("%"):
             f = float(s[:-1]) / 100
-        elif s[-3:].lower() == "gib":
-            return 0.0, int(float(s[:-3]) * 2**30)
-        elif s[-2:].lower() == "gb":
-            return 0.0, int(float(s[:-2]) * 1e9)
+        elif s.lower().endswith(("gib", "gb")):
+            gib = s.lower().endswith("gib")
+            unit = 2**30 if gib else 1e9
+            amount = float(s[:-3] if gib else s[:-2])
+            if not 0 <= amount <= 2**44 / unit:  # NaN and infinity too
+                raise FitplanError(f"headroom must be between 0 and 16 TiB, got {text!r}", field="--headroom", value=text)
+            return 0.0, int(amount * unit)
         else:
             f = float(s)
     except ValueError:
-        raise FitplanError(f"cannot read headroom {text!r}", field="--headroom", value=text,
+        raise FitplanError(f"cannot read headroom {text!r:.40}", field="--headroom", value=s[:40],
                            suggestion="a fraction of usable memory (0.1 or 10%) or an amount (2GB, 1.5GiB)") from None
     if not 0 <= f < 1:
         raise FitplanError(f"headroom fraction must be in [0, 1), got {f:g}", field="--headroom", value=text,

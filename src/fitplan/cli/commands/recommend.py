@@ -62,10 +62,13 @@ def _space(opts: dict[str, Any], ctx) -> Any:
     markets = _csv(opts["markets"], "--markets", MARKETS)
     if markets:
         kw["markets"] = markets
-    for name in ("effective_batch_size", "max_gpus", "max_nodes"):
-        v = opts[name]
+    for name, limit in (("effective_batch_size", 65_536), ("max_gpus", 4096), ("max_nodes", 512)):
+        v, flag = opts[name], f"--{name.replace('_', '-')}"
         if v < 1:
-            raise FitplanError(f"--{name.replace('_', '-')} must be >= 1, got {v}", field=f"--{name.replace('_', '-')}", value=v)
+            raise FitplanError(f"{flag} must be >= 1, got {v}", field=flag, value=v)
+        if v > limit:
+            raise FitplanError(f"{flag} must be at most {limit:,}, got {v:,}", field=flag, value=v,
+                               suggestion="the search enumerates every split of the batch and every GPU count")
     kw["effective_batch_size"] = opts["effective_batch_size"]
     kw["max_gpus"] = opts["max_gpus"]
     kw["num_nodes"] = tuple(range(1, opts["max_nodes"] + 1))
@@ -119,12 +122,13 @@ def _progress():
               help="Reverse question: the largest micro-batch or sequence length that fits --gpu (nothing else searched).")
 @click.option("--emit", "emits", multiple=True, nargs=2, type=(click.Choice(EXPORTS), click.Path(file_okay=False)),
               metavar="KIND DIR", help="Write the top plan as KIND (deepspeed, accelerate, training-args, scenario, all) into DIR.")
+@click.option("--force", is_flag=True, help="Let --emit write into a folder that already holds files.")
 @format_option("recommend")
 @out_option
 def recommend(objective: str, effective_batch_size: int, headroom: str, top: int, policy_files: tuple[str, ...],
               gpus: str | None, providers: str | None, methods: str | None, precisions: str | None,
               optims: str | None, markets: str | None, max_gpus: int, max_nodes: int, max_of: str | None,
-              emits: tuple[tuple[str, str], ...], fmt: str, out: str | None, **options: Any) -> None:
+              emits: tuple[tuple[str, str], ...], force: bool, fmt: str, out: str | None, **options: Any) -> None:
     """Find the cheapest (or fastest, or smallest) plans that fit, under your organisation's policies.
 
     Searches GPU types and counts (instance shapes), providers and markets, method, precision, optimizer,
@@ -137,8 +141,9 @@ def recommend(objective: str, effective_batch_size: int, headroom: str, top: int
 
     built = scenario_from(options)
     ctx = get_context(built.ruleset_dirs)
-    if top < 1:
-        raise FitplanError(f"--top must be >= 1, got {top}", field="--top", value=top)
+    if not 1 <= top <= 1000:
+        raise FitplanError(f"--top must be between 1 and 1,000, got {top:,}", field="--top", value=top)
+    _check_emit_dirs(emits, force)
     if max_of is not None:
         _largest(built.scenario, ctx, max_of, headroom, fmt, out)
         return
@@ -158,6 +163,20 @@ def recommend(objective: str, effective_batch_size: int, headroom: str, top: int
         click.echo(f"searched {result.stats.candidates:,} candidate plans in {elapsed:.2f} s "
                    f"({result.stats.candidates / max(elapsed, 1e-9):,.0f} per second)", err=True)
     _write_exports(exports)
+
+
+def _check_emit_dirs(emits: tuple[tuple[str, str], ...], force: bool) -> None:
+    """``--emit`` never replaces files silently: a folder that already holds files needs ``--force`` (checked
+    before the search, so that nothing is computed for nothing)."""
+    from pathlib import Path
+
+    for _, directory in emits:
+        d = Path(directory)
+        if d.exists() and not d.is_dir():
+            raise FitplanError("is not a folder", file=str(d), field="--emit")
+        if d.is_dir() and any(d.iterdir()) and not force:
+            raise FitplanError("the folder already holds files; --emit would replace them", file=str(d), field="--emit",
+                               suggestion="choose an empty folder, or pass --force")
 
 
 def _exports(result, emits: tuple[tuple[str, str], ...]) -> list[tuple[str, list[tuple[str, str]], list[str]]]:
