@@ -128,6 +128,13 @@ def attention(b: int, heads: int, s: int, d: int, dtype: str, io_bytes: float, *
     return Work(fwd, (Kernel("attention", dtype, FLASH_BACKWARD_FLOPS * flops, 2 * io_bytes),))
 
 
+def flash(b: int, heads: int, s: int, d: int, q, k, v, out, lse) -> Work:
+    """SDPA's flash / memory-efficient kernel on (b, a, s, d) ``q`` and ``k``, ``v``: causal (HF passes
+    ``is_causal`` without a padding mask), reading q, k, v and writing the output and the logsumexp."""
+    io = q.nbytes + k.nbytes + v.nbytes + out.nbytes + lse.nbytes
+    return attention(b, heads, s, d, q.dtype, io, causal=True, backward=q.rg or k.rg or v.rg)
+
+
 def dequant(numel: int, out_elem_bytes: int, *, backward: bool) -> Work:
     """NF4 dequantization of ``numel`` weights to the compute dtype, before the forward GEMM and again before
     the backward's input-gradient GEMM."""

@@ -70,10 +70,10 @@ def _num(v: Any) -> Any:
 
 
 def likely_range(est) -> dict[str, Any] | None:
-    """What the time's likely range is (null when the throughput is given or measured): the factors on the
-    modelled time and where they come from."""
+    """What the time's likely range is (null without a modelled time: no dataset, or a throughput given or
+    measured): the factors on the modelled time and where they come from."""
     band, model = est.values.get("time_band"), est.rulesets.time_model
-    if band is None or model is None:
+    if band is None or model is None or est.values.get("train_seconds") is None:
         return None
     return {"low_factor": band[0], "high_factor": band[1], "percentiles": list(model.band_percentiles),
             "runs": model.runs, "loo_median_error": model.loo_median, "loo_worst_error": model.loo_worst,

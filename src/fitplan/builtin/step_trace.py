@@ -633,9 +633,8 @@ def attention_core(tr: Trace, q: T, k: T, v: T, mask: T | None, label: str, *, f
         extra = []
         if spec.device == "cuda" and p > 0:
             extra = [tr.new(2, "i64", False, label + ".rng_state")]
-        work = op_work.attention(b, a, s, d, E, sum(t.nbytes for t in (q, k, v, out, lse)), causal=True,
-                                 backward=q.rg or k.rg or v.rg)
-        tr.record(label + ".sdpa", [q, k, v], [out, lse, *extra], [q, k, v, out, lse, *extra], work=work)
+        tr.record(label + ".sdpa", [q, k, v], [out, lse, *extra], [q, k, v, out, lse, *extra],
+                  work=op_work.flash(b, a, s, d, q, k, v, out, lse))
         return tr.contiguous(tr.view(out, layout="c" if out.layout == "bshd" else "bhsd"), label + ".transpose_copy")
     groups = a // kvh
     if spec.attn != "eager":  # CPU math path (dropout > 0)

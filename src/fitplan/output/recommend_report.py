@@ -89,10 +89,10 @@ def likely(plan: Plan, role: str) -> tuple[float, float] | None:
 
 
 def time_text(plan: Plan) -> str:
-    """``3.10 h (2.6-3.7)``: the time the plan is ranked on, and its likely range."""
+    """``3.10 h (2.67-3.66)``: the time the plan is ranked on, and its likely range."""
     band = likely(plan, "seconds")
     text = _hours(plan.train_seconds)
-    return text if band is None else f"{text} ({band[0] / 3600:,.1f}-{band[1] / 3600:,.1f})"
+    return text if band is None else f"{text} ({band[0] / 3600:,.2f}-{band[1] / 3600:,.2f})"
 
 
 def cost_text(plan: Plan) -> str:

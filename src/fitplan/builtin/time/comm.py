@@ -110,8 +110,8 @@ def offload_seconds_per_step(offload_optimizer, offload_params, shard_stage, sha
                              tensor_parallel):
     """CPU offload's PCIe copies per step (DeepSpeed ZeRO-Offload) at 25 GB/s: each GPU's gradient shard
     goes down and its updated parameters come back up; with parameter offload (stage 3) every micro-step
-    also fetches the parameter shard for forward and for backward. The CPU optimizer's own compute time
-    is not modelled."""
+    also fetches the parameter shard for forward and for backward. The CPU's update itself is
+    ``optimizer_step_seconds``."""
     div = (shard_degree if shard_stage >= 1 else 1) * tensor_parallel
     b = 0.0
     if offload_optimizer:

@@ -33,6 +33,12 @@ MASTER_COPY_BYTES = (2 + 4) + (4 + 2)
 """Per element with fp32 master weights: the 16-bit gradient upcast (read 2, write 4) and the updated fp32
 weight copied into the 16-bit one (read 4, write 2)."""
 
+CPU_OPTIMIZER_GBPS = 50.0
+"""Bytes per second (GB/s) the CPU update of ``--offload-optimizer`` streams through host memory (DeepSpeed's
+vectorised CPU Adam). An assumption, not a measurement: a fraction of a two-socket server's 200-400 GB/s of DRAM
+bandwidth, which the update shares with data loading. ZeRO-Offload runs it between two steps (its one-step delayed
+update is off by default), so it is not hidden behind the GPU's work."""
+
 _CACHE: dict[tuple, tuple] = {}
 """Priced micro-steps by (trace, GPU, efficiency, switches); each value keeps its trace alive so its id
 stays unique (a graph evaluation then costs a dict lookup, as the trace itself does)."""
@@ -109,10 +115,8 @@ def optimizer_step_bytes(optimizer_spec, rank_optimizer_context, master_weight_d
     """Bytes the optimizer update reads and writes on one GPU: the optimizer's own count
     (``OptimizerSpec.update_bytes``: foreach AdamW, seven passes over its states) for this rank's share of the
     trainable tensors (ZeRO/FSDP shards, ÷ tensor parallelism), plus, with fp32 master weights, the gradient
-    upcast and the copy back to 16-bit (12 B per element). 0 with ``--offload-optimizer``: the update runs on
-    the CPU (not modelled)."""
-    if offload_optimizer:
-        return 0.0
+    upcast and the copy back to 16-bit (12 B per element). With ``--offload-optimizer`` the same bytes move
+    through the CPU's memory instead (``optimizer_step_seconds``)."""
     ctx = rank_optimizer_context
     nbytes = optimizer_spec.update_bytes(ctx)
     if master_weight_dtype_bytes:
@@ -128,11 +132,15 @@ def optimizer_step_kernels(optimizer_spec, rank_optimizer_context, offload_optim
 
 
 @quantity("s")
-def optimizer_step_seconds(optimizer_step_bytes, optimizer_step_kernels, gpu_spec, kernel_efficiency):
+def optimizer_step_seconds(optimizer_step_bytes, optimizer_step_kernels, offload_optimizer, gpu_spec,
+                           kernel_efficiency):
     """The optimizer update on one GPU: its bytes at the memory efficiency, overlapped with its kernel launches
-    on the host (``roofline.overlap``). None without a GPU."""
+    on the host (``roofline.overlap``); with ``--offload-optimizer``, its bytes through the CPU's memory at
+    ``CPU_OPTIMIZER_GBPS`` (an assumption). None without a GPU."""
     if gpu_spec is None or kernel_efficiency is None:
         return None
+    if offload_optimizer:
+        return optimizer_step_bytes / (CPU_OPTIMIZER_GBPS * 1e9)
     gpu = roofline.memory_seconds(optimizer_step_bytes, gpu_spec.bandwidth_gbps, kernel_efficiency)
     return roofline.overlap(gpu, optimizer_step_kernels * kernel_efficiency.host_seconds_per_kernel)
 
