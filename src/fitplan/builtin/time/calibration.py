@@ -13,24 +13,28 @@ from fitplan.engine.declarations import quantity
 from fitplan.errors import FitplanError
 
 
-def find_calibration(rulesets, gpu_id: str, model: str, method: str):
-    """The most specific ``[[time_calibration]]`` row for this GPU (by id or alias), model and method, or None."""
-    def find():
-        best = None
-        for (gpu, m, meth), cal in rulesets.time_calibrations.items():
-            if gpu != gpu_id:
-                try:
-                    gpu = rulesets.gpu(gpu).id
-                except FitplanError:
-                    continue
-            if gpu != gpu_id or (m and m != model) or (meth and meth != method):
+def most_specific(table: dict, rulesets, gpu_id: str, model: str, method: str):
+    """The row of ``table`` (keyed ``(gpu, model, method)``, "" = any model / method) that applies to this GPU (named
+    by its id or an alias), model and method, the most specific one (naming the model and the method wins), or None."""
+    best = None
+    for (gpu, m, meth), row in table.items():
+        if gpu != gpu_id:
+            try:
+                gpu = rulesets.gpu(gpu).id
+            except FitplanError:
                 continue
-            score = bool(m) + bool(meth)
-            if best is None or score > best[0]:
-                best = (score, cal)
-        return None if best is None else best[1]
+        if gpu != gpu_id or (m and m != model) or (meth and meth != method):
+            continue
+        score = bool(m) + bool(meth)
+        if best is None or score > best[0]:
+            best = (score, row)
+    return None if best is None else best[1]
 
-    return rulesets.memo(("time_calibration", gpu_id, model, method), find)
+
+def find_calibration(rulesets, gpu_id: str, model: str, method: str):
+    """The most specific ``[[time_calibration]]`` row for this GPU, model and method, or None."""
+    return rulesets.memo(("time_calibration", gpu_id, model, method),
+                         lambda: most_specific(rulesets.time_calibrations, rulesets, gpu_id, model, method))
 
 
 @quantity("row", type="object")

@@ -8,27 +8,13 @@ kept apart (docs/time-and-cost.md).
 
 from __future__ import annotations
 
+from fitplan.builtin.time.calibration import most_specific
 from fitplan.engine.declarations import quantity
-from fitplan.errors import FitplanError
 
 
 def _calibration(rulesets, gpu_id, model, method):
-    def find():
-        best = None
-        for (gpu, m, meth), cal in rulesets.mfu_calibrations.items():
-            if gpu != gpu_id:
-                try:  # the row may name the GPU by an alias ("H100")
-                    gpu = rulesets.gpu(gpu).id
-                except FitplanError:
-                    continue
-            if gpu != gpu_id or (m and m != model) or (meth and meth != method):
-                continue
-            score = bool(m) + bool(meth)
-            if best is None or score > best[0]:
-                best = (score, cal)
-        return None if best is None else best[1]
-
-    return rulesets.memo(("mfu_calibration", gpu_id, model, method), find)
+    return rulesets.memo(("mfu_calibration", gpu_id, model, method),
+                         lambda: most_specific(rulesets.mfu_calibrations, rulesets, gpu_id, model, method))
 
 
 @quantity("fraction")
