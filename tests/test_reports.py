@@ -1,12 +1,11 @@
 """Rendered reports, snapshot-tested (syrupy; review every snapshot update as a diff): recommendation
 reports in JSON, Markdown, the terminal and HTML on several scenarios, and the estimate reports' advice.
 Reports are deterministic: rendering twice gives the same bytes. The HTML report is also opened in
-headless Chromium when it is installed (skipped otherwise)."""
+headless Chromium (skipped when it is not installed, except in CI: .ci/run installs it and requires it)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from io import StringIO
 
@@ -123,9 +122,13 @@ def test_estimate_advice(estimate_cases, snapshot, name):
     assert {"advice": render.to_json(a)["advice"], "markdown": render.to_markdown(a)} == snapshot
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed (apt-get install chromium)")
 def test_html_renders_in_headless_chromium(results, tmp_path):
+    """Skipped without Chromium, except under .ci/run (FITPLAN_REQUIRE_BROWSER=1), where it fails."""
     import importlib.util
+
+    from conftest import chromium_path
+
+    browser = chromium_path()
 
     spec = importlib.util.spec_from_file_location("html_screenshot", ROOT / "bench" / "html_screenshot.py")
     bench = importlib.util.module_from_spec(spec)
@@ -133,7 +136,7 @@ def test_html_renders_in_headless_chromium(results, tmp_path):
     html = tmp_path / "report.html"
     html.write_text(report_html.render(results["policy-13b-cost"]), encoding="utf-8")
     png = tmp_path / "report.png"
-    subprocess.run(["chromium", *bench.FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
+    subprocess.run([browser, *bench.FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
                     "--window-size=1280,2000", html.as_uri()], check=True, capture_output=True, timeout=120)
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000

@@ -75,7 +75,7 @@ def kernel_efficiency(gpu_spec, rulesets):
 
 @quantity("s", type="object")
 def micro_step_time(step_trace, gpu_spec, kernel_efficiency, torch_compile, tf32, tensor_parallel, flops_per_token,
-                    per_device_train_batch_size, max_seq_length, matmul_dtype, zero3_fetches_per_pass):
+                    per_device_train_batch_size, realized_seq_length, matmul_dtype, zero3_fetches_per_pass):
     """One micro-step (forward, backward, recomputation) on one GPU, by kernel class and phase, in seconds:
     the roofline over the step trace's kernels (``torch.compile``: fused elementwise runs; tensor
     parallelism: every kernel's work / t), ``gpu``, ``host`` (kernel launches, ZeRO-3's fetches) and
@@ -85,7 +85,7 @@ def micro_step_time(step_trace, gpu_spec, kernel_efficiency, torch_compile, tf32
     eff = kernel_efficiency
     if step_trace is None:
         peak = roofline.peak_flops(gpu_spec.peak_tflops, matmul_dtype)
-        s = flops_per_token * per_device_train_batch_size * max_seq_length / tensor_parallel / (peak * eff.gemm)
+        s = flops_per_token * per_device_train_batch_size * realized_seq_length / tensor_parallel / (peak * eff.gemm)
         return {"gemm": s, "gpu": s, "host": 0.0, "micro_step": s}
     key = (id(step_trace), gpu_spec.id, eff, bool(torch_compile), bool(tf32), tensor_parallel, zero3_fetches_per_pass)
     hit = _CACHE.get(key)

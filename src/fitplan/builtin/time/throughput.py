@@ -56,9 +56,10 @@ def measured_tokens_per_second(throughput_source, rulesets, gpu_spec, param_coun
 
 
 @quantity("tokens")
-def tokens_per_step(per_device_train_batch_size, max_seq_length, gradient_accumulation_steps, data_parallel_degree):
-    """Tokens per optimizer step, all GPUs: ``b × s × gradient_accumulation_steps × data-parallel degree``."""
-    return per_device_train_batch_size * max_seq_length * gradient_accumulation_steps * data_parallel_degree
+def tokens_per_step(per_device_train_batch_size, realized_seq_length, gradient_accumulation_steps, data_parallel_degree):
+    """Tokens per optimizer step, all GPUs: ``b × s × gradient_accumulation_steps × data-parallel degree``, with
+    ``s`` the realized sequence length (``max_seq_length`` without ``--dataset``): the step the trace prices."""
+    return per_device_train_batch_size * realized_seq_length * gradient_accumulation_steps * data_parallel_degree
 
 
 @quantity("text", json_key="time.throughput_basis", type="text")

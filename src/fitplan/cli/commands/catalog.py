@@ -25,16 +25,21 @@ def models() -> None:
 def models_list(fmt: str, ruleset_dirs: tuple[str, ...]) -> None:
     """List catalog models with their parameter counts."""
     from fitplan.context import get_context
+
+    emit("models", model_rows(get_context(ruleset_dirs).rulesets), fmt)
+
+
+def model_rows(rules) -> list[dict]:
+    """One row per catalog model (``fitplan models list --format json``; ``fitplan serve``'s ``/api/models``)."""
     from fitplan.inputs.architecture import spec_from_config
 
-    rules = get_context(ruleset_dirs).rulesets
     rows = []
     for mid in sorted(rules.models):
         e = rules.models[mid]
         spec = spec_from_config(e.config, name=mid)
         rows.append({"id": mid, "hf_id": e.hf_id, "model_type": spec.model_type, "param_count": spec.param_count,
                      "active_param_count": spec.active_param_count, "source": e.source})
-    emit("models", rows, fmt)
+    return rows
 
 
 @models.command("show")
@@ -73,8 +78,7 @@ def rulesets_check(paths: tuple[str, ...]) -> None:
     from fitplan.rulesets.loader import check_paths
 
     errors = check_paths(paths)
-    if not errors:
-        errors = rule_name_problems(paths, registry())
+    errors += rule_name_problems(paths, registry())  # the files that parsed: every error at once
     for e in errors:
         click.echo(e, err=True)
     if errors:

@@ -28,10 +28,21 @@ def estimate(fmt: str, out: str | None, units: str, policy_files: tuple[str, ...
 
     SCENARIO_FILE is an optional TOML file with [model], [training], [lora], [parallel], [hardware],
     [dataset] and [cost] sections; flags override it.
-    """
-    from fitplan.assess import assess
 
-    emit("estimate", assess(estimate_from(options), policy_files=policy_files), fmt, out, units)
+    Exit status: 0; 2 for bad input; 3 (``POLICY_VIOLATION_EXIT``) when the policies in force forbid the
+    scenario in every market it is priced in (docs/policies.md).
+    """
+    import sys
+
+    from fitplan.assess import assess
+    from fitplan.rules.policy import POLICY_VIOLATION_EXIT, forbidding_rules
+
+    a = assess(estimate_from(options), policy_files=policy_files)
+    emit("estimate", a, fmt, out, units)
+    rules = forbidding_rules(a.estimate, a.verdicts)
+    if rules:
+        click.echo(f"policy: forbidden by {', '.join(rules)} (exit status {POLICY_VIOLATION_EXIT})", err=True)
+        sys.exit(POLICY_VIOLATION_EXIT)
 
 
 EXAMPLE = {"model": "llama-2-7b", "precision": "bf16-mixed", "per_device_train_batch_size": 4}
@@ -50,14 +61,19 @@ def explain(quantity: str, depth: int, fmt: str, out: str | None, **options: Any
     QUANTITY is a quantity's name or its short name (peak, weights, gradients, activations, time, cost, ...).
     Without a model, explains the documented example (llama-2-7b, bf16-mixed, batch 4, seq 2048).
     """
+    emit("explain", explanation_for(quantity, depth, options), fmt, out)
+
+
+def explanation_for(quantity: str, depth: int, options: dict[str, Any]):
+    """The :class:`~fitplan.output.explain.Explanation` of ``quantity`` for the scenario of ``options`` (the
+    documented example when they name no model)."""
     from fitplan.assess import assess
     from fitplan.output.explain import explain as explanation
 
     if not any(options.get(k) for k in ("model", "params", "scenario_file")):
         options = {**options, **{k: options.get(k) or v for k, v in EXAMPLE.items()}}
     est = estimate_from(options)
-    name = quantity_name(quantity, est)
-    emit("explain", explanation(assess(est, advice=False, seed=True), name, depth=depth), fmt, out)
+    return explanation(assess(est, advice=False, seed=True), quantity_name(quantity, est), depth=depth)
 
 
 def quantity_name(name: str, est) -> str:

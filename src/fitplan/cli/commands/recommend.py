@@ -136,8 +136,6 @@ def recommend(objective: str, effective_batch_size: int, headroom: str, top: int
     attention kernel. A field you set (--method lora, --gpu h100-sxm, a scenario file's value) is fixed.
     """
     from fitplan.context import get_context
-    from fitplan.rules.policy import policy_set
-    from fitplan.search import recommend as rec
 
     built = scenario_from(options)
     ctx = get_context(built.ruleset_dirs)
@@ -147,15 +145,12 @@ def recommend(objective: str, effective_batch_size: int, headroom: str, top: int
     if max_of is not None:
         _largest(built.scenario, ctx, max_of, headroom, fmt, out)
         return
-    space = _space({"methods": methods, "precisions": precisions, "optims": optims, "gpus": gpus,
-                    "providers": providers, "markets": markets, "effective_batch_size": effective_batch_size,
-                    "max_gpus": max_gpus, "max_nodes": max_nodes}, ctx)
-    policies = policy_set(ctx.rulesets, ctx.registry, policy_files)
     t0 = time.perf_counter()
     with _progress() as progress:
-        result = rec.search(built.scenario, ctx, space=space, objective=objective, headroom=headroom, policies=policies,
-                            top=top, fixed=built.fixed, progress=progress)
-    rec.attach_estimates(result, ctx)
+        result = find_plans(built, ctx, {"objective": objective, "headroom": headroom, "top": top, "methods": methods,
+                                         "precisions": precisions, "optims": optims, "gpus": gpus, "providers": providers,
+                                         "markets": markets, "effective_batch_size": effective_batch_size,
+                                         "max_gpus": max_gpus, "max_nodes": max_nodes}, policy_files, progress)
     elapsed = time.perf_counter() - t0
     exports = _exports(result, emits)
     emit("recommend", result, fmt, out)
@@ -163,6 +158,21 @@ def recommend(objective: str, effective_batch_size: int, headroom: str, top: int
         click.echo(f"searched {result.stats.candidates:,} candidate plans in {elapsed:.2f} s "
                    f"({result.stats.candidates / max(elapsed, 1e-9):,.0f} per second)", err=True)
     _write_exports(exports)
+
+
+def find_plans(built, ctx, opts: dict[str, Any], policy_files=(), progress=None):
+    """Search the plans of ``built`` (:class:`~fitplan.inputs.sources.FromOptions`) with the search options
+    ``opts`` (this command's, by parameter name) and attach their estimates: the report's
+    :class:`~fitplan.search.plans.Result`."""
+    from fitplan.rules.policy import policy_set
+    from fitplan.search import recommend as rec
+
+    space = _space(opts, ctx)
+    policies = policy_set(ctx.rulesets, ctx.registry, policy_files)
+    result = rec.search(built.scenario, ctx, space=space, objective=opts["objective"], headroom=opts["headroom"],
+                        policies=policies, top=opts["top"], fixed=built.fixed, progress=progress)
+    rec.attach_estimates(result, ctx)
+    return result
 
 
 def _check_emit_dirs(emits: tuple[tuple[str, str], ...], force: bool) -> None:
@@ -204,12 +214,20 @@ def _write_exports(exports) -> None:
             click.echo(f"note: {n}", err=True)
 
 
-def _largest(base, ctx, what: str, headroom: str, fmt: str, out: str | None) -> None:
+LARGEST = {"micro-batch": ("per_device_train_batch_size", 1 << 16), "seq-length": ("max_seq_length", 1 << 22)}
+"""``--max WHAT``: the scenario field searched and the largest value probed."""
+
+
+def largest_report(base, ctx, what: str, headroom: str | float, arch=None) -> dict[str, Any]:
+    """``--max WHAT``'s report: the largest micro-batch or sequence length that fits ``base``'s GPU."""
     from fitplan.search.capacity import largest_fitting
 
-    field = "per_device_train_batch_size" if what == "micro-batch" else "max_seq_length"
-    upper = 1 << 16 if field == "per_device_train_batch_size" else 1 << 22
-    report = largest_fitting(base, field, ctx, headroom=headroom, upper=upper)
+    field, upper = LARGEST[what]
+    return largest_fitting(base, field, ctx, headroom=headroom, upper=upper, arch=arch)
+
+
+def _largest(base, ctx, what: str, headroom: str, fmt: str, out: str | None) -> None:
+    report = largest_report(base, ctx, what, headroom)
     if fmt not in ("table", "json"):
         raise FitplanError(f"--max answers in table or json, not {fmt}", field="--format", value=fmt)
     emit("largest", report, fmt, out)
