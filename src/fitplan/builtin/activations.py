@@ -38,36 +38,51 @@ from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.builtin.step_trace import StepTrace, TraceSpec, build
 
 
+_TRACES: dict[tuple, tuple] = {}
+"""Traces by the identity of their architecture and the other inputs: the search asks for the same trace many
+times, and hashing a :class:`TraceSpec` hashes the whole architecture. Each value keeps its architecture alive so
+that its id stays unique."""
+
+
 def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,
-              framework=None) -> StepTrace | None:
+              framework=None, adapter_fp32=True) -> StepTrace | None:
     if arch.is_bare:
         return None
     attn = "sdpa" if attn == "flash_attention_2" else attn
     targets = tuple(lora_target_modules) if method != "full" else ()
     block = framework.allocator_block_bytes if framework is not None else 512
-    return build(TraceSpec(arch, int(b), int(s), precision, attn, bool(ckpt), method, int(lora_r), targets,
-                           float(lora_dropout) if method != "full" else 0.0, device, int(block)))
+    key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_fp32)
+    hit = _TRACES.get(key)
+    if hit is None:
+        if len(_TRACES) > 4096:
+            _TRACES.clear()
+        trace = build(TraceSpec(arch, int(b), int(s), precision, attn, bool(ckpt), method, int(lora_r), targets,
+                                float(lora_dropout) if method != "full" else 0.0, device, int(block),
+                                bool(adapter_fp32) or method == "full"))
+        hit = _TRACES[key] = (arch, trace)
+    return hit[1]
 
 
 @quantity("trace", type="object")
 def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation,
-                                     method, lora_r, lora_target_modules, lora_dropout, device, framework):
+                                     method, lora_r, lora_target_modules, lora_dropout, device, framework,
+                                     autocast_adapter_dtype):
     """The symbolic trace of one step without gradient checkpointing (builtin/step_trace.py): saved tensors
     per storage, the forward and backward live-byte timelines. ``flash_attention_2`` saves what SDPA's
     flash kernel saves."""
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, False, method,
-                     lora_r, lora_target_modules, lora_dropout, device, framework)
+                     lora_r, lora_target_modules, lora_dropout, device, framework, autocast_adapter_dtype)
 
 
 @quantity("trace", type="object")
 def step_trace(step_trace_without_checkpointing, gradient_checkpointing, arch, per_device_train_batch_size,
                realized_seq_length, precision, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
-               device, framework):
+               device, framework, autocast_adapter_dtype):
     """The symbolic trace of one step as configured (with gradient checkpointing when it is on)."""
     if not gradient_checkpointing:
         return step_trace_without_checkpointing
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, True, method,
-                     lora_r, lora_target_modules, lora_dropout, device, framework)
+                     lora_r, lora_target_modules, lora_dropout, device, framework, autocast_adapter_dtype)
 
 
 @quantity("bytes")
