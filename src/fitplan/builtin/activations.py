@@ -38,6 +38,12 @@ from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.builtin.step_trace import StepTrace, TraceSpec, build
 
 
+_TRACES: dict[tuple, tuple] = {}
+"""Traces by the identity of their architecture and the other inputs: the search asks for the same trace many
+times, and hashing a :class:`TraceSpec` hashes the whole architecture. Each value keeps its architecture alive so
+that its id stays unique."""
+
+
 def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,
               framework=None, adapter_dtype: str = "fp32", quant_compute: str | None = None) -> StepTrace | None:
     if arch.is_bare:
@@ -45,16 +51,24 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
     attn = "sdpa" if attn == "flash_attention_2" else attn
     targets = tuple(lora_target_modules) if method != "full" else ()
     block = framework.allocator_block_bytes if framework is not None else 512
-    return build(TraceSpec(arch, int(b), int(s), precision, attn, bool(ckpt), method, int(lora_r), targets,
-                           float(lora_dropout) if method != "full" else 0.0, device, int(block), adapter_dtype,
-                           quant_compute if method == "qlora" else None))
+    key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_dtype,
+           quant_compute if method == "qlora" else None)
+    hit = _TRACES.get(key)
+    if hit is None:
+        if len(_TRACES) > 4096:
+            _TRACES.clear()
+        trace = build(TraceSpec(arch, int(b), int(s), precision, attn, bool(ckpt), method, int(lora_r), targets,
+                                float(lora_dropout) if method != "full" else 0.0, device, int(block),
+                                adapter_dtype if method != "full" else "fp32", quant_compute if method == "qlora" else None))
+        hit = _TRACES[key] = (arch, trace)
+    return hit[1]
 
 
 TRUE_TWIN = {"bf16-mixed": "bf16-true", "16-mixed": "16-true"}
 
 
 @quantity("preset", type="object")
-def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_compute_dtype):
+def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_compute_dtype, autocast_adapter_dtype):
     """How the step's ops run, when the stack or the QLoRA script changes it from ``precision``:
     ``(precision, adapter dtype, 4-bit compute dtype)``.
 
@@ -65,13 +79,14 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
       fp32 (``Linear4bit`` returns its input's dtype): the ``32-true`` trace with 4-bit matmuls in
       ``bnb_4bit_compute_dtype``; ``trl`` casts the adapters to bf16 (trl/trainer/sft_trainer.py:908-911);
     * DeepSpeed with 16-bit weights casts the whole module, LoRA adapters included, to 16 bits
-      (runtime/engine.py:2080-2088): the adapters run in the weights' dtype."""
+      (runtime/engine.py:2080-2088): the adapters run in the weights' dtype;
+    * ``autocast_adapter_dtype = false`` (peft's option): adapters in the weights' dtype."""
     trace = precision
     if sharding_kind.startswith("hf_fsdp"):
         trace = TRUE_TWIN.get(precision, precision)
-    adapter = "fp32"
     from fitplan.inputs.precision import PRESETS
 
+    adapter = "fp32" if autocast_adapter_dtype else PRESETS[precision].weight_dtype
     if sharding_kind.startswith("ds") and PRESETS[precision].master:
         adapter = PRESETS[precision].weight_dtype  # DeepSpeed casts every parameter, adapters too (engine.py:2080-2088)
     if method == "qlora":

@@ -112,8 +112,21 @@ def _num(v: Any) -> Any:
     return None if v is None else (int(v) if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) < 2**53) else v)
 
 
+def likely_range(est) -> dict[str, Any] | None:
+    """What the time's likely range is (null without a modelled time: no dataset, or a throughput given or
+    measured): the factors on the modelled time and where they come from."""
+    band, model = est.values.get("time_band"), est.rulesets.time_model
+    if band is None or model is None or est.values.get("train_seconds") is None:
+        return None
+    return {"low_factor": band[0], "high_factor": band[1], "percentiles": list(model.band_percentiles),
+            "runs": model.runs, "loo_median_error": model.loo_median, "loo_worst_error": model.loo_worst,
+            "basis": f"the {model.band_percentiles[0]:g}th and {model.band_percentiles[1]:g}th percentiles of measured / "
+                     f"predicted time over {model.runs} published fine-tuning runs, each predicted without itself"}
+
+
 def time_json(est) -> dict[str, Any]:
-    """The ``time`` section: tokens, FLOPs, seconds, throughput, MFU, communication share (null when unknown)."""
+    """The ``time`` section: tokens, FLOPs, seconds and their likely range, throughput, MFU, the shares of the
+    step (null when unknown)."""
     v = est.values
     return {"time": {
         "tokens": _num(v.get("train_tokens")),
@@ -124,6 +137,9 @@ def time_json(est) -> dict[str, Any]:
         "flops": _num(v.get("train_flops")),
         "seconds": v.get("train_seconds"),
         "hours": None if v.get("train_seconds") is None else v["train_seconds"] / 3600,
+        "seconds_low": v.get("train_seconds_low"),
+        "seconds_high": v.get("train_seconds_high"),
+        "likely_range": likely_range(est),
         "tokens_per_second": v.get("train_tokens_per_second"),
         "throughput_basis": v.get("throughput_basis"),
         "mfu": v.get("train_mfu"),
@@ -131,8 +147,10 @@ def time_json(est) -> dict[str, Any]:
         "peak_flops_per_gpu": v.get("peak_flops_per_gpu"),
         "matmul_dtype": v.get("matmul_dtype"),
         "step_seconds": v.get("step_seconds"),
+        "compute_seconds_per_step": v.get("compute_seconds_per_step"),
         "communication_share": v.get("communication_share"),
         "communication": _comm_json(v),
+        "optimizer_share": v.get("optimizer_step_share"),
         "confidence": v.get("time_confidence"),
     }}
 
@@ -154,6 +172,10 @@ def cost_json(est) -> dict[str, Any]:
         "runs": runs,
         "on_demand_usd": v.get("on_demand_cost_usd"),
         "spot_usd": v.get("spot_cost_usd"),
+        "on_demand_usd_low": v.get("on_demand_cost_usd_low"),
+        "on_demand_usd_high": v.get("on_demand_cost_usd_high"),
+        "spot_usd_low": v.get("spot_cost_usd_low"),
+        "spot_usd_high": v.get("spot_cost_usd_high"),
         "on_demand_usd_per_run": None if v.get("on_demand_cost_usd") is None else v["on_demand_cost_usd"] / runs,
         "spot_usd_per_run": None if v.get("spot_cost_usd") is None else v["spot_cost_usd"] / runs,
         "provider": est.scenario.cost.provider,
@@ -176,6 +198,10 @@ def cost_json(est) -> dict[str, Any]:
 
 def _duration(seconds: float) -> str:
     return f"{seconds / 3600:,.2f} h ({seconds:,.0f} s)"
+
+
+def _likely(low: float | None, high: float | None, fmt) -> str:
+    return "" if low is None or high is None else f", likely {fmt(low)}-{fmt(high)}"
 
 
 def time_lines(est, units: str) -> list[tuple[str, str]]:
@@ -207,9 +233,17 @@ def time_lines(est, units: str) -> list[tuple[str, str]]:
             tps += f" (over 100 %: impossible at the {v.get('matmul_dtype')} peak; check --precision)"
     if v.get("communication_share") is not None:
         tps += f"; communication {100 * v['communication_share']:.1f} % of the step"
+    likely = _likely(v.get("train_seconds_low"), v.get("train_seconds_high"), lambda x: f"{x / 3600:,.2f}")
     known = v.get("time_confidence")
     how = f" [{known['short']}: {known['basis']}]" if known else ""
-    lines.append(("time", f"{_duration(v['train_seconds'])} at {tps}{how}"))
+    lines.append(("time", f"{_duration(v['train_seconds'])}{likely + ' h' if likely else ''} at {tps}{how}"))
+    band = likely_range(est)
+    if band is not None:
+        lines.append(("likely range", f"× {band['low_factor']:.2f} to × {band['high_factor']:.2f}: {band['basis']} "
+                                      f"(median error {100 * band['loo_median_error']:.0f} %)"))
+    if v.get("optimizer_step_share") is not None:
+        lines.append(("optimizer step", f"{100 * v['optimizer_step_share']:.1f} % of each step (update and gradient "
+                                        f"clipping, whatever the batch)"))
     net = network_line(v)
     if net:
         lines.append(("network", net))
@@ -242,10 +276,12 @@ def cost_lines(est, units: str) -> list[tuple[str, str]]:
         return lines
     cur = v.get("cost_currency") or "USD"
     per = f" for {runs} runs" if runs > 1 else ""
+    money = lambda x: f"{x:,.2f}"  # noqa: E731
     spot = ("no spot price" if v.get("spot_cost_usd") is None else
-            f"{v['spot_cost_usd']:,.2f} {cur} spot" + (f" (+{100 * plan.provider.spot_overhead:g} % interruption overhead)"
-                                                        if plan.provider.spot_overhead else ""))
-    lines.append(("cost", f"{v['on_demand_cost_usd']:,.2f} {cur} on demand, {spot}{per}"))
+            f"{v['spot_cost_usd']:,.2f} {cur} spot{_likely(v.get('spot_cost_usd_low'), v.get('spot_cost_usd_high'), money)}"
+            + (f" (+{100 * plan.provider.spot_overhead:g} % interruption overhead)" if plan.provider.spot_overhead else ""))
+    od = _likely(v.get("on_demand_cost_usd_low"), v.get("on_demand_cost_usd_high"), money)
+    lines.append(("cost", f"{v['on_demand_cost_usd']:,.2f} {cur} on demand{od}, {spot}{per}"))
     lines.append(("instances", f"{plan.count} × {plan.provider.id} {plan.instance.id} ({plan.instance.gpus} × {plan.instance.gpu}"
                                + (f", {plan.instance.region}" if plan.instance.region else "") + f"), {plan.on_demand_per_hour:,.2f} {cur}/h"
                                + f", billed per {plan.provider.billing}"))

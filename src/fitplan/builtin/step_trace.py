@@ -46,6 +46,8 @@ from typing import Any
 import attrs
 from attrs import frozen
 
+from fitplan.builtin import op_work
+
 BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "bool": 1, "u8": 1}
 PARTS = ("activations", "logits", "autocast_copies", "temporaries")
 """What live bytes above the model states are, at any instant of the replay: tensors saved for backward (or
@@ -130,6 +132,8 @@ class StepTrace:
     backward_frontier_bucketed: tuple[tuple[int, int], ...] = ()
     """The (other, op_param_grad) frontier of the points after the first parameter gradient: what matters when
     each gradient leaves for a bucket or partition as soon as it is produced (DeepSpeed ZeRO-2/3)."""
+    work: tuple[op_work.OpWork, ...] = ()
+    """The micro-step's kernels, phase by phase, for the time model (:func:`fitplan.builtin.op_work.step_work`)."""
     forward_peak_parts: tuple[int, int, int, int] = (0, 0, 0, 0)
     """``forward_peak_bytes`` split into :data:`PARTS` (sums to it)."""
     forward_before_last_layer_parts: tuple[int, int, int, int] = (0, 0, 0, 0)
@@ -193,6 +197,8 @@ class Op:
     """The weight gradient reaches the parameter through autocast's cast (ToCopyBackward0): the
     16-bit gradient (``bwd_temp``) exists first, the parameter's gradient after the op's saved
     tensors are released."""
+    work: Any = None
+    """The kernels the op launches (:class:`fitplan.builtin.op_work.Work`; None: none)."""
 
 
 def promote(a: str, b: str) -> str:
@@ -265,7 +271,8 @@ class Trace:
 
     # ---- recording
     def record(self, name: str, ins: list[T], outs: list[T], saved: list[T | None] = (), *, alias: bool = False,
-               param_grad: int = 0, bwd_temp: int = 0, grad_ins: list[T] | None = None) -> None:
+               param_grad: int = 0, bwd_temp: int = 0, grad_ins: list[T] | None = None,
+               work: op_work.Work | None = None) -> None:
         reads = tuple(t.sid for t in ins if t is not None and t.sid >= 0)
         allocs = tuple(dict.fromkeys(t.sid for t in outs if t.sid >= 0 and t.sid not in reads))
         sv = tuple(dict.fromkeys(t.sid for t in saved if t is not None and not t.param and t.sid >= 0))
@@ -274,9 +281,14 @@ class Trace:
         any_rg = any(t.rg for t in ins if t is not None)
         if not any_rg:
             sv, grad_ins, param_grad, bwd_temp = (), [], 0, 0
+        if work is None:
+            work = op_work.elementwise(ins, outs, [t for t in saved if t is not None and not t.param], grad_ins,
+                                       param_grad, any_rg, alias)
+        elif not any_rg:
+            work = op_work.Work(work.fwd)
         self.param_grad_total += param_grad * self.seg_weight[self.seg]
         self.ops.append(Op(name, self.seg, reads, allocs, sv, tuple(t for t in outs if t.rg), tuple(grad_ins), alias,
-                           param_grad, bwd_temp))
+                           param_grad, bwd_temp, work=work))
 
     # ------------------------------------------------------------------ primitive ops
     # Each helper mirrors one aten op; "saves" follows derivatives.yaml.
@@ -335,13 +347,17 @@ class Trace:
         self.record(label, [x], [out], alias=True)
         return out
 
-    def bmm(self, a: T, b: T, out_numel: int, label: str) -> T:
+    def bmm(self, a: T, b: T, out_numel: int, label: str, contract: int) -> T:
         """``torch.matmul`` of 4-D tensors: both operands are reshaped to 3-D (a copy when the layout is
-        not viewable), BmmBackward0 saves ``self`` when ``mat2`` requires grad and ``mat2`` when ``self`` does."""
+        not viewable), BmmBackward0 saves ``self`` when ``mat2`` requires grad and ``mat2`` when ``self`` does.
+        ``contract``: the length of the summed dimension (``2·out_numel·contract`` FLOPs)."""
         a3 = self.contiguous(a, label + ".self_copy")
         b3 = self.contiguous(b, label + ".mat2_copy")
-        out = self.new(out_numel, promote(a.dtype, b.dtype), a.rg or b.rg, label)
-        self.record(label, [a3, b3], [out], ([b3] if a3.rg else []) + ([a3] if b3.rg else []))
+        dt = promote(a.dtype, b.dtype)
+        out = self.new(out_numel, dt, a.rg or b.rg, label)
+        work = op_work.gemm(out_numel, contract, 1, dt, a3.nbytes, b3.nbytes, out.nbytes, input_grad=a3.rg,
+                            weight_grad=b3.rg)
+        self.record(label, [a3, b3], [out], ([b3] if a3.rg else []) + ([a3] if b3.rg else []), work=work)
         return out
 
     def dropout(self, x: T, p: float, label: str) -> T:
@@ -384,9 +400,13 @@ class Trace:
             qc = c.quant_dtype
             xin = self.cast(x, qc, label + ".input_cast")
             deq = self.new(in_f * out_f, qc, False, label + ".dequantized")
-            self.record(label + ".dequantize", [], [deq])
+            e = BYTES[qc]
+            self.record(label + ".dequantize", [], [deq], work=op_work.dequant(in_f * out_f, e, backward=False))
             out = self.new(rows * out_f, qc, xin.rg, label)
-            self.record(label, [xin, deq], [out], [], bwd_temp=in_f * out_f * BYTES[qc])
+            mm = op_work.gemm(rows, in_f, out_f, qc, xin.nbytes, deq.nbytes, out.nbytes,
+                              input_grad=xin.rg, weight_grad=False)
+            work = op_work.Work(mm.fwd, op_work.dequant(in_f * out_f, e, backward=True).bwd + mm.bwd if xin.rg else ())
+            self.record(label, [xin, deq], [out], [], bwd_temp=in_f * out_f * e, work=work)
             return self.cast(out, x.dtype, label + ".output_cast")
         w = self.param(in_f * out_f, w_dtype, trainable)
         xin = x
@@ -403,7 +423,8 @@ class Trace:
                     self.kind_default = "autocast"
                     w16 = self.new(in_f * out_f, c.compute_dtype, trainable, label + ".weight_copy")
                     self.kind_default = prev
-                    self.record(label + ".weight_cast", [], [w16])
+                    read = op_work.Kernel("elementwise", "", 0, in_f * out_f * (BYTES[w_dtype] + BYTES[c.compute_dtype]))
+                    self.record(label + ".weight_cast", [], [w16], work=op_work.Work((read,)))
                     if trainable:
                         self.autocast_cache[key] = w16
                         self.pinned_until_forward_end(w16)
@@ -415,9 +436,23 @@ class Trace:
         # the 16-bit weight copy's gradient is bwd_temp (then cast into the parameter's .grad), not a
         # gradient handed on to another op
         self.record(label, [xin, w], [out], saved, param_grad=pg, bwd_temp=temp,
-                    grad_ins=[xin] if xin.rg and not xin.param else [])
+                    grad_ins=[xin] if xin.rg and not xin.param else [],
+                    work=self._linear_work(xin, w, out, rows, in_f, out_f, trainable, bias, temp))
         self.ops[-1].cast_grad = bool(temp)
         return out
+
+    def _linear_work(self, xin: T, w: T, out: T, rows: int, in_f: int, out_f: int, trainable: bool, bias: bool,
+                     cast_grad: int) -> op_work.Work:
+        """The forward GEMM; backward: the input- and weight-gradient GEMMs, the bias gradient (a reduction
+        of the output gradient) and autocast's cast of the 16-bit weight gradient into the fp32 ``.grad``."""
+        mm = op_work.gemm(rows, in_f, out_f, out.dtype, xin.nbytes, w.nbytes, out.nbytes, input_grad=xin.rg,
+                          weight_grad=trainable)
+        extra = []
+        if trainable and bias:
+            extra.append(op_work.Kernel("elementwise", "", 0, out.nbytes))
+        if cast_grad:
+            extra.append(op_work.Kernel("elementwise", "", 0, cast_grad + in_f * out_f * 4))
+        return op_work.Work(mm.fwd, mm.bwd + tuple(extra))
 
     def release_model_pins(self) -> None:
         """The base model's forward returns: what only its locals held (rotary cos/sin, position ids,
@@ -626,7 +661,8 @@ def attention_core(tr: Trace, q: T, k: T, v: T, mask: T | None, label: str, *, f
         extra = []
         if spec.device == "cuda" and p > 0:
             extra = [tr.new(2, "i64", False, label + ".rng_state")]
-        tr.record(label + ".sdpa", [q, k, v], [out, lse, *extra], [q, k, v, out, lse, *extra])
+        tr.record(label + ".sdpa", [q, k, v], [out, lse, *extra], [q, k, v, out, lse, *extra],
+                  work=op_work.flash(b, a, s, d, q, k, v, out, lse))
         return tr.contiguous(tr.view(out, layout="c" if out.layout == "bshd" else "bhsd"), label + ".transpose_copy")
     groups = a // kvh
     if spec.attn != "eager":  # CPU math path (dropout > 0)
@@ -639,11 +675,11 @@ def attention_core(tr: Trace, q: T, k: T, v: T, mask: T | None, label: str, *, f
         tr.record(label + ".math_v", [v], [vm], alias=True)
         cmask = tr.new(s * s, acc, False, label + ".math_causal_mask")
         tr.record(label + ".math_causal_mask", [], [cmask])
-        scores = tr.bmm(qm, km, b * a * s * s, label + ".math_qk")
+        scores = tr.bmm(qm, km, b * a * s * s, label + ".math_qk", d)
         masked = tr.add(scores, cmask, label + ".math_mask")
         probs = tr.unary(masked, label + ".math_softmax", "result")
         dropped = tr.dropout(probs, p, label + ".math_dropout")
-        o = tr.bmm(dropped, vm, qn, label + ".math_pv")
+        o = tr.bmm(dropped, vm, qn, label + ".math_pv", s)
         o = tr.cast(o, E, label + ".math_out_cast")
         return tr.contiguous(tr.view(o, layout="bhsd"), label + ".transpose_copy")
     # eager
@@ -653,7 +689,7 @@ def attention_core(tr: Trace, q: T, k: T, v: T, mask: T | None, label: str, *, f
         v2 = tr.new(qn, v.dtype, v.rg, label + ".repeat_v")
         tr.record(label + ".repeat_v", [v], [v2])
         k, v = k2, v2
-    scores = tr.bmm(q, k, b * a * s * s, label + ".qk")
+    scores = tr.bmm(q, k, b * a * s * s, label + ".qk", d)
     scaled = tr.mul(scores, None, label + ".scale")
     if mask is not None:
         scaled = tr.add(scaled, mask, label + ".mask")
@@ -664,7 +700,7 @@ def attention_core(tr: Trace, q: T, k: T, v: T, mask: T | None, label: str, *, f
     probs = tr.unary(scaled, label + ".softmax", "result")
     probs = tr.cast(probs, E, label + ".softmax_cast")
     dropped = tr.dropout(probs, p, label + ".attn_dropout")
-    o = tr.bmm(dropped, v, qn, label + ".pv")
+    o = tr.bmm(dropped, v, qn, label + ".pv", s)
     return tr.contiguous(tr.view(o, layout="bhsd"), label + ".transpose_copy")
 
 
@@ -758,7 +794,9 @@ def moe_block(tr: Trace, x: T, rows: int) -> T:
     w_gu = tr.param(E * 2 * inter * h, wd, trainable)
     gu = tr.new(S * 2 * inter, wd, sel_c.rg or trainable, "experts.gate_up")
     tr.record("experts.grouped_mm_gate_up", [sel_c, w_gu, offs], [gu], ([sel_c] if trainable else []) + [offs],
-              param_grad=w_gu.nbytes if trainable else 0)
+              param_grad=w_gu.nbytes if trainable else 0,
+              work=op_work.gemm(S, h, 2 * inter, wd, sel_c.nbytes, w_gu.nbytes, gu.nbytes, input_grad=sel_c.rg,
+                                weight_grad=trainable))
     gate = tr.view(gu, S * inter, "view")
     up = tr.view(gu, S * inter, "view")
     a = act(tr, gate, "experts.act")
@@ -766,7 +804,9 @@ def moe_block(tr: Trace, x: T, rows: int) -> T:
     w_d = tr.param(E * h * inter, wd, trainable)
     dn = tr.new(S * h, wd, m.rg or trainable, "experts.down")
     tr.record("experts.grouped_mm_down", [m, w_d, offs], [dn], ([m] if trainable else []) + [offs],
-              param_grad=w_d.nbytes if trainable else 0)
+              param_grad=w_d.nbytes if trainable else 0,
+              work=op_work.gemm(S, inter, h, wd, m.nbytes, w_d.nbytes, dn.nbytes, input_grad=m.rg,
+                                weight_grad=trainable))
     wo = tr.mul(dn, swg, "experts.routing_weights")
     inv = tr.new(S, "i64", False, "experts.inv_perm")
     ar = tr.new(S, "i64", False, "experts.arange")
@@ -904,7 +944,8 @@ def prologue(tr: Trace) -> tuple[T, dict[str, Any], T]:
     # embedding's dense gradient is added to it out of place (input_buffer.cpp), so for a moment two
     # more V×h tensors exist.
     tr.record("embed_tokens", [ids, w], [x], [ids] if full else [], param_grad=0 if tied else gw,
-              bwd_temp=gw if tied else 0)
+              bwd_temp=gw if tied else 0, work=op_work.embedding(rows, h, BYTES[c.param_dtype], V * h,
+                                                                  BYTES[c.param_dtype] if full else 0))
     if tied:
         tr.ops[-1].bwd_temp_after = 2 * gw
     if scaled:  # GemmaScaledWordEmbedding: the module's output (what the hook marks) is the scaled one
@@ -919,7 +960,8 @@ def prologue(tr: Trace) -> tuple[T, dict[str, Any], T]:
     if arch.learned_positions:
         wp = tr.param(arch.max_position_embeddings * h, c.param_dtype, full)
         pe = tr.new(s * h, c.param_dtype, full, "embed_positions")
-        tr.record("embed_positions", [pos, wp], [pe], [pos] if full else [], param_grad=wp.nbytes if full else 0)
+        tr.record("embed_positions", [pos, wp], [pe], [pos] if full else [], param_grad=wp.nbytes if full else 0,
+                  work=op_work.embedding(s, h, BYTES[c.param_dtype], wp.numel, BYTES[c.param_dtype] if full else 0))
         x = tr.add(x, pe, "embed_add")
     drop = arch.embedding_dropout
     x = tr.dropout(x, drop, "embed_dropout")
@@ -1003,7 +1045,7 @@ def build(spec: TraceSpec) -> StepTrace:
         x = layer(tr, x, ctx)
     tr.segment("epilogue")
     epilogue(tr, x, labels)
-    return replay(tr)
+    return attrs.evolve(replay(tr), work=op_work.step_work(tr))
 
 
 # --------------------------------------------------------------------------- replay: forward and backward timelines

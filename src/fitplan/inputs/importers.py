@@ -175,6 +175,7 @@ TRAINING_ARGS_FIELDS = {
     "optim": "optim",
     "num_train_epochs": "num_train_epochs",
     "tf32": "tf32",
+    "torch_compile": "torch_compile",
     "max_seq_length": "max_seq_length",
     "max_length": "max_seq_length",
     "optim_args": "optim_args",
@@ -250,7 +251,7 @@ def _ta_plain_fields(data: dict[str, Any], bad: Any, known_optimizers: Any) -> d
         if field in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_seq_length"):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(key, f"{key} must be a positive integer, got {v!r}")
-        elif field in ("gradient_checkpointing", "tf32"):
+        elif field in ("gradient_checkpointing", "tf32", "torch_compile"):
             if not isinstance(v, bool):
                 raise bad(key, f"{key} must be true or false, got {v!r}")
         elif field == "num_train_epochs":

@@ -150,6 +150,8 @@ class Training:
     num_train_epochs: float = field(default=1.0, validator=_positive)
     tf32: bool = False
     """HF ``tf32``: fp32 matmuls on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``); off by default."""
+    torch_compile: bool = False
+    """HF ``torch_compile``: the model runs under ``torch.compile`` (Inductor fuses elementwise ops: time only)."""
 
 
 @frozen
@@ -161,6 +163,10 @@ class Lora:
     lora_target_modules: tuple[str, ...] = field(default=("q_proj", "v_proj"), validator=_module_names)
     lora_dropout: float = field(default=0.0, validator=_probability)
     bnb_4bit_use_double_quant: bool = True
+    autocast_adapter_dtype: bool = True
+    """peft's ``get_peft_model(..., autocast_adapter_dtype=True)``: 16-bit adapters are upcast to fp32 (their
+    GEMMs then run in fp32 without autocast). False keeps them in the base weights' dtype, as torchtune's
+    LoRA modules are."""
     bnb_4bit_compute_dtype: str | None = field(default=None, validator=_one_of((None, "fp32", "bf16", "fp16")))  # type: ignore[arg-type]
     """transformers' ``BitsAndBytesConfig.bnb_4bit_compute_dtype`` (None: float32). bitsandbytes 0.50.2 computes in
     the input's dtype whenever that is fp32 or bf16 (``Linear4bit.set_compute_type``): fitplan warns when it differs."""
