@@ -225,9 +225,12 @@ def test_inter_node_communication_is_exposed(rdir):
 
 
 def test_zero3_moves_one_and_a_half_times_ddp(rdir):
-    # bf16-true, 4 GPUs: P = G = 2e9 B, f = 3/4. DDP 2fG = 3e9; ZeRO-3 2fP + fG = 4.5e9 (1.5×); ZeRO-1/2 fG + fG = 3e9
-    common = dict(params="1B", gpu="testgpu", num_gpus=4, precision="bf16-true")
-    ddp = est(rdir, **common)["comm_bytes_per_step"]["intra"]
+    # bf16 (DDP: bf16-true; DeepSpeed: its bf16 optimizer, 16-bit weights and gradients), 4 GPUs: P = G = 2e9 B,
+    # f = 3/4. DDP 2fG = 3e9; ZeRO-3 2fP + fG = 4.5e9 (1.5×: a bare 1e9-element tensor is not reused within
+    # stage3_max_reuse_distance, so it is gathered again for the backward); ZeRO-1/2 fG + fP = 3e9
+    common = dict(params="1B", gpu="testgpu", num_gpus=4)
+    ddp = est(rdir, precision="bf16-true", **common)["comm_bytes_per_step"]["intra"]
+    common["precision"] = "bf16-master"
     z1 = est(rdir, zero_stage=1, **common)["comm_bytes_per_step"]["intra"]
     z2 = est(rdir, zero_stage=2, **common)["comm_bytes_per_step"]["intra"]
     z3 = est(rdir, zero_stage=3, **common)["comm_bytes_per_step"]["intra"]
@@ -289,8 +292,8 @@ def test_json_time_section():
 
 
 def test_explain_train_seconds():
-    p = _cli("explain", "train_seconds", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--num-gpus", "8", "--precision",
-             "bf16-mixed", "--zero", "2", "--num-examples", "10000", "--tokens-per-example", "512", "--num-train-epochs", "3",
+    p = _cli("explain", "train_seconds", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--num-gpus", "8", "--bf16",
+             "--zero", "2", "--num-examples", "10000", "--tokens-per-example", "512", "--num-train-epochs", "3",
              "--format", "json", "--depth", "6")
     assert p.returncode == 0, p.stderr
     text = p.stdout
@@ -298,3 +301,13 @@ def test_explain_train_seconds():
                  "comm_seconds_per_step", "micro_step_time", "optimizer_step_seconds", "kernel_efficiency", "assumed_mfu"):
         assert f'"{name}"' in text, name
     assert "PaLM" in text  # the attention term's source shows in its doc
+
+
+def test_deepspeed_zero2_lora_moves_only_the_adapters(rdir):
+    # DeepSpeed stages 1-2 flatten the optimizer's parameter groups (stage_1_and_2.py): only the trainable LoRA
+    # weights are reduce-scattered and all-gathered. Llama-2-7B, r = 8 on q_proj and v_proj: 32 layers × 2 ×
+    # (4096 × 8 + 8 × 4096) = 4,194,304 parameters, G = 2 B each = 8,388,608 B; 4 GPUs, f = 3/4: f·G + f·G
+    e = est(rdir, model="llama-2-7b", method="lora", lora_r=8, lora_target_modules=("q_proj", "v_proj"),
+            precision="bf16-master", zero_stage=2, num_gpus=4, gpu="testgpu")
+    assert e["trainable_param_count"] == 4_194_304
+    assert e["comm_bytes_per_step"]["intra"] == pytest.approx(2 * 0.75 * 8_388_608)

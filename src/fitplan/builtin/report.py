@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fitplan.builtin.lora import qlora_line
 from fitplan.output.formats import ReportSection
 from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.units import format_bytes, format_count
@@ -25,6 +26,7 @@ def memory_json(est) -> dict[str, Any]:
                if q.json_key.startswith("memory.per_gpu_bytes.") and name in v}
     return {
         "assumptions": est.scenario.model.assumptions,
+        "parallel": stack_json(est),
         "model": {"name": arch.name, "family": arch.family, "param_count": v["param_count"],
                   "trainable_param_count": v["trainable_param_count"], "source": arch.source},
         "gpu": None if gpu is None else {"id": gpu.id, "name": gpu.name, "usable_bytes": gpu.usable_bytes},
@@ -46,15 +48,46 @@ def memory_json(est) -> dict[str, Any]:
     }
 
 
+def stack_json(est) -> dict[str, Any]:
+    """Which stack shards (``parallel.stack``, its words in ``stack_description``), over how many ranks, the
+    ds_config values its rules used (DeepSpeed) and the stated assumptions of QLoRA."""
+    v = est.values
+    out: dict[str, Any] = {"stack": v["stack_name"], "stack_description": v["stack_description"],
+                           "shard_degree": v["shard_degree"], "data_parallel_degree": v["data_parallel_degree"]}
+    if v["stack_name"] == "deepspeed":
+        out["ds_config"] = dict(v["deepspeed_config_values"])
+    if est.scenario.model.method == "qlora":
+        out["kbit_preparation"] = est.scenario.lora.kbit_preparation
+    return out
+
+
+def ds_config_text(est) -> str:
+    """The DeepSpeed values the rules used, each with where it came from."""
+    p = est.scenario.parallel
+    vals = est.values["deepspeed_config_values"]
+    parts = []
+    for key in ("reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
+        if key.startswith("stage3") and p.zero_stage != 3:
+            continue
+        given = getattr(p, key)
+        how = "DeepSpeed default" if given is None else ('HF "auto"' if given == "auto" else "given")
+        value = vals[key]
+        parts.append(f"{key} {value:g} ({how})" if not isinstance(value, bool) else f"{key} {str(value).lower()} ({how})")
+    return ", ".join(parts)
+
+
 def memory_lines(est, units: str) -> list[tuple[str, str]]:
     v = est.values
     s = est.scenario
-    sharded = f", ZeRO-{v['shard_stage']} over {v['shard_degree']} GPUs" if v["shard_stage"] and v["shard_degree"] > 1 else ""
+    stack = v["stack_description"] + (f" over {v['data_parallel_degree']} GPUs" if v["stack_name"] != "none" else "")
+    if v["stack_name"] == "deepspeed":
+        stack += "; ds_config " + ds_config_text(est)
     lines = [
         ("model", f"{est.arch.name} ({format_count(v['param_count'])} params, {format_count(v['trainable_param_count'])} trainable)"),
         ("setup", f"{s.model.method}, {s.training.precision}, {v['optimizer_spec'].name}, micro-batch "
                   f"{s.training.per_device_train_batch_size} × seq {s.training.max_seq_length}"
-                  + (", grad. checkpointing" if s.training.gradient_checkpointing else "") + sharded),
+                  + (", grad. checkpointing" if s.training.gradient_checkpointing else "")),
+        ("stack", stack),
         ("assumptions", s.model.assumptions),
         ("peak (allocated)", f"{format_bytes(v['peak_bytes'], units)} at {v['peak_phase'].replace('_', ' ')}"
          + (f" [{v['memory_confidence']['peak']['short']}]" if v.get("memory_confidence") else "")),
@@ -66,6 +99,9 @@ def memory_lines(est, units: str) -> list[tuple[str, str]]:
                              f"(headroom {format_bytes(v['headroom_bytes'], units)})"))
     if v["cpu_offload_bytes"]:
         lines.append(("CPU RAM (offload)", format_bytes(v["cpu_offload_bytes"], units) + " per node"))
+    q = qlora_line(v, est.arch, s.lora.kbit_preparation)
+    if q:
+        lines.append(("4-bit", q))
     if v.get("optimizer_host_bytes"):
         lines.append(("CPU RAM (optimizer)", format_bytes(v["optimizer_host_bytes"], units)
                       + f" per process ({v['optimizer_spec'].name} keeps its states in host memory)"))
@@ -113,9 +149,17 @@ def time_json(est) -> dict[str, Any]:
         "step_seconds": v.get("step_seconds"),
         "compute_seconds_per_step": v.get("compute_seconds_per_step"),
         "communication_share": v.get("communication_share"),
+        "communication": _comm_json(v),
         "optimizer_share": v.get("optimizer_step_share"),
         "confidence": v.get("time_confidence"),
     }}
+
+
+def _comm_json(v) -> dict[str, Any]:
+    """Bytes per collective per step (``comm_volumes``) and where the GPUs sit (``topology``)."""
+    vol = v.get("comm_volumes") or {}
+    return {"volumes_bytes": {k: _num(x) for k, x in vol.items() if k not in ("overlap", "ranks")},
+            "ranks": vol.get("ranks"), "overlap": vol.get("overlap"), "topology": v.get("topology")}
 
 
 def cost_json(est) -> dict[str, Any]:
@@ -138,6 +182,8 @@ def cost_json(est) -> dict[str, Any]:
         "instance": None if plan is None else plan.instance.id,
         "instance_count": None if plan is None else plan.count,
         "gpus_paid": None if plan is None else plan.gpus_paid,
+        "gpus_used": v.get("world_size"),
+        "gpus_idle": None if plan is None else max(0, plan.gpus_paid - v["world_size"]),
         "region": None if plan is None else plan.instance.region,
         "on_demand_per_hour": None if plan is None else plan.on_demand_per_hour,
         "spot_per_hour": None if plan is None else plan.spot_per_hour,
@@ -198,7 +244,24 @@ def time_lines(est, units: str) -> list[tuple[str, str]]:
     if v.get("optimizer_step_share") is not None:
         lines.append(("optimizer step", f"{100 * v['optimizer_step_share']:.1f} % of each step (update and gradient "
                                         f"clipping, whatever the batch)"))
+    net = network_line(v)
+    if net:
+        lines.append(("network", net))
     return lines
+
+
+def network_line(v) -> str | None:
+    """When the GPUs span instances: how many, and what their collectives cross (the network)."""
+    topo = v.get("topology")
+    if not topo or topo["instances"] <= 1 or topo["gpus"] <= 1:
+        return None
+    vol = v.get("comm_volumes") or {}
+    total = sum(x for k, x in vol.items() if k not in ("overlap", "ranks", "tp_all_reduce"))
+    inside = f"{topo['gpus_per_instance']} GPU(s) each" + (f" over {topo['intra']}" if topo["gpus_per_instance"] > 1 else "")
+    secs = v.get("comm_seconds_per_step")
+    t = f", {secs:.3g} s of collectives per step" if secs else ""
+    return (f"{topo['instances']} instances ({inside}): the collectives cross the network at "
+            f"{topo['network_gbps']:g} GB/s per GPU ({format_bytes(total, 'GB')} per step{t}; {topo['source']})")
 
 
 def cost_lines(est, units: str) -> list[tuple[str, str]]:
@@ -222,7 +285,18 @@ def cost_lines(est, units: str) -> list[tuple[str, str]]:
     lines.append(("instances", f"{plan.count} × {plan.provider.id} {plan.instance.id} ({plan.instance.gpus} × {plan.instance.gpu}"
                                + (f", {plan.instance.region}" if plan.instance.region else "") + f"), {plan.on_demand_per_hour:,.2f} {cur}/h"
                                + f", billed per {plan.provider.billing}"))
+    idle = idle_line(plan, v["world_size"])
+    if idle:
+        lines.append(("billing", idle))
     return lines
+
+
+def idle_line(plan, used: int) -> str | None:
+    """The explicit line when more GPUs are paid than used (instances come in fixed shapes)."""
+    if plan.gpus_paid <= used:
+        return None
+    return (f"{plan.gpus_paid} GPUs paid, {used} used: {plan.gpus_paid - used} idle "
+            f"({plan.instance.id} comes with {plan.instance.gpus} GPUs; the cost counts them all)")
 
 
 SECTIONS = (

@@ -77,8 +77,10 @@ class TraceSpec:
     device: str = "cuda"
     block: int = ALLOCATOR_BLOCK
     """CUDA's caching allocator rounds every block up to this many bytes (``[framework]`` ruleset)."""
-    adapter_fp32: bool = True
-    """LoRA adapters in fp32 (peft's ``autocast_adapter_dtype``), else in the weights' dtype."""
+    adapter_dtype: str = "fp32"
+    """LoRA adapters' dtype: fp32 (peft's ``autocast_adapter_dtype``), bf16 (TRL casts them for 4-bit models)."""
+    quant_compute: str | None = None
+    """QLoRA: ``bnb_4bit_compute_dtype`` (None: the precision's compute dtype)."""
 
 
 @frozen
@@ -125,6 +127,11 @@ class StepTrace:
     """The loss scalar: kept through the optimizer step by ``loss.detach()`` (the logged value)."""
     max_param_grad_bytes: int = 0
     """The largest parameter gradient one op produces (the transient of accumulating into existing grads)."""
+    backward_before_grads: int = 0
+    """The most the backward holds before the first parameter gradient exists (other bytes only)."""
+    backward_frontier_bucketed: tuple[tuple[int, int], ...] = ()
+    """The (other, op_param_grad) frontier of the points after the first parameter gradient: what matters when
+    each gradient leaves for a bucket or partition as soon as it is produced (DeepSpeed ZeRO-2/3)."""
     work: tuple[op_work.OpWork, ...] = ()
     """The micro-step's kernels, phase by phase, for the time model (:func:`fitplan.builtin.op_work.step_work`)."""
     forward_peak_parts: tuple[int, int, int, int] = (0, 0, 0, 0)
@@ -389,17 +396,18 @@ class Trace:
         w_dtype = w_dtype or c.param_dtype
         ac = c.autocast if autocast is None else autocast
         out_dtype = c.compute_dtype if ac else promote(x.dtype, w_dtype)
-        if quantized:
-            xin = self.cast(x, c.compute_dtype, label + ".input_cast")
-            deq = self.new(in_f * out_f, c.compute_dtype, False, label + ".dequantized")
-            e = BYTES[c.compute_dtype]
+        if quantized:  # bitsandbytes Linear4bit.forward (nn/modules.py:609-638): compute dtype in, input dtype out
+            qc = c.quant_dtype
+            xin = self.cast(x, qc, label + ".input_cast")
+            deq = self.new(in_f * out_f, qc, False, label + ".dequantized")
+            e = BYTES[qc]
             self.record(label + ".dequantize", [], [deq], work=op_work.dequant(in_f * out_f, e, backward=False))
-            out = self.new(rows * out_f, c.compute_dtype, xin.rg, label)
-            mm = op_work.gemm(rows, in_f, out_f, c.compute_dtype, xin.nbytes, deq.nbytes, out.nbytes,
+            out = self.new(rows * out_f, qc, xin.rg, label)
+            mm = op_work.gemm(rows, in_f, out_f, qc, xin.nbytes, deq.nbytes, out.nbytes,
                               input_grad=xin.rg, weight_grad=False)
             work = op_work.Work(mm.fwd, op_work.dequant(in_f * out_f, e, backward=True).bwd + mm.bwd if xin.rg else ())
             self.record(label, [xin, deq], [out], [], bwd_temp=in_f * out_f * e, work=work)
-            return out
+            return self.cast(out, x.dtype, label + ".output_cast")
         w = self.param(in_f * out_f, w_dtype, trainable)
         xin = x
         pg = (in_f * out_f + (out_f if bias else 0)) * BYTES[w_dtype] if trainable else 0
@@ -480,6 +488,7 @@ class Cfg:
     adapter_dtype: str
     lora: bool
     qlora: bool
+    quant_dtype: str = "bf16"
 
 
 _TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
@@ -493,7 +502,8 @@ def make_cfg(spec: TraceSpec) -> Cfg:
     p = PRESETS[spec.precision]
     param, compute = _TRACE_DTYPE[p.weight_dtype], _TRACE_DTYPE[p.compute_dtype]
     lora = spec.method in ("lora", "qlora")
-    return Cfg(param, param, compute, p.autocast, "f32" if spec.adapter_fp32 else param, lora, spec.method == "qlora")
+    quant = _TRACE_DTYPE[spec.quant_compute or p.compute_dtype]
+    return Cfg(param, param, compute, p.autocast, _TRACE_DTYPE[spec.adapter_dtype], lora, spec.method == "qlora", quant)
 
 
 # --------------------------------------------------------------------------- model blocks (HF forwards, op by op)
@@ -1326,6 +1336,8 @@ def replay(tr: Trace) -> StepTrace:
         backward_frontier=_frontier([(a, g) for a, g, _ in points]),
         backward_frontier_accumulating=_frontier([(a, o) for a, _, o in points]),
         backward_frontier_layers=_frontier([(a, g) for a, g, _ in layer_points]),
+        backward_before_grads=max((a for a, g, _ in points if g == 0), default=0),
+        backward_frontier_bucketed=_frontier([(a, o) for a, g, o in points if g > 0]),
         retained_bytes=int(retained_total),
         activation_bytes=int(retained_total - saved_by_kind["logits"] - saved_by_kind["autocast"]),
         logits_bytes=int(saved_by_kind["logits"]),
@@ -1351,6 +1363,8 @@ def _frontier_parts(parts: dict[int, tuple[int, int, int, int]], points: list, l
     keep = {a for a, _ in _frontier([(a, g) for a, g, _ in points])}
     keep |= {a for a, _ in _frontier([(a, o) for a, _, o in points])}
     keep |= {a for a, _ in _frontier([(a, g) for a, g, _ in layer_points])}
+    keep |= {a for a, _ in _frontier([(a, o) for a, g, o in points if g > 0])}  # DeepSpeed's bucketed backward
+    keep.add(max((a for a, g, _ in points if g == 0), default=0))
     return tuple(sorted((a, p) for a, p in parts.items() if a in keep))
 
 

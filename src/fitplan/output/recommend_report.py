@@ -124,9 +124,17 @@ def _instance(plan: Plan) -> str:
     return f"{choice.provider.id}/{choice.instance.id} ×{choice.count}"
 
 
+def zero_label(fields) -> str:
+    """``--zero N`` names its stack: DeepSpeed unless the plan says PyTorch-native (``--stack torch``); a
+    ``*-master`` precision on several GPUs is DeepSpeed ZeRO-0 (inputs/stacks.py)."""
+    who = "torch" if fields.get("stack") == "torch" else "DeepSpeed"
+    return f"{who} ZeRO-{fields['zero_stage']}"
+
+
 def _sharding(plan: Plan) -> str:
     f = plan.fields
-    parts = [f"ZeRO-{f['zero_stage']}" if f["zero_stage"] else "DDP" if plan.world_size > 1 else "-"]
+    deepspeed = f["zero_stage"] or (plan.world_size > 1 and str(f.get("precision", "")).endswith("-master"))
+    parts = [zero_label(f) if deepspeed else "DDP" if plan.world_size > 1 else "-"]
     if f["offload_optimizer"]:
         parts.append("offload opt.")
     if f["offload_params"]:

@@ -137,6 +137,14 @@ class Instance:
     spot_per_hour: float | None = field(default=None, validator=_nonneg)
     region: str = ""
     date: str = ""
+    interconnect: str | None = None
+    """How the instance's GPUs talk to each other (``nvlink``, ``pcie-gen4``, ...); None: the GPU ruleset's
+    ``interconnect`` (a one-GPU instance has none)."""
+    interconnect_gbps: float | None = field(default=None, validator=_nonneg)
+    """Per-GPU GB/s inside the instance; None: the GPU ruleset's ``interconnect_gbps``."""
+    network_gbps: float | None = field(default=None, validator=_nonneg)
+    """GB/s (gigabytes) of network bandwidth of the whole instance to other instances (AWS "Up to 25 Gigabit"
+    is 3.125); None: the GPU ruleset's ``inter_node_gbps`` per GPU."""
 
 
 @frozen

@@ -1,8 +1,9 @@
 """Communication and CPU-offload transfers of one optimizer step, and how much of them the compute hides.
 
-The time model reads these by name only, so a per-stack model of what each implementation sends
-(DeepSpeed, FSDP1/FSDP2, DDP) and of the instance's topology can replace them: ``comm_bytes_per_step`` (bytes
-each GPU sends, intra- and inter-node), ``comm_seconds_per_step`` (those bytes over the links),
+The bytes come from the stack's own collectives (``comm_volumes``, builtin/sharding/comm.py: DeepSpeed,
+FSDP1/FSDP2, DDP) and where the GPUs sit (``topology``: instances, their link and network):
+``comm_bytes_per_step`` (bytes each GPU sends, intra- and inter-instance), ``comm_seconds_per_step`` (those
+bytes over the links),
 ``offload_seconds_per_step`` (PCIe copies) and the overlap in ``step_seconds``.
 """
 
@@ -33,55 +34,24 @@ PCIE_HOST_GBPS = 25.0
 
 
 @quantity("bytes")
-def comm_bytes_per_step(shard_stage, shard_degree, data_parallel_degree, fsdp, num_nodes, param_count, weight_dtype_bytes,
-                        grad_bytes_unsharded, trainable_param_count, trainable_dtype_bytes, gradient_accumulation_steps,
-                        tensor_parallel, arch, per_device_train_batch_size, max_seq_length, activation_dtype_bytes):
-    """Bytes each GPU sends per optimizer step in collectives, ``{"intra": ..., "inter": ...}``.
-
-    With n data-parallel ranks, f = (n−1)/n, G the gradient bytes and P the parameter bytes of one replica,
-    k micro-steps per step (ring algorithms, NCCL):
-
-    * DDP (stage 0): one all-reduce of gradients per step, ``2f·G`` (HF accumulates under ``no_sync``);
-    * ZeRO-1: reduce-scatter of gradients + all-gather of updated parameters, ``f·G + f·G``;
-    * ZeRO-2 / FSDP shard_grad_op: gradients are reduce-scattered every micro-step, ``k·f·G + f·G``;
-    * ZeRO-3 / FSDP full_shard: parameters all-gathered in forward and again in backward, gradients
-      reduce-scattered, every micro-step: ``k·(2f·P + f·G)`` (1.5× DDP's volume when P = G);
-    * FSDP hybrid_shard: that within a node, plus an all-reduce of each GPU's gradient shard across nodes;
-    * tensor parallelism (degree t): 4 all-reduces of ``b·s·h`` activations per layer per micro-step (Megatron).
-
-    Traffic crosses nodes ("inter") when ``num_nodes > 1``, except hybrid_shard's intra-node part."""
+def comm_bytes_per_step(comm_volumes, topology, data_parallel_degree, tensor_parallel, effective_fsdp, num_nodes):
+    """Bytes each GPU sends per optimizer step in collectives, ``{"intra": ..., "inter": ...}``: the stack's
+    collectives (``comm_volumes``, builtin/sharding/comm.py: DeepSpeed, FSDP, DDP as each issues them) as ring
+    algorithms move them, ``(n−1)/n`` of an all-gather or reduce-scatter and twice that of an all-reduce. They
+    cross instances ("inter": the network) when the GPUs span instances or nodes (``topology``: a multi-GPU
+    plan on one-GPU VMs talks only over the network); FSDP ``hybrid_shard`` keeps its sharding inside a node
+    and all-reduces its shard across nodes; tensor-parallel all-reduces stay inside a node."""
+    v = comm_volumes
     n = data_parallel_degree
-    P = param_count * weight_dtype_bytes / tensor_parallel
-    G = grad_bytes_unsharded / tensor_parallel
-    T = trainable_param_count * trainable_dtype_bytes / tensor_parallel
-    k = gradient_accumulation_steps
-    intra = inter = 0.0
-    if n > 1:
-        if fsdp == "hybrid_shard" and num_nodes > 1:
-            g = shard_degree
-            fg = (g - 1) / g
-            intra += k * (2 * fg * P + fg * G)
-            m = max(1, n // g)
-            inter += 2 * (m - 1) / m * G / g
-        else:
-            f = (n - 1) / n
-            if shard_stage == 0:
-                vol = 2 * f * G
-            elif shard_stage == 1:
-                vol = f * G + f * T
-            elif shard_stage == 2:
-                vol = k * f * G + f * T
-            else:
-                vol = k * (2 * f * P + f * G)
-            if num_nodes > 1:
-                inter += vol
-            else:
-                intra += vol
-    if tensor_parallel > 1 and not arch.is_bare:
-        ft = (tensor_parallel - 1) / tensor_parallel
-        act = per_device_train_batch_size * max_seq_length * arch.hidden_size * activation_dtype_bytes
-        intra += k * arch.num_hidden_layers * 4 * 2 * ft * act
-    return {"intra": intra, "inter": inter}
+    f = (n - 1) / n if n > 1 else 0.0
+    dp = f * (v["all_gather"] + v["reduce_scatter"]) + 2 * f * v["all_reduce"]
+    tp = 2 * (tensor_parallel - 1) / tensor_parallel * v["tp_all_reduce"] if tensor_parallel > 1 else 0.0
+    spans = (topology is not None and topology["instances"] > 1) or num_nodes > 1
+    if effective_fsdp == "hybrid_shard" and num_nodes > 1:
+        m = max(1, num_nodes)
+        shard = v["reduce_scatter"] / max(1, v["ranks"] // m)
+        return {"intra": dp + tp, "inter": 2 * (m - 1) / m * shard}
+    return {"intra": tp + (0.0 if spans else dp), "inter": dp if spans else 0.0}
 
 
 def _intra_bandwidth(gpu_spec) -> float:
@@ -90,18 +60,24 @@ def _intra_bandwidth(gpu_spec) -> float:
 
 
 @quantity("s")
-def comm_seconds_per_step(comm_bytes_per_step, gpu_spec):
+def comm_seconds_per_step(comm_bytes_per_step, gpu_spec, topology):
     """Collective time per step: intra-node bytes at the hardware ruleset's ``interconnect_gbps`` (NVLink
-    figures halved: a ring uses one direction) and inter-node bytes at ``inter_node_gbps``, both × the
-    NCCL efficiency (0.8). None without a GPU."""
+    figures halved: a ring uses one direction) and inter-instance bytes at the network's GB/s per GPU (the
+    instance's ``network_gbps``, else the GPU's ``inter_node_gbps``), both × the NCCL efficiency (0.8). None
+    without a GPU."""
     if gpu_spec is None:
         return None
     t = 0.0
     if comm_bytes_per_step["intra"]:
         t += comm_bytes_per_step["intra"] / _intra_bandwidth(gpu_spec)
     if comm_bytes_per_step["inter"]:
-        t += comm_bytes_per_step["inter"] / (gpu_spec.inter_node_gbps * 1e9 * NCCL_EFFICIENCY)
+        t += comm_bytes_per_step["inter"] / (network_gbps(gpu_spec, topology) * 1e9 * NCCL_EFFICIENCY)
     return t
+
+
+def network_gbps(gpu_spec, topology) -> float:
+    """GB/s per GPU between instances: the priced instance's network (``topology``), else the GPU ruleset's."""
+    return topology["network_gbps"] if topology else gpu_spec.inter_node_gbps
 
 
 @quantity("s")
