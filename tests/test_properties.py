@@ -67,6 +67,12 @@ def test_lora_never_needs_more_than_full(model, precision, optim, batch, seq, ck
     except FitplanError:
         return  # e.g. a target module this architecture lacks
     assert lora["model_state_bytes"] <= full["model_state_bytes"]
+    if method == "qlora" and precision.endswith("-mixed"):
+        # fp32 hidden states under autocast: bitsandbytes 0.50.2's Linear4bit.forward returns its output in the
+        # input's dtype (nn/modules.py, ``matmul_4bit(...).to(inp_dtype)``), fp32, where full fine-tuning's
+        # autocast linears return bf16/fp16: what later ops save from them is twice as large, and the peak may
+        # exceed full fine-tuning's (GPT-2, b=2, s=4096, eager: 45,235,623,360 vs 45,230,360,064 bytes).
+        return
     # LoRA can exceed full fine-tuning when the peak is the start of the backward (SGD, checkpointing:
     # neither run has gradients yet), by its adapter weights and, with checkpointing, the embedding output
     # that peft keeps as a leaf requiring grad (enable_input_require_grads). Measured with torch 2.13 on

@@ -58,7 +58,7 @@ def test_deepspeed_stage_k_plus_one_never_needs_more(model, batch, seq, ckpt, me
     b = base(model, batch, seq, ckpt, method, optim, precision=precision, num_gpus=gpus, stack="deepspeed",
              reduce_bucket_size=bucket)
     ests = [est(**b, zero_stage=k) for k in (0, 1, 2, 3)]
-    peaks = [e["device_total_bytes"] for e in ests]
+    peaks = [e["peak_bytes"] for e in ests]  # device_total adds a reserve proportional to the peak
     r = [e["deepspeed_rank"] for e in ests]
     # Where DeepSpeed itself allocates more at the higher stage (each from its source, each a test below):
     # * the IPG bucket is reduce_bucket_size elements whatever the model's size (stage_1_and_2.py:3256-3280;
@@ -68,12 +68,16 @@ def test_deepspeed_stage_k_plus_one_never_needs_more(model, batch, seq, ckpt, me
     #   ZeRO-1 only when the backward ends (stage_1_and_2.py:2182-2195, 2290-2295);
     # * ZeRO-3 keeps parameters gathered for the backward (stage3_max_reuse_distance), prefetches, keeps its
     #   bucket for the whole step and, for fp32 models, an fp32 master clone beside the fp32 partitions (stage3.py:1162-1167);
+    #   its gradient partition exists from init, so where ZeRO-2's peak precedes its first bucket flush, the
+    #   ZeRO-3 partition plus its persistent (unpartitioned) small parameters can outweigh the whole 16-bit weights
+    #   ZeRO-2 keeps (qwen2.5-0.5b, 2 GPUs, bf16: 143,104 bytes);
     # * ZeRO-0 and ZeRO-1 tie in fp32 on 2 GPUs (16 bytes per parameter at the end of the backward each),
     #   ZeRO-1 then larger by its 2·N alignment padding.
     op_grad = ests[2]["step_trace"].max_param_grad_bytes if ests[2]["step_trace"] is not None else 0
     allowance = [max(0, r[1].bucket),
                  max(0, r[2].bucket - r[1].bucket) + r[2].gradients + op_grad,
-                 r[3].gathered_kept + r[3].prefetch + r[3].device_buffers + max(0, r[3].master - r[2].master)]
+                 r[3].gathered_kept + r[3].prefetch + r[3].device_buffers + max(0, r[3].master - r[2].master)
+                 + max(0, r[3].weights + r[3].gradients - r[2].weights)]
     for k in range(3):
         assert peaks[k + 1] <= peaks[k] * (1 + 1e-6) + allowance[k], (k, peaks, allowance)
     # model states alone never grow with the stage (fp32 ZeRO-1's master copy aside: test below)
@@ -157,8 +161,13 @@ def test_deepspeed_offload_never_raises_gpu_memory(model, batch, seq, ckpt, meth
     b = base(model, batch, seq, ckpt, method, optim, precision="bf16-master", num_gpus=gpus, zero_stage=stage)
     plain = est(**b)
     off = est(**b, offload_optimizer=True)
-    assert off["peak_bytes"] <= plain["peak_bytes"]
-    assert off["device_total_bytes"] <= plain["device_total_bytes"]
+    # Offload keeps a largest-parameter-sized 16-bit staging buffer on the GPU (stage_1_and_2.py:659-661): with
+    # little to move to the CPU (SGD: no states; 8 GPUs: small partitions) it can outweigh what it moves
+    # (gpt2, 8 GPUs, SGD, ZeRO-1: a 77,194,752-byte buffer for 62,219,904 bytes of fp32 partition).
+    staging = max(0, off["deepspeed_rank"].device_buffers - plain["deepspeed_rank"].device_buffers)
+    assert off["peak_bytes"] <= plain["peak_bytes"] + staging
+    if not staging:
+        assert off["device_total_bytes"] <= plain["device_total_bytes"]
     assert off["cpu_offload_bytes"] > 0 == plain["cpu_offload_bytes"]
     if stage == 3:
         both = est(**b, offload_optimizer=True, offload_params=True)
