@@ -46,6 +46,14 @@ def cli():
     return run_cli
 
 
+@pytest.fixture(scope="module")
+def rdir(request, tmp_path_factory) -> str:
+    """A ruleset directory holding the test module's ``FIXTURE`` TOML text (hardware, providers, tables)."""
+    d = tmp_path_factory.mktemp(f"{request.module.__name__.rpartition('.')[2]}-rulesets")
+    (d / "fixture.toml").write_text(request.module.FIXTURE, encoding="utf-8")
+    return str(d)
+
+
 # --------------------------------------------------------------------------- fitplan serve and the browser
 
 REQUIRE_BROWSER = os.environ.get("FITPLAN_REQUIRE_BROWSER") == "1"

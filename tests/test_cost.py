@@ -112,13 +112,6 @@ source = "test"
 """
 
 
-@pytest.fixture(scope="module")
-def rdir(tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("cost-rulesets")
-    (d / "fixture.toml").write_text(FIXTURE, encoding="utf-8")
-    return str(d)
-
-
 def est(rdir=None, **kw):
     return fitplan.estimate(ruleset_dirs=[rdir] if rdir else [], **kw)
 

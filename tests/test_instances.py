@@ -52,13 +52,6 @@ source = "test"
 """
 
 
-@pytest.fixture(scope="module")
-def rdir(tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("instance-rulesets")
-    (d / "fixture.toml").write_text(FIXTURE, encoding="utf-8")
-    return str(d)
-
-
 def est(rdir, **kw):
     return fitplan.estimate(ruleset_dirs=[rdir], params="1B", gpu="netgpu", provider="cloud", precision="bf16-true",
                             total_tokens=1_000_000, **kw)

@@ -48,13 +48,6 @@ source = "test: measured on testgpu with llama-2-7b"
 """
 
 
-@pytest.fixture(scope="module")
-def rdir(tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("time-rulesets")
-    (d / "fixture.toml").write_text(FIXTURE, encoding="utf-8")
-    return str(d)
-
-
 def est(rdir=None, **kw):
     return fitplan.estimate(ruleset_dirs=[rdir] if rdir else [], **kw)
 

@@ -64,13 +64,6 @@ source = "test fixture"
 """
 
 
-@pytest.fixture(scope="module")
-def rdir(tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("roofline-rulesets")
-    (d / "fixture.toml").write_text(FIXTURE, encoding="utf-8")
-    return str(d)
-
-
 def est(rdir, **kw):
     return fitplan.estimate(ruleset_dirs=[rdir], **kw)
 
