@@ -124,7 +124,8 @@ def time_confidence(train_seconds, tokens_per_second, measured_tokens_per_second
     if model is None:
         return entry("approximate", "roofline over the step's kernels (no fitted time model: no band)")
     return entry("approximate", f"roofline over the step's kernels, fitted on {model.runs} published runs "
-                 f"(leave-one-out median error {100 * model.loo_median:.0f} %, worst)", abs(model.loo_worst))
+                 f"(leave-one-out error: median {100 * model.loo_median:.0f} %, worst {100 * model.loo_worst:+.0f} %)",
+                 abs(model.loo_worst))
 
 
 @hookimpl

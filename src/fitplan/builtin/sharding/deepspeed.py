@@ -76,11 +76,11 @@ class DSRank:
     host: dict
     reduce_end: int
     device_buffers: int = 0
+    """GPU buffers alive all step: the stage-3 IPG bucket, offload's max-parameter-sized staging buffer."""
     full_grads: int = 0
+    """Every trainable parameter's 16-bit gradient: what ZeRO-0/1 hold at the end of the backward."""
     bucket_el: int = 0
     """``reduce_bucket_size`` in elements: a bucket is reduced when this many gradient elements are in it."""
-    """Every trainable parameter's 16-bit gradient: what ZeRO-0/1 hold at the end of the backward."""
-    """GPU buffers alive all step: the stage-3 IPG bucket, offload's max-parameter-sized staging buffer."""
 
 
 def _groups(params: list[P]) -> list[list[P]]:
