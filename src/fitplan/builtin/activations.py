@@ -45,21 +45,23 @@ that its id stays unique."""
 
 
 def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,
-              framework=None, adapter_dtype: str = "fp32", quant_compute: str | None = None) -> StepTrace | None:
+              framework=None, adapter_dtype: str = "fp32", quant_compute: str | None = None,
+              linear_saves_input: bool = False) -> StepTrace | None:
     if arch.is_bare:
         return None
     attn = "sdpa" if attn == "flash_attention_2" else attn
     targets = tuple(lora_target_modules) if method != "full" else ()
     block = framework.allocator_block_bytes if framework is not None else 512
     key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_dtype,
-           quant_compute if method == "qlora" else None)
+           quant_compute if method == "qlora" else None, linear_saves_input)
     hit = _TRACES.get(key)
     if hit is None:
         if len(_TRACES) > 4096:
             _TRACES.clear()
         trace = build(TraceSpec(arch, int(b), int(s), precision, attn, bool(ckpt), method, int(lora_r), targets,
                                 float(lora_dropout) if method != "full" else 0.0, device, int(block),
-                                adapter_dtype if method != "full" else "fp32", quant_compute if method == "qlora" else None))
+                                adapter_dtype if method != "full" else "fp32", quant_compute if method == "qlora" else None,
+                                bool(linear_saves_input)))
         hit = _TRACES[key] = (arch, trace)
     return hit[1]
 
@@ -68,9 +70,10 @@ TRUE_TWIN = {"bf16-mixed": "bf16-true", "16-mixed": "16-true"}
 
 
 @quantity("preset", type="object")
-def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_compute_dtype, autocast_adapter_dtype):
+def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_compute_dtype, autocast_adapter_dtype,
+                zero3_linear_saves_input):
     """How the step's ops run, when the stack or the QLoRA script changes it from ``precision``:
-    ``(precision, adapter dtype, 4-bit compute dtype)``.
+    ``(precision, adapter dtype, 4-bit compute dtype, Linears save their input)``.
 
     * accelerate FSDP under ``*-mixed``: parameters are gathered in 16 bits by FSDP's mixed-precision policy
       and the forward runs on them (builtin/sharding/fsdp.py): the ``*-true`` trace, no autocast copies;
@@ -80,7 +83,9 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
       ``bnb_4bit_compute_dtype``; ``trl`` casts the adapters to bf16 (trl/trainer/sft_trainer.py:908-911);
     * DeepSpeed with 16-bit weights casts the whole module, LoRA adapters included, to 16 bits
       (runtime/engine.py:2080-2088): the adapters run in the weights' dtype;
-    * ``autocast_adapter_dtype = false`` (peft's option): adapters in the weights' dtype."""
+    * ``autocast_adapter_dtype = false`` (peft's option): adapters in the weights' dtype;
+    * DeepSpeed ZeRO-3 replaces ``F.linear`` by a function that saves its input also for a frozen weight
+      (``zero3_linear_saves_input``, builtin/sharding/deepspeed.py)."""
     trace = precision
     if sharding_kind.startswith("hf_fsdp"):
         trace = TRUE_TWIN.get(precision, precision)
@@ -94,7 +99,7 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
             trace = "32-true"
         if kbit_preparation == "trl":
             adapter = "bf16"
-    return (trace, adapter, bnb_4bit_compute_dtype or PRESETS[precision].compute_dtype)
+    return (trace, adapter, bnb_4bit_compute_dtype or PRESETS[precision].compute_dtype, bool(zero3_linear_saves_input))
 
 
 @quantity("trace", type="object")
@@ -103,9 +108,9 @@ def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized
     """The symbolic trace of one step without gradient checkpointing (builtin/step_trace.py): saved tensors
     per storage, the forward and backward live-byte timelines. ``flash_attention_2`` saves what SDPA's
     flash kernel saves."""
-    precision, adapter, quant = trace_setup
+    precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, False, method,
-                     lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant)
+                     lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input)
 
 
 @quantity("trace", type="object")
@@ -115,9 +120,9 @@ def step_trace(step_trace_without_checkpointing, gradient_checkpointing, arch, p
     """The symbolic trace of one step as configured (with gradient checkpointing when it is on)."""
     if not gradient_checkpointing:
         return step_trace_without_checkpointing
-    precision, adapter, quant = trace_setup
+    precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, True, method,
-                     lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant)
+                     lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input)
 
 
 @quantity("bytes")

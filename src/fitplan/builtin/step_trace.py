@@ -81,6 +81,9 @@ class TraceSpec:
     """LoRA adapters' dtype: fp32 (peft's ``autocast_adapter_dtype``), bf16 (TRL casts them for 4-bit models)."""
     quant_compute: str | None = None
     """QLoRA: ``bnb_4bit_compute_dtype`` (None: the precision's compute dtype)."""
+    linear_saves_input: bool = False
+    """Every ``F.linear`` whose output is in the graph saves its input, frozen weight or not: DeepSpeed ZeRO-3
+    replaces ``F.linear`` (the rule and its source: ``builtin/sharding/deepspeed.py``, ``zero3_linear_saves_input``)."""
 
 
 @frozen
@@ -433,6 +436,11 @@ class Trace:
             xin = self.cast(x, c.compute_dtype, label + ".input_cast")
         out = self.new(rows * out_f, out_dtype, xin.rg or trainable, label)
         saved = ([xin] if trainable else []) + ([w] if xin.rg else [])
+        if self.spec.linear_saves_input and not (self.spec.arch.family == "gpt2" and label != "lm_head"):
+            # an F.linear replaced by a custom Function that saves (input, weight, bias) whenever its node
+            # exists; GPT-2's projections are transformers' Conv1D (torch.addmm, pytorch_utils.py:119), not
+            # F.linear, and keep the rule above
+            saved = [xin, w]
         # the 16-bit weight copy's gradient is bwd_temp (then cast into the parameter's .grad), not a
         # gradient handed on to another op
         self.record(label, [xin, w], [out], saved, param_grad=pg, bwd_temp=temp,

@@ -265,6 +265,21 @@ def deepspeed_rank(sharding_kind, arch, method, trainable_tensors, weight_dtype_
                        device, offload_optimizer, offload_params, deepspeed_config_values)
 
 
+@quantity("bool", type="bool")
+def zero3_linear_saves_input(sharding_kind):
+    """DeepSpeed ZeRO-3 saves the input of every Linear whose output is in the autograd graph, frozen weight or
+    not: ``deepspeed.initialize`` converts the module through ``zero.Init(module=...)``
+    (runtime/zero/parameter_offload.py:270), which with ``zero_optimization.memory_efficient_linear`` (default
+    true, zero/config.py:346) replaces ``torch.nn.functional.linear`` by ``zero3_linear_wrap`` for the whole
+    process (partition_parameters.py:412-419, 1090-1091); its ``LinearFunctionForZeroStage3.setup_context``
+    calls ``ctx.save_for_backward(input, weight, bias)`` unconditionally (zero/linear.py:100-105), where
+    PyTorch's ``mm`` saves the input only when the weight requires grad. Under LoRA every frozen Linear after
+    the first adapter thus keeps its input (measured: +278,528 B on the tiny-Llama LoRA case, gone with
+    ``memory_efficient_linear: false``). Full fine-tuning saves the same tensors either way; bitsandbytes'
+    4-bit layers and GPT-2's Conv1D (``torch.addmm``) do not call ``F.linear``."""
+    return sharding_kind == "ds3"
+
+
 def _ds(sharding_kind):
     return sharding_kind.startswith("ds")
 
@@ -341,5 +356,5 @@ def ds_terms(r: DSRank, optimizer_spec, weight_dtype_bytes, trainable_dtype_byte
     return out
 
 
-QUANTITIES = (deepspeed_config_values, deepspeed_rank)
+QUANTITIES = (deepspeed_config_values, deepspeed_rank, zero3_linear_saves_input)
 REDUCERS = (ds_weights, ds_master, ds_grads, ds_states, ds_step_temp)
