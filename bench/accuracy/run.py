@@ -14,7 +14,8 @@ Groups:
 * ``sharded``: ZeRO-1 (DDP + ZeroRedundancyOptimizer) and FSDP2 ZeRO-2/ZeRO-3, two real gloo ranks on a
   tiny model, and rank 0 of 8 under a fake process group for the 7B shape.
 * ``stacks``: the stacks users run, on the CPU: DeepSpeed 0.19.8 ZeRO 0-3 (bf16 and fp32, optimizer and
-  parameter offload, default and small buckets, 2 and 4 gloo ranks), bitsandbytes 0.50.2 QLoRA (nf4 / fp4,
+  parameter offload, default and small buckets, 2 and 4 gloo ranks; ZeRO-3 + LoRA on four model types, with
+  and without checkpointing), bitsandbytes 0.50.2 QLoRA (nf4 / fp4,
   double quantisation, an MoE model whose fused experts stay 16-bit) and 8-bit optimizers.
   ``--groups stacks --out docs/accuracy-stacks.md --json bench/accuracy/results-stacks.json``.
 
@@ -124,6 +125,23 @@ def stack_cases(quick: bool) -> list[dict[str, Any]]:
         ("deepspeed zero3 bf16 4 ranks small buckets", dict(ds, zero_stage=3, num_gpus=4, **small)),
         ("deepspeed zero2 lora bf16 2 ranks", dict(ds, zero_stage=2, method="lora", lora_target_modules=("q_proj", "v_proj"))),
         ("deepspeed zero3 lora bf16 2 ranks", dict(ds, zero_stage=3, method="lora", lora_target_modules=("q_proj", "v_proj"))),
+    ]
+    # ZeRO-3 + LoRA beyond the case the rules were found on: ranks, checkpointing, fp32, other model types (GPT-2's
+    # Conv1D is not F.linear), full fine-tuning, all-linear adapters, and small buckets (the frozen modules before
+    # the first adapter are gathered for their forward only)
+    z3l = dict(ds, zero_stage=3, method="lora", lora_target_modules=("q_proj", "v_proj"))
+    neox = dict(z3l, model=str(CONFIGS / "tiny-gpt-neox" / "config.json"), lora_target_modules=("query_key_value",))
+    rows += [
+        ("deepspeed zero3 lora bf16 4 ranks small buckets", dict(z3l, num_gpus=4, **small)),
+        ("deepspeed zero3 lora bf16 2 ranks ckpt", dict(z3l, gradient_checkpointing=True)),
+        ("deepspeed zero3 lora fp32 2 ranks", dict(z3l, precision="32-true")),
+        ("deepspeed zero3 lora tiny-gpt-neox bf16 2 ranks", neox),
+        ("deepspeed zero3 lora tiny-gpt-neox bf16 2 ranks small buckets", dict(neox, **small)),
+        ("deepspeed zero3 lora tiny-gpt2 (Conv1D) bf16 2 ranks", dict(z3l, model=str(CONFIGS / "tiny-gpt2" / "config.json"),
+                                                                     lora_target_modules=("c_attn",))),
+        ("deepspeed zero3 lora all-linear tiny-mistral small buckets", dict(z3l, model=str(CONFIGS / "tiny-mistral" / "config.json"),
+                                                                          lora_target_modules=("all-linear",), **small)),
+        ("deepspeed zero3 full tiny-qwen2 bf16 2 ranks", dict(ds, zero_stage=3, model=str(CONFIGS / "tiny-qwen2" / "config.json"))),
     ]
     q = dict(precision="bf16-true", per_device_train_batch_size=TINY_BATCH, max_seq_length=TINY_SEQ, method="qlora",
              lora_target_modules=("all-linear",), gradient_checkpointing=True)

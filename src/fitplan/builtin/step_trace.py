@@ -143,6 +143,11 @@ class StepTrace:
     """``forward_before_last_layer_bytes`` split into :data:`PARTS`."""
     backward_parts: tuple[tuple[int, tuple[int, int, int, int]], ...] = ()
     """For each backward frontier point's ``other_bytes``: that value split into :data:`PARTS` (sums to it)."""
+    param_ops: tuple[tuple[str, str, bool], ...] = ()
+    """``(segment, label, output requires grad)`` of the ops that read a parameter. An op whose outputs do not
+    require grad (under LoRA the embedding and the frozen Linears before the first adapter) never runs its
+    backward, which DeepSpeed ZeRO-3 reads (``builtin/sharding/deepspeed.py``). Segments: ``prologue``,
+    ``layer 0``, ``layers 1..L-1``, ``epilogue``."""
 
     def parts_of(self, other_bytes: int) -> tuple[int, int, int, int]:
         """The :data:`PARTS` of a backward point's ``other_bytes`` (all temporaries when unknown)."""
@@ -237,6 +242,8 @@ class Trace:
         self.leaves: set[int] = set()
         """Non-parameter tensors that require grad as leaves: alive until the backward ends."""
         self.model_pins_end = -1
+        self.param_ops: dict[tuple[str, str], bool] = {}
+        """(segment, label) of the ops that read a parameter -> whether an output of one of them requires grad."""
 
     # ---- storages
     def _storage(self, nbytes: int, label: str) -> int:
@@ -282,6 +289,9 @@ class Trace:
         if grad_ins is None:
             grad_ins = [t for t in ins if t is not None and t.rg and not t.param and t.dtype in ("f32", "bf16", "f16")]
         any_rg = any(t.rg for t in ins if t is not None)
+        if any(t is not None and t.param for t in ins):
+            key = (self.seg_names[self.seg], name)
+            self.param_ops[key] = self.param_ops.get(key, False) or any(t.rg for t in outs)
         if not any_rg:
             sv, grad_ins, param_grad, bwd_temp = (), [], 0, 0
         if work is None:
@@ -1053,7 +1063,7 @@ def build(spec: TraceSpec) -> StepTrace:
         x = layer(tr, x, ctx)
     tr.segment("epilogue")
     epilogue(tr, x, labels)
-    return attrs.evolve(replay(tr), work=op_work.step_work(tr))
+    return attrs.evolve(replay(tr), work=op_work.step_work(tr), param_ops=tuple((*k, v) for k, v in tr.param_ops.items()))
 
 
 # --------------------------------------------------------------------------- replay: forward and backward timelines

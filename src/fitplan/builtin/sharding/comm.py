@@ -76,7 +76,10 @@ def comm_volumes(sharding_kind, data_parallel_degree, param_count, trainable_par
             elif stage == 2:
                 out.update(reduce_scatter=k * G, all_gather=G, overlap="reduce-scatter during the backward")
             else:
-                kept = (deepspeed_rank.gathered_kept if deepspeed_rank is not None else 0) * n / max(n, 1)
+                # gathered for the forward and again for the backward, except what stays gathered in between and
+                # the modules with no backward (a LoRA base before the first adapter)
+                r = deepspeed_rank
+                kept = (r.gathered_kept + r.gathered_once) if r is not None else 0
                 out.update(all_gather=k * (2 * P - min(kept, P)), reduce_scatter=k * G,
                            overlap="prefetched gathers and bucketed reduce-scatter (overlap_comm)")
         elif kind.startswith("hf_fsdp") or kind in ("fsdp_zero2", "fsdp_zero3"):

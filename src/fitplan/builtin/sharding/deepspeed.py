@@ -81,6 +81,8 @@ class DSRank:
     """Every trainable parameter's 16-bit gradient: what ZeRO-0/1 hold at the end of the backward."""
     bucket_el: int = 0
     """``reduce_bucket_size`` in elements: a bucket is reduced when this many gradient elements are in it."""
+    gathered_once: int = 0
+    """Stage 3: gathered bytes of the modules with no backward (gathered for their forward only, then released)."""
 
 
 def _groups(params: list[P]) -> list[list[P]]:
@@ -114,9 +116,17 @@ def _sub_groups(group: list[P], n: int, size: int) -> list[int]:
     return out
 
 
-def _reuse_kept(params: tuple[P, ...], n: int, b: float, persistent: frozenset[int], max_reuse: int) -> tuple[int, int]:
+def _reuse_kept(params: tuple[P, ...], n: int, b: float, persistent: frozenset[int], max_reuse: int,
+                no_backward: frozenset[str] = frozenset()) -> tuple[int, int, int]:
     """Stage 3 after the forward: bytes of gathered parameters kept for the backward (modules whose next use,
-    in the backward, comes within ``max_reuse`` elements of the trace), and the largest module's gathered bytes."""
+    in the backward, comes within ``max_reuse`` elements of the trace), the largest module's gathered bytes, and
+    the gathered bytes of the modules in ``no_backward``, which are released after their forward (gathered once).
+
+    ``__params_to_release`` (partitioned_param_coordinator.py:634-664) keeps a module's parameters when they
+    recur within ``max_reuse`` elements of the recorded module order. A module enters the backward part of that
+    order only when its pre-backward function runs (parameter_offload.py:410-414, 466-482, 572-582), which
+    autograd calls only for an output that requires grad: a module whose outputs do not (:func:`no_backward_modules`)
+    never recurs, and its parameters go right after its forward."""
     modules: list[list[tuple[int, P]]] = []
     index: dict[str, int] = {}
     for i, p in enumerate(params):
@@ -126,23 +136,51 @@ def _reuse_kept(params: tuple[P, ...], n: int, b: float, persistent: frozenset[i
         modules[index[p.module]].append((i, p))
     sizes = [sum(p.numel for _, p in m) for m in modules]
     gathered = [sum(ceil_div(p.numel, n) * n * b for i, p in m if i not in persistent) for m in modules]
-    kept, after = 0.0, 0
+    kept, once, fwd_after, bwd_after = 0.0, 0.0, 0, 0
     for k in range(len(modules) - 1, -1, -1):
-        if sizes[k] + 2 * after < max_reuse:
+        back = modules[k][0][1].module not in no_backward
+        if not back:
+            once += gathered[k]
+        elif sizes[k] + fwd_after + bwd_after < max_reuse:
             kept += gathered[k]
-        after += sizes[k]
-    return int(kept), int(max(gathered, default=0))
+        fwd_after += sizes[k]
+        bwd_after += sizes[k] if back else 0
+    return int(kept), int(max(gathered, default=0)), int(once)
+
+
+SEGMENTS = {"prologue": -1, "epilogue": -1, "layer 0": 0, "layers 1..L-1": 1}
+"""The trace's segments (builtin/step_trace.py) -> the parameters' layer: -1 outside the layers, 0, or 1 for any
+later layer (the trace's representative layer)."""
+
+
+def no_backward_modules(params: tuple[P, ...], param_ops) -> frozenset[str]:
+    """The modules (``P.module``) whose outputs never require grad, from the trace's ``param_ops``: the op whose
+    label is the longest dotted suffix of the module's path, in the segment of its layer. Modules no op names
+    (norm weights, adapters) count as having a backward."""
+    ops: dict[int, dict[str, bool]] = {}
+    for seg, label, rg in param_ops or ():
+        d = ops.setdefault(SEGMENTS.get(seg, -2), {})
+        d[label] = d.get(label, False) or rg
+    out = set()
+    for p in params:
+        labels = ops.get(min(p.layer, 1), {})
+        path = p.module.split("/", 1)[-1]
+        hits = [x for x in labels if path == x or path.endswith("." + x)]
+        if hits and not labels[max(hits, key=len)]:
+            out.add(p.module)
+    return frozenset(out)
 
 
 def layout(params, stage: int, n: int, b: float, device: str, offload_optimizer: bool, offload_params: bool,
-           values: dict) -> DSRank:
-    """Rank 0's DeepSpeed tensors for ``params`` (weights already in the engine's dtype: ``b`` bytes)."""
-    r = _layout(tuple(params), stage, n, b, device, offload_optimizer, offload_params, values)
+           values: dict, no_backward: frozenset[str] = frozenset()) -> DSRank:
+    """Rank 0's DeepSpeed tensors for ``params`` (weights already in the engine's dtype: ``b`` bytes);
+    ``no_backward``: the modules autograd runs no backward for (:func:`no_backward_modules`)."""
+    r = _layout(tuple(params), stage, n, b, device, offload_optimizer, offload_params, values, no_backward)
     return attrs.evolve(r, full_grads=int(sum(p.numel for p in params if p.trainable) * b),
                         bucket_el=int(values["reduce_bucket_size"]))
 
 
-def _layout(params, stage, n, b, device, offload_optimizer, offload_params, values) -> DSRank:
+def _layout(params, stage, n, b, device, offload_optimizer, offload_params, values, no_backward=frozenset()) -> DSRank:
     groups = _groups(params)
     frozen = sum(p.numel for p in params if not p.trainable) * b
     bucket_el = values["reduce_bucket_size"]
@@ -183,7 +221,7 @@ def _layout(params, stage, n, b, device, offload_optimizer, offload_params, valu
     masters = trainable_parts * 4  # a clone for fp32 models too: the shortcut of stage3.py:1162-1167 never fires
     ctx = OptimizerContext(tuple(((x,), 1) for x in subs), 4, 4, device)
     gctx = tuple(OptimizerContext((((x,), 1),), 4, 4, device) for x in subs)
-    kept, module = _reuse_kept(params, n, b, persistent, values["stage3_max_reuse_distance"])
+    kept, module, once = _reuse_kept(params, n, b, persistent, values["stage3_max_reuse_distance"], no_backward)
     # prefetch gathers up to stage3_prefetch_bucket_size elements of the next parameters in the trace that are
     # not already gathered (partitioned_param_coordinator.py:452-476): never more than the non-persistent
     # parameters left once the kept ones are counted
@@ -200,12 +238,12 @@ def _layout(params, stage, n, b, device, offload_optimizer, offload_params, valu
             host["weights"] = int(parts_all * b)
             weights = whole
         return DSRank(int(weights), 0, 0, True, ctx, gctx, tuple(0 for _ in subs), int(bucket), kept, module,
-                      int(prefetch), 3, host, 0, int(bucket))
+                      int(prefetch), 3, host, 0, int(bucket), gathered_once=once)
     if offload_params:
         host["weights"] = int(parts_all * b)
         weights = whole
     return DSRank(int(weights), int(masters), int(grads), True, ctx, gctx, step_flat, int(bucket), kept, module,
-                  int(prefetch), 3, host, 0, int(bucket))
+                  int(prefetch), 3, host, 0, int(bucket), gathered_once=once)
 
 
 def ds_values(arch, zero_stage, reduce_bucket_size, overlap_comm, stage3_prefetch_bucket_size,
@@ -225,20 +263,22 @@ def ds_values(arch, zero_stage, reduce_bucket_size, overlap_comm, stage3_prefetc
 
 
 def rank_layout(arch, method, trainable_tensors, weight_dtype_bytes, zero_stage, shard_degree, tensor_parallel, device,
-                offload_optimizer, offload_params, values) -> DSRank:
-    """:func:`layout` for the scenario (bare counts: one flat tensor); cached, for searches."""
+                offload_optimizer, offload_params, values, param_ops=()) -> DSRank:
+    """:func:`layout` for the scenario (bare counts: one flat tensor); cached, for searches. ``param_ops``: the
+    step trace's (:func:`no_backward_modules`)."""
     return _rank_layout(arch, method, trainable_tensors, weight_dtype_bytes, zero_stage, shard_degree, tensor_parallel,
-                        device, offload_optimizer, offload_params, tuple(sorted(values.items())))
+                        device, offload_optimizer, offload_params, tuple(sorted(values.items())), tuple(param_ops))
 
 
 @functools.lru_cache(maxsize=512)
 def _rank_layout(arch, method, trainable_tensors, b, zero_stage, shard_degree, tensor_parallel, device,
-                 offload_optimizer, offload_params, items) -> DSRank:
+                 offload_optimizer, offload_params, items, param_ops) -> DSRank:
     if arch.is_bare:
         params = bare(ceil_div(arch.param_count, tensor_parallel), b)
     else:
         params = ordered(arch, method, trainable_tensors, b, b, tensor_parallel)
-    return layout(params, zero_stage, shard_degree, b, device, offload_optimizer, offload_params, dict(items))
+    no_backward = no_backward_modules(tuple(params), param_ops) if zero_stage == 3 else frozenset()
+    return layout(params, zero_stage, shard_degree, b, device, offload_optimizer, offload_params, dict(items), no_backward)
 
 
 # --------------------------------------------------------------------------- quantities and reducers
@@ -257,12 +297,14 @@ def deepspeed_config_values(arch, zero_stage, reduce_bucket_size, overlap_comm, 
 
 @quantity("layout", type="object")
 def deepspeed_rank(sharding_kind, arch, method, trainable_tensors, weight_dtype_bytes, zero_stage, shard_degree,
-                   tensor_parallel, device, offload_optimizer, offload_params, deepspeed_config_values):
-    """Rank 0's DeepSpeed tensors (module doc); None under another stack."""
+                   tensor_parallel, device, offload_optimizer, offload_params, deepspeed_config_values, step_trace):
+    """Rank 0's DeepSpeed tensors (module doc); None under another stack. Stage 3 reads from the step trace which
+    modules run no backward (their parameters are gathered for the forward only)."""
     if not sharding_kind.startswith("ds"):
         return None
+    ops = step_trace.param_ops if step_trace is not None and zero_stage == 3 else ()
     return rank_layout(arch, method, trainable_tensors, weight_dtype_bytes, zero_stage, shard_degree, tensor_parallel,
-                       device, offload_optimizer, offload_params, deepspeed_config_values)
+                       device, offload_optimizer, offload_params, deepspeed_config_values, ops)
 
 
 @quantity("bool", type="bool")
