@@ -63,15 +63,15 @@ def brute_force(ctx, objective: str, policies: PolicySet, headroom: float = 0.05
     for gid in GPUS:
         g = rules.gpu(gid)
         for p in PROVIDERS:
-            shapes = [i.gpus for i in rules.instances.values() if i.provider == p and i.gpu == g.id]
-            if not shapes:
+            insts = [i for i in rules.instances.values() if i.provider == p and i.gpu == g.id]
+            if not insts:
                 continue
-            largest = max(shapes)
+            largest = max(i.gpus for i in insts)
             for n, m in product((1, 2, 4, 8), SPACE.num_nodes):
                 if n <= min(largest, g.gpus_per_node) and (m == 1 or n == largest) and n * m <= SPACE.max_gpus:
-                    hardware.append((g, p, n, m))
+                    hardware += [(g, p, n, m, inst) for inst in shapes(insts, n, m)]
     prec_rank = {p: i for i, p in enumerate(SPACE.precisions)}
-    for (g, p, n, m), method, precision, optim, ckpt, attn in product(
+    for (g, p, n, m, inst), method, precision, optim, ckpt, attn in product(
             hardware, SPACE.methods, SPACE.precisions, SPACE.optimizers, (False, True), SPACE.attn_implementations):
         bf16 = "bf16" in g.peak_tflops
         if precision.startswith("bf16") and not bf16 or precision.startswith("16-") and bf16:
@@ -90,7 +90,7 @@ def brute_force(ctx, objective: str, policies: PolicySet, headroom: float = 0.05
             per = SPACE.effective_batch_size // dp
             for b in (b for b in range(1, per + 1) if per % b == 0):
                 k = per // b
-                s = base.replace(gpu=g.id, provider=p, num_gpus=n, num_nodes=m, method=method, precision=precision,
+                s = base.replace(gpu=g.id, provider=p, instance=inst, num_gpus=n, num_nodes=m, method=method, precision=precision,
                                  optim=optim, gradient_checkpointing=ckpt, attn_implementation=attn, zero_stage=z,
                                  offload_optimizer=oo, offload_params=op, per_device_train_batch_size=b,
                                  gradient_accumulation_steps=k)
@@ -119,6 +119,20 @@ def brute_force(ctx, objective: str, policies: PolicySet, headroom: float = 0.05
                     second = {"cost": (t, world), "time": (cost, world), "gpus": (cost, t)}[objective]
                     allowed.append({"key": (score, *second, simplicity, -head), "cost": cost, "seconds": t})
     return candidates, allowed, rejected, not_fitting
+
+
+def shapes(insts, n: int, m: int) -> list[str | None]:
+    """The instances a job on n × m GPUs is priced on: per topology (GPUs per instance, link inside, network),
+    the cheapest per hour for the job (m·ceil(n/gpus) instances; ties: fewer GPUs paid, fewer instances, name);
+    None (no --instance) for the cheapest of all, the estimate's own choice."""
+    by_topology: dict[tuple, tuple] = {}
+    for i in insts:
+        count = m * math.ceil(n / i.gpus)
+        key = (count * i.on_demand_per_hour, count * i.gpus, count, i.id, i.region)
+        t = (i.gpus, i.interconnect, i.interconnect_gbps, i.network_gbps)
+        by_topology[t] = min(by_topology.get(t, key), key)
+    cheapest = min(by_topology.values())
+    return [None if k == cheapest else k[3] for k in by_topology.values()]
 
 
 def pareto(points):

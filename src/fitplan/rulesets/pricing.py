@@ -4,7 +4,9 @@ Instances come in fixed GPU counts (an AWS p5.48xlarge is 8 × H100): for N GPUs
 rents ``ceil(N / gpus)`` whole instances of one shape, and picks the shape (and region) whose total
 on-demand price per hour is lowest (at one price, the fewest GPUs paid, then the fewest instances: eight
 GPUs in one instance talk over NVLink, on eight one-GPU VMs over the network); with ``num_nodes > 1`` each node is rented separately
-(``num_nodes × ceil(num_gpus / gpus)``). ``--instance`` forces a shape, ``--region`` a region.
+(``num_nodes × ceil(num_gpus / gpus)``). ``--instance`` forces a shape, ``--region`` a region. The
+recommender does not stop at the price per hour: it prices the job on every shape of a distinct topology
+(:func:`instance_shapes`) and keeps the cheapest in total, network time and billing included.
 
 Billing: usage is rounded up to the provider's unit (``billing``: second, minute or hour) and to at
 least ``minimum_seconds``; spot time is first lengthened by ``spot_overhead`` (interruptions, restarts).
@@ -115,5 +117,38 @@ def _choose(rules, provider_id, gpu_id, num_gpus, num_nodes, instance_id, region
                             rules.origin.get(f"instance:{inst.provider}/{inst.id}/{inst.region}", ""))
 
     plans = [plan(i) for i in candidates]
-    # at one price, the shape that holds the job: fewer instances talk less over the network
-    return min(plans, key=lambda p: (p.on_demand_per_hour, p.gpus_paid, p.count, p.instance.id, p.instance.region))
+    return min(plans, key=_per_hour)
+
+
+def _per_hour(p: InstancePlan) -> tuple:
+    """Cheapest per hour; at one price, the shape that holds the job (fewer GPUs paid, fewer instances: they talk
+    less over the network), then by name."""
+    return (p.on_demand_per_hour, p.gpus_paid, p.count, p.instance.id, p.instance.region)
+
+
+def topology_key(inst: Instance) -> tuple:
+    """What the time model reads of an instance: GPUs per instance, the link inside, the network between."""
+    return (inst.gpus, inst.interconnect, inst.interconnect_gbps, inst.network_gbps)
+
+
+def instance_shapes(rules: Rulesets, provider_id: str, gpu_id: str, num_gpus: int, num_nodes: int,
+                    instance_id: str | None = None, region: str | None = None) -> list[tuple[str | None, InstancePlan]]:
+    """The shapes worth pricing for a job on ``num_gpus`` × ``num_nodes`` GPUs: one per distinct topology
+    (:func:`topology_key`), each the cheapest per hour of its kind, as ``(instance id to force, plan)``. The id
+    is None for the one :func:`choose_instance` picks by itself (the cheapest per hour), so a plan on it needs
+    no ``--instance``. Shapes with the same topology take the same time, so only the cheapest can cost least;
+    shapes with different ones take different times (eight one-GPU VMs send the gradients over the network), so
+    the search prices each and keeps the cheapest *job* (time × price, billed: :func:`billed_seconds`)."""
+    default = choose_instance(rules, provider_id, gpu_id, num_gpus, num_nodes, instance_id, region)
+    if instance_id is not None:
+        return [(instance_id, default)]
+    best: dict[tuple, InstancePlan] = {}
+    for inst in instances_for(rules, provider_id, gpu_id):
+        if region is not None and inst.region != region:
+            continue
+        plan = choose_instance(rules, provider_id, gpu_id, num_gpus, num_nodes, inst.id, region)
+        key = topology_key(plan.instance)
+        if key not in best or _per_hour(plan) < _per_hour(best[key]):
+            best[key] = plan
+    shapes = sorted(best.values(), key=lambda p: (p.gpus_paid, p.count, *_per_hour(p)))
+    return [(None if p is default or p.instance == default.instance else p.instance.id, p) for p in shapes]

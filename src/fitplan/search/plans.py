@@ -105,7 +105,8 @@ class Plan:
         if f["attn_implementation"] != "sdpa":
             parts.append(f["attn_implementation"])
         if f.get("provider"):
-            parts.append(f"{f['provider']}" + (" spot" if self.market == "spot" else ""))
+            where = f"{f['provider']}/{f['instance']}" if f.get("instance") else f"{f['provider']}"
+            parts.append(where + (" spot" if self.market == "spot" else ""))
         return " · ".join(parts)
 
 
@@ -217,7 +218,12 @@ PLAN_FIELDS = ("gpu", "provider", "num_gpus", "num_nodes", "method", "precision"
 
 
 def make_plan(cur, market, dt, usable, seconds, cost, od, spot, world, score, order) -> Plan:
-    return Plan({f: cur[f] for f in PLAN_FIELDS}, market, dt, usable, seconds, cost, od, spot, world, score, order)
+    """The candidate as a plan. ``instance`` is a field only when the search chose a shape other than the one the
+    estimate picks by itself (or the user forced one): :func:`fitplan.rulesets.pricing.instance_shapes`."""
+    fields = {f: cur[f] for f in PLAN_FIELDS}
+    if cur.get("instance") is not None:
+        fields["instance"] = cur["instance"]
+    return Plan(fields, market, dt, usable, seconds, cost, od, spot, world, score, order)
 
 
 def plan_scenario(base: sc.Scenario, plan: Plan) -> sc.Scenario:

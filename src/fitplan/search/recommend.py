@@ -190,7 +190,7 @@ def _check_size(choices: dict[str, tuple[Any, ...]], hardware: dict, space: Sear
     per_config = 1
     for options in choices.values():
         per_config *= len(options)
-    per_world = sum(len(batch_options(space, n * m // tp)) * sum(max(1, len(mk)) for _, plist in hw for _, mk in plist)
+    per_world = sum(len(batch_options(space, n * m // tp)) * sum(max(1, len(mk)) for _, plist in hw for _, _, mk in plist)
                     for (n, m), hw in hardware.items() if (n * m) % tp == 0)
     total = per_config * per_world * 9  # at most 9 ZeRO/offload combinations
     if total > MAX_CANDIDATES:
@@ -216,7 +216,7 @@ def _search_world(setup: _Search, st: Staged, n: int, m: int, rank: tuple[int, i
     st.set({"num_gpus": n, "num_nodes": m}, L_WORLD)
     precision = st.cur["precision"]
     # per-(kernel, GPU) candidate counts: providers × markets
-    per_ag = {(a, g.id): sum(max(1, len(mk)) for _, mk in plist)
+    per_ag = {(a, g.id): sum(max(1, len(mk)) for _, _, mk in plist)
               for a in setup.choices["attn_implementation"] for g, plist in hw if gpu_allows(g, precision, a)}
     if not per_ag:
         return
@@ -276,25 +276,26 @@ def _search_batch(setup: _Search, st: Staged, hw: list[Any], per_ag: dict[tuple[
                 if st.roles[role] is not None:
                     cur[st.roles[role]] = value
             setup.order = _candidates(setup, cur, plist, st.time_cost(g, plist), dt, u, world, simplicity)
-            cur["provider"] = flat["provider"]
+            cur["provider"], cur["instance"] = flat["provider"], flat["instance"]
 
 
 def _candidates(setup: _Search, cur: dict[str, Any], plist, tc, dt: int, usable: int, world: int,
                 simplicity: tuple) -> int:
-    """Consider every (provider, market) candidate of one fitting (configuration, GPU); returns the new order."""
+    """Consider every (provider, instance, market) candidate of one fitting (configuration, GPU); returns the new
+    order."""
     stats, policies, collector, ns, objective = setup.stats, setup.policies, setup.collector, setup.ns, setup.objective
     order = setup.order
     has_policies = bool(policies.compiled)
     need_seconds = objective == "time"
     headroom = usable - dt
-    for (p, markets), entry in zip(plist, tc):
+    for (p, inst, markets), entry in zip(plist, tc):
         if isinstance(entry, FitplanError):
             n = max(1, len(markets))
             stats.invalid += n
             stats.invalid_reasons[entry.message] = stats.invalid_reasons.get(entry.message, 0) + n
             continue
         snapshot, seconds, od, spot = entry
-        cur["provider"] = p
+        cur["provider"], cur["instance"] = p, inst
         setup.values.tc = snapshot
         for market in markets or _NO_MARKET:
             order += 1

@@ -91,9 +91,16 @@ def parse_headroom(text: str | float) -> tuple[float, int]:
     return f, 0
 
 
-def hardware_options(rules, space: SearchSpace, fixed: dict[str, Any], needs_price: bool) -> dict[tuple[int, int], list[tuple[Any, list[tuple[str | None, tuple[str, ...]]]]]]:
-    """(GPUs per node, nodes) -> [(GPU, [(provider, markets with a price)])], respecting instance shapes."""
-    from fitplan.rulesets.pricing import choose_instance, instances_for
+Offer = tuple[str | None, str | None, tuple[str, ...]]
+"""``(provider, instance, markets with a price)``: ``instance`` is the ``--instance`` the plan sets (None: the
+estimate's own choice, the cheapest per hour)."""
+
+
+def hardware_options(rules, space: SearchSpace, fixed: dict[str, Any], needs_price: bool) -> dict[tuple[int, int], list[tuple[Any, list[Offer]]]]:
+    """(GPUs per node, nodes) -> [(GPU, [offers])], respecting instance shapes: one offer per provider and
+    instance topology (:func:`fitplan.rulesets.pricing.instance_shapes`), so that the job's cost, network
+    time included, picks the shape."""
+    from fitplan.rulesets.pricing import instances_for
 
     gpu_ids = space.gpus if space.gpus is not None else tuple(sorted({i.gpu for i in rules.instances.values()}))
     out: dict[tuple[int, int], list] = {}
@@ -114,22 +121,32 @@ def hardware_options(rules, space: SearchSpace, fixed: dict[str, Any], needs_pri
                 for m in space.num_nodes:
                     if m > 1 and n != largest or n * m > space.max_gpus:
                         continue
-                    markets: tuple[str, ...] = ()
-                    if p is not None:
-                        try:
-                            inst = choose_instance(rules, p, g.id, n, m, fixed.get("instance"), fixed.get("region"))
-                        except FitplanError:
-                            continue  # --instance / --region name another GPU's shape
-                        markets = tuple(mk for mk in space.markets if mk == "on_demand" or inst.spot_per_hour is not None)
-                        if not markets:
-                            continue
+                    offers = _offers(rules, space, fixed, p, g.id, n, m) if p is not None else [(None, None, ())]
+                    if not offers:
+                        continue
                     entry = out.setdefault((n, m), [])
                     for eg, plist in entry:
                         if eg is g:
-                            plist.append((p, markets))
+                            plist.extend(offers)
                             break
                     else:
-                        entry.append((g, [(p, markets)]))
+                        entry.append((g, list(offers)))
+    return out
+
+
+def _offers(rules, space: SearchSpace, fixed: dict[str, Any], p: str, gid: str, n: int, m: int) -> list[Offer]:
+    """Provider ``p``'s offers of ``n`` × ``m`` GPUs ``gid``: one per instance topology, with its priced markets."""
+    from fitplan.rulesets.pricing import instance_shapes
+
+    try:
+        shapes = instance_shapes(rules, p, gid, n, m, fixed.get("instance"), fixed.get("region"))
+    except FitplanError:
+        return []  # --instance / --region name another GPU's shape
+    out: list[Offer] = []
+    for inst_id, plan in shapes:
+        markets = tuple(mk for mk in space.markets if mk == "on_demand" or plan.spot_per_hour is not None)
+        if markets:
+            out.append((p, inst_id, markets))
     return out
 
 

@@ -28,7 +28,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("per_device_train_batch_size", "gradient_accumulation_steps"),
     ("attn_implementation",),
     ("gpu", "gpu_spec"),
-    ("provider",),
+    ("provider", "instance"),
 )
 L_METHOD, L_PRECISION, L_OPTIM, L_CKPT, L_WORLD, L_SHARD, L_BATCH, L_ATTN, L_GPU, L_PROVIDER = range(len(LEVELS))
 SEARCHED = frozenset(n for names in LEVELS for n in names if n not in ("optimizer_spec", "gpu_spec"))
@@ -77,16 +77,16 @@ class Staged:
         if self.T is not None:
             self.T.run(self.vt, level)
 
-    def time_cost(self, g: Any, plist: list[tuple[str | None, tuple[str, ...]]]) -> list[Any]:
-        """Time and cost for GPU ``g`` and each provider of ``plist`` (memoised): per provider ``(snapshot,
-        seconds, on-demand cost, spot cost)``, or the user error its evaluation raised."""
+    def time_cost(self, g: Any, plist: list[tuple[str | None, str | None, tuple[str, ...]]]) -> list[Any]:
+        """Time and cost for GPU ``g`` and each offer (provider, instance) of ``plist`` (memoised): per offer
+        ``(snapshot, seconds, on-demand cost, spot cost)``, or the user error its evaluation raised."""
         key = (*[self.cur[n] for n in self.t_key_names], g.id)
         found = self.tmemo.get(key)
         if found is None:
             found = self.tmemo[key] = self._time_cost(g, plist)
         return found
 
-    def _time_cost(self, g: Any, plist: list[tuple[str | None, tuple[str, ...]]]) -> list[Any]:
+    def _time_cost(self, g: Any, plist: list[tuple[str | None, str | None, tuple[str, ...]]]) -> list[Any]:
         T, vt = self.T, self.vt
         if T is None:
             return [({}, None, None, None) for _ in plist]
@@ -98,8 +98,8 @@ class Staged:
         self.stats.time_evaluations += 1
         out: list[Any] = []
         seconds, od, spot = self.roles["seconds"], self.roles["cost.on_demand"], self.roles["cost.spot"]
-        for p, _ in plist:
-            vt["provider"] = p
+        for p, inst, _ in plist:
+            vt["provider"], vt["instance"] = p, inst
             try:
                 T.run(vt, L_PROVIDER)
             except FitplanError as e:
