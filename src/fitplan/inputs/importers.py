@@ -44,6 +44,10 @@ def deepspeed_fields_from(data: dict[str, Any], path: str, root: str = "$", *, b
     out["zero_stage"] = stage
     out["stack"] = "deepspeed"
     out.update(_ds_zero_keys(zero, path, root))
+    if stage == 3 and zero.get("memory_efficient_linear") is False:
+        warnings.append(f"{path}: zero_optimization.memory_efficient_linear false is not modelled: fitplan assumes "
+                        "DeepSpeed's default (true), whose Linear saves its input also for a frozen weight "
+                        "(builtin/sharding/deepspeed.py)")
     for key, field in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
         dev = (zero.get(key) or {}).get("device", "none") if isinstance(zero.get(key), dict) else "none"
         if dev not in ("none", "cpu", "nvme"):
