@@ -124,7 +124,7 @@ def brute_force(ctx, objective: str, policies: PolicySet, headroom: float = 0.05
 def shapes(insts, n: int, m: int) -> list[str | None]:
     """The instances a job on n × m GPUs is priced on: per topology (GPUs per instance, link inside, network),
     the cheapest per hour for the job (m·ceil(n/gpus) instances; ties: fewer GPUs paid, fewer instances, name);
-    None (no --instance) for the cheapest of all, the estimate's own choice."""
+    None (no --instance) for the cheapest of all, the estimate's own choice. One GPU talks to no one: only that."""
     by_topology: dict[tuple, tuple] = {}
     for i in insts:
         count = m * math.ceil(n / i.gpus)
@@ -132,6 +132,8 @@ def shapes(insts, n: int, m: int) -> list[str | None]:
         t = (i.gpus, i.interconnect, i.interconnect_gbps, i.network_gbps)
         by_topology[t] = min(by_topology.get(t, key), key)
     cheapest = min(by_topology.values())
+    if n * m == 1:
+        return [None]
     return [None if k == cheapest else k[3] for k in by_topology.values()]
 
 

@@ -319,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", default="tiny,shapes,sharded", help="comma-separated: tiny, shapes, sharded, stacks")
     ap.add_argument("--out", default=str(ROOT / "docs" / "accuracy.md"), help="Markdown report")
     ap.add_argument("--json", default=str(ROOT / "bench" / "accuracy" / "results.json"), help="raw rows")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows --json already holds (a run cut short) and run only the missing cases")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -342,13 +344,17 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = []
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    done: dict[str, dict[str, Any]] = {}
+    if args.resume and Path(args.json).exists():
+        done = {r["id"]: r for r in json.loads(Path(args.json).read_text(encoding="utf-8")) if "error" not in r}
+    reused = sum(r["seconds"] for r in done.values() if r["id"] in {c["id"] for c in cases})
     for i, case in enumerate(cases, 1):
-        row = run_case(case, args.device)
+        row = done.get(case["id"]) or run_case(case, args.device)
         rows.append(row)
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")  # partial results survive a timeout
         status = row.get("error") or " ".join(f"{k[:5]} {pct(v['relative_error'])}" for k, v in row["components"].items())
         print(f"[{i}/{len(cases)}] {row['seconds']:6.1f}s {case['id']}: {status}", flush=True)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0 + reused
     print(f"\n{len(rows)} cases in {elapsed / 60:.1f} min")
     for g in ("tiny", "shapes", "sharded", "stacks"):
         for comp, s in stats([r for r in rows if r["group"] == g]).items():

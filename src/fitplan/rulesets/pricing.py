@@ -142,6 +142,8 @@ def instance_shapes(rules: Rulesets, provider_id: str, gpu_id: str, num_gpus: in
     default = choose_instance(rules, provider_id, gpu_id, num_gpus, num_nodes, instance_id, region)
     if instance_id is not None:
         return [(instance_id, default)]
+    if num_gpus * num_nodes == 1:
+        return [(None, default)]  # one GPU talks to no one: every shape takes the same time, the cheapest wins
     best: dict[tuple, InstancePlan] = {}
     for inst in instances_for(rules, provider_id, gpu_id):
         if region is not None and inst.region != region:
