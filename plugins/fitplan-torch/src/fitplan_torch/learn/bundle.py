@@ -1,0 +1,118 @@
+"""Regenerate fitplan's bundled architecture files (``rulesets/architectures``).
+
+    python -m fitplan_torch.learn.bundle                 # every tiny config in tests/data/configs
+    python -m fitplan_torch.learn.bundle llama gemma2    # some model types
+    python -m fitplan_torch.learn.bundle --table         # only the autograd rules table
+
+For each model type: learn its tiny config (``tests/data/configs/tiny-*``), then, for each catalog model of
+that type (``rulesets/models``) whose graph switches differ from what is learned so far, learn a tiny
+version of it and merge (``files.merge``); then write ``autograd.json`` from every op the files use. With
+``--verify`` each learning is checked as ``fitplan learn-architecture`` checks it (slow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[5]
+CONFIGS = ROOT / "tests" / "data" / "configs"
+OUT = ROOT / "rulesets" / "architectures"
+KERNEL_OPS = ("native_dropout", "empty_like", "bernoulli_.float", "div_.Scalar", "mul.Tensor", "_to_copy", "t", "view",
+              "mm", "_unsafe_view", "add.Tensor", "add_.Tensor", "bmm", "baddbmm", "clone", "full", "_safe_softmax",
+              "repeat_interleave.self_int", "_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
+
+
+def tiny_configs() -> dict[str, Path]:
+    out = {}
+    for d in sorted(CONFIGS.glob("tiny-*")):
+        cfg = json.loads((d / "config.json").read_text())
+        out.setdefault(cfg["model_type"], d / "config.json")
+    return out
+
+
+def catalog_configs(model_type: str) -> list[dict[str, Any]]:
+    import tomllib
+
+    out = []
+    for f in sorted((ROOT / "rulesets" / "models").glob("*.toml")):
+        for m in tomllib.loads(f.read_text()).get("model", []):
+            if m["config"].get("model_type") == model_type:
+                out.append(m["config"])
+    return out
+
+
+def _flags_of(data: dict[str, Any]) -> list[dict[str, bool]]:
+    return [data.get("flags", {}).get("values") or {}]
+
+
+def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[str, Any]:
+    from . import derive, files
+    from .command import shrink
+
+    cfg = json.loads(cfg_path.read_text())
+    data, results, specs = derive.learn_full(cfg, log=log)
+    data["learned"]["config"] = cfg
+    if verify:
+        from . import verify as V
+
+        problems = V.check_graph(data, results, specs, log)
+        if problems:
+            raise RuntimeError(f"{model_type}: " + "; ".join(problems[:5]))
+    learned = [data.get("flags", {}).get("values") or {}]
+    for other in catalog_configs(model_type):
+        small = shrink({**cfg, **{k: v for k, v in other.items() if isinstance(v, bool)}})
+        flags = data.get("flags", {}).get("values") or {}
+        want = {k: small.get(k, v) for k, v in flags.items()}
+        if not flags or want in learned:
+            continue
+        log(f"  merging the switches of a catalog config: {want}")
+        extra, _, _ = derive.learn_full(small, log=log)
+        data = files.merge(data, extra)
+        learned.append(extra.get("flags", {}).get("values") or {})
+    return data
+
+
+def write_table(directory: Path = OUT) -> int:
+    from .autograd_rules import source, table
+
+    ops = set(KERNEL_OPS)
+    for f in directory.glob("*.graphs.json"):
+        g = json.loads(f.read_text())
+        for seg in g["segments"].values():
+            for op in seg["ops"]:
+                if not (len(op) > 3 and op[3].get("pseudo")):
+                    ops.add(op[0])
+    (directory / "autograd.json").write_text(json.dumps({"source": source(), "ops": table(ops)}, indent=0,
+                                                        sort_keys=True) + "\n")
+    return len(ops)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import files
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("types", nargs="*")
+    ap.add_argument("--table", action="store_true", help="only regenerate autograd.json")
+    ap.add_argument("--verify", action="store_true")
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    if not args.table:
+        configs = tiny_configs()
+        for mt in args.types or list(configs):
+            t0 = time.time()
+            data = learn_type(mt, configs[mt], verify=args.verify, log=lambda m: print(m, file=sys.stderr, flush=True))
+            files.write(data, out)
+            print(f"{mt}: {time.time() - t0:.0f} s", flush=True)
+    print(f"autograd.json: {write_table(out)} ops")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
