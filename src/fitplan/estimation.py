@@ -38,7 +38,10 @@ def resolve_arch(s: sc.Scenario, rules: Rulesets) -> architecture.ModelSpec:
     if m.model and m.params:
         raise FitplanError("give either --model or --params, not both", field="model", value=f"{m.model} / {m.params}")
     if m.params:
-        return architecture.bare_spec(parse_count(m.params))
+        count = parse_count(m.params)
+        if m.assumptions == "seed":  # the seed chapter's view: a count, no shapes, no activations
+            return architecture.bare_spec(count)
+        return typical_spec(count)
     if not m.model:
         raise FitplanError("no model given", field="model",
                            suggestion="pass --model NAME (see `fitplan models list`), --model path/to/config.json, or --params 7B")
@@ -54,8 +57,32 @@ def resolve_arch(s: sc.Scenario, rules: Rulesets) -> architecture.ModelSpec:
     return architecture.spec_from_config(entry.config, name=entry.id, file=rules.origin.get(f"model:{entry.id}"), source=entry.source)
 
 
+def typical_spec(count: int) -> architecture.ModelSpec:
+    """``--params N`` alone: the model states from N exactly, activations, logits and the step timeline from
+    a typical shape (the capacity table's Llama-shaped model whose parameter count is nearest to N), marked
+    approximate. A config.json (``--model path``) gives the exact shape."""
+    import attrs
+
+    from fitplan.search.capacity import llama_spec
+
+    lo, hi = 1, 160  # the parameter count grows with depth: bisect, then take the nearer neighbour
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if llama_spec(mid).param_count <= count:
+            lo = mid
+        else:
+            hi = mid
+    shape = min((llama_spec(lo), llama_spec(hi)), key=lambda a: abs(a.param_count - count))
+    return attrs.evolve(shape, name=f"{count / 1e9:g}B params (approximate: {shape.name}, hidden {shape.hidden_size})",
+                        family="approximate", bare_param_count=count)
+
+
 def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]:
     out = []
+    if arch.family == "approximate":
+        out.append(f"--params gives no architecture: activations, logits and the step peak are for a typical shape "
+                   f"({arch.name.split('(approximate: ', 1)[-1].rstrip(')')}, {arch.num_hidden_layers} layers, "
+                   f"vocabulary {arch.vocab_size}) and are approximate; pass --model CONFIG.json for the real shape")
     world = s.hardware.num_gpus * s.hardware.num_nodes
     p = s.parallel
     if (p.zero_stage or p.fsdp) and world // p.tensor_parallel <= 1:
@@ -66,7 +93,7 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]
         out.append("--offload-params only applies with ZeRO stage 3 / FSDP full_shard: ignored")
     if s.model.method == "full" and s.lora != sc.Lora():
         out.append("LoRA options given with --method full: they are ignored (use --method lora or qlora)")
-    if s.training.max_seq_length > arch.max_position_embeddings and arch.family not in ("bare",):
+    if s.training.max_seq_length > arch.max_position_embeddings and arch.family not in ("bare", "approximate"):
         out.append(f"--max-seq-length {s.training.max_seq_length} exceeds the model's max_position_embeddings "
                    f"({arch.max_position_embeddings})")
     return out
@@ -75,7 +102,7 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]
 def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec) -> None:
     """Errors that need the architecture to detect."""
     if s.model.method != "full":
-        if arch.family == "bare":
+        if arch.family in ("bare", "approximate"):
             raise FitplanError("LoRA/QLoRA needs the model's architecture", field="method", value=s.model.method,
                                suggestion="use --model NAME or a config.json instead of --params")
         if s.lora.lora_r > arch.hidden_size:

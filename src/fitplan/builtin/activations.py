@@ -129,10 +129,32 @@ def autocast_weight_copy_bytes(step_trace):
     return 0 if step_trace is None else step_trace.autocast_copy_bytes
 
 
+@quantity("routing")
+def moe_routing(arch, per_device_train_batch_size, max_seq_length):
+    """How MoE memory depends on routing, and what fitplan assumes (None for dense models).
+
+    transformers 5 runs experts with ``grouped_mm`` by default: the b·s tokens are sorted by expert and all
+    k·b·s (token, expert) rows go through one grouped matmul per projection, so every saved tensor and
+    transient is sized by k·b·s, whatever the router chooses: the activations do not depend on the
+    routing. Per expert the rows range from k·b·s/E (balanced routing, what FLOPs and time assume) to
+    b·s (a bound: each token visits an expert at most once, so one expert gets at most every token).
+    The ``eager`` experts implementation (a Python loop over the experts hit) allocates per expert and is
+    not modelled."""
+    if not getattr(arch, "num_experts", 0):
+        return None
+    k, E = arch.num_experts_per_tok or 1, arch.num_experts
+    T = int(per_device_train_batch_size) * int(max_seq_length)
+    return {"experts": E, "top_k": k, "expert_rows": k * T, "rows_per_expert_balanced": k * T / E,
+            "rows_per_expert_bound": T,
+            "assumption": f"grouped_mm experts: all {k * T} (token, expert) rows are processed together, so memory does "
+                          f"not depend on routing; balanced routing ({k * T / E:g} rows per expert) is assumed for "
+                          f"FLOPs; one expert receives at most {T} rows"}
+
+
 @hookimpl
 def fitplan_register_quantities(register):
     for q in (step_trace_without_checkpointing, step_trace, activation_bytes_per_layer, activation_bytes_korthikanti, activation_bytes, logits_bytes,
-              autocast_weight_copy_bytes):
+              autocast_weight_copy_bytes, moe_routing):
         register(q)
 
 

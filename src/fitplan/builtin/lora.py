@@ -17,31 +17,91 @@ NF4_BLOCK = 64
 DOUBLE_QUANT_BLOCK = 256
 
 
-def _matches(module: str, targets) -> bool:
-    return module in targets or module.rsplit(".", 1)[-1] in targets or "all-linear" in targets
-
-
 def adapter_tensors(arch, lora_r, lora_target_modules):
-    """The LoRA A and B tensors for every targeted Linear weight of ``arch``."""
-    out = []
-    matched = set()
-    for g in arch.param_groups():
-        if not (g.layer and g.is_matrix and g.name.endswith(".weight")) or g.module == "router":
+    """The LoRA A and B tensors peft 0.21 creates for ``lora_target_modules`` on ``arch``
+    (:mod:`.lora_targets`): A (r, in) and B (out, r) per targeted ``nn.Linear`` / ``Conv1D``; for MoE
+    models whose experts peft maps to parameter targets (the learned file's ``lora.parameter_targets``),
+    ``lora.ParamWrapper`` factors A (r·E, in) and B (out, r·E) per expert stack (r doubled for the fused
+    ``gate_up_proj``) and A (r, in), B (out, r) for a 2-D router weight."""
+    from .lora_targets import ALL_LINEAR, module_matches, unmatched_targets
+
+    targets = tuple(lora_target_modules)
+    groups = arch.param_groups()
+    out: dict[tuple[int, ...], int] = {}
+    linear = [g for g in groups if g.linear is not None]
+    output = "lm_head"
+    from .archfile import load
+
+    af = load(arch.model_type)
+    output = af.output_module
+    layers = arch.num_hidden_layers
+    names: list[str] = []
+    for g in linear:
+        paths = [g.path.replace("{i}", str(i)) for i in range(layers)] if "{i}" in g.path else [g.path]
+        per_path = g.count // max(1, len(paths)) if "{i}" in g.path else g.count
+        for path in paths:
+            names.append(path)
+            if module_matches(path, targets, output_module=output):
+                in_f, out_f = g.linear
+                for shape in ((lora_r, in_f), (out_f, lora_r)):
+                    out[shape] = out.get(shape, 0) + per_path
+    param_targets = _parameter_targets(af, targets)
+    for g in groups:
+        leaf = g.name.rsplit(".", 1)[-1]
+        key = next((t for t in param_targets if g.name.endswith("." + t)), None)
+        if key is None:
             continue
-        if _matches(g.module, lora_target_modules):
-            matched.add(g.module)
-            outf, inf = g.shape[-2], g.shape[-1]
-            out.append(((lora_r, inf), g.count))
-            out.append(((outf, lora_r), g.count))
-    missing = [t for t in lora_target_modules if t != "all-linear" and not any(_matches(m, (t,)) for m in matched)]
+        mult = param_targets[key]
+        if len(g.shape) >= 3:
+            e, out_f, in_f = g.shape[0], g.shape[-2], g.shape[-1]
+            shapes = ((lora_r * mult * e, in_f), (out_f, lora_r * mult * e))
+        else:
+            out_f, in_f = g.shape[0], g.shape[-1]
+            shapes = ((lora_r * mult, in_f), (out_f, lora_r * mult))
+        names.append(g.name)
+        del leaf
+        for shape in shapes:
+            out[shape] = out.get(shape, 0) + g.count
+    missing = unmatched_targets(targets, names + list(_converted_names(af)))
     if missing or not out:
-        modules = sorted({g.module for g in arch.param_groups() if g.layer and g.is_matrix and g.module != "router"})
+        modules = sorted({g.path.rsplit(".", 1)[-1] for g in linear} | set(_converted_names(af)))
         raise FitplanError(
-            f"LoRA target module(s) {', '.join(missing) or ', '.join(lora_target_modules)} not found in {arch.name}",
-            field="lora_target_modules", value=",".join(lora_target_modules),
-            suggestion="modules of this model: " + ", ".join(modules),
+            f"LoRA target module(s) {', '.join(missing) or ', '.join(targets)} not found in {arch.name}",
+            field="lora_target_modules", value=",".join(targets),
+            suggestion="modules of this model: " + ", ".join(modules) + f", or {ALL_LINEAR}",
         )
-    return tuple(out)
+    return tuple(out.items())
+
+
+def _converted_names(af) -> list[str]:
+    return list(af.lora.get("parameter_targets", {}))
+
+
+def _parameter_targets(af, targets: tuple[str, ...]) -> dict[str, int]:
+    """peft's v4 -> v5 MoE conversion (``utils/transformers_weight_conversion.py``): which parameters the
+    targets reach, with the rank multiplier of a fused parameter (``gate_up_proj``: w1 + w3 -> 2r)."""
+    from .lora_targets import ALL_LINEAR, is_regex
+
+    conv = af.lora.get("parameter_targets", {})
+    if not conv:
+        return {}
+    if len(targets) == 1 and targets[0].lower() == ALL_LINEAR:
+        chosen = set(conv)
+    elif is_regex(targets):
+        import re
+
+        chosen = {k for k in conv if re.fullmatch(targets[0], k) or re.search(targets[0], k)}
+    else:
+        chosen = {k for k in conv if any(t == k or t.endswith("." + k) for t in targets)}
+    out: dict[str, int] = {}
+    for k in chosen:
+        param, fused = conv[k]
+        group = [o for o, (p2, _) in conv.items() if p2 == param]
+        if fused > 1 and not all(o in chosen for o in group):
+            raise FitplanError(f"LoRA target {k!r} is fused with {', '.join(sorted(set(group) - {k}))} into {param!r} "
+                               "in transformers 5: peft needs them all", field="lora_target_modules", value=k)
+        out[param] = fused if fused > 1 else 1
+    return out
 
 
 @reducer("trainable_tensors", when=lambda method: method in ("lora", "qlora"))
@@ -51,9 +111,9 @@ def lora(value, arch, lora_r, lora_target_modules):
 
 
 def quantized_param_count(arch) -> int:
-    """Parameters QLoRA stores in NF4: the Linear weights inside the decoder layers."""
-    return sum(g.total for g in arch.param_groups()
-               if g.layer and g.is_matrix and g.name.endswith(".weight") and g.module != "router")
+    """Parameters QLoRA stores in NF4: the ``nn.Linear`` / ``Conv1D`` weights inside the decoder layers
+    (bitsandbytes replaces only those; fused 3-D expert parameters stay in 16-bit)."""
+    return sum(g.total for g in arch.param_groups() if g.layer and g.linear is not None)
 
 
 def nf4_bytes(n: int, double_quant: bool) -> float:

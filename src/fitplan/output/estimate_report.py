@@ -373,3 +373,18 @@ from fitplan.rules.advice import advice_json, advice_lines  # noqa: E402 - the c
 
 JSON_SECTIONS.append(advice_json)
 TEXT_SECTIONS.append(advice_lines)
+
+
+def moe_json(est: Estimate) -> dict[str, Any]:
+    """The MoE routing statement (``moe_routing``), for MoE models."""
+    r = est.values.get("moe_routing")
+    return {"moe_routing": r} if r else {}
+
+
+def moe_lines(est: Estimate, units: str) -> list[tuple[str, str]]:
+    r = est.values.get("moe_routing")
+    return [("MoE routing", r["assumption"])] if r else []
+
+
+JSON_SECTIONS.append(moe_json)
+TEXT_SECTIONS.append(moe_lines)
