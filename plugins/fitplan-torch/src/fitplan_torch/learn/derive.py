@@ -507,9 +507,19 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
         raise LearnError("a second recording of the base probe differs from the first")
     cut0 = cuts[0]
     sites = []
-    ref_sites = {(st["module"], st["start"]): i for i, st in enumerate(ref["rec"].sites)} if ref is not None else {}
+    def site_keys(site_list):
+        # a call site by module and occurrence: op positions shift when another segment differs
+        seen: dict[str, int] = {}
+        out = []
+        for st in site_list:
+            seen[st["module"]] = seen.get(st["module"], 0) + 1
+            out.append((st["module"], seen[st["module"]]))
+        return out
+
+    ref_sites = {k: i for i, k in enumerate(site_keys(ref["rec"].sites))} if ref is not None else {}
+    my_keys = site_keys(recs[0].sites)
     for si in range(len(recs[0].sites)):
-        key = (recs[0].sites[si]["module"], recs[0].sites[si]["start"])
+        key = my_keys[si]
         try:
             sites.append({"in": fitter.fit([r.sites[si]["in"] for r in recs]),
                           "out": fitter.fit([r.sites[si]["out"] for r in recs])})
@@ -668,8 +678,9 @@ def toggles(base: dict[str, Any], cls) -> list[list[Regime]]:
     if kv and heads in base:
         def widen(cfg, a, g):
             cfg = {**cfg, heads: a, kv: g}
-            if hidden in cfg and isinstance(cfg[hidden], int) and cfg[hidden] % (2 * a):
-                cfg[hidden] = 2 * a * -(-cfg[hidden] // (2 * a))
+            if hidden in cfg and isinstance(cfg[hidden], int) and cfg[hidden] % (8 * a):
+                # a head width divisible by 8 keeps partial rotary dimensions (x 0.25, 0.5, 0.75) even
+                cfg[hidden] = 8 * a * -(-cfg[hidden] // (8 * a))
             return cfg
 
         gqa = Regime("gqa", f"{kv} != {heads} and {kv} != 1", lambda cfg, b, s: widen(cfg, 12, 4),
@@ -774,8 +785,17 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         # is recorded without dropout (the CPU would take the math path, whose output layout CUDA's kernels
         # do not have), its field found from a recording with it on
         mapped = {**base, **distinct}
-        default = _combine([st[0] for st in switches])
-        rec_map = run(default.setup(mapped, b, s), precision, attn, b, s)
+        rec_map = None
+        for combo in itertools.product(*switches):
+            default = _combine(list(combo))
+            bb = 1 if "b" in default.fixed else b
+            try:
+                rec_map = run(default.setup(mapped, bb, s), precision, attn, bb, s)
+                break
+            except Exception as e:  # noqa: BLE001 - e.g. DeepSeek-V2's attention needs kv heads == heads
+                log(f"    regime {default.name} does not run: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+        if rec_map is None:
+            raise LearnError(f"{precision}/{attn}: the model runs in none of the regimes")
         pf = []
         sdpa_fields = set()
         for o in rec_map.ops:

@@ -344,11 +344,16 @@ def _module_hooks(r: _Recorder, model, layers, linear_types, embed):
 
 
 def decoder_layers(model):
-    """The decoder layers: the longest ``nn.ModuleList`` (HF ``model.layers`` / ``transformer.h``)."""
+    """The decoder layers (HF ``model.layers`` / ``transformer.h``): the outermost ``nn.ModuleList`` with
+    ``num_hidden_layers`` entries (inner lists, e.g. StableLM's per-head norms, can be longer)."""
     import torch
 
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
+    lists = [(name.count("."), m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)]
+    if not lists:
+        return []
+    n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    fitting = [x for x in lists if len(x[1]) == n] or lists
+    return list(min(fitting, key=lambda x: (x[0], -len(x[1])))[1])
 
 
 def linear_types():
