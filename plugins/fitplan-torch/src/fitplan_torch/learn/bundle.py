@@ -66,7 +66,7 @@ def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[st
             raise RuntimeError(f"{model_type}: " + "; ".join(problems[:5]))
     learned = [data.get("flags", {}).get("values") or {}]
     for other in catalog_configs(model_type):
-        small = shrink({**cfg, **{k: v for k, v in other.items() if isinstance(v, bool)}})
+        small = shrink({**cfg, **{k: v for k, v in other.items() if isinstance(v, (bool, str))}})
         flags = data.get("flags", {}).get("values") or {}
         want = {k: small.get(k, v) for k, v in flags.items()}
         if not flags or want in learned:

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from .fit import FitError, Fitter
-from .record import Recording, align_backward, decoder_layers, linear_types, record
+from .record import Recording, align_backward, decoder_layers, is_linear_site, record
 from .segments import Cut
 
 DISTINCT_P = (0.11, 0.13, 0.17, 0.19, 0.23, 0.29, 0.31, 0.37, 0.41, 0.43)
@@ -90,7 +90,6 @@ def _meta(model, config) -> dict[str, Any]:
     import torch
 
     names = {m: n for n, m in model.named_modules()}
-    lin = linear_types()
     roles: dict[str, str] = {}
     emb_in = model.get_input_embeddings()
     emb_out = model.get_output_embeddings()
@@ -101,7 +100,7 @@ def _meta(model, config) -> dict[str, Any]:
                 role = "embedding"
             elif mod is emb_out and pname == "weight":
                 role = "output"
-            elif isinstance(mod, lin) and pname == "weight":
+            elif is_linear_site(mod) and pname == "weight":
                 role = "linear:" + mod_name.rsplit(".", 1)[-1]
             elif p.dim() >= 3:
                 role = "experts:" + pname
@@ -646,22 +645,54 @@ SWITCH_SKIP = {"use_cache", "tie_word_embeddings", "return_dict", "output_hidden
                "output_router_logits", "use_return_dict", "_attn_implementation_autoset"}
 
 
-def structural_flags(base: dict[str, Any], variant: tuple[str, str], b: int, s: int, log) -> dict[str, bool]:
-    """The config's true/false fields that change the recorded ops (biases, parallel blocks, q/k norms),
-    with their values here; the file is learned for these values (``fitplan learn-architecture`` on a
-    config with others adds them, see :func:`.files.merge`)."""
+STRING_SKIP = {"model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "name_or_path",
+               "architectures", "problem_type", "tokenizer_class", "prefix", "finetuning_task"}
+
+
+def _string_alternatives(k: str, v: str, cls) -> list[str]:
+    """Other values to try for a string field: other activation functions for an activation (a key of
+    transformers' ``ACT2FN``), else the config class's default."""
+    from transformers.activations import ACT2FN
+
+    from . import configrules
+
+    if v in ACT2FN:
+        return [a for a in ("silu", "gelu", "gelu_pytorch_tanh") if a != v][:1]
+    default = configrules.class_defaults(cls).get(k)
+    return [default] if isinstance(default, str) and default != v else []
+
+
+def structural_flags(base: dict[str, Any], variant: tuple[str, str], b: int, s: int, log, cls=None) -> dict[str, Any]:
+    """The config's true/false fields that change the recorded ops (biases, parallel blocks, q/k norms)
+    and its string fields that do (the activation, DeepSeek's ``topk_method``), with their values here;
+    the file is learned for these values (``fitplan learn-architecture`` on a config with others adds
+    them, see :func:`.files.merge`)."""
     ref = signature(run(base, variant[0], variant[1], b, s))
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in base.items():
-        if not isinstance(v, bool) or k in SWITCH_SKIP or k.startswith("_"):
+        if k in SWITCH_SKIP or k in STRING_SKIP or k.startswith("_"):
             continue
-        try:
-            sig = signature(run({**base, k: not v}, variant[0], variant[1], b, s))
-        except Exception:  # noqa: BLE001 - the other value is not allowed: not a switch
+        if isinstance(v, bool):
+            alts: list[Any] = [not v]
+        elif isinstance(v, str) and cls is not None:
+            alts = _string_alternatives(k, v, cls)
+        else:
             continue
-        if sig != ref:
-            out[k] = v
+        for alt in alts:
+            try:
+                sig = signature(run({**base, k: alt}, variant[0], variant[1], b, s))
+            except Exception:  # noqa: BLE001 - the other value is not allowed: not a switch
+                continue
+            if sig != ref:
+                out[k] = v
+                break
     return out
+
+
+def flag_condition(flags: dict[str, Any]) -> str | None:
+    """The file's ``flags.when``: ``attention_bias and not mlp_bias and hidden_act == 'silu'``."""
+    parts = [(k if v else f"not {k}") if isinstance(v, bool) else f"{k} == {v!r}" for k, v in flags.items()]
+    return " and ".join(parts) or None
 
 
 def toggles(base: dict[str, Any], cls) -> list[list[Regime]]:
@@ -678,9 +709,10 @@ def toggles(base: dict[str, Any], cls) -> list[list[Regime]]:
     if kv and heads in base:
         def widen(cfg, a, g):
             cfg = {**cfg, heads: a, kv: g}
-            if hidden in cfg and isinstance(cfg[hidden], int) and cfg[hidden] % (8 * a):
-                # a head width divisible by 8 keeps partial rotary dimensions (x 0.25, 0.5, 0.75) even
-                cfg[hidden] = 8 * a * -(-cfg[hidden] // (8 * a))
+            if hidden in cfg and isinstance(cfg[hidden], int) and cfg[hidden] % (16 * a):
+                # a head width divisible by 16 keeps partial rotary dimensions (x 0.25, 0.5, 0.75) even, also
+                # when the heads probe doubles the heads
+                cfg[hidden] = 16 * a * -(-cfg[hidden] // (16 * a))
             return cfg
 
         gqa = Regime("gqa", f"{kv} != {heads} and {kv} != 1", lambda cfg, b, s: widen(cfg, 12, 4),
@@ -776,8 +808,8 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
             log(f"  {precision}/{attn}: not supported by this model ({str(e).splitlines()[0][:90]})")
             continue
         supported.append((precision, attn))
-    flags = structural_flags(base, supported[0], b, s, log)
-    flag_when = " and ".join(f"{f}" if v else f"not {f}" for f, v in flags.items()) or None
+    flags = structural_flags(base, supported[0], b, s, log, cls)
+    flag_when = flag_condition(flags)
     if flags:
         log(f"  switches that change the graph, learned as given: {flags}")
     for precision, attn in supported:

@@ -82,9 +82,16 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         return merged
 
     out["params"] = cond_of(a["params"], b["params"], 5)
-    fields = dict(a["config"]["fields"])
-    for k, v in b["config"]["fields"].items():
-        fields.setdefault(k, v)
+    fa, fb = a["config"]["fields"], b["config"]["fields"]
+    fields = {}
+    for k in list(fa) + [k for k in fb if k not in fa]:
+        spec = dict(fa.get(k) or fb[k])
+        if spec.get("size") and (k not in fa or k not in fb):
+            # a size only one side's graphs use: required only under that side's switches
+            side = [c for c in (ca if k in fa else cb) if c]
+            if side and spec.get("when") is None:
+                spec["when"] = " or ".join(f"({c})" for c in side)
+        fields[k] = spec
     out["config"] = {**a["config"], "fields": fields,
                      "checks": a["config"]["checks"] + [c for c in b["config"]["checks"] if c not in a["config"]["checks"]]}
     bufs = {x[0]: x for x in a["buffers"]}

@@ -326,7 +326,7 @@ def _module_hooks(r: _Recorder, model, layers, linear_types, embed):
         r.rec.sites[i]["output"] = r.tensor(out, "op")
 
     for m in model.modules():
-        if isinstance(m, linear_types):
+        if is_linear_site(m):
             handles.append(m.register_forward_pre_hook(spre))
             handles.append(m.register_forward_hook(spost))
 
@@ -367,6 +367,14 @@ def linear_types():
     except ImportError:  # pragma: no cover
         pass
     return tuple(types)
+
+
+def is_linear_site(mod) -> bool:
+    """A Linear / Conv1D call site, where peft inserts an adapter: the class keeps the base ``forward``
+    (Llama-4's router subclasses nn.Linear but returns a tuple; peft 0.21 fails on it, fitplan does not
+    count it as a linear layer)."""
+    types = linear_types()
+    return isinstance(mod, types) and any(type(mod).forward is t.forward for t in types)
 
 
 def record(model, batch, *, autocast_dtype=None, lifetimes: bool = True, backward: bool = False) -> Recording:
