@@ -6,9 +6,10 @@
 
 Groups:
 
-* ``tiny``: the eight tiny architectures in tests/data/configs × precision {32-true, bf16-true, bf16-mixed}
-  × attention {eager, sdpa} × checkpointing {off, on} × method {full, lora}, real steps on the CPU
-  (or on the GPU with ``--device cuda``), batch 2 × 128 tokens.
+* ``tiny``: the tiny config of every bundled model type (tests/data/configs, 30) × precision {32-true,
+  bf16-true, bf16-mixed} × attention {eager, sdpa where the model has it} × checkpointing {off, on} × method
+  {full, LoRA on all linear layers}, real steps on the CPU (or on the GPU with ``--device cuda``), batch 2 ×
+  128 tokens.
 * ``shapes``: Llama-2 7B / 13B / 70B shapes under FakeTensorMode (CPU; real steps with ``--device cuda``
   where they fit on the GPU).
 * ``sharded``: ZeRO-1 (DDP + ZeroRedundancyOptimizer) and FSDP2 ZeRO-2/ZeRO-3, two real gloo ranks on a
@@ -36,17 +37,26 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "data" / "configs"
 COMPONENTS = ("parameters", "gradients", "optimizer_states", "activations", "peak")
-ARCHS = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-gemma", "tiny-phi3", "tiny-gpt2", "tiny-mixtral", "tiny-gpt-neox")
-LORA_TARGETS = {"tiny-phi3": ("qkv_proj",), "tiny-gpt-neox": ("query_key_value",), "tiny-gpt2": ("c_attn",)}
+ARCHS = tuple(sorted(p.name for p in CONFIGS.glob("tiny-*")))
+"""Every tiny config: one per bundled model type (docs/architectures.md), every switch of it on."""
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    # Llama-4's router subclasses nn.Linear but returns a tuple: peft 0.21 fails on it under all-linear
+    "tiny-llama4": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+}
+"""LoRA runs adapt every linear layer (peft's ``all-linear``) unless named here."""
 TINY_BATCH, TINY_SEQ = 2, 128
 
 
 def tiny_cases(quick: bool) -> list[dict[str, Any]]:
     out = []
     archs = ARCHS[:2] if quick else ARCHS
+    from fitplan.builtin.archfile import load
+
     for name in archs:
+        mt = json.loads((CONFIGS / name / "config.json").read_text())["model_type"]
+        attns = load(mt).data.get("attn_implementations") or ("eager", "sdpa")
         for precision in ("32-true", "bf16-true", "bf16-mixed"):
-            for attn in ("eager", "sdpa"):
+            for attn in [a for a in ("eager", "sdpa") if a in attns]:
                 for ckpt in (False, True):
                     for method in ("full", "lora"):
                         if quick and (attn == "eager" or precision == "bf16-mixed"):
@@ -55,10 +65,18 @@ def tiny_cases(quick: bool) -> list[dict[str, Any]]:
                                       gradient_checkpointing=ckpt, method=method, per_device_train_batch_size=TINY_BATCH,
                                       max_seq_length=TINY_SEQ)
                         if method == "lora":
-                            fields["lora_target_modules"] = LORA_TARGETS.get(name, ("q_proj", "v_proj"))
+                            fields["lora_target_modules"] = LORA_TARGETS.get(name, ("all-linear",))
                         cid = f"{name} {precision} {attn}{' ckpt' if ckpt else ''} {method}"
                         out.append({"group": "tiny", "id": cid, "fields": fields, "mode": "cpu"})
     return out
+
+
+def _attn_of(model: str) -> str:
+    import fitplan
+    from fitplan.builtin.archfile import load
+
+    impls = load(fitplan.estimate(model=model).arch.model_type).data.get("attn_implementations") or ["sdpa"]
+    return "sdpa" if "sdpa" in impls else impls[0]
 
 
 def shape_cases(quick: bool) -> list[dict[str, Any]]:
@@ -73,11 +91,22 @@ def shape_cases(quick: bool) -> list[dict[str, Any]]:
         ("llama-2-13b", dict(precision="bf16-true", gradient_checkpointing=True, per_device_train_batch_size=4)),
         ("llama-2-70b", dict(precision="bf16-true", gradient_checkpointing=True)),
     ]
+    # one published size per learned family (docs/architectures.md), bf16 with SDPA where the model has it
+    for model in ("mistral-7b", "mixtral-8x7b", "qwen2.5-7b", "qwen1.5-moe-a2.7b", "qwen3-8b", "qwen3-30b-a3b", "gemma-7b",
+                  "gemma-2-9b", "gemma-3-4b", "phi-2", "phi-3-mini", "gpt2-xl", "pythia-6.9b", "falcon-7b", "olmo-7b",
+                  "olmo-2-7b", "starcoder2-7b", "starcoder", "command-r-v01", "granite-3.0-8b", "stablelm-2-1.6b",
+                  "deepseek-v2-lite", "smollm3-3b", "glm-4-9b-0414", "exaone-4.0-32b", "ernie-4.5-0.3b", "gpt-oss-20b",
+                  "llama-4-scout-17b-16e"):
+        rows.append((model, dict(precision="bf16-true", attn_implementation=_attn_of(model))))
+        rows.append((model, dict(precision="bf16-mixed", gradient_checkpointing=True, attn_implementation=_attn_of(model),
+                                 method="lora", lora_r=16, lora_target_modules=("all-linear",))))
     if quick:
         rows = rows[:1]
     out = []
     for model, extra in rows:
         fields = {"model": model, "attn_implementation": "sdpa", "per_device_train_batch_size": 1, "max_seq_length": 512, **extra}
+        if "lora_target_modules" in extra:
+            extra = {k: v for k, v in extra.items() if k != "lora_target_modules"} | {"lora": "all-linear"}
         tag = " ".join(f"{k}={v}" for k, v in extra.items())
         out.append({"group": "shapes", "id": f"{model} b{fields['per_device_train_batch_size']} s512 {tag}", "fields": fields,
                     "mode": "fake"})

@@ -145,6 +145,7 @@ class ArchFile:
             if alias in c and c.get(canon) is None and c[alias] is not None:
                 c[canon] = c[alias]
         env: dict[str, Any] = {}
+        later: list[tuple[str, dict[str, Any]]] = []
         for name, spec in self.config["fields"].items():
             if "from" in spec:  # a value the config class keeps inside a dict field, or under older names
                 v = None
@@ -165,9 +166,14 @@ class ArchFile:
                 except (ExprError, TypeError, ZeroDivisionError, KeyError, IndexError) as e:
                     raise FitplanError(f"cannot derive {name} ({spec['derive']}): {e}", file=file, field=f"$.{name}") from None
             kind = spec.get("type", "any")
-            if v is not None or spec.get("size"):
+            if spec.get("when") is not None and v is None:
+                later.append((name, spec))  # a size only some switches use: required if they are on
+            elif v is not None or spec.get("size"):
                 v = _check_type(name, v, kind, bool(spec.get("size")), file)
             env[name] = v
+        for name, spec in later:
+            if compile_expr(spec["when"])(env):
+                _check_type(name, None, spec.get("type", "any"), True, file)
         for expr, field, msg in self.config.get("checks", []):
             try:
                 ok = compile_expr(expr)(env)
@@ -204,7 +210,7 @@ class ArchFile:
     def _flag_names(self) -> set[str]:
         import re
 
-        when = (self.data.get("flags") or {}).get("when") or ""
+        when = re.sub(r"'[^']*'|\"[^\"]*\"", "", (self.data.get("flags") or {}).get("when") or "")
         return {n for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", when) if n not in ("and", "or", "not")}
 
     def tie(self, env: dict[str, Any]) -> dict[str, str]:
