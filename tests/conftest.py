@@ -27,3 +27,69 @@ def run_json(*args: str, **kw) -> dict:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# --------------------------------------------------------------------------- fitplan serve and the browser
+
+REQUIRE_BROWSER = os.environ.get("FITPLAN_REQUIRE_BROWSER") == "1"
+"""Set by .ci/run: a missing browser or web extra fails the browser tests instead of skipping them."""
+
+
+def _missing(what: str) -> None:
+    if REQUIRE_BROWSER:
+        pytest.fail(f"{what} (FITPLAN_REQUIRE_BROWSER=1: CI must run the browser tests)")
+    pytest.skip(what)
+
+
+def chromium_path() -> str:
+    """Debian's ``chromium`` (or ``FITPLAN_CHROMIUM``), which the browser tests drive; skipped when missing
+    (failed under ``FITPLAN_REQUIRE_BROWSER=1``)."""
+    import shutil
+
+    path = os.environ.get("FITPLAN_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        _missing("headless Chromium not installed (apt-get install -y chromium)")
+    return path
+
+
+def require_modules(*names: str) -> None:
+    """The ``web`` extra and playwright, installed by ``make install-test``."""
+    import importlib.util
+
+    missing = [n for n in names if importlib.util.find_spec(n) is None]
+    if missing:
+        _missing(f"{', '.join(missing)} not installed (make install-test installs the web extra and playwright)")
+
+
+class Served:
+    """A running ``fitplan serve`` (in a thread, on a free localhost port)."""
+
+    def __init__(self, settings, server, sock, url: str) -> None:
+        self.settings, self.server, self.sock, self.url = settings, server, sock, url
+        self.port = sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def served():
+    """``fitplan serve`` on 127.0.0.1 and a free port, for the whole session; stopped and its uploads removed
+    at the end."""
+    import threading
+    import time
+
+    require_modules("starlette", "uvicorn")
+    from fitplan.web.api import Settings
+    from fitplan.web.server import make_server, warm_up
+
+    settings = Settings(search_seconds=60.0)
+    warm_up(settings)
+    server, sock, url = make_server(settings, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "fitplan serve did not start"
+        time.sleep(0.02)
+    yield Served(settings, server, sock, url)
+    server.should_exit = True
+    thread.join(timeout=10)
+    settings.uploads.close()

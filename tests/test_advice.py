@@ -8,7 +8,9 @@ import json
 import pytest
 
 import fitplan
-from fitplan.rules.advice import AdviceRule, AdviceSet, _FORMATTER, _Value, render_message, template_names
+from fitplan.rules.advice import AdviceSet
+from fitplan.rules.templates import _FORMATTER, _Value, render_message, template_names
+from fitplan.rulesets.schema import AdviceRule
 from fitplan.rules.conditions import Namespace
 from fitplan.errors import FitplanError
 
@@ -56,7 +58,11 @@ def test_value_formats(value, spec, text):
 
 
 def test_prefixed_names():
-    ns = Namespace({"peak_bytes": 80e9, "activation_bytes": 40e9}, None, {"peak_bytes": 60e9, "activation_bytes": 10e9})
+    from fitplan.pluginmgr.registry import default_registry
+    from fitplan.rules.conditions import vocabulary
+
+    ns = Namespace({"peak_bytes": 80e9, "activation_bytes": 40e9}, None, {"peak_bytes": 60e9, "activation_bytes": 10e9},
+                   vocabulary(default_registry()))
     text = render_message("{share_activation_bytes:pct} {variant_peak_bytes:GB} {delta_peak_bytes:GB} {ratio_peak_bytes:x}", ns)
     assert text == "50 % 60.0 GB 20.0 GB 0.75×"
 

@@ -47,7 +47,7 @@ def test_seed_assumptions_column_by_hand(ctx):
     assert largest == 36
     row = cap.largest_model(cap.SEED_FULL, ctx.rulesets.gpu("a100-80gb"), 1, ctx)
     assert row["layers"] == largest
-    assert row["param_count"] == llama_params(36)
+    assert row["params"] == llama_params(36)
     assert cap.size_text(row) == "9.47B"
 
 
@@ -68,9 +68,9 @@ def test_largest_model_is_the_boundary(ctx, setup, gpu, n):
 def test_efficient_fits_more_than_full(ctx):
     for gpu in ("rtx-3090", "a100-80gb"):
         g = ctx.rulesets.gpu(gpu)
-        full = cap.largest_model(cap.FULL, g, 1, ctx)["param_count"]
-        lora = cap.largest_model(cap.LORA, g, 1, ctx)["param_count"]
-        qlora = cap.largest_model(cap.QLORA, g, 1, ctx)["param_count"]
+        full = cap.largest_model(cap.FULL, g, 1, ctx)["params"]
+        lora = cap.largest_model(cap.LORA, g, 1, ctx)["params"]
+        qlora = cap.largest_model(cap.QLORA, g, 1, ctx)["params"]
         assert full < lora < qlora
 
 

@@ -49,9 +49,13 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                         "which does not exist",),
     "broken-import": ("plugin 'broken-import' (fitplan_broken_plugin.does_not_import) failed to load: "
                       "ModuleNotFoundError", "fitplan_dependency_that_is_not_installed"),
+    "broken-exit-import": ("plugin 'broken-exit-import' (fitplan_broken_plugin.exits) failed to load: exited "
+                           "(sys.exit(0))",),
+    "broken-exit-hook": ("plugin 'broken-exit-hook' exited (sys.exit(0)) in fitplan_register_quantities",),
 }
 DECLARATION_FAULTS = sorted(EXPECTED)
 EVALUATION_FAULT = "broken-evaluation"
+EXIT_AT_EVALUATION = "broken-exit-evaluation"
 
 
 def problems(reg) -> list[str]:
@@ -71,7 +75,7 @@ def broken_site(fitplan_entry_points) -> Path:
 
 
 def test_the_broken_distribution_declares_every_case():
-    assert set(BROKEN_EPS) == set(EXPECTED) | {EVALUATION_FAULT}
+    assert set(BROKEN_EPS) == set(EXPECTED) | {EVALUATION_FAULT, EXIT_AT_EVALUATION}
 
 
 # --------------------------------------------------------------------------- one fault at a time, entry points
@@ -106,6 +110,21 @@ def test_evaluation_fault_names_plugin_and_quantity(broken_site, estimate_with):
     assert ("plugin 'broken-evaluation': quantity 'broken_ratio_bytes' raised ZeroDivisionError"
             in e.value.render())
     assert f"{BLOCK_ENV}=broken-evaluation" in e.value.render()
+
+
+def test_exit_at_evaluation_names_plugin_and_quantity(broken_site, estimate_with):
+    with pytest.raises(PluginError) as e:
+        estimate_with(plugins=[EXIT_AT_EVALUATION], params="1B")
+    assert "plugin 'broken-exit-evaluation': quantity 'broken_exit_bytes' raised SystemExit" in e.value.render()
+
+
+def test_a_plugin_exiting_at_import_does_not_make_fitplan_exit_0(cli, tmp_path):
+    write_dist_info(tmp_path, "fitplan-broken-plugin", {"broken-exit-import": BROKEN_EPS["broken-exit-import"]})
+    proc = cli("estimate", "--params", "1B", "--format", "json", env=_env(tmp_path))
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
+    assert "plugin 'broken-exit-import'" in proc.stderr and "sys.exit(0)" in proc.stderr
+    blocked = cli("estimate", "--params", "1B", "--format", "json", env=_env(tmp_path, ["broken-exit-import"]))
+    assert blocked.returncode == 0 and json.loads(blocked.stdout)["memory"]["per_gpu_bytes"]["weights"] == 4 * 10**9
 
 
 # --------------------------------------------------------------------------- every fault at once, the CLI

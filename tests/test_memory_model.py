@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import fitplan
-from fitplan.engine.declarations import OptimizerContext
+from fitplan.inputs.optimizer import OptimizerContext
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "data" / "configs"

@@ -10,16 +10,24 @@ import pytest
 
 from fitplan.rules.conditions import Namespace, compile_condition, names_in
 from fitplan.errors import FitplanError
-from fitplan.rules.policy import PolicyRule, PolicySet, load_policy_files
+from fitplan.rules.policy import PolicySet, load_policy_files
+from fitplan.rulesets.schema import PolicyRule
 
 from conftest import ROOT, run_cli, run_json
 
 EXAMPLE = ROOT / "rulesets" / "examples" / "policy-example.toml"
 
 
+def vocab():
+    from fitplan.pluginmgr.registry import default_registry
+    from fitplan.rules.conditions import vocabulary
+
+    return vocabulary(default_registry())
+
+
 def ns(**values) -> Namespace:
     market = values.pop("market", None)
-    return Namespace(values, market)
+    return Namespace(values, market, None, vocab())
 
 
 @pytest.mark.parametrize(("cond", "values", "expected"), [
@@ -53,10 +61,10 @@ def test_unknown_values_make_comparisons_false():
 def test_derived_names():
     values = {"train_seconds": 7200.0, "on_demand_cost_usd": 40.0, "spot_cost_usd": 10.0,
               "headroom_bytes": 8e9, "usable_bytes": 80e9}
-    spot = Namespace(values, "spot")
+    spot = Namespace(values, "spot", None, vocab())
     assert compile_condition({"eq": {"train_hours": 2.0}}).test(spot)
     assert compile_condition({"eq": {"cost_usd": 10.0}}).test(spot)
-    assert compile_condition({"eq": {"cost_usd": 40.0}}).test(Namespace(values, "on_demand"))
+    assert compile_condition({"eq": {"cost_usd": 40.0}}).test(Namespace(values, "on_demand", None, vocab()))
     assert compile_condition({"eq": {"headroom_fraction": 0.1}}).test(spot)
     assert compile_condition({"eq": {"spot_saving_fraction": 0.75}}).test(spot)
     assert compile_condition({"eq": {"time.seconds": 7200.0}}).test(spot)  # the JSON report's dotted key
@@ -101,12 +109,13 @@ def test_penalise_needs_a_penalty():
         PolicyRule(id="r", description="d", condition={"gt": {"x": 1}}, action="penalize")
 
 
-def test_check_reports_every_rule_that_fires_and_the_penalty():
+def test_check_reports_every_rule_that_fires_and_the_penalty(registry_context):
     rules = [PolicyRule(id="budget", description="b", condition={"gt": {"cost_usd": 100}}),
              PolicyRule(id="multi", description="m", action="penalise", penalty=0.25, condition={"gt": {"num_nodes": 1}}),
              PolicyRule(id="slow", description="s", action="penalise", penalty=0.5, condition={"gt": {"train_hours": 1}})]
-    ps = PolicySet(rules)
-    fired, factor = ps.check(Namespace({"on_demand_cost_usd": 150.0, "num_nodes": 2, "train_seconds": 7200.0}, "on_demand"))
+    ps = PolicySet(rules, registry_context.registry)
+    fired, factor = ps.check(Namespace({"on_demand_cost_usd": 150.0, "num_nodes": 2, "train_seconds": 7200.0}, "on_demand",
+                                       None, ps.vocabulary))
     assert [v.rule for v in fired] == ["budget", "multi", "slow"]
     assert factor == pytest.approx(1.25 * 1.5)
     assert fired[0].reason == "cost_usd = 150 > 100"

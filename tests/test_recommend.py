@@ -12,17 +12,20 @@ from itertools import product
 import pytest
 
 import fitplan
+from fitplan.search import plans
 from fitplan.search import recommend as rec
+from fitplan.search.space import SearchSpace, parse_headroom
 from fitplan.rules.conditions import Namespace
 from fitplan.errors import FitplanError
 from fitplan.estimation import evaluate
-from fitplan.rules.policy import PolicyRule, PolicySet
+from fitplan.rules.policy import PolicySet
+from fitplan.rulesets.schema import PolicyRule
 
 from conftest import run_cli
 
 GPUS = ("a10g", "a100-40gb", "a100-80gb")
 PROVIDERS = ("aws", "gcp", "lambda", "seed")
-SPACE = rec.SearchSpace(methods=("full", "lora", "qlora"), precisions=("bf16-mixed", "bf16-master", "32-true"),
+SPACE = SearchSpace(methods=("full", "lora", "qlora"), precisions=("bf16-mixed", "bf16-master", "32-true"),
                         optimizers=("adamw_torch", "adamw_8bit"), attn_implementations=("sdpa", "eager"),
                         gpus=GPUS, providers=PROVIDERS, max_gpus=8, num_nodes=(1, 2), effective_batch_size=8)
 BASE = dict(model="llama-2-7b", num_examples=20000, tokens_per_example=512, max_seq_length=1024)
@@ -100,7 +103,7 @@ def brute_force(ctx, objective: str, policies: PolicySet, headroom: float = 0.05
                     not_fitting += len(markets)
                     continue
                 for market in markets:
-                    ns = Namespace(v, market)
+                    ns = Namespace(v, market, None, policies.vocabulary)
                     fired, factor = policies.check(ns)
                     forbid = [f for f in fired if f.action == "forbid"]
                     if forbid:
@@ -157,7 +160,7 @@ def test_reported_plans_are_the_estimates_of_their_scenarios(ctx):
     res = rec.search(base, ctx, space=SPACE, objective="cost", top=5, fixed=set(BASE))
     rec.attach_estimates(res, ctx)  # raises if the search and the estimate disagree
     for plan in res.plans + res.pareto:
-        est = evaluate(rec.plan_scenario(base, plan), ctx.registry, ctx.rulesets)
+        est = evaluate(plans.plan_scenario(base, plan), ctx.registry, ctx.rulesets)
         assert plan.device_total_bytes == est.values["device_total_bytes"]
         assert plan.train_seconds == est.values["train_seconds"]
         expected = est.values["spot_cost_usd"] if plan.market == "spot" else est.values["on_demand_cost_usd"]
@@ -208,7 +211,7 @@ def test_plugin_optimizers_are_searched(ctx):
 
     reg = make_registry(entry_points=False, blocked=(), extra_plugins=[("lion-test", Plugin)])
     with_plugin = get_context((), reg)
-    space = rec.SearchSpace(optimizers=None, gpus=("a100-80gb",), providers=("aws",), methods=("lora",),
+    space = SearchSpace(optimizers=None, gpus=("a100-80gb",), providers=("aws",), methods=("lora",),
                             precisions=("bf16-true",), attn_implementations=("sdpa",), checkpointing=(False,))
     base = fitplan.scenario_from_dict(BASE)
     n_builtin = len(ctx.registry.optimizers)
@@ -237,13 +240,13 @@ def test_objective_needs_a_dataset(ctx):
 @pytest.mark.parametrize(("text", "expected"), [("0.05", (0.05, 0)), ("10%", (0.1, 0)), ("2GB", (0.0, 2 * 10**9)),
                                                 ("1.5GiB", (0.0, 3 * 2**29))])
 def test_headroom(text, expected):
-    assert rec.parse_headroom(text) == expected
+    assert parse_headroom(text) == expected
 
 
 @pytest.mark.parametrize("text", ["lots", "1.5", "-0.1"])
 def test_bad_headroom(text):
     with pytest.raises(FitplanError, match="headroom"):
-        rec.parse_headroom(text)
+        parse_headroom(text)
 
 
 # --------------------------------------------------------------------------- reverse questions
@@ -347,7 +350,7 @@ def test_rate_is_reasonable(ctx):
 
     base = fitplan.scenario_from_dict(BASE)
     t0 = time.perf_counter()
-    res = rec.search(base, ctx, space=rec.SearchSpace(), objective="cost", fixed=set(BASE))
+    res = rec.search(base, ctx, space=SearchSpace(), objective="cost", fixed=set(BASE))
     elapsed = time.perf_counter() - t0
     assert res.stats.candidates > 100_000
     assert res.stats.candidates / elapsed > 20_000, f"{res.stats.candidates / elapsed:,.0f} candidates/s"

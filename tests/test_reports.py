@@ -1,19 +1,20 @@
 """Rendered reports, snapshot-tested (syrupy; review every snapshot update as a diff): recommendation
 reports in JSON, Markdown, the terminal and HTML on several scenarios, and the estimate reports' advice.
 Reports are deterministic: rendering twice gives the same bytes. The HTML report is also opened in
-headless Chromium when it is installed (skipped otherwise)."""
+headless Chromium (skipped when it is not installed, except in CI: .ci/run installs it and requires it)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from io import StringIO
 
 import pytest
 
 import fitplan
+from fitplan.search import plans
 from fitplan.search import recommend as rec
+from fitplan.search.space import SearchSpace
 from fitplan.output import recommend_report as report
 from fitplan.output import recommend_html as report_html
 
@@ -51,7 +52,7 @@ def results(ctx):
     for name, (data, space, objective, policy, top) in SCENARIOS.items():
         base = fitplan.scenario_from_dict(data)
         policies = policy_set(ctx.rulesets, ctx.registry, [policy] if policy else [])
-        res = rec.search(base, ctx, space=rec.SearchSpace(**space), objective=objective, policies=policies, top=top,
+        res = rec.search(base, ctx, space=SearchSpace(**space), objective=objective, policies=policies, top=top,
                          fixed=set(data))
         rec.attach_estimates(res, ctx)
         out[name] = res
@@ -90,7 +91,7 @@ def test_policy_report_names_the_rule_behind_each_rejection(results):
     md = report.to_markdown(r)
     assert "## Rejected by policy" in md
     for p in r.rejected:
-        assert rec.rejection_text(p) in md
+        assert plans.rejection_text(p) in md
 
 
 def test_html_is_self_contained(results):
@@ -114,15 +115,20 @@ def estimate_cases(ctx):
 
 @pytest.mark.parametrize("name", ["fp32-7b", "ddp-13b-priced"])
 def test_estimate_advice(estimate_cases, snapshot, name):
+    from fitplan.assess import assess
     from fitplan.output import estimate_report as render
 
-    est = estimate_cases[name]
-    assert {"advice": render.to_json(est)["advice"], "markdown": render.to_markdown(est)} == snapshot
+    a = assess(estimate_cases[name])
+    assert {"advice": render.to_json(a)["advice"], "markdown": render.to_markdown(a)} == snapshot
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed (apt-get install chromium)")
 def test_html_renders_in_headless_chromium(results, tmp_path):
+    """Skipped without Chromium, except under .ci/run (FITPLAN_REQUIRE_BROWSER=1), where it fails."""
     import importlib.util
+
+    from conftest import chromium_path
+
+    browser = chromium_path()
 
     spec = importlib.util.spec_from_file_location("html_screenshot", ROOT / "bench" / "html_screenshot.py")
     bench = importlib.util.module_from_spec(spec)
@@ -130,7 +136,31 @@ def test_html_renders_in_headless_chromium(results, tmp_path):
     html = tmp_path / "report.html"
     html.write_text(report_html.render(results["policy-13b-cost"]), encoding="utf-8")
     png = tmp_path / "report.png"
-    subprocess.run(["chromium", *bench.FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
+    subprocess.run([browser, *bench.FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
                     "--window-size=1280,2000", html.as_uri()], check=True, capture_output=True, timeout=120)
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000
+
+
+def test_rendering_evaluates_nothing(results, estimate_cases, monkeypatch):
+    """Renderers are pure functions of what they render: the search and the assess step evaluated everything."""
+    from fitplan.assess import assess
+    from fitplan.engine.graph import CompiledGraph
+    from fitplan.engine.staging import StagedGraph
+    from fitplan.output import estimate_report
+    from fitplan.output.formats import RenderOptions
+    from fitplan.pluginmgr.registry import make_registry
+
+    assessments = [assess(e) for e in estimate_cases.values()]
+    calls = []
+    monkeypatch.setattr(CompiledGraph, "evaluate", lambda self, inputs: calls.append("evaluate"))
+    monkeypatch.setattr(StagedGraph, "run", lambda self, v, level: calls.append("run"))
+    reg = make_registry(entry_points=False, blocked=())
+    for result in results.values():
+        for name in reg.format_names("recommend"):
+            assert reg.format("recommend", name).render("recommend", result, RenderOptions())
+    for a in assessments:
+        for name in reg.format_names("estimate"):
+            assert reg.format("estimate", name).render("estimate", a, RenderOptions())
+        assert estimate_report.to_json(a)["advice"] == [x.to_dict() for x in a.advice]
+    assert calls == []

@@ -16,21 +16,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fitplan.engine.declarations import OptimizerContext, OptimizerSpec, Quantity, Reducer, quantity, reducer
+from fitplan.engine.declarations import Name, Quantity, Reducer, quantity, reducer
 from fitplan.errors import FitplanError, PluginError
+from fitplan.inputs.optimizer import OptimizerContext, OptimizerSpec
 from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.inputs.scenario import Scenario
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Estimate", "FitplanError", "OptimizerContext", "OptimizerSpec", "PluginError", "Quantity", "Reducer", "Scenario",
+    "Estimate", "FitplanError", "Name", "OptimizerContext", "OptimizerSpec", "PluginError", "Quantity", "Reducer", "Scenario",
     "estimate", "hookimpl", "quantity", "reducer", "scenario_from_dict",
 ]
 
 
 def scenario_from_dict(data: dict[str, Any], *, file: str | None = None) -> Scenario:
-    from fitplan.context import scenario_from_dict as _s
+    from fitplan.inputs.sources import scenario_from_dict as _s
 
     return _s(data, file=file)
 
@@ -44,7 +45,8 @@ def estimate(scenario: Scenario | dict[str, Any] | None = None, /, *, ruleset_di
     :param ruleset_dirs: extra ruleset directories (like ``--ruleset-dir``).
     :raises FitplanError: on bad input.
     """
-    from fitplan.context import get_context, merge
+    from fitplan.context import get_context
+    from fitplan.inputs.sources import merge
     from fitplan.estimation import evaluate
     from fitplan.inputs.scenario import flatten
 

@@ -62,8 +62,11 @@ class GraphError(FitplanError):
 
 
 def did_you_mean(name: str, candidates: Iterable[str], *, n: int = 3) -> str | None:
-    """A "did you mean" suggestion for ``name`` among ``candidates``, or None."""
-    pool = sorted(set(candidates))
+    """A "did you mean" suggestion for ``name`` among ``candidates``, or None (none for a name longer than 100
+    characters: difflib's matching is quadratic in the length)."""
+    if len(name) > 100:
+        return None
+    pool = sorted(c for c in set(candidates) if len(c) <= 200)
     close = difflib.get_close_matches(name, pool, n=n, cutoff=0.6)
     if not close:
         lowered = {c.lower(): c for c in pool}

@@ -1,4 +1,4 @@
-"""From a scenario to an :class:`Estimate`: resolve inputs, evaluate the compiled graph, explain.
+"""From a scenario to an :class:`Estimate`: resolve the inputs, evaluate the compiled graph, keep provenance.
 
 ``Estimate`` keeps every value and where it came from: the quantity's plugin and doc, its
 dependencies' values, which reducers applied, and the ruleset file behind each resolved input.
@@ -10,27 +10,12 @@ from typing import Any
 
 import attrs
 
+from fitplan.errors import FitplanError
 from fitplan.inputs import architecture
 from fitplan.inputs import scenario as sc
-from fitplan.errors import FitplanError
 from fitplan.pluginmgr.registry import Registry
 from fitplan.rulesets.loader import Rulesets
 from fitplan.units import parse_count
-
-MEMORY_KEYS = {
-    "weights": "weight_bytes",
-    "master_weights": "master_weight_bytes",
-    "gradients": "gradient_bytes",
-    "optimizer_states": "optimizer_state_bytes",
-    "activations": "activation_bytes",
-    "logits": "logits_bytes",
-    "autocast_copies": "autocast_weight_copy_bytes",
-    "comm_buffers": "comm_buffer_bytes",
-    "peak": "peak_bytes",
-    "framework_overhead": "framework_overhead_bytes",
-    "device_total": "device_total_bytes",
-}
-"""JSON key under ``memory.per_gpu_bytes`` -> quantity."""
 
 
 def resolve_arch(s: sc.Scenario, rules: Rulesets) -> architecture.ModelSpec:
@@ -93,7 +78,7 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]
         out.append("--offload-params only applies with ZeRO stage 3 / FSDP full_shard: ignored")
     if s.model.method == "full" and s.lora != sc.Lora():
         out.append("LoRA options given with --method full: they are ignored (use --method lora or qlora)")
-    if s.training.max_seq_length > arch.max_position_embeddings and arch.family not in ("bare", "approximate"):
+    if s.training.max_seq_length > arch.max_position_embeddings and not arch.is_bare and arch.family != "approximate":
         out.append(f"--max-seq-length {s.training.max_seq_length} exceeds the model's max_position_embeddings "
                    f"({arch.max_position_embeddings})")
     return out
@@ -102,13 +87,13 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]
 def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec) -> None:
     """Errors that need the architecture to detect."""
     if s.model.method != "full":
-        if arch.family in ("bare", "approximate"):
+        if arch.is_bare or arch.family == "approximate":
             raise FitplanError("LoRA/QLoRA needs the model's architecture", field="method", value=s.model.method,
                                suggestion="use --model NAME or a config.json instead of --params")
         if s.lora.lora_r > arch.hidden_size:
             raise FitplanError(f"Lora.lora_r ({s.lora.lora_r}) exceeds the hidden size of {arch.name} ({arch.hidden_size})",
                                field="lora_r", value=s.lora.lora_r, suggestion=f"use a rank <= {arch.hidden_size}")
-    if s.parallel.tensor_parallel > 1 and arch.family != "bare" and arch.num_attention_heads % s.parallel.tensor_parallel:
+    if s.parallel.tensor_parallel > 1 and not arch.is_bare and arch.num_attention_heads % s.parallel.tensor_parallel:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide num_attention_heads ({arch.num_attention_heads})",
                            field="tensor_parallel", value=s.parallel.tensor_parallel)
     world = s.hardware.num_gpus * s.hardware.num_nodes
@@ -155,7 +140,15 @@ class Estimate:
         return self.values["arch"]
 
     def memory_bytes(self) -> dict[str, int]:
-        return {k: int(self.values[q]) for k, q in MEMORY_KEYS.items() if q in self.values}
+        """Per-GPU bytes of each memory component, keyed as in the JSON report's ``memory.per_gpu_bytes``."""
+        prefix = "memory.per_gpu_bytes."
+        return {q.json_key[len(prefix):]: int(self.values[name]) for name, q in self.registry.compiled().quantities.items()
+                if q.json_key.startswith(prefix) and name in self.values}
+
+    def role(self, role: str) -> Any:
+        """The value of the quantity holding ``role`` (:data:`fitplan.engine.declarations.ROLES`), or None."""
+        name = self.registry.compiled().role(role)
+        return None if name is None else self.values.get(name)
 
     def provenance(self, name: str) -> dict[str, Any]:
         """Where ``name``'s value came from: rule, plugin, inputs, ruleset file."""
@@ -209,5 +202,7 @@ def hf_config_for(s: sc.Scenario, rules: Rulesets) -> dict[str, Any]:
     if p.is_dir():
         p = p / "config.json"
     if p.suffix == ".json" and p.exists():
-        return json.loads(p.read_text(encoding="utf-8"))
+        from fitplan.inputs.files import read_json
+
+        return read_json(p, field="--model")
     return dict(rules.model_entry(text).config)

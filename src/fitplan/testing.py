@@ -222,7 +222,7 @@ def _walk(tree: dict[str, Any]) -> Iterable[dict[str, Any]]:
 def assert_explains(estimate: Estimate, quantity: str, *, depends_on: Iterable[str] = (),
                     applied: Iterable[str] = (), not_applied: Iterable[str] = (), plugin: str | None = None,
                     depth: int = 8) -> dict[str, Any]:
-    """Assert on ``fitplan explain QUANTITY``'s tree (:func:`fitplan.output.estimate_report.explain_tree`).
+    """Assert on ``fitplan explain QUANTITY``'s tree (:func:`fitplan.output.explain.explain_tree`).
 
     :param depends_on: names that must appear below ``quantity`` (quantities or inputs, at any depth).
     :param applied: reducer names (``"zero"`` or ``"optimizer_state_bytes.zero"``) whose condition held.
@@ -230,7 +230,7 @@ def assert_explains(estimate: Estimate, quantity: str, *, depends_on: Iterable[s
     :param plugin: the plugin that must have declared ``quantity`` (its contributor, for a reducer chain).
     :returns: the tree, for further assertions.
     """
-    from fitplan.output.estimate_report import explain_tree
+    from fitplan.output.explain import explain_tree
 
     tree = explain_tree(estimate, quantity, depth=depth)
     nodes = list(_walk(tree))

@@ -14,7 +14,9 @@ GB = 10**9
 GiB = 2**30
 
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-_COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
+_COUNT = re.compile(r"^\s*([0-9]{0,30}\.?[0-9]{1,30}(?:e[+-]?[0-9]{1,3})?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
+MAX_COUNT = 10**15
+"""The largest parameter count fitplan accepts (a quadrillion: 500× the largest models trained)."""
 
 
 def parse_count(text: str | int | float, *, field: str = "params") -> int:
@@ -30,11 +32,13 @@ def parse_count(text: str | int | float, *, field: str = "params") -> int:
         m = _COUNT.match(str(text))
         if not m:
             raise FitplanError(
-                f"cannot read {text!r} as a parameter count", field=field, value=text, suggestion="for example 7B, 1.5B or 125M"
-            )
+                f"cannot read {text!r:.40} as a parameter count", field=field, value=str(text)[:40],
+                suggestion="for example 7B, 1.5B or 125M")
         value = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
     if not value >= 1:
-        raise FitplanError(f"a parameter count must be at least 1, got {text!r}", field=field, value=text)
+        raise FitplanError(f"a parameter count must be at least 1, got {text!r:.40}", field=field, value=text)
+    if not value <= MAX_COUNT:  # also NaN and infinity
+        raise FitplanError(f"a parameter count must be at most {MAX_COUNT:.0e}, got {text!r:.40}", field=field, value=text)
     return int(round(value))
 
 

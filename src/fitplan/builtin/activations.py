@@ -37,7 +37,7 @@ from fitplan.builtin.step_trace import StepTrace, TraceSpec, build
 
 def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,
               framework=None) -> StepTrace | None:
-    if arch.family == "bare":
+    if arch.is_bare:
         return None
     attn = "sdpa" if attn == "flash_attention_2" else attn
     targets = tuple(lora_target_modules) if method != "full" else ()
@@ -46,7 +46,7 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
                            float(lora_dropout) if method != "full" else 0.0, device, int(block)))
 
 
-@quantity("trace")
+@quantity("trace", type="object")
 def step_trace_without_checkpointing(arch, per_device_train_batch_size, max_seq_length, precision, attn_implementation,
                                      method, lora_r, lora_target_modules, lora_dropout, device, framework):
     """The symbolic trace of one step without gradient checkpointing (builtin/step_trace.py): saved tensors
@@ -56,7 +56,7 @@ def step_trace_without_checkpointing(arch, per_device_train_batch_size, max_seq_
                      lora_r, lora_target_modules, lora_dropout, device, framework)
 
 
-@quantity("trace")
+@quantity("trace", type="object")
 def step_trace(step_trace_without_checkpointing, gradient_checkpointing, arch, per_device_train_batch_size,
                max_seq_length, precision, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
                device, framework):
@@ -80,13 +80,13 @@ def activation_bytes_korthikanti(arch, per_device_train_batch_size, max_seq_leng
     """Korthikanti et al. 2022 (GPT block, 16-bit): ``L·s·b·h·(34 + 5·a·s/h)``; memory-efficient attention
     drops the ``5·a·s²·b`` term. A named approximation, shown by ``explain`` for comparison."""
     b, s, h, a = per_device_train_batch_size, max_seq_length, arch.hidden_size, arch.num_attention_heads
-    if arch.family == "bare":
+    if arch.is_bare:
         return 0
     per = 34 * s * b * h + (5 * a * s * s * b if attn_implementation == "eager" else 0)
     return arch.num_hidden_layers * per
 
 
-@quantity("bytes", category="memory")
+@quantity("bytes", category="memory", label="activations", json_key="memory.per_gpu_bytes.activations", short="activations", row="activations")
 def activation_bytes(step_trace_without_checkpointing):
     """Saved activations without checkpointing: everything the forward keeps for the backward except the
     loss head's tensors (``logits_bytes``) and autocast's weight copies, from the step trace (the
@@ -112,7 +112,7 @@ def tensor_parallel_activations(value, tensor_parallel):
     return value // tensor_parallel
 
 
-@quantity("bytes", category="memory")
+@quantity("bytes", category="memory", label="logits + loss", json_key="memory.per_gpu_bytes.logits", short="logits", row="logits")
 def logits_bytes(step_trace):
     """The loss head's saved tensors (HF ``ForCausalLMLoss``): the fp32 ``log_softmax`` output ``4·b·s·V``
     (the logits are upcast with ``.float()`` first), the shifted labels ``8·b·s`` and nll_loss's 4-byte
@@ -120,7 +120,7 @@ def logits_bytes(step_trace):
     return 0 if step_trace is None else step_trace.logits_bytes
 
 
-@quantity("bytes", category="memory")
+@quantity("bytes", category="memory", label="autocast weight copies", short_label="autocast copies", json_key="memory.per_gpu_bytes.autocast_copies", row="autocast_copies")
 def autocast_weight_copy_bytes(step_trace):
     """Autocast (``*-mixed``) casts each trained Linear's fp32 weight to 16-bit once per forward (cached:
     leaf tensors that require grad) and the matmul saves the copy: 2 B per Linear weight element (LM head

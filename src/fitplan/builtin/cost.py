@@ -16,7 +16,7 @@ from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.rulesets.pricing import billed_seconds, choose_instance
 
 
-@quantity("GPU-h")
+@quantity("GPU-h", json_key="cost.gpu_hours", label="GPU-hours")
 def gpu_hours(train_seconds, world_size, runs):
     """GPU-hours used: GPUs × training hours × ``runs``. None without a training time."""
     if train_seconds is None:
@@ -24,7 +24,7 @@ def gpu_hours(train_seconds, world_size, runs):
     return world_size * train_seconds / 3600 * runs
 
 
-@quantity("instances")
+@quantity("instances", role="instance", type="object")
 def instance_choice(provider, instance, region, gpu_spec, num_gpus, num_nodes, rulesets):
     """What is rented: the provider's instance shape with this GPU whose ``ceil(GPUs / GPUs per instance)``
     whole instances cost least per hour (per node when ``num_nodes > 1``); ``--instance`` and ``--region``
@@ -35,7 +35,7 @@ def instance_choice(provider, instance, region, gpu_spec, num_gpus, num_nodes, r
     return choose_instance(rulesets, provider, gpu_spec.id, num_gpus, num_nodes, instance, region)
 
 
-@quantity("s")
+@quantity("s", json_key="cost.billed_seconds_on_demand")
 def billed_seconds_on_demand(train_seconds, instance_choice):
     """One run's training time rounded up to the provider's billing unit (second, minute, hour) and minimum."""
     if train_seconds is None or instance_choice is None:
@@ -43,7 +43,7 @@ def billed_seconds_on_demand(train_seconds, instance_choice):
     return billed_seconds(train_seconds, instance_choice.provider)
 
 
-@quantity("s")
+@quantity("s", json_key="cost.billed_seconds_spot")
 def billed_seconds_spot(train_seconds, instance_choice):
     """One run's spot time, ``train_seconds × (1 + spot_overhead)`` (interruptions, restarts and checkpoint
     reloads; the provider's assumption), rounded like on-demand time. None without a spot price."""
@@ -52,7 +52,7 @@ def billed_seconds_spot(train_seconds, instance_choice):
     return billed_seconds(train_seconds * (1 + instance_choice.provider.spot_overhead), instance_choice.provider)
 
 
-@quantity("USD")
+@quantity("USD", json_key="cost.on_demand_usd", short="cost", role="cost.on_demand", label="on-demand cost")
 def on_demand_cost_usd(billed_seconds_on_demand, instance_choice, runs):
     """On-demand cost of ``runs`` runs: ``runs × instances × hourly price × billed hours`` (the seed:
     4 h × $4.00 = $16; 5 runs: $80). In ``cost_currency``."""
@@ -61,7 +61,7 @@ def on_demand_cost_usd(billed_seconds_on_demand, instance_choice, runs):
     return runs * instance_choice.on_demand_per_hour * billed_seconds_on_demand / 3600
 
 
-@quantity("USD")
+@quantity("USD", json_key="cost.spot_usd", short="spot_cost", role="cost.spot", label="spot cost")
 def spot_cost_usd(billed_seconds_spot, instance_choice, runs):
     """Spot cost of ``runs`` runs: ``runs × instances × spot hourly price × billed spot hours`` (the seed:
     4 h × $1.20 = $4.80; 5 runs: $24). None where the instance has no spot price."""
@@ -70,7 +70,7 @@ def spot_cost_usd(billed_seconds_spot, instance_choice, runs):
     return runs * instance_choice.spot_per_hour * billed_seconds_spot / 3600
 
 
-@quantity("currency")
+@quantity("currency", json_key="cost.currency", role="currency", type="text")
 def cost_currency(instance_choice):
     """The currency of every amount: the provider's ``currency`` (USD for every bundled provider)."""
     return None if instance_choice is None else instance_choice.provider.currency

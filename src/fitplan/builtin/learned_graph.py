@@ -30,14 +30,19 @@ from .lora_targets import lora_site_matches
 FLOAT = ("f32", "bf16", "f16", "f64")
 
 
+_TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+
+
 def dtype_map(precision: str) -> tuple[str, dict[str, str]]:
-    """(recorded graph, dtype renaming) for a precision preset."""
-    half = "f16" if precision.startswith("16") else "bf16"
-    if precision == "32-true":
-        return "16", {"bf16": "f32"}
-    if precision.endswith("-mixed"):
-        return "mixed", {"bf16": half}
-    return "16", {"bf16": half}
+    """(recorded graph, dtype renaming) for a precision preset (:data:`fitplan.inputs.precision.PRESETS`):
+    autocast presets replay the graph recorded under autocast, the others the 16-bit graph with bf16
+    renamed to the preset's weight dtype."""
+    from fitplan.inputs.precision import PRESETS
+
+    p = PRESETS[precision]
+    if p.autocast:
+        return "mixed", {"bf16": _TRACE_DTYPE[p.compute_dtype]}
+    return "16", {"bf16": _TRACE_DTYPE[p.weight_dtype]}
 
 
 class Builder:

@@ -5,11 +5,12 @@ Sharding (ZeRO/FSDP), offload and QLoRA are reducers on these terms, declared in
 
 from __future__ import annotations
 
-from fitplan.engine.declarations import OptimizerContext, quantity
+from fitplan.engine.declarations import quantity
+from fitplan.inputs.optimizer import OptimizerContext
 from fitplan.pluginmgr.hookspecs import hookimpl
 
 
-@quantity("tensors")
+@quantity("tensors", type="object")
 def trainable_tensors(arch):
     """The trainable parameter tensors as ``(shape, count)`` pairs: every parameter for full
     fine-tuning (the LoRA reducer replaces them with the adapters)."""
@@ -43,35 +44,35 @@ def trainable_dtype_bytes(method, weight_dtype_bytes, assumptions):
     return 4
 
 
-@quantity("bytes", category="memory")
+@quantity("bytes", category="memory", label="weights", json_key="memory.per_gpu_bytes.weights", short="weights", row="weights")
 def weight_bytes(param_count, weight_dtype_bytes, adapter_param_count, trainable_dtype_bytes):
     """Weights: param_count × bytes per weight, plus LoRA adapters in their own dtype.
     Seed: "parameters × precision" (7B × 4 = 28 GB)."""
     return param_count * weight_dtype_bytes + adapter_param_count * trainable_dtype_bytes
 
 
-@quantity("bytes", category="memory")
+@quantity("bytes", category="memory", label="master weights (fp32)", short_label="master weights", json_key="memory.per_gpu_bytes.master_weights", short="master_weights", row="master_weights")
 def master_weight_bytes(trainable_param_count, master_weight_dtype_bytes):
     """fp32 master copy of the trainable weights kept by DeepSpeed/Megatron mixed precision
     (``*-master`` presets): 4 B per trainable parameter. Absent in torch AMP and pure 16-bit training."""
     return trainable_param_count * master_weight_dtype_bytes
 
 
-@quantity("bytes", category="memory")
+@quantity("bytes", category="memory", label="gradients", json_key="memory.per_gpu_bytes.gradients", short="gradients", row="gradients")
 def gradient_bytes(trainable_param_count, trainable_dtype_bytes):
     """Gradients: one per trainable parameter, in the parameter's dtype (frozen weights have none).
     Seed: "même taille que les poids"."""
     return trainable_param_count * trainable_dtype_bytes
 
 
-@quantity("context")
+@quantity("context", type="object")
 def optimizer_context(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device):
     """What an optimizer's byte functions see: the trainable tensors (in ``model.parameters()`` order),
     the state and parameter dtypes, the device."""
     return OptimizerContext(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device)
 
 
-@quantity("bytes", category="memory")
+@quantity("bytes", category="memory", label="optimizer states", json_key="memory.per_gpu_bytes.optimizer_states", short="optimizer_states", row="optimizer_states")
 def optimizer_state_bytes(optimizer_spec, optimizer_context):
     """Optimizer states as the chosen optimizer stores them (see ``fitplan plugins`` for each optimizer's rule)."""
     return int(optimizer_spec.state_bytes(optimizer_context))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from fitplan.engine.declarations import OptimizerSpec
+from fitplan.inputs.optimizer import OptimizerSpec
 from fitplan.pluginmgr.hookspecs import hookimpl
 
 BNB_BLOCK = 256

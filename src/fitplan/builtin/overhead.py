@@ -22,7 +22,7 @@ from fitplan.engine.declarations import quantity
 from fitplan.pluginmgr.hookspecs import hookimpl
 
 
-@quantity("bytes", category="memory")
+@quantity("bytes", category="memory", label="CUDA context + allocator reserve", short_label="CUDA context + reserve", json_key="memory.per_gpu_bytes.framework_overhead", row="framework_overhead", role="overhead")
 def framework_overhead_bytes(peak_bytes, framework, device):
     """CUDA context + cuBLAS workspace + allocator reserve ``(ratio − 1) × peak`` (0 on the CPU)."""
     if device == "cpu":
@@ -31,25 +31,25 @@ def framework_overhead_bytes(peak_bytes, framework, device):
                + (framework.allocator_reserve_ratio - 1) * peak_bytes)
 
 
-@quantity("bytes", category="memory")
+@quantity("bytes", category="memory", label="device total", json_key="memory.per_gpu_bytes.device_total", short="device_total", role="device_total")
 def device_total_bytes(peak_bytes, framework_overhead_bytes):
     """What the GPU must hold: the tensor peak plus framework overhead."""
     return peak_bytes + framework_overhead_bytes
 
 
-@quantity("bytes")
+@quantity("bytes", json_key="memory.usable_bytes", role="usable")
 def usable_bytes(gpu_spec):
     """Memory the GPU offers to a process (``torch.cuda.get_device_properties().total_memory``), or None without ``--gpu``."""
     return None if gpu_spec is None else gpu_spec.usable_bytes
 
 
-@quantity("bool")
+@quantity("bool", json_key="memory.fits", role="fit", type="bool")
 def fits(device_total_bytes, usable_bytes):
     """Whether ``device_total_bytes`` fits in ``usable_bytes`` (None without a GPU)."""
     return None if usable_bytes is None else device_total_bytes <= usable_bytes
 
 
-@quantity("bytes")
+@quantity("bytes", json_key="memory.headroom_bytes", role="headroom")
 def headroom_bytes(device_total_bytes, usable_bytes):
     """``usable − device_total`` (negative when it does not fit)."""
     return None if usable_bytes is None else usable_bytes - device_total_bytes

@@ -38,7 +38,7 @@ def model_state_bytes(weight_bytes, master_weight_bytes, gradient_bytes, optimiz
     return weight_bytes + master_weight_bytes + gradient_bytes + optimizer_state_bytes
 
 
-@quantity("bytes")
+@quantity("bytes", role="saved")
 def saved_for_backward_bytes(activation_bytes, logits_bytes, autocast_weight_copy_bytes):
     """Everything the forward leaves alive for the backward beyond what was alive before it (parameters,
     states and the batch excluded; fitplan-torch's ``retained``): layer activations + the loss head's
@@ -58,7 +58,7 @@ def buffer_bytes(step_trace):
 def batch_bytes(arch, per_device_train_batch_size, max_seq_length, device, framework):
     """The micro-batch on the device: ``input_ids`` and ``labels``, int64 ``b·s`` each (no attention mask:
     packed or unpadded batches)."""
-    if arch.family == "bare":
+    if arch.is_bare:
         return 0
     return 2 * _round(8 * per_device_train_batch_size * max_seq_length, device, framework)
 
@@ -76,7 +76,7 @@ def allocator_rounding_bytes(trainable_tensors, arch, weight_dtype_bytes, traina
     """CUDA's caching allocator rounds every block up to ``allocator_block_bytes`` (512 B, ``[framework]``):
     the bytes this adds to the model states (one block per parameter, gradient and per-element optimizer
     state tensor). Small tensors (norms, biases) lose most. 0 on the CPU."""
-    if device != "cuda" or arch.family == "bare":
+    if device != "cuda" or arch.is_bare:
         return 0
     block = framework.allocator_block_bytes
 
@@ -103,7 +103,7 @@ def resident_bytes(weight_bytes, master_weight_bytes, optimizer_state_bytes, buf
     return weight_bytes + master_weight_bytes + optimizer_state_bytes + buffer_bytes + batch_bytes + comm_buffer_bytes
 
 
-@quantity("bytes")
+@quantity("bytes", json_key="memory.phases_bytes", type="object")
 def phase_bytes(step_trace, resident_bytes, gradient_bytes, optimizer_step_temp_bytes, saved_for_backward_bytes,
                 gradient_accumulation_steps, allocator_rounding_bytes, gathered_param_bytes):
     """The peak of live bytes within each phase of a step (see the module doc): ``forward``,
@@ -138,13 +138,13 @@ def phase_bytes(step_trace, resident_bytes, gradient_bytes, optimizer_step_temp_
     }
 
 
-@quantity("phase")
+@quantity("phase", json_key="memory.peak_phase", type="text")
 def peak_phase(phase_bytes):
     """The phase of the step where the peak falls: ``forward``, ``backward`` or ``optimizer_step``."""
     return max(phase_bytes, key=phase_bytes.__getitem__)
 
 
-@quantity("bytes", category="memory")
+@quantity("bytes", category="memory", label="peak", json_key="memory.per_gpu_bytes.peak", short="peak", role="peak")
 def peak_bytes(phase_bytes, peak_phase):
     """Peak of allocated tensor bytes in one step: the maximum over its phases."""
     return phase_bytes[peak_phase]

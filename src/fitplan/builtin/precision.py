@@ -1,4 +1,6 @@
-"""Precision presets: the bytes per element of each kind of tensor.
+"""Precision presets as quantities: the bytes per element of each kind of tensor.
+
+The presets themselves are one table, :data:`fitplan.inputs.precision.PRESETS`; this plugin reads it:
 
 ========== ======= ===== ====== ====== ===========
 preset     weights grads master states activations
@@ -30,18 +32,18 @@ is 2-byte weights and gradients with fp32 AdamW states and no master copy (2 + 2
 from __future__ import annotations
 
 from fitplan.engine.declarations import quantity
+from fitplan.inputs.precision import DTYPE_BYTES, PRESETS
 from fitplan.pluginmgr.hookspecs import hookimpl
-
-_SIXTEEN = {"bf16-mixed", "16-mixed", "bf16-true", "16-true", "bf16-master", "16-master"}
 
 
 @quantity("bytes/param")
 def weight_dtype_bytes(precision, assumptions):
     """Bytes per stored weight: 4 for 32-true and for autocast (``*-mixed``: fp32 weights), 2 for
     ``*-true`` and ``*-master``. Seed assumptions: 2 for any 16-bit preset (the chapter's bf16 row)."""
+    p = PRESETS[precision]
     if assumptions == "seed":
-        return 2 if precision in _SIXTEEN else 4
-    return 2 if precision.endswith(("-true", "-master")) and precision != "32-true" else 4
+        return 2 if p.sixteen_bit else 4
+    return p.weight_bytes
 
 
 @quantity("bytes/param")
@@ -49,7 +51,7 @@ def master_weight_dtype_bytes(precision, assumptions):
     """Bytes per fp32 master weight: 4 for ``*-master`` (DeepSpeed/Megatron keep an fp32 copy), else 0."""
     if assumptions == "seed":
         return 0
-    return 4 if precision.endswith("-master") else 0
+    return 4 if PRESETS[precision].master else 0
 
 
 @quantity("bytes/elem")
@@ -59,21 +61,19 @@ def optimizer_state_dtype_bytes(precision, assumptions, method):
     states (``*-master``); the seed assumes fp32 always."""
     if assumptions == "seed" or method != "full":
         return 4
-    return 2 if precision in ("bf16-true", "16-true") else 4
+    return DTYPE_BYTES[PRESETS[precision].state_dtype]
 
 
 @quantity("bytes/elem")
 def activation_dtype_bytes(precision):
     """Bytes per activation element: 4 in 32-true, 2 under any 16-bit preset (autocast or 16-bit weights)."""
-    return 4 if precision == "32-true" else 2
+    return PRESETS[precision].activation_bytes
 
 
-@quantity("dtype")
+@quantity("dtype", type="text")
 def compute_dtype(precision):
     """The dtype matmuls run in (selects the GPU's peak FLOP/s): fp32, bf16 or fp16."""
-    if precision == "32-true":
-        return "fp32"
-    return "bf16" if precision.startswith("bf16") else "fp16"
+    return PRESETS[precision].compute_dtype
 
 
 @hookimpl

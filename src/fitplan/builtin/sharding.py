@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import math
 
-from fitplan.engine.declarations import OptimizerContext, quantity, reducer
+from fitplan.engine.declarations import quantity, reducer
+from fitplan.inputs.optimizer import OptimizerContext
 from fitplan.pluginmgr.hookspecs import hookimpl
 
 FSDP_STAGE = {"full_shard": 3, "shard_grad_op": 2, "hybrid_shard": 3}
@@ -82,7 +83,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
-@quantity("kind")
+@quantity("kind", type="text")
 def sharding_kind(shard_stage, shard_degree, data_parallel_degree):
     """How model states are split across ranks: ``none``, ``ddp`` (replicas), ``zero1``
     (ZeroRedundancyOptimizer), ``fsdp_zero2`` / ``fsdp_zero3`` (FSDP2, ``reshard_after_forward`` False / True)."""
@@ -93,7 +94,7 @@ def sharding_kind(shard_stage, shard_degree, data_parallel_degree):
     return {1: "zero1", 2: "fsdp_zero2"}.get(shard_stage, "fsdp_zero3")
 
 
-@quantity("tensors")
+@quantity("tensors", type="object")
 def rank_trainable_tensors(trainable_tensors, sharding_kind, shard_degree):
     """The trainable tensors rank 0's optimizer holds: ZeRO-1 (``_partition_parameters``): tensors sorted by
     size, largest first, each to the rank with the fewest elements so far (ties: the lowest rank); FSDP:
@@ -121,7 +122,7 @@ def rank_trainable_tensors(trainable_tensors, sharding_kind, shard_degree):
     return trainable_tensors
 
 
-@quantity("context")
+@quantity("context", type="object")
 def rank_optimizer_context(rank_trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device):
     """What rank 0's optimizer sees (its partition or shard of the trainable tensors)."""
     return OptimizerContext(rank_trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device)
@@ -175,14 +176,14 @@ def zero_weights(value, arch, method, trainable_tensors, weight_dtype_bytes, tra
                  tensor_parallel):
     """Stage ≥ 2 (FSDP2): at rest each rank keeps its ``ceil(d0/N)``-row chunk of every parameter (the padded
     shard: rank 0's is the largest). Gathered parameters are counted in the peak (``gathered_param_bytes``)."""
-    if tensor_parallel > 1 or method == "qlora" or arch.family == "bare":
+    if tensor_parallel > 1 or method == "qlora" or arch.is_bare:
         return _ceil_div(value, shard_degree)
     return int(sum(_numel(_chunk(shape, shard_degree)) * count * nbytes
                    for shape, count, nbytes, _ in _param_shapes(arch, method, trainable_tensors, weight_dtype_bytes,
                                                                 trainable_dtype_bytes)))
 
 
-@quantity("bytes")
+@quantity("bytes", type="object")
 def gathered_param_bytes(sharding_kind, arch, method, trainable_tensors, weight_dtype_bytes, trainable_dtype_bytes,
                          shard_degree, tensor_parallel):
     """FSDP2 parameters gathered (rank 0), with the root module's (embeddings, final norm, LM head) always
@@ -201,7 +202,7 @@ def gathered_param_bytes(sharding_kind, arch, method, trainable_tensors, weight_
     if not sharding_kind.startswith("fsdp"):
         return {"forward": 0, "forward_spike": 0, "backward": 0, "backward_in_layer": 0}
     n = shard_degree
-    if arch.family == "bare":
+    if arch.is_bare:
         layer = arch.param_count * weight_dtype_bytes / 32
         return {"forward": int(2 * layer), "forward_spike": int(3 * layer), "backward": int(2 * layer),
                 "backward_in_layer": int(4 * layer)}
@@ -260,7 +261,7 @@ def offload_weights(value, live_param_bytes):
     return live_param_bytes
 
 
-@quantity("bytes")
+@quantity("bytes", json_key="memory.cpu_offload_bytes", label="CPU RAM for offload (per node)")
 def cpu_offload_bytes(offload_optimizer, offload_params, shard_stage, shard_degree, num_gpus, optimizer_spec,
                       optimizer_context, trainable_param_count, master_weight_dtype_bytes, param_count,
                       weight_dtype_bytes, tensor_parallel):
@@ -276,7 +277,7 @@ def cpu_offload_bytes(offload_optimizer, offload_params, shard_stage, shard_degr
     return int(per_gpu * num_gpus)
 
 
-@quantity("bytes", category="memory")
+@quantity("bytes", category="memory", label="communication buffers", short_label="comm. buffers", json_key="memory.per_gpu_bytes.comm_buffers", row="comm_buffers")
 def comm_buffer_bytes(sharding_kind, grad_bytes_unsharded, tensor_parallel):
     """Communication buffers alive for the whole step: DDP's gradient buckets (DDP and ZeRO-1), a flat copy
     of every gradient since ``gradient_as_bucket_view`` is off by default (buckets are allocated when DDP

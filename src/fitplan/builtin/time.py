@@ -58,7 +58,7 @@ _EMBEDDINGS = ("embed_tokens", "embed_positions")
 # --------------------------------------------------------------------------- tokens
 
 
-@quantity("tokens")
+@quantity("tokens", json_key="time.dataset_tokens")
 def dataset_tokens(num_examples, tokens_per_example, total_tokens):
     """Real (unpadded) tokens in one pass over the dataset: ``total_tokens``, or ``num_examples ×
     tokens_per_example`` (the seed: 10,000 × 512 = 5,120,000). None without a dataset."""
@@ -96,14 +96,14 @@ def epoch_tokens(dataset_tokens, num_examples, padding, max_seq_length):
     return dataset_tokens
 
 
-@quantity("tokens")
+@quantity("tokens", json_key="time.tokens", short="tokens", label="training tokens")
 def train_tokens(epoch_tokens, num_train_epochs):
     """Tokens processed by the whole run: tokens per epoch × ``num_train_epochs``
     (the seed: 5,120,000 × 3 = 15,360,000)."""
     return None if epoch_tokens is None else epoch_tokens * num_train_epochs
 
 
-@quantity("tokens")
+@quantity("tokens", json_key="time.padding_tokens")
 def padding_tokens(epoch_tokens, dataset_tokens, num_train_epochs):
     """Pad tokens processed (and paid for) over the run: ``(epoch − real tokens) × epochs`` when padding
     to ``max_seq_length`` with a mean length below it; 0 when packing. A mean length, not the length
@@ -113,7 +113,7 @@ def padding_tokens(epoch_tokens, dataset_tokens, num_train_epochs):
     return max(0.0, epoch_tokens - dataset_tokens) * num_train_epochs
 
 
-@quantity("tokens")
+@quantity("tokens", json_key="time.truncated_tokens")
 def truncated_tokens(epoch_tokens, dataset_tokens, num_train_epochs):
     """Tokens cut off by padding/truncating to ``max_seq_length`` when the mean example is longer (0 when packing)."""
     if epoch_tokens is None:
@@ -126,7 +126,7 @@ def truncated_tokens(epoch_tokens, dataset_tokens, num_train_epochs):
 
 @functools.lru_cache(maxsize=256)
 def _matmul_params(arch) -> int:
-    if arch.family == "bare":
+    if arch.is_bare:
         return arch.param_count
     emb = sum(g.total for g in arch.param_groups() if g.module in _EMBEDDINGS)
     n = arch.active_param_count - emb
@@ -149,12 +149,12 @@ def attention_flops_per_token(arch, max_seq_length):
     """Attention score and value matmuls, forward + backward: ``12·L·(a·d_head)·s`` per token
     (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT ``estimate_mfu``; causal masking not discounted, as
     those sources do). 0 for a bare ``--params`` model: without layers and width there is no attention term."""
-    if arch.family == "bare":
+    if arch.is_bare:
         return 0
     return 12 * arch.num_hidden_layers * arch.q_dim * max_seq_length
 
 
-@quantity("FLOP/token")
+@quantity("FLOP/token", json_key="time.flops_per_token")
 def flops_per_token(method, gradient_checkpointing, flops_param_count, adapter_param_count, attention_flops_per_token):
     """Training FLOPs per processed token.
 
@@ -177,7 +177,7 @@ def flops_per_token(method, gradient_checkpointing, flops_param_count, adapter_p
     return total + (extra if gradient_checkpointing else 0)
 
 
-@quantity("FLOP")
+@quantity("FLOP", json_key="time.flops", short="flops")
 def train_flops(flops_per_token, train_tokens):
     """FLOPs of the whole run: FLOPs per token × tokens processed."""
     return None if train_tokens is None else flops_per_token * train_tokens
@@ -188,7 +188,7 @@ def train_flops(flops_per_token, train_tokens):
 _PEAK_FALLBACK = {"bf16": ("bf16", "fp32"), "fp16": ("fp16", "bf16"), "tf32": ("tf32", "fp32"), "fp32": ("fp32",)}
 
 
-@quantity("dtype")
+@quantity("dtype", json_key="time.matmul_dtype", type="text")
 def matmul_dtype(compute_dtype, tf32):
     """The dtype whose peak applies. fp32 training runs full-fp32 matmuls: PyTorch leaves
     ``torch.backends.cuda.matmul.allow_tf32`` off by default (since 1.12) and so does the HF Trainer
@@ -196,7 +196,7 @@ def matmul_dtype(compute_dtype, tf32):
     return "tf32" if compute_dtype == "fp32" and tf32 else compute_dtype
 
 
-@quantity("FLOP/s")
+@quantity("FLOP/s", json_key="time.peak_flops_per_gpu")
 def peak_flops_per_gpu(gpu_spec, matmul_dtype):
     """Dense peak FLOP/s of one GPU at the matmul dtype (hardware ruleset ``peak_tflops``). A GPU without
     tensor cores for that dtype runs it at a slower rate: bf16 without a bf16 entry (T4, V100) falls back
@@ -254,7 +254,7 @@ def mfu_default(gpu_spec, rulesets, param_count):
     return _default_mfu(rulesets, gpu_spec.id, param_count)[0]
 
 
-@quantity("text")
+@quantity("text", type="text")
 def mfu_default_rule(gpu_spec, rulesets, param_count):
     """How ``mfu_default`` was fitted (which rows), for ``explain``."""
     if gpu_spec is None:
@@ -291,7 +291,7 @@ def mfu_calibrated(gpu_spec, rulesets, model, method):
     return None if cal is None else cal.mfu
 
 
-@quantity("fraction")
+@quantity("fraction", json_key="time.assumed_mfu")
 def assumed_mfu(mfu, mfu_calibrated, mfu_default):
     """The MFU the FLOPs model uses: ``--mfu``, else the GPU's calibration, else the fitted default."""
     if mfu is not None:
@@ -364,7 +364,7 @@ def comm_bytes_per_step(shard_stage, shard_degree, data_parallel_degree, fsdp, n
                 inter += vol
             else:
                 intra += vol
-    if tensor_parallel > 1 and arch.family != "bare":
+    if tensor_parallel > 1 and not arch.is_bare:
         ft = (tensor_parallel - 1) / tensor_parallel
         act = per_device_train_batch_size * max_seq_length * arch.hidden_size * activation_dtype_bytes
         intra += k * arch.num_hidden_layers * 4 * 2 * ft * act
@@ -408,7 +408,7 @@ def offload_seconds_per_step(offload_optimizer, offload_params, shard_stage, sha
     return b / (PCIE_HOST_GBPS * 1e9)
 
 
-@quantity("s")
+@quantity("s", json_key="time.step_seconds")
 def step_seconds(compute_seconds_per_step, comm_seconds_per_step, offload_seconds_per_step):
     """One optimizer step: ``compute + max(0, communication + offload − 0.5 × compute)``: transfers
     overlap with up to half of the compute (``COMM_OVERLAP_FRACTION``, reasoning in the module)."""
@@ -453,7 +453,7 @@ def measured_tokens_per_second(throughput_source, rulesets, gpu_spec, param_coun
     return row.tokens_per_second * world_size / row.num_gpus
 
 
-@quantity("text")
+@quantity("text", json_key="time.throughput_basis", type="text")
 def throughput_basis(tokens_per_second, measured_tokens_per_second, throughput_source, step_seconds, assumed_mfu, mfu,
                      mfu_calibrated):
     """Where the throughput comes from: given, a ``[[throughput]]`` table, or the FLOPs model (and its MFU)."""
@@ -467,7 +467,7 @@ def throughput_basis(tokens_per_second, measured_tokens_per_second, throughput_s
     return None
 
 
-@quantity("tokens/s")
+@quantity("tokens/s", json_key="time.tokens_per_second", short="throughput")
 def train_tokens_per_second(tokens_per_second, measured_tokens_per_second, tokens_per_step, step_seconds):
     """Training throughput of the whole run: ``--tokens-per-second``, else the ``--throughput-source`` row,
     else tokens per step / step seconds (the FLOPs model). None when none applies (no GPU)."""
@@ -480,7 +480,7 @@ def train_tokens_per_second(tokens_per_second, measured_tokens_per_second, token
     return None
 
 
-@quantity("s")
+@quantity("s", json_key="time.seconds", short="time", role="seconds", label="training time")
 def train_seconds(train_tokens, train_tokens_per_second):
     """Wall-clock training time: tokens processed / tokens per second (the seed: 15,360,000 / 1,000 =
     15,360 s ≈ 4.3 h). Steps are not rounded up to whole steps. None without a dataset or a throughput."""
@@ -489,7 +489,7 @@ def train_seconds(train_tokens, train_tokens_per_second):
     return train_tokens / train_tokens_per_second
 
 
-@quantity("fraction")
+@quantity("fraction", json_key="time.mfu", short="mfu")
 def train_mfu(train_tokens_per_second, flops_per_token, world_size, peak_flops_per_gpu):
     """The MFU the throughput amounts to: ``tokens/s × FLOPs per token / (GPUs × peak)``. Below the assumed
     MFU when communication is exposed; implied by a given or measured throughput. None without a GPU."""
@@ -498,7 +498,7 @@ def train_mfu(train_tokens_per_second, flops_per_token, world_size, peak_flops_p
     return train_tokens_per_second * flops_per_token / (world_size * peak_flops_per_gpu)
 
 
-@quantity("fraction")
+@quantity("fraction", json_key="time.communication_share")
 def communication_share(tokens_per_second, measured_tokens_per_second, step_seconds, compute_seconds_per_step):
     """Share of the step spent in exposed (not overlapped) communication and offload copies: ``(step −
     compute) / step``. None when the throughput is given or measured (it already includes communication)."""

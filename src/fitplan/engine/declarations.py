@@ -1,8 +1,24 @@
-"""What plugins declare: quantities, reducers and optimizers.
+"""What plugins declare to the engine: quantities, reducers and derived names, with their metadata.
 
-A :class:`Quantity` is a pure function whose name is the quantity, whose parameter names are
-its dependencies (other quantities, or scenario inputs such as ``per_device_train_batch_size``,
-``arch``, ``gpu_spec``), and whose docstring documents the formula and its source.
+A :class:`Quantity` is a pure function whose name is the quantity, whose parameter names are its
+dependencies (other quantities, or inputs such as ``per_device_train_batch_size``, ``arch``,
+``gpu_spec``), and whose docstring documents the formula and its source. Its metadata says how the rest
+of fitplan shows and uses it, so that no table of quantity names lives outside the plugin that declares
+them:
+
+* ``label``: the human name (breakdown rows, explain trees), and ``short_label`` where space is tight
+  (chart legends; default: the label);
+* ``json_key``: its dotted key in the JSON report (``time.seconds``); conditions accept it as a name;
+* ``short``: the short name ``fitplan explain`` accepts (``peak``, ``time``);
+* ``row``: the breakdown row it fills (memory quantities: ``weights``, ``activations`` ...), in
+  declaration order;
+* ``role``: what the core relies on it for (one of :data:`ROLES`: the search compares the ``device_total``
+  with the ``usable`` memory, ranks on ``seconds`` and ``cost.<market>``; ``share_X`` divides by the
+  ``peak``); each role is held by at most one quantity;
+* ``type``: ``number``, ``text``, ``bool`` or ``object``: what a policy condition may compare it with.
+
+A :class:`Name` is a value computed from an evaluated estimate for conditions and reports only (no graph
+node): ``train_hours``, ``gpus_paid``. It sees a view with ``values`` (a mapping) and ``market``.
 """
 
 from __future__ import annotations
@@ -14,23 +30,63 @@ from typing import Any
 import attrs
 from attrs import field, frozen
 
+TYPES = ("number", "text", "bool", "object")
+"""What a quantity's or name's value is, for conditions: numbers compare with numbers, ..."""
+
+ROLES: dict[str, str] = {
+    "peak": "peak allocated bytes per GPU in one step (the breakdown's total; share_X = X / peak)",
+    "saved": "what the forward leaves alive for the backward (activations, logits, autocast copies)",
+    "device_total": "bytes the GPU must hold: the peak plus framework overheads (compared with the usable memory)",
+    "overhead": "bytes the framework adds beyond the peak (CUDA context, allocator reserve): not a part of the peak",
+    "usable": "the GPU's usable memory in bytes",
+    "fit": "whether the run fits the GPU",
+    "headroom": "usable memory minus the device total, in bytes",
+    "seconds": "training time in seconds (the recommender's time objective)",
+    "cost.on_demand": "cost in the on-demand market",
+    "cost.spot": "cost in the spot market",
+    "currency": "the currency of the costs",
+    "instance": "the instances rented (fitplan.rulesets.pricing.InstancePlan)",
+}
+"""The roles the core relies on: the quantity holding each is found through its metadata, never by name."""
+
 
 def _params(func: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(inspect.signature(func).parameters)
 
 
+def _type(inst: Any, att: attrs.Attribute, value: str) -> None:
+    if value not in TYPES:
+        raise ValueError(f"{type(inst).__name__}.type must be one of {', '.join(TYPES)}, got {value!r}")
+
+
+def _role(inst: Any, att: attrs.Attribute, value: str) -> None:
+    if value and value not in ROLES:
+        raise ValueError(f"{type(inst).__name__}.role must be one of {', '.join(ROLES)}, got {value!r}")
+
+
 @frozen
 class Quantity:
-    """A named number: ``func``'s parameter names are its dependencies."""
+    """A named number: ``func``'s parameter names are its dependencies (see the module doc for the metadata)."""
 
     name: str
     func: Callable[..., Any]
     unit: str
     doc: str = ""
     category: str = ""
-    """``memory`` quantities are per-GPU byte counts shown in the breakdown."""
+    """``memory`` quantities are per-GPU byte counts: checked to be numbers after every evaluation."""
     plugin: str = ""
     deps: tuple[str, ...] = field(default=attrs.Factory(lambda self: _params(self.func), takes_self=True))
+    label: str = ""
+    short_label: str = ""
+    json_key: str = ""
+    short: str = ""
+    row: str = ""
+    role: str = field(default="", validator=_role)
+    type: str = field(default="number", validator=_type)
+
+    @property
+    def compact_label(self) -> str:
+        return self.short_label or self.label or self.name
 
 
 @frozen
@@ -39,7 +95,8 @@ class Reducer:
 
     ``transform(value, *deps)``: the first parameter receives the value so far in the chain;
     the others are dependencies by name. ``condition(*deps)`` decides, per evaluation, whether
-    the reducer applies; when it does not, the value passes through unchanged.
+    the reducer applies; when it does not, the value passes through unchanged. ``after`` and
+    ``before`` name other reducers on the same target (an unknown name is an error).
     """
 
     name: str
@@ -61,62 +118,32 @@ class Reducer:
 
 
 @frozen
-class OptimizerContext:
-    """What an optimizer's byte functions see.
+class Name:
+    """A value derived from an evaluated estimate for conditions and reports (no graph node).
 
-    :ivar tensors: the trainable parameter tensors as ``(shape, count)`` pairs.
-    :ivar state_bytes: bytes per element of a full-precision state (4 for fp32 states, 2 when states follow bf16 weights).
-    :ivar param_bytes: bytes per element of the trainable parameters.
-    :ivar device: ``cuda`` or ``cpu``: where the step runs (torch keeps some optimizer scalars, such as
-        AdamW's ``step``, on the CPU when the parameters are on a GPU).
-    """
-
-    tensors: tuple[tuple[tuple[int, ...], int], ...]
-    state_bytes: float
-    param_bytes: float
-    device: str = "cuda"
-
-    @property
-    def numel(self) -> int:
-        import math
-
-        return sum(math.prod(shape) * count for shape, count in self.tensors)
-
-    @property
-    def num_tensors(self) -> int:
-        return sum(count for _, count in self.tensors)
-
-
-@frozen
-class OptimizerSpec:
-    """An optimizer as fitplan sees it.
-
-    :ivar state_bytes: bytes of optimizer state for the trainable tensors (function of an :class:`OptimizerContext`).
-    :ivar step_temp_bytes: extra bytes alive during ``optimizer.step()`` (foreach temporaries, ...).
-    :ivar flops_per_param: optimizer FLOPs per trainable parameter per step.
-    :ivar torch_class: dotted path of the torch implementation used by ``fitplan validate`` (or "").
-    :ivar torch_kwargs: keyword arguments for it.
+    ``get(view)`` reads ``view.values.get(name)`` for the names in ``deps`` (quantities and inputs) and
+    ``view.market`` (``on_demand``, ``spot`` or None); it returns None when the value is unknown. ``deps``
+    tells the recommender which quantities to compute for a policy that uses the name.
     """
 
     name: str
-    state_bytes: Callable[[OptimizerContext], float]
+    get: Callable[[Any], Any]
     doc: str
-    source: str = ""
-    aliases: tuple[str, ...] = ()
-    step_temp_bytes: Callable[[OptimizerContext], float] = lambda ctx: 0
-    flops_per_param: float = 0.0
-    states_per_param: float = 0.0
-    """For display and the seed's simplified view: full-precision states per parameter."""
-    torch_class: str = ""
-    torch_kwargs: dict[str, Any] = attrs.Factory(dict)
+    deps: tuple[str, ...] = ()
+    type: str = field(default="number", validator=_type)
+    json_key: str = ""
     plugin: str = ""
 
 
-def quantity(unit: str, *, name: str | None = None, category: str = "") -> Callable[[Callable[..., Any]], Quantity]:
-    """Decorator: ``@quantity("bytes", category="memory") def weight_bytes(param_count, weight_dtype_bytes): ...``."""
+def quantity(unit: str, *, name: str | None = None, category: str = "", label: str = "", short_label: str = "",
+             json_key: str = "", short: str = "", row: str = "", role: str = "",
+             type: str = "number") -> Callable[[Callable[..., Any]], Quantity]:
+    """Decorator: ``@quantity("bytes", category="memory", row="weights") def weight_bytes(param_count, ...): ...``."""
 
     def wrap(func: Callable[..., Any]) -> Quantity:
-        return Quantity(name=name or func.__name__, func=func, unit=unit, doc=inspect.getdoc(func) or "", category=category)
+        return Quantity(name=name or func.__name__, func=func, unit=unit, doc=inspect.getdoc(func) or "",
+                        category=category, label=label, short_label=short_label, json_key=json_key, short=short, row=row,
+                        role=role, type=type)
 
     return wrap
 

@@ -1,31 +1,24 @@
-"""The quantity graph: build once with networkx, check it, order it, evaluate it many times.
+"""The quantity graph: declarations checked, ordered into steps once, evaluated many times.
 
-Nodes are quantities and inputs (scenario fields and the resolved objects in
-:data:`INPUTS`); edges run from a dependency to its dependent. A quantity with reducers
-becomes a chain: the contributor's node is renamed ``<name>.raw``, each reducer adds a node
-``<name>.<reducer>``, and ``<name>`` is the end of the chain. The order of a chain follows the
-reducers' ``after``/``before`` constraints (ties broken by name, so it is deterministic).
+Nodes are quantities and inputs (the names :func:`compile_graph` is told about); edges run from a
+dependency to its dependent. A quantity with reducers becomes a chain: the contributor's node is renamed
+``<name>.raw``, each reducer adds a node ``<name>.<reducer>``, and ``<name>`` is the end of the chain. The
+order of a chain follows the reducers' ``after``/``before`` constraints (an unknown name there is an error
+naming the plugin; ties are broken by name, so the order is deterministic).
 
-Evaluation is a plain loop over pre-ordered steps: no hook calls, no graph walks.
-
-Compile once, across processes too: networkx costs ~0.1 s to import, more than everything else a
-``fitplan estimate`` does. So the order that networkx computes (the reducer chains and the topological
-order of every node) is cached on disk, keyed by a fingerprint of the declarations
-(:func:`_fingerprint`), and a later compile of the same declarations reuses it after checking that it
-is still a valid topological order of the current edges. Duplicate names and unbound dependencies are
-checked on every compile; cycles cannot hide behind a cache entry, because only acyclic compiles are
-written and a cached order that contradicts an edge is discarded. ``FITPLAN_NO_CACHE=1`` disables the
-cache; ``FITPLAN_CACHE_DIR`` moves it (default: ``$XDG_CACHE_HOME/fitplan`` or ``~/.cache/fitplan``).
+Compiling checks every declaration (duplicate names, unbound dependencies, unknown reducer targets and
+ordering names, roles held twice, cycles) and orders the nodes lexicographically-topologically with
+Kahn's algorithm. The networkx DiGraph of the same nodes and edges (:attr:`CompiledGraph.graph`) is built
+on first use, for what needs graph algorithms: naming a cycle, ancestors for the staged evaluation, the
+DOT and Mermaid exports. Importing networkx costs about 0.1 s, so ``fitplan estimate`` never does.
+Evaluation is :func:`fitplan.engine.interpreter.run` over the ordered steps: no hook calls, no graph walks.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import heapq
 import numbers
-import os
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -34,21 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
 
 from fitplan.engine.declarations import Quantity, Reducer
-from fitplan.errors import FitplanError, GraphError, PluginError, did_you_mean
-from fitplan.inputs.scenario import FIELD_SECTION
-
-RESOLVED_INPUTS: dict[str, str] = {
-    "arch": "the model's architecture (fitplan.inputs.architecture.ModelSpec) from the catalog, a config.json or --params",
-    "gpu_spec": "the GPU from the hardware ruleset (fitplan.rulesets.GPU), or None without --gpu",
-    "optimizer_spec": "the optimizer named by --optim (fitplan.engine.declarations.OptimizerSpec)",
-    "framework": "framework overheads from the rulesets (fitplan.rulesets.Framework)",
-    "rulesets": "every ruleset entry in force (fitplan.rulesets.Rulesets)",
-}
-INPUTS: frozenset[str] = frozenset(FIELD_SECTION) | frozenset(RESOLVED_INPUTS)
-"""Names a quantity may depend on besides other quantities."""
-
-# step kinds
-Q, R, ALIAS = 0, 1, 2
+from fitplan.engine.interpreter import ALIAS, Q, R, run
+from fitplan.errors import GraphError, PluginError, did_you_mean
 
 
 @attrs.frozen
@@ -75,6 +55,8 @@ class CompiledGraph:
     reducers: dict[str, Reducer]
     memory: tuple[str, ...] = ()
     """Quantities of category ``memory``: checked to be numbers after every evaluation."""
+    roles: dict[str, str] = attrs.Factory(dict)
+    """Role (:data:`fitplan.engine.declarations.ROLES`) -> the quantity that holds it."""
     _graph: Any = None
 
     @property
@@ -89,6 +71,14 @@ class CompiledGraph:
             self._graph = g
         return self._graph
 
+    def role(self, role: str) -> str | None:
+        """The quantity holding ``role``, or None when no plugin declares it."""
+        return self.roles.get(role)
+
+    def rows(self) -> list[tuple[str, Quantity]]:
+        """``(row, quantity)`` of the breakdown rows, in declaration order."""
+        return [(q.row, q) for q in self.quantities.values() if q.row]
+
     def evaluate(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool]]:
         """Evaluate every quantity. Returns ``(values, applied)``: ``applied[reducer_node]`` says
         whether each reducer's condition held.
@@ -98,28 +88,7 @@ class CompiledGraph:
         """
         v = dict(inputs)
         applied: dict[str, bool] = {}
-        step: tuple = ()
-        try:
-            for step in self.steps:
-                kind = step[0]
-                if kind == Q:
-                    _, name, fn, deps = step
-                    v[name] = fn(*[v[d] for d in deps])
-                elif kind == R:
-                    _, name, prev, cond, cdeps, fn, tdeps = step
-                    if cond(*[v[d] for d in cdeps]):
-                        applied[name] = True
-                        v[name] = fn(v[prev], *[v[d] for d in tdeps])
-                    else:
-                        applied[name] = False
-                        v[name] = v[prev]
-                else:
-                    _, name, prev = step
-                    v[name] = v[prev]
-        except FitplanError:
-            raise
-        except Exception as e:  # noqa: BLE001 - name the plugin and the quantity, not a bare traceback
-            raise self._step_error(step, v, e) from e
+        run(self.steps, v, applied, self._step_error)
         for name in self.memory:
             x = v[name]
             if type(x) is not int and type(x) is not float and (isinstance(x, bool) or not isinstance(x, numbers.Real)):
@@ -211,45 +180,72 @@ def _declared_by_input(e: Exception, deps: Sequence[Any]) -> tuple[Any, str] | N
     return found
 
 
-def _order_chain(target: str, reducers: Sequence[Reducer]) -> list[Reducer]:
-    import networkx as nx
-
+def _topological_chain(target: str, reducers: Sequence[Reducer], problems: list[str]) -> list[Reducer]:
+    """The reducers of one chain in their ``after``/``before`` order (ties by name); unknown ordering names
+    and contradictions go to ``problems``."""
     by_name = {r.name: r for r in reducers}
-    g = nx.DiGraph()
-    g.add_nodes_from(by_name)
+    edges: list[tuple[str, str]] = []
     for r in reducers:
-        for a in r.after:
-            if a in by_name:
-                g.add_edge(a, r.name)
-        for b in r.before:
-            if b in by_name:
-                g.add_edge(r.name, b)
-    try:
-        order = list(nx.lexicographical_topological_sort(g))
-    except nx.NetworkXUnfeasible:
+        for other, edge in [(a, (a, r.name)) for a in r.after] + [(b, (r.name, b)) for b in r.before]:
+            if other not in by_name:
+                hint = did_you_mean(other, by_name)
+                problems.append(f"plugin {r.plugin!r}: reducer {r.name!r} on {target!r} is ordered relative to {other!r}, "
+                                f"which is not a reducer on {target!r}" + (f" ({hint})" if hint else
+                                f" (reducers on it: {', '.join(sorted(by_name))})"))
+                continue
+            edges.append(edge)
+    order = _kahn(by_name, edges)
+    if order is None:
+        import networkx as nx
+
+        g = nx.DiGraph(edges)
         cycle = nx.find_cycle(g)
-        raise GraphError(
-            f"reducers on {target!r} have contradictory ordering: " + " -> ".join(a for a, _ in cycle) + f" -> {cycle[0][0]}",
-            field=target,
-        ) from None
+        problems.append(f"reducers on {target!r} have contradictory ordering: " + " -> ".join(a for a, _ in cycle)
+                        + f" -> {cycle[0][0]}")
+        return []
     return [by_name[n] for n in order]
 
 
-def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -> CompiledGraph:
-    """Check and order the declarations.
+def _kahn(nodes: Iterable[str], edges: Iterable[tuple[str, str]]) -> list[str] | None:
+    """The lexicographically smallest topological order (networkx's ``lexicographical_topological_sort``),
+    or None when the edges hold a cycle."""
+    succ: dict[str, list[str]] = {n: [] for n in nodes}
+    indeg = dict.fromkeys(succ, 0)
+    for a, b in edges:
+        succ[a].append(b)
+        indeg[b] += 1
+    ready = [n for n, d in indeg.items() if d == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        n = heapq.heappop(ready)
+        order.append(n)
+        for m in succ[n]:
+            indeg[m] -= 1
+            if indeg[m] == 0:
+                heapq.heappush(ready, m)
+    return order if len(order) == len(succ) else None
 
-    :raises GraphError: duplicate quantity names (naming both plugins), duplicate reducer names on
-        one target, reducers on unknown targets, unbound dependencies (with a suggestion), cycles.
-    """
+
+def _collect(quantities: Iterable[Quantity], reducers: Iterable[Reducer], inputs: Mapping[str, str],
+             problems: list[str]) -> tuple[dict[str, Quantity], dict[str, list[Reducer]], dict[str, str]]:
+    """Quantities by name, reducers by target and roles, with duplicates and unknown targets in ``problems``."""
     qs: dict[str, Quantity] = {}
-    problems: list[str] = []
+    roles: dict[str, str] = {}
     for q in quantities:
         if q.name in qs:
             problems.append(f"quantity {q.name!r} is declared by plugin {qs[q.name].plugin!r} and again by plugin {q.plugin!r}")
             continue
-        if q.name in INPUTS:
+        if q.name in inputs:
             problems.append(f"plugin {q.plugin!r} declares quantity {q.name!r}, which is an input name")
             continue
+        if q.role:
+            if q.role in roles:
+                other = qs[roles[q.role]]
+                problems.append(f"role {q.role!r} is held by quantity {other.name!r} (plugin {other.plugin!r}) and again by "
+                                f"{q.name!r} (plugin {q.plugin!r})")
+                continue
+            roles[q.role] = q.name
         qs[q.name] = q
     chains_in: dict[str, list[Reducer]] = {}
     for r in reducers:
@@ -258,17 +254,27 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -
             problems.append(f"plugin {r.plugin!r}: reducer {r.name!r} targets unknown quantity {r.target!r}" + (f" ({hint})" if hint else ""))
             continue
         chain = chains_in.setdefault(r.target, [])
-        if any(x.name == r.name for x in chain):
-            other = next(x for x in chain if x.name == r.name)
+        other = next((x for x in chain if x.name == r.name), None)
+        if other is not None:
             problems.append(f"reducer {r.name!r} on {r.target!r} is declared by plugin {other.plugin!r} and again by plugin {r.plugin!r}")
             continue
         chain.append(r)
+    return qs, chains_in, roles
 
+
+def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer], inputs: Mapping[str, str]) -> CompiledGraph:
+    """Check and order the declarations. ``inputs`` maps the names a quantity may depend on besides other
+    quantities (scenario fields, resolved objects) to their documentation.
+
+    :raises GraphError: duplicate quantity names or roles (naming both plugins), duplicate reducer names on
+        one target, reducers on unknown targets or ordered relative to unknown reducers, unbound
+        dependencies (with a suggestion), cycles.
+    """
+    problems: list[str] = []
+    qs, chains_in, roles = _collect(quantities, reducers, inputs, problems)
     edges: list[tuple[str, str]] = []
     nodes: dict[str, Node] = {}
-    known = set(qs) | INPUTS
-    key = _fingerprint(qs, chains_in) if not problems else None
-    cached = _cache_load(key)
+    known = set(qs) | set(inputs)
 
     def need(dep: str, who: str, plugin: str) -> None:
         if dep not in known:
@@ -284,19 +290,9 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -
     ordered_chains: dict[str, list[str]] = {}
     reducer_by_node: dict[str, Reducer] = {}
     for target, chain in chains_in.items():
-        try:
-            if cached is not None and sorted(cached["chains"].get(target, ())) == sorted(r.name for r in chain):
-                by_name = {r.name: r for r in chain}
-                ordered = [by_name[n] for n in cached["chains"][target]]
-            else:
-                cached = None
-                ordered = _order_chain(target, chain)
-        except GraphError as e:
-            problems.append(e.message)
-            continue
         prev = f"{target}.raw"
         names = [prev]
-        for r in ordered:
+        for r in _topological_chain(target, chain, problems):
             node = f"{target}.{r.name}"
             deps = tuple(dict.fromkeys((*r.condition_deps, *r.transform_deps)))
             nodes[node] = Node(node, "reducer", (prev, *deps), qs[target].unit, r.doc, r.plugin, target=target)
@@ -314,15 +310,19 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -
     for a, b in edges:
         for n in (a, b):
             if n not in nodes:
-                nodes[n] = Node(n, "input", (), doc=RESOLVED_INPUTS.get(n, f"scenario field {FIELD_SECTION.get(n, '')}.{n}"))
-    order = _valid_order(cached["order"], nodes, edges) if cached is not None and not problems else None
+                nodes[n] = Node(n, "input", (), doc=inputs.get(n, ""))
+    order = _kahn(nodes, edges)
     if order is None:
-        order = _order(nodes, edges, problems)
-        if not problems:
-            _cache_save(key, {"chains": {t: [n.split(".", 1)[1] for n in names[1:]] for t, names in ordered_chains.items()},
-                              "order": order})
+        _cycle_problems(nodes, edges, problems)
     if problems:
         raise GraphError(f"{len(problems)} problem(s) in the quantity graph", details=problems)
+    steps = _steps(order, nodes, qs, reducer_by_node, ordered_chains)
+    memory = tuple(sorted(n for n, q in qs.items() if q.category == "memory"))
+    return CompiledGraph(edges, nodes, steps, ordered_chains, qs, reducer_by_node, memory, roles)
+
+
+def _steps(order: list[str], nodes: dict[str, Node], qs: dict[str, Quantity], reducer_by_node: dict[str, Reducer],
+           chains: dict[str, list[str]]) -> list[tuple]:
     steps: list[tuple] = []
     for n in order:
         node = nodes[n]
@@ -331,91 +331,26 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer]) -
         if node.kind == "reducer":
             r = reducer_by_node[n]
             steps.append((R, n, node.deps[0], r.condition, r.condition_deps, r.transform, r.transform_deps))
-        elif n in ordered_chains:
+        elif n in chains:
             steps.append((ALIAS, n, node.deps[0]))
         else:
-            base = n.removesuffix(".raw") if n.endswith(".raw") else n
-            q = qs[base]
+            q = qs[n.removesuffix(".raw")]
             steps.append((Q, n, q.func, q.deps))
-    memory = tuple(sorted(n for n, q in qs.items() if q.category == "memory"))
-    return CompiledGraph(edges, nodes, steps, ordered_chains, qs, {k: v for k, v in reducer_by_node.items()}, memory)
+    return steps
 
 
-def _order(nodes: dict[str, Node], edges: list[tuple[str, str]], problems: list[str]) -> list[str]:
-    """networkx: report cycles (into ``problems``), else the lexicographic topological order."""
+def _cycle_problems(nodes: dict[str, Node], edges: list[tuple[str, str]], problems: list[str]) -> None:
+    """networkx names the cycles (into ``problems``); a single cycle is raised on its own."""
     import networkx as nx
 
     g = nx.DiGraph()
     g.add_nodes_from(nodes)
     g.add_edges_from(edges)
     cycles = _cycles(g, nodes)
-    if cycles and not problems and len(cycles) == 1:
+    if len(cycles) == 1 and not problems:
         path, plugins = cycles[0]
         raise GraphError(f"dependency cycle: {path}", details=[f"declared by plugin(s): {', '.join(plugins)}"])
     problems += [f"dependency cycle: {path} (declared by plugin(s): {', '.join(plugins)})" for path, plugins in cycles]
-    if problems:
-        return []
-    return list(nx.lexicographical_topological_sort(g))
-
-
-# --------------------------------------------------------------------------- the order cache
-
-
-def _fingerprint(qs: dict[str, Quantity], chains_in: dict[str, list[Reducer]]) -> str:
-    """A key for everything the order depends on: names, dependencies, reducer ordering constraints."""
-    from fitplan import __version__
-
-    parts = [__version__, sorted(INPUTS)]
-    parts.append(sorted((q.name, list(q.deps)) for q in qs.values()))
-    parts.append(sorted((r.target, r.name, list(r.after), list(r.before), list(r.condition_deps), list(r.transform_deps))
-                        for chain in chains_in.values() for r in chain))
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def _cache_dir() -> Path | None:
-    if os.environ.get("FITPLAN_NO_CACHE"):
-        return None
-    base = os.environ.get("FITPLAN_CACHE_DIR")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "fitplan"
-
-
-def _cache_load(key: str | None) -> dict[str, Any] | None:
-    d = _cache_dir()
-    if key is None or d is None:
-        return None
-    try:
-        data = json.loads((d / f"graph-{key}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("order"), list) or not isinstance(data.get("chains"), dict):
-        return None
-    return data
-
-
-def _cache_save(key: str | None, data: dict[str, Any]) -> None:
-    d = _cache_dir()
-    if key is None or d is None:
-        return
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f"graph-{key}.json.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        tmp.replace(d / f"graph-{key}.json")
-    except OSError:
-        pass  # a read-only home is fine: the next compile computes the order again
-
-
-def _valid_order(order: list[Any], nodes: dict[str, Node], edges: list[tuple[str, str]]) -> list[str] | None:
-    """``order`` if it lists exactly the current nodes and every edge points forward, else None."""
-    if len(order) != len(nodes) or set(order) != nodes.keys():
-        return None
-    pos = {n: i for i, n in enumerate(order)}
-    if any(pos[a] >= pos[b] for a, b in edges):
-        return None
-    return order
 
 
 def _cycles(g: nx.DiGraph, nodes: dict[str, Node]) -> list[tuple[str, list[str]]]:

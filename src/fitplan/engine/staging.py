@@ -3,7 +3,7 @@
 A search varies its inputs in nested loops (method, then precision, ..., then micro-batch). A quantity
 whose inputs are all fixed at loop level L need not be recomputed inside the deeper loops: this module
 gives every step of the compiled graph the level of its deepest-varying input and runs, at each level,
-only the steps of that level. Quantity functions are pure (STYLE.md), so the values are exactly those
+only the steps of that level. Quantity functions are pure (docs/style.md), so the values are exactly those
 of a full :meth:`~fitplan.engine.graph.CompiledGraph.evaluate` on the same inputs; ``tests/test_recommend.py``
 checks that against the ordinary estimate.
 
@@ -17,17 +17,8 @@ from typing import Any
 
 import networkx as nx
 
-from fitplan.errors import FitplanError
-from fitplan.engine.graph import Q, R, CompiledGraph
-
-
-def step_deps(step: tuple) -> tuple[str, ...]:
-    kind = step[0]
-    if kind == Q:
-        return step[3]
-    if kind == R:
-        return (step[2], *step[4], *step[6])
-    return (step[2],)
+from fitplan.engine.graph import CompiledGraph
+from fitplan.engine.interpreter import run, step_deps
 
 
 class StagedGraph:
@@ -74,24 +65,7 @@ class StagedGraph:
 
     def run(self, v: dict[str, Any], level: int) -> None:
         """Compute, in ``v``, the steps of ``level`` (their inputs at that level and above must be set)."""
-        step: tuple = ()
-        try:
-            for step in self.by_level[level + 1]:
-                kind = step[0]
-                if kind == Q:
-                    v[step[1]] = step[2](*[v[d] for d in step[3]])
-                elif kind == R:
-                    _, name, prev, cond, cdeps, fn, tdeps = step
-                    if cond(*[v[d] for d in cdeps]):
-                        v[name] = fn(v[prev], *[v[d] for d in tdeps])
-                    else:
-                        v[name] = v[prev]
-                else:
-                    v[step[1]] = v[step[2]]
-        except FitplanError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the same plugin-naming error as a full evaluation
-            raise self.compiled._step_error(step, v, e) from e
+        run(self.by_level[level + 1], v, None, self.compiled._step_error)
 
     def steps_per_level(self) -> list[int]:
         return [len(s) for s in self.by_level]

@@ -16,7 +16,6 @@ Adafactor's factored states and per-tensor optimizer scalars all follow.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 from pathlib import Path
@@ -86,6 +85,12 @@ class ModelSpec:
     source: str = ""
     bare_param_count: int | None = None
     """Set for ``--params 7B``: a count with no shapes (the seed's view of a model)."""
+
+    @property
+    def is_bare(self) -> bool:
+        """Known only by a parameter count (``--params 7B --assumptions seed``): no shapes, so no activations
+        or logits (``--params`` alone gets a typical shape, family ``approximate``)."""
+        return self.family == "bare"
 
     @property
     def is_moe(self) -> bool:
@@ -159,6 +164,50 @@ def _module(role: str, name: str) -> str:
 # --------------------------------------------------------------------------- reading config.json
 
 
+CONFIG_INTS: dict[str, int] = {
+    "hidden_size": 2**20, "n_embd": 2**20, "num_hidden_layers": 100_000, "n_layer": 100_000,
+    "num_attention_heads": 100_000, "n_head": 100_000, "num_key_value_heads": 100_000, "num_kv_heads": 100_000,
+    "n_head_kv": 100_000, "head_dim": 2**16, "intermediate_size": 2**24, "n_inner": 2**24, "ffn_hidden_size": 2**24,
+    "vocab_size": 2**28, "max_position_embeddings": 2**30, "n_positions": 2**30, "num_local_experts": 100_000,
+    "num_experts": 100_000, "num_experts_per_tok": 100_000, "moe_intermediate_size": 2**24,
+    "shared_expert_intermediate_size": 2**24,
+}
+"""Integer config fields and their largest sensible value (transformers 5 declares them ``int`` in its strict
+config dataclasses: a string, a float, a boolean or null there is refused, as transformers refuses it)."""
+CONFIG_FRACTIONS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+                    "partial_rotary_factor", "rotary_pct")
+"""Config fields that are probabilities or shares: numbers in [0, 1]."""
+CONFIG_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_parallel_residual", "parallel_attn",
+                "new_decoder_architecture", "multi_query", "bias")
+
+
+def check_config_types(c: dict[str, Any], file: str | None) -> None:
+    """The config's fields have the types and ranges transformers' config classes accept (an integer where
+    ``int``, a number in [0, 1] for dropouts, a boolean for flags), else a FitplanError naming the field."""
+    for key, limit in CONFIG_INTS.items():
+        v = c.get(key)
+        if v is None or key not in c:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise FitplanError(f"{key} must be an integer, got {v!r:.40}", file=file, field=f"$.{key}", value=v)
+        if v > limit:
+            raise FitplanError(f"{key} must be at most {limit:,}, got {v:,}", file=file, field=f"$.{key}", value=v)
+        if v < 0:
+            raise FitplanError(f"{key} must be >= 0, got {v}", file=file, field=f"$.{key}", value=v)
+        if v == 0 and key in ("num_key_value_heads", "num_kv_heads", "n_head_kv", "head_dim"):
+            raise FitplanError(f"{key} must be >= 1, got 0 (attention needs at least one head of one dimension)",
+                               file=file, field=f"$.{key}", value=v)
+    for key in CONFIG_FRACTIONS:
+        v = c.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1):
+            raise FitplanError(f"{key} must be a number between 0 and 1, got {v!r:.40}", file=file, field=f"$.{key}",
+                               value=v)
+    for key in CONFIG_BOOLS:
+        v = c.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise FitplanError(f"{key} must be true or false, got {v!r:.40}", file=file, field=f"$.{key}", value=v)
+
+
 def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str | None = None, source: str = "") -> ModelSpec:
     """Build a :class:`ModelSpec` from the fields of an HF ``config.json``, through the learned
     architecture file of its ``model_type``.
@@ -176,6 +225,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         inner = c["text_config"]
         c = {**inner, "model_type": inner.get("model_type") or model_type}
         model_type = c["model_type"]
+    check_config_types(c, file)
     if model_type is not None and not isinstance(model_type, str):
         raise FitplanError(f"model_type must be a string, got {model_type!r}", file=file, field="$.model_type", value=model_type)
     if not model_type:
@@ -224,13 +274,15 @@ def _hashable(v: Any) -> Any:
 
 def load_config_json(path: str | Path) -> ModelSpec:
     """Read an HF ``config.json`` from disk."""
+    from fitplan.inputs.files import read_json
+
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FitplanError("file not found", file=str(p), suggestion="pass a catalog name (fitplan models list) or a path to config.json") from None
-    except json.JSONDecodeError as e:
-        raise FitplanError(f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})", file=str(p)) from None
+        data = read_json(p)
+    except FitplanError as e:
+        if e.message == "file not found":
+            e.suggestion = "pass a catalog name (fitplan models list) or a path to config.json"
+        raise
     name = p.parent.name if p.name == "config.json" else p.stem
     return spec_from_config(data, name=name, file=str(p), source=str(p))
 

@@ -108,9 +108,3 @@ def structure(data: Any, cls: type, *, file: str | None = None, root: str = "$")
             msg, _, where = lines[0].rpartition(" @ ")
             raise FitplanError(msg, file=file, field=where) from None
         raise FitplanError(f"{len(lines)} errors", file=file, details=lines) from None
-
-
-def structure_scenario(nested: dict[str, Any], *, file: str | None = None):
-    from fitplan.inputs.scenario import Scenario
-
-    return structure(nested, Scenario, file=file)

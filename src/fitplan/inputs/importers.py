@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from fitplan.errors import FitplanError
+from fitplan.inputs.precision import MASTER_FOR_FLAG, MIXED_FOR_FLAG
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
+    from fitplan.inputs.files import read_json
+
     p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FitplanError("file not found", file=str(p)) from None
-    except json.JSONDecodeError as e:
-        raise FitplanError(f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})", file=str(p)) from None
+    data = read_json(p)
     if not isinstance(data, dict):
         raise FitplanError("expected a JSON object", file=str(p), value=type(data).__name__)
     return data
@@ -50,7 +47,8 @@ def deepspeed_fields_from(data: dict[str, Any], path: str, root: str = "$", *, b
                                file=str(path), field=f"{root}.zero_optimization.{key}.device", value=dev)
         out[field] = dev in ("cpu", "nvme")
     ta_given = bf16 or fp16
-    for key, preset, flag in (("bf16", "bf16-master", bf16), ("fp16", "16-master", fp16)):
+    for key, flag in (("bf16", bf16), ("fp16", fp16)):
+        preset = MASTER_FOR_FLAG[key]
         sect = data.get(key)
         enabled = isinstance(sect, dict) and (sect.get("enabled") is True or sect.get("enabled") == "auto"
                                               and (flag or not ta_given))
@@ -97,16 +95,46 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tupl
     :raises FitplanError: known keys with bad values (a batch size of 0, bf16 and fp16 both true, an
         unknown optimizer with a suggestion, a malformed ``deepspeed`` value), naming the file and key.
     """
-    import difflib
-
     p = Path(path)
     data = _read_json(p)
-    out: dict[str, Any] = {}
     warnings: list[str] = []
 
     def bad(key: str, message: str, suggestion: str | None = None) -> FitplanError:
         return FitplanError(message, file=str(p), field=f"$.{key}", value=data.get(key), suggestion=suggestion)
 
+    out = _ta_plain_fields(data, bad, known_optimizers)
+    bf16, fp16 = data.get("bf16"), data.get("fp16")
+    for key, v in (("bf16", bf16), ("fp16", fp16)):
+        if v is not None and not isinstance(v, bool):
+            raise bad(key, f"{key} must be true or false, got {v!r}")
+    if bf16 and fp16:
+        raise bad("fp16", "bf16 and fp16 are both true", "choose one (TrainingArguments refuses both)")
+    if bf16 or fp16:
+        out["precision"] = MIXED_FOR_FLAG["bf16" if bf16 else "fp16"]
+    if data.get("max_steps") not in (None, -1, 0):
+        warnings.append(f"{p}: max_steps ({data['max_steps']}) is not modelled: fitplan's time comes from the dataset size "
+                        "and num_train_epochs (or --total-tokens)")
+    if data.get("auto_find_batch_size"):
+        warnings.append(f"{p}: auto_find_batch_size is true: the Trainer may halve the batch after an OOM; "
+                        "`fitplan recommend --max micro-batch` finds the largest that fits")
+    if data.get("fsdp"):
+        out.update(_ta_fsdp(data["fsdp"], bad))
+    ds = data.get("deepspeed")
+    if ds is not None:
+        if isinstance(ds, str):
+            ds_path = Path(ds) if Path(ds).is_absolute() else p.parent / ds
+            out.update(deepspeed_fields(ds_path, bf16=bool(bf16), fp16=bool(fp16)))
+        elif isinstance(ds, dict):
+            out.update(deepspeed_fields_from(ds, str(p), "$.deepspeed", bf16=bool(bf16), fp16=bool(fp16)))
+        else:
+            raise bad("deepspeed", f"deepspeed must be a path or an object, got {type(ds).__name__}")
+    warnings += _ta_misspelt(data, p)
+    return out, warnings
+
+
+def _ta_plain_fields(data: dict[str, Any], bad: Any, known_optimizers: Any) -> dict[str, Any]:
+    """The TrainingArguments keys that map one to one onto scenario fields, checked."""
+    out: dict[str, Any] = {}
     for key, field in TRAINING_ARGS_FIELDS.items():
         if key not in data or data[key] is None:
             continue
@@ -130,47 +158,34 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tupl
                 raise bad(key, f"optim {v!r} is not an optimizer fitplan knows",
                           did_you_mean(v, known_optimizers) or "see `fitplan plugins` for the optimizers")
         out[field] = v
-    bf16, fp16 = data.get("bf16"), data.get("fp16")
-    for key, v in (("bf16", bf16), ("fp16", fp16)):
-        if v is not None and not isinstance(v, bool):
-            raise bad(key, f"{key} must be true or false, got {v!r}")
-    if bf16 and fp16:
-        raise bad("fp16", "bf16 and fp16 are both true", "choose one (TrainingArguments refuses both)")
-    if bf16 or fp16:
-        out["precision"] = "bf16-mixed" if bf16 else "16-mixed"
-    if data.get("max_steps") not in (None, -1, 0):
-        warnings.append(f"{p}: max_steps ({data['max_steps']}) is not modelled: fitplan's time comes from the dataset size "
-                        "and num_train_epochs (or --total-tokens)")
-    if data.get("auto_find_batch_size"):
-        warnings.append(f"{p}: auto_find_batch_size is true: the Trainer may halve the batch after an OOM; "
-                        "`fitplan recommend --max micro-batch` finds the largest that fits")
-    fsdp = data.get("fsdp")
-    if fsdp:
-        words = fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, list) else None
-        if not words or not all(isinstance(w, str) for w in words):
-            raise bad("fsdp", f"fsdp must be a string or a list of strings, got {fsdp!r}")
-        modes = [w for w in words if w in ("full_shard", "shard_grad_op", "hybrid_shard")]
-        if not modes:
-            raise bad("fsdp", f"fsdp {fsdp!r} names no sharding strategy",
-                      "one of full_shard, shard_grad_op, hybrid_shard (with offload / auto_wrap)")
-        out["fsdp"] = modes[0]
-        if "offload" in words:
-            out["offload_params"] = True
-            out["offload_optimizer"] = True
-    ds = data.get("deepspeed")
-    if ds is not None:
-        if isinstance(ds, str):
-            ds_path = Path(ds) if Path(ds).is_absolute() else p.parent / ds
-            out.update(deepspeed_fields(ds_path, bf16=bool(bf16), fp16=bool(fp16)))
-        elif isinstance(ds, dict):
-            out.update(deepspeed_fields_from(ds, str(p), "$.deepspeed", bf16=bool(bf16), fp16=bool(fp16)))
-        else:
-            raise bad("deepspeed", f"deepspeed must be a path or an object, got {type(ds).__name__}")
+    return out
+
+
+def _ta_fsdp(fsdp: Any, bad: Any) -> dict[str, Any]:
+    """``fsdp`` (``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list)."""
+    words = fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, list) else None
+    if not words or not all(isinstance(w, str) for w in words):
+        raise bad("fsdp", f"fsdp must be a string or a list of strings, got {fsdp!r}")
+    modes = [w for w in words if w in ("full_shard", "shard_grad_op", "hybrid_shard")]
+    if not modes:
+        raise bad("fsdp", f"fsdp {fsdp!r} names no sharding strategy",
+                  "one of full_shard, shard_grad_op, hybrid_shard (with offload / auto_wrap)")
+    out: dict[str, Any] = {"fsdp": modes[0]}
+    if "offload" in words:
+        out.update(offload_params=True, offload_optimizer=True)
+    return out
+
+
+def _ta_misspelt(data: dict[str, Any], p: Path) -> list[str]:
+    """A warning for each ignored key that looks like a misspelt key fitplan reads."""
+    import difflib
+
     read = set(TRAINING_ARGS_FIELDS) | set(_TA_OTHER)
+    out = []
     for key in sorted(data):
         if key in read:
             continue
         close = difflib.get_close_matches(key, sorted(read), n=1, cutoff=0.85)
         if close:
-            warnings.append(f"{p}: key {key!r} is ignored (did you mean {close[0]!r}?)")
-    return out, warnings
+            out.append(f"{p}: key {key!r} is ignored (did you mean {close[0]!r}?)")
+    return out

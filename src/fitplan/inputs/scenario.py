@@ -14,10 +14,9 @@ import attrs
 from attrs import field, frozen
 
 from fitplan.errors import FitplanError
+from fitplan.inputs.convert import structure
+from fitplan.inputs.precision import PRECISIONS
 
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "bf16-master", "16-master")
-"""Precision presets. Lightning's names, plus ``bf16-master``/``16-master``: 16-bit weights and
-gradients with fp32 master weights and fp32 optimizer states (DeepSpeed / Megatron style)."""
 METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
@@ -26,20 +25,72 @@ PADDING = ("pad", "pack")
 DEVICES = ("cuda", "cpu")
 
 
+LIMITS: dict[str, float] = {
+    "per_device_train_batch_size": 2**20, "gradient_accumulation_steps": 2**20, "max_seq_length": 2**24,
+    "num_train_epochs": 10_000, "lora_r": 65_536, "lora_alpha": 1e6, "tensor_parallel": 4096, "num_gpus": 65_536,
+    "num_nodes": 65_536, "num_examples": 1e13, "tokens_per_example": 1e9, "total_tokens": 1e16, "runs": 1e6,
+    "tokens_per_second": 1e12,
+}
+"""The largest value of a number that makes physical sense (a micro-batch of a million sequences, a sequence of
+16M tokens, 65,536 GPUs, 10^16 tokens): beyond it a value is a typo, and refusing it keeps the arithmetic finite."""
+MINIMA: dict[str, float] = {"tokens_per_second": 1e-3, "mfu": 1e-4}
+"""The smallest value of a rate that makes sense: below it a time comes out infinite."""
+TEXT_LIMITS: dict[str, int] = {"model": 4096, "params": 64}
+"""The longest text a field takes (paths are long); every other text field: :data:`TEXT_LIMIT`."""
+TEXT_LIMIT = 256
+
+
+def _number_error(inst: Any, att: attrs.Attribute, value: Any, what: str) -> FitplanError:
+    return FitplanError(f"{type(inst).__name__}.{att.name} must be {what}, got {value!r:.60}", field=att.name, value=value)
+
+
 def _positive(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    """A finite number > 0 and at most its :data:`LIMITS` (None: not given)."""
     if value is None:
         return
-    if isinstance(value, bool) or not value > 0:
-        raise FitplanError(
-            f"{type(inst).__name__}.{att.name} must be > 0, got {value!r}", field=att.name, value=value
-        )
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (float("inf"), -float("inf")):
+        raise _number_error(inst, att, value, "a finite number")
+    if not value > 0:
+        raise _number_error(inst, att, value, "> 0")
+    if value < MINIMA.get(att.name, 0):
+        raise _number_error(inst, att, value, f"at least {MINIMA[att.name]:g}")
+    limit = LIMITS.get(att.name)
+    if limit is not None and value > limit:
+        raise _number_error(inst, att, value, f"at most {limit:,g}")
 
 
 def _at_least_one(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    """An integer >= 1 and at most its :data:`LIMITS`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise FitplanError(
-            f"{type(inst).__name__}.{att.name} must be an integer >= 1, got {value!r}", field=att.name, value=value
-        )
+        raise _number_error(inst, att, value, "an integer >= 1")
+    limit = LIMITS.get(att.name)
+    if limit is not None and value > limit:
+        raise _number_error(inst, att, value, f"at most {limit:,g}")
+
+
+def _probability(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    """A dropout probability: a number in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise _number_error(inst, att, value, "a probability in [0, 1)")
+
+
+def _text(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    """A text of at most :data:`TEXT_LIMITS` characters, with no control character (None: not given)."""
+    if value is None:
+        return
+    limit = TEXT_LIMITS.get(att.name, TEXT_LIMIT)
+    if not isinstance(value, str) or len(value) > limit or not value.isprintable():
+        what = f"a text of at most {limit:,} printable characters"
+        raise FitplanError(f"{type(inst).__name__}.{att.name} must be {what}, got {value!r:.60}"
+                           + (f" ({len(value):,} characters)" if isinstance(value, str) and len(value) > limit else ""),
+                           field=att.name, value=value[:60] if isinstance(value, str) else value)
+
+
+def _module_names(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    """LoRA target modules: 1 to 256 names of at most 256 printable characters."""
+    if not isinstance(value, tuple) or not 1 <= len(value) <= 256 or not all(
+            isinstance(v, str) and 0 < len(v) <= 256 and v.isprintable() for v in value):
+        raise _number_error(inst, att, value, "1 to 256 module names (or all-linear)")
 
 
 def _one_of(choices: tuple[str, ...]):
@@ -65,8 +116,8 @@ def _one_of(choices: tuple[str, ...]):
 class Model:
     """Which model: a catalog name or a path to an HF ``config.json`` (``model``), or a bare count (``params``)."""
 
-    model: str | None = None
-    params: str | None = None
+    model: str | None = field(default=None, validator=_text)
+    params: str | None = field(default=None, validator=_text)
     method: str = field(default="full", validator=_one_of(METHODS))
     assumptions: str = field(default="realistic", validator=_one_of(ASSUMPTIONS))
 
@@ -79,7 +130,7 @@ class Training:
     gradient_accumulation_steps: int = field(default=1, validator=_at_least_one)
     max_seq_length: int = field(default=2048, validator=_at_least_one)
     gradient_checkpointing: bool = False
-    optim: str = "adamw_torch"
+    optim: str = field(default="adamw_torch", validator=_text)
     precision: str = field(default="32-true", validator=_one_of(PRECISIONS))
     attn_implementation: str = field(default="sdpa", validator=_one_of(ATTN_IMPLEMENTATIONS))
     num_train_epochs: float = field(default=1.0, validator=_positive)
@@ -92,9 +143,9 @@ class Lora:
     """peft's LoraConfig fields (used when ``method`` is lora or qlora)."""
 
     lora_r: int = field(default=8, validator=_at_least_one)
-    lora_alpha: int = 16
-    lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")
-    lora_dropout: float = 0.0
+    lora_alpha: int = field(default=16, validator=_positive)
+    lora_target_modules: tuple[str, ...] = field(default=("q_proj", "v_proj"), validator=_module_names)
+    lora_dropout: float = field(default=0.0, validator=_probability)
     bnb_4bit_use_double_quant: bool = True
 
 
@@ -113,7 +164,7 @@ class Parallel:
 class Hardware:
     """Where it runs."""
 
-    gpu: str | None = None
+    gpu: str | None = field(default=None, validator=_text)
     num_gpus: int = field(default=1, validator=_at_least_one)
     num_nodes: int = field(default=1, validator=_at_least_one)
     device: str = field(default="cuda", validator=_one_of(DEVICES))
@@ -136,16 +187,16 @@ class Dataset:
 class Cost:
     """How it is paid for and how fast it goes, when stated."""
 
-    provider: str | None = None
-    instance: str | None = None
+    provider: str | None = field(default=None, validator=_text)
+    instance: str | None = field(default=None, validator=_text)
     runs: int = field(default=1, validator=_at_least_one)
     tokens_per_second: float | None = field(default=None, validator=_positive)
     """Measured training throughput of the whole run (all GPUs), overriding every model of it."""
     mfu: float | None = field(default=None, validator=_positive)
     """Model FLOPs utilisation (0.4 = 40 %), overriding the ruleset default and calibration."""
-    throughput_source: str | None = None
+    throughput_source: str | None = field(default=None, validator=_text)
     """A named set of measured throughputs in the ``[[throughput]]`` ruleset (e.g. ``seed``)."""
-    region: str | None = None
+    region: str | None = field(default=None, validator=_text)
     """Only price instances in this region (default: the cheapest region)."""
 
     @mfu.validator
@@ -202,6 +253,9 @@ def from_flat(values: dict[str, Any]) -> Scenario:
 
             raise unknown("scenario field", name, FIELD_SECTION)
         nested.setdefault(section, {})[name] = value
-    from fitplan.inputs.convert import structure_scenario
+    return from_nested(nested)
 
-    return structure_scenario(nested)
+
+def from_nested(nested: dict[str, Any], *, file: str | None = None) -> Scenario:
+    """Build a scenario from ``{"section": {field: value}}`` (strict: wrong types and unknown keys are errors)."""
+    return structure(nested, Scenario, file=file)

@@ -15,6 +15,7 @@ from typing import Any
 
 from fitplan.inputs import scenario as sc
 from fitplan.errors import FitplanError
+from fitplan.inputs.precision import PRESETS
 
 KINDS = ("deepspeed", "accelerate", "training-args", "scenario")
 FILENAMES = {"deepspeed": "ds_config.json", "accelerate": "accelerate_config.yaml",
@@ -36,7 +37,7 @@ def uses_deepspeed(s: sc.Scenario) -> bool:
     """A plan runs under DeepSpeed when it shards with ZeRO, offloads, or uses DeepSpeed's 16-bit optimizer
     (fp32 master weights: the ``*-master`` presets)."""
     p = s.parallel
-    return bool(p.zero_stage or p.offload_optimizer or p.offload_params or s.training.precision.endswith("-master"))
+    return bool(p.zero_stage or p.offload_optimizer or p.offload_params or PRESETS[s.training.precision].master)
 
 
 def world(s: sc.Scenario) -> int:
@@ -53,6 +54,7 @@ def deepspeed_config(s: sc.Scenario) -> dict[str, Any]:
                            field="--emit deepspeed", value=s.training.precision,
                            suggestion="emit training-args (and accelerate) instead")
     p, t = s.parallel, s.training
+    preset = PRESETS[t.precision]
     zero: dict[str, Any] = {"stage": p.zero_stage}
     if p.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -68,8 +70,8 @@ def deepspeed_config(s: sc.Scenario) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": t.per_device_train_batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
         "train_batch_size": t.per_device_train_batch_size * t.gradient_accumulation_steps * world(s),
-        "bf16": {"enabled": t.precision == "bf16-master"},
-        "fp16": {"enabled": t.precision == "16-master", "loss_scale": 0, "initial_scale_power": 16},
+        "bf16": {"enabled": preset.master and preset.hf_flag == "bf16"},
+        "fp16": {"enabled": preset.master and preset.hf_flag == "fp16", "loss_scale": 0, "initial_scale_power": 16},
         "zero_optimization": zero,
         "steps_per_print": 100,
         "wall_clock_breakdown": False,
@@ -81,6 +83,7 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
     """HF ``TrainingArguments`` keys for a plan, and notes on what they cannot carry (to pass as flags or
     model-loading arguments)."""
     t, p = s.training, s.parallel
+    preset = PRESETS[t.precision]
     notes: list[str] = []
     out: dict[str, Any] = {
         "output_dir": "outputs",
@@ -88,8 +91,8 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
         "gradient_checkpointing": t.gradient_checkpointing,
         "optim": t.optim,
-        "bf16": t.precision in ("bf16-mixed", "bf16-master"),
-        "fp16": t.precision in ("16-mixed", "16-master"),
+        "bf16": preset.hf_flag == "bf16",
+        "fp16": preset.hf_flag == "fp16",
         "num_train_epochs": t.num_train_epochs,
     }
     if t.tf32:
@@ -97,9 +100,8 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
     if t.optim not in HF_OPTIMIZERS:
         notes.append(f"optim {t.optim!r} is not a TrainingArguments optimizer name: pass it to the Trainer as a "
                      f"custom optimizer (fitplan reads it back with --optim {t.optim})")
-    if t.precision in ("bf16-true", "16-true"):
-        dtype = "bfloat16" if t.precision == "bf16-true" else "float16"
-        notes.append(f"precision {t.precision}: load the model with torch_dtype=torch.{dtype} (pure 16-bit training; "
+    if preset.torch_dtype:
+        notes.append(f"precision {t.precision}: load the model with torch_dtype=torch.{preset.torch_dtype} (pure 16-bit training; "
                      f"TrainingArguments has no key for it; fitplan reads it back with --precision {t.precision})")
     if uses_deepspeed(s):
         out["deepspeed"] = deepspeed_file or FILENAMES["deepspeed"]
@@ -120,9 +122,7 @@ def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
     """An ``accelerate launch --config_file`` YAML for a plan."""
     n, m = s.hardware.num_gpus, s.hardware.num_nodes
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False}
-    precision = s.training.precision
-    mixed = "bf16" if precision.startswith("bf16") and precision != "bf16-true" else \
-        "fp16" if precision.startswith("16") and precision != "16-true" else "no"
+    mixed = PRESETS[s.training.precision].hf_flag or "no"
     if uses_deepspeed(s):
         ds: dict[str, Any] = {"deepspeed_config_file": deepspeed_file or FILENAMES["deepspeed"]}
         if s.parallel.zero_stage == 3:
@@ -188,8 +188,8 @@ def scenario_toml(s: sc.Scenario) -> str:
     return "# fitplan scenario: `fitplan estimate THIS_FILE` reproduces the plan\n" + tomli_w.dumps(out)
 
 
-def emit(kind: str, s: sc.Scenario, directory: str | Path) -> tuple[list[Path], list[str]]:
-    """Write ``kind`` (or ``all``) for scenario ``s`` into ``directory``. Returns the files written and notes.
+def render_exports(kind: str, s: sc.Scenario) -> tuple[list[tuple[str, str]], list[str]]:
+    """The files of export ``kind`` (or ``all``) for scenario ``s``: ``[(file name, text)]`` and notes.
 
     :raises FitplanError: an unknown kind; ``deepspeed`` for a plan without DeepSpeed.
     """
@@ -197,26 +197,42 @@ def emit(kind: str, s: sc.Scenario, directory: str | Path) -> tuple[list[Path], 
         from fitplan.errors import unknown
 
         raise unknown("export format", kind, [*KINDS, "all"], field="--emit")
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     kinds = list(KINDS) if kind == "all" else [kind]
     if kind == "all" and not uses_deepspeed(s):
         kinds.remove("deepspeed")
     if kind in ("training-args", "accelerate") and uses_deepspeed(s):
         kinds.insert(0, "deepspeed")  # they name it
-    written: list[Path] = []
+    files: list[tuple[str, str]] = []
     notes: list[str] = []
     for k in kinds:
-        path = d / FILENAMES[k]
         if k == "deepspeed":
-            path.write_text(json.dumps(deepspeed_config(s), indent=2) + "\n", encoding="utf-8")
+            text = json.dumps(deepspeed_config(s), indent=2) + "\n"
         elif k == "training-args":
             data, more = training_args(s)
             notes += more
-            path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+            text = json.dumps(data, indent=2) + "\n"
         elif k == "accelerate":
-            path.write_text(accelerate_config(s), encoding="utf-8")
+            text = accelerate_config(s)
         else:
-            path.write_text(scenario_toml(s), encoding="utf-8")
-        written.append(path)
-    return written, notes
+            text = scenario_toml(s)
+        files.append((FILENAMES[k], text))
+    return files, notes
+
+
+def write_exports(directory: str | Path, files: list[tuple[str, str]]) -> list[Path]:
+    """Write rendered export files into ``directory`` (created if needed), each file whole or not at all."""
+    from fitplan.errors import FitplanError
+    from fitplan.output.files import write_text
+
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FitplanError(f"cannot create the directory: {e.strerror or e}", file=str(d), field="--emit") from None
+    return [write_text(d / name, text) for name, text in files]
+
+
+def emit(kind: str, s: sc.Scenario, directory: str | Path) -> tuple[list[Path], list[str]]:
+    """Render and write export ``kind`` for ``s`` into ``directory``: the files written and the notes."""
+    files, notes = render_exports(kind, s)
+    return write_exports(directory, files), notes

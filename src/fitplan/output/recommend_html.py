@@ -12,20 +12,12 @@ import math
 from html import escape
 
 from fitplan import __version__
-from fitplan.search.recommend import Plan, Result, command_line, describe_market, rejection_text
+from fitplan.search.plans import Plan, Result, command_line, describe_market, rejection_text
 from fitplan.output.recommend_report import PLAN_COLUMNS, _header, no_plan_text, plan_row, stats_line
 
-SEGMENTS = (
-    ("weights", "weights", "#4e79a7"),
-    ("master_weights", "master weights", "#a0cbe8"),
-    ("gradients", "gradients", "#f28e2b"),
-    ("optimizer_states", "optimizer states", "#ffbe7d"),
-    ("activations", "activations", "#59a14f"),
-    ("logits", "logits + loss", "#8cd17d"),
-    ("autocast_copies", "autocast copies", "#b6992d"),
-    ("comm_buffers", "comm. buffers", "#499894"),
-    ("framework_overhead", "CUDA context + reserve", "#bab0ac"),
-)
+PALETTE = ("#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#8cd17d", "#b6992d", "#499894", "#bab0ac", "#d37295",
+           "#fabfd2", "#b07aa1")
+"""Colours of the memory chart's segments, in the order of the breakdown rows."""
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px; color: #222; max-width: 1240px; }
 h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; }
@@ -64,14 +56,15 @@ def memory_chart(result: Result) -> str:
     plans = [p for p in _plans_shown(result) if p.estimate is not None]
     if not plans:
         return ""
+    segments = _segments(plans[0].estimate)
     rows = []
     for p in plans:
-        mem = p.estimate.memory_bytes()
-        parts = [(label, color, mem.get(key, 0)) for key, label, color in SEGMENTS if mem.get(key, 0) > 0]
-        rows.append((p, parts, mem.get("device_total", 0), p.usable_bytes))
+        parts = [(label, color, int(p.estimate.values.get(name) or 0)) for name, label, color in segments
+                 if (p.estimate.values.get(name) or 0) > 0]
+        rows.append((p, parts, p.device_total_bytes, p.usable_bytes))
     scale_max = max(max(sum(b for _, _, b in parts), total, usable) for _, parts, total, usable in rows)
     left, width, bar_h, gap, top = 70, 860, 16, 8, 10
-    legend = _legend_rows(left, width)
+    legend = _legend_rows(segments, left, width)
     height = top + len(rows) * (bar_h + gap) + 40 + 16 * len(legend)
     px = width / scale_max
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 40}" height="{height}" '
@@ -106,11 +99,17 @@ def memory_chart(result: Result) -> str:
     return "\n".join(out)
 
 
-def _legend_rows(left: float, width: float) -> list[list[tuple[float, str, str]]]:
+def _segments(est) -> list[tuple[str, str, str]]:
+    """``(quantity, label, colour)`` of the chart's segments: the breakdown rows (the framework overhead last)."""
+    rows = [q for _, q in est.registry.compiled().rows()]
+    return [(q.name, q.compact_label, PALETTE[i % len(PALETTE)]) for i, q in enumerate(rows)]
+
+
+def _legend_rows(segments: list[tuple[str, str, str]], left: float, width: float) -> list[list[tuple[float, str, str]]]:
     """Legend entries laid out in rows that fit ``width`` (about 6 px per character at font size 10)."""
     rows: list[list[tuple[float, str, str]]] = [[]]
     x = float(left)
-    for _, label, color in SEGMENTS:
+    for _, label, color in segments:
         w = 14 + 6.0 * len(label) + 16
         if rows[-1] and x + w > left + width:
             rows.append([])

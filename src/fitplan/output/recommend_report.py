@@ -7,30 +7,21 @@ carries the ``fitplan estimate`` command line that reproduces its numbers.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fitplan import __version__
-from fitplan.search.recommend import Plan, Result, command_line, describe_market, rejection_text
+from fitplan.output.console import md, printable, render_rich
+from fitplan.output.formats import RenderOptions
+from fitplan.search.plans import Plan, Result, command_line, describe_market, rejection_text
 from fitplan.units import format_bytes, format_count
-
-MEMORY_PARTS = (
-    ("weights", "weights"),
-    ("master_weights", "master weights"),
-    ("gradients", "gradients"),
-    ("optimizer_states", "optimizer states"),
-    ("activations", "activations"),
-    ("logits", "logits + loss"),
-    ("autocast_copies", "autocast copies"),
-    ("comm_buffers", "comm. buffers"),
-)
-
 
 def plan_json(result: Result, plan: Plan) -> dict[str, Any]:
     """One plan: its choices, market, memory, time and cost sections (those of ``fitplan estimate
     --format json``), policy penalties or rejections, and the command that reproduces it."""
-    from fitplan.output.estimate_report import to_json
+    from fitplan.output.estimate_report import sections_json
 
-    est = to_json(plan.estimate) if plan.estimate is not None else {}
+    est = {**sections_json(plan.estimate), "warnings": list(plan.estimate.warnings)} if plan.estimate is not None else {}
     out: dict[str, Any] = {
         "rank": plan.rank,
         "label": plan.label,
@@ -53,14 +44,16 @@ def plan_json(result: Result, plan: Plan) -> dict[str, Any]:
     return out
 
 
-def to_json(result: Result) -> dict[str, Any]:
-    from fitplan.estimation import resolve_arch
+def _model(result: Result) -> dict[str, Any] | None:
+    """The model searched, shown once a plan was found (its estimate names it)."""
+    return result.model if result.plans and result.plans[0].estimate is not None else None
 
-    arch = resolve_arch(result.base, result.plans[0].estimate.rulesets) if result.plans and result.plans[0].estimate else None
+
+def to_json(result: Result) -> dict[str, Any]:
     space = result.space
     return {
         "fitplan_version": __version__,
-        "model": None if arch is None else {"name": arch.name, "param_count": arch.param_count},
+        "model": None if _model(result) is None else {"name": result.model["name"], "param_count": result.model["params"]},
         "objective": result.objective,
         "effective_batch_size": space.effective_batch_size,
         "headroom": result.headroom,
@@ -95,7 +88,7 @@ def _hardware(plan: Plan) -> str:
 
 def _instance(plan: Plan) -> str:
     est = plan.estimate
-    choice = est.values.get("instance_choice") if est is not None else None
+    choice = est.role("instance") if est is not None else None
     if choice is None:
         return plan.fields.get("provider") or "-"
     return f"{choice.provider.id}/{choice.instance.id} ×{choice.count}"
@@ -160,12 +153,10 @@ def stats_line(result: Result) -> str:
 
 
 def _header(result: Result) -> list[str]:
-    from fitplan.estimation import resolve_arch
-
     base = result.base
-    arch = resolve_arch(base, result.plans[0].estimate.rulesets) if result.plans and result.plans[0].estimate else None
-    name = arch.name if arch is not None else (base.model.model or base.model.params or "?")
-    lines = [f"model {name}" + (f" ({format_count(arch.param_count)} params)" if arch is not None else ""),
+    model = _model(result)
+    name = model["name"] if model is not None else (base.model.model or base.model.params or "?")
+    lines = [f"model {name}" + (f" ({format_count(model['params'])} params)" if model is not None else ""),
              f"objective: {result.objective}; effective batch {result.space.effective_batch_size}; "
              f"required headroom {result.headroom}"]
     if result.policies:
@@ -175,7 +166,7 @@ def _header(result: Result) -> list[str]:
 
 def to_markdown(result: Result) -> str:
     lines = ["# fitplan recommend", ""]
-    lines += [f"- {x}" for x in _header(result)]
+    lines += [f"- {md(x)}" for x in _header(result)]
     lines += ["", "## Ranked plans", ""]
     lines += _md_table(result.plans) if result.plans else [f"_{no_plan_text(result)}_"]
     lines += ["", "## Cost versus time: the Pareto front", "",
@@ -184,20 +175,22 @@ def to_markdown(result: Result) -> str:
     if result.rejected:
         lines += ["", "## Rejected by policy", "", "| plan | time | cost | rejected by |", "|---|---:|---:|---|"]
         for p in result.rejected:
-            lines.append(f"| {p.label} | {_hours(p.train_seconds)} | {_usd(p.cost_usd)} | {rejection_text(p)} |")
+            lines.append(f"| {md(p.label)} | {_hours(p.train_seconds)} | {_usd(p.cost_usd)} | {md(rejection_text(p))} |")
     if any(p.penalties for p in result.plans):
         lines += ["", "Penalties:"]
         for p in result.plans:
             for v in p.penalties:
-                lines.append(f"- plan {p.rank}: {v.rule} (× {1 + v.penalty:g}): {v.reason}")
+                lines.append(f"- plan {p.rank}: {md(v.rule)} (× {1 + v.penalty:g}): {md(v.reason)}")
     lines += ["", "## Search", "", stats_line(result)]
     for k, v in sorted(result.stats.rejected_by.items()):
-        lines.append(f"- rejected by {k}: {v:,}")
+        lines.append(f"- rejected by {md(k)}: {v:,}")
     for k, v in sorted(result.stats.invalid_reasons.items()):
-        lines.append(f"- invalid ({v:,}): {k}")
-    lines += [f"- {n}" for n in result.stats.notes]
+        lines.append(f"- invalid ({v:,}): {md(k)}")
+    lines += [f"- {md(n)}" for n in result.stats.notes]
     if result.plans:
-        lines += ["", "Reproduce plan 1:", "", "```", command_line(result.base, result.plans[0]), "```"]
+        command = printable(command_line(result.base, result.plans[0]))
+        fence = "`" * max(3, 1 + max((len(r) for r in re.findall(r"`+", command)), default=0))
+        lines += ["", "Reproduce plan 1:", "", fence, command, fence]
     lines += ["", "_GB = 10^9 bytes. GB/GPU is the device total (peak + CUDA context + allocator reserve)._", ""]
     return "\n".join(lines)
 
@@ -205,7 +198,7 @@ def to_markdown(result: Result) -> str:
 def _md_table(plans: list[Plan]) -> list[str]:
     out = ["| " + " | ".join(PLAN_COLUMNS) + " |", "|" + "---|" * len(PLAN_COLUMNS)]
     for p in plans:
-        out.append("| " + " | ".join(plan_row(p)) + " |")
+        out.append("| " + " | ".join(md(x) for x in plan_row(p)) + " |")
     return out
 
 
@@ -249,3 +242,7 @@ def print_result(result: Result, console) -> None:
         console.print(f"[yellow]note:[/] {escape(n)}")
     if result.plans:
         console.print("[dim]reproduce plan 1:[/] " + escape(command_line(result.base, result.plans[0])))
+
+
+def to_terminal(result: Result, options: RenderOptions) -> str:
+    return render_rich(lambda console: print_result(result, console), options)

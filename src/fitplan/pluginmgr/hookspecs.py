@@ -19,9 +19,11 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover
     import click
 
-    from fitplan.engine.declarations import OptimizerSpec, Quantity, Reducer
+    from fitplan.engine.declarations import Name, Quantity, Reducer
     from fitplan.estimation import Estimate
+    from fitplan.inputs.optimizer import OptimizerSpec
     from fitplan.inputs.scenario import Scenario
+    from fitplan.output.formats import OutputFormat, ReportSection
 
 hookspec = pluggy.HookspecMarker("fitplan")
 hookimpl = pluggy.HookimplMarker("fitplan")
@@ -65,6 +67,16 @@ def fitplan_register_optimizers(register: Callable[[OptimizerSpec], None]) -> No
     """
 
 
+@hookspec
+def fitplan_register_names(register: Callable[[Name], None]) -> None:
+    """Declare names that policy and advice conditions (and reports) may use besides quantities and inputs:
+    values derived from an evaluated estimate, such as ``train_hours`` or ``gpus_paid``.
+
+    :param register: the callback that adds one :class:`fitplan.Name`. A name already declared (by a
+        quantity, an input or another plugin) is an error naming both plugins.
+    """
+
+
 # --------------------------------------------------------------------------- rulesets
 
 
@@ -83,9 +95,32 @@ def fitplan_ruleset_dirs() -> list[str] | None:
 
 @hookspec
 def fitplan_register_commands(cli: click.Group) -> None:
-    """Add sub-commands to the ``fitplan`` command line.
+    """Add sub-commands to the ``fitplan`` command line (the built-in commands are added the same way).
 
-    :param cli: the top-level :class:`click.Group`; call ``cli.add_command(...)`` or use it as a decorator.
+    :param cli: a :class:`click.Group` for this plugin; call ``cli.add_command(...)`` or use it as a decorator.
+        Its commands join the ``fitplan`` group; a command name that another plugin already added is an
+        error naming both plugins.
+    """
+
+
+# --------------------------------------------------------------------------- output
+
+
+@hookspec
+def fitplan_register_formats(register: Callable[[OutputFormat], None]) -> None:
+    """Declare output formats (what ``--format NAME`` accepts for each kind of report).
+
+    :param register: the callback that adds one :class:`fitplan.output.formats.OutputFormat` (a name, a file
+        extension, the report kinds it renders and a pure ``render(kind, report, options) -> str``). A
+        format name already declared for a report kind is an error naming both plugins.
+    """
+
+
+@hookspec
+def fitplan_register_report_sections(register: Callable[[ReportSection], None]) -> None:
+    """Declare sections of the estimate report: a JSON object and summary lines computed from an estimate.
+
+    :param register: the callback that adds one :class:`fitplan.output.formats.ReportSection`.
     """
 
 

@@ -1,17 +1,21 @@
 """The plugin registry: loading plugins and collecting what they declare.
 
-Built-in plugins are the modules in :data:`BUILTIN_PLUGINS`, registered after entry points
-(group ``fitplan``) exactly like third-party plugins. ``FITPLAN_BLOCK_PLUGINS`` (comma-separated
-plugin names) keeps named plugins from loading, built-in or not.
+Built-in plugins are the modules in :data:`BUILTIN_PLUGINS`, registered after entry points (group
+``fitplan``) exactly like third-party plugins; the built-in commands and output formats come through the
+same hooks. ``FITPLAN_BLOCK_PLUGINS`` (comma-separated plugin names) keeps named plugins from loading,
+except the :data:`ESSENTIAL` ones the rest of fitplan cannot work without (blocking one, or naming a
+plugin that does not exist, is an error).
 
-Each hook implementation is called on its own, so a plugin that raises or returns the wrong
-type is reported by name (a :class:`~fitplan.errors.PluginError`) instead of breaking the rest.
+Each hook implementation is called on its own, so a plugin that raises (``SystemExit`` included), returns
+the wrong type or declares a duplicate is reported by name (a :class:`~fitplan.errors.PluginError`)
+instead of breaking the rest. A ``KeyboardInterrupt`` stops fitplan, as the user asked.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import numbers
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -19,9 +23,11 @@ from typing import Any
 import attrs
 import pluggy
 
+from fitplan.engine.declarations import Name, Quantity, Reducer
+from fitplan.errors import PluginError, did_you_mean
+from fitplan.inputs.optimizer import OptimizerContext, OptimizerSpec
+from fitplan.output.formats import OutputFormat, ReportSection
 from fitplan.pluginmgr import hookspecs
-from fitplan.engine.declarations import OptimizerSpec, Quantity, Reducer
-from fitplan.errors import PluginError
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.inputs",
@@ -31,18 +37,40 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.activations",
     "fitplan.builtin.lora",
     "fitplan.builtin.sharding",
-    "fitplan.builtin.overhead",
     "fitplan.builtin.peak",
+    "fitplan.builtin.overhead",
     "fitplan.builtin.time",
     "fitplan.builtin.cost",
     "fitplan.builtin.seed",
+    "fitplan.builtin.names",
+    "fitplan.builtin.report",
+    "fitplan.builtin.formats",
+    "fitplan.builtin.commands",
 )
+ESSENTIAL: frozenset[str] = frozenset({
+    "fitplan.builtin.inputs", "fitplan.builtin.precision", "fitplan.builtin.model_states", "fitplan.builtin.optimizers",
+    "fitplan.builtin.activations", "fitplan.builtin.lora", "fitplan.builtin.sharding", "fitplan.builtin.overhead",
+    "fitplan.builtin.peak", "fitplan.builtin.time", "fitplan.builtin.report", "fitplan.builtin.formats",
+    "fitplan.builtin.commands",
+})
+"""Built-in plugins that cannot be blocked: the terms of the memory model and of time (the others depend on
+them: sharding orders its reducers after LoRA's, cost prices time), the report, the formats and the commands.
+The cost, the seed's assumptions and the derived condition names can be blocked; tests/test_hooks.py checks
+both lists."""
 ENTRY_POINT_GROUP = "fitplan"
 BLOCK_ENV = "FITPLAN_BLOCK_PLUGINS"
+_STOPS = (Exception, SystemExit)
+"""What a plugin may raise without stopping fitplan (KeyboardInterrupt does stop it)."""
 
 
 def blocked_from_env() -> frozenset[str]:
     return frozenset(x.strip() for x in os.environ.get(BLOCK_ENV, "").split(",") if x.strip())
+
+
+def _raised(plugin: str, e: BaseException, where: str) -> PluginError:
+    what = f"exited (sys.exit({e.code!r}))" if isinstance(e, SystemExit) else f"raised {type(e).__name__}: {e}"
+    return PluginError(f"plugin {plugin!r} {what} in {where}", field=where, value=plugin,
+                       suggestion=f"block it with {BLOCK_ENV}={plugin}")
 
 
 @attrs.define
@@ -54,8 +82,16 @@ class Registry:
     reducers: list[Reducer] = attrs.Factory(list)
     optimizers: dict[str, OptimizerSpec] = attrs.Factory(dict)
     optimizer_aliases: dict[str, str] = attrs.Factory(dict)
+    names: dict[str, Name] = attrs.Factory(dict)
+    formats: dict[tuple[str, str], OutputFormat] = attrs.Factory(dict)
+    """``(kind, format name)`` -> the format that renders it."""
+    sections: list[ReportSection] = attrs.Factory(list)
     errors: list[PluginError] = attrs.Factory(list)
     blocked: frozenset[str] = frozenset()
+    distributions: dict[str, tuple[str, str]] = attrs.Factory(dict)
+    """Plugin name -> (distribution, version) it was installed by."""
+    derived: dict[str, Any] = attrs.Factory(dict)
+    """What other layers derive once from this registry (the conditions' vocabulary)."""
     _compiled: Any = None
     _ruleset_dirs: dict[str, list[str]] | None = None
 
@@ -70,9 +106,8 @@ class Registry:
             except PluginError as e:
                 self.add_error(e)
                 continue
-            except Exception as e:  # noqa: BLE001 - isolate third-party failures
-                self.add_error(PluginError(f"plugin {name!r} raised {type(e).__name__}: {e} in {hook_name}",
-                                           field=hook_name, value=name, suggestion=f"block it with {BLOCK_ENV}={name}"))
+            except _STOPS as e:  # isolate third-party failures
+                self.add_error(_raised(name, e, hook_name))
                 continue
             yield name, result
 
@@ -82,65 +117,128 @@ class Registry:
             self.errors.append(error)
 
     def collect(self) -> None:
-        def registrar(kind: type, sink: Callable[[Any, str], None], plugin: list[str], hook: str) -> Callable[[Any], None]:
-            def register(item: Any) -> None:
-                if not isinstance(item, kind):
-                    what = getattr(item, "__name__", None) or getattr(item, "name", None)
-                    self.add_error(PluginError(
-                        f"plugin {plugin[0]!r} registered a {type(item).__name__}"
-                        + (f" ({what!r})" if isinstance(what, str) else "")
-                        + f" in {hook}, expected a fitplan.{kind.__name__}",
-                        field=hook, value=repr(item)[:80], suggestion=_BUILD_HINT[kind.__name__]))
-                    return
-                sink(item, plugin[0])
-            return register
-
-        current = [""]
-
-        def add_quantity(q: Quantity, plugin: str) -> None:
-            self.quantities.append(attrs.evolve(q, plugin=plugin))
-
-        def add_reducer(r: Reducer, plugin: str) -> None:
-            self.reducers.append(attrs.evolve(r, plugin=plugin))
-
-        def add_optimizer(o: OptimizerSpec, plugin: str) -> None:
-            o = attrs.evolve(o, plugin=plugin)
-            problem = _probe_optimizer(o)
-            if problem:
-                self.add_error(PluginError(f"plugin {plugin!r}: optimizer {o.name!r} {problem}", field="optim", value=o.name,
-                                           suggestion=f"block it with {BLOCK_ENV}={plugin}"))
-                return
-            for key in (o.name, *o.aliases):
-                prev = self.optimizers.get(self.optimizer_aliases.get(key, key))
-                if prev is not None:
-                    self.add_error(PluginError(
-                        f"optimizer {key!r} is declared twice: by plugin {prev.plugin!r} and by plugin {plugin!r}",
-                        field="optim", value=key, suggestion=f"block one with {BLOCK_ENV}"))
-                    return
-            self.optimizers[o.name] = o
-            for a in o.aliases:
-                self.optimizer_aliases[a] = o.name
-
-        for hook, kind, sink in (
-            ("fitplan_register_quantities", Quantity, add_quantity),
-            ("fitplan_register_reducers", Reducer, add_reducer),
-            ("fitplan_register_optimizers", OptimizerSpec, add_optimizer),
-        ):
-            hookc = getattr(self.pm.hook, hook)
-            for impl in hookc.get_hookimpls():  # registration order
-                current[0] = self.pm.get_name(impl.plugin) or repr(impl.plugin)
-                reg = registrar(kind, sink, current, hook)
+        """Call every declaring hook, one implementation at a time, and keep what each plugin registered."""
+        sinks: dict[str, tuple[type, Callable[[Any, str], None]]] = {
+            "fitplan_register_quantities": (Quantity, lambda q, p: self.quantities.append(attrs.evolve(q, plugin=p))),
+            "fitplan_register_reducers": (Reducer, lambda r, p: self.reducers.append(attrs.evolve(r, plugin=p))),
+            "fitplan_register_optimizers": (OptimizerSpec, self._add_optimizer),
+            "fitplan_register_names": (Name, self._add_name),
+            "fitplan_register_formats": (OutputFormat, self._add_format),
+            "fitplan_register_report_sections": (ReportSection, lambda s, p: self.sections.append(attrs.evolve(s, plugin=p))),
+        }
+        for hook, (kind, sink) in sinks.items():
+            impls = getattr(self.pm.hook, hook).get_hookimpls()  # registration order: entry points, then built-ins
+            if hook in ("fitplan_register_names", "fitplan_register_formats"):
+                impls = self._builtins_first(impls)  # where the first declaration wins, the built-in one does
+            for impl in impls:
+                plugin = self.pm.get_name(impl.plugin) or repr(impl.plugin)
+                register = self._registrar(kind, sink, plugin, hook)
                 try:
-                    out = impl.function(*[{"register": reg}[a] for a in impl.argnames])
-                except Exception as e:  # noqa: BLE001
-                    self.add_error(PluginError(
-                        f"plugin {current[0]!r} raised {type(e).__name__}: {e} in {hook}", field=hook, value=current[0],
-                        suggestion=f"block it with {BLOCK_ENV}={current[0]}"))
+                    out = impl.function(*[{"register": register}[a] for a in impl.argnames])
+                except _STOPS as e:
+                    self.add_error(_raised(plugin, e, hook))
                     continue
                 if out is not None:
                     self.add_error(PluginError(
-                        f"plugin {current[0]!r} returned {type(out).__name__} from {hook}; declarations go through register()",
-                        field=hook, value=current[0]))
+                        f"plugin {plugin!r} returned {type(out).__name__} from {hook}; declarations go through register()",
+                        field=hook, value=plugin))
+        self.sections.sort(key=lambda s: s.order)
+
+    def _builtins_first(self, impls: list[Any]) -> list[Any]:
+        """Hook implementations in registration order, the built-in plugins' first: on a conflict (a command or
+        format declared twice), the built-in one stays."""
+        return sorted(impls, key=lambda i: self.pm.get_name(i.plugin) not in BUILTIN_PLUGINS)
+
+    def _registrar(self, kind: type, sink: Callable[[Any, str], None], plugin: str, hook: str) -> Callable[[Any], None]:
+        def register(item: Any) -> None:
+            if not isinstance(item, kind):
+                what = getattr(item, "__name__", None) or getattr(item, "name", None)
+                self.add_error(PluginError(
+                    f"plugin {plugin!r} registered a {type(item).__name__}" + (f" ({what!r})" if isinstance(what, str) else "")
+                    + f" in {hook}, expected a fitplan.{kind.__name__}",
+                    field=hook, value=repr(item)[:80], suggestion=_BUILD_HINT[kind.__name__]))
+                return
+            sink(item, plugin)
+        return register
+
+    def _add_optimizer(self, o: OptimizerSpec, plugin: str) -> None:
+        o = attrs.evolve(o, plugin=plugin)
+        problem = _probe_optimizer(o)
+        if problem:
+            self.add_error(PluginError(f"plugin {plugin!r}: optimizer {o.name!r} {problem}", field="optim", value=o.name,
+                                       suggestion=f"block it with {BLOCK_ENV}={plugin}"))
+            return
+        for key in (o.name, *o.aliases):
+            prev = self.optimizers.get(self.optimizer_aliases.get(key, key))
+            if prev is not None:
+                self.add_error(PluginError(
+                    f"optimizer {key!r} is declared twice: by plugin {prev.plugin!r} and by plugin {plugin!r}",
+                    field="optim", value=key, suggestion=f"block one with {BLOCK_ENV}"))
+                return
+        self.optimizers[o.name] = o
+        for a in o.aliases:
+            self.optimizer_aliases[a] = o.name
+
+    def _add_name(self, n: Name, plugin: str) -> None:
+        prev = self.names.get(n.name)
+        if prev is not None:
+            self.add_error(PluginError(f"name {n.name!r} is declared by plugin {prev.plugin!r} and again by plugin {plugin!r}",
+                                       field="fitplan_register_names", value=n.name))
+            return
+        self.names[n.name] = attrs.evolve(n, plugin=plugin)
+
+    def _add_format(self, f: OutputFormat, plugin: str) -> None:
+        from fitplan.output.formats import REPORT_KINDS
+
+        f = attrs.evolve(f, plugin=plugin)
+        for kind in f.kinds:
+            if kind not in REPORT_KINDS:
+                self.add_error(PluginError(f"plugin {plugin!r}: format {f.name!r} renders unknown report kind {kind!r}",
+                                           field="fitplan_register_formats", value=kind,
+                                           suggestion=did_you_mean(kind, REPORT_KINDS) or "kinds: " + ", ".join(REPORT_KINDS)))
+                continue
+            prev = self.formats.get((kind, f.name))
+            if prev is not None:
+                self.add_error(PluginError(f"format {f.name!r} for {kind} reports is declared by plugin {prev.plugin!r} and "
+                                           f"again by plugin {plugin!r}", field="fitplan_register_formats", value=f.name,
+                                           suggestion=f"block one with {BLOCK_ENV}"))
+                continue
+            self.formats[(kind, f.name)] = f
+
+    def format(self, kind: str, name: str) -> OutputFormat:
+        """The format ``name`` for ``kind`` reports. :raises FitplanError: naming the valid ones."""
+        try:
+            return self.formats[(kind, name)]
+        except KeyError:
+            from fitplan.errors import unknown
+
+            raise unknown(f"format for {kind}", name, self.format_names(kind), field="--format") from None
+
+    def format_names(self, kind: str) -> list[str]:
+        return [n for (k, n) in self.formats if k == kind]
+
+    def register_commands(self, group: Any) -> None:
+        """Add every plugin's commands to the click ``group``: each plugin fills its own group, whose commands
+        join ``group`` unless another plugin already added that name (a problem naming both)."""
+        import click
+
+        owner: dict[str, str] = {}
+        for impl in self._builtins_first(self.pm.hook.fitplan_register_commands.get_hookimpls()):
+            plugin = self.pm.get_name(impl.plugin) or repr(impl.plugin)
+            mine = click.Group()
+            try:
+                impl.function(*[{"cli": mine}[a] for a in impl.argnames])
+            except _STOPS as e:
+                self.add_error(_raised(plugin, e, "fitplan_register_commands"))
+                continue
+            for name, command in mine.commands.items():
+                if name in owner:
+                    self.add_error(PluginError(f"command {name!r} is added by plugin {owner[name]!r} and again by plugin "
+                                               f"{plugin!r}", field="fitplan_register_commands", value=name,
+                                               suggestion=f"block one with {BLOCK_ENV}"))
+                    continue
+                owner[name] = plugin
+                group.add_command(command, name)
 
     def ruleset_dirs(self) -> list[str]:
         """Every plugin's ruleset directories, in registration order (see :meth:`ruleset_dirs_by_plugin`)."""
@@ -190,11 +288,19 @@ class Registry:
                               suggestion=f"block a faulty plugin with {BLOCK_ENV}=NAME")
 
     def compiled(self):
-        """The quantity graph, compiled once per registry."""
+        """The quantity graph, compiled once per registry (names that shadow a quantity or an input are errors)."""
         if self._compiled is None:
             from fitplan.engine.graph import compile_graph
+            from fitplan.errors import GraphError
+            from fitplan.inputs.names import input_names
 
-            self._compiled = compile_graph(self.quantities, self.reducers)
+            inputs = input_names()
+            compiled = compile_graph(self.quantities, self.reducers, inputs)
+            clash = [f"plugin {n.plugin!r} declares name {n.name!r}, which is already a quantity"
+                     for n in self.names.values() if n.name in compiled.quantities]
+            if clash:
+                raise GraphError(f"{len(clash)} problem(s) in the declared names", details=clash)
+            self._compiled = compiled
         return self._compiled
 
     def plugin_names(self) -> list[str]:
@@ -213,10 +319,11 @@ def make_registry(*, blocked: Iterable[str] | None = None, entry_points: bool | 
                   extra_plugins: Iterable[tuple[str, object]] = ()) -> Registry:
     """Build a plugin manager, load entry points then built-ins, and collect declarations.
 
-    Nothing here raises for a faulty plugin: every problem (a plugin that fails to import, implements
-    an unknown hook, raises, returns or registers the wrong type, declares a duplicate optimizer, ships
-    a missing or invalid ruleset directory) is recorded in :attr:`Registry.errors`, naming the plugin.
-    Graph problems (duplicate or cyclic quantities, unknown targets) surface in :meth:`Registry.compiled`.
+    Nothing here raises for a faulty plugin: every problem (a plugin that fails to import or exits, implements
+    an unknown hook, raises, returns or registers the wrong type, declares a duplicate optimizer, name or
+    format, ships a missing or invalid ruleset directory; a blocked name that is essential or names no
+    plugin) is recorded in :attr:`Registry.errors`, naming the plugin. Graph problems (duplicate or cyclic
+    quantities, unknown targets) surface in :meth:`Registry.compiled`.
 
     :param blocked: plugin names not to load (default: from ``FITPLAN_BLOCK_PLUGINS``).
     :param entry_points: load third-party plugins from the ``fitplan`` entry-point group: ``True`` for
@@ -227,37 +334,24 @@ def make_registry(*, blocked: Iterable[str] | None = None, entry_points: bool | 
     pm = pluggy.PluginManager("fitplan")
     pm.add_hookspecs(hookspecs)
     reg = Registry(pm=pm, blocked=blocked_set)
-    for name in blocked_set:
+    known = _block_problems(reg, blocked_set, extra_plugins)
+    for name in blocked_set - ESSENTIAL:
         pm.set_blocked(name)
     if entry_points:
-        wanted = None if entry_points is True else set(entry_points)
-        found: set[str] = set()
-        for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-            if wanted is not None and ep.name not in wanted:
-                continue
-            found.add(ep.name)
-            if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
-                continue
-            try:
-                plugin = ep.load()
-                pm.register(plugin, name=ep.name)
-            except Exception as e:  # noqa: BLE001 - a broken third-party plugin must not take the rest down
-                reg.add_error(PluginError(
-                    f"plugin {ep.name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}",
-                    value=ep.name, suggestion=f"block it with {BLOCK_ENV}={ep.name}"))
-        for name in sorted((wanted or set()) - found):
-            reg.add_error(PluginError(f"no installed distribution declares a {ENTRY_POINT_GROUP!r} entry point named {name!r}",
-                                      value=name, suggestion="pip install the plugin's distribution (pip install -e path/to/it)"))
+        _load_entry_points(reg, None if entry_points is True else set(entry_points), known)
+    from fitplan import __version__
+
     for modname in BUILTIN_PLUGINS:
         short = modname.rsplit(".", 1)[1]
-        if pm.is_blocked(modname) or pm.is_blocked(short):
+        if modname not in ESSENTIAL and (pm.is_blocked(modname) or pm.is_blocked(short)):
             continue
         pm.register(importlib.import_module(modname), name=modname)
+        reg.distributions[modname] = ("fitplan", __version__)
     for name, plugin in extra_plugins:
         if not pm.is_blocked(name):
             try:
                 pm.register(plugin, name=name)
-            except Exception as e:  # noqa: BLE001
+            except _STOPS as e:
                 reg.add_error(PluginError(f"plugin {name!r} failed to register: {e}", value=name,
                                           suggestion=f"block it with {BLOCK_ENV}={name}"))
     for error in _unknown_hooks(pm):
@@ -267,10 +361,53 @@ def make_registry(*, blocked: Iterable[str] | None = None, entry_points: bool | 
     return reg
 
 
+def _block_problems(reg: Registry, blocked: frozenset[str], extra_plugins: Iterable[tuple[str, object]]) -> set[str]:
+    """Errors for essential or unknown names in the block list; returns the entry-point names found."""
+    eps = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)} if blocked else set()
+    known = set(BUILTIN_PLUGINS) | {m.rsplit(".", 1)[1] for m in BUILTIN_PLUGINS} | eps | {n for n, _ in extra_plugins}
+    for name in sorted(blocked):
+        full = name if name in ESSENTIAL else f"fitplan.builtin.{name}"
+        if full in ESSENTIAL:
+            reg.add_error(PluginError(f"plugin {full!r} is essential and cannot be blocked", field=BLOCK_ENV, value=name,
+                                      suggestion="blockable built-ins: " + ", ".join(sorted(set(BUILTIN_PLUGINS) - ESSENTIAL))))
+        elif name not in known:
+            reg.add_error(PluginError(f"{BLOCK_ENV} names {name!r}, which is no installed plugin", field=BLOCK_ENV, value=name,
+                                      suggestion=did_you_mean(name, known) or "see `fitplan plugins` for the names"))
+    return eps
+
+
+def _load_entry_points(reg: Registry, wanted: set[str] | None, known: set[str]) -> None:
+    pm = reg.pm
+    found: set[str] = set()
+    for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if wanted is not None and ep.name not in wanted:
+            continue
+        found.add(ep.name)
+        if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
+            continue
+        try:
+            plugin = ep.load()
+            pm.register(plugin, name=ep.name)
+        except _STOPS as e:  # a broken third-party plugin must not take the rest down
+            what = f"exited (sys.exit({e.code!r}))" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
+            reg.add_error(PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {what}",
+                                      value=ep.name, suggestion=f"block it with {BLOCK_ENV}={ep.name}"))
+            continue
+        dist = getattr(ep, "dist", None)
+        if dist is not None:
+            reg.distributions[ep.name] = (dist.metadata["Name"] or dist.name, dist.version)
+    for name in sorted((wanted or set()) - found):
+        reg.add_error(PluginError(f"no installed distribution declares a {ENTRY_POINT_GROUP!r} entry point named {name!r}",
+                                  value=name, suggestion="pip install the plugin's distribution (pip install -e path/to/it)"))
+
+
 _BUILD_HINT = {
     "Quantity": "build one with @fitplan.quantity(unit) on a function, or fitplan.Quantity(name=..., func=..., unit=...)",
     "Reducer": "build one with @fitplan.reducer(target, when=...) on a function, or fitplan.Reducer(...)",
     "OptimizerSpec": "build one with fitplan.OptimizerSpec(name=..., state_bytes=..., doc=...)",
+    "Name": "build one with fitplan.Name(name=..., get=..., doc=...)",
+    "OutputFormat": "build one with fitplan.output.formats.OutputFormat(name=..., extension=..., kinds=..., render=...)",
+    "ReportSection": "build one with fitplan.output.formats.ReportSection(name=..., json=..., lines=...)",
 }
 
 _PROBE = None
@@ -280,10 +417,6 @@ def _probe_optimizer(spec: OptimizerSpec) -> str | None:
     """Call an optimizer's byte functions on a small context (a 2-D matrix and a vector, both
     repeated): a problem described in words, or None. Catches a spec that raises or returns a
     non-number before any estimate does."""
-    import numbers
-
-    from fitplan.engine.declarations import OptimizerContext
-
     global _PROBE
     if _PROBE is None:
         _PROBE = OptimizerContext(tensors=(((64, 32), 2), ((32,), 2), ((1000, 32), 1)), state_bytes=4, param_bytes=4)
@@ -313,8 +446,6 @@ def _unknown_hooks(pm: pluggy.PluginManager) -> list[PluginError]:
         caller = getattr(pm.hook, hook_name)
         if caller.has_spec():
             continue
-        from fitplan.errors import did_you_mean
-
         known = [n for n in vars(pm.hook) if not n.startswith("_") and getattr(pm.hook, n).has_spec()]
         for impl in caller.get_hookimpls():
             if impl.optionalhook:
@@ -326,6 +457,7 @@ def _unknown_hooks(pm: pluggy.PluginManager) -> list[PluginError]:
 
 
 _DEFAULT: dict[frozenset[str], Registry] = {}
+
 
 
 def default_registry() -> Registry:

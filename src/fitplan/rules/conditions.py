@@ -14,10 +14,14 @@ name -> ``operator.*`` function (:data:`COMPARISONS`); ``all``, ``any`` and ``no
 An inner table with several names means all of them (``{ lt = { a = 1, b = 2 } }`` is ``a < 1 and b < 2``).
 
 Names are scenario fields (``method``, ``provider``, ``zero_stage``), quantities (``peak_bytes``,
-``train_seconds``), the JSON report's dotted keys (``time.seconds``, ``cost.spot_usd``: :data:`ALIASES`),
-plan-level names (``market``, ``cost_usd``, ``train_hours``, ``headroom_fraction``: :data:`DERIVED`), and
-``share_<memory quantity>`` (its fraction of the peak). Advice rules also see ``variant_X``, ``delta_X``
-(current − variant) and ``ratio_X`` (variant / current) once their variant scenario is evaluated.
+``train_seconds``), the JSON report's dotted keys of quantities (``time.seconds``: their ``json_key``
+metadata), names plugins derive from an estimate (``train_hours``, ``headroom_fraction``: the
+``fitplan_register_names`` hook), the plan's market (``market``, ``spot``, and ``cost_usd``: the cost in
+that market, from the quantities holding the ``cost.on_demand`` and ``cost.spot`` roles), and
+``share_X`` (X's fraction of the quantity holding the ``peak`` role). Advice rules also see
+``variant_X``, ``delta_X`` (current − variant) and ``ratio_X`` (variant / current) once their variant
+scenario is evaluated. A :class:`Vocabulary` (built from a plugin registry) resolves names and knows their
+types, so that ``rulesets check`` catches an unknown name or a comparison of a number with a string.
 
 An unknown value (``None``: no GPU, no dataset, no price) makes a comparison false, so a rule about
 cost never fires on an estimate without prices.
@@ -55,134 +59,156 @@ SYMBOLS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "=", "ne": "!=", 
 COMBINATORS = ("all", "any", "not")
 OPERATORS = (*COMPARISONS, *COMBINATORS)
 
-ALIASES: dict[str, str] = {
-    "memory.peak_bytes": "peak_bytes",
-    "memory.device_total_bytes": "device_total_bytes",
-    "memory.usable_bytes": "usable_bytes",
-    "memory.headroom_bytes": "headroom_bytes",
-    "memory.cpu_offload_bytes": "cpu_offload_bytes",
-    "time.tokens": "train_tokens",
-    "time.seconds": "train_seconds",
-    "time.tokens_per_second": "train_tokens_per_second",
-    "time.flops": "train_flops",
-    "time.mfu": "train_mfu",
-    "cost.gpu_hours": "gpu_hours",
-    "cost.on_demand_usd": "on_demand_cost_usd",
-    "cost.spot_usd": "spot_cost_usd",
-    "cost.currency": "cost_currency",
-}
-"""The JSON report's dotted keys -> the quantity behind each."""
-
-
-def _hours(ns: Namespace) -> float | None:
-    s = ns.values.get("train_seconds")
-    return None if s is None else s / 3600
-
-
-def _cost(ns: Namespace) -> float | None:
-    if ns.market == "spot":
-        return ns.values.get("spot_cost_usd")
-    return ns.values.get("on_demand_cost_usd")
-
-
-def _headroom_fraction(ns: Namespace) -> float | None:
-    h, u = ns.values.get("headroom_bytes"), ns.values.get("usable_bytes")
-    return None if h is None or not u else h / u
-
-
-def _gpu(ns: Namespace) -> str | None:
-    spec = ns.values.get("gpu_spec")
-    return spec.id if spec is not None else ns.values.get("gpu")
-
-
-def _instance(ns: Namespace) -> str | None:
-    choice = ns.values.get("instance_choice")
-    return None if choice is None else choice.instance.id
-
-
-def _gpus_paid(ns: Namespace) -> int | None:
-    choice = ns.values.get("instance_choice")
-    return None if choice is None else choice.gpus_paid
-
-
-def _spot_saving(ns: Namespace) -> float | None:
-    od, spot = ns.values.get("on_demand_cost_usd"), ns.values.get("spot_cost_usd")
-    return None if not od or spot is None else 1 - spot / od
-
-
-def _gpu_has(dtype: str) -> Callable[[Namespace], bool | None]:
-    def get(ns: Namespace) -> bool | None:
-        spec = ns.values.get("gpu_spec")
-        return None if spec is None else dtype in spec.peak_tflops
-
-    return get
-
-
-def _batch_per_gpu(ns: Namespace) -> int | None:
-    b, k = ns.values.get("per_device_train_batch_size"), ns.values.get("gradient_accumulation_steps")
-    return None if b is None or k is None else b * k
-
-
-DERIVED: dict[str, tuple[Callable[[Namespace], Any], str]] = {
-    "market": (lambda ns: ns.market, "the plan's pricing: \"on_demand\" or \"spot\" (estimate: each market with a price)"),
-    "spot": (lambda ns: None if ns.market is None else ns.market == "spot", "true when the plan runs on spot instances"),
-    "cost_usd": (_cost, "the plan's cost in its market (on-demand or spot), in cost_currency"),
-    "train_hours": (_hours, "training time in hours (train_seconds / 3600)"),
-    "time.hours": (_hours, "training time in hours (train_seconds / 3600)"),
-    "headroom_fraction": (_headroom_fraction, "free memory left on the GPU as a fraction of its usable memory"),
-    "gpu": (_gpu, "the GPU's ruleset id (aliases resolved)"),
-    "cost.provider": (lambda ns: ns.values.get("provider"), "the provider the plan rents from"),
-    "cost.instance": (_instance, "the instance type rented"),
-    "instance_id": (_instance, "the instance type rented"),
-    "gpus_paid": (_gpus_paid, "GPUs paid for (whole instances)"),
-    "spot_saving_fraction": (_spot_saving, "1 − spot cost / on-demand cost"),
-    "gpu_supports_bf16": (_gpu_has("bf16"), "whether the GPU has bf16 tensor cores"),
-    "gpu_supports_fp8": (_gpu_has("fp8"), "whether the GPU has fp8 tensor cores"),
-    "batch_per_gpu": (_batch_per_gpu, "sequences per GPU per optimizer step: micro-batch × accumulation steps"),
-}
-"""Names computed from a plan's values (and its market), documented in docs/policies.md."""
-
 SHARE_PREFIX = "share_"
 VARIANT_PREFIXES = ("variant_", "delta_", "ratio_")
+MARKET_NAMES: dict[str, tuple[str, str]] = {
+    "market": ("text", "the plan's pricing: \"on_demand\" or \"spot\" (estimate: each market with a price)"),
+    "spot": ("bool", "true when the plan runs on spot instances"),
+    "cost_usd": ("number", "the plan's cost in its market (on-demand or spot), in the cost currency"),
+}
+"""Names about the plan's market, known to the core: the search and the policy check set the market."""
+
+
+def _missing(ns: Namespace) -> Any:
+    return None
 
 
 class Namespace:
-    """What a condition reads: the evaluated values (quantities and scenario fields) and the market.
+    """What a condition reads: the evaluated values (quantities and scenario fields), the market, the
+    variant scenario's values (advice rules) and the :class:`Vocabulary` that resolves names
+    (:func:`vocabulary` of the registry the values were evaluated with).
 
-    ``values`` is anything with ``get(name)`` (a dict, or a chain of dicts). ``variant`` holds a variant
-    scenario's values for advice rules.
+    ``values`` is anything with ``get(name)`` (a dict, or a chain of dicts).
     """
 
-    __slots__ = ("values", "market", "variant")
+    __slots__ = ("values", "market", "variant", "vocabulary")
 
-    def __init__(self, values: Any, market: str | None = None, variant: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, values: Any, market: str | None, variant: Mapping[str, Any] | None,
+                 vocabulary: Vocabulary) -> None:
         self.values = values
         self.market = market
         self.variant = variant
+        self.vocabulary = vocabulary
 
     def get(self, name: str) -> Any:
-        return getter(name)(self)
+        return self.vocabulary.getter(name)(self)
 
 
-def getter(name: str) -> Callable[[Namespace], Any]:
-    """A function of a :class:`Namespace` returning ``name``'s value (resolved once, at compile time)."""
-    if name in DERIVED:
-        return DERIVED[name][0]
-    if name in ALIASES:
-        key = ALIASES[name]
-        return lambda ns: ns.values.get(key)
-    for prefix in VARIANT_PREFIXES:
-        if name.startswith(prefix):
-            base = getter(name[len(prefix):])
-            return _variant_getter(prefix, base)
-    if name.startswith(SHARE_PREFIX):
-        base = getter(name[len(SHARE_PREFIX):])
+class Vocabulary:
+    """Every name a condition may use, its type and how to read it from a :class:`Namespace`: inputs,
+    quantities (and their JSON keys), declared names, the market names, and the prefixed forms."""
 
-        def share(ns: Namespace) -> float | None:
-            x, peak = base(ns), ns.values.get("peak_bytes")
-            return None if x is None or not peak else x / peak
+    def __init__(self, compiled: Any, names: Mapping[str, Any], inputs: Mapping[str, str]) -> None:
+        self.types: dict[str, str] = {n: "any" for n in inputs}
+        self.docs: dict[str, str] = dict(inputs)
+        self._get: dict[str, Callable[[Namespace], Any]] = {}
+        self._deps: dict[str, tuple[str, ...]] = {}
+        for qname, q in compiled.quantities.items():
+            self.types[qname] = q.type
+            self.docs[qname] = q.doc.split("\n\n")[0]
+            if q.json_key:
+                self.types[q.json_key] = q.type
+                self.docs[q.json_key] = f"the JSON report's {q.json_key} ({qname})"
+                self._get[q.json_key] = _value_of(qname)
+                self._deps[q.json_key] = (qname,)
+        for n in names.values():
+            for key in filter(None, (n.name, n.json_key)):
+                self.types[key], self.docs[key], self._get[key], self._deps[key] = n.type, n.doc, n.get, n.deps
+        costs = {m: compiled.role(f"cost.{m}") for m in ("on_demand", "spot")}
+        self._deps["cost_usd"] = tuple(c for c in costs.values() if c is not None)
+        self.peak = compiled.role("peak")
+        for name, (typ, doc) in MARKET_NAMES.items():
+            self.types[name], self.docs[name] = typ, doc
+        self._get["market"] = lambda ns: ns.market
+        self._get["spot"] = lambda ns: None if ns.market is None else ns.market == "spot"
+        self._get["cost_usd"] = lambda ns: (None if ns.market not in costs or costs[ns.market] is None
+                                            else ns.values.get(costs[ns.market]))
 
-        return share
+    def getter(self, name: str) -> Callable[[Namespace], Any]:
+        """A function of a :class:`Namespace` returning ``name``'s value."""
+        got = self._get.get(name)
+        if got is not None:
+            return got
+        for prefix in VARIANT_PREFIXES:
+            if name.startswith(prefix):
+                return _variant_getter(prefix, self.getter(name[len(prefix):]))
+        if name.startswith(SHARE_PREFIX) and self.peak is not None:
+            base, peak = self.getter(name[len(SHARE_PREFIX):]), self.peak
+
+            def share(ns: Namespace) -> float | None:
+                x, total = base(ns), ns.values.get(peak)
+                return None if x is None or not total else x / total
+
+            return share
+        return _value_of(name)
+
+    def quantities_for(self, name: str) -> set[str]:
+        """The names whose values ``name`` reads (itself for a quantity or an input; a declared name's deps;
+        the peak too for ``share_X``)."""
+        for prefix in VARIANT_PREFIXES:
+            if name.startswith(prefix):
+                return self.quantities_for(name[len(prefix):])
+        if name in self._deps:
+            return set(self._deps[name])
+        if name not in self.types and name.startswith(SHARE_PREFIX):
+            return self.quantities_for(name[len(SHARE_PREFIX):]) | ({self.peak} if self.peak else set())
+        return {name}
+
+    def type_of(self, name: str) -> str | None:
+        """``number``, ``text``, ``bool``, ``object``, ``any`` (an input), or None for an unknown name."""
+        if name in self.types:
+            return self.types[name]
+        for prefix in VARIANT_PREFIXES:
+            if name.startswith(prefix):
+                base = self.types.get(name[len(prefix):])
+                return base if prefix == "variant_" or base is None else "number" if base in ("number", "any") else None
+        if name.startswith(SHARE_PREFIX) and self.types.get(name[len(SHARE_PREFIX):]) == "number":
+            return "number"
+        return None
+
+    def known(self, name: str, *, variants: bool = False) -> bool:
+        if name in self.types:
+            return True
+        if variants:
+            for prefix in VARIANT_PREFIXES:
+                if name.startswith(prefix):
+                    return self.known(name[len(prefix):])
+        return name.startswith(SHARE_PREFIX) and name[len(SHARE_PREFIX):] in self.types
+
+    def problems(self, names: Iterable[tuple[str, str]], *, variants: bool = False) -> list[str]:
+        """``unknown name 'peak_byte' (did you mean 'peak_bytes'?) @ location`` for each unknown name."""
+        out = []
+        for name, where in names:
+            if self.known(name, variants=variants):
+                continue
+            pool = set(self.types) | {SHARE_PREFIX + n for n, t in self.types.items() if n.endswith("_bytes")}
+            if variants:
+                pool |= {p + n for p in VARIANT_PREFIXES for n in self.types}
+            hint = did_you_mean(name, pool) or "see docs/policies.md for the names conditions can use"
+            out.append(f"unknown name {name!r} ({hint}) @ {where}")
+        return out
+
+    def type_problems(self, data: Any, *, variants: bool = False) -> list[str]:
+        """Comparisons whose literal cannot match the name's type (a number with a string, a text with
+        ``gt``, an object at all), as ``... @ location``."""
+        out = []
+        for op, name, literal, where in comparisons_in(data):
+            typ = self.type_of(name)
+            if typ in (None, "any"):
+                continue
+            literals = list(literal) if isinstance(literal, (list, tuple)) else [literal]
+            if typ == "object":
+                out.append(f"{name!r} is not a value a condition can compare @ {where}")
+            elif typ == "number" and any(isinstance(x, (str, bool)) for x in literals):
+                out.append(f"{name!r} is a number, compared with {format_literal(literal)} @ {where}")
+            elif typ == "text" and (op in ("gt", "ge", "lt", "le") or any(not isinstance(x, str) for x in literals)):
+                out.append(f"{name!r} is a text, compared with {format_literal(literal)} using {op!r} @ {where}")
+            elif typ == "bool" and any(not isinstance(x, bool) for x in literals):
+                out.append(f"{name!r} is true or false, compared with {format_literal(literal)} @ {where}")
+        return out
+
+
+def _value_of(name: str) -> Callable[[Namespace], Any]:
     return lambda ns: ns.values.get(name)
 
 
@@ -190,7 +216,7 @@ def _variant_getter(prefix: str, base: Callable[[Namespace], Any]) -> Callable[[
     def get(ns: Namespace) -> Any:
         if ns.variant is None:
             return None
-        other = base(Namespace(ns.variant, ns.market))
+        other = base(Namespace(ns.variant, ns.market, None, ns.vocabulary))
         if prefix == "variant_":
             return other
         here = base(ns)
@@ -201,6 +227,16 @@ def _variant_getter(prefix: str, base: Callable[[Namespace], Any]) -> Callable[[
         return None if not here else other / here
 
     return get
+
+
+def vocabulary(registry: Any) -> Vocabulary:
+    """The vocabulary of a plugin registry's compiled graph and declared names (built once per registry)."""
+    cached = registry.derived.get("vocabulary")
+    if cached is None:
+        from fitplan.inputs.names import input_names
+
+        cached = registry.derived["vocabulary"] = Vocabulary(registry.compiled(), registry.names, input_names())
+    return cached
 
 
 # --------------------------------------------------------------------------- compiled conditions
@@ -219,12 +255,20 @@ class Condition:
 
 
 class Compare(Condition):
-    __slots__ = ("op", "fn", "name", "value", "get", "names", "where")
+    __slots__ = ("op", "fn", "name", "value", "names", "where", "_vocabulary", "_get")
 
     def __init__(self, op: str, name: str, value: Any, where: str) -> None:
         self.op, self.fn, self.name, self.value, self.where = op, COMPARISONS[op], name, value, where
-        self.get = getter(name)
         self.names = frozenset((name,))
+        self._vocabulary: Vocabulary | None = None
+        self._get: Callable[[Namespace], Any] = _missing
+
+    def get(self, ns: Namespace) -> Any:
+        """``name``'s value in ``ns`` (its getter is resolved once per vocabulary)."""
+        vocabulary = ns.vocabulary
+        if vocabulary is not self._vocabulary:
+            self._get, self._vocabulary = vocabulary.getter(self.name), vocabulary
+        return self._get(ns)
 
     def test(self, ns: Namespace) -> bool:
         x = self.get(ns)
@@ -317,9 +361,33 @@ def format_literal(v: Any) -> str:
 _SCALARS = (bool, int, float, str)
 
 
+MAX_DEPTH, MAX_NODES = 32, 1000
+"""A condition nests at most 32 levels and holds at most 1000 operators: real rules use a handful."""
+
+
 def compile_condition(data: Any, where: str = "condition") -> Condition:
     """Compile a condition table. :raises FitplanError: naming the location (``condition.all[1].gtt``),
-    for an unknown operator (with a suggestion), a malformed operand or a literal of the wrong type."""
+    for an unknown operator (with a suggestion), a malformed operand, a literal of the wrong type, or a
+    condition deeper or larger than :data:`MAX_DEPTH` / :data:`MAX_NODES`."""
+    _check_size(data, where)
+    return _compile(data, where)
+
+
+def _check_size(data: Any, where: str) -> None:
+    stack, nodes = [(data, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if depth > MAX_DEPTH or nodes > MAX_NODES:
+            raise FitplanError(f"a condition nests more than {MAX_DEPTH} levels or holds more than {MAX_NODES} operators",
+                               field=where, suggestion="split the rule into several rules")
+        if isinstance(node, Mapping):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
+def _compile(data: Any, where: str) -> Condition:
     if not isinstance(data, Mapping) or len(data) != 1:
         got = "an empty table" if isinstance(data, Mapping) and not data else (
             f"a table with {len(data)} keys ({', '.join(map(str, data))})" if isinstance(data, Mapping) else type(data).__name__)
@@ -331,10 +399,10 @@ def compile_condition(data: Any, where: str = "condition") -> Condition:
     if op in ("all", "any"):
         if not isinstance(operand, list) or not operand:
             raise FitplanError(f"{op!r} takes a non-empty list of conditions, got {operand!r:.60}", field=here)
-        children = [compile_condition(c, f"{here}[{i}]") for i, c in enumerate(operand)]
+        children = [_compile(c, f"{here}[{i}]") for i, c in enumerate(operand)]
         return All(children) if op == "all" else AnyOf(children)
     if op == "not":
-        return Not(compile_condition(operand, here))
+        return Not(_compile(operand, here))
     if op not in COMPARISONS:
         hint = did_you_mean(str(op), OPERATORS) or "operators: " + ", ".join(OPERATORS)
         # the hint is part of the message: ruleset checks print messages with their location only
@@ -360,9 +428,9 @@ def compile_condition(data: Any, where: str = "condition") -> Condition:
     return comps[0] if len(comps) == 1 else All(comps)
 
 
-def names_in(data: Any) -> list[tuple[str, str]]:
-    """Every ``(name, location)`` a (valid) condition table compares."""
-    out: list[tuple[str, str]] = []
+def comparisons_in(data: Any) -> list[tuple[str, str, Any, str]]:
+    """Every ``(operator, name, literal, location)`` a (valid) condition table holds."""
+    out: list[tuple[str, str, Any, str]] = []
 
     def walk(d: Any, where: str) -> None:
         if not isinstance(d, Mapping):
@@ -375,49 +443,12 @@ def names_in(data: Any) -> list[tuple[str, str]]:
             elif op == "not":
                 walk(operand, here)
             elif isinstance(operand, Mapping):
-                out.extend((str(n), f"{here}.{n}") for n in operand)
+                out.extend((str(op), str(n), v, f"{here}.{n}") for n, v in operand.items())
 
     walk(data, "condition")
     return out
 
 
-# --------------------------------------------------------------------------- names
-
-
-def known_names(registry: Any = None) -> set[str]:
-    """Every name a condition may use (besides the prefixed forms): scenario fields, resolved inputs,
-    quantities of ``registry``'s graph, aliases and derived names."""
-    from fitplan.engine.graph import RESOLVED_INPUTS
-    from fitplan.inputs.scenario import FIELD_SECTION
-
-    names = set(FIELD_SECTION) | set(RESOLVED_INPUTS) | set(ALIASES) | set(DERIVED)
-    if registry is not None:
-        compiled = registry.compiled()
-        names |= {n for n, node in compiled.nodes.items() if node.kind != "reducer" and not n.endswith(".raw")}
-    return names
-
-
-def unknown_name_problems(names: Iterable[tuple[str, str]], known: set[str], *, variants: bool = False) -> list[str]:
-    """``unknown name 'peak_byte' (did you mean 'peak_bytes'?) @ location`` for each unknown name."""
-    out = []
-    for name, where in names:
-        if is_known(name, known, variants=variants):
-            continue
-        pool = set(known) | {SHARE_PREFIX + n for n in known if n.endswith("_bytes")}
-        if variants:
-            pool |= {p + n for p in VARIANT_PREFIXES for n in known}
-        hint = did_you_mean(name, pool) or "see docs/policies.md for the names conditions can use"
-        out.append(f"unknown name {name!r} ({hint}) @ {where}")
-    return out
-
-
-def is_known(name: str, known: set[str], *, variants: bool = False) -> bool:
-    if name in known:
-        return True
-    if variants:
-        for prefix in VARIANT_PREFIXES:
-            if name.startswith(prefix):
-                return is_known(name[len(prefix):], known, variants=False)
-    if name.startswith(SHARE_PREFIX):
-        return name[len(SHARE_PREFIX):] in known
-    return False
+def names_in(data: Any) -> list[tuple[str, str]]:
+    """Every ``(name, location)`` a (valid) condition table compares."""
+    return [(name, where) for _, name, _, where in comparisons_in(data)]

@@ -1,6 +1,6 @@
 """Organisation policies: declarative ``[[policy]]`` rules that forbid or penalise plans.
 
-A rule (docs/policies.md)::
+A rule (docs/policies.md; schema: :class:`fitplan.rulesets.schema.PolicyRule`)::
 
     [[policy]]
     id = "no-long-spot"
@@ -21,50 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from attrs import field, frozen
 
-from fitplan.rules.conditions import Condition, Namespace, compile_condition, known_names, names_in, unknown_name_problems
+if TYPE_CHECKING:  # pragma: no cover
+    from fitplan.rulesets.schema import PolicyRule
+
 from fitplan.errors import FitplanError
-
-ACTIONS = ("forbid", "penalise")
-
-
-def _valid_condition(inst: Any, att: attrs.Attribute, value: Any) -> None:
-    compile_condition(value)
-
-
-def _valid_action(inst: Any, att: attrs.Attribute, value: Any) -> None:
-    if value not in ACTIONS:
-        from fitplan.errors import did_you_mean
-
-        raise FitplanError(f"{type(inst).__name__}.action must be one of {', '.join(ACTIONS)}, got {value!r}",
-                           field="action", value=value,
-                           suggestion=did_you_mean(str(value), [*ACTIONS, "penalize"]) or "forbid rejects, penalise ranks lower")
-
-
-@frozen
-class PolicyRule:
-    """One ``[[policy]]`` entry."""
-
-    id: str
-    description: str
-    condition: dict[str, Any] = field(validator=_valid_condition)
-    action: str = field(default="forbid", validator=_valid_action)
-    penalty: float = field(default=0.0)
-    """``penalise`` only: the ranking objective is multiplied by ``1 + penalty``."""
-    source: str = ""
-
-    @penalty.validator
-    def _penalty(self, att: attrs.Attribute, value: float) -> None:
-        if isinstance(value, bool) or value < 0:
-            raise FitplanError(f"PolicyRule.penalty must be >= 0, got {value!r}", field="penalty", value=value)
-        if self.action == "penalise" and value == 0:
-            raise FitplanError("a penalise rule needs penalty > 0 (0.25 = the objective × 1.25)", field="penalty",
-                               value=value, suggestion="add penalty = 0.25, or use action = \"forbid\"")
-
+from fitplan.rules.conditions import Condition, Namespace, Vocabulary, compile_condition, names_in, vocabulary
 
 @attrs.frozen
 class Verdict:
@@ -86,17 +51,18 @@ class Verdict:
 class PolicySet:
     """Compiled rules, checked against the names a registry knows.
 
-    :raises FitplanError: unknown names in a condition, each with a "did you mean" suggestion.
+    :raises FitplanError: unknown names in a condition, each with a "did you mean" suggestion, and comparisons
+        of a name with a literal of another type.
     """
 
-    def __init__(self, rules: Sequence[PolicyRule], registry: Any = None, origin: dict[str, str] | None = None) -> None:
+    def __init__(self, rules: Sequence[PolicyRule], registry: Any, origin: dict[str, str] | None = None) -> None:
         self.rules = list(rules)
         self.origin = origin or {}
-        known = known_names(registry)
+        self.vocabulary = vocabulary(registry)
         problems = []
         for r in self.rules:
             where = self.origin.get(r.id, "")
-            for p in unknown_name_problems(names_in(r.condition), known):
+            for p in rule_problems(r, self.vocabulary):
                 problems.append(f"{where + ': ' if where else ''}policy {r.id!r}: {p}")
         if problems:
             raise FitplanError(f"{len(problems)} unknown name(s) in policy conditions", details=problems)
@@ -185,13 +151,19 @@ def policy_set(rulesets: Any, registry: Any, policy_files: Sequence[str | Path] 
     return PolicySet(list(by_id.values()), registry, origin)
 
 
+def rule_problems(rule: PolicyRule, vocab: Vocabulary) -> list[str]:
+    """Unknown names and type mismatches in one policy rule's condition."""
+    return vocab.problems(names_in(rule.condition)) + vocab.type_problems(rule.condition)
+
+
 def rule_name_problems(paths: Iterable[str | Path], registry: Any) -> list[str]:
-    """Unknown names in the ``[[policy]]`` and ``[[advice]]`` rules of ruleset files or directories (each with a
-    "did you mean"), as ``file: policy 'id': unknown name ... @ location`` (``fitplan rulesets check``)."""
+    """Unknown names (each with a "did you mean") and type mismatches in the ``[[policy]]`` and ``[[advice]]``
+    rules of ruleset files or directories, as ``file: policy 'id': unknown name ... @ location``
+    (``fitplan rulesets check``)."""
     from fitplan.rules import advice
     from fitplan.rulesets.loader import parse_file, ruleset_files
 
-    known = known_names(registry)
+    vocab = vocabulary(registry)
     out: list[str] = []
     for p in map(Path, paths):
         files = ruleset_files(p) if p.is_dir() else [p] if p.is_file() else []
@@ -200,25 +172,24 @@ def rule_name_problems(paths: Iterable[str | Path], registry: Any) -> list[str]:
             if parsed is None:
                 continue
             for r in parsed.policy:
-                out += [f"{f}: policy {r.id!r}: {x}" for x in unknown_name_problems(names_in(r.condition), known)]
+                out += [f"{f}: policy {r.id!r}: {x}" for x in rule_problems(r, vocab)]
             for a in parsed.advice:
-                out += [f"{f}: {x}" for x in advice.name_problems(a, known)]
+                out += [f"{f}: {x}" for x in advice.name_problems(a, vocab)]
     return out
 
 
 def estimate_verdicts(est: Any, policy_files: Sequence[str | Path]) -> list[dict[str, Any]] | None:
     """The rules that fire for an estimate, in each market it has a price for (none: no market), or None
     when no policy is in force (neither in the rulesets nor given)."""
-    from fitplan.rules.conditions import Namespace
-
     ps = policy_set(est.rulesets, est.registry, policy_files)
     if not ps:
         return None
     v = est.values
-    markets: list[str | None] = [m for m, key in (("on_demand", "on_demand_cost_usd"), ("spot", "spot_cost_usd"))
-                                 if v.get(key) is not None] or [None]
+    compiled = est.registry.compiled()
+    markets: list[str | None] = [m for m in ("on_demand", "spot")
+                                 if compiled.role(f"cost.{m}") is not None and v.get(compiled.role(f"cost.{m}")) is not None]
     out = []
-    for market in markets:
-        fired, _ = ps.check(Namespace(v, market))
+    for market in markets or [None]:
+        fired, _ = ps.check(Namespace(v, market, None, ps.vocabulary))
         out += [{**f.to_dict(), "market": market} for f in fired]
     return out

@@ -28,197 +28,47 @@ directory is an error (it is almost always a copy-paste mistake).
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
-from attrs import field, frozen
 
-from fitplan.rules.advice import AdviceRule
-from fitplan.inputs.convert import error_lines, CONVERTER
 from fitplan.errors import FitplanError, unknown
-from fitplan.rules.policy import PolicyRule
+from fitplan.inputs.convert import CONVERTER, error_lines
+from fitplan.rulesets.schema import (GPU, AdviceRule, Framework, Instance, MfuCalibration, MfuRow, ModelEntry, PolicyRule,
+                                     Provider, RulesetFile, ThroughputRow)
 
 
-def _nonneg(inst: Any, att: attrs.Attribute, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or value < 0):
-        raise FitplanError(f"{type(inst).__name__}.{att.name} must be >= 0, got {value!r}", field=att.name, value=value)
-
-
-def _pos(inst: Any, att: attrs.Attribute, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not value > 0):
-        raise FitplanError(f"{type(inst).__name__}.{att.name} must be > 0, got {value!r}", field=att.name, value=value)
-
-
-@frozen
-class GPU:
-    """One GPU model. ``usable_bytes`` is what ``torch.cuda.get_device_properties().total_memory`` reports."""
-
-    id: str
-    name: str
-    memory_bytes: int = field(validator=_pos)
-    usable_bytes: int = field(validator=_pos)
-    peak_tflops: dict[str, float]
-    """Dense peak TFLOPS per dtype: keys among fp32, tf32, bf16, fp16, fp8, int8."""
-    bandwidth_gbps: float = field(validator=_pos)
-    source: str
-    aliases: tuple[str, ...] = ()
-    interconnect: str = "pcie"
-    interconnect_gbps: float = field(default=32.0, validator=_pos)
-    """Per-GPU bidirectional-ish bandwidth within a node (NVLink or PCIe), GB/s."""
-    inter_node_gbps: float = field(default=50.0, validator=_pos)
-    """Per-GPU network bandwidth between nodes, GB/s (e.g. 400 Gb/s InfiniBand = 50 GB/s)."""
-    gpus_per_node: int = field(default=8, validator=_pos)
-
-    @usable_bytes.validator
-    def _usable_le_memory(self, att: attrs.Attribute, value: int) -> None:
-        if value > self.memory_bytes * 1.1:
-            raise FitplanError(
-                f"GPU.usable_bytes ({value}) exceeds memory_bytes ({self.memory_bytes})", field="usable_bytes", value=value
-            )
-
-
-@frozen
-class Provider:
-    id: str
-    name: str
-    source: str
-    billing: str = field(default="second", validator=attrs.validators.in_(("second", "minute", "hour")))
-    """Billing granularity: usage is rounded up to a whole unit."""
-    minimum_seconds: int = field(default=60, validator=_nonneg)
-    currency: str = "USD"
-    spot_overhead: float = field(default=0.1, validator=_nonneg)
-    """Extra fraction of run time lost to spot interruptions and restarts (0.1 = +10 %)."""
-
-
-@frozen
-class Instance:
-    """A rentable machine: ``gpus`` × ``gpu`` at an hourly price for the whole instance."""
-
-    provider: str
-    id: str
-    gpu: str
-    gpus: int = field(validator=_pos)
-    on_demand_per_hour: float = field(validator=_nonneg)
-    source: str
-    spot_per_hour: float | None = field(default=None, validator=_nonneg)
-    region: str = ""
-    date: str = ""
-
-
-@frozen
-class Framework:
-    """What CUDA and PyTorch add beyond tensor bytes. Calibrated by ``fitplan validate --calibrate-out``."""
-
-    cuda_context_bytes: int = field(default=500 * 2**20, validator=_nonneg)
-    cublas_workspace_bytes: int = field(default=8 * 2**20, validator=_nonneg)
-    allocator_reserve_ratio: float = field(default=1.05, validator=_pos)
-    """reserved / allocated at the peak (caching allocator fragmentation)."""
-    allocator_block_bytes: int = field(default=512, validator=_pos)
-    source: str = ""
-
-
-@frozen
-class MfuRow:
-    """A published MFU measurement: what one training setup reached on one GPU."""
-
-    id: str
-    gpu: str
-    param_count: float = field(validator=_pos)
-    """Model size (total parameters), e.g. ``6.7e9``."""
-    mfu: float = field(validator=_pos)
-    """Model FLOPs utilisation as a fraction (0.46 = 46 %), as the source reports it."""
-    source: str
-    model: str = ""
-    method: str = "full"
-    max_seq_length: int | None = field(default=None, validator=_pos)
-    num_gpus: int | None = field(default=None, validator=_pos)
-    tokens_per_second_per_gpu: float | None = field(default=None, validator=_pos)
-    note: str = ""
-
-    @mfu.validator
-    def _fraction(self, att: attrs.Attribute, value: float) -> None:
-        if value > 1:
-            raise FitplanError(f"MfuRow.mfu is a fraction (0.46 = 46 %), got {value!r}", field="mfu", value=value,
-                               suggestion="write percentages as fractions")
-
-
-@frozen
-class ThroughputRow:
-    """Measured training throughput, in a named set selected by ``--throughput-source``."""
-
-    id: str
-    set: str
-    gpu: str
-    param_count: float = field(validator=_pos)
-    tokens_per_second: float = field(validator=_pos)
-    """Tokens per second of the whole run (all ``num_gpus`` together)."""
-    source: str
-    num_gpus: int = field(default=1, validator=_pos)
-    model: str = ""
-    note: str = ""
-
-
-@frozen
-class MfuCalibration:
-    """An MFU measured on a real GPU (written by ``fitplan validate --calibrate-out``)."""
-
-    gpu: str
-    mfu: float = field(validator=_pos)
-    source: str = ""
-    model: str = ""
-    method: str = ""
-    date: str = ""
-
-    @mfu.validator
-    def _fraction(self, att: attrs.Attribute, value: float) -> None:
-        if value > 1:
-            raise FitplanError(f"MfuCalibration.mfu is a fraction (0.41 = 41 %), got {value!r}", field="mfu", value=value)
-
-
-@frozen
-class ModelEntry:
-    """A catalog model: the fields of its HF ``config.json``."""
-
-    id: str
-    config: dict[str, Any]
-    source: str
-    aliases: tuple[str, ...] = ()
-    hf_id: str = ""
-
-
-@frozen
-class RulesetFile:
-    """The top level of one ruleset TOML file."""
-
-    gpu: list[GPU] = attrs.Factory(list)
-    provider: list[Provider] = attrs.Factory(list)
-    instance: list[Instance] = attrs.Factory(list)
-    model: list[ModelEntry] = attrs.Factory(list)
-    framework: Framework | None = None
-    mfu: list[MfuRow] = attrs.Factory(list)
-    throughput: list[ThroughputRow] = attrs.Factory(list)
-    mfu_calibration: list[MfuCalibration] = attrs.Factory(list)
-    policy: list[PolicyRule] = attrs.Factory(list)
-    """Organisation policies (docs/policies.md)."""
-    advice: list[AdviceRule] = attrs.Factory(list)
-    """Advice rules: the seed's optimisation checklist (``rulesets/advice/checklist.toml``)."""
+_PARSED: dict[tuple[str, int, int], tuple[RulesetFile | None, list[str]]] = {}
+"""Files already read in this process, by (path, mtime, size): a ruleset directory is checked and then loaded."""
 
 
 def parse_file(path: Path) -> tuple[RulesetFile | None, list[str]]:
     """Read one ruleset file. Returns the parsed file and every error as ``file: message @ $.path``."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        return None, [f"{path}: malformed TOML: {e}"]
+        st = path.stat()
     except OSError as e:
         return None, [f"{path}: cannot read: {e.strerror}"]
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _PARSED:
+        _PARSED[key] = _parse(path)
+    return _PARSED[key]
+
+
+def _parse(path: Path) -> tuple[RulesetFile | None, list[str]]:
+    from fitplan.inputs.files import read_toml
+
     try:
-        return CONVERTER.structure(data, RulesetFile), []
+        data = read_toml(path)
+    except FitplanError as e:
+        return None, [e.render()]
+    try:
+        parsed = CONVERTER.structure(data, RulesetFile)
     except Exception as e:  # noqa: BLE001 - cattrs error groups
         return None, [f"{path}: {line}" for line in error_lines(e)]
+    problems = _cross_check(parsed, path)
+    return (None if problems else parsed), problems
 
 
 def ruleset_files(directory: Path) -> list[Path]:
@@ -249,7 +99,6 @@ def check_paths(paths: Iterable[str | Path]) -> list[str]:
             errors.extend(errs)
             if parsed is not None:
                 errors.extend(_duplicates(parsed, f, seen))
-                errors.extend(_cross_check(parsed, f))
     return errors
 
 

@@ -78,7 +78,7 @@ def choose_instance(rules: Rulesets, provider_id: str, gpu_id: str, num_gpus: in
     :raises FitplanError: unknown provider; the provider has no instance with this GPU (listing the GPUs
         it offers); an unknown ``instance_id`` or ``region``; an instance with another GPU.
     """
-    key = ("instance_choice", provider_id, gpu_id, num_gpus, num_nodes, instance_id, region)
+    key = ("instance", provider_id, gpu_id, num_gpus, num_nodes, instance_id, region)
     return rules.memo(key, lambda: _choose(rules, provider_id, gpu_id, num_gpus, num_nodes, instance_id, region))
 
 

@@ -35,8 +35,8 @@ MAX_PROBE = 1 << 20
 
 
 def _fits(est, headroom_fraction: float, headroom_bytes: int) -> bool:
-    u = est.values["usable_bytes"]
-    return est.values["device_total_bytes"] <= u - max(int(u * headroom_fraction), headroom_bytes)
+    u = est.role("usable")
+    return est.role("device_total") <= u - max(int(u * headroom_fraction), headroom_bytes)
 
 
 REVERSE_LABELS = {"per_device_train_batch_size": "micro-batch", "max_seq_length": "seq-length"}
@@ -48,11 +48,11 @@ def largest_fitting(base: sc.Scenario, field: str, ctx, *, headroom: str | float
     ``base``'s GPU with the required headroom.
 
     :returns: ``{"field", "largest", "device_total_bytes" (at the largest), "next_device_total_bytes" (at
-        largest + 1), "limit_bytes", "usable_bytes", "gpu"}``; ``largest`` is 0 when even 1 does not fit.
+        largest + 1), "limit_bytes", "usable", "gpu"}``; ``largest`` is 0 when even 1 does not fit.
     :raises FitplanError: without ``--gpu``.
     """
     from fitplan.estimation import evaluate
-    from fitplan.search.recommend import parse_headroom
+    from fitplan.search.space import parse_headroom
 
     if base.hardware.gpu is None:
         label = REVERSE_LABELS.get(field, field.replace("_", "-"))
@@ -77,14 +77,15 @@ def largest_fitting(base: sc.Scenario, field: str, ctx, *, headroom: str | float
         else:
             hi = mid
     probe = est(max(lo, 1))
-    u = probe.values["usable_bytes"]
+    u = probe.role("usable")
     return {
         "field": field,
+        "what": REVERSE_LABELS.get(field, field.replace("_", "-")),
         "largest": lo,
-        "device_total_bytes": est(lo).values["device_total_bytes"] if lo else None,
+        "device_total": est(lo).role("device_total") if lo else None,
         "next_value": lo + 1 if lo + 1 <= upper else None,
-        "next_device_total_bytes": est(lo + 1).values["device_total_bytes"] if lo + 1 <= upper else None,
-        "usable_bytes": u,
+        "next_device_total_bytes": est(lo + 1).role("device_total") if lo + 1 <= upper else None,
+        "usable": u,
         "limit_bytes": u - max(int(u * frac), hb),
         "gpu": probe.values["gpu_spec"].id,
         "headroom": str(headroom),
@@ -184,7 +185,7 @@ def largest_model(setup: Setup, gpu, num_gpus: int, ctx) -> dict[str, Any]:
         return cache[layers]
 
     def fits(layers: int) -> bool:
-        return bool(est(layers).values["fits"])
+        return bool(est(layers).role("fit"))
 
     lo, hi = 0, MAX_LAYERS + 1
     if fits(MAX_LAYERS):
@@ -196,19 +197,18 @@ def largest_model(setup: Setup, gpu, num_gpus: int, ctx) -> dict[str, Any]:
                 lo = mid
             else:
                 hi = mid
-    out: dict[str, Any] = {"layers": lo, "param_count": llama_spec(lo).param_count if lo else 0,
+    out: dict[str, Any] = {"layers": lo, "params": llama_spec(lo).param_count if lo else 0,
                            "at_limit": lo == MAX_LAYERS}
     if lo:
         e = est(lo)
-        out["device_total_bytes"] = e.values["device_total_bytes"]
-        out["usable_bytes"] = e.values["usable_bytes"]
+        out.update({"device_total": e.role("device_total"), "usable": e.role("usable")})
     return out
 
 
 def size_text(row: dict[str, Any]) -> str:
     if not row["layers"]:
         return "none"
-    text = format_count(row["param_count"]).replace(".00", "")
+    text = format_count(row["params"]).replace(".00", "")
     return (">" if row["at_limit"] else "") + text
 
 
@@ -220,7 +220,7 @@ def largest_catalog_model(setup: Setup, gpu, num_gpus: int, ctx, family: Sequenc
     for mid in family:
         s = _setup_scenario(setup, gpu, num_gpus).replace(model=mid)
         try:
-            if evaluate(s, ctx.registry, ctx.rulesets).values["fits"]:
+            if evaluate(s, ctx.registry, ctx.rulesets).role("fit"):
                 best = mid
         except FitplanError:
             continue
@@ -239,7 +239,7 @@ def capacity_table(ctx, gpus: Sequence[str] | None = None) -> dict[str, Any]:
     single = []
     for gid in single_ids:
         g = rules.gpu(gid)
-        row: dict[str, Any] = {"gpu": g.id, "name": g.name, "num_gpus": 1, "usable_bytes": g.usable_bytes}
+        row: dict[str, Any] = {"gpu": g.id, "name": g.name, "num_gpus": 1, "usable": g.usable_bytes}
         if g.id in seed_single:
             vram, full, eff = seed_single[g.id]
             row["seed"] = {"vram": vram, "full": full, "efficient": eff}
@@ -250,7 +250,7 @@ def capacity_table(ctx, gpus: Sequence[str] | None = None) -> dict[str, Any]:
     multi = []
     for gid, n, vram, eff in SEED_MULTI:
         g = rules.gpu(gid)
-        row = {"gpu": g.id, "name": g.name, "num_gpus": n, "usable_bytes": g.usable_bytes * n,
+        row = {"gpu": g.id, "name": g.name, "num_gpus": n, "usable": g.usable_bytes * n,
                "seed": {"vram": vram, "efficient": eff}}
         for setup in SETUPS:
             row[setup.id] = largest_model(setup, g, n, ctx)
@@ -287,66 +287,3 @@ def capacity_notes(single: list[dict[str, Any]], multi: list[dict[str, Any]]) ->
     notes.append("Sizes are Llama-shaped models (hidden 128·L, MHA, 32k vocabulary) at the largest depth L that fits; "
                  "GQA models (Llama 3, Mistral) of the same size need less activation memory.")
     return notes
-
-
-# --------------------------------------------------------------------------- rendering
-
-
-def _rows(table: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
-    single_cols = ["GPU", "usable", "seed: full", "fitplan: full", "seed: efficient", "fitplan: QLoRA",
-                   "fitplan: LoRA", "fitplan, seed assumptions: full", "catalog (full / QLoRA)"]
-    single = []
-    for r in table["single_gpu"]:
-        seed = r.get("seed", {})
-        single.append([r["gpu"], f"{r['usable_bytes'] / 1e9:.1f} GB", seed.get("full", "-"), size_text(r["full"]),
-                       seed.get("efficient", "-"), size_text(r["qlora"]), size_text(r["lora"]),
-                       size_text(r["seed_full"]),
-                       f"{r['catalog']['full'] or '-'} / {r['catalog']['qlora'] or '-'}"])
-    multi_cols = ["configuration", "combined usable", "seed: VRAM", "seed: efficient", "fitplan: QLoRA + ZeRO-3",
-                  "fitplan: LoRA + ZeRO-3", "fitplan: full + ZeRO-3", "catalog (full / QLoRA)"]
-    multi = []
-    for r in table["multi_gpu"]:
-        seed = r["seed"]
-        multi.append([f"{r['num_gpus']}× {r['gpu']}", f"{r['usable_bytes'] / 1e9:.0f} GB", seed["vram"], seed["efficient"],
-                      size_text(r["qlora"]), size_text(r["lora"]), size_text(r["full"]),
-                      f"{r['catalog']['full'] or '-'} / {r['catalog']['qlora'] or '-'}"])
-    return single_cols, single, multi_cols, multi
-
-
-def _method_lines(table: dict[str, Any]) -> list[str]:
-    return [f"{k}: {v}" for k, v in table["method"].items()] + [
-        "models: Llama-shaped (hidden 128·L, intermediate 8/3·hidden rounded to 256, MHA, vocabulary 32,000; "
-        "L = 32 is Llama-2-7B), largest depth L that fits (device total ≤ usable memory); catalog: the largest of "
-        + ", ".join(CATALOG_LADDER) + " that fits"]
-
-
-def to_markdown(table: dict[str, Any]) -> str:
-    sc_, s_rows, mc, m_rows = _rows(table)
-    lines = ["# Largest model per GPU: the seed's tables, recomputed", "", "## One GPU", "",
-             "| " + " | ".join(sc_) + " |", "|" + "---|" * len(sc_)]
-    lines += ["| " + " | ".join(r) + " |" for r in s_rows]
-    lines += ["", "## Several GPUs (ZeRO-3)", "", "| " + " | ".join(mc) + " |", "|" + "---|" * len(mc)]
-    lines += ["| " + " | ".join(r) + " |" for r in m_rows]
-    lines += ["", "## Method", ""] + [f"- {x}" for x in _method_lines(table)]
-    lines += ["", "## Why the numbers differ", ""] + [f"- {n}" for n in table["notes"]] + [""]
-    return "\n".join(lines)
-
-
-def print_table(table: dict[str, Any], console) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    sc_, s_rows, mc, m_rows = _rows(table)
-    for title, cols, rows in (("One GPU", sc_, s_rows), ("Several GPUs (ZeRO-3)", mc, m_rows)):
-        t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-        for c in cols:
-            t.add_column(escape(c), justify="left" if c in ("GPU", "configuration") or c.startswith("catalog") else "right")
-        for r in rows:
-            t.add_row(*[escape(x) for x in r])
-        console.print(t)
-    console.print("[bold]Method[/]")
-    for x in _method_lines(table):
-        console.print(f"  - {escape(x)}")
-    console.print("[bold]Why the numbers differ[/]")
-    for n in table["notes"]:
-        console.print(f"  - {escape(n)}")

@@ -26,8 +26,18 @@ from . import _deps
 
 MODES = ("auto", "cpu", "fake", "cuda")
 COMPONENTS = ("parameters", "gradients", "optimizer_states", "activations", "peak")
-PREDICTED_KEY = {"parameters": "weight_bytes", "gradients": "gradient_bytes", "optimizer_states": "optimizer_state_bytes",
-                 "activations": "saved_for_backward_bytes", "peak": "peak_bytes"}
+PREDICTED = {"parameters": ("row", "weights"), "gradients": ("row", "gradients"),
+             "optimizer_states": ("row", "optimizer_states"), "activations": ("role", "saved"), "peak": ("role", "peak")}
+"""What the referee measures -> the quantity fitplan predicts it with, found by its breakdown row or role."""
+
+
+def predicted_quantity(estimate, component: str) -> str:
+    """The name of the quantity that predicts a measured ``component`` (through the quantities' metadata)."""
+    kind, key = PREDICTED[component]
+    compiled = estimate.registry.compiled()
+    if kind == "role":
+        return compiled.role(key)
+    return next(name for name, q in compiled.quantities.items() if q.row == key)
 CPU_CAVEATS = (
     "CPU dropout saves a mask in the input dtype (CUDA: 1 byte per element)",
     "CPU SDPA with dropout > 0 takes the decomposed math path (probabilities materialised)",
@@ -241,7 +251,7 @@ def make_report(estimate, result: dict[str, Any], mode: str, rc) -> dict[str, An
         "activations": m["retained"],
         "peak": m["cuda"]["max_memory_allocated"] if m.get("cuda") else m["peak"],
     }
-    components = {k: component(estimate[PREDICTED_KEY[k]], measured[k]) for k in COMPONENTS}
+    components = {k: component(estimate[predicted_quantity(estimate, k)], measured[k]) for k in COMPONENTS}
     predicted_phase = str(estimate["peak_phase"])
     report: dict[str, Any] = {
         "mode": mode,

@@ -111,7 +111,33 @@ class FailsAtEvaluation:
         register(broken_ratio_bytes)
 
 
+class ExitsInHook:
+    """Calls sys.exit(0) while declaring its quantities."""
+
+    @fitplan.hookimpl
+    def fitplan_register_quantities(self, register):
+        import sys
+
+        sys.exit(0)
+
+
+class ExitsAtEvaluation:
+    """Declares fine, then calls sys.exit(0) when the estimate is evaluated."""
+
+    @fitplan.hookimpl
+    def fitplan_register_quantities(self, register):
+        @quantity("bytes")
+        def broken_exit_bytes(param_count):
+            import sys
+
+            sys.exit(0)
+
+        register(broken_exit_bytes)
+
+
 raises = Raises()
+exits_in_hook = ExitsInHook()
+exits_at_evaluation = ExitsAtEvaluation()
 returns_list = ReturnsList()
 registers_wrong_type = RegistersWrongType()
 duplicate = Duplicate()

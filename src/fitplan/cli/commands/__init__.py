@@ -1,0 +1,14 @@
+"""The built-in commands, one module per group of commands. They are added to ``fitplan`` by the built-in
+plugin ``fitplan.builtin.commands`` through the same hook as a plugin's commands."""
+
+from __future__ import annotations
+
+import click
+
+
+def add_all(cli: click.Group) -> None:
+    """Add every built-in command to ``cli``."""
+    from fitplan.cli.commands import catalog, estimate, plugins, recommend, serve, validate
+
+    for module in (estimate, recommend, catalog, plugins, validate, serve):
+        module.add(cli)

@@ -1,0 +1,102 @@
+"""``fitplan estimate``, ``fitplan explain`` and ``fitplan graph``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from fitplan.cli.options import emit, estimate_from, format_option, out_option, scenario_options
+from fitplan.errors import FitplanError
+
+
+def add(cli: click.Group) -> None:
+    cli.add_command(estimate)
+    cli.add_command(explain)
+    cli.add_command(graph)
+
+
+@click.command()
+@scenario_options
+@format_option("estimate")
+@out_option
+@click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", help="GB = 10^9 bytes (default), GiB = 2^30.")
+@click.option("--policy", "policy_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Check the scenario against a policy file of [[policy]] rules (repeatable; docs/policies.md).")
+def estimate(fmt: str, out: str | None, units: str, policy_files: tuple[str, ...], **options: Any) -> None:
+    """Estimate memory per GPU (and time and cost, given a dataset and a GPU).
+
+    SCENARIO_FILE is an optional TOML file with [model], [training], [lora], [parallel], [hardware],
+    [dataset] and [cost] sections; flags override it.
+    """
+    from fitplan.assess import assess
+
+    emit("estimate", assess(estimate_from(options), policy_files=policy_files), fmt, out, units)
+
+
+EXAMPLE = {"model": "llama-2-7b", "precision": "bf16-mixed", "per_device_train_batch_size": 4}
+"""What ``fitplan explain`` explains without a model (the documented example)."""
+
+
+@click.command()
+@click.argument("quantity")
+@scenario_options
+@click.option("--depth", type=int, default=3, show_default=True, help="How many levels of dependencies to show.")
+@format_option("explain", "tree")
+@out_option
+def explain(quantity: str, depth: int, fmt: str, out: str | None, **options: Any) -> None:
+    """Show how QUANTITY was derived: its rule, inputs, values and sources.
+
+    QUANTITY is a quantity's name or its short name (peak, weights, gradients, activations, time, cost, ...).
+    Without a model, explains the documented example (llama-2-7b, bf16-mixed, batch 4, seq 2048).
+    """
+    emit("explain", explanation_for(quantity, depth, options), fmt, out)
+
+
+def explanation_for(quantity: str, depth: int, options: dict[str, Any]):
+    """The :class:`~fitplan.output.explain.Explanation` of ``quantity`` for the scenario of ``options`` (the
+    documented example when they name no model)."""
+    from fitplan.assess import assess
+    from fitplan.output.explain import explain as explanation
+
+    if not any(options.get(k) for k in ("model", "params", "scenario_file")):
+        options = {**options, **{k: options.get(k) or v for k, v in EXAMPLE.items()}}
+    est = estimate_from(options)
+    return explanation(assess(est, advice=False, seed=True), quantity_name(quantity, est), depth=depth)
+
+
+def quantity_name(name: str, est) -> str:
+    """A node of the graph, by its name or its ``short`` metadata."""
+    graph = est.registry.compiled()
+    shorts = {q.short: q.name for q in graph.quantities.values() if q.short}
+    name = shorts.get(name, name)
+    if name in graph.nodes:
+        return name
+    from fitplan.errors import unknown
+
+    raise unknown("quantity", name, [n for n in graph.nodes if graph.nodes[n].kind != "input"] + list(shorts))
+
+
+@click.command()
+@format_option("graph", "dot")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write both fitplan-graph.dot and fitplan-graph.mmd into this directory.")
+def graph(fmt: str, out_dir: str | None) -> None:
+    """Print the quantity graph as Graphviz DOT or Mermaid."""
+    from pathlib import Path
+
+    from fitplan.context import get_context
+    from fitplan.output.files import write_text
+
+    compiled = get_context().registry.compiled()
+    if out_dir:
+        d = Path(out_dir)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise FitplanError(f"cannot create the directory: {e.strerror}", file=str(d), field="--out") from None
+        write_text(d / "fitplan-graph.dot", compiled.to_dot())
+        write_text(d / "fitplan-graph.mmd", compiled.to_mermaid())
+        click.echo(f"wrote {d / 'fitplan-graph.dot'} and {d / 'fitplan-graph.mmd'}")
+        return
+    emit("graph", compiled, fmt)

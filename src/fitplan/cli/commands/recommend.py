@@ -1,0 +1,248 @@
+"""``fitplan recommend`` (the cheapest, fastest or smallest plan that fits; the largest micro-batch or
+sequence with ``--max``) and ``fitplan capacity`` (the seed's GPU tables, recomputed)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from fitplan.cli.options import emit, format_option, out_option, scenario_from, scenario_options
+from fitplan.errors import FitplanError
+
+OBJECTIVES = ("cost", "time", "gpus")
+"""== fitplan.search.space.OBJECTIVES (tests/test_graph.py checks); not imported: the search pulls in networkx."""
+EXPORTS = ("deepspeed", "accelerate", "training-args", "scenario", "all")
+
+
+def add(cli: click.Group) -> None:
+    cli.add_command(recommend)
+    cli.add_command(capacity)
+
+
+def _csv(text: str | None, option: str, valid: tuple[str, ...] | None = None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not items:
+        raise FitplanError(f"{option} needs at least one value", field=option, value=text)
+    if valid is not None:
+        from fitplan.errors import unknown
+
+        for x in items:
+            if x not in valid:
+                raise unknown(option.lstrip("-").rstrip("s") + " in " + option, x, valid, field=option)
+    return items
+
+
+def _space(opts: dict[str, Any], ctx) -> Any:
+    from fitplan.inputs import scenario as sc
+    from fitplan.inputs.precision import PRECISIONS
+    from fitplan.search.space import MARKETS, SearchSpace
+
+    rules, reg = ctx.rulesets, ctx.registry
+    kw: dict[str, Any] = {}
+    methods = _csv(opts["methods"], "--methods", sc.METHODS)
+    if methods:
+        kw["methods"] = methods
+    precisions = _csv(opts["precisions"], "--precisions", PRECISIONS)
+    if precisions:
+        kw["precisions"] = precisions
+    optims = _csv(opts["optims"], "--optims")
+    if optims:
+        kw["optimizers"] = tuple(reg.resolve_optimizer(o).name for o in optims)
+    gpus = _csv(opts["gpus"], "--gpus")
+    if gpus:
+        kw["gpus"] = tuple(rules.gpu(g).id for g in gpus)
+    providers = _csv(opts["providers"], "--providers")
+    if providers:
+        kw["providers"] = tuple(rules.provider(p).id for p in providers)
+    markets = _csv(opts["markets"], "--markets", MARKETS)
+    if markets:
+        kw["markets"] = markets
+    for name, limit in (("effective_batch_size", 65_536), ("max_gpus", 4096), ("max_nodes", 512)):
+        v, flag = opts[name], f"--{name.replace('_', '-')}"
+        if v < 1:
+            raise FitplanError(f"{flag} must be >= 1, got {v}", field=flag, value=v)
+        if v > limit:
+            raise FitplanError(f"{flag} must be at most {limit:,}, got {v:,}", field=flag, value=v,
+                               suggestion="the search enumerates every split of the batch and every GPU count")
+    kw["effective_batch_size"] = opts["effective_batch_size"]
+    kw["max_gpus"] = opts["max_gpus"]
+    kw["num_nodes"] = tuple(range(1, opts["max_nodes"] + 1))
+    return SearchSpace(**kw)
+
+
+def _progress():
+    """A rich progress bar on stderr when it is a terminal (a context manager yielding a callback), else None."""
+    import contextlib
+
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext(None)
+
+    @contextlib.contextmanager
+    def bar():
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("searching plans"), BarColumn(), TextColumn("{task.percentage:>3.0f} %"),
+                      TimeElapsedColumn(), console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("search", total=1)
+
+            def update(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total)
+
+            yield update
+
+    return bar()
+
+
+@click.command()
+@scenario_options
+@click.option("--objective", type=click.Choice(OBJECTIVES), default="cost", show_default=True,
+              help="Rank by cost (USD in the plan's market), time, or GPUs used.")
+@click.option("--effective-batch-size", type=int, default=16, show_default=True,
+              help="Sequences per optimizer step over all GPUs: micro-batch × accumulation × data-parallel GPUs.")
+@click.option("--headroom", default="0.05", show_default=True,
+              help="Memory to keep free: a fraction of usable memory (0.1, 10%) or an amount (2GB, 1.5GiB).")
+@click.option("--top", type=int, default=10, show_default=True, help="How many ranked plans to show.")
+@click.option("--policy", "policy_files", multiple=True, type=click.Path(dir_okay=False),
+              help="A policy file of [[policy]] rules (repeatable; docs/policies.md).")
+@click.option("--gpus", default=None, help="Comma-separated GPU ids to consider (default: every GPU with a price).")
+@click.option("--providers", default=None, help="Comma-separated providers to consider.")
+@click.option("--methods", default=None, help="Comma-separated methods to consider (full,lora,qlora).")
+@click.option("--precisions", default=None, help="Comma-separated precision presets to consider.")
+@click.option("--optims", default=None, help="Comma-separated optimizers to consider (default: every registered one).")
+@click.option("--markets", default=None, help="on_demand,spot (default: both).")
+@click.option("--max-gpus", type=int, default=16, show_default=True, help="At most this many GPUs in a plan.")
+@click.option("--max-nodes", type=int, default=2, show_default=True, help="At most this many nodes (whole instances).")
+@click.option("--max", "max_of", type=click.Choice(["micro-batch", "seq-length"]), default=None,
+              help="Reverse question: the largest micro-batch or sequence length that fits --gpu (nothing else searched).")
+@click.option("--emit", "emits", multiple=True, nargs=2, type=(click.Choice(EXPORTS), click.Path(file_okay=False)),
+              metavar="KIND DIR", help="Write the top plan as KIND (deepspeed, accelerate, training-args, scenario, all) into DIR.")
+@click.option("--force", is_flag=True, help="Let --emit write into a folder that already holds files.")
+@format_option("recommend")
+@out_option
+def recommend(objective: str, effective_batch_size: int, headroom: str, top: int, policy_files: tuple[str, ...],
+              gpus: str | None, providers: str | None, methods: str | None, precisions: str | None,
+              optims: str | None, markets: str | None, max_gpus: int, max_nodes: int, max_of: str | None,
+              emits: tuple[tuple[str, str], ...], force: bool, fmt: str, out: str | None, **options: Any) -> None:
+    """Find the cheapest (or fastest, or smallest) plans that fit, under your organisation's policies.
+
+    Searches GPU types and counts (instance shapes), providers and markets, method, precision, optimizer,
+    checkpointing, ZeRO stage and offload, micro-batch × accumulation for --effective-batch-size, and the
+    attention kernel. A field you set (--method lora, --gpu h100-sxm, a scenario file's value) is fixed.
+    """
+    from fitplan.context import get_context
+
+    built = scenario_from(options)
+    ctx = get_context(built.ruleset_dirs)
+    if not 1 <= top <= 1000:
+        raise FitplanError(f"--top must be between 1 and 1,000, got {top:,}", field="--top", value=top)
+    _check_emit_dirs(emits, force)
+    if max_of is not None:
+        _largest(built.scenario, ctx, max_of, headroom, fmt, out)
+        return
+    t0 = time.perf_counter()
+    with _progress() as progress:
+        result = find_plans(built, ctx, {"objective": objective, "headroom": headroom, "top": top, "methods": methods,
+                                         "precisions": precisions, "optims": optims, "gpus": gpus, "providers": providers,
+                                         "markets": markets, "effective_batch_size": effective_batch_size,
+                                         "max_gpus": max_gpus, "max_nodes": max_nodes}, policy_files, progress)
+    elapsed = time.perf_counter() - t0
+    exports = _exports(result, emits)
+    emit("recommend", result, fmt, out)
+    if sys.stderr.isatty() or fmt == "table":
+        click.echo(f"searched {result.stats.candidates:,} candidate plans in {elapsed:.2f} s "
+                   f"({result.stats.candidates / max(elapsed, 1e-9):,.0f} per second)", err=True)
+    _write_exports(exports)
+
+
+def find_plans(built, ctx, opts: dict[str, Any], policy_files=(), progress=None):
+    """Search the plans of ``built`` (:class:`~fitplan.inputs.sources.FromOptions`) with the search options
+    ``opts`` (this command's, by parameter name) and attach their estimates: the report's
+    :class:`~fitplan.search.plans.Result`."""
+    from fitplan.rules.policy import policy_set
+    from fitplan.search import recommend as rec
+
+    space = _space(opts, ctx)
+    policies = policy_set(ctx.rulesets, ctx.registry, policy_files)
+    result = rec.search(built.scenario, ctx, space=space, objective=opts["objective"], headroom=opts["headroom"],
+                        policies=policies, top=opts["top"], fixed=built.fixed, progress=progress)
+    rec.attach_estimates(result, ctx)
+    return result
+
+
+def _check_emit_dirs(emits: tuple[tuple[str, str], ...], force: bool) -> None:
+    """``--emit`` never replaces files silently: a folder that already holds files needs ``--force`` (checked
+    before the search, so that nothing is computed for nothing)."""
+    from pathlib import Path
+
+    for _, directory in emits:
+        d = Path(directory)
+        if d.exists() and not d.is_dir():
+            raise FitplanError("is not a folder", file=str(d), field="--emit")
+        if d.is_dir() and any(d.iterdir()) and not force:
+            raise FitplanError("the folder already holds files; --emit would replace them", file=str(d), field="--emit",
+                               suggestion="choose an empty folder, or pass --force")
+
+
+def _exports(result, emits: tuple[tuple[str, str], ...]) -> list[tuple[str, list[tuple[str, str]], list[str]]]:
+    """The files ``--emit`` writes (rendered before anything is written, so that a failing export leaves every
+    file as it was): ``(directory, [(name, text)], notes)`` per ``--emit``."""
+    if not emits:
+        return []
+    if not result.plans:
+        raise FitplanError("no plan to emit: none fits with the required headroom", field="--emit",
+                           suggestion="lower --headroom, allow more GPUs (--max-gpus) or methods")
+    from fitplan.output.exports import render_exports
+    from fitplan.search.plans import plan_scenario
+
+    s = plan_scenario(result.base, result.plans[0])
+    return [(directory, *render_exports(kind, s)) for kind, directory in emits]
+
+
+def _write_exports(exports) -> None:
+    from fitplan.output.exports import write_exports
+
+    for directory, files, notes in exports:
+        for p in write_exports(directory, files):
+            click.echo(f"wrote {p}", err=True)
+        for n in notes:
+            click.echo(f"note: {n}", err=True)
+
+
+LARGEST = {"micro-batch": ("per_device_train_batch_size", 1 << 16), "seq-length": ("max_seq_length", 1 << 22)}
+"""``--max WHAT``: the scenario field searched and the largest value probed."""
+
+
+def largest_report(base, ctx, what: str, headroom: str | float, arch=None) -> dict[str, Any]:
+    """``--max WHAT``'s report: the largest micro-batch or sequence length that fits ``base``'s GPU."""
+    from fitplan.search.capacity import largest_fitting
+
+    field, upper = LARGEST[what]
+    return largest_fitting(base, field, ctx, headroom=headroom, upper=upper, arch=arch)
+
+
+def _largest(base, ctx, what: str, headroom: str, fmt: str, out: str | None) -> None:
+    report = largest_report(base, ctx, what, headroom)
+    if fmt not in ("table", "json"):
+        raise FitplanError(f"--max answers in table or json, not {fmt}", field="--format", value=fmt)
+    emit("largest", report, fmt, out)
+
+
+@click.command()
+@click.option("--gpu", "gpus", multiple=True, help="GPUs for the single-GPU table (default: the seed's five).")
+@format_option("capacity")
+@click.option("--ruleset-dir", "ruleset_dirs", multiple=True, type=click.Path(file_okay=False))
+def capacity(gpus: tuple[str, ...], fmt: str, ruleset_dirs: tuple[str, ...]) -> None:
+    """The seed chapter's GPU tables (largest model for full and efficient fine-tuning), recomputed.
+
+    The seed's own columns are shown beside fitplan's; docs/recommend.md states the method.
+    """
+    from fitplan.context import get_context
+    from fitplan.search.capacity import capacity_table
+
+    emit("capacity", capacity_table(get_context(ruleset_dirs), gpus or None), fmt)

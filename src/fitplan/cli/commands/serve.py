@@ -1,0 +1,71 @@
+"""``fitplan serve``: the interactive page and its JSON API on a local web server (the ``web`` extra,
+:mod:`fitplan.web`; docs/serve.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import click
+
+from fitplan.errors import FitplanError
+
+
+def add(cli: click.Group) -> None:
+    cli.add_command(serve)
+
+
+def require_extra() -> None:
+    """:raises FitplanError: starlette or uvicorn (the ``web`` extra) is not installed."""
+    from fitplan.web import EXTRA_MODULES
+
+    missing = [m for m in EXTRA_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise FitplanError(f"fitplan serve needs {' and '.join(missing)}, which are not installed", field="serve",
+                           suggestion="pip install 'fitplan[web]'")
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but a loopback address exposes the page to your network.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free port).")
+@click.option("--open", "open_browser", is_flag=True, default=False, help="Open the page in the default browser.")
+@click.option("--ruleset-dir", "ruleset_dirs", multiple=True, type=click.Path(file_okay=False),
+              help="Extra ruleset directory (repeatable), as for `fitplan estimate`: your GPUs, prices and policies.")
+@click.option("--policy", "policy_files", multiple=True, type=click.Path(dir_okay=False),
+              help="A policy file of [[policy]] rules checked on every estimate (repeatable; docs/policies.md).")
+@click.option("--allow-host", "allow_hosts", multiple=True,
+              help="Another host name clients use to reach the server (repeatable; needed with --host 0.0.0.0).")
+@click.option("--search-seconds", type=click.FloatRange(1, 3600), default=30.0, show_default=True,
+              help="Longest /api/recommend search the server runs.")
+def serve(host: str, port: int, open_browser: bool, ruleset_dirs: tuple[str, ...], policy_files: tuple[str, ...],
+          allow_hosts: tuple[str, ...], search_seconds: float) -> None:
+    """Serve the interactive calculator: every change of the scenario re-estimates at once.
+
+    The page and its JSON API (/api/estimate, /api/recommend, /api/explain, /api/models, /api/gpus) use the
+    same engine, rulesets and plugins as the command line. Query parameters are the CLI's long flag names:
+    /api/estimate?model=llama-2-7b&gpu=a100-80gb&per-device-train-batch-size=4 (docs/serve.md).
+    """
+    require_extra()
+    import threading
+    import webbrowser
+
+    from fitplan.web.api import Settings
+    from fitplan.web.server import is_loopback, make_server, warm_up
+    from fitplan.web.uploads import UploadStore
+
+    settings = Settings(tuple(ruleset_dirs), tuple(policy_files), search_seconds, UploadStore())
+    try:
+        warm_up(settings)
+        server, sock, url = make_server(settings, host, port, allow_hosts)
+        if not is_loopback(host):
+            click.echo(f"warning: listening on {host}: anyone who can reach it can use the page (no authentication)",
+                       err=True)
+        click.echo(f"fitplan serve: {url}  (Ctrl+C to stop)", err=True)
+        if open_browser:
+            threading.Timer(0.3, webbrowser.open, [url]).start()
+        try:
+            server.run(sockets=[sock])
+        except KeyboardInterrupt:  # uvicorn shut down gracefully, then re-raised the signal: a normal stop
+            click.echo("fitplan serve: stopped", err=True)
+    finally:
+        settings.uploads.close()

@@ -1,0 +1,167 @@
+"""Options shared by the commands: the scenario's flags (one per field), ``--format`` / ``--out``, and the
+steps every command takes: build the scenario, load the context, evaluate, write the report."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import click
+
+from fitplan.inputs import scenario as sc
+from fitplan.inputs.sources import flag_for
+
+HELP = {
+    "model": "Catalog name (fitplan models list) or path to an HF config.json.",
+    "params": "A bare parameter count instead of a model, e.g. 7B.",
+    "method": "full | lora | qlora.",
+    "assumptions": "realistic (default) | seed (the tutorial chapter's simplifications).",
+    "precision": "32-true | bf16-mixed | 16-mixed | bf16-true | 16-true | bf16-master | 16-master.",
+    "optim": "HF optim name: adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, adafactor, sgd, ... (fitplan plugins).",
+    "attn_implementation": "eager | sdpa | flash_attention_2.",
+    "lora_target_modules": "Comma-separated module names, e.g. q_proj,v_proj (or all-linear).",
+    "zero_stage": "DeepSpeed ZeRO stage 0-3.",
+    "fsdp": "full_shard | shard_grad_op | hybrid_shard.",
+    "gpu": "GPU id or alias from the hardware ruleset (e.g. a100-80gb, h100-sxm).",
+    "num_examples": "Dataset examples (with --tokens-per-example; or give --total-tokens).",
+    "tokens_per_example": "Mean tokens per example.",
+    "total_tokens": "Tokens in the dataset (one epoch).",
+    "padding": "pack (default: sequences concatenated) | pad (every example padded to --max-seq-length).",
+    "num_train_epochs": "Passes over the dataset (default 1).",
+    "tf32": "HF tf32: fp32 matmuls on TF32 tensor cores (off by default in PyTorch and the HF Trainer).",
+    "provider": "Pricing provider id (aws, gcp, lambda, runpod, seed, ...) to price the run.",
+    "instance": "Force an instance type of the provider (default: the cheapest shape covering the GPUs).",
+    "region": "Only consider instances in this region (default: the cheapest region).",
+    "runs": "Number of runs to pay for (experiments; the seed counts 5).",
+    "tokens_per_second": "Measured throughput of the whole run, overriding the FLOPs model.",
+    "mfu": "Model FLOPs utilisation (0.4 = 40 %), overriding the ruleset default and calibration.",
+    "throughput_source": "Use a [[throughput]] ruleset table of measured tokens/s (e.g. seed).",
+}
+
+
+def _click_type(field: attrs.Attribute) -> Any:
+    t = field.type
+    text = str(t)
+    if "bool" in text:
+        return bool
+    if "int" in text and "float" not in text:
+        return int
+    if "float" in text:
+        return float
+    return str
+
+
+def scenario_options(func: Callable) -> Callable:
+    """Add one option per scenario field (default None, so only given flags override a scenario file)."""
+    for section, cls in reversed(list(sc.SECTIONS.items())):
+        for f in reversed(attrs.fields(attrs.resolve_types(cls))):
+            flag = flag_for(f.name)
+            typ = _click_type(f)
+            help_text = HELP.get(f.name, f"{section}.{f.name} (default: {f.default!r})")
+            if typ is bool:
+                opt = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=help_text)
+            else:
+                opt = click.option(flag, f.name, type=typ, default=None, help=help_text)
+            func = opt(func)
+    func = click.option("--bf16", "bf16", is_flag=True, default=False, help="HF TrainingArguments bf16=True: autocast with fp32 weights (= --precision bf16-mixed).")(func)
+    func = click.option("--fp16", "fp16", is_flag=True, default=False, help="HF TrainingArguments fp16=True (= --precision 16-mixed).")(func)
+    func = click.option("--deepspeed", "deepspeed", type=click.Path(dir_okay=False), default=None, help="A DeepSpeed config JSON (ZeRO stage, offload, bf16/fp16, micro-batch).")(func)
+    func = click.option("--training-args", "training_args", type=click.Path(dir_okay=False), default=None,
+                        help="An HF TrainingArguments JSON (batch, accumulation, checkpointing, optim, bf16/fp16, epochs, deepspeed, fsdp).")(func)
+    func = click.option("--ruleset-dir", "ruleset_dirs", multiple=True, type=click.Path(file_okay=False),
+                        help="Extra ruleset directory (repeatable; later ones override earlier ones and the bundled rulesets).")(func)
+    func = click.argument("scenario_file", required=False, type=click.Path(dir_okay=False))(func)
+    return func
+
+
+class FormatChoice(click.ParamType):
+    """``--format NAME``: one of the formats the plugins declare for a kind of report (checked when parsed)."""
+
+    name = "format"
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def names(self) -> list[str]:
+        from fitplan.pluginmgr.registry import default_registry
+
+        return default_registry().format_names(self.kind)
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "[" + "|".join(self.names()) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if value not in self.names():
+            self.fail(f"{value!r} is not one of {', '.join(map(repr, self.names()))}", param, ctx)
+        return value
+
+
+def format_option(kind: str, default: str = "table") -> Callable:
+    """``--format`` for a command rendering ``kind`` reports."""
+    return click.option("--format", "fmt", type=FormatChoice(kind), default=default, show_default=True,
+                        help="Output format (fitplan plugins lists the formats).")
+
+
+def _check_out(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value:
+        from fitplan.output.files import check_target
+
+        check_target(value)
+    return value
+
+
+def out_option(func: Callable) -> Callable:
+    """``--out FILE``, checked when the options are read (before anything is computed)."""
+    return click.option("--out", "out", type=click.Path(dir_okay=False), default=None, callback=_check_out,
+                        help="Write the report to this file (written whole, or not at all).")(func)
+
+
+def registry():
+    from fitplan.pluginmgr.registry import default_registry
+
+    return default_registry()
+
+
+def scenario_from(options: dict[str, Any]):
+    """The scenario of a command's options (:func:`fitplan.inputs.sources.from_options`); the importers'
+    warnings go to stderr."""
+    from fitplan.inputs.sources import from_options
+
+    reg = registry()
+    built = from_options(options, known_optimizers=[*reg.optimizers, *reg.optimizer_aliases])
+    for w in built.warnings:
+        warn(w)
+    return built
+
+
+def estimate_from(options: dict[str, Any]):
+    """Build the scenario, load the context and evaluate: the :class:`~fitplan.estimation.Estimate`."""
+    from fitplan.context import get_context
+    from fitplan.estimation import evaluate
+
+    built = scenario_from(options)
+    ctx = get_context(built.ruleset_dirs)
+    return evaluate(built.scenario, ctx.registry, ctx.rulesets)
+
+
+def warn(text: str) -> None:
+    from fitplan.output.console import console, escape
+
+    console(err=True).print(f"[yellow]warning:[/] {escape(text)}", markup=True, highlight=False)
+
+
+def emit(kind: str, report: Any, fmt: str, out: str | None = None, units: str = "GB") -> None:
+    """Render ``report`` with format ``fmt`` and write it to ``out`` (atomically) or stdout."""
+    from fitplan.output.console import options_for
+    from fitplan.output.formats import RenderOptions
+
+    f = registry().format(kind, fmt)
+    if out:
+        from fitplan.output.files import write_text
+
+        write_text(out, f.render(kind, report, RenderOptions(units=units)))
+        click.echo(f"wrote {out}", err=True)
+        return
+    click.echo(f.render(kind, report, options_for(sys.stdout, units)), nl=False)

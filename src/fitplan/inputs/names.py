@@ -1,0 +1,24 @@
+"""The names a quantity may depend on besides other quantities: scenario fields and resolved inputs.
+
+The resolved inputs are objects :func:`fitplan.estimation.build_inputs` looks up from the scenario: the
+architecture, the GPU, the optimizer, the framework overheads and the rulesets in force.
+"""
+
+from __future__ import annotations
+
+from fitplan.inputs.scenario import FIELD_SECTION
+
+RESOLVED_INPUTS: dict[str, str] = {
+    "arch": "the model's architecture (fitplan.inputs.architecture.ModelSpec) from the catalog, a config.json or --params",
+    "gpu_spec": "the GPU from the hardware ruleset (fitplan.rulesets.schema.GPU), or None without --gpu",
+    "optimizer_spec": "the optimizer named by --optim (fitplan.inputs.optimizer.OptimizerSpec)",
+    "framework": "framework overheads from the rulesets (fitplan.rulesets.schema.Framework)",
+    "rulesets": "every ruleset entry in force (fitplan.rulesets.loader.Rulesets)",
+}
+
+
+def input_names() -> dict[str, str]:
+    """Every input name -> its documentation."""
+    out = {name: f"scenario field {section}.{name}" for name, section in FIELD_SECTION.items()}
+    out.update(RESOLVED_INPUTS)
+    return out

@@ -1,0 +1,293 @@
+"""The JSON API of ``fitplan serve`` (docs/serve.md), free of any web framework: each endpoint takes the
+query's ``(name, value)`` pairs and returns a :class:`Reply`; :mod:`fitplan.web.server` maps routes to them.
+
+Every endpoint goes through the command line's own steps: the query is parsed by the CLI command's parser
+(:mod:`fitplan.web.params`), the scenario built and evaluated by ``fitplan.cli.options.estimate_from``, the
+report assessed by :func:`fitplan.assess.assess` and rendered by the registered ``json`` format. So
+``/api/estimate``'s body is, byte for byte, what ``fitplan estimate --format json`` prints for the same flags,
+and its errors are the CLI's messages (HTTP 400).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from fitplan.errors import FitplanError, GraphError, PluginError
+from fitplan.web.params import SCENARIO_PARAMS, UPLOAD_PREFIX, parse
+from fitplan.web.uploads import UploadStore
+
+Query = Sequence[tuple[str, str]]
+RECOMMEND_PARAMS = ("objective", "effective-batch-size", "headroom", "top", "gpus", "providers", "methods",
+                    "precisions", "optims", "markets", "max-gpus", "max-nodes", "max")
+"""``fitplan recommend``'s own options that ``/api/recommend`` takes (not ``--policy``, ``--emit``, ``--out``)."""
+SEARCH_LIMITS = {"top": 100, "max_gpus": 64, "max_nodes": 8, "effective_batch_size": 1 << 16}
+"""Bounds on the search work one request may ask for (the CLI has none)."""
+
+
+class SearchTimeout(Exception):
+    """Raised by the search's progress callback past the server's time limit."""
+
+
+@attrs.frozen
+class Reply:
+    status: int
+    body: bytes
+    media_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.define
+class Settings:
+    """What ``fitplan serve`` was started with: ruleset directories and policy files (the CLI's
+    ``--ruleset-dir`` and ``--policy``, applied to every request), the search time limit, the uploads."""
+
+    ruleset_dirs: tuple[str, ...] = ()
+    policy_files: tuple[str, ...] = ()
+    search_seconds: float = 30.0
+    uploads: UploadStore = attrs.Factory(UploadStore)
+    search_lock: threading.Lock = attrs.Factory(threading.Lock)
+
+    def context(self):
+        from fitplan.context import get_context
+
+        return get_context(self.ruleset_dirs)
+
+    def resolve(self, options: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """``options`` with the server's ruleset directories, and an uploaded model's stored path: the options
+        and the name the model was uploaded under (None for a catalog name or Hub id)."""
+        options = {**options, "ruleset_dirs": self.ruleset_dirs}
+        model = options.get("model")
+        if model and model.startswith(UPLOAD_PREFIX):
+            path, name = self.uploads.lookup(model)
+            options["model"] = str(path)
+            return options, name
+        return options, None
+
+
+def json_reply(data: Any, status: int = 200, *, text: str | None = None) -> Reply:
+    from fitplan.output.console import dumps_json
+
+    return Reply(status, (text if text is not None else dumps_json(data)).encode("utf-8"))
+
+
+def error_reply(e: BaseException) -> Reply:
+    """400 with the CLI's message for what the user can fix; 500 for a plugin or graph problem."""
+    status = 500 if isinstance(e, (PluginError, GraphError)) else 400
+    return json_reply({"error": e.render() if isinstance(e, FitplanError) else str(e)}, status)
+
+
+def answer(endpoint: Callable[..., Reply], *args: Any) -> Reply:
+    """Call ``endpoint``; a :class:`FitplanError` becomes its error reply."""
+    try:
+        return endpoint(*args)
+    except FitplanError as e:
+        return error_reply(e)
+
+
+def render(kind: str, report: Any) -> str:
+    """``report`` in the registered ``json`` format, exactly as ``--format json`` prints it."""
+    from fitplan.output.formats import RenderOptions
+    from fitplan.pluginmgr.registry import default_registry
+
+    return default_registry().format(kind, "json").render(kind, report, RenderOptions())
+
+
+def take(query: Query, names: Iterable[str]) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """Split the pairs named ``names`` (an endpoint's own, not the CLI's) off ``query``."""
+    names = set(names)
+    return [(k, v) for k, v in query if k not in names], {k: v for k, v in query if k in names}
+
+
+def estimate_of(settings: Settings, query: Query):
+    """The :class:`~fitplan.estimation.Estimate` of the query's scenario (``fitplan estimate``'s flags) and the
+    name an uploaded model was uploaded under (None for a catalog name or Hub id)."""
+    from fitplan.cli.commands.estimate import estimate as command
+    from fitplan.cli.options import estimate_from
+
+    options, upload = settings.resolve(parse(command, query))
+    return estimate_from(options), upload
+
+
+def assessment(settings: Settings, query: Query):
+    """The query's estimate assessed as ``fitplan estimate`` assesses it (advice, the server's policies), and
+    the name an uploaded model was uploaded under."""
+    from fitplan.assess import assess
+
+    est, upload = estimate_of(settings, query)
+    return assess(est, policy_files=settings.policy_files), upload
+
+
+def estimate(settings: Settings, query: Query) -> Reply:
+    """``GET /api/estimate``: ``fitplan estimate --format json``."""
+    a, _ = assessment(settings, query)
+    return json_reply(None, text=render("estimate", a))
+
+
+def explain(settings: Settings, query: Query) -> Reply:
+    """``GET /api/explain?quantity=peak&...``: ``fitplan explain QUANTITY --format json``."""
+    from fitplan.cli.commands.estimate import explain as command
+    from fitplan.cli.commands.estimate import explanation_for
+
+    p = parse(command, query, extras=("depth",), positional=("quantity",))
+    if not 0 <= p["depth"] <= 12:
+        raise FitplanError(f"depth must be between 0 and 12, got {p['depth']}", field="depth", value=p["depth"])
+    options, _ = settings.resolve(p)
+    return json_reply(None, text=render("explain", explanation_for(p["quantity"], p["depth"], options)))
+
+
+def _deadline(seconds: float) -> Callable[[int, int], None]:
+    end = time.monotonic() + seconds
+
+    def check(done: int, total: int) -> None:
+        if time.monotonic() > end:
+            raise SearchTimeout
+
+    return check
+
+
+def recommend(settings: Settings, query: Query) -> Reply:
+    """``GET /api/recommend``: ``fitplan recommend --format json`` (``max=micro-batch`` or ``seq-length``: the
+    ``--max`` report), one search at a time, bounded by :data:`SEARCH_LIMITS` and the server's time limit."""
+    from fitplan.cli.commands.recommend import find_plans, largest_report
+    from fitplan.cli.commands.recommend import recommend as command
+    from fitplan.cli.options import scenario_from
+
+    p = parse(command, query, extras=RECOMMEND_PARAMS)
+    for name, most in SEARCH_LIMITS.items():
+        if p[name] > most:
+            flag = name.replace("_", "-")
+            raise FitplanError(f"{flag} is at most {most} on this server, got {p[name]}", field=flag, value=p[name])
+    if p["top"] < 1:
+        raise FitplanError(f"--top must be >= 1, got {p['top']}", field="--top", value=p["top"])
+    options, _ = settings.resolve(p)
+    built = scenario_from(options)
+    ctx = settings.context()
+    if p["max_of"] is not None:
+        return json_reply(None, text=render("largest", largest_report(built.scenario, ctx, p["max_of"], p["headroom"])))
+    if not settings.search_lock.acquire(blocking=False):
+        return json_reply({"error": "a search is already running on this server: try again when it ends"}, 429)
+    try:
+        result = find_plans(built, ctx, p, settings.policy_files, _deadline(settings.search_seconds))
+    except SearchTimeout:
+        raise FitplanError(f"the search ran past this server's limit of {settings.search_seconds:g} s", field="query",
+                           suggestion="narrow it (gpus=, providers=, methods=, precisions=, optims=, max-gpus=) "
+                                      "or fix more of the scenario; `fitplan recommend` has no limit") from None
+    finally:
+        settings.search_lock.release()
+    return json_reply(None, text=render("recommend", result))
+
+
+def models(settings: Settings, query: Query) -> Reply:
+    """``GET /api/models``: ``fitplan models list --format json``."""
+    from fitplan.cli.commands.catalog import model_rows
+
+    parse_nothing(query)
+    return json_reply(None, text=render("models", model_rows(settings.context().rulesets)))
+
+
+def parse_nothing(query: Query) -> None:
+    for key, _ in query:
+        raise FitplanError(f"unknown query parameter {key!r}: this endpoint takes none", field=key)
+
+
+def gpu_rows(ctx, sweep: list[tuple[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The hardware ruleset's GPUs; with ``sweep`` (:func:`fitplan.search.sweep.across_gpus`), each GPU's
+    ``memory`` section of the estimate report, or the ``error`` that kept it from being evaluated."""
+    from fitplan.output.estimate_report import sections_json
+
+    rows = []
+    outcomes = dict(sweep or ())
+    for gid, g in ctx.rulesets.gpus.items():
+        row = {"id": gid, "name": g.name, "memory_bytes": g.memory_bytes, "usable_bytes": g.usable_bytes,
+               "peak_tflops": g.peak_tflops, "aliases": list(g.aliases), "ruleset": ctx.rulesets.origin.get(f"gpu:{gid}")}
+        if gid in outcomes:
+            got = outcomes[gid]
+            if isinstance(got, FitplanError):
+                row["error"] = got.render()
+            else:
+                row["memory"] = sections_json(got).get("memory")
+        rows.append(row)
+    return rows
+
+
+def gpus(settings: Settings, query: Query) -> Reply:
+    """``GET /api/gpus``: the GPUs of the hardware rulesets; given a scenario (a model or a parameter count),
+    each GPU's memory section of ``fitplan estimate --gpu ID --format json`` (no provider)."""
+    from fitplan.search.sweep import across_gpus
+
+    ctx = settings.context()
+    if not query:
+        return json_reply(gpu_rows(ctx))
+    est, _ = estimate_of(settings, query)
+    return json_reply(gpu_rows(ctx, across_gpus(est.scenario, ctx, arch=est.arch)))
+
+
+CHOICES = {"method": "METHODS", "assumptions": "ASSUMPTIONS", "attn_implementation": "ATTN_IMPLEMENTATIONS",
+           "fsdp": "FSDP_MODES", "padding": "PADDING", "device": "DEVICES"}
+"""Scenario fields whose values are one of a tuple of :mod:`fitplan.inputs.scenario`."""
+
+
+def field_rows(ctx) -> list[dict[str, Any]]:
+    """Every scenario flag: query name, field, section, type, default, choices (when closed) and help."""
+    from fitplan.cli.commands.estimate import estimate as command
+    from fitplan.cli.options import HELP
+    from fitplan.inputs import scenario as sc
+    from fitplan.inputs.precision import PRECISIONS
+
+    opts = {o[2:]: p for p in command.params for o in getattr(p, "opts", ()) if o.startswith("--")}
+    default = sc.flatten(sc.Scenario())
+    closed: dict[str, Any] = {f: getattr(sc, t) for f, t in CHOICES.items()}
+    closed.update(precision=PRECISIONS, zero_stage=(0, 1, 2, 3), gpu=tuple(ctx.rulesets.gpus),
+                  provider=tuple(ctx.rulesets.providers), optim=tuple(ctx.registry.optimizers))
+    rows = []
+    for name, field in SCENARIO_PARAMS.items():
+        opt, value = opts[name], default[field]
+        rows.append({"name": name, "field": field, "section": sc.FIELD_SECTION[field],
+                     "type": "boolean" if opt.is_flag else opt.type.name,
+                     "default": ",".join(value) if isinstance(value, tuple) else value,
+                     "choices": list(closed[field]) if field in closed else None, "help": HELP.get(field, opt.help)})
+    return rows
+
+
+def options(settings: Settings, query: Query) -> Reply:
+    """``GET /api/options``: what the page's form is built from (every scenario flag, the GPUs, providers and
+    optimizers of this server's rulesets and plugins)."""
+    parse_nothing(query)
+    ctx = settings.context()
+    return json_reply({"fields": field_rows(ctx), "gpus": gpu_rows(ctx), "providers": list(ctx.rulesets.providers),
+                       "optimizers": list(ctx.registry.optimizers), "upload_prefix": UPLOAD_PREFIX})
+
+
+def export_scenario(est, upload: str | None):
+    """The scenario the exports are written for: an uploaded model is named by its file name (the server's
+    copy disappears with it)."""
+    return est.scenario if upload is None else est.scenario.replace(model=upload)
+
+
+def export(settings: Settings, query: Query) -> Reply:
+    """``GET /api/export?kind=deepspeed|accelerate|training-args|scenario&...``: the file ``fitplan recommend
+    --emit KIND`` writes for the scenario, as a download."""
+    from fitplan.output.exports import FILENAMES, render_exports
+
+    rest, own = take(query, ("kind",))
+    kind = own.get("kind")
+    if kind not in FILENAMES:
+        from fitplan.errors import unknown
+
+        raise unknown("export kind", str(kind), FILENAMES, field="kind")
+    est, upload = estimate_of(settings, rest)
+    files, _ = render_exports(kind, export_scenario(est, upload))
+    name = FILENAMES[kind]
+    text = dict(files)[name]
+    media = {"json": "application/json", "yaml": "application/yaml", "toml": "application/toml"}[name.rpartition(".")[2]]
+    return Reply(200, text.encode("utf-8"), media, (("content-disposition", f'attachment; filename="{name}"'),))
+
+
+def upload(settings: Settings, body: bytes, filename: str | None) -> Reply:
+    """``POST /api/upload`` (the body: a config.json): ``{"model": "upload:<id>", "name", ...}``."""
+    return json_reply(settings.uploads.add(body, filename))

@@ -1,0 +1,123 @@
+"""``GET /api/view``: everything the page shows for one scenario, in one reply.
+
+``estimate`` is the object ``/api/estimate`` returns (``fitplan estimate --format json``); the rest are
+ordinary estimates of the same scenario with one thing changed, rendered by the same report sections:
+``gpus`` (the scenario on every GPU: :func:`fitplan.search.sweep.across_gpus`), ``providers`` (priced by every
+provider: :func:`~fitplan.search.sweep.across_providers`), and what the page needs to label and explain them
+(``rows``, ``explain``) and to offer the downloads (``exports``). Nothing here computes a number of its own.
+
+``GET /api/largest`` answers separately (the page asks for it once the view is shown): the largest
+micro-batch and sequence that fit the GPU, as ``fitplan recommend --max ... --headroom 0`` (the ``fits``
+verdict's test). Those searches evaluate tens of new shapes, each with its own step trace (a few hundred
+milliseconds on a loaded machine), which would otherwise delay every re-estimate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fitplan.errors import FitplanError
+from fitplan.web.api import Query, Reply, Settings, assessment, estimate_of, export_scenario, gpu_rows, json_reply
+
+PAGE_HEADROOM = "0"
+"""The page's largest micro-batch and sequence fit with no headroom: the ``fits`` verdict's test."""
+MEMORY_PREFIX = "memory.per_gpu_bytes."
+
+
+def breakdown_rows(est) -> list[dict[str, Any]]:
+    """The memory components in breakdown order (quantities with ``row`` metadata): the key under
+    ``memory.per_gpu_bytes``, the label, what ``/api/explain`` takes for it, and whether it is the framework
+    overhead (outside the peak)."""
+    compiled = est.registry.compiled()
+    return [{"key": q.json_key[len(MEMORY_PREFIX):], "label": q.short_label or q.label, "quantity": q.short or name,
+             "overhead": q.role == "overhead"}
+            for name, q in compiled.quantities.items()
+            if q.row and q.category == "memory" and q.json_key.startswith(MEMORY_PREFIX)]
+
+
+def explain_names(est) -> dict[str, str]:
+    """What ``/api/explain`` takes for the quantities holding the roles the page shows."""
+    compiled = est.registry.compiled()
+    out = {}
+    for role in ("peak", "device_total", "usable", "seconds", "cost.on_demand", "cost.spot"):
+        name = compiled.role(role)
+        if name is not None:
+            out[role] = compiled.quantities[name].short or name
+    return out
+
+
+def provider_rows(est, ctx) -> list[dict[str, Any]]:
+    """The scenario priced by every provider: its ``time`` and ``cost`` sections, or the ``error`` (a provider
+    that rents no such GPU). Empty without a GPU or a dataset size (nothing to price)."""
+    from fitplan.output.estimate_report import sections_json
+    from fitplan.search.sweep import across_providers
+
+    if est.scenario.hardware.gpu is None or est.role("seconds") is None:
+        return []
+    rows = []
+    for pid, got in across_providers(est.scenario, ctx, arch=est.arch):
+        if isinstance(got, FitplanError):
+            rows.append({"id": pid, "error": got.render()})
+        else:
+            data = sections_json(got)
+            rows.append({"id": pid, "time": data.get("time"), "cost": data.get("cost")})
+    return rows
+
+
+def largest(est, ctx) -> dict[str, Any] | None:
+    """``fitplan recommend --max micro-batch`` and ``--max seq-length`` reports (headroom 0), or None without
+    a GPU; a report that cannot be computed is ``{"error": ...}``."""
+    from fitplan.cli.commands.recommend import LARGEST, largest_report
+
+    if est.scenario.hardware.gpu is None:
+        return None
+    out: dict[str, Any] = {}
+    for what in LARGEST:
+        try:
+            out[what] = largest_report(est.scenario, ctx, what, PAGE_HEADROOM, arch=est.arch)
+        except FitplanError as e:
+            out[what] = {"error": e.render()}
+    return out
+
+
+def exports(est, upload: str | None) -> dict[str, Any]:
+    """Which exports the scenario has (``file``, or the ``error`` saying why not) and their notes."""
+    from fitplan.output.exports import FILENAMES, render_exports
+
+    s = export_scenario(est, upload)
+    kinds, notes = [], []
+    for kind, name in FILENAMES.items():
+        try:
+            _, more = render_exports(kind, s)
+            kinds.append({"kind": kind, "file": name})
+            notes += [n for n in more if n not in notes]
+        except FitplanError as e:
+            kinds.append({"kind": kind, "file": name, "error": e.render()})
+    if upload is not None:
+        notes.append(f"the scenario names the uploaded model as {upload!r}: keep that config.json next to it")
+    return {"kinds": kinds, "notes": notes}
+
+
+def view(settings: Settings, query: Query) -> Reply:
+    """``GET /api/view``: the page's data for the query's scenario (module doc)."""
+    from fitplan.output.estimate_report import to_json
+    from fitplan.search.sweep import across_gpus
+
+    a, upload = assessment(settings, query)
+    est, ctx = a.estimate, settings.context()
+    return json_reply({
+        "estimate": to_json(a),
+        "rows": breakdown_rows(est),
+        "explain": explain_names(est),
+        "gpus": gpu_rows(ctx, across_gpus(est.scenario, ctx, arch=est.arch)),
+        "providers": provider_rows(est, ctx),
+        "exports": exports(est, upload),
+        "upload": upload,
+    })
+
+
+def largest_view(settings: Settings, query: Query) -> Reply:
+    """``GET /api/largest``: ``{"micro-batch": report, "seq-length": report}`` for the query's scenario (each the
+    ``fitplan recommend --max WHAT --headroom 0 --format json`` report), or null without a GPU."""
+    est, _ = estimate_of(settings, query)
+    return json_reply(largest(est, settings.context()))
