@@ -13,6 +13,7 @@ import attrs
 from fitplan.errors import FitplanError
 from fitplan.inputs import architecture
 from fitplan.inputs import scenario as sc
+from fitplan.inputs.typical import typical_spec
 from fitplan.pluginmgr.registry import Registry
 from fitplan.rulesets.loader import Rulesets
 from fitplan.units import parse_count
@@ -26,7 +27,7 @@ def resolve_arch(s: sc.Scenario, rules: Rulesets) -> architecture.ModelSpec:
         count = parse_count(m.params)
         if m.assumptions == "seed":  # the seed chapter's view: a count, no shapes, no activations
             return architecture.bare_spec(count)
-        return typical_spec(count)
+        return typical_spec(count, rules)
     if not m.model:
         raise FitplanError("no model given", field="model",
                            suggestion="pass --model NAME (see `fitplan models list`), --model path/to/config.json, or --params 7B")
@@ -40,26 +41,6 @@ def resolve_arch(s: sc.Scenario, rules: Rulesets) -> architecture.ModelSpec:
             return architecture.load_config_json(text)
     entry = rules.model_entry(text)
     return architecture.spec_from_config(entry.config, name=entry.id, file=rules.origin.get(f"model:{entry.id}"), source=entry.source)
-
-
-def typical_spec(count: int) -> architecture.ModelSpec:
-    """``--params N`` alone: the model states from N exactly, activations, logits and the step timeline from
-    a typical shape (the capacity table's Llama-shaped model whose parameter count is nearest to N), marked
-    approximate. A config.json (``--model path``) gives the exact shape."""
-    import attrs
-
-    from fitplan.search.capacity import llama_spec
-
-    lo, hi = 1, 160  # the parameter count grows with depth: bisect, then take the nearer neighbour
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if llama_spec(mid).param_count <= count:
-            lo = mid
-        else:
-            hi = mid
-    shape = min((llama_spec(lo), llama_spec(hi)), key=lambda a: abs(a.param_count - count))
-    return attrs.evolve(shape, name=f"{count / 1e9:g}B params (approximate: {shape.name}, hidden {shape.hidden_size})",
-                        family="approximate", bare_param_count=count)
 
 
 def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]:

@@ -22,6 +22,8 @@ from ..errors import FitplanError
 from .archexpr import ExprError, compile_expr
 
 FORMAT = 1
+BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "bool": 1, "u8": 1, "i8": 1, "f64": 8, "i16": 2, "c64": 8}
+"""Bytes per element of each dtype code the learned files use."""
 BUNDLED = Path(__file__).resolve().parents[1] / "_rulesets" / "architectures"
 if not BUNDLED.is_dir():
     BUNDLED = Path(__file__).resolve().parents[3] / "rulesets" / "architectures"

@@ -272,8 +272,13 @@ def qlora_linear(inst, site: dict[str, Any]) -> None:
     xin = _cast(inst, x, b.compute, site["module"] + ".input_cast")
     deq = tr.new(in_f * out_f, b.compute, False, site["module"] + ".dequantized")
     b.emit("bnb.dequantize_4bit", [], [deq], label=site["module"] + ".dequantize")
-    out = inst.new_tensor(inst.seg["t"][int(site["output"][1:])]) if site["output"].startswith("t") else \
-        tr.new(rows * out_f, b.compute, False, site["module"])
+    if site["output"].startswith("t"):  # the recorded output's shape; a fresh tensor (matmul_4bit's result),
+        entry = inst.seg["t"][int(site["output"][1:])]  # not the view of the skipped mm it was recorded as
+        out = inst.new_tensor([entry[0], entry[1], None])
+        if isinstance(entry[2], str) and entry[2].startswith("t"):
+            inst.refs[entry[2]] = out  # later views name the skipped mm's storage as their base: it is this one
+    else:
+        out = tr.new(rows * out_f, b.compute, False, site["module"])
     out.dtype = b.compute
     b.emit("bnb.matmul_4bit", [("A", xin), ("B", deq)], [out], label=site["module"],
            extra={"bt": str(in_f * out_f * (2 if b.compute in HALF else 4))})

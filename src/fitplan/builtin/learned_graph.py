@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from .archexpr import compile_expr
-from .archfile import ArchFile, autograd_table
+from .archfile import BYTES, ArchFile, autograd_table
 from . import kernels
 from .lora_targets import lora_site_matches
 
@@ -226,8 +226,6 @@ class Builder:
 
     def buffer_bytes(self) -> int:
         """The model's buffers (rotary ``inv_freq``, ...), as the learned file lists them."""
-        from .step_trace import BYTES
-
         total = 0
         L = self.af.n_layers(self.env)
         for name, dims, code, per_layer in self.af.buffers:

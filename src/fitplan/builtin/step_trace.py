@@ -43,7 +43,8 @@ from typing import Any
 import attrs
 from attrs import frozen
 
-BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "bool": 1, "u8": 1, "i8": 1, "f64": 8, "i16": 2, "c64": 8}
+from fitplan.builtin.archfile import BYTES  # the dtype codes of learned files
+
 ALLOCATOR_BLOCK = 512
 """PyTorch's CUDA caching allocator rounds each allocation up to a multiple of 512 bytes."""
 DEBUG: list | None = None
