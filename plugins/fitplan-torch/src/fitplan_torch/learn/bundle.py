@@ -72,7 +72,12 @@ def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[st
         if not flags or want in learned:
             continue
         log(f"  merging the switches of a catalog config: {want}")
-        extra, _, _ = derive.learn_full(small, log=log)
+        try:
+            extra, _, _ = derive.learn_full(small, log=log)
+        except Exception as e:  # noqa: BLE001 - the switches contradict the tiny config's others: shrink the catalog's
+            log(f"  the tiny config with these switches does not run ({str(e).splitlines()[0][:120]}); "
+                "learning from the catalog config itself, shrunk")
+            extra, _, _ = derive.learn_full(shrink(dict(other)), log=log)
         data = files.merge(data, extra)
         learned.append(extra.get("flags", {}).get("values") or {})
     return data

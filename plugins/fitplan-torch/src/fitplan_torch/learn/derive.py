@@ -517,13 +517,17 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
 
     ref_sites = {k: i for i, k in enumerate(site_keys(ref["rec"].sites))} if ref is not None else {}
     my_keys = site_keys(recs[0].sites)
+    full_envs = [_full_env(p) for p in probes] if ref is not None else []
     for si in range(len(recs[0].sites)):
-        key = my_keys[si]
+        j = ref_sites.get(my_keys[si])
+        if j is not None and _reproduces(ref["sites"][j], full_envs, [r.sites[si] for r in recs]):
+            # the reference regime fitted this site with every size varied; these probes vary only some
+            sites.append(ref["sites"][j])
+            continue
         try:
             sites.append({"in": fitter.fit([r.sites[si]["in"] for r in recs]),
                           "out": fitter.fit([r.sites[si]["out"] for r in recs])})
         except FitError:
-            j = ref_sites.get(key)
             if j is None:
                 raise
             sites.append(ref["sites"][j])
@@ -643,6 +647,29 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
 SWITCH_SKIP = {"use_cache", "tie_word_embeddings", "return_dict", "output_hidden_states", "output_attentions",
                "is_encoder_decoder", "torchscript", "tie_encoder_decoder", "is_decoder", "add_cross_attention",
                "output_router_logits", "use_return_dict", "_attn_implementation_autoset"}
+
+
+def _full_env(p: Probe) -> dict[str, Any]:
+    """Every config field of a probe as the config class resolves it (not only the varied ones), b and s."""
+    resolved = hf_config(p.cfg).to_dict()
+    names = set(resolved) | set(NESTED)
+    env = {}
+    for k in names:
+        try:
+            env[k] = get_var(resolved, k)
+        except Exception:  # noqa: BLE001 - a nested name this config does not have
+            pass
+    return {**env, **p.env}
+
+
+def _reproduces(site: dict[str, str], envs: list[dict[str, Any]], seen: list[dict[str, Any]]) -> bool:
+    """Whether a site's fitted in/out features give what every probe recorded."""
+    from fitplan.builtin.archexpr import compile_expr
+
+    try:
+        return all(compile_expr(site[k])(env) == got[k] for env, got in zip(envs, seen) for k in ("in", "out"))
+    except Exception:  # noqa: BLE001 - an expression over a field these probes lack
+        return False
 
 
 STRING_SKIP = {"model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "name_or_path",
