@@ -11,6 +11,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def string_constants(path: Path, *, dict_keys: bool = True) -> list[tuple[int, str]]:
+    """A module's string literals with their line numbers, docstrings left out (module, class, function and
+    attribute docstrings: string expressions standing alone); ``dict_keys=False`` leaves out the keys of dict
+    displays too."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            skip.add(id(node.value))
+        if isinstance(node, ast.Dict) and not dict_keys:
+            skip.update(id(k) for k in node.keys if k is not None)
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run the real `fitplan` command line in a subprocess (exit codes, stderr, no traceback)."""
     full_env = {**os.environ, **(env or {})}

@@ -258,7 +258,18 @@ def lora_site(inst, site: dict[str, Any]) -> None:
     if xa is not x:
         tr.touch(xa)  # peft's local ``x`` (the cast input) lives until the forward returns
     result.shape = getattr(base, "shape", None)
-    inst.refs[site["output"]] = result
+    _replace_output(inst, site, result)
+
+
+def _replace_output(inst, site: dict[str, Any], t) -> None:
+    """``t`` is the call site's output from here on. The recorded output may be a view (``_unsafe_view`` of
+    the ``mm``); later views of it name that storage as their base, so the base is replaced too."""
+    ref = site["output"]
+    inst.refs[ref] = t
+    if ref.startswith("t"):
+        base = inst.seg["t"][int(ref[1:])][2]
+        if isinstance(base, str) and base.startswith("t"):
+            inst.refs[base] = t
 
 
 def qlora_linear(inst, site: dict[str, Any]) -> None:
@@ -275,14 +286,12 @@ def qlora_linear(inst, site: dict[str, Any]) -> None:
     if site["output"].startswith("t"):  # the recorded output's shape; a fresh tensor (matmul_4bit's result),
         entry = inst.seg["t"][int(site["output"][1:])]  # not the view of the skipped mm it was recorded as
         out = inst.new_tensor([entry[0], entry[1], None])
-        if isinstance(entry[2], str) and entry[2].startswith("t"):
-            inst.refs[entry[2]] = out  # later views name the skipped mm's storage as their base: it is this one
     else:
         out = tr.new(rows * out_f, b.compute, False, site["module"])
     out.dtype = b.compute
     b.emit("bnb.matmul_4bit", [("A", xin), ("B", deq)], [out], label=site["module"],
            extra={"bt": str(in_f * out_f * (2 if b.compute in HALF else 4))})
-    inst.refs[site["output"]] = out
+    _replace_output(inst, site, out)
 
 
 def param_lora(inst, name: str, template: str, mult: int):

@@ -126,7 +126,7 @@ def truncated_tokens(epoch_tokens, dataset_tokens, num_train_epochs):
 
 @functools.lru_cache(maxsize=256)
 def _matmul_params(arch) -> int:
-    if arch.is_bare:
+    if arch.count_only:
         return arch.param_count
     emb = sum(g.total for g in arch.param_groups() if g.module in _EMBEDDINGS)
     n = arch.active_param_count - emb
@@ -149,7 +149,7 @@ def attention_flops_per_token(arch, max_seq_length):
     """Attention score and value matmuls, forward + backward: ``12·L·(a·d_head)·s`` per token
     (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT ``estimate_mfu``; causal masking not discounted, as
     those sources do). 0 for a bare ``--params`` model: without layers and width there is no attention term."""
-    if arch.is_bare:
+    if arch.count_only:
         return 0
     return 12 * arch.num_hidden_layers * arch.q_dim * max_seq_length
 
@@ -364,7 +364,7 @@ def comm_bytes_per_step(shard_stage, shard_degree, data_parallel_degree, fsdp, n
                 inter += vol
             else:
                 intra += vol
-    if tensor_parallel > 1 and not arch.is_bare:
+    if tensor_parallel > 1 and not arch.count_only:
         ft = (tensor_parallel - 1) / tensor_parallel
         act = per_device_train_batch_size * max_seq_length * arch.hidden_size * activation_dtype_bytes
         intra += k * arch.num_hidden_layers * 4 * 2 * ft * act

@@ -93,6 +93,12 @@ class ModelSpec:
         return self.family == "bare"
 
     @property
+    def count_only(self) -> bool:
+        """The user gave only a parameter count (``--params``): bare, or with a typical shape for memory
+        (family ``approximate``). The time model uses the count as is (6·N, no attention term)."""
+        return self.bare_param_count is not None
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
@@ -174,6 +180,8 @@ CONFIG_INTS: dict[str, int] = {
 }
 """Integer config fields and their largest sensible value (transformers 5 declares them ``int`` in its strict
 config dataclasses: a string, a float, a boolean or null there is refused, as transformers refuses it)."""
+_POSITIVE = ("hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads", "n_head", "vocab_size")
+"""Sizes no config class accepts as 0: a model has width, depth, heads and a vocabulary."""
 CONFIG_FRACTIONS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
                     "partial_rotary_factor", "rotary_pct")
 """Config fields that are probabilities or shares: numbers in [0, 1]."""
@@ -192,6 +200,8 @@ def check_config_types(c: dict[str, Any], file: str | None) -> None:
             raise FitplanError(f"{key} must be an integer, got {v!r:.40}", file=file, field=f"$.{key}", value=v)
         if v > limit:
             raise FitplanError(f"{key} must be at most {limit:,}, got {v:,}", file=file, field=f"$.{key}", value=v)
+        if v < 1 and key in _POSITIVE:
+            raise FitplanError(f"{key} must be a positive integer, got {v}", file=file, field=f"$.{key}", value=v)
         if v < 0:
             raise FitplanError(f"{key} must be >= 0, got {v}", file=file, field=f"$.{key}", value=v)
         if v == 0 and key in ("num_key_value_heads", "num_kv_heads", "n_head_kv", "head_dim"):
@@ -243,6 +253,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         from fitplan.builtin.archexpr import compile_expr
 
         std[key] = compile_expr(expr)(env) if isinstance(expr, str) else expr
+    _check_routing(std, af.spec_map, file)
     return ModelSpec(
         name=name or c.get("_name_or_path") or model_type,
         model_type=model_type,
@@ -262,6 +273,16 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         symbols=tuple(sorted((k, _hashable(v)) for k, v in env.items())),
         source=source,
     )
+
+
+def _check_routing(std: dict[str, Any], names: dict[str, Any], file: str | None) -> None:
+    """A router cannot pick more experts per token than there are (torch.topk refuses it at the first step)."""
+    k, n = std.get("num_experts_per_tok") or 0, std.get("num_experts") or 0
+    if n and k > n:
+        field = names.get("num_experts_per_tok")
+        raise FitplanError(f"num_experts_per_tok ({k}) exceeds the number of experts ({n})", file=file,
+                           field=f"$.{field if isinstance(field, str) and field.isidentifier() else 'num_experts_per_tok'}",
+                           value=k)
 
 
 def _hashable(v: Any) -> Any:
