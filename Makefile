@@ -1,4 +1,4 @@
-# fitplan developer tasks. `make demo`, `make serve` and `make test` are the README's commands.
+# fitplan developer tasks. `make demo` and `make test` are the README's two commands; `make serve` opens the web page.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -6,7 +6,16 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 # torch is pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 TEST_EXTRAS := transformers==5.24.0 peft==0.21.2
-PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+# The libraries behind TrainingArguments.optim names, for the referee (tests/test_optimizer_names.py).
+OPTIM_LIBS := bitsandbytes==0.50.2 torchao==0.18.0 galore-torch==1.0 apollo-torch==1.0.3 schedulefree==1.4.1 \
+	lomo-optim==0.1.1 grokadamw==0.1.2 torch-optimi==0.3.3
+# The referee (fitplan-torch) is a real plugin: installed into .venv. The example plugins (a fictional
+# organisation's prices, third-party optimizers) never go into .venv, which `make demo` and a user's
+# `pip install` see: they are installed into $(TEST_PLUGINS), which tests/conftest.py puts on sys.path
+# (and PYTHONPATH) for the test session only.
+PLUGINS := plugins/fitplan-torch
+EXAMPLE_PLUGINS := plugins/acme-fitplan-rules plugins/fitplan-optimizers-extra
+TEST_PLUGINS := .test-plugins
 
 .PHONY: demo serve test install install-test bench clean
 
@@ -18,10 +27,14 @@ install: $(VENV)/bin/python
 	$(PY) -m compileall -q src  # bytecode for the editable install (PYTHONDONTWRITEBYTECODE=1 would recompile every run)
 
 install-test: install
-	$(PIP) -e '.[test,web]'
+	$(PIP) -e '.[test,web,data]'
 	$(PIP) $(TORCH)
 	$(PIP) $(TEST_EXTRAS) $(TORCH)
+	$(PIP) $(OPTIM_LIBS) $(TEST_EXTRAS) $(TORCH)
 	$(foreach p,$(PLUGINS),$(PIP) --no-deps -e $(p) &&) true
+	$(PY) -m pip uninstall -q -y acme-fitplan-rules fitplan-optimizers-extra 2>/dev/null || true  # an older .venv had them
+	rm -rf $(TEST_PLUGINS)
+	$(PIP) --no-deps --no-compile --target $(TEST_PLUGINS) $(EXAMPLE_PLUGINS)
 
 demo: install
 	$(VENV)/bin/fitplan estimate --model llama-2-7b --gpu a100-80gb --precision bf16-mixed --optim adamw_torch \
@@ -41,4 +54,4 @@ bench: install
 	$(PY) bench/bench_serve.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TEST_PLUGINS) .pytest_cache .hypothesis

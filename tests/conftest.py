@@ -9,6 +9,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test reaches the Hugging Face Hub (a Hub id never downloads)
+TEST_PLUGINS = ROOT / ".test-plugins"
+"""The example plugins (acme-fitplan-rules, fitplan-optimizers-extra), installed there by ``make install-test``:
+on sys.path and PYTHONPATH for the test session only, never in the .venv that ``make demo`` uses."""
+if TEST_PLUGINS.is_dir() and str(TEST_PLUGINS) not in sys.path:
+    sys.path.append(str(TEST_PLUGINS))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(TEST_PLUGINS)) if p)
+
+pytest_plugins = ("dataset_support",)  # the tiny tokenizer in a Hugging Face cache (tests/test_dataset_*.py)
 
 
 def string_constants(path: Path, *, dict_keys: bool = True) -> list[tuple[int, str]]:

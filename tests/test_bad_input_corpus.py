@@ -252,6 +252,47 @@ for cid, argv, needle in [
     case(cid, {}, ["recommend", "--model", "llama-2-7b", "--num-examples", "100", "--tokens-per-example", "100", *argv],
          needle)
 
+# ---- datasets (--dataset, fitplan dataset; docs/dataset.md): a word-level tokenizer small enough to inline
+TOKENIZER = json.dumps({"version": "1.0", "added_tokens": [], "normalizer": None,
+                        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+                        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "hi": 1}, "unk_token": "[UNK]"}}).encode()
+RAISES = json.dumps({"eos_token": "[UNK]", "chat_template": "{{ raise_exception('no system role') }}"}).encode()
+TOK = {"tok/tokenizer.json": TOKENIZER, "tok/tokenizer_config.json": RAISES}
+DATASET = ["dataset", "{d}/d.jsonl", "--tokenizer", "{d}/tok"]
+for cid, body, needles in [
+    ("dataset-malformed-line", b'{"text": "hi"}\n{"text": "hi"\n', ("d.jsonl", "line 2: malformed JSON")),
+    ("dataset-missing-field", b'{"text": "hi"}\n{"body": "hi"}\n', ("d.jsonl", "line 2: no field 'text'", "@ text")),
+    ("dataset-not-utf8", b'{"text": "hi"}\n{"text": "h\xe9"}\n', ("d.jsonl", "line 2: not UTF-8", "@ text")),
+    ("dataset-text-not-string", b'{"text": ["hi"]}\n', ("line 1: field 'text' is a list",)),
+    ("dataset-not-an-object", b'["hi"]\n', ("line 1: expected a JSON object",)),
+    ("dataset-template-error", b'{"messages": [{"role": "system", "content": "hi"}]}\n',
+     ("line 1: the chat template failed: no system role", "@ messages")),
+    ("dataset-bad-message", b'{"messages": [{"role": "user", "content": "hi"}, "hi"]}\n', ("messages[1]",)),
+    ("dataset-empty", b"\n\n", ("the dataset has no records",)),
+]:
+    case(cid, {"d.jsonl": body, **TOK}, DATASET, *needles)
+case("dataset-fifo", {"d.jsonl": "fifo", **TOK}, DATASET, "not a regular file", "d.jsonl")
+case("dataset-missing", TOK, DATASET, "dataset not found", "d.jsonl")
+case("dataset-unknown-format", {"d.txt": b"hi", **TOK}, ["dataset", "{d}/d.txt", "--tokenizer", "{d}/tok"],
+     "cannot read a .txt file")
+case("dataset-no-tokenizer-json", {"d.jsonl": b'{"text": "hi"}\n', "tok/tokenizer_config.json": RAISES}, DATASET,
+     "no tokenizer.json")
+case("dataset-bad-tokenizer-config", {"d.jsonl": b'{"text": "hi"}\n', "tok/tokenizer.json": TOKENIZER,
+                                      "tok/tokenizer_config.json": b"{"}, DATASET, "tokenizer_config.json")
+case("dataset-summary-invalid", {"s.toml": b'format = "fitplan-dataset-summary"\nversion = 1\n'},
+     ["dataset", "{d}/s.toml"], "not a valid dataset summary", "s.toml")
+case("dataset-summary-not-utf8", {"s.toml": b'format = "\xff"\n'}, ["dataset", "{d}/s.toml"], "not valid UTF-8")
+case("dataset-with-total-tokens", {"d.jsonl": b'{"text": "hi"}\n', **TOK},
+     ["estimate", "--model", "llama-2-7b", "--dataset", "{d}/d.jsonl", "--tokenizer", "{d}/tok", "--total-tokens", "9"],
+     "--total-tokens cannot be given with it")
+case("dataset-needs-a-tokenizer", {"d.jsonl": b'{"text": "hi"}\n'}, ["estimate", "--params", "7B", "--dataset",
+                                                                      "{d}/d.jsonl"], "needs a tokenizer")
+case("padding-longest-without-dataset", {}, ["estimate", "--model", "llama-2-7b", "--total-tokens", "9",
+                                             "--padding", "longest"], "--padding longest needs")
+case("dataset-out-onto-directory", {"d.jsonl": b'{"text": "hi"}\n', "o": "dir", **TOK},
+     [*DATASET, "--out", "{d}/o"], "is a directory")
+case("dataset-sample-zero", {"d.jsonl": b'{"text": "hi"}\n', **TOK}, [*DATASET, "--sample", "0"], "--sample")
+
 # ---- output paths (nothing half-written, nothing replaced)
 case("out-missing-dir", {}, ["recommend", "--model", "llama-2-7b", "--gpus", "a100-80gb", "--providers", "lambda",
                              "--objective", "gpus", "--top", "1", "--format", "json", "--out", "{d}/no/such/dir/r.json"],

@@ -259,8 +259,14 @@ DOMAIN_INSTANCES = {
     ("lambda", "gpu_8x_h100_sxm5", "any"): ("h100-sxm", 8, 8 * 3.99, None),
     ("lambda", "gpu_8x_a100_80gb_sxm4", "any"): ("a100-80gb", 8, 8 * 2.79, None),
     ("lambda", "gpu_8x_b200_sxm6", "any"): ("b200", 8, 8 * 6.69, None),
-    ("runpod", "1x-h100-sxm", "secure"): ("h100-sxm", 1, 3.29, None),
-    ("runpod", "1x-a100-80gb-sxm", "secure"): ("a100-80gb", 1, 1.59, None),
+    # re-read on runpod.io 2026-11-09 (datareceipts/data-receipts 109-gpu-pricing; DOMAIN.md §6 had 3.29 / 1.59)
+    ("runpod", "1x-h100-sxm", "secure"): ("h100-sxm", 1, 3.99, None),
+    ("runpod", "1x-a100-80gb-sxm", "secure"): ("a100-80gb", 1, 1.79, None),
+    # issue 15's providers, from their pages as transcribed (the rows' `source`): on demand and spot per instance
+    ("coreweave", "hgx-h100", "north-america"): ("h100-sxm", 8, 49.24, 19.71),
+    ("hyperstack", "1x-rtx-a6000", "any"): ("rtx-a6000", 1, 0.50, 0.40),
+    ("nebius", "gpu-h100-sxm_8gpu-128vcpu-1600gb", "eu-north1"): ("h100-sxm", 8, 8 * 3.85, None),
+    ("lambda", "gpu_1x_b200_sxm6", "any"): ("b200", 1, 6.99, None),
     ("runpod", "1x-rtx-4090", "secure"): ("rtx-4090", 1, 0.74, None),
     ("runpod", "1x-l4", "secure"): ("l4", 1, 0.49, None),
 }

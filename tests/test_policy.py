@@ -217,10 +217,11 @@ def test_estimate_checks_a_scenario_against_policies():
             "--num-gpus", "8", "--provider", "aws", "--num-examples", "500000", "--tokens-per-example", "1024",
             "--policy", str(EXAMPLE))
     proc = run_cli(*args, "--format", "json")
-    assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     hours = data["time"]["seconds"] / 3600
     fired = {(v["rule"], v["market"]) for v in data["policy"]}
+    on_demand_forbidden = any(m == "on_demand" for _, m in fired)  # spot only forbidden: on demand still allowed
+    assert proc.returncode == (3 if on_demand_forbidden and any(m == "spot" for _, m in fired) else 0), proc.stderr
     assert (("spot-short-runs-only", "spot") in fired) == (hours >= 2)
     assert ("spot-short-runs-only", "on_demand") not in fired
     assert (("budget", "on_demand") in fired) == (data["cost"]["on_demand_usd"] > 100)
@@ -238,3 +239,51 @@ def test_report_says_when_policies_reject_every_fitting_plan(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "_No plan is allowed: " in proc.stdout and "the policies reject every one of them" in proc.stdout
     assert "nothing: world_size = " in proc.stdout
+
+
+def _policy(tmp_path, body):
+    f = tmp_path / "p.toml"
+    f.write_text(body)
+    return str(f)
+
+
+PRICED = ("estimate", "--model", "llama-2-7b", "--method", "lora", "--gpu", "a100-80gb", "--provider", "aws",
+          "--num-examples", "1000", "--tokens-per-example", "512")
+
+
+def test_estimate_exit_status_3_when_the_policy_forbids_the_scenario(tmp_path):
+    """docs/policies.md: exit 3 when forbid rules fire in every market the scenario is priced in; the report
+    is still written (stdout), the rules named on stderr; 2 stays for bad input."""
+    p = _policy(tmp_path, '[[policy]]\nid = "no-aws"\ndescription = "d"\ncondition = { eq = { provider = "aws" } }\n')
+    proc = run_cli(*PRICED, "--policy", p, "--format", "json")
+    assert proc.returncode == 3
+    assert {v["rule"] for v in json.loads(proc.stdout)["policy"]} == {"no-aws"}
+    assert "forbidden by no-aws" in proc.stderr and "Traceback" not in proc.stderr
+    unpriced = run_cli("estimate", "--model", "llama-2-7b", "--policy", _policy(
+        tmp_path, '[[policy]]\nid = "no-full"\ndescription = "d"\ncondition = { eq = { method = "full" } }\n'))
+    assert unpriced.returncode == 3
+
+
+def test_estimate_exit_status_0_when_a_market_remains_or_only_penalties(tmp_path):
+    spot_only = _policy(tmp_path, '[[policy]]\nid = "no-spot"\ndescription = "d"\ncondition = { eq = { market = "spot" } }\n'
+                                  '[[policy]]\nid = "pricey"\ndescription = "d"\naction = "penalise"\npenalty = 1\n'
+                                  'condition = { eq = { provider = "aws" } }\n')
+    proc = run_cli("estimate", "--model", "llama-2-13b", "--method", "lora", "--gpu", "h100-sxm", "--num-gpus", "8",
+                   "--provider", "aws", "--num-examples", "1000", "--tokens-per-example", "512",
+                   "--policy", spot_only, "--format", "json")  # p5: priced on demand and spot
+    assert proc.returncode == 0, proc.stderr
+    fired = {(v["rule"], v["market"]) for v in json.loads(proc.stdout)["policy"]}
+    assert fired == {("no-spot", "spot"), ("pricey", "spot"), ("pricey", "on_demand")}
+
+
+def test_rulesets_check_reports_schema_and_name_errors_of_every_file_at_once(tmp_path):
+    bad_schema = tmp_path / "a.toml"
+    bad_schema.write_text('[[gpu]]\nid = "x"\nname = "X"\nmemory_bytes = -1\nusable_bytes = 1\npeak_tflops = {bf16 = 1}\n'
+                          'bandwidth_gbps = 1\nsource = "s"\n')
+    bad_name = tmp_path / "b.toml"
+    bad_name.write_text('[[policy]]\nid = "x"\ndescription = "d"\ncondition = { gt = { train_hour = 1 } }\n')
+    proc = run_cli("rulesets", "check", str(bad_schema), str(bad_name))
+    assert proc.returncode == 2
+    assert f"{bad_schema}: GPU.memory_bytes must be > 0, got -1 @ $.gpu[0].memory_bytes" in proc.stderr
+    assert f"{bad_name}: policy 'x': unknown name 'train_hour'" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "2 error(s)"

@@ -74,13 +74,13 @@ def test_fitplan_sees_the_walkthrough_plugins(walkthrough):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {p["name"]: p for p in json.loads(proc.stdout)["plugins"]}
-    assert rows["tutorial-rmsprop"]["optimizers"] == ["rmsprop"]
+    assert rows["tutorial-rmsprop"]["optimizers"] == ["tutorial_rmsprop"]
     assert rows["tutorial-reserve"]["reducers"] == ["framework_overhead_bytes.gpu_reserve"]
 
 
 def test_the_walkthrough_optimizer_on_the_command_line(walkthrough):
     pkg, env = walkthrough
-    proc = subprocess.run([sys.executable, "-m", "fitplan", "estimate", "--model", "llama-2-7b", "--optim", "rmsprop",
+    proc = subprocess.run([sys.executable, "-m", "fitplan", "estimate", "--model", "llama-2-7b", "--optim", "tutorial_rmsprop",
                            "--format", "json"], cwd=pkg, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     # 32-true: square_avg 4 B per parameter + a 4-byte step per tensor (291 tensors)

@@ -31,19 +31,45 @@ def resolve_arch(s: sc.Scenario, rules: Rulesets) -> architecture.ModelSpec:
     if not m.model:
         raise FitplanError("no model given", field="model",
                            suggestion="pass --model NAME (see `fitplan models list`), --model path/to/config.json, or --params 7B")
-    text = m.model
-    if text.endswith(".json") or "/" in text and not text.startswith(("meta-llama/", "mistralai/")):
-        from pathlib import Path
+    kind, where = model_source(m.model, rules)
+    if kind == "catalog":
+        entry = where
+        return architecture.spec_from_config(entry.config, name=entry.id, file=rules.origin.get(f"model:{entry.id}"),
+                                             source=entry.source)
+    spec = architecture.load_config_json(where)
+    if kind == "hub":
+        spec = attrs.evolve(spec, name=m.model, source=f"Hugging Face Hub {m.model} ({where})")
+    return spec
 
-        if Path(text).is_dir():
-            text = str(Path(text) / "config.json")
-        if text.endswith(".json"):
-            return architecture.load_config_json(text)
-    entry = rules.model_entry(text)
-    return architecture.spec_from_config(entry.config, name=entry.id, file=rules.origin.get(f"model:{entry.id}"), source=entry.source)
+
+def model_source(text: str, rules: Rulesets) -> tuple[str, Any]:
+    """Where ``--model TEXT`` comes from, in this order: a local ``config.json`` (or a folder holding one);
+    a catalog name or alias (``fitplan models list``); a Hub id ``ORG/NAME[@revision]``, whose
+    ``config.json`` is read from the local Hugging Face cache or downloaded (:mod:`fitplan.inputs.hub`).
+    Returns ``("file", path)``, ``("catalog", ModelEntry)`` or ``("hub", path)``.
+
+    :raises FitplanError: an unknown name (with the catalog's suggestions), or a Hub id that is not cached
+        while offline / cannot be downloaded.
+    """
+    from pathlib import Path
+
+    from fitplan.inputs import hub
+
+    p = Path(text)
+    if p.is_dir():
+        return "file", str(p / "config.json")
+    if text.endswith(".json"):
+        return "file", text
+    try:
+        return "catalog", rules.model_entry(text)
+    except FitplanError:
+        if not hub.is_repo_id(text):
+            raise
+    repo, revision = hub.split_revision(text)
+    return "hub", str(hub.fetch_file(repo, "config.json", revision))
 
 
-def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]:
+def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = None) -> list[str]:
     out = []
     if arch.family == "approximate":
         out.append(f"--params gives no architecture: activations, logits and the step peak are for a typical shape "
@@ -60,13 +86,63 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]
     if s.model.method == "full" and s.lora != sc.Lora():
         out.append("LoRA options given with --method full: they are ignored (use --method lora or qlora)")
     if s.training.max_seq_length > arch.max_position_embeddings and not arch.is_bare and arch.family != "approximate":
-        out.append(f"--max-seq-length {s.training.max_seq_length} exceeds the model's max_position_embeddings "
-                   f"({arch.max_position_embeddings})")
+        what = ("its learned position table has no row beyond it: the embedding lookup raises IndexError (use "
+                f"--max-seq-length {arch.max_position_embeddings} or less)" if arch.learned_positions else
+                "rotary positions run past it without an error (transformers does not check it), but the model was "
+                "not trained there")
+        out.append(f"--max-seq-length {s.training.max_seq_length} exceeds {arch.name}'s max_position_embeddings "
+                   f"({arch.max_position_embeddings}): {what}")
+    return out + precision_warnings(s, gpu)
+
+
+def precision_warnings(s: sc.Scenario, gpu: Any = None) -> list[str]:
+    """What the HF Trainer would do with the precision that the user may not expect (docs/memory-model.md,
+    "Precision as the HF Trainer decides it")."""
+    from fitplan.inputs.precision import PRESETS
+
+    p = PRESETS[s.training.precision]
+    out = []
+    if p.compute_dtype == "bf16" and gpu is not None and "bf16" not in gpu.peak_tflops:
+        out.append(f"bf16 on {gpu.name}: it has no bf16 tensor cores (compute capability < 8.0). The HF Trainer's check "
+                   "(torch.cuda.is_bf16_supported(), which accepts emulation) lets it run, emulated: fitplan prices its "
+                   "matmuls at the fp32 peak; fp16 (--fp16) uses the tensor cores")
+    if p.autocast and p.compute_dtype == "fp16" and s.hardware.device == "cpu":
+        out.append("fp16 autocast on the CPU: accelerate skips fp16 mixed precision on the CPU (no autocast, no "
+                   "GradScaler), so the HF Trainer would run this step in fp32")
+    if s.model.method == "qlora":
+        cd = s.lora.bnb_4bit_compute_dtype
+        if cd not in (None, p.compute_dtype) and p.compute_dtype != "fp16":
+            out.append(f"bnb_4bit_compute_dtype={cd} is not what runs: bitsandbytes' Linear4bit computes in its input's "
+                       f"dtype when that is fp32 or bf16 (nn/modules.py set_compute_type): {p.compute_dtype} under "
+                       f"--precision {p.name}")
+        elif cd is None and p.compute_dtype == "fp32":
+            out.append("QLoRA without bf16/fp16: the HF Trainer computes the 4-bit layers in fp32 (bnb_4bit_compute_dtype "
+                       "defaults to float32 and Linear4bit follows the fp32 activations); TRL's SFTConfig defaults to "
+                       "bf16=True: pass --bf16 for that")
     return out
 
 
-def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec) -> None:
-    """Errors that need the architecture to detect."""
+def check_optimizer(s: sc.Scenario, spec: Any, world: int) -> None:
+    """The optimizer's run-dependent refusal (``OptimizerSpec.check``): a CUDA-only optimizer on the CPU, a
+    layer-wise one with gradient accumulation, ..."""
+    if spec is None or spec.check is None:
+        return
+    from fitplan.inputs.optimizer import OptimizerRun
+    from fitplan.inputs.precision import PRESETS
+
+    p = PRESETS[s.training.precision]
+    run = OptimizerRun(device=s.hardware.device, world_size=world,
+                       gradient_accumulation_steps=s.training.gradient_accumulation_steps,
+                       grad_dtype=p.weight_dtype if s.model.method == "full" else "fp32", compute_dtype=p.compute_dtype,
+                       method=s.model.method, target_modules=tuple(s.training.optim_target_modules))
+    reason = spec.check(run)
+    if reason:
+        raise FitplanError(f"optim {s.training.optim!r} is not estimated for this run: {reason}", field="optim",
+                           value=s.training.optim)
+
+
+def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any = None) -> None:
+    """Errors that need the architecture (or the optimizer) to detect."""
     if s.model.method != "full":
         if arch.is_bare or arch.family == "approximate":
             raise FitplanError("LoRA/QLoRA needs the model's architecture", field="method", value=s.model.method,
@@ -78,6 +154,7 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec) -> None:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide num_attention_heads ({arch.num_attention_heads})",
                            field="tensor_parallel", value=s.parallel.tensor_parallel)
     world = s.hardware.num_gpus * s.hardware.num_nodes
+    check_optimizer(s, optimizer, world)
     if world % s.parallel.tensor_parallel:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide the number of GPUs ({world})",
                            field="tensor_parallel", value=s.parallel.tensor_parallel)
@@ -85,16 +162,28 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec) -> None:
 
 def build_inputs(s: sc.Scenario, registry: Registry, rules: Rulesets, arch: architecture.ModelSpec | None = None) -> dict[str, Any]:
     arch = arch or resolve_arch(s, rules)
-    check_scenario(s, arch)
+    optimizer = registry.resolve_optimizer(s.training.optim)
+    check_scenario(s, arch, optimizer)
     flat = sc.flatten(s)
     flat.update(
         arch=arch,
         gpu_spec=rules.gpu(s.hardware.gpu) if s.hardware.gpu else None,
-        optimizer_spec=registry.resolve_optimizer(s.training.optim),
+        optimizer_spec=optimizer,
         framework=rules.framework,
         rulesets=rules,
     )
+    flat.update(dataset_inputs(s, rules))
     return flat
+
+
+def dataset_inputs(s: sc.Scenario, rules: Rulesets) -> dict[str, Any]:
+    """``dataset_summary``: the token lengths of ``--dataset`` (read by :mod:`fitplan.data` only when one is
+    given), and then the dataset's examples and tokens as ``num_examples`` and ``total_tokens``."""
+    if not s.dataset.dataset_path:
+        return {"dataset_summary": None}
+    from fitplan.data.resolve import scenario_inputs
+
+    return scenario_inputs(s, rules)
 
 
 @attrs.define
@@ -166,7 +255,12 @@ def evaluate(s: sc.Scenario, registry: Registry, rules: Rulesets, *, arch: archi
     compiled = registry.compiled()
     inputs = build_inputs(s, registry, rules, arch)
     values, applied = compiled.evaluate(inputs)
-    return Estimate(s, values, applied, registry, rules, scenario_warnings(s, inputs["arch"]))
+    warnings = scenario_warnings(s, inputs["arch"], inputs["gpu_spec"])
+    spec = inputs["optimizer_spec"]
+    if not spec.hf and not spec.plugin.startswith("fitplan.builtin."):
+        warnings.append(f"optim {spec.name!r} comes from plugin {spec.plugin!r}: it is not an HF TrainingArguments.optim "
+                        "name (the HF Trainer does not build it)")
+    return Estimate(s, values, applied, registry, rules, warnings)
 
 
 def hf_config_for(s: sc.Scenario, rules: Rulesets) -> dict[str, Any]:
@@ -179,11 +273,9 @@ def hf_config_for(s: sc.Scenario, rules: Rulesets) -> dict[str, Any]:
     if not text:
         raise FitplanError("this needs a model architecture, not a bare --params count", field="model",
                            suggestion="pass --model NAME or --model path/to/config.json")
-    p = Path(text)
-    if p.is_dir():
-        p = p / "config.json"
-    if p.suffix == ".json" and p.exists():
-        from fitplan.inputs.files import read_json
+    kind, where = model_source(text, rules)
+    if kind == "catalog":
+        return dict(where.config)
+    from fitplan.inputs.files import read_json
 
-        return read_json(p, field="--model")
-    return dict(rules.model_entry(text).config)
+    return read_json(Path(where), field="--model")

@@ -24,6 +24,9 @@ h hidden, I intermediate, q/kv the query and key/value widths, a heads:
 * Gradient checkpointing (non-reentrant): each layer keeps its arguments (hidden states ``E·T·h``,
   cos/sin, position ids, the eager mask); one layer is recomputed during its backward.
 
+The sequence length s is ``realized_seq_length`` (builtin/dataset.py): ``max_seq_length``, or with
+``--dataset`` the length the padding mode realizes (the longest example when padding to the longest).
+
 Korthikanti et al. 2022's GPT formula stays available as ``activation_bytes_korthikanti`` (a named
 approximation: 22 % low to 19 % high for bf16 Llama). docs/memory-model.md lists every rule.
 """
@@ -47,23 +50,23 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
 
 
 @quantity("trace", type="object")
-def step_trace_without_checkpointing(arch, per_device_train_batch_size, max_seq_length, precision, attn_implementation,
+def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation,
                                      method, lora_r, lora_target_modules, lora_dropout, device, framework):
     """The symbolic trace of one step without gradient checkpointing (builtin/step_trace.py): saved tensors
     per storage, the forward and backward live-byte timelines. ``flash_attention_2`` saves what SDPA's
     flash kernel saves."""
-    return trace_for(arch, per_device_train_batch_size, max_seq_length, precision, attn_implementation, False, method,
+    return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, False, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework)
 
 
 @quantity("trace", type="object")
 def step_trace(step_trace_without_checkpointing, gradient_checkpointing, arch, per_device_train_batch_size,
-               max_seq_length, precision, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
+               realized_seq_length, precision, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
                device, framework):
     """The symbolic trace of one step as configured (with gradient checkpointing when it is on)."""
     if not gradient_checkpointing:
         return step_trace_without_checkpointing
-    return trace_for(arch, per_device_train_batch_size, max_seq_length, precision, attn_implementation, True, method,
+    return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, True, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework)
 
 
@@ -76,10 +79,10 @@ def activation_bytes_per_layer(step_trace_without_checkpointing):
 
 
 @quantity("bytes")
-def activation_bytes_korthikanti(arch, per_device_train_batch_size, max_seq_length, attn_implementation):
+def activation_bytes_korthikanti(arch, per_device_train_batch_size, realized_seq_length, attn_implementation):
     """Korthikanti et al. 2022 (GPT block, 16-bit): ``L·s·b·h·(34 + 5·a·s/h)``; memory-efficient attention
     drops the ``5·a·s²·b`` term. A named approximation, shown by ``explain`` for comparison."""
-    b, s, h, a = per_device_train_batch_size, max_seq_length, arch.hidden_size, arch.num_attention_heads
+    b, s, h, a = per_device_train_batch_size, realized_seq_length, arch.hidden_size, arch.num_attention_heads
     if arch.is_bare:
         return 0
     per = 34 * s * b * h + (5 * a * s * s * b if attn_implementation == "eager" else 0)

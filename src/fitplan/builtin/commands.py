@@ -1,4 +1,4 @@
-"""The built-in commands (estimate, explain, graph, recommend, capacity, models, rulesets, plugins,
+"""The built-in commands (estimate, explain, graph, recommend, capacity, dataset, models, rulesets, plugins,
 validate, serve), added through ``fitplan_register_commands`` like a plugin's (:mod:`fitplan.cli.commands`)."""
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ Sharding (ZeRO/FSDP), offload and QLoRA are reducers on these terms, declared in
 
 from __future__ import annotations
 
+import functools
+import math
+
 from fitplan.engine.declarations import quantity
 from fitplan.inputs.optimizer import OptimizerContext
 from fitplan.pluginmgr.hookspecs import hookimpl
@@ -59,23 +62,59 @@ def master_weight_bytes(trainable_param_count, master_weight_dtype_bytes):
 
 
 @quantity("bytes", category="memory", label="gradients", json_key="memory.per_gpu_bytes.gradients", short="gradients", row="gradients")
-def gradient_bytes(trainable_param_count, trainable_dtype_bytes):
+def gradient_bytes(trainable_param_count, trainable_dtype_bytes, optimizer_spec, trainable_tensors):
     """Gradients: one per trainable parameter, in the parameter's dtype (frozen weights have none).
-    Seed: "même taille que les poids"."""
+    Seed: "même taille que les poids". Optimizers that consume each gradient as backward produces it (LOMO,
+    the ``*_layerwise`` variants: ``OptimizerSpec.frees_gradients``) never hold more than about one: the
+    largest trainable tensor's gradient."""
+    if optimizer_spec.frees_gradients:
+        return max((math.prod(shape) for shape, _ in trainable_tensors), default=0) * trainable_dtype_bytes
     return trainable_param_count * trainable_dtype_bytes
 
 
+def _kind(g) -> str:
+    if g.module in ("embed_tokens", "embed_positions"):
+        return "embedding"
+    if len(g.shape) == 2 and g.name.endswith(".weight") and g.module not in ("router", "norm"):
+        return "other" if g.module in CONV1D_MODULES else "linear"
+    return "other"
+
+
+@functools.lru_cache(maxsize=256)
+def _modules(arch) -> tuple[tuple[str, str], ...]:
+    """``(name, kind)`` of each parameter tensor of ``arch``."""
+    return tuple((g.name, _kind(g)) for g in arch.param_groups())
+
+
+CONV1D_MODULES = ("c_attn", "c_proj", "c_fc")
+"""GPT-2's projections are ``transformers.pytorch_utils.Conv1D``, not ``nn.Linear`` (GaLore never targets them)."""
+
+
 @quantity("context", type="object")
-def optimizer_context(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device):
-    """What an optimizer's byte functions see: the trainable tensors (in ``model.parameters()`` order),
-    the state and parameter dtypes, the device."""
-    return OptimizerContext(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device)
+def optimizer_context(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device, arch, method,
+                      optim_args, optim_target_modules):
+    """What an optimizer's byte functions see: the trainable tensors (in ``model.parameters()`` order) with
+    their names and kinds (embedding, linear, adapter, other), the state and parameter dtypes, the device, the
+    HF ``optim_args`` and ``optim_target_modules``."""
+    if method == "full" and not arch.is_bare:
+        modules = _modules(arch)
+    else:
+        modules = tuple(("lora", "adapter") for _ in trainable_tensors) if method != "full" else ()
+    pairs = tuple(tuple(kv.strip().split("=", 1)) for kv in optim_args.split(",") if "=" in kv)
+    return OptimizerContext(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device, modules,
+                            pairs, tuple(optim_target_modules))
 
 
 @quantity("bytes", category="memory", label="optimizer states", json_key="memory.per_gpu_bytes.optimizer_states", short="optimizer_states", row="optimizer_states")
 def optimizer_state_bytes(optimizer_spec, optimizer_context):
     """Optimizer states as the chosen optimizer stores them (see ``fitplan plugins`` for each optimizer's rule)."""
     return int(optimizer_spec.state_bytes(optimizer_context))
+
+
+@quantity("bytes", json_key="memory.optimizer_host_bytes")
+def optimizer_host_bytes(optimizer_spec, optimizer_context):
+    """Optimizer state kept in host RAM between steps (GrokAdamW's three states), per process: not GPU memory."""
+    return int(optimizer_spec.host_state_bytes(optimizer_context))
 
 
 @quantity("bytes")
@@ -89,5 +128,6 @@ def optimizer_step_temp_bytes(optimizer_spec, optimizer_context):
 @hookimpl
 def fitplan_register_quantities(register):
     for q in (trainable_tensors, trainable_param_count, adapter_param_count, trainable_dtype_bytes, weight_bytes,
-              master_weight_bytes, gradient_bytes, optimizer_context, optimizer_state_bytes, optimizer_step_temp_bytes):
+              master_weight_bytes, gradient_bytes, optimizer_context, optimizer_state_bytes, optimizer_host_bytes,
+              optimizer_step_temp_bytes):
         register(q)

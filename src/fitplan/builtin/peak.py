@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from fitplan.builtin.step_trace import PARTS
 from fitplan.engine.declarations import quantity
 from fitplan.pluginmgr.hookspecs import hookimpl
 
@@ -55,12 +56,12 @@ def buffer_bytes(step_trace):
 
 
 @quantity("bytes")
-def batch_bytes(arch, per_device_train_batch_size, max_seq_length, device, framework):
+def batch_bytes(arch, per_device_train_batch_size, realized_seq_length, device, framework):
     """The micro-batch on the device: ``input_ids`` and ``labels``, int64 ``b·s`` each (no attention mask:
     packed or unpadded batches)."""
     if arch.is_bare:
         return 0
-    return 2 * _round(8 * per_device_train_batch_size * max_seq_length, device, framework)
+    return 2 * _round(8 * per_device_train_batch_size * realized_seq_length, device, framework)
 
 
 def _round(n: int, device: str, framework) -> int:
@@ -95,47 +96,83 @@ def allocator_rounding_bytes(trainable_tensors, arch, weight_dtype_bytes, traina
     return int(total)
 
 
-@quantity("bytes")
-def resident_bytes(weight_bytes, master_weight_bytes, optimizer_state_bytes, buffer_bytes, batch_bytes,
-                   comm_buffer_bytes):
-    """Alive for the whole step: weights, master weights, optimizer states, buffers, the batch and the
-    communication buffers (DDP's gradient buckets, DeepSpeed's reduce bucket)."""
-    return weight_bytes + master_weight_bytes + optimizer_state_bytes + buffer_bytes + batch_bytes + comm_buffer_bytes
+def _add(rows: dict[str, float], **parts: float) -> dict[str, float]:
+    for k, v in parts.items():
+        rows[k] = rows.get(k, 0) + v
+    return rows
 
 
-@quantity("bytes", json_key="memory.phases_bytes", type="object")
-def phase_bytes(step_trace, resident_bytes, gradient_bytes, optimizer_step_temp_bytes, saved_for_backward_bytes,
-                gradient_accumulation_steps, allocator_rounding_bytes, gathered_param_bytes):
-    """The peak of live bytes within each phase of a step (see the module doc): ``forward``,
-    ``backward``, ``optimizer_step``."""
-    resident = resident_bytes + allocator_rounding_bytes
+def _scaled(parts, scale: float) -> dict[str, float]:
+    """A trace's PARTS (saved activations, logits, autocast copies, temporaries) scaled like its bytes."""
+    return {k: v * scale for k, v in zip(PARTS, parts)}
+
+
+def _exact(rows: dict[str, float], total: int) -> dict[str, int]:
+    """``rows`` as integers summing to ``total`` exactly: the phase's value is computed in floats and truncated
+    once, so the rounding (a few bytes) is carried by ``temporaries``."""
+    out = {k: int(v) for k, v in rows.items()}
+    out["temporaries"] = out.get("temporaries", 0) + total - sum(out.values())
+    return out
+
+
+@quantity("bytes", type="object")
+def phase_rows(step_trace, weight_bytes, master_weight_bytes, optimizer_state_bytes, comm_buffer_bytes,
+               other_resident_bytes, gradient_bytes, optimizer_step_temp_bytes, saved_for_backward_bytes,
+               activation_bytes, logits_bytes, autocast_weight_copy_bytes, gradient_accumulation_steps,
+               gathered_param_bytes):
+    """The peak of live bytes within each phase of a step (see the module doc), as breakdown rows: weights,
+    master weights, optimizer states, communication buffers, other (buffers, batch, allocator rounding, the
+    logged loss), gathered parameters, gradients, and what the step trace says the rest is at the peak instant
+    (saved activations, logits and loss, autocast copies, temporaries). Each phase's rows sum to its peak."""
+    resident = dict(weights=weight_bytes, master_weights=master_weight_bytes, optimizer_states=optimizer_state_bytes,
+                    comm_buffers=comm_buffer_bytes, other=other_resident_bytes)
     gf, gb = gathered_param_bytes["forward"], gathered_param_bytes["backward"]
     if step_trace is None:  # a bare parameter count: activations as estimated, no timeline
-        act = saved_for_backward_bytes
-        return {"forward": resident + gf + act, "backward": resident + gb + act + gradient_bytes // 32,
-                "optimizer_step": resident + gradient_bytes + optimizer_step_temp_bytes}
+        saved = dict(activations=activation_bytes, logits=logits_bytes, autocast_copies=autocast_weight_copy_bytes)
+        rows = {"forward": _add(dict(resident), gathered_params=gf, **saved),
+                "backward": _add(dict(resident), gathered_params=gb, gradients=gradient_bytes // 32, **saved),
+                "optimizer_step": _add(dict(resident), gradients=gradient_bytes, temporaries=optimizer_step_temp_bytes)}
+        return {ph: _exact(r, int(sum(r.values()))) for ph, r in rows.items()}
     t = step_trace
     act_scale = saved_for_backward_bytes / t.retained_bytes if t.retained_bytes else 1.0
     grad_scale = gradient_bytes / t.param_grad_bytes if t.param_grad_bytes else 0.0
     carried = gradient_bytes if gradient_accumulation_steps > 1 else 0
     loss = t.loss_bytes  # loss.detach(), kept for logging, shares the loss's storage
-    before = resident + (carried + loss if carried else 0)
-    forward = max(before + gf + int(t.forward_peak_bytes * act_scale),
-                  before + gathered_param_bytes["forward_spike"] + int(t.forward_before_last_layer_bytes * act_scale)
-                  if gathered_param_bytes["forward_spike"] else 0)
+    before = _add(dict(resident), gradients=carried, other=loss if carried else 0)
+    forward = _add(dict(before), gathered_params=gf, **_scaled(t.forward_peak_parts, act_scale))
+    if gathered_param_bytes["forward_spike"]:
+        spike = _add(dict(before), gathered_params=gathered_param_bytes["forward_spike"],
+                     **_scaled(t.forward_before_last_layer_parts, act_scale))
+        forward = max(forward, spike, key=lambda r: sum(r.values()))
+    backward = _backward_rows(t, resident, gb, gathered_param_bytes, act_scale, grad_scale, carried, loss)
+    step = _add(dict(resident), gradients=gradient_bytes, temporaries=optimizer_step_temp_bytes, other=loss)
+    return {"forward": _exact(forward, int(sum(forward.values()))),
+            "backward": _exact(backward, int(sum(backward.values()))),
+            "optimizer_step": _exact(step, int(sum(step.values())))}
+
+
+def _backward_rows(t, resident, gb, gathered, act_scale, grad_scale, carried, loss) -> dict[str, float]:
+    """The backward phase's rows at its peak instant: the frontier point with the most live bytes."""
     if carried:
-        backward = carried + loss + max(a * act_scale + o * grad_scale for a, o in t.backward_frontier_accumulating)
-    else:
-        backward = max(a * act_scale + g * grad_scale for a, g in t.backward_frontier)
-    if gathered_param_bytes.get("backward_in_layer"):
+        a, o = max(t.backward_frontier_accumulating, key=lambda p: p[0] * act_scale + p[1] * grad_scale)
+        return _add(dict(resident), gathered_params=gb, gradients=carried, other=loss, **_add(
+            _scaled(t.parts_of(a), act_scale), temporaries=o * grad_scale))
+    a, g = max(t.backward_frontier, key=lambda p: p[0] * act_scale + p[1] * grad_scale)
+    rows = _add(dict(resident), gathered_params=gb, gradients=g * grad_scale, **_scaled(t.parts_of(a), act_scale))
+    if gathered.get("backward_in_layer") and t.backward_frontier_layers:
         # FSDP stage 3 inside a layer's backward: prefetched next layer, unsharded gradients (sharding.py)
-        in_layer = max((a * act_scale + g * grad_scale for a, g in t.backward_frontier_layers), default=0)
-        backward = max(backward, in_layer + gathered_param_bytes["backward_in_layer"] - gb)
-    return {
-        "forward": int(forward),
-        "backward": int(resident + gb + backward),
-        "optimizer_step": int(resident + gradient_bytes + optimizer_step_temp_bytes + loss),
-    }
+        a2, g2 = max(t.backward_frontier_layers, key=lambda p: p[0] * act_scale + p[1] * grad_scale)
+        in_layer = _add(dict(resident), gathered_params=gathered["backward_in_layer"], gradients=g2 * grad_scale,
+                        **_scaled(t.parts_of(a2), act_scale))
+        rows = max(rows, in_layer, key=lambda r: sum(r.values()))
+    return rows
+
+
+@quantity("bytes", json_key="memory.phases_bytes", type="object")
+def phase_bytes(phase_rows):
+    """The peak of live bytes within each phase of a step (see the module doc): ``forward``,
+    ``backward``, ``optimizer_step``: the sum of the phase's rows."""
+    return {ph: sum(rows.values()) for ph, rows in phase_rows.items()}
 
 
 @quantity("phase", json_key="memory.peak_phase", type="text")
@@ -150,8 +187,39 @@ def peak_bytes(phase_bytes, peak_phase):
     return phase_bytes[peak_phase]
 
 
+@quantity("bytes", json_key="memory.peak_breakdown_bytes", type="object", role="breakdown")
+def peak_breakdown(phase_rows, peak_phase):
+    """What the peak is made of: the rows of the peak phase (their keys are the breakdown rows declared by the
+    memory quantities' ``row`` metadata), summing exactly to ``peak_bytes``."""
+    return dict(phase_rows[peak_phase])
+
+
+@quantity("bytes", category="memory", label="other (buffers, batch, allocator rounding)", short_label="other",
+          json_key="memory.per_gpu_bytes.other", row="other")
+def other_resident_bytes(buffer_bytes, batch_bytes, allocator_rounding_bytes):
+    """Resident for the whole step besides the model states: the model's buffers (rotary ``inv_freq``), the
+    micro-batch (``input_ids``, ``labels``) and CUDA's 512-byte allocator rounding of the model states."""
+    return buffer_bytes + batch_bytes + allocator_rounding_bytes
+
+
+@quantity("bytes", category="memory", label="gathered parameters (FSDP / ZeRO-3)", short_label="gathered params",
+          json_key="memory.per_gpu_bytes.gathered_params", row="gathered_params")
+def gathered_at_peak_bytes(peak_breakdown):
+    """Parameters gathered from the other ranks and alive at the peak instant (FSDP / ZeRO-3)."""
+    return peak_breakdown.get("gathered_params", 0)
+
+
+@quantity("bytes", category="memory", label="temporaries (at the peak)", short_label="temporaries",
+          json_key="memory.per_gpu_bytes.temporaries", row="temporaries")
+def temporary_bytes(peak_breakdown):
+    """Transients alive at the peak instant: the running op's buffers, gradients flowing between ops, the
+    optimizer step's temporaries, the model's pinned tensors (rotary cos/sin, mask, final hidden state)."""
+    return peak_breakdown.get("temporaries", 0)
+
+
 @hookimpl
 def fitplan_register_quantities(register):
     for q in (model_state_bytes, saved_for_backward_bytes, buffer_bytes, batch_bytes, allocator_rounding_bytes,
-              resident_bytes, phase_bytes, peak_phase, peak_bytes):
+              other_resident_bytes, phase_rows, phase_bytes, peak_phase, peak_bytes, peak_breakdown, gathered_at_peak_bytes,
+              temporary_bytes):
         register(q)

@@ -32,12 +32,15 @@ def memory_json(est) -> dict[str, Any]:
         "world_size": v["world_size"],
         "memory": {
             "per_gpu_bytes": per_gpu,
+            "peak_breakdown_bytes": dict(v["peak_breakdown"]),
+            "confidence": v.get("memory_confidence"),
             "peak_phase": v["peak_phase"],
             "phases_bytes": {k: int(x) for k, x in v["phase_bytes"].items()},
             "usable_bytes": v["usable_bytes"],
             "fits": v["fits"],
             "headroom_bytes": v["headroom_bytes"],
             "cpu_offload_bytes": v["cpu_offload_bytes"],
+            "optimizer_host_bytes": v.get("optimizer_host_bytes", 0),
             "unit": "bytes",
         },
     }
@@ -53,7 +56,8 @@ def memory_lines(est, units: str) -> list[tuple[str, str]]:
                   f"{s.training.per_device_train_batch_size} × seq {s.training.max_seq_length}"
                   + (", grad. checkpointing" if s.training.gradient_checkpointing else "") + sharded),
         ("assumptions", s.model.assumptions),
-        ("peak (allocated)", f"{format_bytes(v['peak_bytes'], units)} at {v['peak_phase'].replace('_', ' ')}"),
+        ("peak (allocated)", f"{format_bytes(v['peak_bytes'], units)} at {v['peak_phase'].replace('_', ' ')}"
+         + (f" [{v['memory_confidence']['peak']['short']}]" if v.get("memory_confidence") else "")),
         ("device total", format_bytes(v["device_total_bytes"], units) + " (peak + CUDA context + allocator reserve)"),
     ]
     if v["gpu_spec"] is not None:
@@ -62,6 +66,9 @@ def memory_lines(est, units: str) -> list[tuple[str, str]]:
                              f"(headroom {format_bytes(v['headroom_bytes'], units)})"))
     if v["cpu_offload_bytes"]:
         lines.append(("CPU RAM (offload)", format_bytes(v["cpu_offload_bytes"], units) + " per node"))
+    if v.get("optimizer_host_bytes"):
+        lines.append(("CPU RAM (optimizer)", format_bytes(v["optimizer_host_bytes"], units)
+                      + f" per process ({v['optimizer_spec'].name} keeps its states in host memory)"))
     return lines
 
 
@@ -89,6 +96,7 @@ def time_json(est) -> dict[str, Any]:
         "matmul_dtype": v.get("matmul_dtype"),
         "step_seconds": v.get("step_seconds"),
         "communication_share": v.get("communication_share"),
+        "confidence": v.get("time_confidence"),
     }}
 
 
@@ -130,9 +138,13 @@ def time_lines(est, units: str) -> list[tuple[str, str]]:
         return [("time", "give --num-examples and --tokens-per-example (or --total-tokens) to estimate time and cost")]
     s = est.scenario
     d = s.dataset
-    how = (f"{d.num_examples:,} examples × {d.tokens_per_example:,.0f} tokens" if d.total_tokens is None
+    how = (f"dataset {d.dataset_path}" if d.dataset_path else
+           f"{d.num_examples:,} examples × {d.tokens_per_example:,.0f} tokens" if d.total_tokens is None
            else f"{d.total_tokens:,} tokens") + f" × {s.training.num_train_epochs:g} epoch(s)"
-    tokens = f"{v['train_tokens']:,.0f} ({how}, {'packed' if d.padding == 'pack' else 'padded to ' + str(s.training.max_seq_length)})"
+    mode = {"pack": "packed", "pad": f"padded to {s.training.max_seq_length}", "longest": "padded to the longest "
+            "in each micro-batch", "group_by_length": "grouped by length, padded to the longest",
+            "padding_free": "padding-free"}.get(d.padding, d.padding)
+    tokens = f"{v['train_tokens']:,.0f} ({how}, {mode})"
     if v.get("padding_tokens"):
         tokens += f"; {v['padding_tokens']:,.0f} of them padding ({100 * v['padding_tokens'] / v['train_tokens']:.1f} %)"
     if v.get("truncated_tokens"):
@@ -149,7 +161,9 @@ def time_lines(est, units: str) -> list[tuple[str, str]]:
             tps += f" (over 100 %: impossible at the {v.get('matmul_dtype')} peak; check --precision)"
     if v.get("communication_share") is not None:
         tps += f"; communication {100 * v['communication_share']:.1f} % of the step"
-    lines.append(("time", f"{_duration(v['train_seconds'])} at {tps}"))
+    known = v.get("time_confidence")
+    how = f" [{known['short']}: {known['basis']}]" if known else ""
+    lines.append(("time", f"{_duration(v['train_seconds'])} at {tps}{how}"))
     return lines
 
 

@@ -45,6 +45,11 @@ from attrs import frozen
 
 from fitplan.builtin.archfile import BYTES  # the dtype codes of learned files
 
+PARTS = ("activations", "logits", "autocast_copies", "temporaries")
+"""What live bytes above the model states are, at any instant of the replay: tensors saved for backward (or
+kept by a checkpoint), the loss head's tensors (logits, their fp32 copy, log-softmax, targets), autocast's
+16-bit weight copies, and everything else (transients of the op running, gradients flowing between ops, the
+model's pinned tensors such as rotary cos/sin, the mask and the final hidden state)."""
 ALLOCATOR_BLOCK = 512
 """PyTorch's CUDA caching allocator rounds each allocation up to a multiple of 512 bytes."""
 DEBUG: list | None = None
@@ -114,6 +119,19 @@ class StepTrace:
     """The loss scalar: kept through the optimizer step by ``loss.detach()`` (the logged value)."""
     max_param_grad_bytes: int = 0
     """The largest parameter gradient one op produces (the transient of accumulating into existing grads)."""
+    forward_peak_parts: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """``forward_peak_bytes`` split into :data:`PARTS` (sums to it)."""
+    forward_before_last_layer_parts: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """``forward_before_last_layer_bytes`` split into :data:`PARTS`."""
+    backward_parts: tuple[tuple[int, tuple[int, int, int, int]], ...] = ()
+    """For each backward frontier point's ``other_bytes``: that value split into :data:`PARTS` (sums to it)."""
+
+    def parts_of(self, other_bytes: int) -> tuple[int, int, int, int]:
+        """The :data:`PARTS` of a backward point's ``other_bytes`` (all temporaries when unknown)."""
+        for a, p in self.backward_parts:
+            if a == other_bytes:
+                return p
+        return (0, 0, 0, int(other_bytes))
 
 
 # --------------------------------------------------------------------------- symbolic tensors and ops
@@ -312,6 +330,19 @@ def replay(tr: Trace) -> StepTrace:
     pinned = (set(tr.pinned) - tr.uncached) | {tr.loss.sid} | tr.leaves
     alive: set[int] = set()
     state = {"live": 0, "phantom": 0}
+    # live and phantom bytes by category (PARTS: saved activations, logits/loss, autocast copies, temporaries)
+    cat_of: dict[int, int] = {}
+    first_cat: dict[int, int] = {}
+    live_v, ph_v = [0, 0, 0, 0], [0, 0, 0, 0]
+
+    def alloc(sid: int) -> None:
+        alive.add(sid)
+        state["live"] += size[sid]
+        k = tr.kind[sid]
+        c = 1 if k == "logits" else 2 if k == "autocast" else 0 if savers.get(sid, 0) > 0 or keepers.get(sid, 0) > 0 else 3
+        cat_of[sid] = c
+        first_cat.setdefault(sid, c)  # the category its forward phantom copies were counted under
+        live_v[c] += size[sid]
 
     def held(sid: int) -> bool:
         return savers.get(sid, 0) > 0 or keepers.get(sid, 0) > 0 or sid in pinned or sid in tr.external
@@ -321,32 +352,46 @@ def replay(tr: Trace) -> StepTrace:
             return
         alive.discard(sid)
         state["live"] -= size[sid]
+        live_v[cat_of[sid]] -= size[sid]
         sg = alloc_seg.get(sid, cur_seg)
         if sg != cur_seg and weight[sg] > 1 and sid not in carried:
             state["phantom"] -= (weight[sg] - 1) * size[sid]
+            ph_v[first_cat[sid]] -= (weight[sg] - 1) * size[sid]
 
     # ---- forward
     seg_delta: dict[int, int] = {}
-    before_last = 0
-    peak = 0
+    seg_delta_v: dict[int, list[int]] = {}
+    before_last, before_last_v = 0, [0, 0, 0, 0]
+    peak, peak_v = 0, [0, 0, 0, 0]
     seg, seg_start, seg_max = 0, 0, 0
+    seg_start_v, seg_max_v = list(live_v), [0, 0, 0, 0]
     for i, op in enumerate(ops):
         if op.seg != seg:
             seg_delta[seg] = state["live"] - seg_start
+            seg_delta_v[seg] = [a - b for a, b in zip(live_v, seg_start_v)]
             if op.seg == nseg - 2:  # the last layer segment starts (its last repetition, with the phantom)
                 before_last = state["live"] + state["phantom"]
+                before_last_v = [a + b for a, b in zip(live_v, ph_v)]
             if weight[seg] > 1:
                 delta = state["live"] - seg_start
-                peak = max(peak, seg_max + max(0, (weight[seg] - 1) * delta))
+                delta_v = [a - b for a, b in zip(live_v, seg_start_v)]
+                if ckpt[seg]:  # what outlives a checkpointed layer is its output: the next layer's kept input
+                    delta_v = [delta_v[0] + delta_v[3], delta_v[1], delta_v[2], 0]
+                if seg_max + max(0, (weight[seg] - 1) * delta) > peak:
+                    peak = seg_max + max(0, (weight[seg] - 1) * delta)
+                    peak_v = [m + (weight[seg] - 1) * d * (delta > 0) for m, d in zip(seg_max_v, delta_v)]
                 state["phantom"] += (weight[seg] - 1) * delta
+                ph_v = [p + (weight[seg] - 1) * d for p, d in zip(ph_v, delta_v)]
             seg, seg_start, seg_max = op.seg, state["live"], 0
+            seg_start_v = list(live_v)
         for sid in op.allocs:
             if sid not in alive:
-                alive.add(sid)
-                state["live"] += size[sid]
+                alloc(sid)
         cur = state["live"] + state["phantom"]
-        peak = max(peak, cur)
-        seg_max = max(seg_max, state["live"])
+        if cur > peak:
+            peak, peak_v = cur, [a + b for a, b in zip(live_v, ph_v)]
+        if state["live"] > seg_max:
+            seg_max, seg_max_v = state["live"], list(live_v)
         if DEBUG is not None:
             DEBUG.append(("forward", op.name, cur))
         for sid in (*op.reads, *op.allocs):
@@ -432,29 +477,42 @@ def replay(tr: Trace) -> StepTrace:
             release(b)
 
     seg_points: list[tuple[int, int, int]] = []
+    seg_parts: list[list[int]] = []
+    parts: dict[int, tuple[int, int, int, int]] = {}  # a point's other bytes -> its PARTS
 
     def point(extra: int = 0, name: str = "", op_grad: int = 0) -> None:
         seg_points.append((state["live"] + extra, grads["live"], op_grad))
+        saved = live_v[0] + live_v[1] + live_v[2]
+        seg_parts.append([live_v[0], live_v[1], live_v[2], state["live"] + extra - saved])
         if DEBUG is not None:
             DEBUG.append(("backward", name, state["live"] + extra + grads["live"] + state["phantom"] + grads["phantom"],
                           state["live"], extra, grads["live"]))
 
-    def flush(sg: int, start: tuple[int, int]) -> None:
+    def flush(sg: int, start: tuple[int, int], start_v: list[int]) -> None:
+        nonlocal ph_v
         w = weight[sg]
         pa, pg = state["phantom"], grads["phantom"]
         first = len(points)
         if w > 1:
             da, dg = state["live"] - start[0], grads["live"] - start[1]
-            for a, g, o in seg_points:
+            da_v = [live_v[i] - start_v[i] for i in range(3)]
+            da_v.append(da - sum(da_v))
+            for (a, g, o), pv in zip(seg_points, seg_parts):
                 points.append((a + pa, g + pg, o))
+                parts.setdefault(a + pa, tuple(x + y for x, y in zip(pv, ph_v)))
                 points.append((a + pa + (w - 1) * da, g + pg + (w - 1) * dg, o))
+                parts.setdefault(a + pa + (w - 1) * da, tuple(x + y + (w - 1) * d for x, y, d in zip(pv, ph_v, da_v)))
             state["phantom"] += (w - 1) * da
+            ph_v = [p + (w - 1) * d for p, d in zip(ph_v, da_v)]
             grads["phantom"] += (w - 1) * dg
         else:
             points.extend((a + pa, g + pg, o) for a, g, o in seg_points)
+            for (a, _, _), pv in zip(seg_points, seg_parts):
+                parts.setdefault(a + pa, tuple(x + y for x, y in zip(pv, ph_v)))
         if 0 < sg < nseg - 1:
             layer_points.extend(points[first:])
         seg_points.clear()
+        seg_parts.clear()
 
     def recompute(sg: int) -> None:
         seg_ops = [(i, op) for i, op in enumerate(ops) if op.seg == sg]
@@ -471,8 +529,7 @@ def replay(tr: Trace) -> StepTrace:
         for i, op in seg_ops:
             for sid in op.allocs:
                 if sid not in alive:
-                    alive.add(sid)
-                    state["live"] += size[sid]
+                    alloc(sid)
             point()
             for sid in (*op.reads, *op.allocs):
                 if last_in.get(sid, -1) <= i and alloc_seg.get(sid) == sg and not held(sid):
@@ -484,6 +541,7 @@ def replay(tr: Trace) -> StepTrace:
     pending[loss.key][1] += 1  # torch.autograd.backward holds the root's gradient (ones_like) until it returns
     seg = nseg - 1
     seg_start = (state["live"], grads["live"])
+    seg_start_v = list(live_v)
     entered: set[int] = set()
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
@@ -493,11 +551,12 @@ def replay(tr: Trace) -> StepTrace:
                     keepers[sid] -= 1
                     if not held(sid):
                         free(sid, seg)
-            flush(seg, seg_start)
+            flush(seg, seg_start, seg_start_v)
             if seg == nseg - 1:
                 after_head = (state["live"] + state["phantom"], grads["live"] + grads["phantom"])
             seg = op.seg
             seg_start = (state["live"], grads["live"])
+            seg_start_v = list(live_v)
         if ckpt[seg] and seg not in entered:
             entered.add(seg)
             recompute(seg)
@@ -517,7 +576,7 @@ def replay(tr: Trace) -> StepTrace:
             savers[sid] = savers.get(sid, 0) - 1
             if not held(sid):
                 free(sid, seg)
-    flush(seg, seg_start)
+    flush(seg, seg_start, seg_start_v)
     if DEBUG is not None:
         DEBUG.append(("end", "alive: " + ", ".join(f"{tr.label[i]}={size[i]}" for i in sorted(alive)), state["live"]))
         DEBUG.append(("end", "pending: " + ", ".join(str(b) for b in pending.values()), 0))
@@ -539,7 +598,19 @@ def replay(tr: Trace) -> StepTrace:
         loss_bytes=int(size[tr.loss.sid]),
         backward_after_head=(int(after_head[0]), int(after_head[1])),
         forward_before_last_layer_bytes=int(before_last + max(0, weight[nseg - 2] - 1) * seg_delta.get(nseg - 2, 0)),
+        forward_peak_parts=tuple(int(x) for x in peak_v),
+        forward_before_last_layer_parts=tuple(int(b + max(0, weight[nseg - 2] - 1) * d) for b, d in
+                                              zip(before_last_v, seg_delta_v.get(nseg - 2, [0, 0, 0, 0]))),
+        backward_parts=_frontier_parts(parts, points, layer_points),
     )
+
+
+def _frontier_parts(parts: dict[int, tuple[int, int, int, int]], points: list, layer_points: list) -> tuple:
+    """The PARTS of the points on the three frontiers only (what the peak's breakdown looks up)."""
+    keep = {a for a, _ in _frontier([(a, g) for a, g, _ in points])}
+    keep |= {a for a, _ in _frontier([(a, o) for a, _, o in points])}
+    keep |= {a for a, _ in _frontier([(a, g) for a, g, _ in layer_points])}
+    return tuple(sorted((a, p) for a, p in parts.items() if a in keep))
 
 
 def _frontier(pairs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:

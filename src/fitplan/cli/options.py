@@ -19,7 +19,11 @@ HELP = {
     "method": "full | lora | qlora.",
     "assumptions": "realistic (default) | seed (the tutorial chapter's simplifications).",
     "precision": "32-true | bf16-mixed | 16-mixed | bf16-true | 16-true | bf16-master | 16-master.",
-    "optim": "HF optim name: adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, adafactor, sgd, ... (fitplan plugins).",
+    "optim": "HF TrainingArguments.optim: every transformers 5.24 OptimizerNames value (adamw_torch, adamw_torch_fused, "
+             "adamw_8bit, paged_adamw_32bit, lion_8bit, adafactor, galore_adamw, lomo, ...; a few refused with the "
+             "reason); `fitplan plugins` lists them.",
+    "optim_args": "HF optim_args, e.g. rank=64 (GaLore/APOLLO), momentum=0.9 (sgd, rmsprop), block_size=128 (torchao).",
+    "optim_target_modules": "HF optim_target_modules for GaLore/APOLLO: comma-separated module names, or all-linear.",
     "attn_implementation": "eager | sdpa | flash_attention_2.",
     "lora_target_modules": "Comma-separated module names, e.g. q_proj,v_proj (or all-linear).",
     "zero_stage": "DeepSpeed ZeRO stage 0-3.",
@@ -28,7 +32,16 @@ HELP = {
     "num_examples": "Dataset examples (with --tokens-per-example; or give --total-tokens).",
     "tokens_per_example": "Mean tokens per example.",
     "total_tokens": "Tokens in the dataset (one epoch).",
-    "padding": "pack (default: sequences concatenated) | pad (every example padded to --max-seq-length).",
+    "padding": "pack (default: TRL packing, no padding) | pad (every example padded to --max-seq-length) | longest "
+               "(TRL's default: padded to the longest in each micro-batch) | group_by_length | padding_free; the last "
+               "three need --dataset.",
+    "dataset_path": "The dataset (JSONL, JSON, CSV, Parquet, a saved `datasets` directory) or a summary TOML from "
+                    "`fitplan dataset --out`: its tokens replace --num-examples/--total-tokens (docs/dataset.md).",
+    "dataset_text_field": "With --dataset: the column of plain-text examples (default text).",
+    "tokenizer": "With --dataset: a tokenizer directory or Hugging Face id (default: the model's).",
+    "chat_template_path": "With --dataset: a .jinja chat template replacing the tokenizer's.",
+    "dataset_split": "With --dataset: the split of a saved DatasetDict (default train).",
+    "dataset_sample": "With --dataset: tokenize a random sample of N examples (totals get a confidence interval).",
     "num_train_epochs": "Passes over the dataset (default 1).",
     "tf32": "HF tf32: fp32 matmuls on TF32 tensor cores (off by default in PyTorch and the HF Trainer).",
     "provider": "Pricing provider id (aws, gcp, lambda, runpod, seed, ...) to price the run.",
@@ -53,6 +66,25 @@ def _click_type(field: attrs.Attribute) -> Any:
     return str
 
 
+class OptimOption(click.Option):
+    """``--optim``: its help also names the optimizers plugins add (not HF names), read when help is shown."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        record = super().get_help_record(ctx)
+        if record is None:
+            return None
+        extra = plugin_optimizers()
+        if extra:
+            record = (record[0], record[1] + " From plugins (not HF names): " + ", ".join(extra) + ".")
+        return record
+
+
+def plugin_optimizers() -> list[str]:
+    """``name (plugin)`` of each optimizer a non-built-in plugin registers."""
+    reg = registry()
+    return sorted(f"{o.name} ({o.plugin})" for o in reg.optimizers.values() if not o.plugin.startswith("fitplan.builtin."))
+
+
 def scenario_options(func: Callable) -> Callable:
     """Add one option per scenario field (default None, so only given flags override a scenario file)."""
     for section, cls in reversed(list(sc.SECTIONS.items())):
@@ -63,7 +95,8 @@ def scenario_options(func: Callable) -> Callable:
             if typ is bool:
                 opt = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=help_text)
             else:
-                opt = click.option(flag, f.name, type=typ, default=None, help=help_text)
+                opt = click.option(flag, f.name, type=typ, default=None, help=help_text,
+                                   cls=OptimOption if f.name == "optim" else click.Option)
             func = opt(func)
     func = click.option("--bf16", "bf16", is_flag=True, default=False, help="HF TrainingArguments bf16=True: autocast with fp32 weights (= --precision bf16-mixed).")(func)
     func = click.option("--fp16", "fp16", is_flag=True, default=False, help="HF TrainingArguments fp16=True (= --precision 16-mixed).")(func)

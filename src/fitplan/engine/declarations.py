@@ -36,6 +36,8 @@ TYPES = ("number", "text", "bool", "object")
 ROLES: dict[str, str] = {
     "peak": "peak allocated bytes per GPU in one step (the breakdown's total; share_X = X / peak)",
     "saved": "what the forward leaves alive for the backward (activations, logits, autocast copies)",
+    "breakdown": "the peak phase's rows: {row: bytes}, keyed by the memory quantities' row metadata, summing to the peak",
+    "confidence": "how each figure is known: {json key or row: confidence entry} (docs/confidence vocabulary)",
     "device_total": "bytes the GPU must hold: the peak plus framework overheads (compared with the usable memory)",
     "overhead": "bytes the framework adds beyond the peak (CUDA context, allocator reserve): not a part of the peak",
     "usable": "the GPU's usable memory in bytes",

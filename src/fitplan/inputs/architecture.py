@@ -93,6 +93,12 @@ class ModelSpec:
         return self.family == "bare"
 
     @property
+    def learned_positions(self) -> bool:
+        """A learned position table (GPT-2's ``wpe``): the learned file lists a parameter of role ``positions``,
+        so no row exists beyond ``max_position_embeddings``."""
+        return not self.count_only and any(g.module == "embed_positions" for g in self.param_groups())
+
+    @property
     def count_only(self) -> bool:
         """The user gave only a parameter count (``--params``): bare, or with a typical shape for memory
         (family ``approximate``). The time model uses the count as is (6·N, no attention term)."""

@@ -19,18 +19,20 @@ def _read_json(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def deepspeed_fields(path: str | Path, *, bf16: bool = False, fp16: bool = False) -> dict[str, Any]:
-    """Scenario fields from a DeepSpeed config: ZeRO stage, offload, bf16/fp16 (16-bit weights with fp32
-    master weights and states: the ``*-master`` presets), micro-batch and accumulation when not "auto".
+def deepspeed_fields(path: str | Path, *, bf16: bool | None = None, fp16: bool | None = None,
+                     warnings: list[str] | None = None) -> dict[str, Any]:
+    """Scenario fields from a DeepSpeed config: ZeRO stage, offload, precision (:func:`deepspeed_precision`),
+    the optimizer section (:func:`deepspeed_optimizer`), micro-batch and accumulation when not "auto".
 
-    ``bf16``/``fp16``: the TrainingArguments flags, which resolve ``"enabled": "auto"`` (the HF integration
-    fills "auto" from them); without TrainingArguments, "auto" counts as enabled."""
-    return deepspeed_fields_from(_read_json(path), str(path), "$", bf16=bf16, fp16=fp16)
+    ``bf16``/``fp16``: the TrainingArguments flags (None: not stated), which resolve ``"enabled": "auto"`` the
+    way ``transformers.integrations.deepspeed`` does; ``warnings`` receives what fitplan had to assume."""
+    return deepspeed_fields_from(_read_json(path), str(path), "$", bf16=bf16, fp16=fp16, warnings=warnings)
 
 
-def deepspeed_fields_from(data: dict[str, Any], path: str, root: str = "$", *, bf16: bool = False,
-                          fp16: bool = False) -> dict[str, Any]:
+def deepspeed_fields_from(data: dict[str, Any], path: str, root: str = "$", *, bf16: bool | None = None,
+                          fp16: bool | None = None, warnings: list[str] | None = None) -> dict[str, Any]:
     """:func:`deepspeed_fields` on an already-read config (``root``: its JSON path inside ``path``)."""
+    warnings = [] if warnings is None else warnings
     out: dict[str, Any] = {}
     zero = data.get("zero_optimization", {})
     if not isinstance(zero, dict):
@@ -46,14 +48,8 @@ def deepspeed_fields_from(data: dict[str, Any], path: str, root: str = "$", *, b
             raise FitplanError(f"zero_optimization.{key}.device must be none, cpu or nvme, got {dev!r}",
                                file=str(path), field=f"{root}.zero_optimization.{key}.device", value=dev)
         out[field] = dev in ("cpu", "nvme")
-    ta_given = bf16 or fp16
-    for key, flag in (("bf16", bf16), ("fp16", fp16)):
-        preset = MASTER_FOR_FLAG[key]
-        sect = data.get(key)
-        enabled = isinstance(sect, dict) and (sect.get("enabled") is True or sect.get("enabled") == "auto"
-                                              and (flag or not ta_given))
-        if enabled:
-            out["precision"] = preset
+    out["precision"] = deepspeed_precision(data, path, root, bf16=bf16, fp16=fp16, warnings=warnings)
+    out.update(deepspeed_optimizer(data, path, root, warnings))
     for key, field in (("train_micro_batch_size_per_gpu", "per_device_train_batch_size"),
                        ("gradient_accumulation_steps", "gradient_accumulation_steps")):
         v = data.get(key)
@@ -63,6 +59,80 @@ def deepspeed_fields_from(data: dict[str, Any], path: str, root: str = "$", *, b
             raise FitplanError(f"{key} must be a positive integer or \"auto\", got {v!r}", file=str(path), field=f"{root}.{key}", value=v)
         out[field] = v
     return out
+
+
+def deepspeed_precision(data: dict[str, Any], path: str, root: str = "$", *, bf16: bool | None = None,
+                        fp16: bool | None = None, warnings: list[str] | None = None) -> str:
+    """The precision preset a DeepSpeed config runs, decided as transformers 5.24 and DeepSpeed decide it:
+
+    * ``"enabled": "auto"`` takes the TrainingArguments value (``HfTrainerDeepSpeedConfig.trainer_config_process``:
+      ``fill_match("bf16.enabled", args.bf16 or args.bf16_full_eval)``); an explicit value must *equal* it, or
+      ``deepspeed_init`` raises "Please correct the following DeepSpeed config values that mismatch
+      TrainingArguments values" (``transformers/integrations/deepspeed.py``): refused here the same way;
+    * a missing section is added by accelerate when TrainingArguments asks for that dtype
+      (``DeepSpeedPlugin.set_mixed_precision``);
+    * fp16 and bf16 both enabled: DeepSpeed asserts "bfloat16 and fp16 modes cannot be simultaneously enabled"
+      (``deepspeed/runtime/config.py``): refused;
+    * 16-bit: DeepSpeed's bf16 / fp16 optimizer keeps fp32 master weights and states (``bf16-master`` /
+      ``16-master``); neither: fp32 (``32-true``).
+
+    ``bf16``/``fp16`` None: no TrainingArguments precision stated; fitplan then takes the config's explicit
+    values and resolves "auto" with the TrainingArguments defaults (false), with a warning for each assumption.
+    """
+    warnings = [] if warnings is None else warnings
+    stated = bf16 is not None or fp16 is not None
+    ta = {"bf16": bool(bf16), "fp16": bool(fp16)}
+    enabled = {}
+    for key in ("bf16", "fp16"):
+        sect = data.get(key, data.get("bfloat16") if key == "bf16" else None)
+        value = sect.get("enabled", False) if isinstance(sect, dict) else None
+        where = f"{root}.{key}.enabled"
+        if value == "auto":
+            enabled[key] = ta[key]
+            if not stated:
+                warnings.append(f"{path}: {key}.enabled is \"auto\" and no TrainingArguments precision was given: "
+                                f"resolved with the HF default {key}=false (pass --{key} or --training-args)")
+        elif value is None:
+            enabled[key] = ta[key]  # accelerate adds {"enabled": true} for the TrainingArguments' dtype
+        elif not isinstance(value, bool):
+            raise FitplanError(f"{key}.enabled must be true, false or \"auto\", got {value!r}", file=path,
+                               field=where, value=value)
+        elif stated and value != ta[key]:
+            raise FitplanError(f"{key}.enabled is {str(value).lower()} but TrainingArguments {key} is "
+                               f"{str(ta[key]).lower()}: the HF Trainer refuses the mismatch (deepspeed_init)",
+                               file=path, field=where, value=value, suggestion=f"set {key}.enabled to \"auto\"")
+        else:
+            enabled[key] = value
+            if not stated and value:
+                warnings.append(f"{path}: {key}.enabled is true; fitplan assumes TrainingArguments {key}=true "
+                                "(the HF Trainer refuses a mismatch)")
+    if enabled["bf16"] and enabled["fp16"]:
+        raise FitplanError("bf16 and fp16 are both enabled: DeepSpeed asserts 'bfloat16 and fp16 modes cannot be "
+                           "simultaneously enabled' (deepspeed/runtime/config.py)", file=path, field=f"{root}.fp16.enabled",
+                           value=True, suggestion="enable one of them")
+    return MASTER_FOR_FLAG["bf16"] if enabled["bf16"] else MASTER_FOR_FLAG["fp16"] if enabled["fp16"] else "32-true"
+
+
+DEEPSPEED_OPTIMIZERS = {"adam": "adamw_torch_fused", "adamw": "adamw_torch_fused"}
+"""A DeepSpeed ``optimizer`` section builds DeepSpeed's own optimizer (FusedAdam on the GPU; DeepSpeedCPUAdam with
+offload: ``deepspeed/runtime/engine.py`` ``_configure_basic_optimizer``) and the HF Trainer ignores
+``TrainingArguments.optim``: fitplan models FusedAdam like fused torch AdamW (two states, no step temporaries)."""
+
+
+def deepspeed_optimizer(data: dict[str, Any], path: str, root: str, warnings: list[str]) -> dict[str, Any]:
+    """``{"optim": ...}`` when the config has an ``optimizer`` section fitplan models (see
+    :data:`DEEPSPEED_OPTIMIZERS`), with a warning that it overrides ``optim``."""
+    opt = data.get("optimizer")
+    if not isinstance(opt, dict):
+        return {}
+    kind = str(opt.get("type", "")).lower()
+    if kind not in DEEPSPEED_OPTIMIZERS:
+        raise FitplanError(f"DeepSpeed optimizer type {opt.get('type')!r} is not modelled", file=path,
+                           field=f"{root}.optimizer.type", value=opt.get("type"),
+                           suggestion="use Adam / AdamW, or remove the section to use TrainingArguments.optim")
+    warnings.append(f"{path}: the optimizer section builds DeepSpeed's {opt.get('type')} (TrainingArguments.optim is "
+                    "ignored): estimated as fused AdamW")
+    return {"optim": DEEPSPEED_OPTIMIZERS[kind]}
 
 
 TRAINING_ARGS_FIELDS = {
@@ -75,10 +145,13 @@ TRAINING_ARGS_FIELDS = {
     "tf32": "tf32",
     "max_seq_length": "max_seq_length",
     "max_length": "max_seq_length",
+    "optim_args": "optim_args",
+    "optim_target_modules": "optim_target_modules",
 }
 """TrainingArguments (and TRL SFTConfig) keys fitplan reads -> scenario fields. ``bf16``, ``fp16``,
 ``deepspeed`` and ``fsdp`` are read too (see :func:`training_args_fields`); every other key is ignored."""
-_TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "auto_find_batch_size")
+_TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "auto_find_batch_size", "bf16_full_eval",
+             "fp16_full_eval")
 
 
 def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tuple[dict[str, Any], list[str]]:
@@ -121,11 +194,13 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tupl
         out.update(_ta_fsdp(data["fsdp"], bad))
     ds = data.get("deepspeed")
     if ds is not None:
+        # "auto" is filled with bf16 or bf16_full_eval (transformers/integrations/deepspeed.py)
+        ds_bf16, ds_fp16 = bool(bf16 or data.get("bf16_full_eval")), bool(fp16 or data.get("fp16_full_eval"))
         if isinstance(ds, str):
             ds_path = Path(ds) if Path(ds).is_absolute() else p.parent / ds
-            out.update(deepspeed_fields(ds_path, bf16=bool(bf16), fp16=bool(fp16)))
+            out.update(deepspeed_fields(ds_path, bf16=ds_bf16, fp16=ds_fp16, warnings=warnings))
         elif isinstance(ds, dict):
-            out.update(deepspeed_fields_from(ds, str(p), "$.deepspeed", bf16=bool(bf16), fp16=bool(fp16)))
+            out.update(deepspeed_fields_from(ds, str(p), "$.deepspeed", bf16=ds_bf16, fp16=ds_fp16, warnings=warnings))
         else:
             raise bad("deepspeed", f"deepspeed must be a path or an object, got {type(ds).__name__}")
     warnings += _ta_misspelt(data, p)
@@ -157,6 +232,16 @@ def _ta_plain_fields(data: dict[str, Any], bad: Any, known_optimizers: Any) -> d
 
                 raise bad(key, f"optim {v!r} is not an optimizer fitplan knows",
                           did_you_mean(v, known_optimizers) or "see `fitplan plugins` for the optimizers")
+        elif field == "optim_args":
+            if not isinstance(v, str):
+                raise bad(key, f"optim_args must be a string like \"rank=64,momentum=0.9\", got {v!r}")
+        elif field == "optim_target_modules":  # a list of names, or one string (a regular expression, all-linear)
+            if isinstance(v, str):
+                v = (v,)
+            elif isinstance(v, list) and all(isinstance(x, str) for x in v):
+                v = tuple(v)
+            else:
+                raise bad(key, f"optim_target_modules must be a list of strings or a string, got {v!r}")
         out[field] = v
     return out
 

@@ -1,7 +1,7 @@
 """The names a quantity may depend on besides other quantities: scenario fields and resolved inputs.
 
 The resolved inputs are objects :func:`fitplan.estimation.build_inputs` looks up from the scenario: the
-architecture, the GPU, the optimizer, the framework overheads and the rulesets in force.
+architecture, the GPU, the optimizer, the framework overheads, the rulesets in force and the dataset's summary.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ RESOLVED_INPUTS: dict[str, str] = {
     "optimizer_spec": "the optimizer named by --optim (fitplan.inputs.optimizer.OptimizerSpec)",
     "framework": "framework overheads from the rulesets (fitplan.rulesets.schema.Framework)",
     "rulesets": "every ruleset entry in force (fitplan.rulesets.loader.Rulesets)",
+    "dataset_summary": "the token lengths of --dataset (fitplan.data.summary.DatasetSummary), or None without one",
 }
 
 

@@ -30,6 +30,16 @@ class OptimizerContext:
     state_bytes: float
     param_bytes: float
     device: str = "cuda"
+    modules: tuple[tuple[str, str], ...] = ()
+    """``(name, kind)`` of each entry of ``tensors`` (same order), when known: ``name`` as in
+    ``model.named_parameters()`` without the ``model.layers.N.`` prefix (``self_attn.q_proj.weight``), ``kind``
+    one of ``embedding`` (an ``nn.Embedding`` weight), ``linear`` (an ``nn.Linear`` weight), ``adapter`` (a LoRA
+    A/B weight), ``other`` (norms, biases, Conv1D and expert weights). Empty when the tensors are not the
+    model's own (flattened ZeRO partitions): every per-tensor rule then sees plain tensors."""
+    optim_args: tuple[tuple[str, str], ...] = ()
+    """HF ``optim_args`` (``"rank=64,momentum=0.9"``) as ``(key, value)`` string pairs, as the Trainer parses them."""
+    target_modules: tuple[str, ...] = ()
+    """HF ``optim_target_modules`` (GaLore, APOLLO): module names, ``all-linear``, or one regular expression."""
 
     @property
     def numel(self) -> int:
@@ -38,6 +48,36 @@ class OptimizerContext:
     @property
     def num_tensors(self) -> int:
         return sum(count for _, count in self.tensors)
+
+    def entries(self) -> list[tuple[tuple[int, ...], int, str, str]]:
+        """``(shape, count, name, kind)`` per entry (name ``""`` and kind ``other`` when unknown)."""
+        mods = self.modules if len(self.modules) == len(self.tensors) else (("", "other"),) * len(self.tensors)
+        return [(shape, count, name, kind) for (shape, count), (name, kind) in zip(self.tensors, mods)]
+
+    def arg(self, key: str, default: Any, kind: type = float) -> Any:
+        """``optim_args[key]`` converted with ``kind``, or ``default``."""
+        for k, v in self.optim_args:
+            if k == key:
+                return kind(v)
+        return default
+
+    def is_target(self, name: str, kind: str) -> bool:
+        """Whether the weight ``name`` is a GaLore / APOLLO target, as transformers 5.24 decides it
+        (``trainer_optimizer._setup_low_rank_optimizer`` with ``trainer_utils.check_target_module_exists``): an
+        ``nn.Linear`` whose module name contains one of the targets, matches the one regular expression given
+        as a string, or any ``nn.Linear`` for ``all-linear``."""
+        if kind != "linear" or not self.target_modules:
+            return False
+        module = name.removesuffix(".weight")
+        full = module if module == "lm_head" else "model.layers.0." + module if "." in module else "model." + module
+        targets = self.target_modules
+        if len(targets) == 1 and targets[0].replace("_", "-") == "all-linear":
+            return True
+        if len(targets) == 1 and not targets[0].isidentifier():
+            import re
+
+            return re.fullmatch(targets[0], full) is not None
+        return any(t in full for t in targets)
 
 
 @frozen
@@ -63,3 +103,35 @@ class OptimizerSpec:
     torch_class: str = ""
     torch_kwargs: dict[str, Any] = attrs.Factory(dict)
     plugin: str = ""
+    hf: bool = False
+    """A value of transformers' ``OptimizerNames`` (``TrainingArguments.optim``): the HF Trainer builds it."""
+    refused: str = ""
+    """Why fitplan does not estimate this name (what is missing), for an HF name it knows but does not model:
+    ``--optim NAME`` is then an error quoting it."""
+    check: Callable[[OptimizerRun], str | None] | None = None
+    """A refusal that depends on the run (a CUDA-only optimizer on ``device = cpu``, a layerwise one with
+    gradient accumulation): the reason, or None when the run is fine."""
+    host_state_bytes: Callable[[OptimizerContext], float] = lambda ctx: 0
+    """Optimizer state kept in host (CPU) RAM between steps (GrokAdamW)."""
+    frees_gradients: bool = False
+    """Each gradient is consumed and freed as backward produces it (LOMO, the ``*_layerwise`` variants): a full
+    set of gradients never exists."""
+    measured_on_cpu: bool = False
+    """The referee (fitplan-torch) runs it on the CPU and the tests compare its state bytes with this spec."""
+    search: bool = True
+    """Whether ``fitplan recommend`` tries it when no ``--optims`` list is given (the common ones: the built-in
+    specs of the other HF names are estimated when named, not searched)."""
+
+
+@frozen
+class OptimizerRun:
+    """What a run-dependent refusal (:attr:`OptimizerSpec.check`) sees."""
+
+    device: str
+    world_size: int
+    gradient_accumulation_steps: int
+    grad_dtype: str
+    """The trainable parameters' gradients' dtype: ``fp32``, ``bf16`` or ``fp16``."""
+    compute_dtype: str
+    method: str
+    target_modules: tuple[str, ...] = ()

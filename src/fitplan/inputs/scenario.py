@@ -21,7 +21,10 @@ METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
 ASSUMPTIONS = ("realistic", "seed")
-PADDING = ("pad", "pack")
+PADDING = ("pad", "pack", "longest", "group_by_length", "padding_free")
+"""How micro-batches are formed (fitplan.data.padding): padded to max_seq_length, packed (TRL packing, bfd),
+padded to the longest in each micro-batch (TRL's default; with group_by_length, batches grouped by length),
+padding-free. The last three need the examples' lengths (``dataset_path``)."""
 DEVICES = ("cuda", "cpu")
 
 
@@ -29,13 +32,14 @@ LIMITS: dict[str, float] = {
     "per_device_train_batch_size": 2**20, "gradient_accumulation_steps": 2**20, "max_seq_length": 2**24,
     "num_train_epochs": 10_000, "lora_r": 65_536, "lora_alpha": 1e6, "tensor_parallel": 4096, "num_gpus": 65_536,
     "num_nodes": 65_536, "num_examples": 1e13, "tokens_per_example": 1e9, "total_tokens": 1e16, "runs": 1e6,
-    "tokens_per_second": 1e12,
+    "tokens_per_second": 1e12, "dataset_sample": 1e12,
 }
 """The largest value of a number that makes physical sense (a micro-batch of a million sequences, a sequence of
 16M tokens, 65,536 GPUs, 10^16 tokens): beyond it a value is a typo, and refusing it keeps the arithmetic finite."""
 MINIMA: dict[str, float] = {"tokens_per_second": 1e-3, "mfu": 1e-4}
 """The smallest value of a rate that makes sense: below it a time comes out infinite."""
-TEXT_LIMITS: dict[str, int] = {"model": 4096, "params": 64}
+TEXT_LIMITS: dict[str, int] = {"model": 4096, "params": 64, "dataset_path": 4096, "tokenizer": 4096,
+                               "chat_template_path": 4096}
 """The longest text a field takes (paths are long); every other text field: :data:`TEXT_LIMIT`."""
 TEXT_LIMIT = 256
 
@@ -131,6 +135,10 @@ class Training:
     max_seq_length: int = field(default=2048, validator=_at_least_one)
     gradient_checkpointing: bool = False
     optim: str = field(default="adamw_torch", validator=_text)
+    optim_args: str = field(default="", validator=_text)
+    """HF ``optim_args``: ``"rank=64,momentum=0.9"`` (GaLore/APOLLO rank, SGD/RMSprop momentum, torchao block_size)."""
+    optim_target_modules: tuple[str, ...] = field(default=(), validator=lambda i, a, v: v == () or _module_names(i, a, v))
+    """HF ``optim_target_modules`` (GaLore, APOLLO): module names, ``all-linear``, or one regular expression."""
     precision: str = field(default="32-true", validator=_one_of(PRECISIONS))
     attn_implementation: str = field(default="sdpa", validator=_one_of(ATTN_IMPLEMENTATIONS))
     num_train_epochs: float = field(default=1.0, validator=_positive)
@@ -147,6 +155,9 @@ class Lora:
     lora_target_modules: tuple[str, ...] = field(default=("q_proj", "v_proj"), validator=_module_names)
     lora_dropout: float = field(default=0.0, validator=_probability)
     bnb_4bit_use_double_quant: bool = True
+    bnb_4bit_compute_dtype: str | None = field(default=None, validator=_one_of((None, "fp32", "bf16", "fp16")))  # type: ignore[arg-type]
+    """transformers' ``BitsAndBytesConfig.bnb_4bit_compute_dtype`` (None: float32). bitsandbytes 0.50.2 computes in
+    the input's dtype whenever that is fp32 or bf16 (``Linear4bit.set_compute_type``): fitplan warns when it differs."""
 
 
 @frozen
@@ -175,12 +186,24 @@ class Hardware:
 
 @frozen
 class Dataset:
-    """How much data: examples × tokens per example, or total tokens; × epochs (in Training)."""
+    """How much data: examples × tokens per example, or total tokens; × epochs (in Training). Or the dataset
+    itself (``dataset_path``: a data file or directory, or a summary TOML), read as TRL's SFT trainer reads it
+    (docs/dataset.md)."""
 
     num_examples: int | None = field(default=None, validator=_positive)
     tokens_per_example: float | None = field(default=None, validator=_positive)
     total_tokens: int | None = field(default=None, validator=_positive)
     padding: str = field(default="pack", validator=_one_of(PADDING))
+    dataset_path: str | None = field(default=None, validator=_text)
+    dataset_text_field: str = field(default="text", validator=_text)
+    """TRL's ``SFTConfig.dataset_text_field``: the column of plain-text examples."""
+    tokenizer: str | None = field(default=None, validator=_text)
+    """A tokenizer directory or Hugging Face id (default: the model's)."""
+    chat_template_path: str | None = field(default=None, validator=_text)
+    """TRL's ``SFTConfig.chat_template_path``: a ``.jinja`` file replacing the tokenizer's chat template."""
+    dataset_split: str | None = field(default=None, validator=_text)
+    dataset_sample: int | None = field(default=None, validator=_positive)
+    """Tokenize a random sample of this many examples (totals scaled, with a confidence interval)."""
 
 
 @frozen

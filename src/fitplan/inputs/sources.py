@@ -16,7 +16,8 @@ from fitplan.errors import FitplanError
 from fitplan.inputs import scenario as sc
 from fitplan.inputs.precision import MIXED_FOR_FLAG
 
-FLAG_NAMES = {"zero_stage": "--zero"}
+FLAG_NAMES = {"zero_stage": "--zero", "dataset_path": "--dataset", "dataset_text_field": "--text-field",
+              "chat_template_path": "--chat-template", "dataset_split": "--split", "dataset_sample": "--sample"}
 """Flags whose name differs from their field (``--zero`` sets ``zero_stage``)."""
 
 
@@ -101,9 +102,10 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
     base: dict[str, Any] = load_scenario_file(scenario_file) if scenario_file else {}
     flags = {k: v for k, v in options.items() if v is not None and k in sc.FIELD_SECTION}
     if bf16 and fp16:
-        raise FitplanError("--bf16 and --fp16 are mutually exclusive", field="--bf16/--fp16")
-    if (bf16 or fp16) and "precision" not in flags:
-        flags["precision"] = MIXED_FOR_FLAG["bf16" if bf16 else "fp16"]
+        raise FitplanError("--bf16 and --fp16 are mutually exclusive (TrainingArguments refuses both)",
+                           field="--bf16/--fp16")
+    if (bf16 or fp16) and "precision" not in flags and options.get("deepspeed") is None:
+        flags["precision"] = MIXED_FOR_FLAG["bf16" if bf16 else "fp16"]  # under DeepSpeed, its config decides
     overrides: dict[str, Any] = {}
     warnings: list[str] = []
     if options.get("training_args") is not None:
@@ -111,7 +113,11 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
                                                 known_optimizers=known_optimizers)
         overrides.update(fields)
     if options.get("deepspeed") is not None:
-        overrides.update(deepspeed_fields(_path(options["deepspeed"], "--deepspeed")))
+        stated = bf16 or fp16 or options.get("training_args")
+        ta_bf16 = bf16 or overrides.get("precision", "").startswith("bf16")
+        ta_fp16 = fp16 or overrides.get("precision", "").startswith("16")
+        overrides.update(deepspeed_fields(_path(options["deepspeed"], "--deepspeed"), bf16=ta_bf16 if stated else None,
+                                          fp16=ta_fp16 if stated else None, warnings=warnings))
     overrides.update(flags)
     fixed = set(overrides)
     for key, value in base.items():

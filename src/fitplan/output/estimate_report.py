@@ -64,11 +64,22 @@ def summary_lines(a: Assessment, units: str) -> list[tuple[str, str]]:
     return lines
 
 
-def breakdown_rows(est: Estimate) -> list[tuple[str, int]]:
-    """``(label, bytes)`` of the non-zero breakdown rows (memory quantities with ``row`` metadata, within the peak)."""
+def breakdown_rows(est: Estimate) -> list[tuple[str, int, str]]:
+    """``(label, bytes, confidence)`` of the non-zero rows of the peak phase: the ``breakdown`` role's
+    ``{row: bytes}`` (which sums to the peak), labelled by the memory quantities declaring each ``row``, in
+    declaration order, with the ``confidence`` role's compact entry for the row ("" when none). Without a
+    breakdown quantity: each row quantity's own value."""
     compiled = est.registry.compiled()
-    return [(q.label, int(est.values[name])) for name, q in compiled.quantities.items()
-            if q.row and q.category == "memory" and q.role != "overhead" and est.values.get(name)]
+    parts = est.role("breakdown")
+    known = est.role("confidence") or {}
+    out = []
+    for name, q in compiled.quantities.items():
+        if not q.row or q.category != "memory" or q.role == "overhead":
+            continue
+        b = int(parts.get(q.row, 0)) if parts is not None else int(est.values.get(name) or 0)
+        if b:
+            out.append((q.label, b, (known.get(q.row) or {}).get("short", "")))
+    return out
 
 
 def _verdict_text(v: dict[str, Any]) -> str:
@@ -85,15 +96,16 @@ def to_markdown(a: Assessment, units: str = "GB") -> str:
     for label, value in summary_lines(a, units):
         lines.append(f"- **{md(label)}**: {md(value)}")
     peak, total = _totals(est)
-    lines += ["", f"| component | {units} | share of peak |", "|---|---:|---:|"]
-    for label, b in breakdown_rows(est):
-        lines.append(f"| {md(label)} | {format_bytes(b, units).split()[0]} | {100 * b / max(peak, 1):.1f} % |")
-    lines.append(f"| **peak** | **{format_bytes(peak, units).split()[0]}** | |")
-    lines.append(f"| **device total** | **{format_bytes(total, units).split()[0]}** | |")
+    lines += ["", f"| at the peak | {units} | share of peak | known |", "|---|---:|---:|---|"]
+    for label, b, known in breakdown_rows(est):
+        lines.append(f"| {md(label)} | {format_bytes(b, units).split()[0]} | {100 * b / max(peak, 1):.1f} % | {md(known)} |")
+    lines.append(f"| **peak** | **{format_bytes(peak, units).split()[0]}** | 100.0 % | |")
+    lines.append(f"| **device total** | **{format_bytes(total, units).split()[0]}** | | |")
     if est.warnings:
         lines += ["", "Warnings:", *[f"- {md(w)}" for w in est.warnings]]
-    lines += ["", f"_{units} = {'10^9' if units == 'GB' else '2^30'} bytes. Components are resident at different phases; "
-                  "the peak is the largest phase, not their sum._", ""]
+    lines += ["", f"_{units} = {'10^9' if units == 'GB' else '2^30'} bytes. The rows are what is alive at the peak "
+                  "instant and sum to the peak; known: exact (the referee reproduces it on the CPU), source (modelled "
+                  "from the allocating code), ±N % (approximate), see docs/memory-model.md._", ""]
     for v in a.verdicts or ():
         lines.insert(-1, f"- **policy {md(v['rule'])}** ({v['action']}{', ' + v['market'] if v['market'] else ''}): "
                          f"{md(v['reason'])}")
@@ -111,19 +123,22 @@ def print_table(a: Assessment, console: Any, units: str = "GB") -> None:
     for label, value in summary_lines(a, units):
         console.print(f"[bold]{label:>18}[/]  {escape(value)}")
     table = Table(title=None, show_edge=False, pad_edge=False)
-    table.add_column("component")
+    table.add_column("at the peak")
     table.add_column(units, justify="right")
-    table.add_column("share of peak", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("known")
     table.add_column("")
     peak = max(_totals(est)[0], 1)
-    for label, b in breakdown_rows(est):
+    for label, b, known in breakdown_rows(est):
         share = b / peak
-        table.add_row(label, format_bytes(b, units).split()[0], f"{100 * share:.1f} %", "█" * max(1, round(30 * min(share, 1))))
+        table.add_row(label, format_bytes(b, units).split()[0], f"{100 * share:.1f} %", known,
+                      "█" * max(1, round(30 * min(share, 1))))
     console.print(table)
     for w in est.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")
-    console.print(f"[dim]{units} = {'10^9' if units == 'GB' else '2^30'} bytes; components are resident at different phases, "
-                  "the peak is the largest phase.[/]")
+    console.print(f"[dim]{units} = {'10^9' if units == 'GB' else '2^30'} bytes; the rows are alive at the peak instant and "
+                  "sum to the peak; known: exact (referee, CPU), source (modelled from the allocating code), ±N % "
+                  "(approximate).[/]")
     for v in a.verdicts or ():
         console.print(f"[red]policy {escape(v['rule'])}[/] ({escape(v['action'])}"
                       f"{', ' + escape(v['market']) if v['market'] else ''}): {escape(v['reason'])}")

@@ -24,6 +24,7 @@ REPORT_KINDS: dict[str, str] = {
     "plugins": "the plugin listing (dict)",
     "models": "the model catalog (list of dicts)",
     "validate": "a validation report from the torch plugin (dict)",
+    "dataset": "a dataset's token figures (fitplan.data.figures.figures: dict)",
     "graph": "the compiled quantity graph (fitplan.engine.graph.CompiledGraph)",
 }
 """Kinds of report a format may render: name -> what the renderer receives."""

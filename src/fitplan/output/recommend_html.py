@@ -59,8 +59,7 @@ def memory_chart(result: Result) -> str:
     segments = _segments(plans[0].estimate)
     rows = []
     for p in plans:
-        parts = [(label, color, int(p.estimate.values.get(name) or 0)) for name, label, color in segments
-                 if (p.estimate.values.get(name) or 0) > 0]
+        parts = [(label, color, b) for name, label, color in segments if (b := _segment_bytes(p.estimate, name)) > 0]
         rows.append((p, parts, p.device_total_bytes, p.usable_bytes))
     scale_max = max(max(sum(b for _, _, b in parts), total, usable) for _, parts, total, usable in rows)
     left, width, bar_h, gap, top = 70, 860, 16, 8, 10
@@ -97,6 +96,16 @@ def memory_chart(result: Result) -> str:
                        f'<text x="{_n(lx + 14)}" y="{ly}" font-size="10">{escape(label)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _segment_bytes(est, name: str) -> int:
+    """A row's bytes at the peak instant (the ``breakdown`` role), or the quantity's own value (the framework
+    overhead, which is not part of the peak): the stacked segments sum to the device total."""
+    q = est.registry.compiled().quantities[name]
+    parts = est.role("breakdown")
+    if parts is not None and q.role != "overhead":
+        return int(parts.get(q.row, 0))
+    return int(est.values.get(name) or 0)
 
 
 def _segments(est) -> list[tuple[str, str, str]]:

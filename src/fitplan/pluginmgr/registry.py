@@ -40,6 +40,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.peak",
     "fitplan.builtin.overhead",
     "fitplan.builtin.time",
+    "fitplan.builtin.dataset",
+    "fitplan.builtin.confidence",
     "fitplan.builtin.cost",
     "fitplan.builtin.seed",
     "fitplan.builtin.names",
@@ -50,7 +52,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 ESSENTIAL: frozenset[str] = frozenset({
     "fitplan.builtin.inputs", "fitplan.builtin.precision", "fitplan.builtin.model_states", "fitplan.builtin.optimizers",
     "fitplan.builtin.activations", "fitplan.builtin.lora", "fitplan.builtin.sharding", "fitplan.builtin.overhead",
-    "fitplan.builtin.peak", "fitplan.builtin.time", "fitplan.builtin.report", "fitplan.builtin.formats",
+    "fitplan.builtin.peak", "fitplan.builtin.time", "fitplan.builtin.dataset", "fitplan.builtin.report", "fitplan.builtin.formats",
     "fitplan.builtin.commands",
 })
 """Built-in plugins that cannot be blocked: the terms of the memory model and of time (the others depend on
@@ -309,7 +311,13 @@ class Registry:
     def resolve_optimizer(self, name: str) -> OptimizerSpec:
         key = self.optimizer_aliases.get(name, name)
         if key in self.optimizers:
-            return self.optimizers[key]
+            spec = self.optimizers[key]
+            if spec.refused:
+                from fitplan.errors import FitplanError
+
+                raise FitplanError(f"optim {name!r} is not estimated: {spec.refused}", field="--optim", value=name,
+                                   suggestion="`fitplan plugins` lists the optimizers fitplan models")
+            return spec
         from fitplan.errors import unknown
 
         raise unknown("optimizer", name, [*self.optimizers, *self.optimizer_aliases], field="--optim")

@@ -185,11 +185,34 @@ def estimate_verdicts(est: Any, policy_files: Sequence[str | Path]) -> list[dict
     if not ps:
         return None
     v = est.values
-    compiled = est.registry.compiled()
-    markets: list[str | None] = [m for m in ("on_demand", "spot")
-                                 if compiled.role(f"cost.{m}") is not None and v.get(compiled.role(f"cost.{m}")) is not None]
     out = []
-    for market in markets or [None]:
+    for market in priced_markets(est) or [None]:
         fired, _ = ps.check(Namespace(v, market, None, ps.vocabulary))
         out += [{**f.to_dict(), "market": market} for f in fired]
     return out
+
+
+POLICY_VIOLATION_EXIT = 3
+"""Exit status of ``fitplan estimate`` when the policies forbid the scenario (docs/policies.md): distinct from
+2 (bad input) so that CI can tell "the config is wrong" from "the config is not allowed"."""
+
+
+def priced_markets(est: Any) -> list[str]:
+    """The markets (``on_demand``, ``spot``) the estimate has a cost in."""
+    v = est.values
+    compiled = est.registry.compiled()
+    return [m for m in ("on_demand", "spot")
+            if compiled.role(f"cost.{m}") is not None and v.get(compiled.role(f"cost.{m}")) is not None]
+
+
+def forbidding_rules(est: Any, verdicts: Sequence[dict[str, Any]] | None) -> list[str]:
+    """The ``forbid`` rules that reject the scenario when they reject it in every market it was checked in
+    (each priced market, or the unpriced scenario), else an empty list: a scenario forbidden only on spot
+    may still run on demand."""
+    if not verdicts:
+        return []
+    markets = priced_markets(est) or [None]
+    forbidden = {m: sorted({x["rule"] for x in verdicts if x["action"] == "forbid" and x["market"] == m}) for m in markets}
+    if not all(forbidden.values()):
+        return []
+    return sorted({r for rules in forbidden.values() for r in rules})

@@ -116,6 +116,9 @@ class Provider:
     currency: str = "USD"
     spot_overhead: float = field(default=0.1, validator=_nonneg)
     """Extra fraction of run time lost to spot interruptions and restarts (0.1 = +10 %)."""
+    reference: bool = False
+    """A reference table, not a market (the seed chapter's approximate, undated prices): priced when named
+    (``--provider``, ``--providers``) but never chosen by ``fitplan recommend`` on its own."""
 
 
 @frozen

@@ -156,9 +156,9 @@ def _check_request(objective: str, needs_time: bool, roles: dict[str, str | None
     if needs_time and missing:
         raise FitplanError(f"--objective {objective} needs time and cost quantities (roles {', '.join(missing)}), which no "
                            "plugin declares", field="--objective", suggestion="use --objective gpus")
-    if needs_time and flat["num_examples"] is None and flat["total_tokens"] is None:
+    if needs_time and flat["num_examples"] is None and flat["total_tokens"] is None and not flat["dataset_path"]:
         raise FitplanError(f"--objective {objective} needs the dataset size to compute time and cost",
-                           field="--objective", suggestion="add --num-examples N --tokens-per-example T (or --total-tokens), "
+                           field="--objective", suggestion="add --dataset PATH, or --num-examples N --tokens-per-example T (or --total-tokens), "
                            "or rank by --objective gpus")
 
 
@@ -172,7 +172,8 @@ def _choices(flat: dict[str, Any], fixed: set[str], space: SearchSpace, registry
     return {
         "method": methods,
         "precision": choices("precision", space.precisions),
-        "optim": choices("optim", space.optimizers if space.optimizers is not None else tuple(registry.optimizers)),
+        "optim": choices("optim", space.optimizers if space.optimizers is not None else
+                          tuple(n for n, o in registry.optimizers.items() if o.search and not o.refused)),
         "gradient_checkpointing": choices("gradient_checkpointing", space.checkpointing),
         "attn_implementation": choices("attn_implementation", space.attn_implementations),
     }
@@ -350,8 +351,9 @@ def _result(setup: _Search, st: Staged, flat: dict[str, Any], base: sc.Scenario,
     pareto = [p for _, _, _, p in collector.front]
     rejected = [p for _, p in collector.rejected]
     if (setup.objective == "gpus" and st.roles["seconds"] is not None and flat["num_examples"] is None
-            and flat["total_tokens"] is None):
-        stats.notes.append("no dataset given: plans have no time or cost (add --num-examples and --tokens-per-example)")
+            and flat["total_tokens"] is None and not flat["dataset_path"]):
+        stats.notes.append("no dataset given: plans have no time or cost (add --dataset, or --num-examples and "
+                           "--tokens-per-example)")
     worlds = sorted(setup.hardware)
     skipped = sorted({n * m for (n, m) in worlds if (n * m) % setup.tp == 0
                       and not batch_options(setup.space, n * m // setup.tp)})

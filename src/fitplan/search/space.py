@@ -102,6 +102,8 @@ def hardware_options(rules, space: SearchSpace, fixed: dict[str, Any], needs_pri
         providers = sorted({p for (p, _, _), i in rules.instances.items() if i.gpu == g.id})
         if space.providers is not None:
             providers = [p for p in providers if p in space.providers]
+        else:  # reference tables (the seed chapter's prices) are compared only when named
+            providers = [p for p in providers if not rules.provider(p).reference]
         shapes: list[tuple[str | None, int]] = [(p, max(i.gpus for i in instances_for(rules, p, g.id))) for p in providers]
         if not shapes and space.gpus is not None and not needs_price:
             shapes = [(None, g.gpus_per_node)]  # a GPU named by the user without a price: time and memory only

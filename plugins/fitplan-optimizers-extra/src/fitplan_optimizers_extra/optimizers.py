@@ -84,13 +84,15 @@ LION = OptimizerSpec(
 # --------------------------------------------------------------------------- GaLore AdamW
 
 GALORE_RANKS: dict[str, int] = {
-    "galore_adamw": 128,
+    "galore_adamw_r128": 128,
     "galore_adamw_r256": 256,
     "galore_adamw_r512": 512,
     "galore_adamw_r1024": 1024,
 }
 """Named variants (rank is part of the name, so ``--optim`` and the recommender see each one).
-128 is the default of the reference's training script and of transformers' ``optim="galore_adamw"``;
+128 is the default of the reference's training script and of transformers' ``optim="galore_adamw"`` (which
+fitplan builds in as the HF Trainer builds it, with ``optim_target_modules``: this plugin's variants are the
+reference algorithm on every hidden matrix, not HF names);
 the GaLore paper uses 128 to 512 for 60M to 1B pre-training and 1024 for 7B."""
 GALORE_UPDATE_PROJ_GAP = 200
 """Steps between two SVDs of a gradient (the paper's T; reference default)."""

@@ -78,8 +78,7 @@ def rulesets_check(paths: tuple[str, ...]) -> None:
     from fitplan.rulesets.loader import check_paths
 
     errors = check_paths(paths)
-    if not errors:
-        errors = rule_name_problems(paths, registry())
+    errors += rule_name_problems(paths, registry())  # the files that parsed: every error at once
     for e in errors:
         click.echo(e, err=True)
     if errors:

@@ -28,10 +28,21 @@ def estimate(fmt: str, out: str | None, units: str, policy_files: tuple[str, ...
 
     SCENARIO_FILE is an optional TOML file with [model], [training], [lora], [parallel], [hardware],
     [dataset] and [cost] sections; flags override it.
-    """
-    from fitplan.assess import assess
 
-    emit("estimate", assess(estimate_from(options), policy_files=policy_files), fmt, out, units)
+    Exit status: 0; 2 for bad input; 3 (``POLICY_VIOLATION_EXIT``) when the policies in force forbid the
+    scenario in every market it is priced in (docs/policies.md).
+    """
+    import sys
+
+    from fitplan.assess import assess
+    from fitplan.rules.policy import POLICY_VIOLATION_EXIT, forbidding_rules
+
+    a = assess(estimate_from(options), policy_files=policy_files)
+    emit("estimate", a, fmt, out, units)
+    rules = forbidding_rules(a.estimate, a.verdicts)
+    if rules:
+        click.echo(f"policy: forbidden by {', '.join(rules)} (exit status {POLICY_VIOLATION_EXIT})", err=True)
+        sys.exit(POLICY_VIOLATION_EXIT)
 
 
 EXAMPLE = {"model": "llama-2-7b", "precision": "bf16-mixed", "per_device_train_batch_size": 4}

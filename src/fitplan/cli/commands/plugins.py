@@ -58,7 +58,10 @@ def listing(reg) -> dict[str, Any]:
             "hooks": sorted({h.name for h in reg.pm.get_hookcallers(reg.pm.get_plugin(name)) or []}),
             "quantities": sorted(q.name for q in reg.quantities if q.plugin == name),
             "reducers": sorted(f"{r.target}.{r.name}" for r in reg.reducers if r.plugin == name),
-            "optimizers": sorted(o.name for o in reg.optimizers.values() if o.plugin == name),
+            "optimizers": sorted(o.name for o in reg.optimizers.values() if o.plugin == name and not o.refused),
+            "optimizers_not_hf": sorted(o.name for o in reg.optimizers.values() if o.plugin == name and not o.hf),
+            "optimizers_refused": {o.name: o.refused for o in sorted(reg.optimizers.values(), key=lambda o: o.name)
+                                   if o.plugin == name and o.refused},
             "names": sorted(n.name for n in reg.names.values() if n.plugin == name),
             "commands": commands.get(name, []),
             "formats": sorted({f"{f.name} ({k})" for (k, _), f in reg.formats.items() if f.plugin == name}),
