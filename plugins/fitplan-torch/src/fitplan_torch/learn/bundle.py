@@ -66,8 +66,10 @@ def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[st
             raise RuntimeError(f"{model_type}: " + "; ".join(problems[:5]))
     learned = [data.get("flags", {}).get("values") or {}]
     for other in catalog_configs(model_type):
-        small = shrink({**cfg, **{k: v for k, v in other.items() if isinstance(v, (bool, str))}})
         flags = data.get("flags", {}).get("values") or {}
+        # the tiny config (already small: shrinking it again could break a head relation such as MLA's
+        # kv heads == heads) with the catalog config's values of the switches
+        small = {**cfg, **{k: other[k] for k in flags if k in other}}
         want = {k: small.get(k, v) for k, v in flags.items()}
         if not flags or want in learned:
             continue
