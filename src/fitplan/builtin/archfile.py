@@ -113,7 +113,9 @@ class ArchFile:
         self.lora: dict[str, Any] = data.get("lora", {})
         self.output_module: str | None = data.get("output_module")
         self.layer_sites: list[str] = data.get("layer_sites", [])
-        self.param_index = {p[0]: p for p in self.params}
+        self.param_index: dict[str, list[list[Any]]] = {}
+        for p in self.params:  # a name may have one shape per switch combination (Falcon's fused qkv)
+            self.param_index.setdefault(p[0], []).append(p)
         self.buffer_index = {b[0]: b for b in self.buffers}
         self._graphs: dict[str, Any] | None = None
 
@@ -214,6 +216,13 @@ class ArchFile:
 
         when = re.sub(r"'[^']*'|\"[^\"]*\"", "", (self.data.get("flags") or {}).get("when") or "")
         return {n for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", when) if n not in ("and", "or", "not")}
+
+    def param_entry(self, name: str, env: dict[str, Any]) -> list[Any] | None:
+        """The parameter entry of ``name`` whose switch condition holds for ``env``."""
+        for p in self.param_index.get(name, ()):
+            if p[4] is None or compile_expr(p[4])(env):
+                return p
+        return None
 
     def tie(self, env: dict[str, Any]) -> dict[str, str]:
         """Parameter names that are the same tensor as another in this config (tied embeddings)."""

@@ -303,7 +303,7 @@ def param_lora(inst, name: str, template: str, mult: int):
     b = inst.b
     tr = b.tr
     w = b.param(name, template)
-    entry = b.af.param_index.get(template)
+    entry = b.af.param_entry(template, inst.env)
     env = inst.env
     shape = tuple(int(compile_expr(d)(env)) for d in entry[1]) if entry else (w.numel,)
     r = b.spec.lora_r * mult

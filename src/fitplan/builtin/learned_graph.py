@@ -90,11 +90,11 @@ class Builder:
         return t
 
     def param_numel(self, template: str, name: str) -> int:
-        entry = self.af.param_index.get(template)
-        if entry is None:
-            return 1
         i = _layer_of(name)
         env = self.env if i is None else {**self.env, "i": i}
+        entry = self.af.param_entry(template, env)
+        if entry is None:
+            return 1
         return math.prod(int(compile_expr(d)(env)) for d in entry[1])
 
     def buffer(self, name: str, template: str):

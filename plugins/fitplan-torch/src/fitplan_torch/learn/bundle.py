@@ -64,25 +64,35 @@ def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[st
         problems = V.check_graph(data, results, specs, log)
         if problems:
             raise RuntimeError(f"{model_type}: " + "; ".join(problems[:5]))
-    learned = [data.get("flags", {}).get("values") or {}]
+    first = data.get("flags", {}).get("values") or {}
+    learned = [first]
+    switches = dict(first)  # every switch seen so far, with the tiny config's value
     for other in catalog_configs(model_type):
-        flags = data.get("flags", {}).get("values") or {}
-        # the tiny config (already small: shrinking it again could break a head relation such as MLA's
-        # kv heads == heads) with the catalog config's values of the switches
-        small = {**cfg, **{k: other[k] for k in flags if k in other}}
-        want = {k: small.get(k, v) for k, v in flags.items()}
-        if not flags or want in learned:
-            continue
-        log(f"  merging the switches of a catalog config: {want}")
-        try:
-            extra, _, _ = derive.learn_full(small, log=log)
-        except Exception as e:  # noqa: BLE001 - the switches contradict the tiny config's others: shrink the catalog's
-            log(f"  the tiny config with these switches does not run ({str(e).splitlines()[0][:120]}); "
-                "learning from the catalog config itself, shrunk")
-            extra, _, _ = derive.learn_full(shrink(dict(other)), log=log)
-        data = files.merge(data, extra)
-        learned.append(extra.get("flags", {}).get("values") or {})
+        for _ in range(3):  # a learning can reveal more switches (Falcon-7B's multi_query): until none is new
+            small = {**cfg, **{k: other[k] for k in switches if k in other}}
+            want = {k: small.get(k, v) for k, v in switches.items()}
+            if not switches or any(all(want.get(k) == v for k, v in seen.items()) for seen in learned):
+                break
+            data, seen = _merge_catalog(data, cfg, small, other, want, log)
+            learned.append(seen)
+            switches.update({k: v for k, v in seen.items() if k not in switches})
     return data
+
+
+def _merge_catalog(data, cfg, small, other, want, log):
+    """Learn ``small`` (the tiny config with a catalog config's switch values) and merge it into ``data``;
+    returns the merged file and the switches the new learning was made under."""
+    from . import derive, files
+    from .command import shrink
+
+    log(f"  merging the switches of a catalog config: {want}")
+    try:
+        extra, _, _ = derive.learn_full(small, log=log)
+    except Exception as e:  # noqa: BLE001 - the switches contradict the tiny config's others: shrink the catalog's
+        log(f"  the tiny config with these switches does not run ({str(e).splitlines()[0][:120]}); "
+            "learning from the catalog config itself, shrunk")
+        extra, _, _ = derive.learn_full(shrink(dict(other)), log=log)
+    return files.merge(data, extra), extra.get("flags", {}).get("values") or {}
 
 
 def write_table(directory: Path = OUT) -> int:

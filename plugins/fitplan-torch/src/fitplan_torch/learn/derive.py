@@ -905,7 +905,7 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
             raise LearnError("the layer pattern differs between precisions / attention kernels")
         del e["kinds"]
     kind_names = sorted(set(kinds), key=kinds.index)
-    ref16 = next(r for (p, a, _), r in results.items() if p == "16")
+    ref16 = next((r for (p, a, _), r in results.items() if p == "16"), ref)  # a mixed-only learning (drift test)
     # parameters, from the 16-bit recording (its dtypes say which tensors stay fp32)
     params = []
     seen = set()

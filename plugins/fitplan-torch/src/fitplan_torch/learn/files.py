@@ -65,19 +65,22 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out["autograd"] = {**a.get("autograd", {}), **b.get("autograd", {})}
     out["combos"] = [c for c in ca if c not in cb] + cb
 
+    def side(e, combos):
+        """Where one side's entry exists: its own condition (``not tie_word_embeddings``, or one from an
+        earlier merge) under that side's switch combinations."""
+        when = " or ".join(f"({c})" for c in dict.fromkeys(combos)) if combos and None not in combos else None
+        parts = [x for x in (e[4], when) if x]
+        return " and ".join(f"({x})" for x in parts) if parts else None
+
     def cond_of(entries_a, entries_b, key_len):
-        by = {}
-        for e in entries_a:
-            by.setdefault(e[0], [e, [], None])[1].extend(ca)
-        for e in entries_b:
-            slot = by.setdefault(e[0], [e, [], None])
-            slot[1].extend(cb)
+        by: dict[tuple[str, str], list[Any]] = {}  # by name and shape: one entry per shape the switches give
+        for entries, combos in ((entries_a, ca), (entries_b, cb)):
+            for e in entries:
+                by.setdefault((e[0], json.dumps(e[1])), [e, []])[1].append(side(e, combos))
         merged = []
-        for name, (e, combos, _) in by.items():
+        for e, conds in by.values():
             e = list(e)
-            if len(set(map(str, combos))) < len(set(map(str, out["combos"]))) and all(c is not None for c in combos):
-                when = " or ".join(f"({c})" for c in dict.fromkeys(combos))
-                e[4] = f"({e[4]}) and ({when})" if e[4] else when
+            e[4] = None if None in conds else " or ".join(dict.fromkeys(conds)) if len(conds) > 1 else conds[0]
             merged.append(e)
         return merged
 
