@@ -328,3 +328,13 @@ def test_learn_architecture_writes_a_file_the_core_reads(cli, tmp_path, monkeypa
     for f in (archfile.load, step_trace.build, architecture._param_groups, architecture._param_count):
         f.cache_clear()
     assert (mine["saved_for_backward_bytes"], mine["peak_bytes"]) == (bundled["saved_for_backward_bytes"], bundled["peak_bytes"])
+
+
+def test_a_model_without_sdpa_runs_eager_with_a_warning():
+    # transformers 5.24 modeling_gemma2.py: _supports_sdpa = False (soft-capping); without an explicit choice
+    # transformers loads it with eager attention, which is what fitplan's default then estimates
+    kw = dict(model=tiny("gemma2"), per_device_train_batch_size=2, max_seq_length=32, device="cpu")
+    default, eager = fitplan.estimate(**kw), fitplan.estimate(**kw, attn_implementation="eager")
+    assert default["peak_bytes"] == eager["peak_bytes"]
+    assert any("no sdpa attention" in w for w in default.warnings)
+    assert not any("no sdpa attention" in w for w in eager.warnings)

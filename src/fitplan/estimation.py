@@ -75,6 +75,11 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = N
         out.append(f"--params gives no architecture: activations, logits and the step peak are for a typical shape "
                    f"({arch.name.split('(approximate: ', 1)[-1].rstrip(')')}, {arch.num_hidden_layers} layers, "
                    f"vocabulary {arch.vocab_size}) and are approximate; pass --model CONFIG.json for the real shape")
+    attn = s.training.attn_implementation
+    if arch.attn_implementations and attn not in arch.attn_implementations:
+        out.append(f"{arch.name} has no {attn} attention in its transformers code: it runs "
+                   f"{arch.attn_implementations[0]} attention, as transformers chooses when none is given "
+                   f"(and refuses when {attn} is asked for explicitly)")
     world = s.hardware.num_gpus * s.hardware.num_nodes
     p = s.parallel
     if (p.zero_stage or p.fsdp) and world // p.tensor_parallel <= 1:

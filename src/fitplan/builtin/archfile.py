@@ -259,6 +259,8 @@ class ArchFile:
                                f"({flags['when']})", file=str(self.path), field="model",
                                suggestion="learn them from this config: fitplan learn-architecture CONFIG --install")
         impls = self.data.get("attn_implementations")
+        if impls and attn == "sdpa" and "sdpa" not in impls:
+            attn = impls[0]  # transformers' default for a model without SDPA (the estimate warns)
         if impls and attn not in impls:
             raise FitplanError(f"{self.model_type} has no {attn!r} attention in transformers "
                                f"{self.learned.get('transformers', '?')} (it supports {', '.join(impls)})",

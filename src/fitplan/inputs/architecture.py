@@ -81,6 +81,8 @@ class ModelSpec:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     symbols: tuple[tuple[str, Any], ...] = ()
+    attn_implementations: tuple[str, ...] = ()
+    """The attention kernels the model's transformers code supports (its learned file); empty: any."""
     """The learned file's symbols, read from config.json (hashable: lists become tuples)."""
     source: str = ""
     bare_param_count: int | None = None
@@ -277,6 +279,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         num_experts_per_tok=int(std.get("num_experts_per_tok") or 0) if std.get("num_experts") else 0,
         moe_intermediate_size=int(std.get("moe_intermediate_size") or 0),
         symbols=tuple(sorted((k, _hashable(v)) for k, v in env.items())),
+        attn_implementations=tuple(af.data.get("attn_implementations") or ()),
         source=source,
     )
 
