@@ -247,7 +247,9 @@ def test_model_without_architecture_cannot_be_built():
 
 def test_unbuildable_config_is_a_fitplan_error(tmp_path):
     cfg = load_config("tiny-llama")
-    cfg["hidden_act"] = "no-such-activation"
+    # a field the memory model does not read (the learned file has no switch on it) but transformers does:
+    # an unknown activation is refused by fitplan itself now (a switch not learned)
+    cfg["rope_parameters"] = {"rope_type": "no-such-rope", "rope_theta": 10000.0}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     est = fitplan.estimate(model=str(tmp_path / "config.json"), max_seq_length=16)
     with pytest.raises(FitplanError, match="cannot build"):

@@ -164,6 +164,8 @@ class ArchFile:
                     v = spec.get("default")
             else:
                 v = c.get(name, spec.get("default"))
+            if isinstance(v, str) and v in spec.get("rewrite", {}):  # the config class replaces this value
+                v = spec["rewrite"][v]
             if v is None and spec.get("derive") is not None:
                 try:
                     v = compile_expr(spec["derive"])(env)

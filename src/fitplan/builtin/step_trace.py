@@ -598,7 +598,7 @@ def replay(tr: Trace) -> StepTrace:
         loss_bytes=int(size[tr.loss.sid]),
         backward_after_head=(int(after_head[0]), int(after_head[1])),
         forward_before_last_layer_bytes=int(before_last + max(0, weight[nseg - 2] - 1) * seg_delta.get(nseg - 2, 0)),
-        forward_peak_parts=tuple(int(x) for x in peak_v),
+        forward_peak_parts=_nonnegative(peak_v),
         forward_before_last_layer_parts=tuple(int(b + max(0, weight[nseg - 2] - 1) * d) for b, d in
                                               zip(before_last_v, seg_delta_v.get(nseg - 2, [0, 0, 0, 0]))),
         backward_parts=_frontier_parts(parts, points, layer_points),
@@ -610,7 +610,21 @@ def _frontier_parts(parts: dict[int, tuple[int, int, int, int]], points: list, l
     keep = {a for a, _ in _frontier([(a, g) for a, g, _ in points])}
     keep |= {a for a, _ in _frontier([(a, o) for a, _, o in points])}
     keep |= {a for a, _ in _frontier([(a, g) for a, g, _ in layer_points])}
-    return tuple(sorted((a, p) for a, p in parts.items() if a in keep))
+    return tuple(sorted((a, _nonnegative(p)) for a, p in parts.items() if a in keep))
+
+
+def _nonnegative(p) -> tuple[int, int, int, int]:
+    """The split with no negative part. The phantom copies of repeated layers are split by the category a
+    tensor had when it was allocated; a layer that keeps (or frees) tensors an earlier segment allocated in
+    the other category can leave a negative kept-activations or transients part: it is folded into the
+    other of the two (as for checkpointed layers). The sum is unchanged (the peak is exact; this is only
+    its breakdown)."""
+    a, lg, ac, t = (int(x) for x in p)
+    if t < 0:
+        a, t = a + t, 0
+    if a < 0:
+        a, t = 0, t + a
+    return (a, lg, ac, t)
 
 
 def _frontier(pairs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:

@@ -273,7 +273,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         head_dim=int(std["head_dim"]),
         intermediate_size=int(std.get("intermediate_size") or 0),
         vocab_size=int(std["vocab_size"]),
-        max_position_embeddings=int(std.get("max_position_embeddings") or 2048),
+        max_position_embeddings=int(std.get("max_position_embeddings") or _field(c, af, "max_position_embeddings") or 2048),
         tie_word_embeddings=bool(std.get("tie_word_embeddings", False)),
         num_experts=int(std.get("num_experts") or 0),
         num_experts_per_tok=int(std.get("num_experts_per_tok") or 0) if std.get("num_experts") else 0,
@@ -282,6 +282,15 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         attn_implementations=tuple(af.data.get("attn_implementations") or ()),
         source=source,
     )
+
+
+def _field(c: dict[str, Any], af: Any, name: str) -> Any:
+    """A config field the learned graph does not use (so not among the file's symbols), read under its name
+    or an alias of the config class's ``attribute_map`` (GPT-2's ``n_positions``)."""
+    if c.get(name) is not None:
+        return c[name]
+    return next((c[a] for a, canon in af.config.get("aliases", {}).items() if canon == name and c.get(a) is not None),
+                None)
 
 
 def _check_routing(std: dict[str, Any], names: dict[str, Any], file: str | None) -> None:

@@ -70,13 +70,30 @@ def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[st
     for other in catalog_configs(model_type):
         for _ in range(3):  # a learning can reveal more switches (Falcon-7B's multi_query): until none is new
             small = {**cfg, **{k: other[k] for k in switches if k in other}}
-            want = {k: small.get(k, v) for k, v in switches.items()}
+            want = _resolved({k: small.get(k, v) for k, v in switches.items()}, small, data, log)
             if not switches or any(all(want.get(k) == v for k, v in seen.items()) for seen in learned):
                 break
             data, seen = _merge_catalog(data, cfg, small, other, want, log)
             learned.append(seen)
             switches.update({k: v for k, v in seen.items() if k not in switches})
     return data
+
+
+def _resolved(want: dict[str, Any], small: dict[str, Any], data: dict[str, Any], log) -> dict[str, Any]:
+    """The switch values as the config class keeps them: a value it rewrites (GemmaConfig turns
+    ``hidden_act="gelu"`` into ``"gelu_pytorch_tanh"``) is recorded in the file (``rewrite``), which the core
+    applies when it reads a config."""
+    from .derive import hf_config
+
+    resolved = hf_config(small).to_dict()
+    out = dict(want)
+    for k, v in want.items():
+        new = resolved.get(k)
+        if isinstance(v, str) and isinstance(new, str) and new != v and k in data["config"]["fields"]:
+            log(f"  the config class rewrites {k}={v!r} to {new!r}")
+            data["config"]["fields"][k].setdefault("rewrite", {})[v] = new
+            out[k] = new
+    return out
 
 
 def _merge_catalog(data, cfg, small, other, want, log):
