@@ -52,8 +52,7 @@ def _flags_of(data: dict[str, Any]) -> list[dict[str, bool]]:
 
 
 def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[str, Any]:
-    from . import derive, files
-    from .command import shrink
+    from . import derive
 
     cfg = json.loads(cfg_path.read_text())
     data, results, specs = derive.learn_full(cfg, log=log)
