@@ -262,6 +262,12 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
 
         std[key] = compile_expr(expr)(env) if isinstance(expr, str) else expr
     _check_routing(std, af.spec_map, file)
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "vocab_size"):
+        if not isinstance(std.get(key), int) or isinstance(std.get(key), bool):  # null in config.json, as transformers refuses
+            field = af.spec_map.get(key)
+            field = field if isinstance(field, str) and field.isidentifier() else key
+            raise FitplanError(f"{field} must be an integer, got {std.get(key)!r}", file=file, field=f"$.{field}",
+                               value=std.get(key))
     return ModelSpec(
         name=name or c.get("_name_or_path") or model_type,
         model_type=model_type,
