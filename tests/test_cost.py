@@ -112,13 +112,6 @@ source = "test"
 """
 
 
-@pytest.fixture(scope="module")
-def rdir(tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("cost-rulesets")
-    (d / "fixture.toml").write_text(FIXTURE, encoding="utf-8")
-    return str(d)
-
-
 def est(rdir=None, **kw):
     return fitplan.estimate(ruleset_dirs=[rdir] if rdir else [], **kw)
 
@@ -312,7 +305,7 @@ def test_explain_cost():
 
 
 def test_done_when_command():
-    p = _cli("estimate", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--num-gpus", "8", "--precision", "bf16-mixed",
+    p = _cli("estimate", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--num-gpus", "8", "--bf16",
              "--zero", "2", "--num-examples", "10000", "--tokens-per-example", "512", "--num-train-epochs", "3",
              "--provider", "aws", "--format", "json")
     assert p.returncode == 0, p.stderr

@@ -92,8 +92,8 @@ def test_time_and_cost_equal_total_tokens(hub, mode):
 
 
 def test_longest_time_and_memory(hub):
-    """Padding to the longest: time of the expected computed tokens at max_seq_length 2048, memory of a
-    sequence as long as the longest example."""
+    """Padding to the longest: time and memory of the expected computed tokens in micro-batches as long as the
+    longest example (the realized length: the step the roofline prices)."""
     d = _est(dataset_path=str(DATA / "text.jsonl"), padding="longest", max_seq_length=2048)
     longest = make(Request(str(DATA / "text.jsonl"), tokenizer=REPO)).lengths.max
     assert d["realized_seq_length"] == longest
@@ -101,7 +101,7 @@ def test_longest_time_and_memory(hub):
     assert d.role("peak") == short.role("peak")
     n = d["epoch_tokens"]
     tokens = fitplan.estimate({k: v for k, v in BASE.items() if k != "tokenizer"}
-                              | {"num_examples": 1, "tokens_per_example": n, "max_seq_length": 2048})
+                              | {"num_examples": 1, "tokens_per_example": n, "max_seq_length": longest})
     assert d.role("seconds") == pytest.approx(tokens.role("seconds"), rel=1e-12)
     assert d["padding_tokens"] == pytest.approx(n - d["dataset_tokens"])
 

@@ -35,7 +35,7 @@ def test_deepspeed_config_by_hand():
             "stage": 3,
             "offload_optimizer": {"device": "cpu", "pin_memory": True},
             "offload_param": {"device": "cpu", "pin_memory": True},
-            "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 500_000_000,
+            "contiguous_gradients": True,  # bucket keys only when the plan sets them (absent: DeepSpeed's defaults)
             "stage3_gather_16bit_weights_on_model_save": True,
         },
         "steps_per_print": 100,
@@ -106,12 +106,13 @@ def test_training_args_with_deepspeed_and_fsdp(tmp_path):
                      "train_micro_batch_size_per_gpu": "auto"}, "ds.json")
     p = write(tmp_path, {"bf16": True, "deepspeed": "ds.json", "per_device_train_batch_size": 2})
     fields, _ = training_args_fields(p, KNOWN)
-    assert fields == {"per_device_train_batch_size": 2, "precision": "bf16-master", "zero_stage": 2,
+    assert fields == {"per_device_train_batch_size": 2, "precision": "bf16-master", "zero_stage": 2, "stack": "deepspeed",
                       "offload_optimizer": True, "offload_params": False}
     inline = write(tmp_path, {"fp16": True, "deepspeed": {"zero_optimization": {"stage": 3}, "fp16": {"enabled": "auto"}}})
     assert training_args_fields(inline, KNOWN)[0]["precision"] == "16-master"
     fsdp = write(tmp_path, {"fsdp": "full_shard offload auto_wrap"})
-    assert training_args_fields(fsdp, KNOWN)[0] == {"fsdp": "full_shard", "offload_params": True, "offload_optimizer": True}
+    assert training_args_fields(fsdp, KNOWN)[0] == {"fsdp": "full_shard", "offload_params": True, "offload_optimizer": True,
+                                                    "stack": "fsdp2"}  # the Trainer's default fsdp_config version
 
 
 @pytest.mark.parametrize(("data", "message"), [

@@ -104,7 +104,7 @@ def test_json_keys_metadata_matches_the_report():
     from fitplan.rules.conditions import vocabulary
 
     est = fitplan.estimate(model="llama-2-7b", gpu="h100-sxm", num_gpus=8, provider="aws", num_examples=1000,
-                           tokens_per_example=512, precision="bf16-mixed", zero_stage=3, offload_optimizer=True)
+                           tokens_per_example=512, precision="bf16-master", zero_stage=3, offload_optimizer=True)
     report = to_json(assess(est, advice=False))
     compiled = est.registry.compiled()
     checked = 0

@@ -122,7 +122,7 @@ def test_adafactor_states_and_temporaries():
 
 
 def test_fsdp_shards_are_torch_chunks_and_zero1_partitions_whole_tensors():
-    from fitplan.builtin.sharding import _chunk, rank_trainable_tensors
+    from fitplan.builtin.sharding.torch_native import _chunk, rank_trainable_tensors
 
     assert _chunk((1000, 64), 8) == (125, 64)
     assert _chunk((10, 3), 4) == (3, 3)  # ceil(10/4) rows
@@ -135,7 +135,8 @@ def test_fsdp_shards_are_torch_chunks_and_zero1_partitions_whole_tensors():
 
 
 def test_fsdp_rank_zero_states_keep_one_step_scalar_per_tensor():
-    e = fitplan.estimate(model=config("tiny-llama"), precision="bf16-true", num_gpus=2, zero_stage=3, device="cpu")
+    e = fitplan.estimate(model=config("tiny-llama"), precision="bf16-true", num_gpus=2, zero_stage=3, device="cpu",
+                         stack="torch")
     full = fitplan.estimate(model=config("tiny-llama"), precision="bf16-true", device="cpu")
     n_tensors = 21
     assert e["weight_bytes"] == full["weight_bytes"] // 2  # every tiny-llama tensor has an even first dimension
@@ -392,12 +393,9 @@ NEW = ("tiny-qwen2-moe", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma2", "tiny-ge
 
 
 MISSES = {  # measured on this case (b=2, s=32); cause not yet found unless stated (docs/architectures.md, Limits)
-    "tiny-falcon": "FalconLinear overrides forward, so the learner records no Linear site: all-linear finds none",
     "tiny-phi": "saved activations -16,384 B (-3.4 %) with LoRA on every linear layer (GELU MLPs: also gpt2, bigcode)",
     "tiny-starcoder2": "saved activations -16,384 B (-3.4 %) with LoRA on every linear layer",
     "tiny-gpt-bigcode": "saved activations -16,384 B (-3.4 %) with LoRA on every linear layer",
-    "tiny-qwen2-moe": "trainable LoRA parameters -32,800 under all-linear (peft adapts more than fitplan counts)",
-    "tiny-llama4": "trainable LoRA parameters -92,160 with the seven named targets (peft adapts more than fitplan counts)",
 }
 
 
@@ -491,4 +489,4 @@ def test_sharded_rank_zero_against_torch(name, zero, world):
     with _fake_process_group(world):
         m, fields = measure(name, precision="32-true" if name == "tiny-mistral" else "bf16-true", shard=shard,
                             optim="adamw_torch_fused", b=1 if world == 4 else 2, num_gpus=world)
-    check(m, fields, zero_stage=zero)
+    check(m, fields, zero_stage=zero, stack="torch")  # PyTorch-native ZeRO-1 / bare fully_shard, as run above

@@ -30,10 +30,13 @@ def est(**kw):
 
 
 @SETTINGS
-@given(**common, gpus=st.sampled_from([2, 4, 8, 16]), offload=st.booleans())
-def test_higher_zero_stage_never_needs_more(model, precision, optim, batch, seq, ckpt, attn, gpus, offload):
+@given(**common, gpus=st.sampled_from([2, 4, 8, 16]))
+def test_higher_zero_stage_never_needs_more(model, precision, optim, batch, seq, ckpt, attn, gpus):
+    """PyTorch-native ZeRO (``--stack torch``); DeepSpeed's own stages: tests/test_stack_invariants.py."""
+    if precision == "bf16-master":
+        return  # DeepSpeed's 16-bit optimizer: not a PyTorch-native precision
     base = dict(model=model, precision=precision, optim=optim, per_device_train_batch_size=batch, max_seq_length=seq,
-                gradient_checkpointing=ckpt, attn_implementation=attn, num_gpus=gpus, offload_optimizer=offload)
+                gradient_checkpointing=ckpt, attn_implementation=attn, num_gpus=gpus, stack="torch")
     peaks = [est(**base, zero_stage=k)["device_total_bytes"] for k in (0, 1, 2, 3)]
     assert all(a >= b for a, b in zip(peaks, peaks[1:])), peaks
 
@@ -57,10 +60,19 @@ def test_lora_never_needs_more_than_full(model, precision, optim, batch, seq, ck
                 gradient_checkpointing=ckpt, attn_implementation=attn)
     full = est(**base)
     try:
-        lora = est(**base, method=method, lora_r=r, lora_target_modules=targets)
+        # QLoRA with the base in its load dtype: peft's prepare_model_for_kbit_training (the default assumption)
+        # casts the non-quantized parameters to fp32, so a bf16 run's activations become fp32 and can exceed
+        # full fine-tuning's (tests/test_qlora.py)
+        lora = est(**base, method=method, lora_r=r, lora_target_modules=targets, kbit_preparation="none")
     except FitplanError:
         return  # e.g. a target module this architecture lacks
     assert lora["model_state_bytes"] <= full["model_state_bytes"]
+    if method == "qlora" and precision.endswith("-mixed"):
+        # fp32 hidden states under autocast: bitsandbytes 0.50.2's Linear4bit.forward returns its output in the
+        # input's dtype (nn/modules.py, ``matmul_4bit(...).to(inp_dtype)``), fp32, where full fine-tuning's
+        # autocast linears return bf16/fp16: what later ops save from them is twice as large, and the peak may
+        # exceed full fine-tuning's (GPT-2, b=2, s=4096, eager: 45,235,623,360 vs 45,230,360,064 bytes).
+        return
     # LoRA can exceed full fine-tuning when the peak is the start of the backward (SGD, checkpointing:
     # neither run has gradients yet), by its adapter weights and, with checkpointing, the embedding output
     # that peft keeps as a leaf requiring grad (enable_input_require_grads). Measured with torch 2.13 on

@@ -344,14 +344,13 @@ def test_recommend_table_and_user_errors():
     assert proc.returncode == 2 and "unknown provider 'nope'" in proc.stderr
 
 
-def test_rate_is_reasonable(ctx):
-    """Not a benchmark (bench/bench_recommend.py is): a guard against an accidental slow path."""
-    import time
-
+def test_search_evaluates_a_fraction_of_its_candidates(ctx):
+    """A guard against an accidental slow path that cannot flake on a loaded machine: the search's cost is its
+    evaluations, and pruning, staging and caching keep them well under the number of candidates (the rate in
+    candidates per second is measured by bench/bench_recommend.py, not asserted here)."""
     base = fitplan.scenario_from_dict(BASE)
-    t0 = time.perf_counter()
     res = rec.search(base, ctx, space=SearchSpace(), objective="cost", fixed=set(BASE))
-    elapsed = time.perf_counter() - t0
     assert res.stats.candidates > 100_000
-    assert res.stats.candidates / elapsed > 20_000, f"{res.stats.candidates / elapsed:,.0f} candidates/s"
+    assert res.stats.memory_evaluations < res.stats.candidates / 10
+    assert res.stats.memory_evaluations + res.stats.time_evaluations < res.stats.candidates / 2
     assert math.isfinite(res.plans[0].cost_usd)

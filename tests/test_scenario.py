@@ -61,7 +61,7 @@ def test_deepspeed_json(tmp_path):
     f = tmp_path / "ds.json"
     f.write_text('{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}, "bf16": {"enabled": true},'
                  ' "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto"}')
-    assert deepspeed_fields(f) == {"zero_stage": 3, "offload_optimizer": True, "offload_params": False,
+    assert deepspeed_fields(f) == {"zero_stage": 3, "stack": "deepspeed", "offload_optimizer": True, "offload_params": False,
                                    "precision": "bf16-master", "per_device_train_batch_size": 4}
     f.write_text('{"zero_optimization": {"stage": 5}}')
     with pytest.raises(FitplanError) as e:

@@ -97,3 +97,17 @@ def test_realistic_is_default_and_explain_names_the_difference(cli):
     assert proc.returncode == 0, proc.stderr
     assert "seed chapter's assumptions" in proc.stdout
     assert "14.00 GB under the seed" in proc.stdout
+
+
+def test_time_and_cost_examples_under_seed_assumptions():
+    # "10,000 exemples × 512 tokens × 3 époques = 15,360,000 tokens; à 1,000 tokens/s, 15,360 s ≈ 4.3 h"
+    e = seed("7B", "bf16-mixed", gpu="a100-40gb", num_examples=10_000, tokens_per_example=512, num_train_epochs=3,
+             tokens_per_second=1000)
+    assert e["train_tokens"] == 15_360_000 and e["train_seconds"] == 15_360
+    assert e["train_seconds_low"] is None  # a given throughput has no model error to show
+    # "4 heures sur A100-40GB: 4 × $4.00 = $16 (à la demande), 4 × $1.20 = $4.80 (spot); 5 exécutions: $80 / $24"
+    c = seed("7B", "bf16-mixed", gpu="a100-40gb", provider="seed", total_tokens=14_400_000, tokens_per_second=1000, runs=5)
+    assert (c["on_demand_cost_usd"], c["spot_cost_usd"]) == (pytest.approx(80.0), pytest.approx(24.0))
+    # the chapter's throughput table picks its 1,000 tokens/s for a 7B model on an A100-40GB by itself
+    t = seed("7B", "bf16-mixed", gpu="a100-40gb", total_tokens=15_360_000, throughput_source="seed")
+    assert t["train_seconds"] == pytest.approx(15_360)

@@ -157,7 +157,7 @@ def test_optimizer_provenance_names_the_plugin(estimate_with, optimizers_extra):
 
 def test_zero_shards_a_third_party_optimizer_like_a_builtin(estimate_with, optimizers_extra):
     est = estimate_with(plugins=[OPTIMIZERS_DIST], model="llama-2-7b", optim="lion", precision="bf16-true",
-                        zero_stage=1, num_gpus=8)
+                        zero_stage=1, num_gpus=8, stack="torch")
     # ZeRO-1 assigns whole tensors to ranks (torch's ZeroRedundancyOptimizer, what fitplan-torch validates):
     # rank 0 holds about an eighth of Lion's bf16 momentum, within one tensor (the 32000 x 4096 embedding)
     assert abs(est["optimizer_state_bytes"] - 6_738_415_616 * 2 // 8) <= 32000 * 4096 * 2

@@ -14,6 +14,10 @@ Groups:
   where they fit on the GPU).
 * ``sharded``: ZeRO-1 (DDP + ZeroRedundancyOptimizer) and FSDP2 ZeRO-2/ZeRO-3, two real gloo ranks on a
   tiny model, and rank 0 of 8 under a fake process group for the 7B shape.
+* ``stacks``: the stacks users run, on the CPU: DeepSpeed 0.19.8 ZeRO 0-3 (bf16 and fp32, optimizer and
+  parameter offload, default and small buckets, 2 and 4 gloo ranks), bitsandbytes 0.50.2 QLoRA (nf4 / fp4,
+  double quantisation, an MoE model whose fused experts stay 16-bit) and 8-bit optimizers.
+  ``--groups stacks --out docs/accuracy-stacks.md --json bench/accuracy/results-stacks.json``.
 
 Prints the median and worst relative error per component, and writes a Markdown report (and the raw
 rows as JSON). Relative error = (predicted − measured) / measured: positive when fitplan over-predicts.
@@ -36,7 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "data" / "configs"
-COMPONENTS = ("parameters", "gradients", "optimizer_states", "activations", "peak")
+COMPONENTS = ("parameters", "gradients", "optimizer_states", "activations", "peak", "master_weights", "comm_buffers")
 ARCHS = tuple(sorted(p.name for p in CONFIGS.glob("tiny-*")))
 """Every tiny config: one per bundled model type (docs/architectures.md), every switch of it on."""
 LORA_TARGETS: dict[str, tuple[str, ...]] = {
@@ -132,6 +136,41 @@ def sharded_cases(quick: bool) -> list[dict[str, Any]]:
     return [{"group": "sharded", "id": cid, "fields": f, "mode": mode} for cid, f, mode in rows]
 
 
+def stack_cases(quick: bool) -> list[dict[str, Any]]:
+    tiny = str(CONFIGS / "tiny-llama" / "config.json")
+    ds = dict(model=tiny, precision="bf16-master", per_device_train_batch_size=TINY_BATCH, max_seq_length=TINY_SEQ,
+              num_gpus=2, stack="deepspeed")
+    small = dict(reduce_bucket_size=20_000, stage3_prefetch_bucket_size=10_000, stage3_param_persistence_threshold=1_000)
+    rows = [(f"deepspeed zero{k} bf16 2 ranks", dict(ds, zero_stage=k)) for k in (0, 1, 2, 3)]
+    rows += [
+        ("deepspeed zero1 fp32 2 ranks", dict(ds, zero_stage=1, precision="32-true")),
+        ("deepspeed zero3 fp32 2 ranks", dict(ds, zero_stage=3, precision="32-true")),
+        ("deepspeed zero2 bf16 optimizer offload", dict(ds, zero_stage=2, offload_optimizer=True)),
+        ("deepspeed zero3 bf16 optimizer + parameter offload", dict(ds, zero_stage=3, offload_optimizer=True, offload_params=True)),
+        ("deepspeed zero2 bf16 small buckets", dict(ds, zero_stage=2, **small)),
+        ("deepspeed zero3 bf16 small buckets ckpt", dict(ds, zero_stage=3, gradient_checkpointing=True, **small)),
+        ("deepspeed zero2 bf16 4 ranks", dict(ds, zero_stage=2, num_gpus=4)),
+        ("deepspeed zero3 bf16 4 ranks small buckets", dict(ds, zero_stage=3, num_gpus=4, **small)),
+        ("deepspeed zero2 lora bf16 2 ranks", dict(ds, zero_stage=2, method="lora", lora_target_modules=("q_proj", "v_proj"))),
+        ("deepspeed zero3 lora bf16 2 ranks", dict(ds, zero_stage=3, method="lora", lora_target_modules=("q_proj", "v_proj"))),
+    ]
+    q = dict(precision="bf16-true", per_device_train_batch_size=TINY_BATCH, max_seq_length=TINY_SEQ, method="qlora",
+             lora_target_modules=("all-linear",), gradient_checkpointing=True)
+    rows += [
+        ("qlora tiny-llama nf4 double-quant", dict(q, model=tiny)),
+        ("qlora tiny-mistral nf4", dict(q, model=str(CONFIGS / "tiny-mistral" / "config.json"))),
+        ("qlora tiny-mixtral (fused experts 16-bit)", dict(q, model=str(CONFIGS / "tiny-mixtral" / "config.json"))),
+        ("qlora tiny-llama no k-bit preparation", dict(q, model=tiny, kbit_preparation="none")),
+        ("adamw_8bit tiny-llama bf16", dict(model=tiny, precision="bf16-true", per_device_train_batch_size=TINY_BATCH,
+                                            max_seq_length=TINY_SEQ, optim="adamw_8bit")),
+        ("paged_adamw_8bit tiny-llama 32-true", dict(model=tiny, precision="32-true", per_device_train_batch_size=TINY_BATCH,
+                                                     max_seq_length=TINY_SEQ, optim="paged_adamw_8bit")),
+    ]
+    if quick:
+        rows = [r for r in rows if r[0] in ("deepspeed zero2 bf16 2 ranks", "qlora tiny-llama nf4 double-quant")]
+    return [{"group": "stacks", "id": cid, "fields": f, "mode": "cpu"} for cid, f in rows]
+
+
 def run_case(case: dict[str, Any], device: str) -> dict[str, Any]:
     import fitplan
     import fitplan_torch
@@ -176,7 +215,7 @@ def stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for comp in COMPONENTS:
         errs = [(r["components"][comp]["relative_error"], r["id"]) for r in rows
-                if "components" in r and r["components"][comp]["relative_error"] is not None]
+                if comp in r.get("components", {}) and r["components"][comp]["relative_error"] is not None]
         if not errs:
             continue
         worst = max(errs, key=lambda e: abs(e[0]))
@@ -232,7 +271,8 @@ def markdown(rows: list[dict[str, Any]], args, elapsed: float) -> str:
     groups = [("tiny", "Tiny architectures, real steps" + (" on CUDA" if args.device == "cuda" else " on the CPU")
                + f" (batch {TINY_BATCH} × {TINY_SEQ} tokens, AdamW foreach)"),
               ("shapes", "Real-size shapes" + (" on CUDA" if args.device == "cuda" else " under FakeTensorMode (no memory used)")),
-              ("sharded", "Sharding, measured per rank (rank 0 shown)")]
+              ("sharded", "Sharding, measured per rank (rank 0 shown)"),
+              ("stacks", "Stacks users run: DeepSpeed, bitsandbytes QLoRA and 8-bit optimizers (rank 0 shown)")]
     lines += ["## Summary", "", "| group | component | cases | exact | median abs. error | worst error | worst case |",
               "|---|---|---:|---:|---:|---:|---|"]
     for g, _ in groups:
@@ -287,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--quick", action="store_true", help="a handful of cases")
-    ap.add_argument("--groups", default="tiny,shapes,sharded", help="comma-separated: tiny, shapes, sharded")
+    ap.add_argument("--groups", default="tiny,shapes,sharded", help="comma-separated: tiny, shapes, sharded, stacks")
     ap.add_argument("--out", default=str(ROOT / "docs" / "accuracy.md"), help="Markdown report")
     ap.add_argument("--json", default=str(ROOT / "bench" / "accuracy" / "results.json"), help="raw rows")
     args = ap.parse_args(argv)
@@ -308,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         cases += shape_cases(args.quick)
     if "sharded" in groups:
         cases += sharded_cases(args.quick) if args.device == "cpu" else []
+    if "stacks" in groups:
+        cases += stack_cases(args.quick) if args.device == "cpu" else []
     t0 = time.perf_counter()
     rows = []
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -319,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i}/{len(cases)}] {row['seconds']:6.1f}s {case['id']}: {status}", flush=True)
     elapsed = time.perf_counter() - t0
     print(f"\n{len(rows)} cases in {elapsed / 60:.1f} min")
-    for g in ("tiny", "shapes", "sharded"):
+    for g in ("tiny", "shapes", "sharded", "stacks"):
         for comp, s in stats([r for r in rows if r["group"] == g]).items():
             print(f"{g:8s} {comp:17s} median |err| {100 * s['median_abs']:6.2f} %   worst {pct(s['worst']):>10s}  ({s['worst_case']})")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

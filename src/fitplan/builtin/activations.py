@@ -38,36 +38,86 @@ from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.builtin.step_trace import StepTrace, TraceSpec, build
 
 
+_TRACES: dict[tuple, tuple] = {}
+"""Traces by the identity of their architecture and the other inputs: the search asks for the same trace many
+times, and hashing a :class:`TraceSpec` hashes the whole architecture. Each value keeps its architecture alive so
+that its id stays unique."""
+
+
 def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,
-              framework=None) -> StepTrace | None:
+              framework=None, adapter_dtype: str = "fp32", quant_compute: str | None = None) -> StepTrace | None:
     if arch.is_bare:
         return None
     attn = "sdpa" if attn == "flash_attention_2" else attn
     targets = tuple(lora_target_modules) if method != "full" else ()
     block = framework.allocator_block_bytes if framework is not None else 512
-    return build(TraceSpec(arch, int(b), int(s), precision, attn, bool(ckpt), method, int(lora_r), targets,
-                           float(lora_dropout) if method != "full" else 0.0, device, int(block)))
+    key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_dtype,
+           quant_compute if method == "qlora" else None)
+    hit = _TRACES.get(key)
+    if hit is None:
+        if len(_TRACES) > 4096:
+            _TRACES.clear()
+        trace = build(TraceSpec(arch, int(b), int(s), precision, attn, bool(ckpt), method, int(lora_r), targets,
+                                float(lora_dropout) if method != "full" else 0.0, device, int(block),
+                                adapter_dtype if method != "full" else "fp32", quant_compute if method == "qlora" else None))
+        hit = _TRACES[key] = (arch, trace)
+    return hit[1]
+
+
+TRUE_TWIN = {"bf16-mixed": "bf16-true", "16-mixed": "16-true"}
+
+
+@quantity("preset", type="object")
+def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_compute_dtype, autocast_adapter_dtype):
+    """How the step's ops run, when the stack or the QLoRA script changes it from ``precision``:
+    ``(precision, adapter dtype, 4-bit compute dtype)``.
+
+    * accelerate FSDP under ``*-mixed``: parameters are gathered in 16 bits by FSDP's mixed-precision policy
+      and the forward runs on them (builtin/sharding/fsdp.py): the ``*-true`` trace, no autocast copies;
+    * QLoRA with ``kbit_preparation = "peft"`` (``prepare_model_for_kbit_training``, peft/utils/other.py:204-209)
+      casts every non-quantized parameter to fp32, so the residual stream, norms, attention and LM head run in
+      fp32 (``Linear4bit`` returns its input's dtype): the ``32-true`` trace with 4-bit matmuls in
+      ``bnb_4bit_compute_dtype``; ``trl`` casts the adapters to bf16 (trl/trainer/sft_trainer.py:908-911);
+    * DeepSpeed with 16-bit weights casts the whole module, LoRA adapters included, to 16 bits
+      (runtime/engine.py:2080-2088): the adapters run in the weights' dtype;
+    * ``autocast_adapter_dtype = false`` (peft's option): adapters in the weights' dtype."""
+    trace = precision
+    if sharding_kind.startswith("hf_fsdp"):
+        trace = TRUE_TWIN.get(precision, precision)
+    from fitplan.inputs.precision import PRESETS
+
+    adapter = "fp32" if autocast_adapter_dtype else PRESETS[precision].weight_dtype
+    if sharding_kind.startswith("ds") and PRESETS[precision].master:
+        adapter = PRESETS[precision].weight_dtype  # DeepSpeed casts every parameter, adapters too (engine.py:2080-2088)
+    if method == "qlora":
+        if kbit_preparation == "peft" and precision in TRUE_TWIN.values():
+            trace = "32-true"
+        if kbit_preparation == "trl":
+            adapter = "bf16"
+    return (trace, adapter, bnb_4bit_compute_dtype or PRESETS[precision].compute_dtype)
 
 
 @quantity("trace", type="object")
-def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation,
+def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
                                      method, lora_r, lora_target_modules, lora_dropout, device, framework):
     """The symbolic trace of one step without gradient checkpointing (builtin/step_trace.py): saved tensors
     per storage, the forward and backward live-byte timelines. ``flash_attention_2`` saves what SDPA's
     flash kernel saves."""
+    precision, adapter, quant = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, False, method,
-                     lora_r, lora_target_modules, lora_dropout, device, framework)
+                     lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant)
 
 
 @quantity("trace", type="object")
 def step_trace(step_trace_without_checkpointing, gradient_checkpointing, arch, per_device_train_batch_size,
-               realized_seq_length, precision, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
+               realized_seq_length, trace_setup, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
                device, framework):
     """The symbolic trace of one step as configured (with gradient checkpointing when it is on)."""
     if not gradient_checkpointing:
         return step_trace_without_checkpointing
+    precision, adapter, quant = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, True, method,
-                     lora_r, lora_target_modules, lora_dropout, device, framework)
+                     lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant)
 
 
 @quantity("bytes")
@@ -156,7 +206,7 @@ def moe_routing(arch, per_device_train_batch_size, max_seq_length):
 
 @hookimpl
 def fitplan_register_quantities(register):
-    for q in (step_trace_without_checkpointing, step_trace, activation_bytes_per_layer, activation_bytes_korthikanti, activation_bytes, logits_bytes,
+    for q in (trace_setup, step_trace_without_checkpointing, step_trace, activation_bytes_per_layer, activation_bytes_korthikanti, activation_bytes, logits_bytes,
               autocast_weight_copy_bytes, moe_routing):
         register(q)
 

@@ -35,11 +35,6 @@ LEVELS = ("exact", "source", "calibrated", "measured", "approximate")
 _Optimizer = namedtuple("_Optimizer", "name source measured_on_cpu frees_gradients")
 """What the confidence rules read of an ``OptimizerSpec`` (hashable, for the cache)."""
 
-DEFAULT_MFU_BAND = 0.49
-"""The default MFU's worst leave-one-out time error over the published ``[[mfu]]`` rows (docs/time-and-cost.md,
-"The default MFU and its leave-one-out error": median 11.5 %, max 48.8 %)."""
-
-
 @functools.lru_cache(maxsize=256)
 def entry(level: str, basis: str, band: float | None = None) -> dict[str, Any]:
     short = {"exact": "exact", "source": "source", "calibrated": "calibrated", "measured": "measured",
@@ -108,9 +103,11 @@ def _memory_confidence(device, method, optimizer, sharded, used, peak_phase):
 
 
 @quantity("confidence", json_key="time.confidence", type="object")
-def time_confidence(train_seconds, tokens_per_second, measured_tokens_per_second, mfu, mfu_calibrated):
-    """How the training time is known (module doc): given or published throughput (measured), a calibrated MFU,
-    or the FLOPs model at an assumed MFU (approximate, with the default MFU's leave-one-out band)."""
+def time_confidence(train_seconds, tokens_per_second, measured_tokens_per_second, mfu, mfu_calibrated,
+                    step_time_calibration, rulesets):
+    """How the training time is known (module doc): given or published throughput (measured), a calibrated MFU
+    or step time (``fitplan calibrate``), or the roofline over the step's kernels (approximate, with the time
+    model's worst leave-one-out error over the published fine-tuning runs as its band)."""
     if train_seconds is None:
         return None
     if tokens_per_second is not None:
@@ -121,8 +118,14 @@ def time_confidence(train_seconds, tokens_per_second, measured_tokens_per_second
         return entry("approximate", "FLOPs model at the MFU given with --mfu")
     if mfu_calibrated is not None:
         return entry("calibrated", "FLOPs model at an MFU measured on this GPU ([[mfu_calibration]])")
-    return entry("approximate", "FLOPs model at the published default MFU (leave-one-out worst error)",
-                 DEFAULT_MFU_BAND)
+    if step_time_calibration is not None:
+        return entry("calibrated", "roofline step time scaled to your run on this GPU ([[time_calibration]])")
+    model = rulesets.time_model
+    if model is None:
+        return entry("approximate", "roofline over the step's kernels (no fitted time model: no band)")
+    return entry("approximate", f"roofline over the step's kernels, fitted on {model.runs} published runs "
+                 f"(leave-one-out error: median {100 * model.loo_median:.0f} %, worst {100 * model.loo_worst:+.0f} %)",
+                 abs(model.loo_worst))
 
 
 @hookimpl

@@ -6,7 +6,8 @@ the provider's ``spot_overhead``. The instance shape is chosen by :func:`fitplan
 (cheapest whole instances covering the GPUs). Amounts are in the provider's ``currency`` (``cost_currency``):
 the ``_usd`` names are historical, the currency is always stated.
 
-Everything is None (not an error) without a training time, a GPU or ``--provider``.
+Everything is None (not an error) without a training time, a GPU or ``--provider``. With the time model, the
+cost's likely range is the cost of the likely training time's ends (``train_seconds_low`` / ``_high``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,40 @@ def spot_cost_usd(billed_seconds_spot, instance_choice, runs):
     return runs * instance_choice.spot_per_hour * billed_seconds_spot / 3600
 
 
+def _priced(seconds, plan, runs, spot: bool):
+    """``runs × price per hour × billed hours`` of one run lasting ``seconds`` (spot: lengthened by the provider's
+    ``spot_overhead``); None without a time, an instance or (spot) a spot price."""
+    if seconds is None or plan is None or (spot and plan.spot_per_hour is None):
+        return None
+    if spot:
+        return runs * plan.spot_per_hour * billed_seconds(seconds * (1 + plan.provider.spot_overhead), plan.provider) / 3600
+    return runs * plan.on_demand_per_hour * billed_seconds(seconds, plan.provider) / 3600
+
+
+@quantity("USD", json_key="cost.on_demand_usd_low", role="cost.on_demand.low", label="on-demand cost, likely low")
+def on_demand_cost_usd_low(train_seconds_low, instance_choice, runs):
+    """On-demand cost at the low end of the likely training time (``train_seconds_low``), billed the same way."""
+    return _priced(train_seconds_low, instance_choice, runs, spot=False)
+
+
+@quantity("USD", json_key="cost.on_demand_usd_high", role="cost.on_demand.high", label="on-demand cost, likely high")
+def on_demand_cost_usd_high(train_seconds_high, instance_choice, runs):
+    """On-demand cost at the high end of the likely training time (``train_seconds_high``)."""
+    return _priced(train_seconds_high, instance_choice, runs, spot=False)
+
+
+@quantity("USD", json_key="cost.spot_usd_low", role="cost.spot.low", label="spot cost, likely low")
+def spot_cost_usd_low(train_seconds_low, instance_choice, runs):
+    """Spot cost at the low end of the likely training time (with the provider's spot overhead)."""
+    return _priced(train_seconds_low, instance_choice, runs, spot=True)
+
+
+@quantity("USD", json_key="cost.spot_usd_high", role="cost.spot.high", label="spot cost, likely high")
+def spot_cost_usd_high(train_seconds_high, instance_choice, runs):
+    """Spot cost at the high end of the likely training time (with the provider's spot overhead)."""
+    return _priced(train_seconds_high, instance_choice, runs, spot=True)
+
+
 @quantity("currency", json_key="cost.currency", role="currency", type="text")
 def cost_currency(instance_choice):
     """The currency of every amount: the provider's ``currency`` (USD for every bundled provider)."""
@@ -79,5 +114,6 @@ def cost_currency(instance_choice):
 @hookimpl
 def fitplan_register_quantities(register):
     for q in (gpu_hours, instance_choice, billed_seconds_on_demand, billed_seconds_spot, on_demand_cost_usd,
-              spot_cost_usd, cost_currency):
+              spot_cost_usd, on_demand_cost_usd_low, on_demand_cost_usd_high, spot_cost_usd_low, spot_cost_usd_high,
+              cost_currency):
         register(q)

@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from .archexpr import compile_expr
+from .archfile import BYTES
 from .lora_targets import lora_site_matches
 
 HALF = ("bf16", "f16")
@@ -121,14 +122,16 @@ def sdpa(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
     s = shape[-2]
     args = [("query", q), ("key", k), ("value", v)] + ([("attn_mask", mask)] if mask is not None else [])
     gqa = k.numel != q.numel // d * (getattr(k, "shape", (d,))[-1])
+    same_dims = getattr(k, "shape", (d,))[-1] == d and getattr(v, "shape", (d,))[-1] == d
     if b.spec.device == "cpu":
-        if p <= 0:
+        # torch 2.13 sdp_utils_cpp.cpp use_flash_attention_cpp: no dropout and q, k, v of one head dim
+        # (check_for_dropout, check_head_dim_size_cpp), else the math path
+        if p <= 0 and same_dims:
             lse = tr.new(rows, "f32", False, "sdpa.logsumexp")
             b.emit("_scaled_dot_product_flash_attention_for_cpu", args, [out, lse], label="sdpa")
             return
         _math(inst, q, k, v, mask, out, p, s)
         return
-    same_dims = getattr(k, "shape", (d,))[-1] == d and getattr(v, "shape", (d,))[-1] == d
     if q.dtype in HALF and mask is None and same_dims and d <= 256:
         lse = tr.new(rows, "f32", False, "sdpa.logsumexp")
         seed = tr.new(2 if p > 0 else 0, "i64", False, "sdpa.rng_state")
@@ -240,7 +243,7 @@ def lora_site(inst, site: dict[str, Any]) -> None:
     rows = x.numel // in_f
     r = b.spec.lora_r
     label = module
-    adapter = "f32"
+    adapter = b.adapter
     A = tr.param(r * in_f, adapter, True)
     B = tr.param(out_f * r, adapter, True)
     A.name, B.name = module + ".lora_A", module + ".lora_B"
@@ -273,24 +276,26 @@ def _replace_output(inst, site: dict[str, Any], t) -> None:
 
 
 def qlora_linear(inst, site: dict[str, Any]) -> None:
-    """A QLoRA base layer in place of the recorded Linear: bitsandbytes' ``matmul_4bit``."""
+    """A QLoRA base layer in place of the recorded Linear: bitsandbytes 0.50.2 ``Linear4bit.forward``
+    (nn/modules.py:609-638) casts the input to ``bnb_4bit_compute_dtype``, dequantizes the weight to it,
+    runs ``matmul_4bit`` and returns the result in the input's dtype."""
     b = inst.b
     tr = b.tr
     x = inst.refs.get(site["input"]) or inst.ref(site["input"])
     in_f = int(compile_expr(site["in"])(inst.env))
     out_f = int(compile_expr(site["out"])(inst.env))
     rows = x.numel // in_f
-    xin = _cast(inst, x, b.compute, site["module"] + ".input_cast")
-    deq = tr.new(in_f * out_f, b.compute, False, site["module"] + ".dequantized")
+    xin = _cast(inst, x, b.quant, site["module"] + ".input_cast")
+    deq = tr.new(in_f * out_f, b.quant, False, site["module"] + ".dequantized")
     b.emit("bnb.dequantize_4bit", [], [deq], label=site["module"] + ".dequantize")
     if site["output"].startswith("t"):  # the recorded output's shape; a fresh tensor (matmul_4bit's result),
         entry = inst.seg["t"][int(site["output"][1:])]  # not the view of the skipped mm it was recorded as
-        out = inst.new_tensor([entry[0], entry[1], None])
+        out = inst.new_tensor([entry[0], entry[1], None], site["module"], b.quant)
     else:
-        out = tr.new(rows * out_f, b.compute, False, site["module"])
-    out.dtype = b.compute
+        out = tr.new(rows * out_f, b.quant, False, site["module"])
     b.emit("bnb.matmul_4bit", [("A", xin), ("B", deq)], [out], label=site["module"],
-           extra={"bt": str(in_f * out_f * (2 if b.compute in HALF else 4))})
+           extra={"bt": str(in_f * out_f * BYTES[b.quant])})
+    out = _cast(inst, out, x.dtype, site["module"] + ".output_cast")
     _replace_output(inst, site, out)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from .archexpr import compile_expr
 from .archfile import BYTES, ArchFile, autograd_table
-from . import kernels
+from . import kernels, op_work
 from .lora_targets import lora_site_matches
 
 FLOAT = ("f32", "bf16", "f16", "f64")
@@ -58,6 +58,12 @@ class Builder:
         self.variant = af.variant(self.graph_precision, "eager" if self.spec.attn == "eager" else "sdpa", self.env)
         self.mixed = self.graph_precision == "mixed"
         self.compute = self.dmap.get("bf16", "bf16")
+        from fitplan.inputs.precision import PRESETS
+
+        self.adapter = _TRACE_DTYPE[self.spec.adapter_dtype]
+        """LoRA adapters' dtype (peft keeps them in fp32; TRL and DeepSpeed's module cast change it)."""
+        self.quant = _TRACE_DTYPE[self.spec.quant_compute or PRESETS[self.spec.precision].compute_dtype]
+        """QLoRA: ``bnb_4bit_compute_dtype``, the dtype of the 4-bit layers' matmuls."""
         self.lora = self.spec.method in ("lora", "qlora")
         self.params: dict[str, Any] = {}
         self.ac_cache: dict[str, Any] = {}
@@ -185,9 +191,11 @@ class Builder:
                     params.append((t, k))
                 else:
                     grad_ins.append((t, k))
-        reads = [t for t in flat_in]
-        tr.emit(label or name, reads, outs, saved if node else [], grad_ins, params, node,
-                bwd_temp=int(compile_expr(extra["bt"])(self.env)) if node and extra.get("bt") else 0)
+        saved = saved if node else []
+        work = op_work.aten(name, named, outs, saved, [t for t, _ in grad_ins], [k for _, k in grad_ins],
+                            sum(p.nbytes for p, _ in params), node)
+        tr.emit(label or name, flat_in, outs, saved, grad_ins, params, node,
+                bwd_temp=int(compile_expr(extra["bt"])(self.env)) if node and extra.get("bt") else 0, work=work)
 
     # ------------------------------------------------------------------ segments
     def run(self) -> None:
@@ -348,9 +356,10 @@ class _Instance:
         quantized = {}
         if b.spec.method == "qlora":
             # bitsandbytes replaces the nn.Linear / Conv1D modules of the decoder layers (the LM head and the
-            # modules outside the layers stay in 16-bit: transformers' get_keys_to_not_convert)
+            # modules outside the layers stay in 16-bit: transformers' get_keys_to_not_convert; a subclass
+            # of nn.Linear is not replaced: integrations/bitsandbytes.py:189)
             for site in seg.get("sites", []):
-                if "{i}" in site["module"]:
+                if "{i}" in site["module"] and not site.get("custom"):
                     quantized[site["start"]] = site
         for k, op in enumerate(seg["ops"]):
             if logits_from is not None and k >= logits_from:

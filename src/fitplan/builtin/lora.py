@@ -1,15 +1,30 @@
 """LoRA and QLoRA reducers.
 
 LoRA (Hu et al. 2021; peft): each adapted Linear of shape (out, in) gets A (r, in) and B (out, r);
-only those are trainable. QLoRA (Dettmers et al. 2023): the frozen decoder-layer Linear weights are
-stored in 4-bit NF4 (0.5 B/param) with one absmax per 64-element block: fp32 (4 B) without double
-quantisation, or 8-bit with one fp32 second-level constant per 256 blocks with it (bitsandbytes
-``bnb_4bit_use_double_quant``). Embeddings, norms and the LM head stay in 16-bit.
+only those are trainable.
+
+QLoRA as transformers 5.24 and bitsandbytes 0.50.2 build it (Dettmers et al. 2023):
+
+* **What is quantized.** ``replace_with_bnb_linear`` swaps modules whose type *is* ``nn.Linear`` (or GPT-2's
+  ``Conv1D``) (transformers/integrations/bitsandbytes.py:189), except the output embeddings, tied weights and
+  the last module (quantizers/base.py:39-63): the decoder layers' Linear weights. Embeddings, norms, biases,
+  MoE routers (a ``nn.Parameter``, not a Linear) and the **fused 3-D MoE experts** of transformers 5
+  (``MixtralExperts.gate_up_proj``/``down_proj``, models/mixtral/modeling_mixtral.py:57-66) stay in the load
+  dtype.
+* **Storage per 4-bit weight of n elements** (bitsandbytes functional.py:884-965, blocksize 64, nf4 and fp4
+  alike): ``ceil(n/2)`` packed bytes, the 16-entry fp32 code (64 B), and per block of 64 an absmax: fp32
+  without double quantization; with it (``bnb_4bit_use_double_quant``) a uint8 absmax plus an fp32 absmax per
+  256 blocks, the 256-entry fp32 code of the second level (1,024 B) and the fp32 offset (4 B), one set per
+  ``Linear4bit``.
+* **After loading** (``kbit_preparation``, a stated assumption): peft's ``prepare_model_for_kbit_training``
+  casts every non-quantized fp16/bf16 parameter to fp32 (peft/utils/other.py:204-209) — the MoE experts
+  included, which is where most of an MoE QLoRA run's memory goes; TRL's SFTTrainer does not, and casts the
+  adapters to bf16 (trl/trainer/sft_trainer.py:908-911); ``none`` is ``get_peft_model`` alone (fp32 adapters).
 """
 
 from __future__ import annotations
 
-from fitplan.engine.declarations import reducer
+from fitplan.engine.declarations import quantity, reducer
 from fitplan.errors import FitplanError
 from fitplan.pluginmgr.hookspecs import hookimpl
 
@@ -34,17 +49,17 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
 
     af = load(arch.model_type)
     output = af.output_module
-    layers = arch.num_hidden_layers
     names: list[str] = []
-    for g in linear:
-        paths = [g.path.replace("{i}", str(i)) for i in range(layers)] if "{i}" in g.path else [g.path]
-        per_path = g.count // max(1, len(paths)) if "{i}" in g.path else g.count
-        for path in paths:
-            names.append(path)
-            if module_matches(path, targets, output_module=output):
-                in_f, out_f = g.linear
-                for shape in ((lora_r, in_f), (out_f, lora_r)):
-                    out[shape] = out.get(shape, 0) + per_path
+    # every concrete Linear weight, in the layers whose kind has it (a shared expert in the MoE layers only)
+    for name, shape, role, _, _, entry in af.param_list(dict(arch.symbols)):
+        if not role.startswith("linear:"):
+            continue
+        path = name.rsplit(".", 1)[0]
+        names.append(path)
+        if module_matches(path, targets, output_module=output):
+            in_f, out_f = (shape[0], shape[1]) if len(entry) > 6 and entry[6] == "conv1d" else (shape[1], shape[0])
+            for shape_ in ((lora_r, in_f), (out_f, lora_r)):
+                out[shape_] = out.get(shape_, 0) + 1
     param_targets = _parameter_targets(af, targets)
     for g in groups:
         leaf = g.name.rsplit(".", 1)[-1]
@@ -110,24 +125,86 @@ def lora(value, arch, lora_r, lora_target_modules):
     return adapter_tensors(arch, lora_r, lora_target_modules)
 
 
+CODE_BYTES = 16 * 4
+"""The 4-bit code table (``get_4bit_type``, functional.py:936): 16 fp32 values, one per ``Linear4bit``."""
+DOUBLE_QUANT_CONSTANTS = 256 * 4 + 4
+"""Double quantization: the 8-bit dynamic code (256 fp32, one copy per layer) and the fp32 offset (functional.py:938-951)."""
+
+
+def quantized_groups(arch):
+    """The parameter groups bitsandbytes stores in 4 bits: the weights of the ``nn.Linear`` / ``Conv1D`` call
+    sites inside the decoder layers, as the learned file records them (not a router that is a bare
+    ``nn.Parameter``, not the fused 3-D experts, not a subclass of ``nn.Linear`` with its own forward)."""
+    return [g for g in arch.param_groups() if g.layer and g.linear is not None and not g.custom_linear]
+
+
 def quantized_param_count(arch) -> int:
-    """Parameters QLoRA stores in NF4: the ``nn.Linear`` / ``Conv1D`` weights inside the decoder layers
-    (bitsandbytes replaces only those; fused 3-D expert parameters stay in 16-bit)."""
-    return sum(g.total for g in arch.param_groups() if g.layer and g.linear is not None)
+    """Parameters QLoRA stores in 4 bits."""
+    return sum(g.total for g in quantized_groups(arch))
 
 
 def nf4_bytes(n: int, double_quant: bool) -> float:
+    """One 4-bit weight of ``n`` elements as bitsandbytes stores it (module doc), constants included."""
     blocks = -(-n // NF4_BLOCK)
     if double_quant:
-        return n / 2 + blocks * 1 + -(-blocks // DOUBLE_QUANT_BLOCK) * 4
-    return n / 2 + blocks * 4
+        return -(-n // 2) + blocks + -(-blocks // DOUBLE_QUANT_BLOCK) * 4 + CODE_BYTES + DOUBLE_QUANT_CONSTANTS
+    return -(-n // 2) + blocks * 4 + CODE_BYTES
+
+
+def kbit_base_bytes(weight_dtype_bytes: float, kbit_preparation: str) -> float:
+    """Bytes per non-quantized base parameter after the script's preparation (module doc)."""
+    return 4 if kbit_preparation == "peft" else weight_dtype_bytes
 
 
 @reducer("weight_bytes", when=lambda method, assumptions: method == "qlora" and assumptions != "seed")
-def qlora(value, arch, weight_dtype_bytes, bnb_4bit_use_double_quant):
-    """Frozen decoder-layer Linear weights in NF4: 0.5 B/param + absmax constants (double-quantised or fp32)."""
+def qlora(value, arch, param_count, weight_dtype_bytes, adapter_param_count, trainable_dtype_bytes,
+          bnb_4bit_use_double_quant, kbit_preparation):
+    """The decoder layers' Linear weights in 4 bits with their constants; every other base parameter in the
+    load dtype, or fp32 after ``prepare_model_for_kbit_training`` (``kbit_preparation = "peft"``); the adapters
+    in their own dtype."""
+    groups = quantized_groups(arch)
+    q = sum(g.total for g in groups)
+    packed = sum(nf4_bytes(g.numel, bnb_4bit_use_double_quant) * g.count for g in groups)
+    base = (param_count - q) * kbit_base_bytes(weight_dtype_bytes, kbit_preparation)
+    return int(base + packed + adapter_param_count * trainable_dtype_bytes)
+
+
+@quantity("params")
+def qlora_unquantized_param_count(method, arch, param_count):
+    """Base parameters a QLoRA run leaves unquantized (bitsandbytes replaces ``nn.Linear`` only): embeddings,
+    norms, routers, the LM head and the fused 3-D MoE experts; 0 without QLoRA."""
+    if method != "qlora":
+        return 0
+    return param_count - quantized_param_count(arch)
+
+
+@quantity("bytes")
+def qlora_unquantized_bytes(qlora_unquantized_param_count, weight_dtype_bytes, kbit_preparation):
+    """Their bytes in the dtype the script leaves them (fp32 after ``prepare_model_for_kbit_training``)."""
+    return int(qlora_unquantized_param_count * kbit_base_bytes(weight_dtype_bytes, kbit_preparation))
+
+
+def qlora_line(values, arch, kbit_preparation: str) -> str | None:
+    """The report's line for QLoRA: what bitsandbytes quantized and what it left (and in which dtype)."""
+    kept = values.get("qlora_unquantized_param_count") or 0
+    if not kept:
+        return None
     q = quantized_param_count(arch)
-    return int(value - q * weight_dtype_bytes + nf4_bytes(q, bnb_4bit_use_double_quant))
+    experts = sum(g.total for g in arch.param_groups() if g.layer and len(g.shape) == 3)
+    dtype = {"peft": "fp32 (prepare_model_for_kbit_training)", "trl": "the load dtype (TRL: no k-bit preparation)",
+             "none": "the load dtype"}[kbit_preparation]
+    custom = sum(g.total for g in arch.param_groups() if g.layer and g.custom_linear)
+    what = f"{experts / 1e9:.2f}B in fused MoE experts, " if experts else ""
+    if custom:  # transformers 5.24 replaces modules whose type is nn.Linear (integrations/bitsandbytes.py:189)
+        what += f"{custom / 1e9:.2f}B in subclasses of nn.Linear, "
+    return (f"bitsandbytes quantized {q / 1e9:.2f}B Linear parameters to 4 bits; {kept / 1e9:.2f}B stay unquantized "
+            f"({what}embeddings, norms, head) in {dtype}: {values['qlora_unquantized_bytes'] / 1e9:.2f} GB")
+
+
+@hookimpl
+def fitplan_register_quantities(register):
+    register(qlora_unquantized_param_count)
+    register(qlora_unquantized_bytes)
 
 
 @hookimpl

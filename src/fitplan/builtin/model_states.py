@@ -39,11 +39,15 @@ def adapter_param_count(method, trainable_param_count):
 
 
 @quantity("bytes/param")
-def trainable_dtype_bytes(method, weight_dtype_bytes, assumptions):
+def trainable_dtype_bytes(method, weight_dtype_bytes, assumptions, autocast_adapter_dtype, kbit_preparation):
     """Bytes per trainable parameter. Full fine-tuning: the weight dtype. LoRA: 4, because peft
-    keeps adapters in fp32 (``autocast_adapter_dtype=True``, peft >= 0.12) whatever the base dtype."""
-    if method == "full" or assumptions == "seed":
+    keeps adapters in fp32 (``autocast_adapter_dtype=True``, peft >= 0.12) whatever the base dtype; the
+    weight dtype with ``autocast_adapter_dtype = false`` (torchtune's LoRA modules); QLoRA through TRL's
+    SFTTrainer: 2 (it casts the adapters of a 4-bit model to bf16)."""
+    if method == "full" or assumptions == "seed" or not autocast_adapter_dtype:
         return weight_dtype_bytes
+    if method == "qlora" and kbit_preparation == "trl":
+        return 2
     return 4
 
 

@@ -38,6 +38,17 @@ def _gpus_paid(view: Any) -> int | None:
     return None if choice is None else choice.gpus_paid
 
 
+def _deepspeed_precision(view: Any) -> str | None:
+    """What DeepSpeed runs for this precision: its bf16/fp16 optimizer (16-bit weights, fp32 master weights)
+    for a 16-bit one, as HF ``bf16=True``/``fp16=True`` give under DeepSpeed; fp32 stays fp32."""
+    from fitplan.inputs.precision import PRESETS
+
+    p = PRESETS.get(view.values.get("precision"))
+    if p is None:
+        return None
+    return {"bf16": "bf16-master", "fp16": "16-master"}.get(p.compute_dtype, "32-true")
+
+
 def _spot_saving(view: Any) -> float | None:
     od, spot = view.values.get("on_demand_cost_usd"), view.values.get("spot_cost_usd")
     return None if not od or spot is None else 1 - spot / od
@@ -66,6 +77,8 @@ NAMES = (
     Name("cost.instance", _instance, "the instance type rented", ("instance_choice",), type="text"),
     Name("instance_id", _instance, "the instance type rented", ("instance_choice",), type="text"),
     Name("gpus_paid", _gpus_paid, "GPUs paid for (whole instances)", ("instance_choice",)),
+    Name("deepspeed_precision", _deepspeed_precision, "the precision DeepSpeed runs for this one (bf16 → bf16-master)",
+         ("precision",), type="text"),
     Name("spot_saving_fraction", _spot_saving, "1 − spot cost / on-demand cost", ("on_demand_cost_usd", "spot_cost_usd")),
     Name("gpu_supports_bf16", _gpu_has("bf16"), "whether the GPU has bf16 tensor cores", ("gpu_spec",), type="bool"),
     Name("gpu_supports_fp8", _gpu_has("fp8"), "whether the GPU has fp8 tensor cores", ("gpu_spec",), type="bool"),

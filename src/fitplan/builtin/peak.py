@@ -123,49 +123,117 @@ def phase_rows(step_trace, weight_bytes, master_weight_bytes, optimizer_state_by
     """The peak of live bytes within each phase of a step (see the module doc), as breakdown rows: weights,
     master weights, optimizer states, communication buffers, other (buffers, batch, allocator rounding, the
     logged loss), gathered parameters, gradients, and what the step trace says the rest is at the peak instant
-    (saved activations, logits and loss, autocast copies, temporaries). Each phase's rows sum to its peak."""
+    (saved activations, logits and loss, autocast copies, temporaries). Each phase's rows sum to its peak.
+
+    The stack's terms (``gathered_param_bytes``, builtin/sharding) add gathered parameters, say how gradients
+    are held in the backward (``grad_mode``: ``accumulate``, every gradient kept; ``bucketed``, each gradient
+    leaves for a bucket as it is produced, DeepSpeed ZeRO-2/3), keep a persistent gradient partition
+    (``persistent_grads``) and replace the optimizer step's bytes (``step``: DeepSpeed's flattened fp32
+    partition gradients and its group-by-group temporaries)."""
+    stack = gathered_param_bytes
     resident = dict(weights=weight_bytes, master_weights=master_weight_bytes, optimizer_states=optimizer_state_bytes,
-                    comm_buffers=comm_buffer_bytes, other=other_resident_bytes)
-    gf, gb = gathered_param_bytes["forward"], gathered_param_bytes["backward"]
+                    comm_buffers=comm_buffer_bytes, other=other_resident_bytes,
+                    gradients=gradient_bytes if stack.get("persistent_grads") else 0)
+    gf, gb = stack["forward"], stack["backward"]
+    step_total = stack.get("step")
+    if step_total is None:
+        step_parts = dict(gradients=gradient_bytes, temporaries=optimizer_step_temp_bytes)
+    else:
+        grads = min(gradient_bytes, step_total)
+        step_parts = dict(gradients=grads, temporaries=step_total - grads)
     if step_trace is None:  # a bare parameter count: activations as estimated, no timeline
         saved = dict(activations=activation_bytes, logits=logits_bytes, autocast_copies=autocast_weight_copy_bytes)
         rows = {"forward": _add(dict(resident), gathered_params=gf, **saved),
                 "backward": _add(dict(resident), gathered_params=gb, gradients=gradient_bytes // 32, **saved),
-                "optimizer_step": _add(dict(resident), gradients=gradient_bytes, temporaries=optimizer_step_temp_bytes)}
+                "optimizer_step": _add(dict(resident), **step_parts)}
         return {ph: _exact(r, int(sum(r.values()))) for ph, r in rows.items()}
     t = step_trace
     act_scale = saved_for_backward_bytes / t.retained_bytes if t.retained_bytes else 1.0
-    grad_scale = gradient_bytes / t.param_grad_bytes if t.param_grad_bytes else 0.0
     carried = gradient_bytes if gradient_accumulation_steps > 1 else 0
     loss = t.loss_bytes  # loss.detach(), kept for logging, shares the loss's storage
     before = _add(dict(resident), gradients=carried, other=loss if carried else 0)
     forward = _add(dict(before), gathered_params=gf, **_scaled(t.forward_peak_parts, act_scale))
-    if gathered_param_bytes["forward_spike"]:
-        spike = _add(dict(before), gathered_params=gathered_param_bytes["forward_spike"],
+    if stack["forward_spike"]:
+        spike = _add(dict(before), gathered_params=stack["forward_spike"],
                      **_scaled(t.forward_before_last_layer_parts, act_scale))
         forward = max(forward, spike, key=lambda r: sum(r.values()))
-    backward = _backward_rows(t, resident, gb, gathered_param_bytes, act_scale, grad_scale, carried, loss)
-    step = _add(dict(resident), gradients=gradient_bytes, temporaries=optimizer_step_temp_bytes, other=loss)
+    backward = _backward_rows(t, resident, gb, stack, act_scale, gradient_bytes, carried, loss)
+    step = _add(dict(resident), other=loss, **step_parts)
     return {"forward": _exact(forward, int(sum(forward.values()))),
             "backward": _exact(backward, int(sum(backward.values()))),
             "optimizer_step": _exact(step, int(sum(step.values())))}
 
 
-def _backward_rows(t, resident, gb, gathered, act_scale, grad_scale, carried, loss) -> dict[str, float]:
+def _point(resident, gathered, act_scale, a, grads, temporaries=0.0, t=None) -> dict[str, float]:
+    """The rows of one backward instant: resident, gathered parameters, gradients, the trace's parts of ``a``."""
+    return _add(dict(resident), gathered_params=gathered, gradients=grads,
+                **_add(_scaled(t.parts_of(a), act_scale), temporaries=temporaries))
+
+
+def _backward_rows(t, resident, gb, stack, act_scale, gradient_bytes, carried, loss) -> dict[str, float]:
     """The backward phase's rows at its peak instant: the frontier point with the most live bytes."""
+    grad_scale = stack.get("backward_grads", gradient_bytes) / t.param_grad_bytes if t.param_grad_bytes else 0.0
     if carried:
         a, o = max(t.backward_frontier_accumulating, key=lambda p: p[0] * act_scale + p[1] * grad_scale)
-        return _add(dict(resident), gathered_params=gb, gradients=carried, other=loss, **_add(
-            _scaled(t.parts_of(a), act_scale), temporaries=o * grad_scale))
-    a, g = max(t.backward_frontier, key=lambda p: p[0] * act_scale + p[1] * grad_scale)
-    rows = _add(dict(resident), gathered_params=gb, gradients=g * grad_scale, **_scaled(t.parts_of(a), act_scale))
-    if gathered.get("backward_in_layer") and t.backward_frontier_layers:
+        return _add(_point(resident, gb, act_scale, a, carried, o * grad_scale, t), other=loss)
+    if stack.get("grad_mode") == "bucketed":
+        return _bucketed_rows(t, resident, gb, stack, act_scale)
+    first = stack.get("grad_first", 0)
+    a, g = max(t.backward_frontier, key=lambda p: p[0] * act_scale + p[1] * grad_scale + (first if p[1] else 0))
+    rows = _point(resident, gb, act_scale, a, g * grad_scale + (first if g else 0), t=t)
+    candidates = [rows]
+    if stack.get("reduce_end"):  # DeepSpeed ZeRO-0/1 reduce every gradient when the backward ends
+        a, g = t.backward_frontier[-1]
+        candidates.append(_point(resident, gb, act_scale, a, g * grad_scale + stack["reduce_end"], t=t))
+    if stack.get("backward_in_layer") and t.backward_frontier_layers:
         # FSDP stage 3 inside a layer's backward: prefetched next layer, unsharded gradients (sharding.py)
         a2, g2 = max(t.backward_frontier_layers, key=lambda p: p[0] * act_scale + p[1] * grad_scale)
-        in_layer = _add(dict(resident), gathered_params=gathered["backward_in_layer"], gradients=g2 * grad_scale,
-                        **_scaled(t.parts_of(a2), act_scale))
-        rows = max(rows, in_layer, key=lambda r: sum(r.values()))
-    return rows
+        candidates.append(_point(resident, stack["backward_in_layer"], act_scale, a2, g2 * grad_scale, t=t))
+    return max(candidates, key=lambda r: sum(r.values()))
+
+
+def _bucketed_rows(t, resident, gb, stack, act_scale) -> dict[str, float]:
+    """DeepSpeed ZeRO-2/3: each gradient leaves for the IPG bucket as it is produced; the gradient partition
+    exists from the first flush (``flush_at`` bytes of gradients). Candidates: before any parameter gradient,
+    the most before and after the first flush, and the end (the last bucket reduced)."""
+    op_scale = stack.get("op_grad_scale", 1.0)
+    early, late = _split_backward(t, stack.get("flush_at", 0) / op_scale, act_scale, op_scale)
+    first, flushed = stack.get("grad_resident", 0), stack.get("grad_flushed", 0)
+    candidates = [_point(resident, gb, act_scale, t.backward_before_grads, 0, t=t)]
+    for hit, grads in ((early, first), (late, first + flushed)):
+        if hit is not None:
+            a, o = hit
+            candidates.append(_point(resident, gb, act_scale, a, grads, o * op_scale, t=t))
+    a, _ = t.backward_frontier[-1]
+    candidates.append(_point(resident, gb, act_scale, a, first + flushed, t=t))
+    return max(candidates, key=lambda r: sum(r.values()))
+
+
+_SPLIT: dict = {}
+
+
+def _split_backward(t, threshold: float, act_scale: float, op_scale: float):
+    """The backward point (other bytes, op gradient bytes) with the most ``other + op gradient`` among those
+    that have produced parameter gradients, split at ``threshold`` gradient bytes (when DeepSpeed's first
+    bucket fills and its gradient partition is allocated): (before, after), None where there is no such point.
+    Cached per trace and arguments."""
+    key = (id(t), threshold, act_scale, op_scale)
+    hit = _SPLIT.get(key)
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    early = late = None
+    for a, g, o in t.backward_points:
+        if not g:
+            continue
+        x = a * act_scale + o * op_scale
+        if g < threshold:
+            early = (a, o) if early is None or x > early[0] * act_scale + early[1] * op_scale else early
+        else:
+            late = (a, o) if late is None or x > late[0] * act_scale + late[1] * op_scale else late
+    if len(_SPLIT) > 256:
+        _SPLIT.clear()
+    _SPLIT[key] = (t, (early, late))
+    return early, late
 
 
 @quantity("bytes", json_key="memory.phases_bytes", type="object")

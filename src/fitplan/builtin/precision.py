@@ -55,10 +55,12 @@ def master_weight_dtype_bytes(precision, assumptions):
 
 
 @quantity("bytes/elem")
-def optimizer_state_dtype_bytes(precision, assumptions, method):
+def optimizer_state_dtype_bytes(precision, assumptions, method, kbit_preparation):
     """Bytes per full-precision optimizer state element. torch optimizers create states like their
-    parameter (2 for ``*-true``; 4 for LoRA adapters, which peft keeps in fp32); DeepSpeed keeps fp32
-    states (``*-master``); the seed assumes fp32 always."""
+    parameter (2 for ``*-true``; 4 for LoRA adapters, which peft keeps in fp32, 2 for TRL's bf16 QLoRA
+    adapters); DeepSpeed keeps fp32 states (``*-master``); the seed assumes fp32 always."""
+    if method == "qlora" and kbit_preparation == "trl" and assumptions != "seed":
+        return 2
     if assumptions == "seed" or method != "full":
         return 4
     return DTYPE_BYTES[PRESETS[precision].state_dtype]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fitplan.builtin.lora import qlora_line
 from fitplan.output.formats import ReportSection
 from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.units import format_bytes, format_count
@@ -25,6 +26,7 @@ def memory_json(est) -> dict[str, Any]:
                if q.json_key.startswith("memory.per_gpu_bytes.") and name in v}
     return {
         "assumptions": est.scenario.model.assumptions,
+        "parallel": stack_json(est),
         "model": {"name": arch.name, "family": arch.family, "param_count": v["param_count"],
                   "trainable_param_count": v["trainable_param_count"], "source": arch.source},
         "gpu": None if gpu is None else {"id": gpu.id, "name": gpu.name, "usable_bytes": gpu.usable_bytes},
@@ -46,15 +48,46 @@ def memory_json(est) -> dict[str, Any]:
     }
 
 
+def stack_json(est) -> dict[str, Any]:
+    """Which stack shards (``parallel.stack``, its words in ``stack_description``), over how many ranks, the
+    ds_config values its rules used (DeepSpeed) and the stated assumptions of QLoRA."""
+    v = est.values
+    out: dict[str, Any] = {"stack": v["stack_name"], "stack_description": v["stack_description"],
+                           "shard_degree": v["shard_degree"], "data_parallel_degree": v["data_parallel_degree"]}
+    if v["stack_name"] == "deepspeed":
+        out["ds_config"] = dict(v["deepspeed_config_values"])
+    if est.scenario.model.method == "qlora":
+        out["kbit_preparation"] = est.scenario.lora.kbit_preparation
+    return out
+
+
+def ds_config_text(est) -> str:
+    """The DeepSpeed values the rules used, each with where it came from."""
+    p = est.scenario.parallel
+    vals = est.values["deepspeed_config_values"]
+    parts = []
+    for key in ("reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
+        if key.startswith("stage3") and p.zero_stage != 3:
+            continue
+        given = getattr(p, key)
+        how = "DeepSpeed default" if given is None else ('HF "auto"' if given == "auto" else "given")
+        value = vals[key]
+        parts.append(f"{key} {value:g} ({how})" if not isinstance(value, bool) else f"{key} {str(value).lower()} ({how})")
+    return ", ".join(parts)
+
+
 def memory_lines(est, units: str) -> list[tuple[str, str]]:
     v = est.values
     s = est.scenario
-    sharded = f", ZeRO-{v['shard_stage']} over {v['shard_degree']} GPUs" if v["shard_stage"] and v["shard_degree"] > 1 else ""
+    stack = v["stack_description"] + (f" over {v['data_parallel_degree']} GPUs" if v["stack_name"] != "none" else "")
+    if v["stack_name"] == "deepspeed":
+        stack += "; ds_config " + ds_config_text(est)
     lines = [
         ("model", f"{est.arch.name} ({format_count(v['param_count'])} params, {format_count(v['trainable_param_count'])} trainable)"),
         ("setup", f"{s.model.method}, {s.training.precision}, {v['optimizer_spec'].name}, micro-batch "
                   f"{s.training.per_device_train_batch_size} × seq {s.training.max_seq_length}"
-                  + (", grad. checkpointing" if s.training.gradient_checkpointing else "") + sharded),
+                  + (", grad. checkpointing" if s.training.gradient_checkpointing else "")),
+        ("stack", stack),
         ("assumptions", s.model.assumptions),
         ("peak (allocated)", f"{format_bytes(v['peak_bytes'], units)} at {v['peak_phase'].replace('_', ' ')}"
          + (f" [{v['memory_confidence']['peak']['short']}]" if v.get("memory_confidence") else "")),
@@ -66,6 +99,9 @@ def memory_lines(est, units: str) -> list[tuple[str, str]]:
                              f"(headroom {format_bytes(v['headroom_bytes'], units)})"))
     if v["cpu_offload_bytes"]:
         lines.append(("CPU RAM (offload)", format_bytes(v["cpu_offload_bytes"], units) + " per node"))
+    q = qlora_line(v, est.arch, s.lora.kbit_preparation)
+    if q:
+        lines.append(("4-bit", q))
     if v.get("optimizer_host_bytes"):
         lines.append(("CPU RAM (optimizer)", format_bytes(v["optimizer_host_bytes"], units)
                       + f" per process ({v['optimizer_spec'].name} keeps its states in host memory)"))
@@ -76,8 +112,21 @@ def _num(v: Any) -> Any:
     return None if v is None else (int(v) if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) < 2**53) else v)
 
 
+def likely_range(est) -> dict[str, Any] | None:
+    """What the time's likely range is (null without a modelled time: no dataset, or a throughput given or
+    measured): the factors on the modelled time and where they come from."""
+    band, model = est.values.get("time_band"), est.rulesets.time_model
+    if band is None or model is None or est.values.get("train_seconds") is None:
+        return None
+    return {"low_factor": band[0], "high_factor": band[1], "percentiles": list(model.band_percentiles),
+            "runs": model.runs, "loo_median_error": model.loo_median, "loo_worst_error": model.loo_worst,
+            "basis": f"the {model.band_percentiles[0]:g}th and {model.band_percentiles[1]:g}th percentiles of measured / "
+                     f"predicted time over {model.runs} published fine-tuning runs, each predicted without itself"}
+
+
 def time_json(est) -> dict[str, Any]:
-    """The ``time`` section: tokens, FLOPs, seconds, throughput, MFU, communication share (null when unknown)."""
+    """The ``time`` section: tokens, FLOPs, seconds and their likely range, throughput, MFU, the shares of the
+    step (null when unknown)."""
     v = est.values
     return {"time": {
         "tokens": _num(v.get("train_tokens")),
@@ -88,6 +137,9 @@ def time_json(est) -> dict[str, Any]:
         "flops": _num(v.get("train_flops")),
         "seconds": v.get("train_seconds"),
         "hours": None if v.get("train_seconds") is None else v["train_seconds"] / 3600,
+        "seconds_low": v.get("train_seconds_low"),
+        "seconds_high": v.get("train_seconds_high"),
+        "likely_range": likely_range(est),
         "tokens_per_second": v.get("train_tokens_per_second"),
         "throughput_basis": v.get("throughput_basis"),
         "mfu": v.get("train_mfu"),
@@ -95,9 +147,19 @@ def time_json(est) -> dict[str, Any]:
         "peak_flops_per_gpu": v.get("peak_flops_per_gpu"),
         "matmul_dtype": v.get("matmul_dtype"),
         "step_seconds": v.get("step_seconds"),
+        "compute_seconds_per_step": v.get("compute_seconds_per_step"),
         "communication_share": v.get("communication_share"),
+        "communication": _comm_json(v),
+        "optimizer_share": v.get("optimizer_step_share"),
         "confidence": v.get("time_confidence"),
     }}
+
+
+def _comm_json(v) -> dict[str, Any]:
+    """Bytes per collective per step (``comm_volumes``) and where the GPUs sit (``topology``)."""
+    vol = v.get("comm_volumes") or {}
+    return {"volumes_bytes": {k: _num(x) for k, x in vol.items() if k not in ("overlap", "ranks")},
+            "ranks": vol.get("ranks"), "overlap": vol.get("overlap"), "topology": v.get("topology")}
 
 
 def cost_json(est) -> dict[str, Any]:
@@ -110,12 +172,18 @@ def cost_json(est) -> dict[str, Any]:
         "runs": runs,
         "on_demand_usd": v.get("on_demand_cost_usd"),
         "spot_usd": v.get("spot_cost_usd"),
+        "on_demand_usd_low": v.get("on_demand_cost_usd_low"),
+        "on_demand_usd_high": v.get("on_demand_cost_usd_high"),
+        "spot_usd_low": v.get("spot_cost_usd_low"),
+        "spot_usd_high": v.get("spot_cost_usd_high"),
         "on_demand_usd_per_run": None if v.get("on_demand_cost_usd") is None else v["on_demand_cost_usd"] / runs,
         "spot_usd_per_run": None if v.get("spot_cost_usd") is None else v["spot_cost_usd"] / runs,
         "provider": est.scenario.cost.provider,
         "instance": None if plan is None else plan.instance.id,
         "instance_count": None if plan is None else plan.count,
         "gpus_paid": None if plan is None else plan.gpus_paid,
+        "gpus_used": v.get("world_size"),
+        "gpus_idle": None if plan is None else max(0, plan.gpus_paid - v["world_size"]),
         "region": None if plan is None else plan.instance.region,
         "on_demand_per_hour": None if plan is None else plan.on_demand_per_hour,
         "spot_per_hour": None if plan is None else plan.spot_per_hour,
@@ -130,6 +198,10 @@ def cost_json(est) -> dict[str, Any]:
 
 def _duration(seconds: float) -> str:
     return f"{seconds / 3600:,.2f} h ({seconds:,.0f} s)"
+
+
+def _likely(low: float | None, high: float | None, fmt) -> str:
+    return "" if low is None or high is None else f", likely {fmt(low)}-{fmt(high)}"
 
 
 def time_lines(est, units: str) -> list[tuple[str, str]]:
@@ -161,10 +233,35 @@ def time_lines(est, units: str) -> list[tuple[str, str]]:
             tps += f" (over 100 %: impossible at the {v.get('matmul_dtype')} peak; check --precision)"
     if v.get("communication_share") is not None:
         tps += f"; communication {100 * v['communication_share']:.1f} % of the step"
+    likely = _likely(v.get("train_seconds_low"), v.get("train_seconds_high"), lambda x: f"{x / 3600:,.2f}")
     known = v.get("time_confidence")
     how = f" [{known['short']}: {known['basis']}]" if known else ""
-    lines.append(("time", f"{_duration(v['train_seconds'])} at {tps}{how}"))
+    lines.append(("time", f"{_duration(v['train_seconds'])}{likely + ' h' if likely else ''} at {tps}{how}"))
+    band = likely_range(est)
+    if band is not None:
+        lines.append(("likely range", f"× {band['low_factor']:.2f} to × {band['high_factor']:.2f}: {band['basis']} "
+                                      f"(median error {100 * band['loo_median_error']:.0f} %)"))
+    if v.get("optimizer_step_share") is not None:
+        lines.append(("optimizer step", f"{100 * v['optimizer_step_share']:.1f} % of each step (update and gradient "
+                                        f"clipping, whatever the batch)"))
+    net = network_line(v)
+    if net:
+        lines.append(("network", net))
     return lines
+
+
+def network_line(v) -> str | None:
+    """When the GPUs span instances: how many, and what their collectives cross (the network)."""
+    topo = v.get("topology")
+    if not topo or topo["instances"] <= 1 or topo["gpus"] <= 1:
+        return None
+    vol = v.get("comm_volumes") or {}
+    total = sum(x for k, x in vol.items() if k not in ("overlap", "ranks", "tp_all_reduce"))
+    inside = f"{topo['gpus_per_instance']} GPU(s) each" + (f" over {topo['intra']}" if topo["gpus_per_instance"] > 1 else "")
+    secs = v.get("comm_seconds_per_step")
+    t = f", {secs:.3g} s of collectives per step" if secs else ""
+    return (f"{topo['instances']} instances ({inside}): the collectives cross the network at "
+            f"{topo['network_gbps']:g} GB/s per GPU ({format_bytes(total, 'GB')} per step{t}; {topo['source']})")
 
 
 def cost_lines(est, units: str) -> list[tuple[str, str]]:
@@ -179,13 +276,18 @@ def cost_lines(est, units: str) -> list[tuple[str, str]]:
         return lines
     cur = v.get("cost_currency") or "USD"
     per = f" for {runs} runs" if runs > 1 else ""
+    money = lambda x: f"{x:,.2f}"  # noqa: E731
     spot = ("no spot price" if v.get("spot_cost_usd") is None else
-            f"{v['spot_cost_usd']:,.2f} {cur} spot" + (f" (+{100 * plan.provider.spot_overhead:g} % interruption overhead)"
-                                                        if plan.provider.spot_overhead else ""))
-    lines.append(("cost", f"{v['on_demand_cost_usd']:,.2f} {cur} on demand, {spot}{per}"))
+            f"{v['spot_cost_usd']:,.2f} {cur} spot{_likely(v.get('spot_cost_usd_low'), v.get('spot_cost_usd_high'), money)}"
+            + (f" (+{100 * plan.provider.spot_overhead:g} % interruption overhead)" if plan.provider.spot_overhead else ""))
+    od = _likely(v.get("on_demand_cost_usd_low"), v.get("on_demand_cost_usd_high"), money)
+    lines.append(("cost", f"{v['on_demand_cost_usd']:,.2f} {cur} on demand{od}, {spot}{per}"))
     lines.append(("instances", f"{plan.count} × {plan.provider.id} {plan.instance.id} ({plan.instance.gpus} × {plan.instance.gpu}"
                                + (f", {plan.instance.region}" if plan.instance.region else "") + f"), {plan.on_demand_per_hour:,.2f} {cur}/h"
                                + f", billed per {plan.provider.billing}"))
+    idle = idle_line(plan, v["world_size"])
+    if idle:
+        lines.append(("billing", idle))
     return lines
 
 
@@ -198,6 +300,14 @@ def moe_json(est) -> dict[str, Any] | None:
 def moe_lines(est, units: str) -> list[tuple[str, str]]:
     r = est.values.get("moe_routing")
     return [("MoE routing", r["assumption"])] if r else []
+
+
+def idle_line(plan, used: int) -> str | None:
+    """The explicit line when more GPUs are paid than used (instances come in fixed shapes)."""
+    if plan.gpus_paid <= used:
+        return None
+    return (f"{plan.gpus_paid} GPUs paid, {used} used: {plan.gpus_paid - used} idle "
+            f"({plan.instance.id} comes with {plan.instance.gpus} GPUs; the cost counts them all)")
 
 
 SECTIONS = (

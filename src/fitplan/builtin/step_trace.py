@@ -44,6 +44,7 @@ import attrs
 from attrs import frozen
 
 from fitplan.builtin.archfile import BYTES  # the dtype codes of learned files
+from fitplan.builtin import op_work
 
 PARTS = ("activations", "logits", "autocast_copies", "temporaries")
 """What live bytes above the model states are, at any instant of the replay: tensors saved for backward (or
@@ -73,6 +74,10 @@ class TraceSpec:
     device: str = "cuda"
     block: int = ALLOCATOR_BLOCK
     """CUDA's caching allocator rounds every block up to this many bytes (``[framework]`` ruleset)."""
+    adapter_dtype: str = "fp32"
+    """LoRA adapters' dtype: fp32 (peft's ``autocast_adapter_dtype``), bf16 (TRL casts them for 4-bit models)."""
+    quant_compute: str | None = None
+    """QLoRA: ``bnb_4bit_compute_dtype`` (None: the precision's compute dtype)."""
 
 
 @frozen
@@ -119,6 +124,13 @@ class StepTrace:
     """The loss scalar: kept through the optimizer step by ``loss.detach()`` (the logged value)."""
     max_param_grad_bytes: int = 0
     """The largest parameter gradient one op produces (the transient of accumulating into existing grads)."""
+    backward_before_grads: int = 0
+    """The most the backward holds before the first parameter gradient exists (other bytes only)."""
+    backward_frontier_bucketed: tuple[tuple[int, int], ...] = ()
+    """The (other, op_param_grad) frontier of the points after the first parameter gradient: what matters when
+    each gradient leaves for a bucket or partition as soon as it is produced (DeepSpeed ZeRO-2/3)."""
+    work: tuple[op_work.OpWork, ...] = ()
+    """The micro-step's kernels, phase by phase, for the time model (:func:`fitplan.builtin.op_work.step_work`)."""
     forward_peak_parts: tuple[int, int, int, int] = (0, 0, 0, 0)
     """``forward_peak_bytes`` split into :data:`PARTS` (sums to it)."""
     forward_before_last_layer_parts: tuple[int, int, int, int] = (0, 0, 0, 0)
@@ -177,6 +189,8 @@ class Op:
     param_grad: int = 0
     bwd_temp: int = 0
     clone_grad: bool = False
+    work: Any = None
+    """The kernels the op launches (:class:`fitplan.builtin.op_work.Work`; None: none)."""
 
 
 class Trace:
@@ -242,8 +256,9 @@ class Trace:
 
     # ---- recording
     def emit(self, name: str, ins: list[T], outs: list[T], saved: list[T], grad_ins: list[tuple[T, int]],
-             params: list[tuple[T, int]], node: bool, *, bwd_temp: int = 0) -> None:
-        """Record one op (see :meth:`.learned_graph.Builder.emit`, which works out the arguments)."""
+             params: list[tuple[T, int]], node: bool, *, bwd_temp: int = 0, work: Any = None) -> None:
+        """Record one op (see :meth:`.learned_graph.Builder.emit`, which works out the arguments and the
+        op's kernels, ``work``)."""
         reads = tuple(t.sid for t in ins if t is not None and t.sid >= 0)
         allocs = tuple(dict.fromkeys(t.sid for t in outs if t.sid >= 0 and t.sid not in reads))
         sv = tuple(dict.fromkeys(t.sid for t in saved if t is not None and t.sid >= 0))
@@ -256,7 +271,7 @@ class Trace:
             pg += nb
         self.ops.append(Op(name, self.seg, reads, allocs, sv, tuple(t for t in outs if t.rg),
                            tuple(t for t, _ in grad_ins), tuple(k for _, k in grad_ins), tuple(pentries), pg,
-                           bwd_temp if node else 0))
+                           bwd_temp if node else 0, work=work))
 
     def finish(self) -> None:
         """Mark each parameter's last use in the backward (its first in the forward): where its gradient is
@@ -299,7 +314,7 @@ def build(spec: TraceSpec) -> StepTrace:
     b = Builder(tr, af, dict(arch.symbols))
     b.run()
     tr.finish()
-    return replay(tr)
+    return attrs.evolve(replay(tr), work=op_work.step_work(tr))
 
 
 # --------------------------------------------------------------------------- replay: forward and backward timelines
@@ -585,6 +600,8 @@ def replay(tr: Trace) -> StepTrace:
         backward_frontier=_frontier([(a, g) for a, g, _ in points]),
         backward_frontier_accumulating=_frontier([(a, o) for a, _, o in points]),
         backward_frontier_layers=_frontier([(a, g) for a, g, _ in layer_points]),
+        backward_before_grads=max((a for a, g, _ in points if g == 0), default=0),
+        backward_frontier_bucketed=_frontier([(a, o) for a, g, o in points if g > 0]),
         retained_bytes=int(retained_total),
         activation_bytes=int(retained_total - saved_by_kind["logits"] - saved_by_kind["autocast"]),
         logits_bytes=int(saved_by_kind["logits"]),
@@ -610,6 +627,8 @@ def _frontier_parts(parts: dict[int, tuple[int, int, int, int]], points: list, l
     keep = {a for a, _ in _frontier([(a, g) for a, g, _ in points])}
     keep |= {a for a, _ in _frontier([(a, o) for a, _, o in points])}
     keep |= {a for a, _ in _frontier([(a, g) for a, g, _ in layer_points])}
+    keep |= {a for a, _ in _frontier([(a, o) for a, g, o in points if g > 0])}  # DeepSpeed's bucketed backward
+    keep.add(max((a for a, g, _ in points if g == 0), default=0))
     return tuple(sorted((a, _nonnegative(p)) for a, p in parts.items() if a in keep))
 
 

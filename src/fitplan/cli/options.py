@@ -44,12 +44,13 @@ HELP = {
     "dataset_sample": "With --dataset: tokenize a random sample of N examples (totals get a confidence interval).",
     "num_train_epochs": "Passes over the dataset (default 1).",
     "tf32": "HF tf32: fp32 matmuls on TF32 tensor cores (off by default in PyTorch and the HF Trainer).",
+    "torch_compile": "HF torch_compile: the model runs under torch.compile (fused elementwise kernels; changes time only).",
     "provider": "Pricing provider id (aws, gcp, lambda, runpod, seed, ...) to price the run.",
     "instance": "Force an instance type of the provider (default: the cheapest shape covering the GPUs).",
     "region": "Only consider instances in this region (default: the cheapest region).",
     "runs": "Number of runs to pay for (experiments; the seed counts 5).",
-    "tokens_per_second": "Measured throughput of the whole run, overriding the FLOPs model.",
-    "mfu": "Model FLOPs utilisation (0.4 = 40 %), overriding the ruleset default and calibration.",
+    "tokens_per_second": "Measured throughput of the whole run, overriding the time model.",
+    "mfu": "Model FLOPs utilisation (0.4 = 40 %): price the step at this MFU instead of the roofline.",
     "throughput_source": "Use a [[throughput]] ruleset table of measured tokens/s (e.g. seed).",
 }
 

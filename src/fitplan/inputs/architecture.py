@@ -45,6 +45,10 @@ class ParamGroup:
     path: str = ""
     linear: tuple[int, int] | None = None
     """(in_features, out_features) when the tensor is an ``nn.Linear`` / ``Conv1D`` weight."""
+    custom_linear: bool = False
+    """The weight of a subclass of ``nn.Linear`` with its own forward (Falcon's ``FalconLinear``): peft adapts
+    it, bitsandbytes does not quantize it (transformers' ``replace_with_bnb_linear`` takes ``type(m) is
+    nn.Linear`` only)."""
 
     @property
     def numel(self) -> int:
@@ -158,12 +162,13 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
             groups[key][2] += 1
             continue
         linear = None
+        mark = entry[6] if len(entry) > 6 else None
         if role.startswith("linear:"):
-            conv1d = len(entry) > 6 and entry[6] == "conv1d"
-            linear = (shape[0], shape[1]) if conv1d else (shape[1], shape[0])
-        groups[key] = [template, shape, 1, per_layer, _module(role, template), template.rsplit(".", 1)[0], linear]
-    return tuple(ParamGroup(t, shape, module, count, per_layer, path, linear)
-                 for t, shape, count, per_layer, module, path, linear in groups.values())
+            linear = (shape[0], shape[1]) if mark == "conv1d" else (shape[1], shape[0])
+        groups[key] = [template, shape, 1, per_layer, _module(role, template), template.rsplit(".", 1)[0], linear,
+                       mark == "custom"]
+    return tuple(ParamGroup(t, shape, module, count, per_layer, path, linear, custom)
+                 for t, shape, count, per_layer, module, path, linear, custom in groups.values())
 
 
 def _module(role: str, name: str) -> str:

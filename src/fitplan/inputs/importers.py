@@ -42,6 +42,8 @@ def deepspeed_fields_from(data: dict[str, Any], path: str, root: str = "$", *, b
         raise FitplanError(f"zero_optimization.stage must be 0-3, got {stage!r}", file=str(path),
                            field=f"{root}.zero_optimization.stage", value=stage)
     out["zero_stage"] = stage
+    out["stack"] = "deepspeed"
+    out.update(_ds_zero_keys(zero, path, root))
     for key, field in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
         dev = (zero.get(key) or {}).get("device", "none") if isinstance(zero.get(key), dict) else "none"
         if dev not in ("none", "cpu", "nvme"):
@@ -58,6 +60,36 @@ def deepspeed_fields_from(data: dict[str, Any], path: str, root: str = "$", *, b
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise FitplanError(f"{key} must be a positive integer or \"auto\", got {v!r}", file=str(path), field=f"{root}.{key}", value=v)
         out[field] = v
+    return out
+
+
+DS_SIZE_KEYS = {"reduce_bucket_size": "reduce_bucket_size", "stage3_prefetch_bucket_size": "stage3_prefetch_bucket_size",
+                "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+                "stage3_param_persistence_threshold": "stage3_param_persistence_threshold",
+                "param_persistence_threshold": "stage3_param_persistence_threshold",
+                "stage3_max_live_parameters": "stage3_max_live_parameters", "max_live_parameters": "stage3_max_live_parameters"}
+"""``zero_optimization`` size keys (and DeepSpeed's aliases, zero/config.py) -> scenario fields: a number of
+elements, or "auto" (resolved from the model as transformers/integrations/deepspeed.py:232-241 does)."""
+
+
+def _ds_zero_keys(zero: dict[str, Any], path: str, root: str) -> dict[str, Any]:
+    """The bucket, prefetch and persistence keys fitplan models; absent keys stay absent (DeepSpeed's defaults)."""
+    out: dict[str, Any] = {}
+    for key, field in DS_SIZE_KEYS.items():
+        if key not in zero:
+            continue
+        v = zero[key]
+        ok = v == "auto" or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)
+        if not ok:
+            raise FitplanError(f"zero_optimization.{key} must be a number of elements or \"auto\", got {v!r}",
+                               file=str(path), field=f"{root}.zero_optimization.{key}", value=v)
+        out[field] = v if v == "auto" else str(int(v)) if float(v).is_integer() else str(v)
+    if "overlap_comm" in zero:
+        v = zero["overlap_comm"]
+        if not isinstance(v, bool):
+            raise FitplanError(f"zero_optimization.overlap_comm must be true or false, got {v!r}", file=str(path),
+                               field=f"{root}.zero_optimization.overlap_comm", value=v)
+        out["overlap_comm"] = v
     return out
 
 
@@ -143,6 +175,7 @@ TRAINING_ARGS_FIELDS = {
     "optim": "optim",
     "num_train_epochs": "num_train_epochs",
     "tf32": "tf32",
+    "torch_compile": "torch_compile",
     "max_seq_length": "max_seq_length",
     "max_length": "max_seq_length",
     "optim_args": "optim_args",
@@ -192,6 +225,7 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tupl
                         "`fitplan recommend --max micro-batch` finds the largest that fits")
     if data.get("fsdp"):
         out.update(_ta_fsdp(data["fsdp"], bad))
+        out.update(_ta_fsdp_config(data.get("fsdp_config"), bad))
     ds = data.get("deepspeed")
     if ds is not None:
         # "auto" is filled with bf16 or bf16_full_eval (transformers/integrations/deepspeed.py)
@@ -217,7 +251,7 @@ def _ta_plain_fields(data: dict[str, Any], bad: Any, known_optimizers: Any) -> d
         if field in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_seq_length"):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(key, f"{key} must be a positive integer, got {v!r}")
-        elif field in ("gradient_checkpointing", "tf32"):
+        elif field in ("gradient_checkpointing", "tf32", "torch_compile"):
             if not isinstance(v, bool):
                 raise bad(key, f"{key} must be true or false, got {v!r}")
         elif field == "num_train_epochs":
@@ -258,6 +292,24 @@ def _ta_fsdp(fsdp: Any, bad: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"fsdp": modes[0]}
     if "offload" in words:
         out.update(offload_params=True, offload_optimizer=True)
+    return out
+
+
+def _ta_fsdp_config(cfg: Any, bad: Any) -> dict[str, Any]:
+    """``fsdp_config``: ``version`` (the Trainer's default is 2: training_args.py:2826) and
+    ``activation_checkpointing`` (every wrapped layer checkpointed: accelerator.py:1944-1960, what
+    ``gradient_checkpointing`` models). ``fsdp_`` prefixes are accepted, as the Trainer strips them."""
+    if cfg is None:
+        return {"stack": "fsdp2"}
+    if not isinstance(cfg, dict):
+        raise bad("fsdp_config", f"fsdp_config must be an object, got {type(cfg).__name__}")
+    cfg = {k.removeprefix("fsdp_"): v for k, v in cfg.items()}
+    version = cfg.get("version", 2)
+    if version not in (1, 2, "1", "2"):
+        raise bad("fsdp_config", f"fsdp_config.version must be 1 or 2, got {version!r}")
+    out: dict[str, Any] = {"stack": f"fsdp{int(version)}"}
+    if cfg.get("activation_checkpointing") is True:
+        out["gradient_checkpointing"] = True
     return out
 
 

@@ -87,6 +87,10 @@ class OptimizerSpec:
     :ivar state_bytes: bytes of optimizer state for the trainable tensors (function of an :class:`OptimizerContext`).
     :ivar step_temp_bytes: extra bytes alive during ``optimizer.step()`` (foreach temporaries, ...).
     :ivar flops_per_param: optimizer FLOPs per trainable parameter per step.
+    :ivar step_bytes: bytes one ``optimizer.step()`` reads and writes in device memory (the time model prices
+        the step on memory bandwidth: an optimizer update does a few FLOPs per byte); None: one pass reading
+        the gradients, parameters and states and writing the parameters and states (:meth:`update_bytes`).
+    :ivar step_kernels: kernels one step launches (host time); None: one per trainable tensor.
     :ivar torch_class: dotted path of the torch implementation used by ``fitplan validate`` (or "").
     :ivar torch_kwargs: keyword arguments for it.
     """
@@ -100,6 +104,8 @@ class OptimizerSpec:
     flops_per_param: float = 0.0
     states_per_param: float = 0.0
     """For display and the seed's simplified view: full-precision states per parameter."""
+    step_bytes: Callable[[OptimizerContext], float] | None = None
+    step_kernels: Callable[[OptimizerContext], float] | None = None
     torch_class: str = ""
     torch_kwargs: dict[str, Any] = attrs.Factory(dict)
     plugin: str = ""
@@ -121,6 +127,17 @@ class OptimizerSpec:
     search: bool = True
     """Whether ``fitplan recommend`` tries it when no ``--optims`` list is given (the common ones: the built-in
     specs of the other HF names are estimated when named, not searched)."""
+
+    def update_bytes(self, ctx: OptimizerContext) -> float:
+        """Bytes one step moves: ``step_bytes``, or a single pass (gradients and parameters read, parameters
+        written: ``3 × param bytes`` per element; every state read and written: ``2 × state bytes``)."""
+        if self.step_bytes is not None:
+            return float(self.step_bytes(ctx))
+        return 3.0 * ctx.numel * ctx.param_bytes + 2.0 * self.state_bytes(ctx)
+
+    def update_kernels(self, ctx: OptimizerContext) -> float:
+        """Kernels one step launches: ``step_kernels``, or one per trainable tensor."""
+        return float(self.step_kernels(ctx)) if self.step_kernels is not None else float(ctx.num_tensors)
 
 
 @frozen

@@ -8,6 +8,8 @@ quantity functions draw their inputs from. Names follow the Hugging Face vocabul
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import attrs
@@ -20,6 +22,10 @@ from fitplan.inputs.precision import PRECISIONS
 METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
+STACKS = ("deepspeed", "fsdp1", "fsdp2", "ddp", "torch")
+"""Who shards (``inputs/stacks.py``): DeepSpeed ZeRO 0-3, accelerate's FSDP1 / FSDP2 as the HF Trainer sets them
+up, plain DDP, or PyTorch-native ZeRO (DDP + ZeroRedundancyOptimizer, bare ``fully_shard``)."""
+KBIT_PREPARATION = ("peft", "trl", "none")
 ASSUMPTIONS = ("realistic", "seed")
 PADDING = ("pad", "pack", "longest", "group_by_length", "padding_free")
 """How micro-batches are formed (fitplan.data.padding): padded to max_seq_length, packed (TRL packing, bfd),
@@ -144,6 +150,8 @@ class Training:
     num_train_epochs: float = field(default=1.0, validator=_positive)
     tf32: bool = False
     """HF ``tf32``: fp32 matmuls on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``); off by default."""
+    torch_compile: bool = False
+    """HF ``torch_compile``: the model runs under ``torch.compile`` (Inductor fuses elementwise ops: time only)."""
 
 
 @frozen
@@ -155,9 +163,30 @@ class Lora:
     lora_target_modules: tuple[str, ...] = field(default=("q_proj", "v_proj"), validator=_module_names)
     lora_dropout: float = field(default=0.0, validator=_probability)
     bnb_4bit_use_double_quant: bool = True
+    autocast_adapter_dtype: bool = True
+    """peft's ``get_peft_model(..., autocast_adapter_dtype=True)``: 16-bit adapters are upcast to fp32 (their
+    GEMMs then run in fp32 without autocast). False keeps them in the base weights' dtype, as torchtune's
+    LoRA modules are."""
     bnb_4bit_compute_dtype: str | None = field(default=None, validator=_one_of((None, "fp32", "bf16", "fp16")))  # type: ignore[arg-type]
     """transformers' ``BitsAndBytesConfig.bnb_4bit_compute_dtype`` (None: float32). bitsandbytes 0.50.2 computes in
     the input's dtype whenever that is fp32 or bf16 (``Linear4bit.set_compute_type``): fitplan warns when it differs."""
+    kbit_preparation: str = field(default="peft", validator=_one_of(KBIT_PREPARATION))
+    """QLoRA: what the training script does after loading the 4-bit model (a stated assumption): ``peft``
+    (``prepare_model_for_kbit_training``: every non-quantized parameter cast to fp32, LoRA in fp32), ``trl``
+    (TRL's SFTTrainer: base parameters stay in the load dtype, LoRA weights cast to bf16) or ``none``
+    (``get_peft_model`` alone: base in the load dtype, LoRA in fp32)."""
+
+
+def _ds_value(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    if value is None or value == "auto":
+        return
+    try:
+        ok = math.isfinite(float(value)) and float(value) >= 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or isinstance(value, bool):
+        raise FitplanError(f"{type(inst).__name__}.{att.name} must be a number of elements or \"auto\", got {value!r}",
+                           field=att.name, value=value, suggestion='e.g. 5e8, 200000000 or "auto" (hidden size squared)')
 
 
 @frozen
@@ -169,6 +198,20 @@ class Parallel:
     offload_optimizer: bool = False
     offload_params: bool = False
     tensor_parallel: int = field(default=1, validator=_at_least_one)
+    stack: str | None = field(default=None, validator=_one_of((None, *STACKS)))  # type: ignore[arg-type]
+    """Which implementation shards (None: ``--zero``/offload/``*-master`` mean DeepSpeed, ``--fsdp`` means the HF
+    Trainer's default FSDP2, several GPUs otherwise mean DDP): see ``inputs/stacks.py``."""
+    reduce_bucket_size: str | None = field(default=None, validator=_ds_value)
+    """DeepSpeed ``zero_optimization.reduce_bucket_size`` in elements: None = DeepSpeed's default (5e8), "auto" =
+    HF's hidden²."""
+    overlap_comm: bool | None = None
+    """DeepSpeed ``overlap_comm`` (None: DeepSpeed's default, on at stage 3 only)."""
+    stage3_prefetch_bucket_size: str | None = field(default=None, validator=_ds_value)
+    """DeepSpeed stage 3 prefetch in elements: None = 5e7, "auto" = 0.9·hidden²."""
+    stage3_param_persistence_threshold: str | None = field(default=None, validator=_ds_value)
+    """DeepSpeed stage 3: parameters of at most this many elements stay whole: None = 1e5, "auto" = 10·hidden."""
+    stage3_max_live_parameters: str | None = field(default=None, validator=_ds_value)
+    """DeepSpeed stage 3: prefetch stops at this many gathered elements (None = 1e9)."""
 
 
 @frozen

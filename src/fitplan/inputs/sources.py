@@ -123,7 +123,26 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
     for key, value in base.items():
         fixed |= set(value) if key in sc.SECTIONS and isinstance(value, dict) else {key}
     s = scenario_from_dict(merge(base, overrides), file=scenario_file)
+    if (bf16 or fp16) and "precision" not in flags_given(options):
+        s = _hf_flag_under_stack(s, "bf16" if bf16 else "fp16")
     return FromOptions(s, tuple(options.get("ruleset_dirs") or ()), frozenset(fixed), tuple(warnings))
+
+
+def flags_given(options: dict[str, Any]) -> set[str]:
+    return {k for k, v in options.items() if v is not None and k in sc.FIELD_SECTION}
+
+
+def _hf_flag_under_stack(s: sc.Scenario, flag: str) -> sc.Scenario:
+    """``--bf16``/``--fp16`` are the HF TrainingArguments flags: under DeepSpeed they enable its 16-bit optimizer
+    (16-bit weights, fp32 master weights: ``*-master``), elsewhere torch AMP (``*-mixed``)."""
+    from fitplan.inputs import stacks
+    from fitplan.inputs.precision import MASTER_FOR_FLAG
+
+    p, hw = s.parallel, s.hardware
+    dp = max(1, hw.num_gpus * hw.num_nodes // p.tensor_parallel)
+    if stacks.resolve(p.stack, p.zero_stage, p.fsdp, p.offload_optimizer, p.offload_params, s.training.precision, dp) == "deepspeed":
+        return s.replace(precision=MASTER_FOR_FLAG[flag])
+    return s
 
 
 def _path(text: str, flag: str) -> str:

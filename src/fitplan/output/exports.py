@@ -20,8 +20,9 @@ from fitplan.inputs.precision import PRESETS
 KINDS = ("deepspeed", "accelerate", "training-args", "scenario")
 FILENAMES = {"deepspeed": "ds_config.json", "accelerate": "accelerate_config.yaml",
              "training-args": "training_args.json", "scenario": "fitplan-plan.toml"}
-DEEPSPEED_BUCKET = 500_000_000
-"""reduce/allgather bucket sizes in elements: DeepSpeed's defaults, which fitplan's comm-buffer term assumes."""
+DS_KEYS = ("reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+           "stage3_max_live_parameters")
+"""The ``zero_optimization`` keys fitplan models, written when the plan sets them (absent: DeepSpeed's default)."""
 HF_OPTIMIZERS = frozenset({"adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adamw_8bit", "adamw_bnb_8bit",
                            "paged_adamw_8bit", "adamw_hf", "adamw_apex_fused", "adamw_anyprecision", "lion_8bit",
                            "lion_32bit", "paged_lion_8bit", "paged_lion_32bit", "paged_adamw_32bit", "adagrad",
@@ -34,10 +35,20 @@ HF_OPTIMIZERS = frozenset({"adamw_torch", "adamw_torch_fused", "adafactor", "sgd
 
 
 def uses_deepspeed(s: sc.Scenario) -> bool:
-    """A plan runs under DeepSpeed when it shards with ZeRO, offloads, or uses DeepSpeed's 16-bit optimizer
-    (fp32 master weights: the ``*-master`` presets)."""
+    """A plan runs under DeepSpeed when its stack is DeepSpeed (``inputs/stacks.py``: ZeRO, offload without
+    FSDP, DeepSpeed's 16-bit optimizer, or ``--stack deepspeed``)."""
+    from fitplan.inputs import stacks
+
     p = s.parallel
-    return bool(p.zero_stage or p.offload_optimizer or p.offload_params or PRESETS[s.training.precision].master)
+    return stacks.resolve(p.stack, p.zero_stage, p.fsdp, p.offload_optimizer, p.offload_params, s.training.precision,
+                          world(s) // p.tensor_parallel) == "deepspeed"
+
+
+def _ds_number(value: str) -> Any:
+    if value == "auto":
+        return value
+    x = float(value)
+    return int(x) if x.is_integer() else x
 
 
 def world(s: sc.Scenario) -> int:
@@ -61,9 +72,12 @@ def deepspeed_config(s: sc.Scenario) -> dict[str, Any]:
     if p.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if p.zero_stage >= 1:
-        zero.update(overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=DEEPSPEED_BUCKET)
-    if p.zero_stage in (1, 2):
-        zero["allgather_bucket_size"] = DEEPSPEED_BUCKET
+        zero["contiguous_gradients"] = True
+    for key in DS_KEYS:
+        value = getattr(p, key)
+        if value is None or key.startswith("stage3") and p.zero_stage != 3:
+            continue
+        zero[key] = bool(value) if key == "overlap_comm" else _ds_number(value)
     if p.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     out: dict[str, Any] = {
@@ -107,6 +121,8 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
         out["deepspeed"] = deepspeed_file or FILENAMES["deepspeed"]
     if p.fsdp:
         out["fsdp"] = p.fsdp + (" offload" if p.offload_params or p.offload_optimizer else "") + " auto_wrap"
+        if p.stack == "fsdp1":
+            out["fsdp_config"] = {"version": 1}
     if s.model.method != "full":
         notes.append(f"method {s.model.method}: build the model with peft LoraConfig(r={s.lora.lora_r}, "
                      f"lora_alpha={s.lora.lora_alpha}, target_modules={list(s.lora.lora_target_modules)!r})"
@@ -132,6 +148,7 @@ def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
     elif s.parallel.fsdp:
         cfg["distributed_type"] = "FSDP"
         cfg["fsdp_config"] = {
+            "fsdp_version": 1 if s.parallel.stack == "fsdp1" else 2,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_offload_params": bool(s.parallel.offload_params or s.parallel.offload_optimizer),
             "fsdp_sharding_strategy": {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP",

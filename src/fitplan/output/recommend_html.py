@@ -13,7 +13,7 @@ from html import escape
 
 from fitplan import __version__
 from fitplan.search.plans import Plan, Result, command_line, describe_market, rejection_text
-from fitplan.output.recommend_report import PLAN_COLUMNS, _header, no_plan_text, plan_row, stats_line
+from fitplan.output.recommend_report import PLAN_COLUMNS, _header, cost_text, no_plan_text, plan_row, stats_line, time_text
 
 PALETTE = ("#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#8cd17d", "#b6992d", "#499894", "#bab0ac", "#d37295",
            "#fabfd2", "#b07aa1")
@@ -248,8 +248,7 @@ def render(result: Result) -> str:
         parts.append("<h2>Rejected by policy</h2><table><thead><tr><th>plan</th><th>market</th><th>time</th>"
                      "<th>cost</th><th>rejected by</th></tr></thead><tbody>")
         for p in result.rejected:
-            t = "-" if p.train_seconds is None else f"{p.train_seconds / 3600:,.2f} h"
-            c = "-" if p.cost_usd is None else f"${p.cost_usd:,.2f}"
+            t, c = time_text(p), cost_text(p)
             parts.append(f"<tr><td>{escape(p.label)}</td><td>{escape(describe_market(p))}</td><td class=\"num\">{t}</td>"
                          f"<td class=\"num\">{c}</td><td>{escape(rejection_text(p))}</td></tr>")
         parts.append("</tbody></table>")

@@ -29,6 +29,8 @@ def plan_json(result: Result, plan: Plan) -> dict[str, Any]:
         "market": plan.market,
         "cost_usd": plan.cost_usd,
         "train_seconds": plan.train_seconds,
+        "likely_cost_usd": likely(plan, "cost"),
+        "likely_train_seconds": likely(plan, "seconds"),
         "score": plan.score,
         "equivalent_plans": plan.equivalents,
         "memory": est.get("memory"),
@@ -72,6 +74,34 @@ def _hours(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 3600:,.2f} h"
 
 
+def likely(plan: Plan, role: str) -> tuple[float, float] | None:
+    """The likely range of a plan's time (``role = "seconds"``) or cost (``"cost"``: its market's), from the
+    estimate's ``.low`` / ``.high`` roles; None when the time is given or measured (no model error to show)."""
+    est = plan.estimate
+    if est is None:
+        return None
+    if role == "cost":
+        if plan.market is None:
+            return None
+        role = f"cost.{plan.market}"
+    low, high = est.role(role + ".low"), est.role(role + ".high")
+    return None if low is None or high is None else (low, high)
+
+
+def time_text(plan: Plan) -> str:
+    """``3.10 h (2.67-3.66)``: the time the plan is ranked on, and its likely range."""
+    band = likely(plan, "seconds")
+    text = _hours(plan.train_seconds)
+    return text if band is None else f"{text} ({band[0] / 3600:,.2f}-{band[1] / 3600:,.2f})"
+
+
+def cost_text(plan: Plan) -> str:
+    """``$42.50 ($36.58-50.26)``: the cost the plan is ranked on, and its likely range."""
+    band = likely(plan, "cost")
+    text = _usd(plan.cost_usd)
+    return text if band is None else f"{text} (${band[0]:,.2f}-{band[1]:,.2f})"
+
+
 def _usd(v: float | None) -> str:
     return "-" if v is None else f"${v:,.2f}"
 
@@ -94,9 +124,17 @@ def _instance(plan: Plan) -> str:
     return f"{choice.provider.id}/{choice.instance.id} ×{choice.count}"
 
 
+def zero_label(fields) -> str:
+    """``--zero N`` names its stack: DeepSpeed unless the plan says PyTorch-native (``--stack torch``); a
+    ``*-master`` precision on several GPUs is DeepSpeed ZeRO-0 (inputs/stacks.py)."""
+    who = "torch" if fields.get("stack") == "torch" else "DeepSpeed"
+    return f"{who} ZeRO-{fields['zero_stage']}"
+
+
 def _sharding(plan: Plan) -> str:
     f = plan.fields
-    parts = [f"ZeRO-{f['zero_stage']}" if f["zero_stage"] else "DDP" if plan.world_size > 1 else "-"]
+    deepspeed = f["zero_stage"] or (plan.world_size > 1 and str(f.get("precision", "")).endswith("-master"))
+    parts = [zero_label(f) if deepspeed else "DDP" if plan.world_size > 1 else "-"]
     if f["offload_optimizer"]:
         parts.append("offload opt.")
     if f["offload_params"]:
@@ -120,8 +158,8 @@ def plan_row(plan: Plan) -> list[str]:
         f["attn_implementation"],
         _gb(plan.device_total_bytes),
         _gb(plan.headroom_bytes),
-        _hours(plan.train_seconds),
-        _usd(plan.cost_usd),
+        time_text(plan),
+        cost_text(plan),
     ]
 
 
@@ -161,6 +199,9 @@ def _header(result: Result) -> list[str]:
              f"required headroom {result.headroom}"]
     if result.policies:
         lines.append("policies: " + ", ".join(f"{p['id']} ({p['action']})" for p in result.policies))
+    if any(likely(p, "seconds") is not None for p in (*result.plans, *result.pareto)):
+        lines.append("time and cost: plans are ranked on the central value; in parentheses the likely range (the 10th "
+                     "to 90th percentile of the time model's leave-one-out error on published runs)")
     return lines
 
 
@@ -175,7 +216,7 @@ def to_markdown(result: Result) -> str:
     if result.rejected:
         lines += ["", "## Rejected by policy", "", "| plan | time | cost | rejected by |", "|---|---:|---:|---|"]
         for p in result.rejected:
-            lines.append(f"| {md(p.label)} | {_hours(p.train_seconds)} | {_usd(p.cost_usd)} | {md(rejection_text(p))} |")
+            lines.append(f"| {md(p.label)} | {time_text(p)} | {cost_text(p)} | {md(rejection_text(p))} |")
     if any(p.penalties for p in result.plans):
         lines += ["", "Penalties:"]
         for p in result.plans:
@@ -228,7 +269,7 @@ def print_result(result: Result, console) -> None:
         for c in ("plan", "time", "cost", "rejected by"):
             t.add_column(c, justify="right" if c in ("time", "cost") else "left")
         for p in result.rejected:
-            t.add_row(escape(p.label), _hours(p.train_seconds), _usd(p.cost_usd), escape(rejection_text(p)))
+            t.add_row(escape(p.label), time_text(p), cost_text(p), escape(rejection_text(p)))
         console.print(t)
     for p in result.plans:
         for v in p.penalties:

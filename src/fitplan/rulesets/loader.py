@@ -2,13 +2,20 @@
 
 A ruleset directory holds any number of ``*.toml`` files (searched recursively). Each file may
 contain any of the top-level arrays of tables ``[[gpu]]``, ``[[provider]]``, ``[[instance]]``,
-``[[model]]``, ``[[mfu]]``, ``[[throughput]]``, ``[[mfu_calibration]]``, ``[[policy]]``, ``[[advice]]`` and
-the table ``[framework]``; see ``docs/rulesets.md``, ``docs/time-and-cost.md`` and ``docs/policies.md``.
+``[[model]]``, ``[[mfu]]``, ``[[throughput]]``, ``[[mfu_calibration]]``, ``[[finetune_run]]``,
+``[[time_efficiency]]``, ``[[time_calibration]]``, ``[[policy]]``, ``[[advice]]`` and the tables ``[framework]``
+and ``[time_model]``; see ``docs/rulesets.md``, ``docs/time-and-cost.md`` and ``docs/policies.md``.
 
 Time and cost tables (``docs/time-and-cost.md``):
 
-* ``[[mfu]]``: a published model-FLOPs-utilisation measurement (GPU, model size, method, sequence
-  length, GPUs, MFU, source). fitplan's default MFU for a GPU is fitted from these rows.
+* ``[[mfu]]``: a published model-FLOPs-utilisation measurement of pretraining (GPU, model size, method,
+  sequence length, GPUs, MFU, source): reference data, kept apart from the fine-tuning time model.
+* ``[[finetune_run]]``: a published, measured fine-tuning throughput with its setup as scenario fields (and an
+  ``exclude`` reason when it cannot be modelled); ``bench/time_loo.py`` fits the time model on them.
+* ``[[time_efficiency]]`` (per GPU generation) and ``[time_model]``: the time model's fitted efficiency factors,
+  host times and leave-one-out band (``rulesets/throughput/fitted.toml``, written by ``bench/time_loo.py``).
+* ``[[time_calibration]]``: a measured run's step time over the model's (``fitplan calibrate``): estimates on the
+  same GPU (and model and method, when named) multiply their step time by its ``scale``.
 * ``[[throughput]]``: measured tokens per second for a (GPU, model size, GPU count), grouped in named
   sets (``set = "seed"``) that ``--throughput-source NAME`` selects.
 * ``[[mfu_calibration]]``: an MFU measured on a real GPU (``gpu``, ``mfu``; optionally the ``model``
@@ -36,8 +43,9 @@ import attrs
 
 from fitplan.errors import FitplanError, unknown
 from fitplan.inputs.convert import CONVERTER, error_lines
-from fitplan.rulesets.schema import (GPU, AdviceRule, Framework, Instance, MfuCalibration, MfuRow, ModelEntry, PolicyRule,
-                                     Provider, RulesetFile, ThroughputRow)
+from fitplan.rulesets.schema import (GPU, AdviceRule, FinetuneRun, Framework, Instance, MfuCalibration, MfuRow, ModelEntry,
+                                     PolicyRule, Provider, RulesetFile, ThroughputRow, TimeCalibration, TimeEfficiency,
+                                     TimeModel)
 
 
 _PARSED: dict[tuple[str, int, int], tuple[RulesetFile | None, list[str]]] = {}
@@ -104,7 +112,7 @@ def check_paths(paths: Iterable[str | Path]) -> list[str]:
 
 def _duplicates(parsed: RulesetFile, f: Path, seen: dict[tuple[str, str], Path]) -> list[str]:
     out = []
-    for kind in ("gpu", "provider", "model", "mfu", "throughput", "policy", "advice"):
+    for kind in ("gpu", "provider", "model", "mfu", "throughput", "finetune_run", "policy", "advice"):
         for i, entry in enumerate(getattr(parsed, kind)):
             key = (kind, entry.id)
             if key in seen:
@@ -121,6 +129,13 @@ def _duplicates(parsed: RulesetFile, f: Path, seen: dict[tuple[str, str], Path])
             out.append(f"{f}: duplicate mfu_calibration for gpu {cal.gpu!r}, model {cal.model!r}, method {cal.method!r} "
                        f"(also in {seen[key]}) @ $.mfu_calibration[{i}]")
         seen[key] = f
+    for table, key_of in (("time_efficiency", lambda e: e.generation),
+                          ("time_calibration", lambda e: f"{e.gpu}/{e.model}/{e.method}")):
+        for i, entry in enumerate(getattr(parsed, table)):
+            key = (table, key_of(entry))
+            if key in seen:
+                out.append(f"{f}: duplicate {table} {key[1]!r} (also in {seen[key]}) @ $.{table}[{i}]")
+            seen[key] = f
     return out
 
 
@@ -133,7 +148,34 @@ def _cross_check(parsed: RulesetFile, f: Path) -> list[str]:
             spec_from_config(entry.config, name=entry.id)
         except FitplanError as e:
             out.append(f"{f}: model {entry.id!r}: {e.message} @ $.model[{i}].config{(e.field or '').removeprefix('$')}")
+    for i, run in enumerate(parsed.finetune_run):
+        out.extend(f"{f}: finetune_run {run.id!r}: {msg} @ $.finetune_run[{i}].{where}" for msg, where in _check_run(run))
     return out
+
+
+def _check_run(run: FinetuneRun) -> list[tuple[str, str]]:
+    """A published run's scenario must be a valid scenario naming its GPU, and its model (a catalog name, or
+    an inline ``config``) must be readable; an excluded row may have no scenario."""
+    from fitplan.inputs.architecture import spec_from_config
+    from fitplan.inputs.scenario import from_flat
+
+    if run.exclude and not run.scenario:
+        return []  # an excluded row need not be expressible as a scenario (FP8, pipeline parallelism, ...)
+    problems = []
+    try:
+        from_flat(run.scenario)
+    except FitplanError as e:
+        problems.append((e.message, f"scenario.{e.field or ''}"))
+    if not run.scenario.get("gpu"):
+        problems.append(("the scenario names no gpu", "scenario"))
+    if bool(run.config) == bool(run.scenario.get("model")):
+        problems.append(("give either scenario.model (a catalog name) or an inline config", "scenario.model"))
+    if run.config:
+        try:
+            spec_from_config(run.config, name=run.id)
+        except FitplanError as e:
+            problems.append((e.message, f"config{(e.field or '').removeprefix('$')}"))
+    return problems
 
 
 def bundled_dir() -> Path:
@@ -158,6 +200,12 @@ class Rulesets:
     throughput_rows: dict[str, ThroughputRow] = attrs.Factory(dict)
     mfu_calibrations: dict[tuple[str, str, str], MfuCalibration] = attrs.Factory(dict)
     """``(gpu, model, method)`` -> calibration ("" = any model / method)."""
+    finetune_runs: dict[str, FinetuneRun] = attrs.Factory(dict)
+    time_efficiencies: dict[str, TimeEfficiency] = attrs.Factory(dict)
+    """GPU generation -> fitted efficiency factors."""
+    time_model: TimeModel | None = None
+    time_calibrations: dict[tuple[str, str, str], TimeCalibration] = attrs.Factory(dict)
+    """``(gpu, model, method)`` -> a measured run's time scale ("" = any model / method)."""
     policies: dict[str, PolicyRule] = attrs.Factory(dict)
     advice: dict[str, AdviceRule] = attrs.Factory(dict)
     origin: dict[str, str] = attrs.Factory(dict)
@@ -185,6 +233,9 @@ class Rulesets:
         ("mfu", "mfu_rows", lambda e: e.id, lambda e: e.id),
         ("throughput", "throughput_rows", lambda e: e.id, lambda e: e.id),
         ("mfu_calibration", "mfu_calibrations", lambda e: (e.gpu, e.model, e.method), lambda e: f"{e.gpu}/{e.model}/{e.method}"),
+        ("finetune_run", "finetune_runs", lambda e: e.id, lambda e: e.id),
+        ("time_efficiency", "time_efficiencies", lambda e: e.generation, lambda e: e.generation),
+        ("time_calibration", "time_calibrations", lambda e: (e.gpu, e.model, e.method), lambda e: f"{e.gpu}/{e.model}/{e.method}"),
         ("policy", "policies", lambda e: e.id, lambda e: e.id),
         ("advice", "advice", lambda e: e.id, lambda e: e.id),
     )
@@ -198,6 +249,9 @@ class Rulesets:
         if parsed.framework is not None:
             self.framework = parsed.framework
             self.origin["framework"] = f
+        if parsed.time_model is not None:
+            self.time_model = parsed.time_model
+            self.origin["time_model"] = f
         self.cache.clear()
 
     def memo(self, key: Any, compute: Any) -> Any:

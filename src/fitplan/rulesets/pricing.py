@@ -2,7 +2,8 @@
 
 Instances come in fixed GPU counts (an AWS p5.48xlarge is 8 × H100): for N GPUs on one node fitplan
 rents ``ceil(N / gpus)`` whole instances of one shape, and picks the shape (and region) whose total
-on-demand price per hour is lowest; with ``num_nodes > 1`` each node is rented separately
+on-demand price per hour is lowest (at one price, the fewest GPUs paid, then the fewest instances: eight
+GPUs in one instance talk over NVLink, on eight one-GPU VMs over the network); with ``num_nodes > 1`` each node is rented separately
 (``num_nodes × ceil(num_gpus / gpus)``). ``--instance`` forces a shape, ``--region`` a region.
 
 Billing: usage is rounded up to the provider's unit (``billing``: second, minute or hour) and to at
@@ -114,4 +115,5 @@ def _choose(rules, provider_id, gpu_id, num_gpus, num_nodes, instance_id, region
                             rules.origin.get(f"instance:{inst.provider}/{inst.id}/{inst.region}", ""))
 
     plans = [plan(i) for i in candidates]
-    return min(plans, key=lambda p: (p.on_demand_per_hour, p.gpus_paid, p.instance.id, p.instance.region))
+    # at one price, the shape that holds the job: fewer instances talk less over the network
+    return min(plans, key=lambda p: (p.on_demand_per_hour, p.gpus_paid, p.count, p.instance.id, p.instance.region))

@@ -96,6 +96,9 @@ class GPU:
     inter_node_gbps: float = field(default=50.0, validator=_pos)
     """Per-GPU network bandwidth between nodes, GB/s (e.g. 400 Gb/s InfiniBand = 50 GB/s)."""
     gpus_per_node: int = field(default=8, validator=_pos)
+    generation: str = ""
+    """The GPU's architecture generation (``volta``, ``turing``, ``ampere``, ``ada``, ``hopper``, ``blackwell``,
+    ``cdna3``): the time model's efficiency factors are fitted per generation (``[[time_efficiency]]``)."""
 
     @usable_bytes.validator
     def _usable_le_memory(self, att: attrs.Attribute, value: int) -> None:
@@ -134,6 +137,14 @@ class Instance:
     spot_per_hour: float | None = field(default=None, validator=_nonneg)
     region: str = ""
     date: str = ""
+    interconnect: str | None = None
+    """How the instance's GPUs talk to each other (``nvlink``, ``pcie-gen4``, ...); None: the GPU ruleset's
+    ``interconnect`` (a one-GPU instance has none)."""
+    interconnect_gbps: float | None = field(default=None, validator=_nonneg)
+    """Per-GPU GB/s inside the instance; None: the GPU ruleset's ``interconnect_gbps``."""
+    network_gbps: float | None = field(default=None, validator=_nonneg)
+    """GB/s (gigabytes) of network bandwidth of the whole instance to other instances (AWS "Up to 25 Gigabit"
+    is 3.125); None: the GPU ruleset's ``inter_node_gbps`` per GPU."""
 
 
 @frozen
@@ -204,6 +215,94 @@ class MfuCalibration:
     def _fraction(self, att: attrs.Attribute, value: float) -> None:
         if value > 1:
             raise FitplanError(f"MfuCalibration.mfu is a fraction (0.41 = 41 %), got {value!r}", field="mfu", value=value)
+
+
+def _fraction_of_peak(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not 0 < value <= 1:
+        raise FitplanError(f"{type(inst).__name__}.{att.name} is a fraction of a peak in (0, 1], got {value!r}",
+                           field=att.name, value=value)
+
+
+@frozen
+class FinetuneRun:
+    """A published, measured fine-tuning throughput: the setup it ran (as fitplan scenario fields) and the
+    tokens per second per GPU its source reports. ``bench/time_loo.py`` fits the time model's efficiency
+    factors on the rows without an ``exclude`` reason and reports the leave-one-out error."""
+
+    id: str
+    source: str
+    """Where the number is: repository, file and commit, or URL."""
+    location: str
+    """The table row / line within the source."""
+    stack: str
+    """What ran it (torchtune, HF Trainer, NeMo, ...), and the settings that matter for speed."""
+    tokens_per_second_per_gpu: float = field(validator=_pos)
+    scenario: dict[str, Any] = attrs.Factory(dict)
+    """The run as flat fitplan scenario fields (``model``, ``method``, ``gpu``, ``num_gpus``, ...)."""
+    model: str = ""
+    """The model as the source names it."""
+    config: dict[str, Any] = attrs.Factory(dict)
+    """An HF ``config.json`` for a model outside the catalog (then ``scenario`` names no model)."""
+    tokens: str = ""
+    """What the source counts as a token (padding or not, prompt tokens or not)."""
+    derivation: str = ""
+    """The arithmetic from the reported figure to tokens per second per GPU."""
+    note: str = ""
+    exclude: str = ""
+    """Why the row is not used to fit the time model (empty: it is used)."""
+
+
+@frozen
+class TimeEfficiency:
+    """Achievable fractions of a GPU generation's peaks, fitted from published runs (``bench/time_loo.py``)."""
+
+    generation: str
+    gemm: float = field(validator=_fraction_of_peak)
+    """GEMM FLOP/s as a fraction of the dense peak."""
+    attention: float = field(validator=_fraction_of_peak)
+    """Fused attention kernels' FLOP/s as a fraction of the dense peak."""
+    memory: float = field(validator=_fraction_of_peak)
+    """Memory-bound kernels' bytes/s as a fraction of the HBM bandwidth."""
+    source: str = ""
+    runs: int = 0
+    """Published runs on this generation the fit used."""
+
+
+@frozen
+class TimeModel:
+    """The time model's global fitted values and its leave-one-out band (``bench/time_loo.py``)."""
+
+    host_seconds_per_kernel: float = field(validator=_pos)
+    """CPU time to launch one kernel in eager PyTorch (Python, dispatcher, autograd, CUDA launch)."""
+    band_low: float = field(validator=_pos)
+    """The 10th percentile of measured / predicted time over the published runs, each predicted without
+    itself (leave-one-out): the modelled time × this is the low end of the likely range."""
+    band_high: float = field(validator=_pos)
+    loo_median: float = field(validator=_nonneg)
+    """Median absolute leave-one-out error of time (0.1 = 10 %)."""
+    loo_worst: float
+    """The worst leave-one-out error of time, signed (predicted / measured − 1)."""
+    runs: int = field(validator=_pos)
+    host_seconds_per_zero3_fetch: float = field(default=0.0, validator=_nonneg)
+    """Host time of one DeepSpeed ZeRO-3 parameter fetch (per parameter tensor per pass), not overlapped."""
+    source: str = ""
+    band_percentiles: tuple[float, float] = (10.0, 90.0)
+
+
+@frozen
+class TimeCalibration:
+    """A measured run's step time over the time model's (``fitplan calibrate``): later estimates on this GPU
+    (and this model and method, when named) multiply the roofline's step time by ``scale``."""
+
+    gpu: str
+    scale: float = field(validator=_pos)
+    source: str = ""
+    model: str = ""
+    method: str = ""
+    measured_tokens_per_second_per_gpu: float | None = field(default=None, validator=_pos)
+    predicted_tokens_per_second_per_gpu: float | None = field(default=None, validator=_pos)
+    """What the time model gave for the measured run, before this calibration."""
+    date: str = ""
 
 
 @frozen
@@ -299,6 +398,10 @@ class RulesetFile:
     mfu: list[MfuRow] = attrs.Factory(list)
     throughput: list[ThroughputRow] = attrs.Factory(list)
     mfu_calibration: list[MfuCalibration] = attrs.Factory(list)
+    finetune_run: list[FinetuneRun] = attrs.Factory(list)
+    time_efficiency: list[TimeEfficiency] = attrs.Factory(list)
+    time_model: TimeModel | None = None
+    time_calibration: list[TimeCalibration] = attrs.Factory(list)
     policy: list[PolicyRule] = attrs.Factory(list)
     """Organisation policies (docs/policies.md)."""
     advice: list[AdviceRule] = attrs.Factory(list)

@@ -14,9 +14,11 @@ The capacity table's method (docs/recommend.md, "capacity"):
 * **full fine-tuning** is the HF Trainer's ``bf16=True`` (autocast, fp32 weights), torch AdamW,
   gradient checkpointing, micro-batch 1 × sequence 512, SDPA attention; on several GPUs, DeepSpeed
   ZeRO-3 with its bf16 optimizer (fp32 master weights and states: the ``bf16-master`` preset);
-* **efficient fine-tuning** is QLoRA: NF4 base weights with double quantisation, LoRA r = 16 on every
-  linear layer, bf16 (fp16 on GPUs without bf16), torch AdamW, checkpointing, micro-batch 1 × 512; on
-  several GPUs, ZeRO-3 as well. A LoRA column (same, without 4-bit weights) is shown for comparison;
+* **efficient fine-tuning** is QLoRA: NF4 base weights with double quantisation, loaded in bf16 (fp16 on GPUs
+  without bf16) and prepared by peft's ``prepare_model_for_kbit_training`` (the other parameters in fp32),
+  LoRA r = 16 on every linear layer, torch AdamW, checkpointing, micro-batch 1 × 512; on several GPUs,
+  PyTorch-native FSDP2 full sharding (``--stack torch --zero 3``). A LoRA column (same, without 4-bit
+  weights) is shown for comparison;
 * "fits" means ``device_total_bytes`` (peak + CUDA context + allocator reserve) ≤ the GPU's usable memory.
 """
 
@@ -114,11 +116,11 @@ FULL = Setup("full", "full FT: bf16=True (autocast), AdamW, checkpointing, 1 × 
 QLORA = Setup("qlora", "efficient: QLoRA NF4, LoRA r=16 all-linear, bf16, AdamW, checkpointing, 1 × 512",
               {"method": "qlora", "precision": "bf16-true", "optim": "adamw_torch", "gradient_checkpointing": True,
                "lora_r": 16, "lora_alpha": 32, "lora_target_modules": ("all-linear",)},
-              {"zero_stage": 3})
+              {"zero_stage": 3, "stack": "torch"})
 LORA = Setup("lora", "LoRA r=16 all-linear, bf16 weights, AdamW, checkpointing, 1 × 512",
              {"method": "lora", "precision": "bf16-true", "optim": "adamw_torch", "gradient_checkpointing": True,
               "lora_r": 16, "lora_alpha": 32, "lora_target_modules": ("all-linear",)},
-             {"zero_stage": 3})
+             {"zero_stage": 3, "stack": "torch"})
 SEED_FULL = Setup("seed_full", "full FT under the seed's assumptions (12 B/param, × 0.7 with checkpointing)",
                   {"method": "full", "precision": "bf16-mixed", "optim": "adamw_torch", "gradient_checkpointing": True,
                    "assumptions": "seed"},

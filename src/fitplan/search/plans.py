@@ -97,8 +97,8 @@ class Plan:
                  f"b{f['per_device_train_batch_size']}×{f['gradient_accumulation_steps']}"]
         if f["gradient_checkpointing"]:
             parts.append("ckpt")
-        if f["zero_stage"]:
-            parts.append(f"ZeRO-{f['zero_stage']}")
+        if f["zero_stage"] or (f["num_gpus"] * f["num_nodes"] > 1 and str(f["precision"]).endswith("-master")):
+            parts.append(("torch " if f.get("stack") == "torch" else "DeepSpeed ") + f"ZeRO-{f['zero_stage']}")
         if f["offload_optimizer"] or f["offload_params"]:
             parts.append("offload " + "+".join(x for x, on in (("optimizer", f["offload_optimizer"]),
                                                              ("params", f["offload_params"])) if on))

@@ -6,7 +6,8 @@
 * precision presets: ``32-true`` fp32 weights; ``bf16-true``/``16-true`` 16-bit weights (optimizer
   states follow the parameter dtype); ``bf16-mixed``/``16-mixed`` fp32 weights + ``torch.autocast``.
   ``*-master`` (DeepSpeed-style fp32 master weights) has no plain-PyTorch equivalent: refused.
-* method: full; LoRA through peft's ``LoraConfig``; QLoRA needs bitsandbytes on CUDA (refused elsewhere).
+* method: full; LoRA through peft's ``LoraConfig``; QLoRA through bitsandbytes (:mod:`.qlora`: CUDA or its CPU
+  backend; not under FakeTensorMode).
 * gradient checkpointing: HF's ``gradient_checkpointing_enable(use_reentrant=False)``.
 * the optimizer: the scenario optimizer's ``torch_class`` and ``torch_kwargs`` (what CUDA would use),
   so a third-party optimizer plugin is validated with its own implementation.
@@ -73,24 +74,27 @@ def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str
     torch = _deps.torch()
     transformers = _deps.transformers()
     dtype = param_dtype(precision)
-    if method == "qlora":
-        if device != "cuda" or fake:
-            raise FitplanError("QLoRA needs bitsandbytes' 4-bit CUDA kernels: it cannot run on the CPU or under FakeTensorMode",
-                               field="method", value="qlora", suggestion="use --mode cuda on a GPU machine, or --method lora")
-        _deps.need("bitsandbytes")
+    lcfg = lora or {}
+    if method == "qlora" and fake:
+        raise FitplanError("QLoRA needs bitsandbytes' kernels: it cannot run under FakeTensorMode",
+                           field="method", value="qlora", suggestion="use --mode cpu (small models) or --mode cuda")
     config = hf_config(cfg, attn_implementation)
     if attn_implementation == "flash_attention_2" and device != "cuda":
         raise FitplanError("flash_attention_2 runs on CUDA only", field="attn_implementation", value=attn_implementation,
                            suggestion="validate with --attn-implementation sdpa (the same memory model) or on a GPU")
     torch.manual_seed(seed)
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation}
-    if method == "qlora":
-        kwargs["quantization_config"] = transformers.BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
-            bnb_4bit_use_double_quant=bool((lora or {}).get("bnb_4bit_use_double_quant", True)))
     try:
-        with torch.device(device) if not fake else fake_safe_module_to():
-            model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+        if method == "qlora":
+            from .qlora import load_4bit, prepare
+
+            compute = lcfg.get("bnb_4bit_compute_dtype") or {"32-true": "fp32"}.get(precision, "bf16" if "bf16" in precision else "fp16")
+            model = load_4bit(config, dtype=dtype, compute=compute, double_quant=lcfg.get("bnb_4bit_use_double_quant", True),
+                              device=device, seed=seed)
+            model = prepare(model, lcfg.get("kbit_preparation", "peft"), gradient_checkpointing)
+        else:
+            with torch.device(device) if not fake else fake_safe_module_to():
+                model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
     except FitplanError:
         raise
     except (ValueError, ImportError, NotImplementedError, KeyError, TypeError, AttributeError) as e:
@@ -119,6 +123,10 @@ def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str
         except ValueError as e:
             raise FitplanError(f"peft cannot apply LoRA: {e}", field="lora_target_modules",
                                value=",".join(lcfg.get("lora_target_modules", ()))) from None
+        if method == "qlora":
+            from .qlora import after_lora
+
+            after_lora(model, lcfg.get("kbit_preparation", "peft"))
     model.train()
     return model
 
@@ -204,9 +212,8 @@ def build_optimizer(spec, params, *, device: str, lr: float = 1e-5):
     if not spec.torch_class:
         raise FitplanError(f"optimizer {spec.name!r} declares no torch implementation (torch_class)", field="optim",
                            value=spec.name, suggestion="its plugin should set OptimizerSpec.torch_class")
-    if spec.torch_class.startswith("bitsandbytes.") and device != "cuda":
-        raise FitplanError(f"optimizer {spec.name!r} ({spec.torch_class}) needs bitsandbytes on CUDA", field="optim",
-                           value=spec.name, suggestion="validate it with --mode cuda on a GPU machine")
+    if spec.torch_class.startswith("bitsandbytes."):
+        _deps.need("bitsandbytes")  # 0.50's CPU backend runs the 8-bit optimizers; paged ones fall back to unpaged
     cls = import_dotted(spec.torch_class)
     kwargs = {"lr": lr, **dict(spec.torch_kwargs)}
     return cls(params, **kwargs)

@@ -33,7 +33,9 @@ from .estimation_bridge import OptimizerRef, RunConfig
 
 
 def strategy(rc: RunConfig) -> str:
-    """``zero1``, ``fsdp_zero2`` or ``fsdp_zero3``."""
+    """``deepspeed_zero{N}`` (DeepSpeed, :mod:`.ds_stack`), else ``zero1``, ``fsdp_zero2`` or ``fsdp_zero3``."""
+    if rc.stack == "deepspeed":
+        return f"deepspeed_zero{rc.zero_stage}"
     stage = max(rc.zero_stage, {"full_shard": 3, "hybrid_shard": 3, "shard_grad_op": 2}.get(rc.fsdp or "", 0))
     return {1: "zero1", 2: "fsdp_zero2", 3: "fsdp_zero3"}.get(stage, "ddp")
 
@@ -123,6 +125,12 @@ def _rank_body(rc: RunConfig, steps: int, fake_tensors: bool, fake_pg: bool = Fa
 
     rank = dist.get_rank()
     device = rc.device
+    if rc.stack == "deepspeed":
+        from .ds_stack import measure_deepspeed
+
+        out = measure_deepspeed(rc, steps)
+        out.update(rank=rank, strategy=strategy(rc))
+        return out
     if device == "cuda":
         torch.cuda.set_device(torch.cuda.current_device())
     mesh = None
@@ -161,6 +169,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, rc_dict: dict[s
 
     torch.set_num_threads(1)
     rc = _rc_from_dict(rc_dict)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         result = _rank_body(rc, steps, fake_tensors=False)
@@ -234,8 +243,8 @@ def run_sharded(rc: RunConfig, *, steps: int, real_ranks: int) -> dict[str, Any]
             ranks = [_rank_body(rc, steps, fake_tensors=rc.fake, fake_pg=True)]
         device = "cpu (FakeTensorMode)" if rc.fake else ("cuda" if rc.device == "cuda" else "cpu")
         how = f"rank 0 of a {world}-rank fake process group"
-    summary = [{k: r[k] for k in ("rank", "parameters", "gradients", "optimizer_states", "retained", "peak", "peak_phase")}
-               for r in ranks]
+    keys = ("rank", "parameters", "master_weights", "gradients", "optimizer_states", "retained", "peak", "peak_phase")
+    summary = [{k: r[k] for k in keys if k in r} for r in ranks]
     out: dict[str, Any] = {
         "measurement": ranks[0], "device": f"{device}, {how}", "world_size": world, "rank": 0, "ranks": summary,
         "notes": [f"sharding: {strategy(rc)} ({how})"],

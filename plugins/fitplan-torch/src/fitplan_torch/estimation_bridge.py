@@ -36,6 +36,10 @@ class RunConfig:
     world_size: int = 1
     memtracker: bool = True
     accumulation: int = 1
+    stack: str = ""
+    """The sharding implementation fitplan modelled (``deepspeed``, ``fsdp1``, ``fsdp2``, ``torch``, ``ddp``, ``none``)."""
+    ds_config: dict[str, Any] = attrs.Factory(dict)
+    """DeepSpeed: the ds_config fitplan modelled (its "auto" values resolved)."""
 
 
 def model_config(estimate) -> dict[str, Any]:
@@ -48,7 +52,9 @@ def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
     s = estimate.scenario
     spec = estimate["optimizer_spec"]
     lora = {"lora_r": s.lora.lora_r, "lora_alpha": s.lora.lora_alpha, "lora_target_modules": tuple(s.lora.lora_target_modules),
-            "lora_dropout": s.lora.lora_dropout, "bnb_4bit_use_double_quant": s.lora.bnb_4bit_use_double_quant}
+            "lora_dropout": s.lora.lora_dropout, "bnb_4bit_use_double_quant": s.lora.bnb_4bit_use_double_quant,
+            "bnb_4bit_compute_dtype": getattr(s.lora, "bnb_4bit_compute_dtype", None),
+            "kbit_preparation": getattr(s.lora, "kbit_preparation", "peft")}
     return RunConfig(
         model_name=str(estimate.arch.name), config=model_config(estimate), precision=s.training.precision,
         attn_implementation=s.training.attn_implementation, method=s.model.method, lora=lora,
@@ -57,4 +63,22 @@ def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
         device="cuda" if mode == "cuda" else "cpu", fake=mode == "fake", seed=int(options.get("seed", 0)),
         zero_stage=s.parallel.zero_stage, fsdp=s.parallel.fsdp, world_size=int(estimate["world_size"]),
         memtracker=bool(options.get("memtracker", True)), accumulation=s.training.gradient_accumulation_steps,
+        stack=str(estimate["stack_name"]), ds_config=ds_config(estimate) if estimate["stack_name"] == "deepspeed" else {},
     )
+
+
+def ds_config(estimate) -> dict[str, Any]:
+    """The ds_config fitplan modelled (``fitplan.output.exports.deepspeed_config``), with its "auto" values
+    resolved as the HF Trainer would (the referee drives DeepSpeed without the Trainer) and the Trainer's
+    ``gradient_clipping`` (``max_grad_norm`` 1.0)."""
+    from fitplan.output.exports import deepspeed_config
+
+    cfg = deepspeed_config(estimate.scenario)
+    values = estimate["deepspeed_config_values"]
+    zero = cfg["zero_optimization"]
+    for key, value in list(zero.items()):
+        if value == "auto":
+            zero[key] = int(values[key])
+    cfg["gradient_clipping"] = 1.0
+    cfg.pop("fp16", None) if not cfg.get("fp16", {}).get("enabled") else None
+    return cfg

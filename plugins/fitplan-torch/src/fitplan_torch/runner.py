@@ -16,6 +16,7 @@ on the CPU when N = 2, else one process with torch's fake process group (see :mo
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 from typing import Any
@@ -38,6 +39,21 @@ def predicted_quantity(estimate, component: str) -> str:
     if kind == "role":
         return compiled.role(key)
     return next(name for name, q in compiled.quantities.items() if q.row == key)
+def predicted_row(estimate, row: str) -> str:
+    compiled = estimate.registry.compiled()
+    return next(name for name, q in compiled.quantities.items() if q.row == row)
+
+
+def host_and_device_peak(estimate) -> int:
+    """On the CPU referee the GPU's and the host's bytes share one memory: each phase's device bytes plus
+    the offloaded ones (and the host optimizer's temporaries during the step)."""
+    host = dict(estimate["offload_host_bytes"])
+    temp = host.pop("step_temp", 0)
+    resident = sum(host.values())
+    phases = estimate["phase_bytes"]
+    return int(max(v + resident + (temp if k == "optimizer_step" else 0) for k, v in phases.items()))
+
+
 CPU_CAVEATS = (
     "CPU dropout saves a mask in the input dtype (CUDA: 1 byte per element)",
     "CPU SDPA with dropout > 0 takes the decomposed math path (probabilities materialised)",
@@ -124,8 +140,12 @@ def _world(estimate) -> int:
 
 
 def sharded(estimate) -> bool:
-    """Data parallel over more than one GPU: DDP (stage 0), ZeRO-1, FSDP2 (ZeRO-2/3), measured per rank."""
-    return _world(estimate) > 1
+    """Data parallel over more than one GPU (DDP, ZeRO-1, FSDP2) or any DeepSpeed run: measured per rank."""
+    return _world(estimate) > 1 or deepspeed(estimate)
+
+
+def deepspeed(estimate) -> bool:
+    return estimate["stack_name"] == "deepspeed"
 
 
 def check_supported(estimate) -> None:
@@ -134,9 +154,18 @@ def check_supported(estimate) -> None:
     if s.parallel.tensor_parallel > 1:
         raise FitplanError("the torch referee does not implement tensor parallelism", field="tensor_parallel",
                            value=s.parallel.tensor_parallel, suggestion="validate with --tensor-parallel 1")
-    if s.parallel.offload_optimizer or s.parallel.offload_params:
-        raise FitplanError("the torch referee does not implement CPU offload (DeepSpeed ZeRO-Offload)", field="offload_optimizer",
+    stack = estimate["stack_name"]
+    if stack in ("fsdp1", "fsdp2"):
+        raise FitplanError(f"the torch referee runs FSDP as PyTorch-native fully_shard, not accelerate's {stack} "
+                           "(accelerate maps FSDP to DDP on a machine without GPUs)", field="stack", value=stack,
+                           suggestion="validate with --stack torch (bare fully_shard), or the same plan under DeepSpeed")
+    if (s.parallel.offload_optimizer or s.parallel.offload_params) and stack != "deepspeed":
+        raise FitplanError("the torch referee runs CPU offload under DeepSpeed only", field="offload_optimizer",
                            value=True, suggestion="validate the scenario without --offload-optimizer / --offload-params")
+    if stack == "deepspeed" and s.training.precision not in ("32-true", "bf16-master"):
+        raise FitplanError("DeepSpeed's CPU accelerator refuses fp16 on CPUs without fp16 support (deepspeed/runtime/"
+                           "engine.py:2003, accelerator/cpu_accelerator.py:228-233)", field="precision",
+                           value=s.training.precision, suggestion="validate bf16-master (the same memory layout)")
     if s.parallel.fsdp == "hybrid_shard" and s.hardware.num_nodes > 1:
         raise FitplanError("the torch referee runs hybrid_shard on one node only", field="fsdp", value="hybrid_shard",
                            suggestion="validate one node (--num-nodes 1), where hybrid_shard is full_shard")
@@ -145,15 +174,17 @@ def check_supported(estimate) -> None:
 def _real_ranks(estimate, options: dict[str, Any]) -> int:
     if not sharded(estimate):
         return 1
+    if deepspeed(estimate):  # DeepSpeed needs real ranks: every rank is its own process
+        return _world(estimate)
     return _world(estimate) if _world(estimate) <= int(options.get("max_real_ranks", 2)) else 1
 
 
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for name in ("torch", "transformers", "peft"):
-        try:
-            out[name] = __import__(name).__version__
-        except ImportError:
+    for name in ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes"):
+        try:  # package metadata: importing deepspeed would print its accelerator banner on stdout
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
             pass
     return out
 
@@ -178,6 +209,9 @@ def run_validation(scenario, estimate, options: dict[str, Any]) -> dict[str, Any
     cuda_estimate = estimate
     estimate = comparable_estimate(estimate, mode)
     rc = run_config(estimate, options, mode)
+    if deepspeed(estimate) and mode != "cpu":
+        raise FitplanError("the DeepSpeed referee runs real gloo ranks on the CPU (DS_ACCELERATOR=cpu)", field="--mode",
+                           value=mode, suggestion="use --mode cpu on a small model")
     if sharded(estimate):
         from .distributed import run_sharded
 
@@ -251,7 +285,17 @@ def make_report(estimate, result: dict[str, Any], mode: str, rc) -> dict[str, An
         "activations": m["retained"],
         "peak": m["cuda"]["max_memory_allocated"] if m.get("cuda") else m["peak"],
     }
-    components = {k: component(estimate[predicted_quantity(estimate, k)], measured[k]) for k in COMPONENTS}
+    predicted = {k: estimate[predicted_quantity(estimate, k)] for k in COMPONENTS}
+    if "master_weights" in m:  # DeepSpeed: the engine's own tensors, device and host (offload) together
+        host = estimate["offload_host_bytes"]
+        for k, row in (("master_weights", "master_weights"), ("comm_buffers", "comm_buffers")):
+            measured[k] = m[k]
+            predicted[k] = estimate[predicted_row(estimate, row)]
+        for k, h in (("parameters", "weights"), ("master_weights", "master_weights"), ("gradients", "gradients"),
+                     ("optimizer_states", "optimizer_states")):
+            predicted[k] += host[h]
+        predicted["peak"] = host_and_device_peak(estimate)
+    components = {k: component(predicted[k], measured[k]) for k in predicted}
     predicted_phase = str(estimate["peak_phase"])
     report: dict[str, Any] = {
         "mode": mode,

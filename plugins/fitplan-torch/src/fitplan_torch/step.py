@@ -52,7 +52,10 @@ class StepMeasurement:
 
 
 def _params_and_buffers(model):
-    return list(model.parameters()), list(model.buffers())
+    """Parameters (with bitsandbytes' 4-bit quantization state, which lives beside them) and buffers."""
+    from .qlora import quant_state_tensors
+
+    return list(model.parameters()) + quant_state_tensors(model), list(model.buffers())
 
 
 def train_step(model, optimizer, batch, *, precision: str, device_type: str, counter=None, saved=None,

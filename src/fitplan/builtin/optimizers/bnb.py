@@ -12,6 +12,7 @@ temporaries are not what a GPU allocates).
 
 from __future__ import annotations
 
+from fitplan.builtin.optimizers import step_work as sw
 from fitplan.builtin.optimizers._common import TF, bnb_states
 from fitplan.inputs.optimizer import OptimizerSpec
 
@@ -38,6 +39,14 @@ def _no_bf16_32bit_kernel(run):
     return None
 
 
+def _step_work(cls, states, eight_bit) -> dict:
+    """8-bit blockwise AdamW: one ``optimizer_update_8bit_blockwise`` kernel per tensor (plus its absmax pass),
+    priced by :func:`~fitplan.builtin.optimizers.step_work.adam8bit_bytes`; the others: the default single pass."""
+    if cls == "AdamW" and eight_bit and states == 2:
+        return {"step_bytes": sw.adam8bit_bytes, "step_kernels": lambda ctx: 2 * ctx.num_tensors}
+    return {}
+
+
 def _spec(name, cls, states, eight_bit, maps, flops, *, paged=False, aliases=(), check=None, doc="", search=False):
     kind = "8-bit blockwise" if eight_bit else "32-bit"
     return OptimizerSpec(
@@ -47,6 +56,7 @@ def _spec(name, cls, states, eight_bit, maps, flops, *, paged=False, aliases=(),
         ({"is_paged": paged} if "RMSprop" not in cls else {}),
         doc=f"bitsandbytes {cls} {kind}{' (paged: CUDA unified memory)' if paged else ''}: {doc}",
         source=f"{SRC}; {TF} _get_bitsandbytes_optimizer; transformers 5.24 trainer.py (Embedding 32-bit override)",
+        **_step_work(cls, states, eight_bit),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from fitplan.builtin.optimizers import step_work as sw
 from fitplan.builtin.optimizers._common import TF, cpu_step_scalars, largest, max_sequential
 from fitplan.inputs.optimizer import OptimizerSpec
 
@@ -119,6 +120,7 @@ def _refused(name, reason, source):
 SPECS = (
     OptimizerSpec(
         name="adamw_torch", aliases=("adamw",), state_bytes=_adamw_states, step_temp_bytes=_foreach_temp,
+        step_bytes=sw.adamw_foreach_bytes, step_kernels=sw.adamw_foreach_kernels,
         flops_per_param=12, states_per_param=2, torch_class="torch.optim.AdamW", torch_kwargs={"foreach": True},
         hf=True, measured_on_cpu=True,
         doc="torch.optim.AdamW as the HF Trainer builds it; foreach on CUDA (one state-sized step temporary). "
@@ -127,6 +129,7 @@ SPECS = (
     ),
     OptimizerSpec(
         name="adamw_torch_fused", state_bytes=_adamw_fused_states, step_temp_bytes=lambda ctx: 0,
+        step_bytes=sw.adamw_fused_bytes, step_kernels=lambda ctx: sw.foreach_launches(ctx, 1, 4),
         flops_per_param=12, states_per_param=2, torch_class="torch.optim.AdamW", torch_kwargs={"fused": True},
         hf=True, measured_on_cpu=True,
         doc="torch.optim.AdamW(fused=True), the HF default optim with torch >= 2.8: exp_avg + exp_avg_sq + a "
@@ -135,6 +138,7 @@ SPECS = (
     ),
     OptimizerSpec(
         name="adamw_torch_single", state_bytes=_adamw_states, step_temp_bytes=_single_tensor_temp,
+        step_bytes=sw.adamw_foreach_bytes, step_kernels=sw.adamw_single_kernels,
         flops_per_param=12, states_per_param=2, torch_class="torch.optim.AdamW", torch_kwargs={"foreach": False},
         doc="fitplan's name for torch.optim.AdamW(foreach=False) (what torch runs on the CPU): same states, two "
             "copies of one tensor (+ the previous denom) during step.",
@@ -142,12 +146,14 @@ SPECS = (
     ),
     OptimizerSpec(
         name="sgd", state_bytes=_sgd_states, flops_per_param=2, states_per_param=0, hf=True, measured_on_cpu=True,
+        step_bytes=sw.sgd_bytes, step_kernels=lambda ctx: sw.foreach_launches(ctx, 1, 2),
         torch_class="torch.optim.SGD", torch_kwargs={"lr": 1e-3},
         doc="torch.optim.SGD as the HF Trainer builds it: no momentum unless optim_args says momentum=...: no state.",
         source=f"torch 2.13 torch/optim/sgd.py; {TF} _get_sgd",
     ),
     OptimizerSpec(
         name="sgd_momentum", state_bytes=_sgd_momentum_states, flops_per_param=3, states_per_param=1,
+        step_bytes=sw.sgd_momentum_bytes, step_kernels=lambda ctx: sw.foreach_launches(ctx, 3, 2),
         torch_class="torch.optim.SGD", torch_kwargs={"lr": 1e-3, "momentum": 0.9},
         doc="fitplan's name for torch.optim.SGD(momentum=0.9) (HF: optim sgd, optim_args momentum=0.9): one "
             "momentum buffer per parameter.",
@@ -168,6 +174,7 @@ SPECS = (
     ),
     OptimizerSpec(
         name="adafactor", state_bytes=_adafactor_states, step_temp_bytes=_adafactor_temp, flops_per_param=15,
+        step_bytes=sw.adafactor_bytes, step_kernels=lambda ctx: 15 * ctx.num_tensors,
         states_per_param=0, hf=True, measured_on_cpu=True,
         torch_class="transformers.optimization.Adafactor",
         torch_kwargs={"scale_parameter": False, "relative_step": False, "warmup_init": False, "lr": 1e-3},

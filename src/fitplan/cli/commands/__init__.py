@@ -8,7 +8,7 @@ import click
 
 def add_all(cli: click.Group) -> None:
     """Add every built-in command to ``cli``."""
-    from fitplan.cli.commands import catalog, dataset, estimate, plugins, recommend, serve, validate
+    from fitplan.cli.commands import calibrate, catalog, dataset, estimate, plugins, recommend, serve, validate
 
-    for module in (estimate, recommend, dataset, catalog, plugins, validate, serve):
+    for module in (estimate, recommend, dataset, catalog, plugins, validate, calibrate, serve):
         module.add(cli)

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from .fit import FitError, Fitter
-from .record import Recording, align_backward, decoder_layers, is_linear_site, record
+from .record import Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
 from .segments import Cut
 
 DISTINCT_P = (0.11, 0.13, 0.17, 0.19, 0.23, 0.29, 0.31, 0.37, 0.41, 0.43)
@@ -81,15 +81,17 @@ def run(cfg: dict[str, Any], precision: str, attn: str, b: int, s: int, *, backw
         recb = record(model, batch, autocast_dtype=ac, lifetimes=False, backward=True)
         rec.backward = align_backward(rec, recb)
         rec.accumulate = recb.accumulate
-    rec.meta = _meta(model, config)
+    rec.meta = _meta(model, config, rec.sites)
     return rec
 
 
-def _meta(model, config) -> dict[str, Any]:
+def _meta(model, config, sites) -> dict[str, Any]:
     """What the recording cannot see by itself: parameter roles, the output module, tied keys."""
     import torch
 
     names = {m: n for n, m in model.named_modules()}
+    exact = linear_types()
+    site_modules = {s["module"] for s in sites}  # subclasses of nn.Linear count when their forward returns a tensor
     roles: dict[str, str] = {}
     emb_in = model.get_input_embeddings()
     emb_out = model.get_output_embeddings()
@@ -100,7 +102,7 @@ def _meta(model, config) -> dict[str, Any]:
                 role = "embedding"
             elif mod is emb_out and pname == "weight":
                 role = "output"
-            elif is_linear_site(mod) and pname == "weight":
+            elif is_linear_site(mod) and pname == "weight" and (type(mod) in exact or mod_name in site_modules):
                 role = "linear:" + mod_name.rsplit(".", 1)[-1]
             elif p.dim() >= 3:
                 role = "experts:" + pname
@@ -114,7 +116,8 @@ def _meta(model, config) -> dict[str, Any]:
                 role = "other"
             roles[full] = role
     conv1d = {f"{n}.weight" for m, n in names.items() if type(m).__name__ == "Conv1D"}
-    return {"roles": roles, "conv1d": conv1d, "output_module": names.get(emb_out),
+    custom = {f"{s['module']}.weight" for s in sites if s["custom"]}
+    return {"roles": roles, "conv1d": conv1d, "custom": custom, "output_module": names.get(emb_out),
             "input_module": names.get(emb_in), "n_layers": len(decoder_layers(model)),
             "model_class": type(model).__name__, "config_class": type(config).__name__}
 
@@ -407,6 +410,8 @@ def segment_json(cut: Cut, sym: list[dict[str, Any]], n: int, rec: Recording, ba
             entry["bias"] = True
         if site["conv1d"]:
             entry["conv1d"] = True
+        if site.get("custom"):
+            entry["custom"] = True
         seg_sites.append(entry)
     if seg_sites:
         out["sites"] = seg_sites
@@ -925,6 +930,8 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         entry = [tmpl, dims, role, where, cond, dtype]
         if name in meta["conv1d"]:
             entry.append("conv1d")
+        elif name in meta.get("custom", ()):
+            entry.append("custom")  # a subclass of nn.Linear: peft adapts it, bitsandbytes does not quantize it
         params.append(entry)
     tied = []
     out_param = next((p[0] for p in params if p[2] == "output"), None)

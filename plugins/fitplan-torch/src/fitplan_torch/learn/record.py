@@ -315,6 +315,7 @@ def _module_hooks(r: _Recorder, model, layers, linear_types, embed):
         in_f, out_f = (shape[0], shape[1]) if conv1d else (shape[1], shape[0])
         r.rec.sites.append({"module": r.names.get(mod, "?"), "start": len(r.rec.ops), "input": r.tensor(x, "const"),
                             "in": in_f, "out": out_f, "bias": b is not None, "conv1d": conv1d,
+                            "custom": type(mod) not in linear_types,
                             "layer": r.layer_stack[-1] if r.layer_stack else None})
         r.site_stack.append(len(r.rec.sites) - 1)
 
@@ -322,6 +323,9 @@ def _module_hooks(r: _Recorder, model, layers, linear_types, embed):
         if r.phase != "forward" or r.suppress:
             return
         i = r.site_stack.pop()
+        if not isinstance(out, torch.Tensor):  # not a Linear peft can adapt (Llama-4's router returns a tuple)
+            r.rec.sites[i]["drop"] = True
+            return
         r.rec.sites[i]["end"] = len(r.rec.ops)
         r.rec.sites[i]["output"] = r.tensor(out, "op")
 
@@ -370,11 +374,13 @@ def linear_types():
 
 
 def is_linear_site(mod) -> bool:
-    """A Linear / Conv1D call site, where peft inserts an adapter: the class keeps the base ``forward``
-    (Llama-4's router subclasses nn.Linear but returns a tuple; peft 0.21 fails on it, fitplan does not
-    count it as a linear layer)."""
-    types = linear_types()
-    return isinstance(mod, types) and any(type(mod).forward is t.forward for t in types)
+    """A Linear / Conv1D module, a candidate call site for peft's adapter (peft 0.21 adapts any ``nn.Linear``
+    instance, subclasses with their own ``forward`` included, such as Falcon's ``FalconLinear``). The
+    recording keeps the sites whose forward returns a tensor (Llama-4's router subclasses nn.Linear but
+    returns a tuple: peft 0.21 fails on it, fitplan does not count it). A subclass is marked ``custom``:
+    transformers' ``replace_with_bnb_linear`` quantizes only modules whose type *is* ``nn.Linear`` or
+    ``Conv1D`` (integrations/bitsandbytes.py:189), so QLoRA leaves it in 16-bit."""
+    return isinstance(mod, linear_types())
 
 
 def record(model, batch, *, autocast_dtype=None, lifetimes: bool = True, backward: bool = False) -> Recording:
@@ -433,6 +439,7 @@ def record(model, batch, *, autocast_dtype=None, lifetimes: bool = True, backwar
         if backward:
             _record_backward(r, model, loss, dmode)
     del loss
+    rec.sites = [site for site in rec.sites if not site.get("drop")]
     return rec
 
 

@@ -1,26 +1,24 @@
-"""Sharding reducers: tensor parallelism, ZeRO 1/2/3 and FSDP, CPU offload; communication buffers.
+"""PyTorch-native sharding (``--stack torch``), as fitplan-torch's plain referee runs it; tensor parallelism.
 
 Per GPU (rank 0), with N the data-parallel degree (Rajbhandari et al. 2019, "ZeRO"), as PyTorch's own
 implementations allocate (what fitplan-torch validates with two gloo ranks):
 
-* stage 0, N > 1: DDP. Every rank keeps everything, plus DDP's gradient buckets (a flat copy of the
-  gradients: ``gradient_as_bucket_view`` is off by default).
-* stage 1 (``--zero 1``): DDP + ``torch.distributed.optim.ZeroRedundancyOptimizer``: whole parameter
-  tensors are assigned to ranks greedily (largest first, to the rank with the fewest elements so far);
-  each rank keeps the optimizer states (and step temporaries) of its tensors.
-* stage 2 (``--zero 2``, FSDP ``shard_grad_op``) and stage 3 (``--zero 3``, FSDP ``full_shard``): FSDP2
-  ``fully_shard`` on every decoder layer and the root, ``reshard_after_forward`` False / True. Each
-  parameter is split on dim 0 with ``torch.chunk``: rank 0 keeps ``ceil(d0/N)`` rows of it, and so its
+* stage 0, N > 1 (also ``--stack ddp`` and several GPUs with no other flag): DDP. Every rank keeps
+  everything, plus DDP's gradient buckets (a flat copy of the gradients: ``gradient_as_bucket_view`` is off
+  by default).
+* stage 1: DDP + ``torch.distributed.optim.ZeroRedundancyOptimizer``: whole parameter tensors are assigned
+  to ranks greedily (largest first, to the rank with the fewest elements so far); each rank keeps the
+  optimizer states (and step temporaries) of its tensors.
+* stages 2 and 3: FSDP2 ``fully_shard`` on every decoder layer and the root, ``reshard_after_forward`` False
+  / True, with no mixed-precision policy (autocast, when the precision asks for it, runs on the fp32 shards).
+  Each parameter is split on dim 0 with ``torch.chunk``: rank 0 keeps ``ceil(d0/N)`` rows of it, and so its
   gradient and optimizer states (AdamW's ``step`` scalars are per tensor, not sharded). During forward and
   backward the root's parameters (embeddings, final norm, LM head) and the current layer's are gathered
   (stage 2: every layer's, from forward to backward), plus the flat all-gather buffer of the latest layer
-  (freed when the next all-gather is copied out). DeepSpeed's ZeRO-2 keeps 16-bit weights whole and uses
-  bounded buckets: not modelled (docs/memory-model.md).
-* FSDP ``hybrid_shard``: full sharding within a node (N = GPUs per node), replication across nodes.
+  (freed when the next all-gather is copied out).
 
-Tensor parallelism (degree t) splits weights, gradients and states t ways before data-parallel sharding.
-CPU offload (DeepSpeed ZeRO-Offload) moves optimizer states and master weights (and with
-``--offload-params`` the weights of stage 3) to CPU RAM, reported as ``cpu_offload_bytes``.
+DeepSpeed (``deepspeed.py``) and accelerate's FSDP (``fsdp.py``) are the other stacks. Tensor parallelism
+(degree t) splits weights, gradients and states t ways before data-parallel sharding.
 """
 
 from __future__ import annotations
@@ -29,33 +27,12 @@ import math
 
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.inputs.optimizer import OptimizerContext
-from fitplan.pluginmgr.hookspecs import hookimpl
 
-FSDP_STAGE = {"full_shard": 3, "shard_grad_op": 2, "hybrid_shard": 3}
+TORCH_KINDS = ("zero1", "fsdp_zero2", "fsdp_zero3")
 
 
 def _ceil_div(a, b):
     return -(-int(a) // int(b))
-
-
-@quantity("stage")
-def shard_stage(zero_stage, fsdp):
-    """The effective ZeRO stage: ``--zero`` or the FSDP mode's equivalent (full_shard 3, shard_grad_op 2, hybrid_shard 3)."""
-    return max(zero_stage, FSDP_STAGE.get(fsdp, 0))
-
-
-@quantity("GPUs")
-def data_parallel_degree(world_size, tensor_parallel):
-    """Data-parallel replicas: world size / tensor-parallel degree."""
-    return max(1, world_size // tensor_parallel)
-
-
-@quantity("GPUs")
-def shard_degree(data_parallel_degree, fsdp, num_gpus, tensor_parallel):
-    """How many ways model states are sharded: the data-parallel degree (hybrid_shard: the GPUs of one node)."""
-    if fsdp == "hybrid_shard":
-        return max(1, num_gpus // tensor_parallel)
-    return data_parallel_degree
 
 
 def _tp(value, tensor_parallel):
@@ -81,17 +58,6 @@ def _chunk(shape: tuple[int, ...], n: int) -> tuple[int, ...]:
 
 def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
-
-
-@quantity("kind", type="text")
-def sharding_kind(shard_stage, shard_degree, data_parallel_degree):
-    """How model states are split across ranks: ``none``, ``ddp`` (replicas), ``zero1``
-    (ZeroRedundancyOptimizer), ``fsdp_zero2`` / ``fsdp_zero3`` (FSDP2, ``reshard_after_forward`` False / True)."""
-    if data_parallel_degree <= 1 and shard_degree <= 1:
-        return "none"
-    if shard_stage == 0 or shard_degree <= 1:
-        return "ddp"
-    return {1: "zero1", 2: "fsdp_zero2"}.get(shard_stage, "fsdp_zero3")
 
 
 @quantity("tensors", type="object")
@@ -129,7 +95,8 @@ def rank_optimizer_context(rank_trainable_tensors, optimizer_state_dtype_bytes, 
 
 
 def _sharded(kind_min: int):
-    return lambda shard_stage, shard_degree: shard_stage >= kind_min and shard_degree > 1
+    return lambda sharding_kind, shard_stage, shard_degree: (sharding_kind in TORCH_KINDS and shard_stage >= kind_min
+                                                            and shard_degree > 1)
 
 
 @reducer("optimizer_state_bytes", when=_sharded(1), name="zero", after=("tensor_parallel",))
@@ -183,9 +150,8 @@ def zero_weights(value, arch, method, trainable_tensors, weight_dtype_bytes, tra
                                                                 trainable_dtype_bytes)))
 
 
-@quantity("bytes", type="object")
-def gathered_param_bytes(sharding_kind, arch, method, trainable_tensors, weight_dtype_bytes, trainable_dtype_bytes,
-                         shard_degree, tensor_parallel):
+def torch_gathered(sharding_kind, arch, method, trainable_tensors, weight_dtype_bytes, trainable_dtype_bytes,
+                   shard_degree, tensor_parallel, copy_out: bool = True):
     """FSDP2 parameters gathered (rank 0), with the root module's (embeddings, final norm, LM head) always
     among them from the first forward op to the end of the backward:
 
@@ -198,7 +164,9 @@ def gathered_param_bytes(sharding_kind, arch, method, trainable_tensors, weight_
       next one (its parameters and its flat all-gather output, alive until the next copy-out), and the
       layer's own gradients stay unsharded until its ``post_backward`` reduce-scatters them; the LM
       head's gradient (the root's) stays unsharded until the backward ends. Added to the single-GPU
-      timeline, whose gradients are counted sharded."""
+      timeline, whose gradients are counted sharded.
+
+    ``copy_out=False`` (FSDP1) drops the flat all-gather output: FSDP1 gathers straight into the padded buffer."""
     if not sharding_kind.startswith("fsdp"):
         return {"forward": 0, "forward_spike": 0, "backward": 0, "backward_in_layer": 0}
     n = shard_degree
@@ -213,7 +181,7 @@ def gathered_param_bytes(sharding_kind, arch, method, trainable_tensors, weight_
         full = _numel(shape) * count * nbytes
         if in_layer:
             layer += full / L
-            flat += n * _numel(_chunk(shape, n)) * count * nbytes / L
+            flat += n * _numel(_chunk(shape, n)) * count * nbytes / L if copy_out else 0
         else:
             root += full
     zero2 = sharding_kind == "fsdp_zero2"
@@ -235,74 +203,6 @@ def gathered_param_bytes(sharding_kind, arch, method, trainable_tensors, weight_
             "backward_in_layer": _ceil_div(in_layer, tensor_parallel)}
 
 
-@quantity("bytes")
-def live_param_bytes(gathered_param_bytes):
-    """Gathered (unsharded) parameters alive during the forward (FSDP), the most of the two phases."""
-    return max(gathered_param_bytes.values())
-
-
-def _offloaded(value):
-    return 0
-
-
-offload_states = reducer("optimizer_state_bytes", when=lambda offload_optimizer: offload_optimizer,
-                         name="offload", after=("zero",))(_offloaded)
-offload_master = reducer("master_weight_bytes", when=lambda offload_optimizer: offload_optimizer,
-                         name="offload", after=("zero",))(_offloaded)
-offload_step_temp = reducer("optimizer_step_temp_bytes", when=lambda offload_optimizer: offload_optimizer,
-                            name="offload", after=("zero",))(_offloaded)
-"""With the optimizer offloaded, ``step()`` runs on the CPU: no step temporaries on the GPU."""
-
-
-@reducer("weight_bytes", when=lambda offload_params, shard_stage: offload_params and shard_stage >= 3,
-         name="offload", after=("zero",))
-def offload_weights(value, live_param_bytes):
-    """ZeRO-3 parameter offload: only the live all-gathered units stay on the GPU."""
-    return live_param_bytes
-
-
-@quantity("bytes", json_key="memory.cpu_offload_bytes", label="CPU RAM for offload (per node)")
-def cpu_offload_bytes(offload_optimizer, offload_params, shard_stage, shard_degree, num_gpus, optimizer_spec,
-                      optimizer_context, trainable_param_count, master_weight_dtype_bytes, param_count,
-                      weight_dtype_bytes, tensor_parallel):
-    """CPU RAM per node for offloaded states, master weights and (stage 3) parameters:
-    GPUs per node × each GPU's shard (DeepSpeed ZeRO-Offload keeps fp32 states and master weights on the CPU)."""
-    per_gpu = 0
-    div = (shard_degree if shard_stage >= 1 else 1) * tensor_parallel
-    if offload_optimizer:
-        states = optimizer_spec.state_bytes(optimizer_context)
-        per_gpu += (states + trainable_param_count * master_weight_dtype_bytes) / div
-    if offload_params and shard_stage >= 3:
-        per_gpu += param_count * weight_dtype_bytes / (shard_degree * tensor_parallel)
-    return int(per_gpu * num_gpus)
-
-
-@quantity("bytes", category="memory", label="communication buffers", short_label="comm. buffers", json_key="memory.per_gpu_bytes.comm_buffers", row="comm_buffers")
-def comm_buffer_bytes(sharding_kind, grad_bytes_unsharded, tensor_parallel):
-    """Communication buffers alive for the whole step: DDP's gradient buckets (DDP and ZeRO-1), a flat copy
-    of every gradient since ``gradient_as_bucket_view`` is off by default (buckets are allocated when DDP
-    wraps the model). FSDP2's reduce-scatter buffers exist only while a layer's gradients are reduced."""
-    if sharding_kind in ("ddp", "zero1"):
-        return _ceil_div(grad_bytes_unsharded, tensor_parallel)
-    return 0
-
-
-@quantity("bytes")
-def grad_bytes_unsharded(trainable_param_count, trainable_dtype_bytes):
-    """All gradients of one replica, before sharding."""
-    return trainable_param_count * trainable_dtype_bytes
-
-
-@hookimpl
-def fitplan_register_quantities(register):
-    for q in (shard_stage, data_parallel_degree, shard_degree, sharding_kind, rank_trainable_tensors,
-              rank_optimizer_context, gathered_param_bytes, live_param_bytes, cpu_offload_bytes, comm_buffer_bytes,
-              grad_bytes_unsharded):
-        register(q)
-
-
-@hookimpl
-def fitplan_register_reducers(register):
-    for r in (tp_weights, tp_master, tp_grads, tp_states, tp_step_temp, zero_states, zero_master, zero_grads,
-              zero_step_temp, zero_weights, offload_states, offload_master, offload_step_temp, offload_weights):
-        register(r)
+QUANTITIES = (rank_trainable_tensors, rank_optimizer_context)
+REDUCERS = (tp_weights, tp_master, tp_grads, tp_states, tp_step_temp, zero_states, zero_master, zero_grads, zero_step_temp,
+            zero_weights)

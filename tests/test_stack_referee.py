@@ -1,0 +1,47 @@
+"""The referee runs the stacks users run, on the CPU: DeepSpeed 0.19.8 (gloo ranks, ``DS_ACCELERATOR=cpu``) and
+bitsandbytes 0.50.2 (QLoRA, 8-bit AdamW). Each category is measured from the engine's own tensors and must
+equal fitplan's prediction; the wider matrix is bench/accuracy/run.py --groups stacks (docs/accuracy-stacks.md).
+
+Skipped without deepspeed / bitsandbytes (``make install-test`` installs both). The DeepSpeed case takes
+about 35 s on 2 cores (spawned ranks, DeepSpeed's import; its first run JIT-builds a small shm op, ~2 min);
+the QLoRA case about 20 s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+import fitplan  # noqa: E402
+
+TINY = str(Path(__file__).resolve().parent / "data" / "configs" / "tiny-llama" / "config.json")
+EXACT = ("parameters", "gradients", "optimizer_states", "activations", "master_weights")
+
+
+def validate(**fields):
+    import fitplan_torch
+
+    est = fitplan.estimate(model=TINY, per_device_train_batch_size=2, max_seq_length=32, **fields)
+    return fitplan_torch.validate(est, mode="cpu")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_deepspeed_zero2_two_ranks_every_category_exact():
+    r = validate(zero_stage=2, num_gpus=2, precision="bf16-master")
+    assert r["world_size"] == 2 and len(r["ranks"]) == 2
+    for c in EXACT:
+        assert r["components"][c]["relative_error"] == 0, (c, r["components"][c])
+    assert abs(r["components"]["peak"]["relative_error"]) < 0.01
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed")
+def test_bitsandbytes_qlora_every_category_exact():
+    r = validate(method="qlora", precision="bf16-true", lora_target_modules=("all-linear",), gradient_checkpointing=True)
+    for c in ("parameters", "gradients", "optimizer_states", "activations", "peak"):
+        assert r["components"][c]["relative_error"] == 0, (c, r["components"][c])

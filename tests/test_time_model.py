@@ -1,0 +1,276 @@
+"""The step model: the roofline over the step trace's kernels, the optimizer step, QLoRA's dequantization, the
+likely range. Expected values are derived by hand from the formulas of docs/time-and-cost.md ("The step model")
+and the fixture rulesets written here (a GPU with round peaks and round efficiency factors).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fitplan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FIXTURE = """
+[[gpu]]
+id = "rooflinegpu"
+name = "Roofline test GPU"
+memory_bytes = 100_000_000_000
+usable_bytes = 100_000_000_000
+bandwidth_gbps = 1000
+interconnect = "nvlink-test"
+interconnect_gbps = 500
+inter_node_gbps = 20
+gpus_per_node = 8
+generation = "testgen"
+peak_tflops = { fp32 = 10, bf16 = 100, fp16 = 100 }
+source = "test fixture"
+
+[[time_efficiency]]
+generation = "testgen"
+gemm = 0.5
+attention = 0.25
+memory = 0.5
+
+[time_model]
+host_seconds_per_kernel = 1e-9
+band_low = 0.8
+band_high = 1.25
+loo_median = 0.1
+loo_worst = 0.3
+runs = 10
+
+[[provider]]
+id = "testcloud"
+name = "Test cloud"
+billing = "second"
+minimum_seconds = 0
+spot_overhead = 0
+source = "test fixture"
+
+[[instance]]
+provider = "testcloud"
+id = "one-roofline"
+gpu = "rooflinegpu"
+gpus = 1
+on_demand_per_hour = 3.6
+spot_per_hour = 1.8
+source = "test fixture"
+"""
+
+
+def est(rdir, **kw):
+    return fitplan.estimate(ruleset_dirs=[rdir], **kw)
+
+
+# --------------------------------------------------------------------------- the optimizer step and the batch
+
+
+def test_tiny_batch_full_fine_tune_is_slower_per_token(rdir):
+    # --params 1B in fp32 (bare: no trace, its FLOPs at the GEMM efficiency), s = 1,000, adamw_torch (foreach):
+    #   micro-step b = 1: 6e9 FLOP/token × 1,000 tokens / (10 TFLOPS × 0.5) = 1.2 s;  b = 16: 19.2 s
+    #   optimizer: 1e9 × (14·4 + 2·4 + 2·4) = 72e9 B / (1,000 GB/s × 0.5) = 0.144 s (its 336 launches × 1 ns: nothing)
+    #   clipping: 3 × 4e9 B of fp32 gradients / 5e11 B/s = 0.024 s
+    #   b = 1: step 1.2 + 0.144 + 0.024 = 1.368 s -> 1,000 / 1.368 = 731.0 tokens/s; optimizer share 0.168 / 1.368
+    #   b = 16: step 19.368 s -> 16,000 / 19.368 = 826.1 tokens/s
+    common = dict(params="1B", gpu="rooflinegpu", max_seq_length=1000, total_tokens=1_000_000)
+    small = est(rdir, per_device_train_batch_size=1, **common)
+    large = est(rdir, per_device_train_batch_size=16, **common)
+    assert small["optimizer_step_seconds"] == pytest.approx(0.144, rel=1e-5)
+    assert small["grad_clip_seconds"] == pytest.approx(0.024)
+    assert small["step_seconds"] == pytest.approx(1.368, rel=1e-5)
+    assert small["train_tokens_per_second"] == pytest.approx(1000 / 1.368, rel=1e-5)
+    assert large["train_tokens_per_second"] == pytest.approx(16000 / 19.368, rel=1e-5)
+    assert small["train_tokens_per_second"] < large["train_tokens_per_second"]
+    assert small["optimizer_step_share"] == pytest.approx(0.168 / 1.368, rel=1e-5)
+    assert large["optimizer_step_share"] == pytest.approx(0.168 / 19.368, rel=1e-5)
+
+
+def test_gradient_accumulation_pays_accumulate_passes(rdir):
+    # k = 4 micro-steps of 1 × 1,000 tokens: 4 × 1.2 s + accumulation (4 − 1) × 3 × 4e9 B / 5e11 = 0.072 s
+    # + clipping 0.024 + optimizer 0.144 = 5.04 s
+    e = est(rdir, params="1B", gpu="rooflinegpu", max_seq_length=1000, gradient_accumulation_steps=4)
+    assert e["gradient_accumulation_seconds"] == pytest.approx(0.072)
+    assert e["step_seconds"] == pytest.approx(5.04, rel=1e-5)
+
+
+def test_fused_adamw_moves_fewer_bytes(rdir):
+    # fused AdamW reads p, g, m, v and writes p, m, v once: (3·4 + 4·4) = 28 B/param -> 28e9 / 5e11 = 0.056 s
+    e = est(rdir, params="1B", gpu="rooflinegpu", optim="adamw_torch_fused")
+    assert e["optimizer_step_bytes"] == 28e9
+    assert e["optimizer_step_seconds"] == pytest.approx(0.056, rel=1e-4)
+
+
+def test_optimizer_share_in_explain_and_json(cli, rdir):
+    args = ("--params", "1B", "--gpu", "rooflinegpu", "--max-seq-length", "1000", "--total-tokens", "1000000",
+            "--ruleset-dir", rdir)
+    p = cli("explain", "optimizer_share", *args, "--format", "json")
+    assert p.returncode == 0, p.stderr
+    tree = json.loads(p.stdout)["tree"]
+    assert tree["name"] == "optimizer_step_share"
+    assert float(tree["value"]) == pytest.approx(0.168 / 1.368, rel=1e-5)
+    assert {c["name"] for c in tree["children"]} >= {"optimizer_step_seconds", "grad_clip_seconds", "step_seconds"}
+    p = cli("estimate", *args, "--format", "json")
+    assert json.loads(p.stdout)["time"]["optimizer_share"] == pytest.approx(0.168 / 1.368, rel=1e-5)
+    assert "optimizer step" in cli("estimate", *args).stdout
+
+
+# --------------------------------------------------------------------------- QLoRA and LoRA
+
+
+def _linears(cfg: dict) -> dict[str, int]:
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    d = h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    return {"q": h * q, "k": h * kv, "v": h * kv, "o": q * h, "gate": h * i, "up": h * i, "down": i * h}
+
+
+def test_qlora_pays_its_dequantization(rdir):
+    # tiny-llama (h 64, I 176, 2 layers), LoRA r 8 on q_proj, v_proj, bf16-true, no checkpointing. bitsandbytes
+    # dequantizes every quantized Linear (all but lm_head) before its forward GEMM: 0.5 + 4/64 bytes read, 2 written
+    # per weight; and again in the backward when the Linear's input needs a gradient: not layer 0's q, k, v (their
+    # input, the norm of the frozen embedding output, needs none), every other Linear.
+    path = ROOT / "tests/data/configs/tiny-llama/config.json"
+    cfg = json.loads(path.read_text())
+    n = _linears(cfg)
+    layers = cfg["num_hidden_layers"]
+    per_layer = sum(n.values())
+    executions = layers * per_layer + (per_layer - n["q"] - n["k"] - n["v"]) + (layers - 1) * per_layer
+    expected = executions * (0.5 + 4 / 64 + 2) / (1000e9 * 0.5)
+    common = dict(model=str(path), gpu="rooflinegpu", precision="bf16-true", lora_r=8,
+                  lora_target_modules=["q_proj", "v_proj"], max_seq_length=64, total_tokens=100_000)
+    q = est(rdir, method="qlora", **common)
+    lo = est(rdir, method="lora", **common)
+    assert q["micro_step_time"]["dequant"] == pytest.approx(expected, rel=1e-9)
+    assert "dequant" not in lo["micro_step_time"]
+    assert q["train_tokens_per_second"] < lo["train_tokens_per_second"]
+
+
+def test_qlora_is_a_few_percent_slower_than_lora_at_scale():
+    # the bundled fitted factors: llama-2-7b, all-linear r 16, bf16, micro-batch 4 × 2,048, checkpointing, A100:
+    # three dequantizations of ~6.5e9 weights (2.56 B each) per micro-step against ~1.1e14 FLOPs of GEMMs
+    common = dict(model="llama-2-7b", gpu="a100-80gb", precision="bf16-true", lora_r=16,
+                  lora_target_modules=["all-linear"], per_device_train_batch_size=4, max_seq_length=2048,
+                  gradient_checkpointing=True, total_tokens=10_000_000)
+    # the dequantization overhead alone: the base left in bf16 (kbit_preparation = "none", as torchtune does);
+    # peft's prepare_model_for_kbit_training (the default) makes the non-quantized compute fp32 (docs/stacks.md)
+    q = fitplan.estimate(method="qlora", kbit_preparation="none", **common)["train_tokens_per_second"]
+    lo = fitplan.estimate(method="lora", **common)["train_tokens_per_second"]
+    assert 0.85 < q / lo < 1.0
+
+
+# --------------------------------------------------------------------------- the step trace's work records
+
+
+def test_work_records_count_six_n_for_full_fine_tuning():
+    # the GEMM FLOPs of one micro-step of llama-2-7b: forward 2 × the matmul weights per token (lm_head included),
+    # backward twice that. The matmul weights: N − embeddings = 6,607,343,616 (tests/test_time.py) less the RMSNorm
+    # weights (2 × 4,096 per layer × 32 + 4,096 final = 266,240), which multiply elementwise
+    e = fitplan.estimate(model="llama-2-7b", precision="bf16-true", per_device_train_batch_size=1, max_seq_length=512)
+    work = e["step_trace"].work
+    gemm = {ph: sum(w.flops * w.count for w in work if w.kind == "gemm" and w.phase == ph) for ph in ("forward", "backward")}
+    assert gemm["forward"] == 2 * (6_607_343_616 - 266_240) * 512
+    assert gemm["backward"] == 2 * gemm["forward"]
+    # flash attention, causal: 4·b·a·s²·d / 2 per layer forward, 2.5 × that backward
+    att = sum(w.flops * w.count for w in work if w.kind == "attention" and w.phase == "forward")
+    assert att == 32 * 4 * 32 * 512 * 512 * 128 / 2
+
+
+def test_aten_work_of_views_in_place_ops_and_products():
+    from fitplan.builtin.op_work import aten
+    from fitplan.builtin.step_trace import T
+
+    x = T(0, 6 * 4, "f32", True)
+    view = T(0, 6 * 4, "f32", True)
+    assert aten("view", {"self": x}, [view], [], [], [], 0, True) is None  # a view launches nothing
+    inplace = aten("add_.Tensor", {"self": x}, [view], [], [], [], 0, True)
+    assert [k.bytes for k in inplace.fwd] == [2 * 24 * 4]  # reads and writes its 24 fp32 elements
+    # (6 × 4) @ (4 × 10) with shapes unknown: K² = 24 · 40 / 60; 2·6·4·10 FLOPs; both operands and the output once
+    w = T(-1, 4 * 10, "f32", True, param=True)
+    out = T(1, 6 * 10, "f32", True)
+    work = aten("mm", {"self": x, "mat2": w}, [out], [x, w], [x], [-1], 160, True)
+    assert [(k.kind, k.flops, k.bytes) for k in work.fwd] == [("gemm", 480, (24 + 40 + 60) * 4)]
+    assert [k.flops for k in work.bwd] == [480, 480]  # the input and the weight gradient
+    frozen = aten("mm", {"self": x, "mat2": T(-1, 40, "f32", False, param=True)}, [out], [], [x], [-1], 0, True)
+    assert len(frozen.bwd) == 1  # a frozen weight has no weight-gradient GEMM
+
+
+def test_checkpointing_recomputes_the_forward():
+    e = fitplan.estimate(model="llama-2-7b", precision="bf16-true", gradient_checkpointing=True, max_seq_length=512)
+    work = e["step_trace"].work
+    fwd = sum(w.flops * w.count for w in work if w.kind == "gemm" and w.phase == "forward")
+    rec = sum(w.flops * w.count for w in work if w.kind == "gemm" and w.phase == "recompute")
+    # every decoder layer's GEMMs run again; the LM head (2 × 4,096 × 32,000 per token) does not
+    assert rec == fwd - 2 * 4096 * 32000 * 512
+
+
+def test_compile_fuses_elementwise_runs():
+    e = fitplan.estimate(model="llama-2-7b", precision="bf16-true", max_seq_length=512)
+    work = e["step_trace"].work
+
+    def moved(mode):
+        return sum(w.bytes * w.count for w in work if w.kind == "elementwise" and w.mode in ("", mode))
+
+    def kernels(mode):
+        return sum(w.count for w in work if w.kind == "elementwise" and w.mode in ("", mode))
+
+    assert moved("compiled") < moved("eager")
+    assert kernels("compiled") < kernels("eager") / 2
+
+
+# --------------------------------------------------------------------------- the likely range
+
+
+def test_band_on_time_and_cost(rdir, cli):
+    # fixture band × 0.8 to × 1.25; 1B fp32 at b = 1: 1,000,000 tokens / (1,000 / 1.368) = 1,368 s
+    e = est(rdir, params="1B", gpu="rooflinegpu", max_seq_length=1000, total_tokens=1_000_000, provider="testcloud")
+    assert e["train_seconds"] == pytest.approx(1368, rel=1e-5)
+    assert e["train_seconds_low"] == pytest.approx(0.8 * 1368, rel=1e-5)
+    assert e["train_seconds_high"] == pytest.approx(1.25 * 1368, rel=1e-5)
+    # per-second billing at 3.60 USD/h: 1 USD per 1,000 s; spot at 1.80 USD/h
+    assert e["on_demand_cost_usd"] == pytest.approx(1.368, rel=1e-3)
+    assert e["on_demand_cost_usd_low"] == pytest.approx(0.8 * 1.368, rel=1e-3)
+    assert e["spot_cost_usd_high"] == pytest.approx(1.25 * 0.684, rel=1e-3)
+    p = cli("estimate", "--params", "1B", "--gpu", "rooflinegpu", "--max-seq-length", "1000", "--total-tokens", "1000000",
+            "--provider", "testcloud", "--ruleset-dir", rdir, "--format", "json")
+    out = json.loads(p.stdout)
+    assert out["time"]["seconds_low"] == pytest.approx(0.8 * 1368, rel=1e-5)
+    assert out["time"]["likely_range"]["low_factor"] == 0.8 and out["time"]["likely_range"]["runs"] == 10
+    assert out["cost"]["on_demand_usd_high"] == pytest.approx(1.25 * 1.368, rel=1e-3)
+    md = cli("estimate", "--params", "1B", "--gpu", "rooflinegpu", "--max-seq-length", "1000", "--total-tokens",
+             "1000000", "--ruleset-dir", rdir, "--format", "markdown").stdout
+    assert "likely 0.30-0.48 h" in md  # 1,094.4 s and 1,710 s
+
+
+def test_no_band_when_the_throughput_is_given(rdir):
+    e = est(rdir, params="1B", gpu="rooflinegpu", total_tokens=1_000_000, tokens_per_second=1000)
+    assert e["train_seconds"] == 1000 and e["train_seconds_low"] is None and e["time_band"] is None
+
+
+# --------------------------------------------------------------------------- the published runs
+
+
+def test_published_runs_are_valid_and_enough():
+    from fitplan.rulesets import loader
+
+    rules = loader.load()
+    used = [r for r in rules.finetune_runs.values() if not r.exclude]
+    assert len(used) >= 25
+    assert {r.scenario.get("method") for r in used} == {"full", "lora", "qlora"}
+    assert {r.scenario["gpu"] for r in used} >= {"a100-80gb", "h100-sxm", "rtx-4090"}
+    assert max(r.scenario.get("num_gpus", 1) * r.scenario.get("num_nodes", 1) for r in used) >= 16
+    assert rules.time_model is not None and rules.time_model.runs == len(used)
+    assert rules.time_model.loo_median <= 0.15 and abs(rules.time_model.loo_worst) <= 0.40
+
+
+@pytest.mark.slow
+def test_time_loo_doc_and_fit_are_current():
+    # refits and reruns the leave-one-out (about a minute on two cores)
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "time_loo.py"), "--check"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr
