@@ -38,17 +38,15 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
     models whose experts peft maps to parameter targets (the learned file's ``lora.parameter_targets``),
     ``lora.ParamWrapper`` factors A (r·E, in) and B (out, r·E) per expert stack (r doubled for the fused
     ``gate_up_proj``) and A (r, in), B (out, r) for a 2-D router weight."""
-    from .lora_targets import ALL_LINEAR, module_matches, unmatched_targets
+    from .lora_targets import ALL_LINEAR, lora_site_matches, unmatched_targets
 
     targets = tuple(lora_target_modules)
     groups = arch.param_groups()
     out: dict[tuple[int, ...], int] = {}
     linear = [g for g in groups if g.linear is not None]
-    output = "lm_head"
     from .archfile import load
 
     af = load(arch.model_type)
-    output = af.output_module
     names: list[str] = []
     # every concrete Linear weight, in the layers whose kind has it (a shared expert in the MoE layers only)
     for name, shape, role, _, _, entry in af.param_list(dict(arch.symbols)):
@@ -56,7 +54,7 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
             continue
         path = name.rsplit(".", 1)[0]
         names.append(path)
-        if module_matches(path, targets, output_module=output):
+        if lora_site_matches(path, targets, af):
             in_f, out_f = (shape[0], shape[1]) if len(entry) > 6 and entry[6] == "conv1d" else (shape[1], shape[0])
             for shape_ in ((lora_r, in_f), (out_f, lora_r)):
                 out[shape_] = out.get(shape_, 0) + 1

@@ -49,7 +49,14 @@ def module_matches(module: str, targets: tuple[str, ...], *, output_module: str 
 
 
 def lora_site_matches(module: str, targets: tuple[str, ...], af: Any) -> bool:
-    """:func:`module_matches` with the output module of a learned architecture file."""
+    """:func:`module_matches` with the output module of a learned architecture file. For a model type whose
+    MoE layout peft 0.21 converts (the file's ``lora.parameter_targets``: Mixtral, Qwen3-MoE, DeepSeek...),
+    the converted names (``gate_proj``, ``up_proj``, ``down_proj``, ``gate``, ``w1``...) leave the module
+    targets for parameter targets (peft/utils/transformers_weight_conversion.py, ``_convert_peft_config_moe``):
+    an ``nn.Linear`` of that name (a dense layer's MLP) gets no adapter."""
+    converted = ((getattr(af, "lora", None) or {}).get("parameter_targets")) or {}
+    if converted and module.rsplit(".", 1)[-1] in converted:
+        return False
     return module_matches(module, targets, output_module=getattr(af, "output_module", None))
 
 

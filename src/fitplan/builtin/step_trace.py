@@ -362,6 +362,10 @@ def replay(tr: Trace) -> StepTrace:
     def held(sid: int) -> bool:
         return savers.get(sid, 0) > 0 or keepers.get(sid, 0) > 0 or sid in pinned or sid in tr.external
 
+    once = {"bytes": 0, "v": [0, 0, 0, 0], "on": False}
+    """Backward frees, in a repeated segment, of what the prologue made for every layer (rotary tables,
+    masks): they happen once, in the last copy the backward reaches, not once per copy."""
+
     def free(sid: int, cur_seg: int) -> None:
         if sid not in alive:
             return
@@ -369,6 +373,9 @@ def replay(tr: Trace) -> StepTrace:
         state["live"] -= size[sid]
         live_v[cat_of[sid]] -= size[sid]
         sg = alloc_seg.get(sid, cur_seg)
+        if once["on"] and sg == 0 and cur_seg != 0 and weight[cur_seg] > 1:
+            once["bytes"] += size[sid]
+            once["v"][cat_of[sid]] += size[sid]
         if sg != cur_seg and weight[sg] > 1 and sid not in carried:
             state["phantom"] -= (weight[sg] - 1) * size[sid]
             ph_v[first_cat[sid]] -= (weight[sg] - 1) * size[sid]
@@ -495,8 +502,11 @@ def replay(tr: Trace) -> StepTrace:
     seg_parts: list[list[int]] = []
     parts: dict[int, tuple[int, int, int, int]] = {}  # a point's other bytes -> its PARTS
 
+    seg_once: list[tuple[int, list[int]]] = []
+
     def point(extra: int = 0, name: str = "", op_grad: int = 0) -> None:
         seg_points.append((state["live"] + extra, grads["live"], op_grad))
+        seg_once.append((once["bytes"], list(once["v"])))
         saved = live_v[0] + live_v[1] + live_v[2]
         seg_parts.append([live_v[0], live_v[1], live_v[2], state["live"] + extra - saved])
         if DEBUG is not None:
@@ -509,12 +519,14 @@ def replay(tr: Trace) -> StepTrace:
         pa, pg = state["phantom"], grads["phantom"]
         first = len(points)
         if w > 1:
-            da, dg = state["live"] - start[0], grads["live"] - start[1]
-            da_v = [live_v[i] - start_v[i] for i in range(3)]
+            # per copy: the segment's delta without its one-time frees; the first copy has not made them yet,
+            # the last copy makes them at the same instants
+            da, dg = state["live"] - start[0] + once["bytes"], grads["live"] - start[1]
+            da_v = [live_v[i] - start_v[i] + once["v"][i] for i in range(3)]
             da_v.append(da - sum(da_v))
-            for (a, g, o), pv in zip(seg_points, seg_parts):
-                points.append((a + pa, g + pg, o))
-                parts.setdefault(a + pa, tuple(x + y for x, y in zip(pv, ph_v)))
+            for (a, g, o), pv, (e, ev) in zip(seg_points, seg_parts, seg_once):
+                points.append((a + e + pa, g + pg, o))
+                parts.setdefault(a + e + pa, tuple(x + y + z for x, y, z in zip(pv, ph_v, ev)))
                 points.append((a + pa + (w - 1) * da, g + pg + (w - 1) * dg, o))
                 parts.setdefault(a + pa + (w - 1) * da, tuple(x + y + (w - 1) * d for x, y, d in zip(pv, ph_v, da_v)))
             state["phantom"] += (w - 1) * da
@@ -528,6 +540,8 @@ def replay(tr: Trace) -> StepTrace:
             layer_points.extend(points[first:])
         seg_points.clear()
         seg_parts.clear()
+        seg_once.clear()
+        once["bytes"], once["v"] = 0, [0, 0, 0, 0]
 
     def recompute(sg: int) -> None:
         seg_ops = [(i, op) for i, op in enumerate(ops) if op.seg == sg]
@@ -551,6 +565,7 @@ def replay(tr: Trace) -> StepTrace:
                     free(sid, sg)
 
     after_head = (0, 0)
+    once["on"] = True
     loss = tr.loss
     give(loss, None)
     pending[loss.key][1] += 1  # torch.autograd.backward holds the root's gradient (ones_like) until it returns
