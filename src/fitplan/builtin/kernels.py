@@ -56,6 +56,10 @@ EXTRA_RULES = {
     # bitsandbytes' MatMul4Bit autograd Function: the gradient of the input only; saves nothing batch-sized
     "bnb.matmul_4bit": {"d": ["A"], "s": [], "p": [0]},
     "bnb.dequantize_4bit": None,
+    # the math SDPA's grouped-query expansion (attention.cpp pre_process_group_query_attention_input):
+    # CompositeImplicit (unsqueeze, expand, clone, view), so derivatives.yaml has no entry; differentiable,
+    # saves nothing, its backward sums the gradient over the repeats (a new tensor)
+    "repeat_interleave.self_int": {"d": ["self"], "s": [], "p": [0]},
 }
 
 
