@@ -45,11 +45,12 @@ def string_constants(path: Path, *, dict_keys: bool = True) -> list[tuple[int, s
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
     """Run the real `fitplan` command line in a subprocess (exit codes, stderr, no traceback)."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "fitplan", *args], capture_output=True, text=True, env=full_env,
-                          cwd=cwd or ROOT, timeout=120)
+                          cwd=cwd or ROOT, timeout=timeout)
 
 
 def run_json(*args: str, **kw) -> dict:
