@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
@@ -61,7 +61,13 @@ class CompiledGraph:
     """Role (:data:`fitplan.engine.declarations.ROLES`) -> the quantity that holds it."""
     _graph: Any = None
     _straight: Any = None
-    """The steps as one generated function (:func:`fitplan.engine.interpreter.straight_line`), made on first use."""
+    """The steps as one generated function (:func:`fitplan.engine.interpreter.straight_line`), made once the
+    graph has been evaluated :attr:`STRAIGHT_AFTER` times."""
+    _evaluations: int = 0
+    STRAIGHT_AFTER: ClassVar[int] = 50
+    """Generating the function costs about as much as a hundred step-by-step evaluations: a command that
+    evaluates a few scenarios (``fitplan estimate``: one and its advice variants) runs the steps one by one;
+    a search, a server or a benchmark generates it."""
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -90,13 +96,19 @@ class CompiledGraph:
         :raises PluginError: a quantity or reducer raised (other than a :class:`FitplanError`, which is
             the user's), or a memory quantity is not a number: the message names the plugin and the quantity.
         """
-        if self._straight is None:
-            self._straight = straight_line(self.steps)
-        try:
-            v, applied = self._straight(inputs)
-        except FitplanError:
-            raise
-        except (Exception, SystemExit):  # noqa: BLE001 - run again step by step, which names the plugin
+        straight = self._straight
+        if straight is None:
+            self._evaluations += 1
+            if self._evaluations > self.STRAIGHT_AFTER:
+                straight = self._straight = straight_line(self.steps)
+        if straight is not None:
+            try:
+                v, applied = straight(inputs)
+            except FitplanError:
+                raise
+            except (Exception, SystemExit):  # noqa: BLE001 - run again step by step, which names the plugin
+                straight = None
+        if straight is None:
             v = dict(inputs)
             applied = {}
             run(self.steps, v, applied, self._step_error)

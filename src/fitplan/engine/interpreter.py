@@ -12,9 +12,10 @@ stays under 100 µs):
 Both the full evaluation (:meth:`fitplan.engine.graph.CompiledGraph.evaluate`) and the staged one of the
 recommender (:class:`fitplan.engine.staging.StagedGraph`) run steps through :func:`run`.
 
-The full evaluation first runs the same steps as one straight-line function (:func:`straight_line`, made once
-per compiled graph): values in local variables, no loop, no per-step dispatch, which is most of an
-evaluation's time otherwise. It computes exactly what :func:`run` computes, in the same order; when any step
+A graph evaluated many times (a search, the server, the benchmark) runs the same steps as one straight-line
+function (:func:`straight_line`, made once per compiled graph after its first evaluations:
+:attr:`~fitplan.engine.graph.CompiledGraph.STRAIGHT_AFTER`): values in local variables, no loop, no per-step
+dispatch, which is most of an evaluation's time otherwise. It computes exactly what :func:`run` computes, in the same order; when any step
 raises, the evaluation is run again through :func:`run` (quantity functions are pure, docs/style.md), which
 finds the failing step and names its plugin.
 """
