@@ -6,7 +6,8 @@ without a problem is kept, pickled, in the user's cache directory (``$FITPLAN_CA
 ``$XDG_CACHE_HOME/fitplan`` or ``~/.cache/fitplan``; ``%LOCALAPPDATA%`` on Windows, ``~/Library/Caches``
 on macOS), one snapshot per ruleset path, and used only when all of its key still holds:
 
-* the SHA-256 of the file's bytes (read every run: an edited file is parsed again, whatever its mtime);
+* the file's bytes, kept in the snapshot and compared with the file's (read every run: an edited file is
+  parsed again, whatever its size and mtime; a plain comparison is exact and needs no hash library);
 * the file's path (error messages name it);
 * fitplan's version, the Python version and the size and modification time of every module that parsing
   and validation run (``fitplan/rulesets``, ``fitplan/inputs``, ``fitplan/errors.py``): changed code never
@@ -23,7 +24,6 @@ an estimate.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import pickle
 import sys
@@ -61,16 +61,20 @@ def code_fingerprint() -> str:
                      package / "errors.py"]):
         st = p.stat()
         parts.append(f"{p.name}:{st.st_size}:{st.st_mtime_ns}")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return "\n".join(parts)
 
 
-def _key(path: Path, data: bytes) -> str:
-    return f"{FORMAT}:{path}:{hashlib.sha256(data).hexdigest()}:{code_fingerprint()}"
+def _key(path: Path, data: bytes) -> tuple[int, str, bytes, str]:
+    return FORMAT, str(path), data, code_fingerprint()
 
 
 def _location(path: Path) -> Path | None:
+    """One snapshot per path: ``<name>-<crc32 of the path>.pickle`` (a clash only costs a re-parse: the
+    snapshot holds its path)."""
+    import zlib
+
     d = cache_dir()
-    return None if d is None else d / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".pickle")
+    return None if d is None else d / f"{path.stem[:40]}-{zlib.crc32(str(path).encode()):08x}.pickle"
 
 
 def load(path: Path, data: bytes) -> Any | None:
