@@ -10,6 +10,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test reaches the Hugging Face Hub (a Hub id never downloads)
+if "FITPLAN_CACHE_DIR" not in os.environ:  # ruleset snapshots of tests' temporary rulesets: not in the user's cache
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["FITPLAN_CACHE_DIR"] = tempfile.mkdtemp(prefix="fitplan-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["FITPLAN_CACHE_DIR"], True)
 TEST_PLUGINS = ROOT / ".test-plugins"
 """The example plugins (acme-fitplan-rules, fitplan-optimizers-extra), installed there by ``make install-test``:
 on sys.path and PYTHONPATH for the test session only, never in the .venv that ``make demo`` uses."""

@@ -152,3 +152,14 @@ def test_modules_and_functions_stay_small():
                 if n > FUNCTION_LINES and (rel, node.name) not in LONG_FUNCTIONS:
                     long_functions.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
     assert (long_modules, long_functions) == ([], [])
+
+
+def test_deferred_builtin_commands_table_is_what_the_modules_add():
+    """fitplan.cli.commands.MODULES (which module adds which command, so that a command's module is imported only
+    when it runs) names every command module and exactly the commands each one's add() adds."""
+    from fitplan.cli import commands
+
+    files = {p.stem for p in (SRC / "fitplan" / "cli" / "commands").glob("*.py") if p.stem != "__init__"}
+    assert set(commands.MODULES) == files
+    for module, names in commands.MODULES.items():
+        assert tuple(commands.commands_of(module)) == names, module
