@@ -114,6 +114,12 @@ def prepare(rc, device: str = "cpu"):
     return model, opt, kwargs, vocab
 
 
+def _fsdp1_handles(model) -> list[Any]:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return [m._handle for m in FSDP.fsdp_modules(model) if getattr(m, "_handle", None) is not None]
+
+
 def stale_flat_grads(model) -> int:
     """FSDP1 with ``use_orig_params=True``: bytes of the sharded flat gradients that ``zero_grad(set_to_none=True)``
     leaves behind (it clears the original parameters' ``.grad`` views only); the root's pre-forward frees them
@@ -121,12 +127,15 @@ def stale_flat_grads(model) -> int:
     gone after it, so the forward's retained bytes (after − before) are short by them: added back. 0 under FSDP2."""
     from .measure import storage_bytes
 
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    except ImportError:
-        return 0
-    handles = [m._handle for m in FSDP.fsdp_modules(model) if getattr(m, "_handle", None) is not None]
-    return storage_bytes(h.flat_param.grad for h in handles if h.flat_param.grad is not None)
+    return storage_bytes(h.flat_param.grad for h in _fsdp1_handles(model) if h.flat_param.grad is not None)
+
+
+def fsdp1_gathered(model) -> int:
+    """FSDP1: bytes of the unsharded flat buffers (``_full_param_padded``) allocated now; the original parameters
+    are views of this rank's shard outside a unit's forward, so ``parameters()`` does not show them."""
+    from .measure import storage_bytes
+
+    return storage_bytes(getattr(h.flat_param, "_full_param_padded", None) for h in _fsdp1_handles(model))
 
 
 def measure_accelerate_fsdp(rc, steps: int = 1) -> dict[str, Any]:
@@ -142,11 +151,12 @@ def measure_accelerate_fsdp(rc, steps: int = 1) -> dict[str, Any]:
         model, opt, plugin_kwargs, vocab = prepare(rc)
         batch = make_batch(vocab, rc.batch, rc.seq, device="cpu", seed=rc.seed + dist.get_rank())
         # no autocast of the referee's own: FSDP1's forward carries accelerate's, FSDP2 runs on bf16 gathers
-        m = measure_step(model, opt, batch, precision="none",
-                         device_type="cpu", steps=steps, memtracker=False, counter=counter, barrier=dist.barrier,
-                         accumulation=rc.accumulation)
+        v1 = plugin_kwargs["fsdp_version"] == 1
+        m = measure_step(model, opt, batch, precision="none", device_type="cpu", steps=steps, memtracker=False,
+                         counter=counter, barrier=dist.barrier, accumulation=rc.accumulation,
+                         gathered_fn=(lambda: fsdp1_gathered(model)) if v1 else None)
     out = m.asdict()
-    stale = stale_flat_grads(model)
+    stale = stale_flat_grads(model) if v1 else 0
     out["retained"] += stale
     out["stale_flat_grads"] = stale
     out["wrapper"] = type(model).__name__

@@ -49,10 +49,15 @@ def dtypes(precision: str, method: str) -> tuple[float, float, float]:
 
 def fsdp1_units(params, n: int, align: int) -> list[list[tuple[int, int, bool]]]:
     """FSDP1 flat units: per unit, each parameter's (start, numel, trainable) in the aligned flat parameter,
-    whose length (padded to a multiple of N) is the last entry's ``(U, 0, False)``."""
+    whose length (padded to a multiple of N) is the last entry's ``(U, 0, False)``. Units: each decoder layer, the
+    root (the rest) and, for a peft model, every LoRA Linear on its own: the Trainer replaces the wrap policy with
+    peft's, which also wraps each leaf module whose weight trains (``update_fsdp_plugin_peft``,
+    transformers/distributed/fsdp.py:267-287; peft/utils/other.py:1294-1307)."""
     units: dict[str, list] = {}
-    for p in params:
+    for i, p in enumerate(params):
         key = f"layer.{p.layer}" if p.layer >= 0 else "root"
+        if "/lora." in p.module:
+            key = f"adapter.{i}"
         units.setdefault(key, []).append(p)
     out = []
     for plist in units.values():
