@@ -1,5 +1,7 @@
 """Sharded runs, measured per rank.
 
+* DeepSpeed (:mod:`.ds_stack`) and accelerate's FSDP1 / FSDP2 (:mod:`.accel_fsdp`): the engine's own code on
+  real gloo ranks.
 * ZeRO-1 (``--zero 1``): ``DistributedDataParallel`` + ``torch.distributed.optim.ZeroRedundancyOptimizer``
   (each rank keeps the optimizer states of its share of the parameters; DDP keeps its gradient buckets).
 * ZeRO-3 / FSDP ``full_shard`` / ``hybrid_shard`` (one node): FSDP2 ``fully_shard`` on every decoder

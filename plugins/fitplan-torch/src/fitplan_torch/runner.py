@@ -12,6 +12,7 @@ Modes:
 
 Sharded scenarios (``--zero`` / ``--fsdp`` with ``--num-gpus N``) run per rank: two real gloo ranks
 on the CPU when N = 2, else one process with torch's fake process group (see :mod:`.distributed`).
+DeepSpeed (:mod:`.ds_stack`) and accelerate's FSDP1 / FSDP2 (:mod:`.accel_fsdp`) always run N real gloo ranks.
 """
 
 from __future__ import annotations
