@@ -73,7 +73,10 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
     ``(precision, adapter dtype, 4-bit compute dtype)``.
 
     * accelerate FSDP under ``*-mixed``: parameters are gathered in 16 bits by FSDP's mixed-precision policy
-      and the forward runs on them (builtin/sharding/fsdp.py): the ``*-true`` trace, no autocast copies;
+      and the forward runs on them (builtin/sharding/fsdp.py): the ``*-true`` trace, no autocast copies; the
+      LoRA adapters too are gathered in 16 bits (FSDP2 casts every sharded parameter to ``param_dtype``:
+      torch/distributed/fsdp/_fully_shard/_fsdp_param.py ``init_dtype_attrs``, 586-601; FSDP1 every flat
+      parameter: _flat_param.py 1265-1300), so peft casts no input to fp32 for them (measured, fitplan-torch);
     * QLoRA with ``kbit_preparation = "peft"`` (``prepare_model_for_kbit_training``, peft/utils/other.py:204-209)
       casts every non-quantized parameter to fp32, so the residual stream, norms, attention and LM head run in
       fp32 (``Linear4bit`` returns its input's dtype): the ``32-true`` trace with 4-bit matmuls in
@@ -87,6 +90,8 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
     from fitplan.inputs.precision import PRESETS
 
     adapter = "fp32" if autocast_adapter_dtype else PRESETS[precision].weight_dtype
+    if sharding_kind.startswith("hf_fsdp") and PRESETS[precision].autocast:
+        adapter = PRESETS[precision].compute_dtype  # FSDP gathers the adapters in param_dtype too (module doc)
     if sharding_kind.startswith("ds") and PRESETS[precision].master:
         adapter = PRESETS[precision].weight_dtype  # DeepSpeed casts every parameter, adapters too (engine.py:2080-2088)
     if method == "qlora":
