@@ -10,6 +10,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test reaches the Hugging Face Hub (a Hub id never downloads)
+if "FITPLAN_CACHE_DIR" not in os.environ:  # ruleset snapshots of tests' temporary rulesets: not in the user's cache
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["FITPLAN_CACHE_DIR"] = tempfile.mkdtemp(prefix="fitplan-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["FITPLAN_CACHE_DIR"], True)
 TEST_PLUGINS = ROOT / ".test-plugins"
 """The example plugins (acme-fitplan-rules, fitplan-optimizers-extra), installed there by ``make install-test``:
 on sys.path and PYTHONPATH for the test session only, never in the .venv that ``make demo`` uses."""
@@ -28,11 +35,29 @@ if os.environ.get("FITPLAN_CI") == "1":
 pytest_plugins = ("dataset_support",)  # the tiny tokenizer in a Hugging Face cache (tests/test_dataset_*.py)
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def string_constants(path: Path, *, dict_keys: bool = True) -> list[tuple[int, str]]:
+    """A module's string literals with their line numbers, docstrings left out (module, class, function and
+    attribute docstrings: string expressions standing alone); ``dict_keys=False`` leaves out the keys of dict
+    displays too."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            skip.add(id(node.value))
+        if isinstance(node, ast.Dict) and not dict_keys:
+            skip.update(id(k) for k in node.keys if k is not None)
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
     """Run the real `fitplan` command line in a subprocess (exit codes, stderr, no traceback)."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "fitplan", *args], capture_output=True, text=True, env=full_env,
-                          cwd=cwd or ROOT, timeout=120)
+                          cwd=cwd or ROOT, timeout=timeout)
 
 
 def run_json(*args: str, **kw) -> dict:

@@ -63,10 +63,19 @@ def test_scenario_file_unknown_key(cli, tmp_path):
 
 def test_config_json_missing_field(cli, tmp_path):
     f = tmp_path / "config.json"
+    f.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}))
+    assert_clean_error(cli("estimate", "--model", str(f)), str(f), "required field missing: model_type", "$.model_type")
+
+
+def test_config_json_missing_size_takes_the_config_class_default(tmp_path):
+    # transformers 5.24 LlamaConfig: num_hidden_layers defaults to 32 (configuration_llama.py); fitplan reads
+    # config.json as the config class does (the learned file keeps the class's defaults)
+    import fitplan
+
+    f = tmp_path / "config.json"
     f.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100,
                              "intermediate_size": 128}))
-    assert_clean_error(cli("estimate", "--model", str(f)), str(f), "required field missing: num_hidden_layers",
-                       "$.num_hidden_layers")
+    assert fitplan.estimate(model=str(f)).arch.num_hidden_layers == 32
 
 
 def test_config_json_bad_value(cli, tmp_path):

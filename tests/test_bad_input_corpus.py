@@ -91,7 +91,7 @@ for cid, body, needle in [
     ("config-hidden-float", cfg(hidden_size=64.0), "$.hidden_size"),
     ("config-hidden-negative", cfg(hidden_size=-64), "$.hidden_size"),
     ("config-hidden-huge", cfg(hidden_size=10**12), "$.hidden_size"),
-    ("config-not-divisible", cfg(hidden_size=100, num_attention_heads=3), "not a multiple"),
+    ("config-not-divisible", cfg(hidden_size=100, num_attention_heads=3), "must be a multiple"),
     ("config-zero-kv-heads", cfg(num_key_value_heads=0), "$.num_key_value_heads"),
     ("config-kv-not-dividing", cfg(num_key_value_heads=3), "num_key_value_heads"),
     ("config-head-dim-zero", cfg(head_dim=0), "$.head_dim"),
@@ -111,7 +111,7 @@ for cid, body, needle in [
     case(cid, {"config.json": body}, ["estimate", "--model", "{d}/config.json"], needle)
 case("config-utf16-is-read", {"config.json": codecs.BOM_UTF16_LE + cfg(hidden_size=100, num_attention_heads=3)
                                                                   .decode().encode("utf-16-le")},
-     ["estimate", "--model", "{d}/config.json"], "not a multiple")
+     ["estimate", "--model", "{d}/config.json"], "must be a multiple")
 case("config-dir-without-config", {"m": "dir"}, ["estimate", "--model", "{d}/m"], "file not found")
 case("config-fifo", {"config.json": "fifo"}, ["estimate", "--model", "{d}/config.json"], "not a regular file")
 

@@ -61,6 +61,61 @@ def test_reducer_chain_order_and_conditions():
     assert v["x"] == 90 and applied["x.half"] is False
 
 
+@pytest.mark.parametrize("fields", [
+    dict(model="llama-2-7b", gpu="a100-80gb", precision="bf16-mixed", per_device_train_batch_size=4, gradient_checkpointing=True),
+    dict(model="llama-2-7b", gpu="h100-80gb", method="qlora", per_device_train_batch_size=2, gradient_accumulation_steps=4),
+    dict(params="1B", per_device_train_batch_size=1),
+])
+def test_straight_line_evaluation_is_the_step_interpreter(fields):
+    """The generated straight-line function computes what the step-by-step interpreter does: the same values,
+    reducer flags and insertion order (the interpreter is the reference; the generated code is the fast path)."""
+    from fitplan.context import get_context
+    from fitplan.engine.interpreter import run, straight_line
+    from fitplan.estimation import build_inputs
+
+    ctx = get_context()
+    inputs = build_inputs(fitplan.scenario_from_dict(fields), ctx.registry, ctx.rulesets)
+    g = ctx.registry.compiled()
+    v, applied = dict(inputs), {}
+    run(g.steps, v, applied)
+    fast_v, fast_applied = straight_line(g.steps)(inputs)
+    assert list(fast_v.items()) == list(v.items()) and list(fast_applied.items()) == list(applied.items())
+    assert not all(applied.values()) and ("model" not in fields or any(applied.values()))  # both branches are run
+
+
+def test_a_failing_step_is_named_after_the_straight_line_run(monkeypatch):
+    monkeypatch.setattr(graph.CompiledGraph, "STRAIGHT_AFTER", 1)
+    boom = q("y", lambda x: 1 // (x - 100) if x == 100 else x, plugin="crashy")
+    g = compile_graph([q("x", lambda per_device_train_batch_size: 100 * per_device_train_batch_size), boom], [])
+    assert g.evaluate({"per_device_train_batch_size": 2})[0]["y"] == 200 and g._straight is None
+    assert g.evaluate({"per_device_train_batch_size": 3})[0]["y"] == 300 and g._straight is not None
+    with pytest.raises(fitplan.PluginError, match="plugin 'crashy'.*quantity 'y'.*ZeroDivisionError"):
+        g.evaluate({"per_device_train_batch_size": 1})
+
+
+def test_dependencies_read_from_code_are_inspects():
+    """Declarations read parameter names from the code object of a plain function: the same names, in the same
+    order, as inspect.signature, for every built-in declaration and for the shapes that fall back to it."""
+    import functools
+    import inspect
+
+    from fitplan.context import get_context
+    from fitplan.engine.declarations import _params
+
+    g = get_context().registry.compiled()
+    funcs = [q.func for q in g.quantities.values()] + [f for r in g.reducers.values() for f in (r.condition, r.transform)]
+
+    def kwonly(a, /, b, *, c): ...
+    def star(a, *args, b): ...
+
+    @functools.wraps(kwonly)
+    def wrapped(*args, **kwargs): ...
+
+    for f in [*funcs, kwonly, star, wrapped, functools.partial(kwonly, 1), lambda: 0]:
+        assert _params(f) == tuple(inspect.signature(f).parameters)
+    assert _params(kwonly) == ("a", "b", "c") and _params(star) == ("a", "args", "b")
+
+
 def test_contradictory_reducer_order():
     base = q("x", lambda: 1)
     r1 = Reducer("a", "x", lambda value: value, lambda: True, after=("b",))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from conftest import string_constants
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -72,19 +74,9 @@ def test_no_import_cycles():
 
 
 def _string_constants(path: Path) -> list[tuple[int, str]]:
-    """String literals of a module, with their line numbers; not docstrings, and not the keys of dict displays
-    (a report's own field names, such as the recommend JSON's ``train_seconds``, name no quantity)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                skip.add(id(first.value))
-        if isinstance(node, ast.Dict):
-            skip.update(id(k) for k in node.keys if k is not None)
-    return [(n.lineno, n.value) for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
+    """Not the keys of dict displays: a report's own field names, such as the recommend JSON's
+    ``train_seconds``, name no quantity."""
+    return string_constants(path, dict_keys=False)
 
 
 def test_no_builtin_quantity_name_outside_builtin():
@@ -160,3 +152,14 @@ def test_modules_and_functions_stay_small():
                 if n > FUNCTION_LINES and (rel, node.name) not in LONG_FUNCTIONS:
                     long_functions.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
     assert (long_modules, long_functions) == ([], [])
+
+
+def test_deferred_builtin_commands_table_is_what_the_modules_add():
+    """fitplan.cli.commands.MODULES (which module adds which command, so that a command's module is imported only
+    when it runs) names every command module and exactly the commands each one's add() adds."""
+    from fitplan.cli import commands
+
+    files = {p.stem for p in (SRC / "fitplan" / "cli" / "commands").glob("*.py") if p.stem != "__init__"}
+    assert set(commands.MODULES) == files
+    for module, names in commands.MODULES.items():
+        assert tuple(commands.commands_of(module)) == names, module

@@ -259,7 +259,7 @@ OPTIMIZERS = {
 
 
 def measure(name, *, precision="bf16-true", attn="sdpa", ckpt=False, method="full", optim="adamw_torch", b=2, s=32,
-            accumulation=1, lora_dropout=0.0, num_gpus=1, shard=None, overrides=None):
+            accumulation=1, lora_dropout=0.0, num_gpus=1, shard=None, overrides=None, targets=None):
     """One measured steady-state step (see the module doc); returns the measured and predicted components."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -272,10 +272,12 @@ def measure(name, *, precision="bf16-true", attn="sdpa", ckpt=False, method="ful
     model = transformers.AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation=attn)
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    targets = LORA_TARGETS.get(name, ("q_proj", "v_proj"))
+    targets = targets or LORA_TARGETS.get(name, ("q_proj", "v_proj"))
     if method == "lora":
+        from fitplan.builtin.lora_targets import peft_target_modules
+
         peft = pytest.importorskip("peft")
-        model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, target_modules=list(targets),
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, target_modules=peft_target_modules(targets),
                                                            lora_dropout=lora_dropout, task_type="CAUSAL_LM"))
     model.train()
     extra = []
@@ -330,7 +332,7 @@ def measure(name, *, precision="bf16-true", attn="sdpa", ckpt=False, method="ful
                   per_device_train_batch_size=b, max_seq_length=s, optim=optim, device="cpu",
                   gradient_accumulation_steps=accumulation, num_gpus=num_gpus)
     if method == "lora":
-        fields.update(method="lora", lora_r=8, lora_target_modules=targets, lora_dropout=lora_dropout)
+        fields.update(method="lora", lora_r=8, lora_target_modules=tuple(targets), lora_dropout=lora_dropout)
     if overrides:
         import tempfile
 
@@ -347,14 +349,14 @@ def predicted(fields, **extra):
     return p, e
 
 
-def check(measured, fields, **extra):
+def check(measured, fields, tolerance=(0.02, 0.03), **extra):
     p, e = predicted(fields, **extra)
     exact = {k: p[k] - measured[k] for k in ("parameters", "gradients", "optimizer_states")}
     assert exact == dict.fromkeys(exact, 0), (exact, fields)
     act = (p["activations"] - measured["activations"]) / measured["activations"]
     peak = (p["peak"] - measured["peak"]) / measured["peak"]
-    assert abs(act) <= 0.02, f"saved activations off by {act:+.2%}: {p['activations']} vs {measured['activations']}"
-    assert abs(peak) <= 0.03, f"peak off by {peak:+.2%}: {p['peak']} vs {measured['peak']}"
+    assert abs(act) <= tolerance[0], f"saved activations off by {act:+.2%}: {p['activations']} vs {measured['activations']}"
+    assert abs(peak) <= tolerance[1], f"peak off by {peak:+.2%}: {p['peak']} vs {measured['peak']}"
     assert e["peak_phase"] == measured.peak_phase
     return p, e
 
@@ -382,6 +384,31 @@ EXTRA = [
 def test_architectures_against_torch(name, precision, attn, ckpt, method):
     m, fields = measure(name, precision=precision, attn=attn, ckpt=ckpt, method=method)
     check(m, fields)
+
+
+NEW = ("tiny-qwen2-moe", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma2", "tiny-gemma3", "tiny-phi", "tiny-falcon", "tiny-olmo",
+       "tiny-olmo2", "tiny-starcoder2", "tiny-gpt-bigcode", "tiny-cohere", "tiny-granite", "tiny-stablelm",
+       "tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-smollm3", "tiny-glm4", "tiny-exaone4", "tiny-ernie4-5", "tiny-gpt-oss",
+       "tiny-llama4")
+
+
+MISSES = {  # measured on this case (b=2, s=32); cause not yet found unless stated (docs/architectures.md, Limits)
+    "tiny-phi": "saved activations -16,384 B (-3.4 %) with LoRA on every linear layer (GELU MLPs: also gpt2, bigcode)",
+    "tiny-starcoder2": "saved activations -16,384 B (-3.4 %) with LoRA on every linear layer",
+    "tiny-gpt-bigcode": "saved activations -16,384 B (-3.4 %) with LoRA on every linear layer",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=MISSES[n])) if n in MISSES
+                                  else n for n in NEW])
+def test_learned_architectures_against_torch(name):
+    # one demanding case per architecture learned from transformers (docs/architectures.md): autocast,
+    # eager attention, checkpointing, LoRA on every linear layer (bench/accuracy/run.py runs the whole matrix)
+    # (Llama-4's router subclasses nn.Linear but returns a tuple, which peft 0.21 cannot adapt: named targets)
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj") if name == "tiny-llama4" \
+        else ("all-linear",)
+    m, fields = measure(name, precision="bf16-mixed", attn="eager", ckpt=True, method="lora", targets=targets)
+    check(m, fields, tolerance=(0.01, 0.01))
 
 
 @pytest.mark.parametrize("optim", ["adamw_torch", "adamw_torch_fused", "adamw_torch_single", "sgd", "adafactor"])

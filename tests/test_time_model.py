@@ -181,6 +181,25 @@ def test_work_records_count_six_n_for_full_fine_tuning():
     assert att == 32 * 4 * 32 * 512 * 512 * 128 / 2
 
 
+def test_aten_work_of_views_in_place_ops_and_products():
+    from fitplan.builtin.op_work import aten
+    from fitplan.builtin.step_trace import T
+
+    x = T(0, 6 * 4, "f32", True)
+    view = T(0, 6 * 4, "f32", True)
+    assert aten("view", {"self": x}, [view], [], [], [], 0, True) is None  # a view launches nothing
+    inplace = aten("add_.Tensor", {"self": x}, [view], [], [], [], 0, True)
+    assert [k.bytes for k in inplace.fwd] == [2 * 24 * 4]  # reads and writes its 24 fp32 elements
+    # (6 × 4) @ (4 × 10) with shapes unknown: K² = 24 · 40 / 60; 2·6·4·10 FLOPs; both operands and the output once
+    w = T(-1, 4 * 10, "f32", True, param=True)
+    out = T(1, 6 * 10, "f32", True)
+    work = aten("mm", {"self": x, "mat2": w}, [out], [x, w], [x], [-1], 160, True)
+    assert [(k.kind, k.flops, k.bytes) for k in work.fwd] == [("gemm", 480, (24 + 40 + 60) * 4)]
+    assert [k.flops for k in work.bwd] == [480, 480]  # the input and the weight gradient
+    frozen = aten("mm", {"self": x, "mat2": T(-1, 40, "f32", False, param=True)}, [out], [], [x], [-1], 0, True)
+    assert len(frozen.bwd) == 1  # a frozen weight has no weight-gradient GEMM
+
+
 def test_checkpointing_recomputes_the_forward():
     e = fitplan.estimate(model="llama-2-7b", precision="bf16-true", gradient_checkpointing=True, max_seq_length=512)
     work = e["step_trace"].work

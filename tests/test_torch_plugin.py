@@ -247,7 +247,9 @@ def test_model_without_architecture_cannot_be_built():
 
 def test_unbuildable_config_is_a_fitplan_error(tmp_path):
     cfg = load_config("tiny-llama")
-    cfg["hidden_act"] = "no-such-activation"
+    # a field the memory model does not read (the learned file has no switch on it) but transformers does:
+    # an unknown activation is refused by fitplan itself now (a switch not learned)
+    cfg["rope_parameters"] = {"rope_type": "no-such-rope", "rope_theta": 10000.0}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     est = fitplan.estimate(model=str(tmp_path / "config.json"), max_seq_length=16)
     with pytest.raises(FitplanError, match="cannot build"):
@@ -258,12 +260,19 @@ def test_unbuildable_config_is_a_fitplan_error(tmp_path):
     ({"precision": "16-master", "zero_stage": 2, "num_gpus": 2}, "refuses fp16"),
     ({"attn_implementation": "flash_attention_2"}, "CUDA only"),
     ({"tensor_parallel": 2, "num_gpus": 2}, "tensor parallelism"),
-    ({"fsdp": "full_shard", "num_gpus": 2}, "accelerate's fsdp2"),
+    ({"fsdp": "full_shard", "num_gpus": 2, "offload_optimizer": True, "offload_params": True}, "pins host memory"),
+    ({"fsdp": "full_shard", "num_gpus": 2, "precision": "16-mixed"}, "runs fp32 and bf16"),
 ])
 def test_what_the_cpu_cannot_run_is_refused_clearly(fields, match):
     est = fitplan.estimate(model=config_path("tiny-llama"), max_seq_length=16, **fields)
     with pytest.raises(FitplanError, match=match):
         fitplan_torch.validate(est, mode="cpu")
+
+
+def test_accelerate_fsdp_needs_real_ranks_on_the_cpu():
+    est = fitplan.estimate(model=config_path("tiny-llama"), max_seq_length=16, fsdp="full_shard", num_gpus=2)
+    with pytest.raises(FitplanError, match="accelerate FSDP referee runs real gloo ranks"):
+        fitplan_torch.validate(est, mode="fake")
 
 
 def test_cuda_mode_without_a_gpu_is_refused():

@@ -6,18 +6,22 @@
 
 Groups:
 
-* ``tiny``: the eight tiny architectures in tests/data/configs × precision {32-true, bf16-true, bf16-mixed}
-  × attention {eager, sdpa} × checkpointing {off, on} × method {full, lora}, real steps on the CPU
-  (or on the GPU with ``--device cuda``), batch 2 × 128 tokens.
+* ``tiny``: the tiny config of every bundled model type (tests/data/configs, 30) × precision {32-true,
+  bf16-true, bf16-mixed} × attention {eager, sdpa where the model has it} × checkpointing {off, on} × method
+  {full, LoRA on all linear layers}, real steps on the CPU (or on the GPU with ``--device cuda``), batch 2 ×
+  128 tokens.
 * ``shapes``: Llama-2 7B / 13B / 70B shapes under FakeTensorMode (CPU; real steps with ``--device cuda``
   where they fit on the GPU).
 * ``sharded``: ZeRO-1 (DDP + ZeroRedundancyOptimizer) and FSDP2 ZeRO-2/ZeRO-3, two real gloo ranks on a
   tiny model, and rank 0 of 8 under a fake process group for the 7B shape.
 * ``stacks``: the stacks users run, on the CPU: DeepSpeed 0.19.8 ZeRO 0-3 (bf16 and fp32, optimizer and
-  parameter offload, default and small buckets, 2 and 4 gloo ranks; ZeRO-3 + LoRA on four model types, with
-  and without checkpointing), bitsandbytes 0.50.2 QLoRA (nf4 / fp4,
-  double quantisation, an MoE model whose fused experts stay 16-bit) and 8-bit optimizers.
-  ``--groups stacks --out docs/accuracy-stacks.md --json bench/accuracy/results-stacks.json``.
+  parameter offload, default and small buckets, 2 and 4 gloo ranks; ZeRO-3 + LoRA on four model types, with and without
+  checkpointing), bitsandbytes 0.50.2 QLoRA (nf4 / fp4,
+  double quantisation, an MoE model whose fused experts stay 16-bit), 8-bit optimizers, and accelerate 1.16's
+  FSDP2 / FSDP1 as the HF Trainer sets them up (bf16 / fp32, full_shard / shard_grad_op, activation
+  checkpointing, LoRA, 2 and 4 gloo ranks).
+  ``--groups stacks --out docs/accuracy-stacks.md --json bench/accuracy/results-stacks.json``; ``--only accelerate``
+  (or ``--only zero3``) reruns the cases whose id contains it and keeps the other rows of the previous JSON.
 
 Prints the median and worst relative error per component, and writes a Markdown report (and the raw
 rows as JSON). Relative error = (predicted − measured) / measured: positive when fitplan over-predicts.
@@ -41,17 +45,26 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "data" / "configs"
 COMPONENTS = ("parameters", "gradients", "optimizer_states", "activations", "peak", "master_weights", "comm_buffers")
-ARCHS = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-gemma", "tiny-phi3", "tiny-gpt2", "tiny-mixtral", "tiny-gpt-neox")
-LORA_TARGETS = {"tiny-phi3": ("qkv_proj",), "tiny-gpt-neox": ("query_key_value",), "tiny-gpt2": ("c_attn",)}
+ARCHS = tuple(sorted(p.name for p in CONFIGS.glob("tiny-*")))
+"""Every tiny config: one per bundled model type (docs/architectures.md), every switch of it on."""
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    # Llama-4's router subclasses nn.Linear but returns a tuple: peft 0.21 fails on it under all-linear
+    "tiny-llama4": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+}
+"""LoRA runs adapt every linear layer (peft's ``all-linear``) unless named here."""
 TINY_BATCH, TINY_SEQ = 2, 128
 
 
 def tiny_cases(quick: bool) -> list[dict[str, Any]]:
     out = []
     archs = ARCHS[:2] if quick else ARCHS
+    from fitplan.builtin.archfile import load
+
     for name in archs:
+        mt = json.loads((CONFIGS / name / "config.json").read_text())["model_type"]
+        attns = load(mt).data.get("attn_implementations") or ("eager", "sdpa")
         for precision in ("32-true", "bf16-true", "bf16-mixed"):
-            for attn in ("eager", "sdpa"):
+            for attn in [a for a in ("eager", "sdpa") if a in attns]:
                 for ckpt in (False, True):
                     for method in ("full", "lora"):
                         if quick and (attn == "eager" or precision == "bf16-mixed"):
@@ -60,10 +73,18 @@ def tiny_cases(quick: bool) -> list[dict[str, Any]]:
                                       gradient_checkpointing=ckpt, method=method, per_device_train_batch_size=TINY_BATCH,
                                       max_seq_length=TINY_SEQ)
                         if method == "lora":
-                            fields["lora_target_modules"] = LORA_TARGETS.get(name, ("q_proj", "v_proj"))
+                            fields["lora_target_modules"] = LORA_TARGETS.get(name, ("all-linear",))
                         cid = f"{name} {precision} {attn}{' ckpt' if ckpt else ''} {method}"
                         out.append({"group": "tiny", "id": cid, "fields": fields, "mode": "cpu"})
     return out
+
+
+def _attn_of(model: str) -> str:
+    import fitplan
+    from fitplan.builtin.archfile import load
+
+    impls = load(fitplan.estimate(model=model).arch.model_type).data.get("attn_implementations") or ["sdpa"]
+    return "sdpa" if "sdpa" in impls else impls[0]
 
 
 def shape_cases(quick: bool) -> list[dict[str, Any]]:
@@ -78,11 +99,22 @@ def shape_cases(quick: bool) -> list[dict[str, Any]]:
         ("llama-2-13b", dict(precision="bf16-true", gradient_checkpointing=True, per_device_train_batch_size=4)),
         ("llama-2-70b", dict(precision="bf16-true", gradient_checkpointing=True)),
     ]
+    # one published size per learned family (docs/architectures.md), bf16 with SDPA where the model has it
+    for model in ("mistral-7b", "mixtral-8x7b", "qwen2.5-7b", "qwen1.5-moe-a2.7b", "qwen3-8b", "qwen3-30b-a3b", "gemma-7b",
+                  "gemma-2-9b", "gemma-3-4b", "phi-2", "phi-3-mini", "gpt2-xl", "pythia-6.9b", "falcon-7b", "olmo-7b",
+                  "olmo-2-7b", "starcoder2-7b", "starcoder", "command-r-v01", "granite-3.0-8b", "stablelm-2-1.6b",
+                  "deepseek-v2-lite", "smollm3-3b", "glm-4-9b-0414", "exaone-4.0-32b", "ernie-4.5-0.3b", "gpt-oss-20b",
+                  "llama-4-scout-17b-16e"):
+        rows.append((model, dict(precision="bf16-true", attn_implementation=_attn_of(model))))
+        rows.append((model, dict(precision="bf16-mixed", gradient_checkpointing=True, attn_implementation=_attn_of(model),
+                                 method="lora", lora_r=16, lora_target_modules=("all-linear",))))
     if quick:
         rows = rows[:1]
     out = []
     for model, extra in rows:
         fields = {"model": model, "attn_implementation": "sdpa", "per_device_train_batch_size": 1, "max_seq_length": 512, **extra}
+        if "lora_target_modules" in extra:
+            extra = {k: v for k, v in extra.items() if k != "lora_target_modules"} | {"lora": "all-linear"}
         tag = " ".join(f"{k}={v}" for k, v in extra.items())
         out.append({"group": "shapes", "id": f"{model} b{fields['per_device_train_batch_size']} s512 {tag}", "fields": fields,
                     "mode": "fake"})
@@ -155,9 +187,27 @@ def stack_cases(quick: bool) -> list[dict[str, Any]]:
         ("paged_adamw_8bit tiny-llama 32-true", dict(model=tiny, precision="32-true", per_device_train_batch_size=TINY_BATCH,
                                                      max_seq_length=TINY_SEQ, optim="paged_adamw_8bit")),
     ]
+    rows += accelerate_fsdp_rows(tiny)
     if quick:
         rows = [r for r in rows if r[0] in ("deepspeed zero2 bf16 2 ranks", "qlora tiny-llama nf4 double-quant")]
     return [{"group": "stacks", "id": cid, "fields": f, "mode": "cpu"} for cid, f in rows]
+
+
+def accelerate_fsdp_rows(tiny: str) -> list[tuple[str, dict[str, Any]]]:
+    """accelerate 1.16 FSDP2 (the Trainer's default) and FSDP1 (``--stack fsdp1``), gloo ranks on the CPU."""
+    base = dict(model=tiny, per_device_train_batch_size=TINY_BATCH, max_seq_length=TINY_SEQ, num_gpus=2, fsdp="full_shard",
+                precision="bf16-mixed")
+    lora = dict(method="lora", lora_target_modules=("q_proj", "v_proj"))
+    rows = []
+    for v in ("fsdp2", "fsdp1"):
+        f = dict(base, stack=v)
+        rows += [(f"accelerate {v} full_shard bf16 2 ranks", f),
+                 (f"accelerate {v} full_shard fp32 2 ranks", dict(f, precision="32-true")),
+                 (f"accelerate {v} full_shard bf16 activation checkpointing", dict(f, gradient_checkpointing=True)),
+                 (f"accelerate {v} full_shard bf16 lora", dict(f, **lora)),
+                 (f"accelerate {v} full_shard bf16 4 ranks", dict(f, num_gpus=4))]
+    rows.insert(1, ("accelerate fsdp2 shard_grad_op bf16 2 ranks", dict(base, stack="fsdp2", fsdp="shard_grad_op")))
+    return rows
 
 
 def run_case(case: dict[str, Any], device: str) -> dict[str, Any]:
@@ -244,7 +294,8 @@ def markdown(rows: list[dict[str, Any]], args, elapsed: float) -> str:
         f"Generated by `bench/accuracy/run.py{' --device cuda' if args.device == 'cuda' else ''}` on "
         f"{datetime.date.today().isoformat()} ({platform.machine()}, {os.cpu_count()} CPUs; "
         f"torch {v.get('torch')}, transformers {v.get('transformers')}, peft {v.get('peft')}; {core}) "
-        f"in {elapsed / 60:.1f} minutes. "
+        f"in {elapsed / 60:.1f} minutes"
+        f"{f' (only the cases whose id contains {args.only!r} were rerun; the other rows are the previous run' + chr(39) + 's)' if getattr(args, 'only', '') else ''}. "
         "Rerun it to refresh this page; `docs/validation.md` explains what is measured.",
         "",
         "Relative error = (predicted − measured) / measured: **positive when fitplan over-predicts**. "
@@ -261,7 +312,7 @@ def markdown(rows: list[dict[str, Any]], args, elapsed: float) -> str:
                + f" (batch {TINY_BATCH} × {TINY_SEQ} tokens, AdamW foreach)"),
               ("shapes", "Real-size shapes" + (" on CUDA" if args.device == "cuda" else " under FakeTensorMode (no memory used)")),
               ("sharded", "Sharding, measured per rank (rank 0 shown)"),
-              ("stacks", "Stacks users run: DeepSpeed, bitsandbytes QLoRA and 8-bit optimizers (rank 0 shown)")]
+              ("stacks", "Stacks users run: DeepSpeed, accelerate FSDP, bitsandbytes QLoRA and 8-bit optimizers (rank 0 shown)")]
     lines += ["## Summary", "", "| group | component | cases | exact | median abs. error | worst error | worst case |",
               "|---|---|---:|---:|---:|---:|---|"]
     for g, _ in groups:
@@ -319,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", default="tiny,shapes,sharded", help="comma-separated: tiny, shapes, sharded, stacks")
     ap.add_argument("--out", default=str(ROOT / "docs" / "accuracy.md"), help="Markdown report")
     ap.add_argument("--json", default=str(ROOT / "bench" / "accuracy" / "results.json"), help="raw rows")
-    ap.add_argument("--resume", action="store_true",
-                    help="keep the rows --json already holds (a run cut short) and run only the missing cases")
+    ap.add_argument("--only", default="", help="run only the cases whose id contains this text; the other cases' "
+                    "rows are kept from --json (the previous run)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -344,17 +395,20 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = []
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    done: dict[str, dict[str, Any]] = {}
-    if args.resume and Path(args.json).exists():
-        done = {r["id"]: r for r in json.loads(Path(args.json).read_text(encoding="utf-8")) if "error" not in r}
-    reused = sum(r["seconds"] for r in done.values() if r["id"] in {c["id"] for c in cases})
+    previous = {}
+    if args.only and Path(args.json).exists():
+        previous = {r["id"]: r for r in json.loads(Path(args.json).read_text(encoding="utf-8"))}
     for i, case in enumerate(cases, 1):
-        row = done.get(case["id"]) or run_case(case, args.device)
+        if args.only and args.only not in case["id"]:
+            if case["id"] in previous:
+                rows.append(previous[case["id"]])
+            continue
+        row = run_case(case, args.device)
         rows.append(row)
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")  # partial results survive a timeout
         status = row.get("error") or " ".join(f"{k[:5]} {pct(v['relative_error'])}" for k, v in row["components"].items())
         print(f"[{i}/{len(cases)}] {row['seconds']:6.1f}s {case['id']}: {status}", flush=True)
-    elapsed = time.perf_counter() - t0 + reused
+    elapsed = time.perf_counter() - t0
     print(f"\n{len(rows)} cases in {elapsed / 60:.1f} min")
     for g in ("tiny", "shapes", "sharded", "stacks"):
         for comp, s in stats([r for r in rows if r["group"] == g]).items():

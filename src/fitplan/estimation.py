@@ -13,6 +13,7 @@ import attrs
 from fitplan.errors import FitplanError
 from fitplan.inputs import architecture
 from fitplan.inputs import scenario as sc
+from fitplan.inputs.typical import typical_spec
 from fitplan.pluginmgr.registry import Registry
 from fitplan.rulesets.loader import Rulesets
 from fitplan.units import parse_count
@@ -23,7 +24,10 @@ def resolve_arch(s: sc.Scenario, rules: Rulesets) -> architecture.ModelSpec:
     if m.model and m.params:
         raise FitplanError("give either --model or --params, not both", field="model", value=f"{m.model} / {m.params}")
     if m.params:
-        return architecture.bare_spec(parse_count(m.params))
+        count = parse_count(m.params)
+        if m.assumptions == "seed":  # the seed chapter's view: a count, no shapes, no activations
+            return architecture.bare_spec(count)
+        return typical_spec(count, rules)
     if not m.model:
         raise FitplanError("no model given", field="model",
                            suggestion="pass --model NAME (see `fitplan models list`), --model path/to/config.json, or --params 7B")
@@ -67,6 +71,15 @@ def model_source(text: str, rules: Rulesets) -> tuple[str, Any]:
 
 def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = None) -> list[str]:
     out = []
+    if arch.family == "approximate":
+        out.append(f"--params gives no architecture: activations, logits and the step peak are for a typical shape "
+                   f"({arch.name.split('(approximate: ', 1)[-1].rstrip(')')}, {arch.num_hidden_layers} layers, "
+                   f"vocabulary {arch.vocab_size}) and are approximate; pass --model CONFIG.json for the real shape")
+    attn = s.training.attn_implementation
+    if arch.attn_implementations and attn not in arch.attn_implementations:
+        out.append(f"{arch.name} has no {attn} attention in its transformers code: it runs "
+                   f"{arch.attn_implementations[0]} attention, as transformers chooses when none is given "
+                   f"(and refuses when {attn} is asked for explicitly)")
     world = s.hardware.num_gpus * s.hardware.num_nodes
     p = s.parallel
     if (p.zero_stage or p.fsdp) and world // p.tensor_parallel <= 1:
@@ -77,7 +90,7 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = N
         out.append("--offload-params only applies with ZeRO stage 3 / FSDP full_shard: ignored")
     if s.model.method == "full" and s.lora != sc.Lora():
         out.append("LoRA options given with --method full: they are ignored (use --method lora or qlora)")
-    if s.training.max_seq_length > arch.max_position_embeddings and not arch.is_bare:
+    if s.training.max_seq_length > arch.max_position_embeddings and not arch.is_bare and arch.family != "approximate":
         what = ("its learned position table has no row beyond it: the embedding lookup raises IndexError (use "
                 f"--max-seq-length {arch.max_position_embeddings} or less)" if arch.learned_positions else
                 "rotary positions run past it without an error (transformers does not check it), but the model was "
@@ -136,7 +149,7 @@ def check_optimizer(s: sc.Scenario, spec: Any, world: int) -> None:
 def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any = None) -> None:
     """Errors that need the architecture (or the optimizer) to detect."""
     if s.model.method != "full":
-        if arch.is_bare:
+        if arch.is_bare or arch.family == "approximate":
             raise FitplanError("LoRA/QLoRA needs the model's architecture", field="method", value=s.model.method,
                                suggestion="use --model NAME or a config.json instead of --params")
         if s.lora.lora_r > arch.hidden_size:

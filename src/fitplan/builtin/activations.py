@@ -76,7 +76,10 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
     ``(precision, adapter dtype, 4-bit compute dtype, Linears save their input)``.
 
     * accelerate FSDP under ``*-mixed``: parameters are gathered in 16 bits by FSDP's mixed-precision policy
-      and the forward runs on them (builtin/sharding/fsdp.py): the ``*-true`` trace, no autocast copies;
+      and the forward runs on them (builtin/sharding/fsdp.py): the ``*-true`` trace, no autocast copies; the
+      LoRA adapters too are gathered in 16 bits (FSDP2 casts every sharded parameter to ``param_dtype``:
+      torch/distributed/fsdp/_fully_shard/_fsdp_param.py ``init_dtype_attrs``, 586-601; FSDP1 every flat
+      parameter: _flat_param.py 1265-1300), so peft casts no input to fp32 for them (measured, fitplan-torch);
     * QLoRA with ``kbit_preparation = "peft"`` (``prepare_model_for_kbit_training``, peft/utils/other.py:204-209)
       casts every non-quantized parameter to fp32, so the residual stream, norms, attention and LM head run in
       fp32 (``Linear4bit`` returns its input's dtype): the ``32-true`` trace with 4-bit matmuls in
@@ -92,6 +95,8 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
     from fitplan.inputs.precision import PRESETS
 
     adapter = "fp32" if autocast_adapter_dtype else PRESETS[precision].weight_dtype
+    if sharding_kind.startswith("hf_fsdp") and PRESETS[precision].autocast:
+        adapter = PRESETS[precision].compute_dtype  # FSDP gathers the adapters in param_dtype too (module doc)
     if sharding_kind.startswith("ds") and PRESETS[precision].master:
         adapter = PRESETS[precision].weight_dtype  # DeepSpeed casts every parameter, adapters too (engine.py:2080-2088)
     if method == "qlora":
@@ -187,10 +192,32 @@ def autocast_weight_copy_bytes(step_trace):
     return 0 if step_trace is None else step_trace.autocast_copy_bytes
 
 
+@quantity("routing")
+def moe_routing(arch, per_device_train_batch_size, max_seq_length):
+    """How MoE memory depends on routing, and what fitplan assumes (None for dense models).
+
+    transformers 5 runs experts with ``grouped_mm`` by default: the b·s tokens are sorted by expert and all
+    k·b·s (token, expert) rows go through one grouped matmul per projection, so every saved tensor and
+    transient is sized by k·b·s, whatever the router chooses: the activations do not depend on the
+    routing. Per expert the rows range from k·b·s/E (balanced routing, what FLOPs and time assume) to
+    b·s (a bound: each token visits an expert at most once, so one expert gets at most every token).
+    The ``eager`` experts implementation (a Python loop over the experts hit) allocates per expert and is
+    not modelled."""
+    if not getattr(arch, "num_experts", 0):
+        return None
+    k, E = arch.num_experts_per_tok or 1, arch.num_experts
+    T = int(per_device_train_batch_size) * int(max_seq_length)
+    return {"experts": E, "top_k": k, "expert_rows": k * T, "rows_per_expert_balanced": k * T / E,
+            "rows_per_expert_bound": T,
+            "assumption": f"grouped_mm experts: all {k * T} (token, expert) rows are processed together, so memory does "
+                          f"not depend on routing; balanced routing ({k * T / E:g} rows per expert) is assumed for "
+                          f"FLOPs; one expert receives at most {T} rows"}
+
+
 @hookimpl
 def fitplan_register_quantities(register):
     for q in (trace_setup, step_trace_without_checkpointing, step_trace, activation_bytes_per_layer, activation_bytes_korthikanti, activation_bytes, logits_bytes,
-              autocast_weight_copy_bytes):
+              autocast_weight_copy_bytes, moe_routing):
         register(q)
 
 

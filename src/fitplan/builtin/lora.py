@@ -32,31 +32,89 @@ NF4_BLOCK = 64
 DOUBLE_QUANT_BLOCK = 256
 
 
-def _matches(module: str, targets) -> bool:
-    return module in targets or module.rsplit(".", 1)[-1] in targets or "all-linear" in targets
-
-
 def adapter_tensors(arch, lora_r, lora_target_modules):
-    """The LoRA A and B tensors for every targeted Linear weight of ``arch``."""
-    out = []
-    matched = set()
-    for g in arch.param_groups():
-        if not (g.layer and g.is_matrix and g.name.endswith(".weight")) or g.module == "router":
+    """The LoRA A and B tensors peft 0.21 creates for ``lora_target_modules`` on ``arch``
+    (:mod:`.lora_targets`): A (r, in) and B (out, r) per targeted ``nn.Linear`` / ``Conv1D``; for MoE
+    models whose experts peft maps to parameter targets (the learned file's ``lora.parameter_targets``),
+    ``lora.ParamWrapper`` factors A (r·E, in) and B (out, r·E) per expert stack (r doubled for the fused
+    ``gate_up_proj``) and A (r, in), B (out, r) for a 2-D router weight."""
+    from .lora_targets import ALL_LINEAR, lora_site_matches, unmatched_targets
+
+    targets = tuple(lora_target_modules)
+    groups = arch.param_groups()
+    out: dict[tuple[int, ...], int] = {}
+    linear = [g for g in groups if g.linear is not None]
+    from .archfile import load
+
+    af = load(arch.model_type)
+    names: list[str] = []
+    # every concrete Linear weight, in the layers whose kind has it (a shared expert in the MoE layers only)
+    for name, shape, role, _, _, entry in af.param_list(dict(arch.symbols)):
+        if not role.startswith("linear:"):
             continue
-        if _matches(g.module, lora_target_modules):
-            matched.add(g.module)
-            outf, inf = g.shape[-2], g.shape[-1]
-            out.append(((lora_r, inf), g.count))
-            out.append(((outf, lora_r), g.count))
-    missing = [t for t in lora_target_modules if t != "all-linear" and not any(_matches(m, (t,)) for m in matched)]
+        path = name.rsplit(".", 1)[0]
+        names.append(path)
+        if lora_site_matches(path, targets, af):
+            in_f, out_f = (shape[0], shape[1]) if len(entry) > 6 and entry[6] == "conv1d" else (shape[1], shape[0])
+            for shape_ in ((lora_r, in_f), (out_f, lora_r)):
+                out[shape_] = out.get(shape_, 0) + 1
+    param_targets = _parameter_targets(af, targets)
+    for g in groups:
+        leaf = g.name.rsplit(".", 1)[-1]
+        key = next((t for t in param_targets if g.name.endswith("." + t)), None)
+        if key is None:
+            continue
+        mult = param_targets[key]
+        if len(g.shape) >= 3:
+            e, out_f, in_f = g.shape[0], g.shape[-2], g.shape[-1]
+            shapes = ((lora_r * mult * e, in_f), (out_f, lora_r * mult * e))
+        else:
+            out_f, in_f = g.shape[0], g.shape[-1]
+            shapes = ((lora_r * mult, in_f), (out_f, lora_r * mult))
+        names.append(g.name)
+        del leaf
+        for shape in shapes:
+            out[shape] = out.get(shape, 0) + g.count
+    missing = unmatched_targets(targets, names + list(_converted_names(af)))
     if missing or not out:
-        modules = sorted({g.module for g in arch.param_groups() if g.layer and g.is_matrix and g.module != "router"})
+        modules = sorted({g.path.rsplit(".", 1)[-1] for g in linear} | set(_converted_names(af)))
         raise FitplanError(
-            f"LoRA target module(s) {', '.join(missing) or ', '.join(lora_target_modules)} not found in {arch.name}",
-            field="lora_target_modules", value=",".join(lora_target_modules),
-            suggestion="modules of this model: " + ", ".join(modules),
+            f"LoRA target module(s) {', '.join(missing) or ', '.join(targets)} not found in {arch.name}",
+            field="lora_target_modules", value=",".join(targets),
+            suggestion="modules of this model: " + ", ".join(modules) + f", or {ALL_LINEAR}",
         )
-    return tuple(out)
+    return tuple(out.items())
+
+
+def _converted_names(af) -> list[str]:
+    return list(af.lora.get("parameter_targets", {}))
+
+
+def _parameter_targets(af, targets: tuple[str, ...]) -> dict[str, int]:
+    """peft's v4 -> v5 MoE conversion (``utils/transformers_weight_conversion.py``): which parameters the
+    targets reach, with the rank multiplier of a fused parameter (``gate_up_proj``: w1 + w3 -> 2r)."""
+    from .lora_targets import ALL_LINEAR, is_regex
+
+    conv = af.lora.get("parameter_targets", {})
+    if not conv:
+        return {}
+    if len(targets) == 1 and targets[0].lower() == ALL_LINEAR:
+        chosen = set(conv)
+    elif is_regex(targets):
+        import re
+
+        chosen = {k for k in conv if re.fullmatch(targets[0], k) or re.search(targets[0], k)}
+    else:
+        chosen = {k for k in conv if any(t == k or t.endswith("." + k) for t in targets)}
+    out: dict[str, int] = {}
+    for k in chosen:
+        param, fused = conv[k]
+        group = [o for o, (p2, _) in conv.items() if p2 == param]
+        if fused > 1 and not all(o in chosen for o in group):
+            raise FitplanError(f"LoRA target {k!r} is fused with {', '.join(sorted(set(group) - {k}))} into {param!r} "
+                               "in transformers 5: peft needs them all", field="lora_target_modules", value=k)
+        out[param] = fused if fused > 1 else 1
+    return out
 
 
 @reducer("trainable_tensors", when=lambda method: method in ("lora", "qlora"))
@@ -72,10 +130,10 @@ DOUBLE_QUANT_CONSTANTS = 256 * 4 + 4
 
 
 def quantized_groups(arch):
-    """The parameter groups bitsandbytes stores in 4 bits: the Linear weights inside the decoder layers (not
-    the routers, not the fused 3-D experts, whose names have no ``.weight``)."""
-    return [g for g in arch.param_groups()
-            if g.layer and g.is_matrix and g.name.endswith(".weight") and g.module != "router" and len(g.shape) == 2]
+    """The parameter groups bitsandbytes stores in 4 bits: the weights of the ``nn.Linear`` / ``Conv1D`` call
+    sites inside the decoder layers, as the learned file records them (not a router that is a bare
+    ``nn.Parameter``, not the fused 3-D experts, not a subclass of ``nn.Linear`` with its own forward)."""
+    return [g for g in arch.param_groups() if g.layer and g.linear is not None and not g.custom_linear]
 
 
 def quantized_param_count(arch) -> int:
@@ -133,7 +191,10 @@ def qlora_line(values, arch, kbit_preparation: str) -> str | None:
     experts = sum(g.total for g in arch.param_groups() if g.layer and len(g.shape) == 3)
     dtype = {"peft": "fp32 (prepare_model_for_kbit_training)", "trl": "the load dtype (TRL: no k-bit preparation)",
              "none": "the load dtype"}[kbit_preparation]
+    custom = sum(g.total for g in arch.param_groups() if g.layer and g.custom_linear)
     what = f"{experts / 1e9:.2f}B in fused MoE experts, " if experts else ""
+    if custom:  # transformers 5.24 replaces modules whose type is nn.Linear (integrations/bitsandbytes.py:189)
+        what += f"{custom / 1e9:.2f}B in subclasses of nn.Linear, "
     return (f"bitsandbytes quantized {q / 1e9:.2f}B Linear parameters to 4 bits; {kept / 1e9:.2f}B stay unquantized "
             f"({what}embeddings, norms, head) in {dtype}: {values['qlora_unquantized_bytes'] / 1e9:.2f} GB")
 

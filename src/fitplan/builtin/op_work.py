@@ -1,18 +1,20 @@
 """The work of one training step, op by op: FLOPs, bytes moved and kernel launches, for the time model.
 
-The step trace (:mod:`fitplan.builtin.step_trace`) records every op of one micro-step with its tensors'
-sizes and dtypes. Each op also carries a :class:`Work`: the kernels its forward and its backward launch,
-each with its class, the dtype whose FLOP peak applies, its FLOPs and the bytes it reads and writes. When
-the trace is built, :func:`step_work` turns them into the flat, documented record list the time model
-prices (:class:`OpWork`, ``StepTrace.work``; docs/time-and-cost.md, "The step trace's work records"):
-any replay that provides the same list (a learned architecture's, a measured profile's) gets the same
-time model.
+The step trace (:mod:`fitplan.builtin.step_trace`) replays every aten op of one micro-step, as a learned
+architecture file records it, with its tensors' sizes and dtypes. Each op also carries a :class:`Work`
+(:func:`aten`, from the op's name and its tensors): the kernels its forward and its backward launch, each
+with its class, the dtype whose FLOP peak applies, its FLOPs and the bytes it reads and writes. When the
+trace is built, :func:`step_work` turns them into the flat, documented record list the time model prices
+(:class:`OpWork`, ``StepTrace.work``; docs/time-and-cost.md, "The step trace's work records"): any replay
+that provides the same list (a measured profile's) gets the same time model.
 
 How the work of each kind of op is counted (the rules come from how the kernels run):
 
-* **GEMM** (``F.linear``, ``matmul``): ``2·M·K·N`` FLOPs; bytes = both operands and the output once each.
+* **views** (``view``, ``t``, ``expand``, ``slice``...: every output aliases an input) launch nothing.
+* **GEMM** (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``_grouped_mm``): ``2·M·K·N`` FLOPs; bytes = both operands and the output once each.
   Backward: the input gradient (same FLOPs: ``grad_out @ W``) when the input requires grad and the weight
-  gradient (``grad_outᵀ @ x``) when the weight trains, two kernels (``MmBackward0``). A frozen weight
+  gradient (``grad_outᵀ @ x``) when the weight trains, two kernels (``MmBackward0``); ``addmm`` with a
+  trained bias also reduces the output gradient. A frozen weight
   (LoRA's base) has no weight-gradient GEMM.
 * **attention** (SDPA flash / memory-efficient kernels): ``4·b·a·s²·d`` FLOPs forward (QKᵀ and PV), halved
   for the causal mask (the kernels skip the blocks above the diagonal: FlashAttention-2, Dao 2023, §3.1);
@@ -40,6 +42,8 @@ from __future__ import annotations
 from typing import Any
 
 from attrs import frozen
+
+from fitplan.builtin.archfile import BYTES
 
 KINDS = ("gemm", "attention", "elementwise", "dequant", "embedding")
 """Op classes: ``gemm`` and ``attention`` are priced on the FLOP peak, the others on memory bandwidth."""
@@ -126,13 +130,6 @@ def attention(b: int, heads: int, s: int, d: int, dtype: str, io_bytes: float, *
     if not backward:
         return Work(fwd)
     return Work(fwd, (Kernel("attention", dtype, FLASH_BACKWARD_FLOPS * flops, 2 * io_bytes),))
-
-
-def flash(b: int, heads: int, s: int, d: int, q, k, v, out, lse) -> Work:
-    """SDPA's flash / memory-efficient kernel on (b, a, s, d) ``q`` and ``k``, ``v``: causal (HF passes
-    ``is_causal`` without a padding mask), reading q, k, v and writing the output and the logsumexp."""
-    io = q.nbytes + k.nbytes + v.nbytes + out.nbytes + lse.nbytes
-    return attention(b, heads, s, d, q.dtype, io, causal=True, backward=q.rg or k.rg or v.rg)
 
 
 def dequant(numel: int, out_elem_bytes: int, *, backward: bool) -> Work:
@@ -244,3 +241,73 @@ def _fused_bytes(tr, ops, run: list[int], last_read: dict[int, int], saved_anywh
     kept = {sid for i in run for sid in ops[i].saved}
     bwd = sum(grad_out.values()) + sum(grad_in.values()) + sum(size[s] for s in kept)
     return float(fwd), float(bwd)
+
+
+# --------------------------------------------------------------------------- the work of a recorded aten op
+
+GEMMS = {"mm": ("self", "mat2"), "addmm": ("mat1", "mat2"), "bmm": ("self", "mat2"),
+         "baddbmm": ("batch1", "batch2"), "_grouped_mm": ("self", "mat2"), "bnb.matmul_4bit": ("A", "B")}
+"""Matrix products and their two operands (the argument names of ``native_functions.yaml``; bitsandbytes'
+``matmul_4bit`` reads the dequantized weight)."""
+FUSED_ATTENTION = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                   "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def aten(name: str, named: dict[str, Any], outs, saved, grad_ins, grad_kinds, param_grad: int, backward: bool):
+    """The kernels of one recorded aten op (a learned architecture's replay): ``named`` maps its argument
+    names to tensors (or lists of them). None when the op launches nothing: every output is a view of an
+    input (``view``, ``t``, ``expand``, ``slice``...; an in-place op, whose name ends in ``_``, writes)."""
+    flat = [t for v in named.values() for t in (v if isinstance(v, list) else [v]) if t is not None]
+    if not name.split(".")[0].endswith("_") and outs and all(_aliases(o, flat) for o in outs):
+        return None
+    if name in GEMMS:
+        return _aten_gemm(name, named, outs[0], backward)
+    if name in FUSED_ATTENTION:
+        return _aten_attention(named, outs, backward)
+    if name == "embedding":
+        w, idx = named["weight"], named["indices"]
+        rows = idx.numel
+        return embedding(rows, outs[0].numel // max(rows, 1), BYTES[w.dtype], w.numel,
+                         BYTES[w.dtype] if (w.rg and backward) else 0)
+    if name == "bnb.dequantize_4bit":
+        return dequant(outs[0].numel, BYTES[outs[0].dtype], backward=False)
+    passes = bool(grad_kinds) and all(k >= 0 for k in grad_kinds) and not param_grad
+    return elementwise(flat, outs, saved, grad_ins, param_grad, backward, passes)
+
+
+def _aliases(o, ins) -> bool:
+    return any(o.sid == t.sid for t in ins)
+
+
+def _contract(a, b, out) -> int:
+    """The summed dimension of ``a @ b``: ``a``'s last dimension when its shape is known, else from the sizes
+    (``(M·K)·(K·N)/(M·N) = K²`` for a matrix product)."""
+    if a.shape:
+        return int(a.shape[-1])
+    return max(1, round((a.numel * b.numel / max(out.numel, 1)) ** 0.5))
+
+
+def _aten_gemm(name: str, named: dict[str, Any], out, backward: bool) -> Work:
+    an, bn = GEMMS[name]
+    a, b = named[an], named[bn]
+    k = _contract(a, b, out)
+    quantized = name == "bnb.matmul_4bit"
+    mm = gemm(out.numel, k, 1, out.dtype, a.nbytes, b.nbytes, out.nbytes, input_grad=backward and a.rg,
+              weight_grad=backward and b.rg and not quantized)
+    extra: tuple[Kernel, ...] = ()
+    bias = named.get("self") if name == "addmm" else None
+    if backward and bias is not None and bias.rg:
+        extra = (Kernel("elementwise", "", 0, out.nbytes),)  # the bias gradient: a reduction of the output's
+    if quantized and backward and a.rg:  # MatMul4Bit.backward dequantizes again for the input gradient
+        extra = dequant(b.numel, BYTES[b.dtype], backward=True).bwd
+    return Work(mm.fwd, extra + mm.bwd)
+
+
+def _aten_attention(named: dict[str, Any], outs, backward: bool) -> Work:
+    q, k, v = named["query"], named["key"], named["value"]
+    shape = q.shape or (1, 1, q.numel, 1)
+    s, d = int(shape[-2]), int(shape[-1])
+    bh = q.numel // max(s * d, 1)
+    io = q.nbytes + k.nbytes + v.nbytes + sum(o.nbytes for o in outs[:2])
+    masked = named.get("attn_mask") is not None or named.get("attn_bias") is not None
+    return attention(1, bh, s, d, q.dtype, io, causal=not masked, backward=backward and (q.rg or k.rg or v.rg))

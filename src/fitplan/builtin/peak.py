@@ -24,6 +24,7 @@ the CPU) reports; ``peak_phase`` names the phase it falls in (``forward``, ``bac
 
 from __future__ import annotations
 
+import functools
 import math
 
 from fitplan.builtin.step_trace import PARTS
@@ -79,7 +80,20 @@ def allocator_rounding_bytes(trainable_tensors, arch, weight_dtype_bytes, traina
     state tensor). Small tensors (norms, biases) lose most. 0 on the CPU."""
     if device != "cuda" or arch.is_bare:
         return 0
-    block = framework.allocator_block_bytes
+    adapters = 2 if method != "full" else 1  # LoRA adapters: their weights and their gradients
+    args = (trainable_tensors, arch, weight_dtype_bytes, trainable_dtype_bytes, int(optimizer_spec.states_per_param),
+            optimizer_state_dtype_bytes, adapters, framework.allocator_block_bytes)
+    try:
+        return _rounding(*args)
+    except TypeError:  # a plugin's reducer made the tensors a list (unhashable): computed, not memoized
+        return _rounding.__wrapped__(*args)
+
+
+@functools.lru_cache(maxsize=256)
+def _rounding(trainable_tensors, arch, weight_dtype_bytes, trainable_dtype_bytes, states, optimizer_state_dtype_bytes,
+              adapters, block) -> int:
+    """:func:`allocator_rounding_bytes` once per distinct input (a pure function of its arguments; a search
+    varies micro-batch and sequence length, which it does not read)."""
 
     def pad(n_bytes: float) -> float:
         return -(-n_bytes // block) * block - n_bytes if n_bytes else 0
@@ -87,10 +101,8 @@ def allocator_rounding_bytes(trainable_tensors, arch, weight_dtype_bytes, traina
     total = 0.0
     for g in arch.param_groups():
         total += pad(g.numel * weight_dtype_bytes) * g.count
-    states = int(optimizer_spec.states_per_param)
     for shape, count in trainable_tensors:
         n = math.prod(shape)
-        adapters = 2 if method != "full" else 1  # LoRA adapters: their weights and their gradients
         total += pad(n * trainable_dtype_bytes) * count * adapters
         total += pad(n * optimizer_state_dtype_bytes) * count * states
     return int(total)

@@ -291,6 +291,17 @@ def cost_lines(est, units: str) -> list[tuple[str, str]]:
     return lines
 
 
+def moe_json(est) -> dict[str, Any] | None:
+    """The MoE routing statement (``moe_routing``: what memory assumes about tokens per expert), MoE models only."""
+    r = est.values.get("moe_routing")
+    return {"moe_routing": r} if r else None
+
+
+def moe_lines(est, units: str) -> list[tuple[str, str]]:
+    r = est.values.get("moe_routing")
+    return [("MoE routing", r["assumption"])] if r else []
+
+
 def idle_line(plan, used: int) -> str | None:
     """The explicit line when more GPUs are paid than used (instances come in fixed shapes)."""
     if plan.gpus_paid <= used:
@@ -301,6 +312,7 @@ def idle_line(plan, used: int) -> str | None:
 
 SECTIONS = (
     ReportSection("memory", memory_json, memory_lines, order=10),
+    ReportSection("moe", moe_json, moe_lines, order=15),
     ReportSection("time", time_json, time_lines, order=20),
     ReportSection("cost", cost_json, cost_lines, order=30),
 )

@@ -11,6 +11,8 @@ interrupted (Ctrl-C).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -18,7 +20,27 @@ from fitplan import __version__
 from fitplan.errors import FitplanError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class Group(click.Group):
+    """A click group whose commands may be added as a name and a loader (:meth:`defer`): the loader runs (and
+    imports the command's module) only when the command is run, or listed by ``--help``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deferred: dict[str, Callable[[], click.Command]] = {}
+
+    def defer(self, name: str, load: Callable[[], click.Command]) -> None:
+        self.deferred[name] = load
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.deferred})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.deferred:
+            self.add_command(self.deferred.pop(cmd_name)(), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="fitplan")
 def cli() -> None:
     """Will a fine-tuning run fit, how long will it take, and what will it cost?"""
@@ -26,7 +48,7 @@ def cli() -> None:
 
 def load_commands(group: click.Group = cli) -> None:
     """Add every plugin's commands (the built-in ones included) to ``group``, once."""
-    if group.commands:
+    if group.commands or getattr(group, "deferred", None):
         return
     from fitplan.pluginmgr.registry import default_registry
 

@@ -24,6 +24,7 @@ node): ``train_hours``, ``gpus_paid``. It sees a view with ``values`` (a mapping
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +60,13 @@ ROLES: dict[str, str] = {
 
 
 def _params(func: Callable[..., Any]) -> tuple[str, ...]:
+    """The parameter names of ``func``, as ``inspect.signature`` gives them; read from the code object for a
+    plain function (no ``*args``/``**kwargs``, not wrapped), which is what ``inspect.signature`` would do
+    there, at a tenth of its cost (a hundred quantities are declared at every start)."""
+    code = getattr(func, "__code__", None)
+    if (type(func) is types.FunctionType and code is not None and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+            and not hasattr(func, "__wrapped__") and not hasattr(func, "__signature__")):
+        return code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
     return tuple(inspect.signature(func).parameters)
 
 

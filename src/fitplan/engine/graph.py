@@ -11,7 +11,9 @@ ordering names, roles held twice, cycles) and orders the nodes lexicographically
 Kahn's algorithm. The networkx DiGraph of the same nodes and edges (:attr:`CompiledGraph.graph`) is built
 on first use, for what needs graph algorithms: naming a cycle, ancestors for the staged evaluation, the
 DOT and Mermaid exports. Importing networkx costs about 0.1 s, so ``fitplan estimate`` never does.
-Evaluation is :func:`fitplan.engine.interpreter.run` over the ordered steps: no hook calls, no graph walks.
+Evaluation runs the ordered steps as one generated straight-line function
+(:func:`fitplan.engine.interpreter.straight_line`; :func:`~fitplan.engine.interpreter.run` names a failing
+step): no hook calls, no graph walks.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import heapq
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
@@ -27,8 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
 
 from fitplan.engine.declarations import Quantity, Reducer
-from fitplan.engine.interpreter import ALIAS, Q, R, run
-from fitplan.errors import GraphError, PluginError, did_you_mean
+from fitplan.engine.interpreter import ALIAS, Q, R, run, straight_line
+from fitplan.errors import FitplanError, GraphError, PluginError, did_you_mean
 
 
 @attrs.frozen
@@ -58,6 +60,14 @@ class CompiledGraph:
     roles: dict[str, str] = attrs.Factory(dict)
     """Role (:data:`fitplan.engine.declarations.ROLES`) -> the quantity that holds it."""
     _graph: Any = None
+    _straight: Any = None
+    """The steps as one generated function (:func:`fitplan.engine.interpreter.straight_line`), made once the
+    graph has been evaluated :attr:`STRAIGHT_AFTER` times."""
+    _evaluations: int = 0
+    STRAIGHT_AFTER: ClassVar[int] = 50
+    """Generating the function costs about as much as a hundred step-by-step evaluations: a command that
+    evaluates a few scenarios (``fitplan estimate``: one and its advice variants) runs the steps one by one;
+    a search, a server or a benchmark generates it."""
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -86,9 +96,22 @@ class CompiledGraph:
         :raises PluginError: a quantity or reducer raised (other than a :class:`FitplanError`, which is
             the user's), or a memory quantity is not a number: the message names the plugin and the quantity.
         """
-        v = dict(inputs)
-        applied: dict[str, bool] = {}
-        run(self.steps, v, applied, self._step_error)
+        straight = self._straight
+        if straight is None:
+            self._evaluations += 1
+            if self._evaluations > self.STRAIGHT_AFTER:
+                straight = self._straight = straight_line(self.steps)
+        if straight is not None:
+            try:
+                v, applied = straight(inputs)
+            except FitplanError:
+                raise
+            except (Exception, SystemExit):  # noqa: BLE001 - run again step by step, which names the plugin
+                straight = None
+        if straight is None:
+            v = dict(inputs)
+            applied = {}
+            run(self.steps, v, applied, self._step_error)
         for name in self.memory:
             x = v[name]
             if type(x) is not int and type(x) is not float and (isinstance(x, bool) or not isinstance(x, numbers.Real)):

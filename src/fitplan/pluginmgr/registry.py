@@ -221,26 +221,32 @@ class Registry:
 
     def register_commands(self, group: Any) -> None:
         """Add every plugin's commands to the click ``group``: each plugin fills its own group, whose commands
-        join ``group`` unless another plugin already added that name (a problem naming both)."""
+        join ``group`` unless another plugin already added that name (a problem naming both). When ``group``
+        can defer commands (:class:`fitplan.cli.Group`), so can each plugin's group, and deferred commands stay
+        deferred."""
         import click
 
         owner: dict[str, str] = {}
         for impl in self._builtins_first(self.pm.hook.fitplan_register_commands.get_hookimpls()):
             plugin = self.pm.get_name(impl.plugin) or repr(impl.plugin)
-            mine = click.Group()
+            mine = type(group)() if hasattr(group, "defer") else click.Group()  # can defer when ``group`` can
             try:
                 impl.function(*[{"cli": mine}[a] for a in impl.argnames])
             except _STOPS as e:
                 self.add_error(_raised(plugin, e, "fitplan_register_commands"))
                 continue
-            for name, command in mine.commands.items():
+            deferred = getattr(mine, "deferred", {})
+            for name, command in [*mine.commands.items(), *deferred.items()]:
                 if name in owner:
                     self.add_error(PluginError(f"command {name!r} is added by plugin {owner[name]!r} and again by plugin "
                                                f"{plugin!r}", field="fitplan_register_commands", value=name,
                                                suggestion=f"block one with {BLOCK_ENV}"))
                     continue
                 owner[name] = plugin
-                group.add_command(command, name)
+                if name in deferred:
+                    group.defer(name, command)
+                else:
+                    group.add_command(command, name)
 
     def ruleset_dirs(self) -> list[str]:
         """Every plugin's ruleset directories, in registration order (see :meth:`ruleset_dirs_by_plugin`)."""

@@ -42,7 +42,6 @@ from typing import Any, ClassVar
 import attrs
 
 from fitplan.errors import FitplanError, unknown
-from fitplan.inputs.convert import CONVERTER, error_lines
 from fitplan.rulesets.schema import (GPU, AdviceRule, FinetuneRun, Framework, Instance, MfuCalibration, MfuRow, ModelEntry,
                                      PolicyRule, Provider, RulesetFile, ThroughputRow, TimeCalibration, TimeEfficiency,
                                      TimeModel)
@@ -65,10 +64,18 @@ def parse_file(path: Path) -> tuple[RulesetFile | None, list[str]]:
 
 
 def _parse(path: Path) -> tuple[RulesetFile | None, list[str]]:
-    from fitplan.inputs.files import read_toml
+    """Parse and validate one file, or take it from its on-disk snapshot (:mod:`fitplan.rulesets.snapshot`:
+    same bytes, same code) when one exists."""
+    from fitplan.inputs.convert import CONVERTER, error_lines
+    from fitplan.inputs.files import decode, loads_toml, read_bytes
+    from fitplan.rulesets import snapshot
 
     try:
-        data = read_toml(path)
+        raw = read_bytes(path)
+        kept = snapshot.load(path, raw)
+        if isinstance(kept, RulesetFile):
+            return kept, []
+        data = loads_toml(decode(raw, file=str(path)), file=str(path))
     except FitplanError as e:
         return None, [e.render()]
     try:
@@ -76,7 +83,10 @@ def _parse(path: Path) -> tuple[RulesetFile | None, list[str]]:
     except Exception as e:  # noqa: BLE001 - cattrs error groups
         return None, [f"{path}: {line}" for line in error_lines(e)]
     problems = _cross_check(parsed, path)
-    return (None if problems else parsed), problems
+    if problems:
+        return None, problems
+    snapshot.store(path, raw, parsed)
+    return parsed, []
 
 
 def ruleset_files(directory: Path) -> list[Path]:

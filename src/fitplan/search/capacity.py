@@ -97,19 +97,7 @@ def largest_fitting(base: sc.Scenario, field: str, ctx, *, headroom: str | float
 # --------------------------------------------------------------------------- Llama-shaped models
 
 
-def llama_config(layers: int) -> dict[str, Any]:
-    """The Llama-shaped config of depth ``layers`` (module doc): L = 32 is Llama-2-7B, L = 40 Llama-2-13B."""
-    h = 128 * layers
-    inter = -(-(8 * h // 3) // 256) * 256
-    return {"model_type": "llama", "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": layers,
-            "num_attention_heads": layers, "num_key_value_heads": layers, "vocab_size": 32000,
-            "max_position_embeddings": 4096, "tie_word_embeddings": False}
-
-
-def llama_spec(layers: int):
-    from fitplan.inputs.architecture import spec_from_config
-
-    return spec_from_config(llama_config(layers), name=f"llama-shaped-L{layers}")
+from fitplan.inputs.typical import REFERENCE, llama_config, llama_spec  # noqa: E402,F401 - the capacity table's models
 
 
 @attrs.frozen

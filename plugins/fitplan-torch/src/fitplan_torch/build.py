@@ -107,8 +107,14 @@ def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str
         enable_checkpointing(model)
     if method in ("lora", "qlora"):
         peft = _deps.peft()
+        lcfg = lora or {}
+        from fitplan.builtin.lora_targets import peft_target_modules
+
+        # one rule for what the targets mean (fitplan.builtin.lora_targets): "all-linear" and a regular
+        # expression go to peft as the string (a list ["all-linear"] would look for a module of that name)
+        targets = tuple(lcfg.get("lora_target_modules", ("q_proj", "v_proj")))
         lc = peft.LoraConfig(r=lcfg.get("lora_r", 8), lora_alpha=lcfg.get("lora_alpha", 16),
-                             target_modules=_targets(lcfg.get("lora_target_modules", ("q_proj", "v_proj"))),
+                             target_modules=peft_target_modules(targets),
                              lora_dropout=lcfg.get("lora_dropout", 0.0), task_type="CAUSAL_LM")
         try:
             with fake_safe_module_to() if fake else contextlib.nullcontext(), warnings.catch_warnings():
@@ -123,12 +129,6 @@ def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str
             after_lora(model, lcfg.get("kbit_preparation", "peft"))
     model.train()
     return model
-
-
-def _targets(targets) -> Any:
-    """peft's ``target_modules``: a list of names, or the string ``"all-linear"`` (every Linear but the output layer)."""
-    targets = list(targets)
-    return "all-linear" if targets == ["all-linear"] else targets
 
 
 def enable_checkpointing(model) -> None:

@@ -1,5 +1,7 @@
 """Sharded runs, measured per rank.
 
+* DeepSpeed (:mod:`.ds_stack`) and accelerate's FSDP1 / FSDP2 (:mod:`.accel_fsdp`): the engine's own code on
+  real gloo ranks.
 * ZeRO-1 (``--zero 1``): ``DistributedDataParallel`` + ``torch.distributed.optim.ZeroRedundancyOptimizer``
   (each rank keeps the optimizer states of its share of the parameters; DDP keeps its gradient buckets).
 * ZeRO-3 / FSDP ``full_shard`` / ``hybrid_shard`` (one node): FSDP2 ``fully_shard`` on every decoder
@@ -31,11 +33,17 @@ from fitplan import FitplanError
 from . import _deps
 from .estimation_bridge import OptimizerRef, RunConfig
 
+ACCELERATE_FSDP = ("fsdp1", "fsdp2")
+"""Stacks run through accelerate's FSDP plugin (:mod:`.accel_fsdp`) on real gloo ranks."""
+
 
 def strategy(rc: RunConfig) -> str:
-    """``deepspeed_zero{N}`` (DeepSpeed, :mod:`.ds_stack`), else ``zero1``, ``fsdp_zero2`` or ``fsdp_zero3``."""
+    """``deepspeed_zero{N}`` (DeepSpeed, :mod:`.ds_stack`), ``accelerate_fsdp{1,2}_{mode}`` (:mod:`.accel_fsdp`),
+    else ``zero1``, ``fsdp_zero2`` or ``fsdp_zero3``."""
     if rc.stack == "deepspeed":
         return f"deepspeed_zero{rc.zero_stage}"
+    if rc.stack in ACCELERATE_FSDP:
+        return f"accelerate_{rc.stack}_{rc.fsdp}"
     stage = max(rc.zero_stage, {"full_shard": 3, "hybrid_shard": 3, "shard_grad_op": 2}.get(rc.fsdp or "", 0))
     return {1: "zero1", 2: "fsdp_zero2", 3: "fsdp_zero3"}.get(stage, "ddp")
 
@@ -129,6 +137,12 @@ def _rank_body(rc: RunConfig, steps: int, fake_tensors: bool, fake_pg: bool = Fa
         from .ds_stack import measure_deepspeed
 
         out = measure_deepspeed(rc, steps)
+        out.update(rank=rank, strategy=strategy(rc))
+        return out
+    if rc.stack in ACCELERATE_FSDP:
+        from .accel_fsdp import measure_accelerate_fsdp
+
+        out = measure_accelerate_fsdp(rc, steps)
         out.update(rank=rank, strategy=strategy(rc))
         return out
     if device == "cuda":

@@ -22,3 +22,11 @@ def fitplan_validate(scenario, estimate, options: dict[str, Any]) -> dict[str, A
     from .runner import run_validation
 
     return run_validation(scenario, estimate, options)
+
+
+@fitplan.hookimpl
+def fitplan_register_commands(cli) -> None:
+    """``fitplan learn-architecture CONFIG``: learn a model type from its transformers code (docs/architectures.md)."""
+    from .learn.command import register
+
+    register(cli)

@@ -12,6 +12,7 @@ Modes:
 
 Sharded scenarios (``--zero`` / ``--fsdp`` with ``--num-gpus N``) run per rank: two real gloo ranks
 on the CPU when N = 2, else one process with torch's fake process group (see :mod:`.distributed`).
+DeepSpeed (:mod:`.ds_stack`) and accelerate's FSDP1 / FSDP2 (:mod:`.accel_fsdp`) always run N real gloo ranks.
 """
 
 from __future__ import annotations
@@ -141,11 +142,16 @@ def _world(estimate) -> int:
 
 def sharded(estimate) -> bool:
     """Data parallel over more than one GPU (DDP, ZeRO-1, FSDP2) or any DeepSpeed run: measured per rank."""
-    return _world(estimate) > 1 or deepspeed(estimate)
+    return _world(estimate) > 1 or engine_stack(estimate)
 
 
 def deepspeed(estimate) -> bool:
     return estimate["stack_name"] == "deepspeed"
+
+
+def engine_stack(estimate) -> bool:
+    """DeepSpeed or accelerate's FSDP: engines that need one real gloo process per rank, on the CPU."""
+    return estimate["stack_name"] in ("deepspeed", "fsdp1", "fsdp2")
 
 
 def check_supported(estimate) -> None:
@@ -155,13 +161,17 @@ def check_supported(estimate) -> None:
         raise FitplanError("the torch referee does not implement tensor parallelism", field="tensor_parallel",
                            value=s.parallel.tensor_parallel, suggestion="validate with --tensor-parallel 1")
     stack = estimate["stack_name"]
-    if stack in ("fsdp1", "fsdp2"):
-        raise FitplanError(f"the torch referee runs FSDP as PyTorch-native fully_shard, not accelerate's {stack} "
-                           "(accelerate maps FSDP to DDP on a machine without GPUs)", field="stack", value=stack,
-                           suggestion="validate with --stack torch (bare fully_shard), or the same plan under DeepSpeed")
     if (s.parallel.offload_optimizer or s.parallel.offload_params) and stack != "deepspeed":
-        raise FitplanError("the torch referee runs CPU offload under DeepSpeed only", field="offload_optimizer",
-                           value=True, suggestion="validate the scenario without --offload-optimizer / --offload-params")
+        raise FitplanError("the torch referee runs CPU offload under DeepSpeed only (FSDP's CPUOffload pins host memory, "
+                           "which needs an accelerator: torch/distributed/fsdp/_flat_param.py, _fsdp_param.py pin_memory)",
+                           field="offload_optimizer", value=True,
+                           suggestion="validate the scenario without --offload-optimizer / --offload-params")
+    if stack in ("fsdp1", "fsdp2") and s.training.precision not in ("32-true", "bf16-mixed", "bf16-true"):
+        raise FitplanError("the accelerate FSDP referee runs fp32 and bf16 on the CPU", field="precision",
+                           value=s.training.precision, suggestion="validate bf16-mixed (the same memory layout as 16-mixed)")
+    if stack in ("fsdp1", "fsdp2") and s.model.method == "qlora":
+        raise FitplanError("the accelerate FSDP referee does not run QLoRA (bitsandbytes' 4-bit storage under FSDP)",
+                           field="method", value="qlora", suggestion="validate LoRA under FSDP, or QLoRA on one GPU")
     if stack == "deepspeed" and s.training.precision not in ("32-true", "bf16-master"):
         raise FitplanError("DeepSpeed's CPU accelerator refuses fp16 on CPUs without fp16 support (deepspeed/runtime/"
                            "engine.py:2003, accelerator/cpu_accelerator.py:228-233)", field="precision",
@@ -174,7 +184,7 @@ def check_supported(estimate) -> None:
 def _real_ranks(estimate, options: dict[str, Any]) -> int:
     if not sharded(estimate):
         return 1
-    if deepspeed(estimate):  # DeepSpeed needs real ranks: every rank is its own process
+    if engine_stack(estimate):  # DeepSpeed and accelerate need real ranks: every rank is its own process
         return _world(estimate)
     return _world(estimate) if _world(estimate) <= int(options.get("max_real_ranks", 2)) else 1
 
@@ -209,9 +219,10 @@ def run_validation(scenario, estimate, options: dict[str, Any]) -> dict[str, Any
     cuda_estimate = estimate
     estimate = comparable_estimate(estimate, mode)
     rc = run_config(estimate, options, mode)
-    if deepspeed(estimate) and mode != "cpu":
-        raise FitplanError("the DeepSpeed referee runs real gloo ranks on the CPU (DS_ACCELERATOR=cpu)", field="--mode",
-                           value=mode, suggestion="use --mode cpu on a small model")
+    if engine_stack(estimate) and mode != "cpu":
+        what = "DeepSpeed referee runs real gloo ranks on the CPU (DS_ACCELERATOR=cpu)" if deepspeed(estimate) else \
+            "accelerate FSDP referee runs real gloo ranks on the CPU"
+        raise FitplanError(f"the {what}", field="--mode", value=mode, suggestion="use --mode cpu on a small model")
     if sharded(estimate):
         from .distributed import run_sharded
 

@@ -60,12 +60,14 @@ def _params_and_buffers(model):
 
 def train_step(model, optimizer, batch, *, precision: str, device_type: str, counter=None, saved=None,
                grads_out: list | None = None, start_params: set[int] | None = None,
-               gathered_bytes: list | None = None, accumulation: int = 1) -> Any:
+               gathered_bytes: list | None = None, accumulation: int = 1, gathered_fn=None) -> Any:
     """One optimizer step over ``accumulation`` micro-batches; ``counter`` (a LiveBytes) gets phase marks,
     ``saved`` wraps each forward.
 
     Returns the detached loss and the bytes the last forward left alive (per ``counter``: live bytes after
-    the forward minus before it, FSDP's gathered parameters excluded; None without a counter).
+    the forward minus before it, FSDP's gathered parameters excluded; None without a counter). ``gathered_fn``:
+    the bytes of gathered parameters alive after the forward, for wrappers whose ``parameters()`` do not show
+    them (FSDP1's flat buffers); by default, the parameter storages that did not exist when the step began.
     """
     mark = counter.set_phase if counter is not None else (lambda p: None)
     retained = None
@@ -80,7 +82,12 @@ def train_step(model, optimizer, batch, *, precision: str, device_type: str, cou
         del out
         if counter is not None:
             retained = counter.current - before
-            if start_params is not None:
+            if gathered_fn is not None:
+                g = int(gathered_fn())
+                retained -= g
+                if gathered_bytes is not None:
+                    gathered_bytes[0] = g
+            elif start_params is not None:
                 # FSDP keeps all-gathered parameters from forward to backward (reshard_after_forward=False, or
                 # the root module): parameter memory, not activations
                 gathered = [st for k, st in storages(model.parameters()).items() if k not in start_params]
@@ -111,7 +118,7 @@ class _Null:
 
 def measure_step(model, optimizer, batch, *, precision: str, device_type: str, steps: int = 1,
                  warmup: int = 1, memtracker: bool = True, counter=None, barrier=None,
-                 accumulation: int = 1) -> StepMeasurement:
+                 accumulation: int = 1, gathered_fn=None) -> StepMeasurement:
     """Warm up, then measure ``steps`` steps (the last one's numbers are reported).
 
     ``counter``: a :class:`LiveBytes` the caller entered before building anything (sharded runs: it
@@ -154,7 +161,7 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
         with c if own else _Null():
             value, retained = train_step(model, optimizer, batch, precision=precision, device_type=device_type,
                                          counter=c, saved=saved, grads_out=grads, start_params=start_params,
-                                         gathered_bytes=gathered, accumulation=accumulation)
+                                         gathered_bytes=gathered, accumulation=accumulation, gathered_fn=gathered_fn)
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0

@@ -93,7 +93,7 @@ def comm_volumes(sharding_kind, data_parallel_degree, param_count, trainable_par
         else:
             out.update(all_reduce=trainable_param_count * trainable_dtype_bytes / t,
                        overlap="gradient buckets during the backward")
-    if t > 1 and not arch.is_bare:
+    if t > 1 and not arch.count_only:
         act = per_device_train_batch_size * max_seq_length * arch.hidden_size * activation_dtype_bytes
         out["tp_all_reduce"] = k * arch.num_hidden_layers * 4 * act
     return out

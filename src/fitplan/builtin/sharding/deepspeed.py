@@ -148,25 +148,26 @@ def _reuse_kept(params: tuple[P, ...], n: int, b: float, persistent: frozenset[i
     return int(kept), int(max(gathered, default=0)), int(once)
 
 
-SEGMENTS = {"prologue": -1, "epilogue": -1, "layer 0": 0, "layers 1..L-1": 1}
-"""The trace's segments (builtin/step_trace.py) -> the parameters' layer: -1 outside the layers, 0, or 1 for any
-later layer (the trace's representative layer)."""
-
-
 def no_backward_modules(params: tuple[P, ...], param_ops) -> frozenset[str]:
-    """The modules (``P.module``) whose outputs never require grad, from the trace's ``param_ops``: the op whose
-    label is the longest dotted suffix of the module's path, in the segment of its layer. Modules no op names
-    (norm weights, adapters) count as having a backward."""
-    ops: dict[int, dict[str, bool]] = {}
-    for seg, label, rg in param_ops or ():
-        d = ops.setdefault(SEGMENTS.get(seg, -2), {})
-        d[label] = d.get(label, False) or rg
+    """The modules (``P.module``) whose outputs never require grad, from the trace's ``param_ops`` (parameter name,
+    any output of its ops requires grad): a module is matched by its layer and its path, the parameter's module
+    name (``model.layers.0.self_attn.q_proj``) ending in it. Modules the trace does not name (the repeated
+    layers beyond its representative ones) count as having a backward."""
+    import re
+
+    ops: dict[tuple[int, str], bool] = {}
+    for name, rg in param_ops or ():
+        m = re.search(r"\.(\d+)\.", name)
+        key = (int(m.group(1)) if m else -1, name.rsplit(".", 1)[0])
+        ops[key] = ops.get(key, False) or rg
+    by_layer: dict[int, list[tuple[str, bool]]] = {}
+    for (layer, mod), rg in ops.items():
+        by_layer.setdefault(layer, []).append((mod, rg))
     out = set()
     for p in params:
-        labels = ops.get(min(p.layer, 1), {})
         path = p.module.split("/", 1)[-1]
-        hits = [x for x in labels if path == x or path.endswith("." + x)]
-        if hits and not labels[max(hits, key=len)]:
+        hits = [rg for mod, rg in by_layer.get(p.layer, ()) if mod == path or mod.endswith("." + path)]
+        if hits and not any(hits):
             out.add(p.module)
     return frozenset(out)
 

@@ -49,10 +49,15 @@ def dtypes(precision: str, method: str) -> tuple[float, float, float]:
 
 def fsdp1_units(params, n: int, align: int) -> list[list[tuple[int, int, bool]]]:
     """FSDP1 flat units: per unit, each parameter's (start, numel, trainable) in the aligned flat parameter,
-    whose length (padded to a multiple of N) is the last entry's ``(U, 0, False)``."""
+    whose length (padded to a multiple of N) is the last entry's ``(U, 0, False)``. Units: each decoder layer, the
+    root (the rest) and, for a peft model, every LoRA Linear on its own: the Trainer replaces the wrap policy with
+    peft's, which also wraps each leaf module whose weight trains (``update_fsdp_plugin_peft``,
+    transformers/distributed/fsdp.py:267-287; peft/utils/other.py:1294-1307)."""
     units: dict[str, list] = {}
-    for p in params:
+    for i, p in enumerate(params):
         key = f"layer.{p.layer}" if p.layer >= 0 else "root"
+        if "/lora." in p.module:
+            key = f"adapter.{i}"
         units.setdefault(key, []).append(p)
     out = []
     for plist in units.values():
@@ -131,16 +136,76 @@ def fsdp_step_temp(value, fsdp_rank, optimizer_spec):
     return int(optimizer_spec.step_temp_bytes(fsdp_rank["ctx"]))
 
 
+def _units(arch, method, trainable_tensors, stack_name, n, g):
+    """Gathered bytes (``N ×`` rank 0's padded piece, in the gather dtype ``g``) of accelerate's units: ``layer``
+    (one decoder layer, LoRA adapters included), ``embed`` (the input embedding's own unit, FSDP2 untied only:
+    fsdp_utils.py:884-885), ``kept`` (never resharded after the forward: FSDP2's tail unit [final norm, LM head]
+    (887-898) and the root's leftovers; FSDP1's root unit), and ``layer_grads`` (one layer's trainable gradients,
+    unsharded, in ``g``)."""
+    from fitplan.builtin.sharding.torch_native import _param_shapes
+
+    L = max(1, arch.num_hidden_layers)
+    out = {"layer": 0.0, "embed": 0.0, "kept": 0.0, "layer_grads": 0.0}
+    own_embed = stack_name == "fsdp2" and not arch.tie_word_embeddings
+    for k, (shape, count, _nb, in_layer) in enumerate(_param_shapes(arch, method, trainable_tensors, g, g)):
+        full = n * math.prod(_chunk(shape, n)) * count * g if stack_name == "fsdp2" else math.prod(shape) * count * g
+        if in_layer:
+            out["layer"] += full / L
+        elif k == 0 and own_embed:
+            out["embed"] += full
+        else:
+            out["kept"] += full
+    if method == "full":
+        out["layer_grads"] = sum(gr.total for gr in arch.param_groups() if gr.layer) * g / L
+    else:
+        out["layer_grads"] = sum(math.prod(shape) * c for shape, c in trainable_tensors) * g / L
+    return out
+
+
 def fsdp_terms(sharding_kind, stack_name, effective_fsdp, arch, method, trainable_tensors, fsdp_rank, shard_degree,
                tensor_parallel) -> dict:
-    """Gathered parameters in the step timeline: the PyTorch-native FSDP2 rule (``torch_native.py``) in the
-    gather dtype, the root / tail unit kept gathered; FSDP1 gathers straight into its padded buffer (no flat
-    all-gather output to copy out)."""
-    kind = "fsdp_zero2" if effective_fsdp == "shard_grad_op" else "fsdp_zero3"
+    """Gathered parameters in the step timeline, by accelerate's units (:func:`_units`), in the gather dtype:
+
+    * ``forward`` (the forward's end: the loss is computed inside the root module's forward): the kept unit's
+      parameters and, FSDP2, its flat all-gather output, which the root frees only in its post-forward
+      (torch/distributed/fsdp/_fully_shard/_fsdp_state.py:333-342; the output of the previous all-gather is kept
+      until the next copy-out in the forward, _fsdp_param_group.py:417-489); shard_grad_op also every layer and
+      the embedding;
+    * ``forward_spike`` (the last layer's forward): the kept unit (FSDP1's root) or nothing yet (FSDP2's tail
+      is gathered after it), the layer and its flat output (FSDP2), shard_grad_op the earlier layers;
+    * ``backward`` (the loss gradient, where the backward's activations are largest): the kept unit only, as
+      measured (fitplan-torch, 2 gloo ranks); shard_grad_op every layer and the embedding;
+    * ``backward_in_layer`` (full_shard): the layer, the next unit's prefetched flat output (FSDP2's implicit
+      backward prefetch; FSDP1 under the Trainer's ``NO_PREFETCH`` none), FSDP1's root, and the layer's
+      unsharded 16-bit gradients beyond what the sharded timeline counts.
+
+    FSDP1 gathers straight into its padded flat buffer (no copy-out)."""
     g = fsdp_rank["gather_b"]
-    out = torch_gathered(kind, arch, method, trainable_tensors, g, g, shard_degree, tensor_parallel,
-                         copy_out=stack_name == "fsdp2")
-    return out
+    n = shard_degree
+    if arch.is_bare:
+        return torch_gathered("fsdp_zero2" if effective_fsdp == "shard_grad_op" else "fsdp_zero3", arch, method,
+                              trainable_tensors, g, g, n, tensor_parallel, copy_out=stack_name == "fsdp2")
+    u = _units(arch, method, trainable_tensors, stack_name, n, g)
+    v2 = stack_name == "fsdp2"
+    L = max(1, arch.num_hidden_layers)
+    flat = u["layer"] if v2 else 0.0
+    kept_fwd = u["kept"] * (2 if v2 else 1)
+    if effective_fsdp == "shard_grad_op" and v2:
+        everything = u["embed"] + L * u["layer"]
+        out = {"forward": kept_fwd + everything, "forward_spike": everything + flat,
+               "backward": u["kept"] + everything, "backward_in_layer": 0}
+    else:
+        kept_bwd = u["kept"]
+        prefetched = max(u["layer"], u["embed"]) if v2 else 0.0
+        extra_grads = max(0.0, 1 - fsdp_rank["train_b"] / (n * g)) * u["layer_grads"]
+        out = {"forward": kept_fwd, "forward_spike": (0 if v2 else u["kept"]) + u["layer"] + flat,
+               "backward": kept_bwd,
+               "backward_in_layer": (0 if v2 else kept_bwd) + u["layer"] + prefetched + extra_grads}
+    return {k: _ceil(v, tensor_parallel) for k, v in out.items()}
+
+
+def _ceil(v, t):
+    return -(-int(math.ceil(v)) // int(t))
 
 
 QUANTITIES = (fsdp_rank,)

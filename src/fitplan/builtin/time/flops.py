@@ -17,7 +17,7 @@ _EMBEDDINGS = ("embed_tokens", "embed_positions")
 
 @functools.lru_cache(maxsize=256)
 def _matmul_params(arch) -> int:
-    if arch.is_bare:
+    if arch.count_only:
         return arch.param_count
     emb = sum(g.total for g in arch.param_groups() if g.module in _EMBEDDINGS)
     n = arch.active_param_count - emb
@@ -31,7 +31,7 @@ def flops_param_count(arch):
     """N in "6·N FLOPs per token": the parameters that do one multiply-add per token. Total parameters
     minus the input embeddings (a lookup, not a matmul; a tied LM head is counted once), and for MoE only
     the active ones (``arch.active_param_count``: ``num_experts_per_tok`` experts per token), as torchtitan's
-    ``get_num_flop_per_token`` counts. A bare ``--params`` count is used as is."""
+    ``get_num_flop_per_token`` counts. A ``--params`` count (bare, or with a typical shape) is used as is."""
     return _matmul_params(arch)
 
 
@@ -39,8 +39,8 @@ def flops_param_count(arch):
 def attention_flops_per_token(arch, max_seq_length):
     """Attention score and value matmuls, forward + backward: ``12·L·(a·d_head)·s`` per token
     (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT ``estimate_mfu``; causal masking not discounted, as
-    those sources do). 0 for a bare ``--params`` model: without layers and width there is no attention term."""
-    if arch.is_bare:
+    those sources do). 0 for a ``--params`` model: its layers and width are not known."""
+    if arch.count_only:
         return 0
     return 12 * arch.num_hidden_layers * arch.q_dim * max_seq_length
 

@@ -74,16 +74,17 @@ def kernel_efficiency(gpu_spec, rulesets):
 
 
 @quantity("s", type="object")
-def micro_step_time(step_trace, gpu_spec, kernel_efficiency, torch_compile, tf32, tensor_parallel, flops_per_token,
+def micro_step_time(step_trace, arch, gpu_spec, kernel_efficiency, torch_compile, tf32, tensor_parallel, flops_per_token,
                     per_device_train_batch_size, realized_seq_length, matmul_dtype, zero3_fetches_per_pass):
     """One micro-step (forward, backward, recomputation) on one GPU, by kernel class and phase, in seconds:
     the roofline over the step trace's kernels (``torch.compile``: fused elementwise runs; tensor
     parallelism: every kernel's work / t), ``gpu``, ``host`` (kernel launches, ZeRO-3's fetches) and
-    ``micro_step`` (each phase the slower of its GPU and host times). A bare ``--params`` model has no trace: its FLOPs at the GEMM efficiency. None without a GPU."""
+    ``micro_step`` (each phase the slower of its GPU and host times). A ``--params`` model is timed from its
+    count (its typical shape, if any, serves memory only): its FLOPs at the GEMM efficiency. None without a GPU."""
     if gpu_spec is None or kernel_efficiency is None:
         return None
     eff = kernel_efficiency
-    if step_trace is None:
+    if step_trace is None or arch.count_only:
         peak = roofline.peak_flops(gpu_spec.peak_tflops, matmul_dtype)
         s = flops_per_token * per_device_train_batch_size * realized_seq_length / tensor_parallel / (peak * eff.gemm)
         return {"gemm": s, "gpu": s, "host": 0.0, "micro_step": s}

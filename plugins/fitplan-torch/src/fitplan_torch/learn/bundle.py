@@ -1,0 +1,151 @@
+"""Regenerate fitplan's bundled architecture files (``rulesets/architectures``).
+
+    python -m fitplan_torch.learn.bundle                 # every tiny config in tests/data/configs
+    python -m fitplan_torch.learn.bundle llama gemma2    # some model types
+    python -m fitplan_torch.learn.bundle --table         # only the autograd rules table
+
+For each model type: learn its tiny config (``tests/data/configs/tiny-*``), then, for each catalog model of
+that type (``rulesets/models``) whose graph switches differ from what is learned so far, learn a tiny
+version of it and merge (``files.merge``); then write ``autograd.json`` from every op the files use. With
+``--verify`` each learning is checked as ``fitplan learn-architecture`` checks it (slow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[5]
+CONFIGS = ROOT / "tests" / "data" / "configs"
+OUT = ROOT / "rulesets" / "architectures"
+KERNEL_OPS = ("native_dropout", "empty_like", "bernoulli_.float", "div_.Scalar", "mul.Tensor", "_to_copy", "t", "view",
+              "mm", "_unsafe_view", "add.Tensor", "add_.Tensor", "bmm", "baddbmm", "clone", "full", "_safe_softmax",
+              "repeat_interleave.self_int", "_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
+
+
+def tiny_configs() -> dict[str, Path]:
+    out = {}
+    for d in sorted(CONFIGS.glob("tiny-*")):
+        cfg = json.loads((d / "config.json").read_text())
+        out.setdefault(cfg["model_type"], d / "config.json")
+    return out
+
+
+def catalog_configs(model_type: str) -> list[dict[str, Any]]:
+    import tomllib
+
+    out = []
+    for f in sorted((ROOT / "rulesets" / "models").glob("*.toml")):
+        for m in tomllib.loads(f.read_text()).get("model", []):
+            if m["config"].get("model_type") == model_type:
+                out.append(m["config"])
+    return out
+
+
+def _flags_of(data: dict[str, Any]) -> list[dict[str, bool]]:
+    return [data.get("flags", {}).get("values") or {}]
+
+
+def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[str, Any]:
+    from . import derive
+
+    cfg = json.loads(cfg_path.read_text())
+    data, results, specs = derive.learn_full(cfg, log=log)
+    data["learned"]["config"] = cfg
+    if verify:
+        from . import verify as V
+
+        problems = V.check_graph(data, results, specs, log)
+        if problems:
+            raise RuntimeError(f"{model_type}: " + "; ".join(problems[:5]))
+    first = data.get("flags", {}).get("values") or {}
+    learned = [first]
+    switches = dict(first)  # every switch seen so far, with the tiny config's value
+    for other in catalog_configs(model_type):
+        for _ in range(3):  # a learning can reveal more switches (Falcon-7B's multi_query): until none is new
+            small = {**cfg, **{k: other[k] for k in switches if k in other}}
+            want = _resolved({k: small.get(k, v) for k, v in switches.items()}, small, data, log)
+            if not switches or any(all(want.get(k) == v for k, v in seen.items()) for seen in learned):
+                break
+            data, seen = _merge_catalog(data, cfg, small, other, want, log)
+            learned.append(seen)
+            switches.update({k: v for k, v in seen.items() if k not in switches})
+    return data
+
+
+def _resolved(want: dict[str, Any], small: dict[str, Any], data: dict[str, Any], log) -> dict[str, Any]:
+    """The switch values as the config class keeps them: a value it rewrites (GemmaConfig turns
+    ``hidden_act="gelu"`` into ``"gelu_pytorch_tanh"``) is recorded in the file (``rewrite``), which the core
+    applies when it reads a config."""
+    from .derive import hf_config
+
+    resolved = hf_config(small).to_dict()
+    out = dict(want)
+    for k, v in want.items():
+        new = resolved.get(k)
+        if isinstance(v, str) and isinstance(new, str) and new != v and k in data["config"]["fields"]:
+            log(f"  the config class rewrites {k}={v!r} to {new!r}")
+            data["config"]["fields"][k].setdefault("rewrite", {})[v] = new
+            out[k] = new
+    return out
+
+
+def _merge_catalog(data, cfg, small, other, want, log):
+    """Learn ``small`` (the tiny config with a catalog config's switch values) and merge it into ``data``;
+    returns the merged file and the switches the new learning was made under."""
+    from . import derive, files
+    from .command import shrink
+
+    log(f"  merging the switches of a catalog config: {want}")
+    try:
+        extra, _, _ = derive.learn_full(small, log=log)
+    except Exception as e:  # noqa: BLE001 - the switches contradict the tiny config's others: shrink the catalog's
+        log(f"  the tiny config with these switches does not run ({str(e).splitlines()[0][:120]}); "
+            "learning from the catalog config itself, shrunk")
+        extra, _, _ = derive.learn_full(shrink(dict(other)), log=log)
+    return files.merge(data, extra), extra.get("flags", {}).get("values") or {}
+
+
+def write_table(directory: Path = OUT) -> int:
+    from .autograd_rules import source, table
+
+    ops = set(KERNEL_OPS)
+    for f in directory.glob("*.graphs.json"):
+        g = json.loads(f.read_text())
+        for seg in g["segments"].values():
+            for op in seg["ops"]:
+                if not (len(op) > 3 and op[3].get("pseudo")):
+                    ops.add(op[0])
+    (directory / "autograd.json").write_text(json.dumps({"source": source(), "ops": table(ops)}, indent=0,
+                                                        sort_keys=True) + "\n")
+    return len(ops)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import files
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("types", nargs="*")
+    ap.add_argument("--table", action="store_true", help="only regenerate autograd.json")
+    ap.add_argument("--verify", action="store_true")
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    if not args.table:
+        configs = tiny_configs()
+        for mt in args.types or list(configs):
+            t0 = time.time()
+            data = learn_type(mt, configs[mt], verify=args.verify, log=lambda m: print(m, file=sys.stderr, flush=True))
+            files.write(data, out)
+            print(f"{mt}: {time.time() - t0:.0f} s", flush=True)
+    print(f"autograd.json: {write_table(out)} ops")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

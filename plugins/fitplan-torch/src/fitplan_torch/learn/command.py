@@ -1,0 +1,90 @@
+"""``fitplan learn-architecture CONFIG``: learn a model type from its transformers implementation."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from fitplan import FitplanError
+
+
+def _read_config(path: str) -> dict:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FitplanError("file not found", file=str(p), suggestion="give a Hugging Face config.json") from None
+    except json.JSONDecodeError as e:
+        raise FitplanError(f"malformed JSON: {e.msg} (line {e.lineno})", file=str(p)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise FitplanError("a config.json must name its model_type", file=str(p), field="$.model_type",
+                           value=data.get("model_type") if isinstance(data, dict) else None)
+    if isinstance(data.get("text_config"), dict) and "hidden_size" not in data:
+        inner = data["text_config"]
+        data = {**inner, "model_type": inner.get("model_type") or data["model_type"]}
+    return data
+
+
+def shrink(cfg: dict) -> dict:
+    """A tiny config of the same model type: 2 layers (or as many as the layer pattern needs), small
+    widths, keeping every flag (biases, tied embeddings, norms) as given."""
+    out = dict(cfg)
+    small = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128, "n_inner": None,
+             "ffn_hidden_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+             "vocab_size": 512, "max_position_embeddings": 256, "n_positions": 256, "num_attention_heads": 4,
+             "n_head": 4, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4, "num_experts": 4,
+             "n_routed_experts": 4, "num_experts_per_tok": 2}
+    for k, v in small.items():
+        if k in out and isinstance(out[k], int) and not isinstance(out[k], bool) and v is not None and out[k] > v:
+            out[k] = v
+    for k in ("num_hidden_layers", "n_layer"):
+        if k in out and isinstance(out[k], int) and out[k] > 2:
+            out[k] = 2
+    return out
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("learn-architecture")
+    @click.argument("config", type=click.Path())
+    @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+                  help="write <model_type>.json and <model_type>.graphs.json here (default: the user cache with "
+                       "--install, else the current directory)")
+    @click.option("--install", is_flag=True, help="write into the user cache (~/.cache/fitplan/architectures), "
+                  "where fitplan finds it for every later estimate")
+    @click.option("--no-shrink", is_flag=True, help="learn at the config's own sizes (slow for real models)")
+    @click.option("--verify/--no-verify", default=True, help="check the file against fresh torch runs at held-out "
+                  "sizes before writing it (default on)")
+    @click.option("--tolerance", type=float, default=0.01, show_default=True,
+                  help="largest relative error of saved activations and the step peak the check accepts")
+    @click.option("--quiet", is_flag=True)
+    def learn_architecture(config: str, out_dir: str | None, install: bool, no_shrink: bool, verify: bool,
+                           tolerance: float, quiet: bool) -> None:
+        """Learn CONFIG's model_type from its transformers implementation (random weights, tiny sizes, CPU)
+        and write the learned architecture file fitplan's estimates use (docs/architectures.md)."""
+        from .learner import learn_and_check
+
+        def log(msg: str) -> None:
+            if not quiet:
+                click.echo(msg, err=True)
+
+        try:
+            cfg = _read_config(config)
+            if not no_shrink:
+                cfg = shrink(cfg)
+            if install:
+                from fitplan.builtin.archfile import user_dirs
+
+                target = Path(out_dir) if out_dir else user_dirs()[-1]
+            else:
+                target = Path(out_dir or ".")
+            written = learn_and_check(cfg, target, verify=verify, tolerance=tolerance, log=log)
+        except FitplanError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        for p in written:
+            click.echo(str(p))

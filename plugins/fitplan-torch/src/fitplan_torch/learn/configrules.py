@@ -1,0 +1,217 @@
+"""How to read a model type's symbols from a ``config.json``, learned from its transformers config class.
+
+fitplan's core has no transformers, so the file must say what the config class does: which keys are
+aliases of which (``attribute_map``: GPT-2's ``n_embd`` is ``hidden_size``), the class defaults, the
+values ``__post_init__`` derives when a field is absent or ``None`` (``head_dim = hidden_size //
+num_attention_heads``, ``num_key_value_heads = num_attention_heads``), and the checks its validation
+applies (``hidden_size`` a multiple of ``num_attention_heads``). Defaults come from the class itself;
+derived values are fitted over the same probes as the shapes (:mod:`.fit`); checks are kept when the
+class rejects a config that violates them.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .fit import FitError, Fitter
+
+STD = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "max_position_embeddings",
+       "num_key_value_heads", "head_dim", "intermediate_size", "tie_word_embeddings")
+EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+CANDIDATE_CHECKS = (
+    ("{h} % {a} == 0", "{h}", "hidden size must be a multiple of the number of attention heads"),
+    ("{a} % {g} == 0", "{g}", "the number of attention heads must be a multiple of the number of key/value heads"),
+)
+
+
+def config_class(model_type: str):
+    import transformers
+
+    return type(transformers.AutoConfig.for_model(model_type))
+
+
+def resolve(cfg: dict[str, Any]) -> dict[str, Any]:
+    from .derive import hf_config
+
+    return hf_config(cfg).to_dict()
+
+
+def attribute_map(cls) -> dict[str, str]:
+    return dict(getattr(cls, "attribute_map", {}) or {})
+
+
+def class_defaults(cls) -> dict[str, Any]:
+    """The config class's own field defaults (None where ``__post_init__`` derives the value)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(cls):
+        return {f.name: (f.default if f.default is not dataclasses.MISSING else None) for f in dataclasses.fields(cls)}
+    import inspect
+
+    return {k: (p.default if p.default is not inspect.Parameter.empty else None)
+            for k, p in inspect.signature(cls.__init__).parameters.items()}
+
+
+def nested_sources(cls, field: str, key: str) -> list[list[str]]:
+    """Where the config class reads a value it keeps inside a dict field: the dict itself, the older
+    ``rope_scaling`` dict, a top-level key of the same name, and legacy keys its ``__post_init__`` pops
+    (GPT-NeoX's ``rotary_pct``), each checked by building a config with it set."""
+    import inspect
+    import re
+
+    out = [[field, key], ["rope_scaling", key], [key]]
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        src = ""
+    for cand in sorted(set(re.findall(r"""kwargs\.(?:pop|get)\(\s*["'](\w+)["']""", src))):
+        if cand == key:
+            continue
+        try:
+            got = (resolve({"model_type": cls.model_type, cand: 0.123}).get(field) or {}).get(key)
+        except Exception:  # noqa: BLE001
+            continue
+        if got == 0.123:
+            out.append([cand])
+    return out
+
+
+def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[str, tuple[str, str]] | None = None
+                 ) -> dict[str, Any]:
+    """The ``config`` section of the file for the symbols ``fields`` (their order is kept)."""
+    cls = config_class(model_type)
+    defaults = class_defaults(cls)
+    nested = nested or {}
+    resolved_default = cls().to_dict()
+    amap = attribute_map(cls)
+    out_fields: dict[str, Any] = {}
+    base = probes[0].cfg
+    single = probes_single(probes)
+    sizes = _sizes(probes)
+    for f in fields:
+        if f.startswith("_") and f not in defaults:
+            # a value the class reads from kwargs in __post_init__ (Gemma 3: ``self._sliding_window_pattern =
+            # kwargs.get("sliding_window_pattern", 6)``): read from the public key, then the private one
+            dflt = getattr(cls(), f, None)
+            out_fields[f] = {"type": "int" if isinstance(dflt, int) else "any", "default": dflt, "from": [[f[1:]], [f]]}
+            continue
+        if f in nested:
+            field, key = nested[f]
+            dflt = (resolved_default.get(field) or {}).get(key)
+            out_fields[f] = {"type": "float", "default": dflt, "from": nested_sources(cls, field, key)}
+            continue
+        v = base.get(f, defaults.get(f))
+        kind = ("bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float" if isinstance(v, float)
+                else "list" if isinstance(v, (list, tuple)) else "str" if isinstance(v, str) else "any")
+        spec: dict[str, Any] = {"type": kind, "default": defaults.get(f)}
+        if spec["default"] is None:
+            derived, used = [], []
+            for p in probes:
+                try:
+                    derived.append(resolve({k: x for k, x in p.cfg.items() if k != f}).get(f))
+                    used.append(p)
+                except Exception:  # noqa: BLE001 - the class rejects this probe without the field
+                    continue
+            if derived and all(isinstance(d, int) and not isinstance(d, bool) for d in derived):
+                sub = probes_single(used)
+                fitter = Fitter([p.env for p in used], {k: i for k, i in sub.items() if k != f})
+                try:
+                    spec["derive"] = fitter.fit(derived)
+                except FitError as e:
+                    log(f"    cannot express how {f} is derived: {e}")
+        if kind == "int" and f in sizes:
+            spec["size"] = True
+        out_fields[f] = spec
+    # a derived field must come after the fields it reads
+    order = list(out_fields)
+    for f in list(order):
+        der = out_fields[f].get("derive")
+        if der:
+            deps = [n for n in _names(der) if n in out_fields]
+            pos = max([order.index(d) for d in deps] + [order.index(f)])
+            order.remove(f)
+            order.insert(pos, f)
+    out_fields = {f: out_fields[f] for f in order}
+    aliases = {std: actual for std, actual in amap.items() if actual in out_fields}
+    checks = []
+    h, a, g = (amap.get(x, x) for x in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
+    for expr, field, msg in CANDIDATE_CHECKS:
+        names = {"h": h, "a": a, "g": g}
+        e = expr.format(**names)
+        if any(n not in out_fields for n in _names(e)):
+            continue
+        if _rejects(base, e, names):
+            checks.append([e, field.format(**names), msg])
+    return {"class": cls.__name__, "aliases": aliases, "fields": out_fields, "checks": checks}
+
+
+def probes_single(probes) -> dict[str, int]:
+    single = {}
+    base = probes[0].env
+    for i, p in enumerate(probes[1:], 1):
+        changed = [k for k in base if p.env.get(k) != base.get(k)]
+        if len(changed) == 1 and changed[0] not in single:
+            single[changed[0]] = i
+    return single
+
+
+def _sizes(probes) -> set[str]:
+    return {k for k, v in probes[0].env.items() if isinstance(v, int) and not isinstance(v, bool) and k not in ("b", "s")}
+
+
+def _names(expr: str) -> list[str]:
+    import re
+
+    return [n for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", expr)]
+
+
+def _rejects(base: dict[str, Any], expr: str, names: dict[str, str]) -> bool:
+    """Does the config class reject a config that violates ``expr``?"""
+    c = copy.deepcopy(base)
+    if "%" in expr:
+        num, den = [x.strip() for x in expr.split("==")[0].split("%")]
+        c[num] = c[num] + 1 if c[den] > 1 else c[num]
+        if c[den] <= 1:
+            return False
+    try:
+        resolve(c)
+    except Exception:  # noqa: BLE001 - rejected, as wanted
+        return True
+    return False
+
+
+def spec_map(resolved: dict[str, Any], cls, fields: dict[str, Any]) -> dict[str, Any]:
+    """ModelSpec's standard fields as expressions over the file's symbols."""
+    amap = attribute_map(cls)
+
+    def name(std: str) -> str | None:
+        actual = amap.get(std, std)
+        return actual if actual in fields else None
+
+    out: dict[str, Any] = {}
+    for std in STD:
+        n = name(std)
+        if n is not None:
+            out[std] = n
+    heads = out.get("num_attention_heads")
+    hidden = out.get("hidden_size")
+    out.setdefault("num_key_value_heads", heads)
+    if "head_dim" not in out and hidden and heads:
+        out["head_dim"] = f"{hidden}//{heads}"
+    if "intermediate_size" not in out or resolved.get(out.get("intermediate_size") or "") is None:
+        for alt in ("n_inner", "ffn_hidden_size", "intermediate_size"):
+            if alt in fields and resolved.get(alt):
+                out["intermediate_size"] = alt
+                break
+        else:
+            out["intermediate_size"] = f"4*{hidden}"
+    for e in EXPERTS:
+        if e in fields and resolved.get(e):
+            out["num_experts"] = e
+            break
+    if "num_experts_per_tok" in fields:
+        out["num_experts_per_tok"] = "num_experts_per_tok"
+    if "moe_intermediate_size" in fields:
+        out["moe_intermediate_size"] = "moe_intermediate_size"
+    return out

@@ -1,0 +1,1048 @@
+"""From recordings to a learned architecture file (docs/architectures.md).
+
+For each recorded variant (precision class ``16`` or ``mixed`` × attention ``sdpa`` or ``eager``) and
+regime (grouped-query vs multi-head attention, a sliding window shorter than the sequence, a one-row
+batch), the model is recorded at a base size and at probes where one variable changes at a time, plus
+joint probes; every probe must produce the same ops. Shapes become expressions (:mod:`.fit`), segments
+are deduplicated by content, and the file is assembled with the config rules (:mod:`.configrules`),
+the parameter list and the backward behaviour seen in a run with real saves.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import re
+from typing import Any
+
+from .fit import FitError, Fitter
+from .record import Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
+from .segments import Cut
+
+DISTINCT_P = (0.11, 0.13, 0.17, 0.19, 0.23, 0.29, 0.31, 0.37, 0.41, 0.43)
+VARIANTS = (("16", "sdpa"), ("16", "eager"), ("mixed", "sdpa"), ("mixed", "eager"))
+DTYPE_OF = {"16": "bfloat16", "mixed": "float32", "32": "float32"}
+NOT_SIZES = re.compile(r"(_token_id|token_ids|^num_hidden_layers$|^n_layer$|_layers$|^max_window_layers$|seed|"
+                       r"^first_k_dense_replace$|_step$|_freq$|_interval$|_pattern$|^sliding_window$|^attention_chunk_size$|"
+                       r"^num_labels$|^chunk_size_feed_forward$|^pretraining_tp$|^max_position_embeddings$)")
+
+
+class LearnError(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------- building and recording
+
+
+def hf_config(cfg: dict[str, Any]):
+    import transformers
+
+    c = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if not k.startswith("_")})
+    c.use_cache = False
+    return c
+
+
+def build(cfg: dict[str, Any], precision: str, attn: str):
+    import torch
+    import transformers
+
+    if torch.get_num_threads() != 1:
+        # tiny models gain nothing from threads, and on a shared machine OpenMP's spinning threads make
+        # every recording several times slower
+        torch.set_num_threads(1)
+
+    config = hf_config(cfg)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, DTYPE_OF[precision]),
+                                                          attn_implementation=attn)
+    model.train()
+    return model, config
+
+
+def batch_for(config, b: int, s: int):
+    import torch
+
+    vocab = int(getattr(config, "vocab_size"))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (b, s), generator=g)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def run(cfg: dict[str, Any], precision: str, attn: str, b: int, s: int, *, backward: bool = False) -> Recording:
+    import torch
+
+    model, config = build(cfg, precision, attn)
+    batch = batch_for(config, b, s)
+    ac = torch.bfloat16 if precision == "mixed" else None
+    rec = record(model, batch, autocast_dtype=ac)
+    if backward:
+        recb = record(model, batch, autocast_dtype=ac, lifetimes=False, backward=True)
+        rec.backward = align_backward(rec, recb)
+        rec.accumulate = recb.accumulate
+    rec.meta = _meta(model, config, rec.sites)
+    return rec
+
+
+def _meta(model, config, sites) -> dict[str, Any]:
+    """What the recording cannot see by itself: parameter roles, the output module, tied keys."""
+    import torch
+
+    names = {m: n for n, m in model.named_modules()}
+    exact = linear_types()
+    site_modules = {s["module"] for s in sites}  # subclasses of nn.Linear count when their forward returns a tensor
+    roles: dict[str, str] = {}
+    emb_in = model.get_input_embeddings()
+    emb_out = model.get_output_embeddings()
+    for mod_name, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            full = f"{mod_name}.{pname}" if mod_name else pname
+            if mod is emb_in:
+                role = "embedding"
+            elif mod is emb_out and pname == "weight":
+                role = "output"
+            elif is_linear_site(mod) and pname == "weight" and (type(mod) in exact or mod_name in site_modules):
+                role = "linear:" + mod_name.rsplit(".", 1)[-1]
+            elif p.dim() >= 3:
+                role = "experts:" + pname
+            elif isinstance(mod, torch.nn.Embedding):
+                role = "positions"
+            elif "router" in type(mod).__name__.lower() or ("gate" in mod_name.rsplit(".", 1)[-1] and p.dim() == 2):
+                role = "router"
+            elif p.dim() == 1:
+                role = "norm" if "norm" in type(mod).__name__.lower() or "norm" in mod_name else "bias"
+            else:
+                role = "other"
+            roles[full] = role
+    conv1d = {f"{n}.weight" for m, n in names.items() if type(m).__name__ == "Conv1D"}
+    custom = {f"{s['module']}.weight" for s in sites if s["custom"]}
+    return {"roles": roles, "conv1d": conv1d, "custom": custom, "output_module": names.get(emb_out),
+            "input_module": names.get(emb_in), "n_layers": len(decoder_layers(model)),
+            "model_class": type(model).__name__, "config_class": type(config).__name__}
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def size_variables(resolved: dict[str, Any]) -> list[str]:
+    out = []
+    for k, v in resolved.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or NOT_SIZES.search(k):
+            continue
+        out.append(k)
+    return out
+
+
+NESTED: dict[str, tuple[str, str]] = {}
+"""Float factors the config keeps inside a dict field (``rope_parameters["partial_rotary_factor"]``),
+varied like top-level fields and named by their key (set by :func:`nested_variables`)."""
+
+
+def nested_variables(resolved: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    out = {}
+    for k, v in resolved.items():
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                if isinstance(vv, float) and 0 < vv <= 1 and kk not in resolved and kk not in out:
+                    out[kk] = (k, kk)
+    return out
+
+
+def get_var(cfg: dict[str, Any], name: str) -> Any:
+    if name in NESTED:
+        d = cfg.get(NESTED[name][0]) or {}
+        return d.get(NESTED[name][1]) if isinstance(d, dict) else None
+    return cfg.get(name)
+
+
+def put_var(cfg: dict[str, Any], name: str, value: Any) -> None:
+    if name in NESTED:
+        field, key = NESTED[name]
+        cfg[field] = {**(cfg.get(field) or {}), key: value}
+    else:
+        cfg[name] = value
+
+
+def alternatives(name: str, v):
+    if isinstance(v, float):
+        return [x for x in (v * 2, v / 2, 0.75, 0.5, 1.0) if 0 < x <= 1 and x != v]
+    cands = [v * 3 // 2, v * 2, v + 2, v + 4, v * 3, v - 1, v + 1, v // 2]
+    out = []
+    for c in cands:
+        if c >= 1 and c != v and c not in out:
+            out.append(c)
+    return out
+
+
+def signature(rec: Recording) -> list[Any]:
+    return [(o["name"], len(o["outs"]), tuple(len(rec.tensors[t]["shape"]) for t in o["outs"]),
+             tuple(rec.tensors[t]["dtype"] for t in o["outs"])) for o in rec.ops]
+
+
+def typical(cfg: dict[str, Any]) -> bool:
+    """Relations every published config keeps (and a probe must, or the model code takes odd paths):
+    the hidden size a multiple of the heads, head dimensions even (rotary embeddings rotate pairs)."""
+    h = next((cfg[k] for k in ("hidden_size", "n_embd", "d_model") if isinstance(cfg.get(k), int)), None)
+    a = next((cfg[k] for k in ("num_attention_heads", "n_head") if isinstance(cfg.get(k), int)), None)
+    if h and a and h % a:
+        return False
+    d = cfg.get("head_dim")
+    if isinstance(d, int) and d % 2:
+        return False
+    if h and a and (h // a) % 2:
+        return False
+    dd = d if isinstance(d, int) else (h // a if h and a else None)
+    f = get_var(cfg, "partial_rotary_factor") if "partial_rotary_factor" in NESTED else cfg.get("partial_rotary_factor")
+    if dd and isinstance(f, float) and int(dd * f) % 2:
+        return False
+    return True
+
+
+class Probe:
+    def __init__(self, cfg: dict[str, Any], b: int, s: int, env: dict[str, Any]) -> None:
+        self.cfg, self.b, self.s, self.env = cfg, b, s, env
+
+
+def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, regime, ref_sig,
+                precision: str, attn: str, log) -> tuple[list[Probe], dict[str, int], list[Recording]]:
+    """The base probe, one per variable (only it changes), and two joint probes; each must record the same
+    ops as the base. Variables that cannot change alone without changing the ops are held fixed."""
+    probes: list[Probe] = []
+    recs: list[Recording] = []
+    single: dict[str, int] = {}
+
+    def env_of(cfg, bb, ss):
+        resolved = hf_config(cfg).to_dict()
+        return {**{k: get_var(resolved, k) for k in variables}, "b": bb, "s": ss}
+
+    def attempt(cfg, bb, ss):
+        cfg = regime.couple(cfg)
+        if not regime.valid(cfg, bb, ss) or not typical(cfg):
+            return None, None
+        try:
+            rec = run(cfg, precision, attn, bb, ss)
+        except Exception as e:  # noqa: BLE001 - an invalid probe config: try another value
+            log(f"    probe rejected: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+            return None, None
+        if signature(rec) != ref_sig:
+            return None, None
+        return rec, cfg
+
+    base = regime.setup(copy.deepcopy(base_cfg), b, s)
+    if not typical(base):
+        raise LearnError(f"the base config of regime {regime.name} is not typical (hidden size / heads)")
+    rec0 = run(base, precision, attn, b, s)
+    if ref_sig is None:
+        ref_sig = signature(rec0)
+    elif signature(rec0) != ref_sig:
+        raise LearnError("the base probe records different ops than the reference")
+    env0 = env_of(base, b, s)
+    probes.append(Probe(base, b, s, env0))
+    recs.append(rec0)
+    knobs = [("b", b), ("s", s)] + [(v, get_var(base, v)) for v in variables]
+    for name, val in knobs:
+        if name in regime.fixed or val is None:
+            continue
+        for alt in ([b + 1, b + 2] if name == "b" else [s + 4, s + 6, s - 2] if name == "s" else alternatives(name, val)):
+            cfg = copy.deepcopy(base)
+            bb, ss = b, s
+            if name == "b":
+                bb = alt
+            elif name == "s":
+                ss = alt
+            else:
+                put_var(cfg, name, alt)
+            rec, used = attempt(cfg, bb, ss)
+            if rec is None:
+                continue
+            env = env_of(used, bb, ss)
+            changed = {k for k in env if env[k] != env0[k]}
+            if name not in changed or changed - {name} - set(regime.fixed):
+                continue
+            single[name] = len(probes)
+            probes.append(Probe(used, bb, ss, env))
+            recs.append(rec)
+            break
+        else:
+            log(f"    {name} held fixed at {val} (no other value keeps the same ops)")
+    # joint probes: every variable that could change alone changes at once
+    for mult in (0, 1):
+        cfg = copy.deepcopy(base)
+        bb, ss = b, s
+        for name, val in knobs:
+            if name not in single:
+                continue
+            p = probes[single[name]]
+            if name == "b":
+                bb = p.b + mult
+            elif name == "s":
+                ss = p.s + 2 * mult
+            else:
+                put_var(cfg, name, get_var(p.cfg, name) if mult == 0 else alternatives(name, get_var(p.cfg, name))[0])
+        rec, used = attempt(cfg, bb, ss)
+        if rec is not None:
+            probes.append(Probe(used, bb, ss, env_of(used, bb, ss)))
+            recs.append(rec)
+    return probes, single, recs
+
+
+# --------------------------------------------------------------------------- regimes
+
+
+class Regime:
+    """A condition under which the recorded ops differ (``num_key_value_heads == num_attention_heads``:
+    no ``repeat_kv``; ``b == 1``: the shifted labels are a view; ``s > sliding_window``: a mask). ``setup``
+    puts the base config in the regime, ``couple`` keeps a probe in it after one variable changed (MHA:
+    the key/value heads follow the heads), ``valid`` rejects probes outside it; ``fixed`` variables are
+    not varied (``b`` under ``b == 1``)."""
+
+    def __init__(self, name: str, when: str | None, setup=None, couple=None, valid=None, fixed: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.when = when
+        self.setup = setup or (lambda cfg, b, s: cfg)
+        self.couple = couple or (lambda cfg: cfg)
+        self.valid = valid or (lambda cfg, b, s: True)
+        self.fixed = fixed
+
+
+# --------------------------------------------------------------------------- symbolic segments
+
+
+def symbolize(cuts: list[Cut], fitter: Fitter, log, skip: set[int] = frozenset()) -> list[dict[str, Any]]:
+    """The segments of ``cuts[0]`` with every dimension (and size-dependent backward temporary) written as
+    an expression fitted over all probes (segments in ``skip`` are left without)."""
+    base = cuts[0]
+    out = []
+    for n, seg in enumerate(base.segments):
+        if n in skip:
+            out.append(dict(seg))
+            continue
+        segs = [c.segments[n] for c in cuts]
+        tensors = []
+        for k, entry in enumerate(seg["tensors"]):
+            dims = []
+            for d in range(len(entry[0])):
+                vals = [s["tensors"][k][0][d] for s in segs]
+                try:
+                    dims.append(fitter.fit(vals))
+                except FitError as e:
+                    raise LearnError(f"segment {seg['kind']} {seg['layer']} tensor t{k} {entry[1]} dim {d} "
+                                     f"(op {_creator(seg, k)}): {e}") from None
+            tensors.append([dims, entry[1], entry[2]])
+        out.append({**seg, "sym_tensors": tensors})
+    return out
+
+
+def _creator(seg: dict[str, Any], k: int) -> str:
+    for op in seg["ops"]:
+        if f"t{k}" in op[2]:
+            return op[0]
+    return "?"
+
+
+def digest(obj: Any) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------- one variant: probes -> segments
+
+
+def _global_to_local(cut: Cut) -> dict[int, tuple[int, int]]:
+    return cut.op_seg
+
+
+def segment_json(cut: Cut, sym: list[dict[str, Any]], n: int, rec: Recording, backward: dict[int, Any],
+                 fitter: Fitter, sites: list[dict[str, Any]], pfields: dict[int, str | None] | None = None) -> dict[str, Any]:
+    """Segment ``n`` of a recording as the file stores it (see :mod:`.segments`)."""
+    seg = cut.segments[n]
+    ssym = sym[n]
+    ops = []
+    for k, (name, ins, outs, extra, gi) in enumerate(seg["ops"]):
+        ex = dict(extra)
+        ex.pop("site", None)
+        sc = ex.pop("sc", None)
+        if ex.get("pseudo") and sc:
+            ex["sc"] = sc
+            field = (pfields or {}).get(gi)
+            if field:
+                ex["pf"] = field
+        bw = backward.get(gi)
+        if bw is not None:
+            kinds = _grad_kinds(rec, bw)
+            if kinds:
+                ex["g"] = kinds
+        ops.append([name, ins, outs, ex] if ex else [name, ins, outs])
+    tensors = [[t[0], t[1], t[2]] for t in ssym["sym_tensors"]]
+    out = {"t": tensors, "ops": ops, "args": [a[0] for a in seg["args"]]}
+    # Python lifetimes
+    die: dict[str, Any] = {}
+    local = seg["local"]
+    for tid, k in local.items():
+        t = rec.tensors[tid]
+        st = rec.storages[t["sid"]]
+        if st["owner"] != tid:
+            continue
+        d = st.get("death")
+        if st.get("death_phase") == "after" or d is None:
+            die[f"t{k}"] = "F"
+        elif seg["first"] <= d < seg["end"]:
+            die[f"t{k}"] = d - seg["first"]
+    for tid, j in seg["argmap"].items():
+        st = rec.storages[rec.tensors[tid]["sid"]]
+        d = st.get("death")
+        if d is not None and st.get("death_phase") == "forward" and seg["first"] <= d < seg["end"]:
+            die[f"a{j}"] = d - seg["first"]
+    out["die"] = die
+    if seg["kind"] == "layer":
+        out["out"] = seg["out"]
+    seg_sites = []
+    for si, site in enumerate(rec.sites):
+        if not (seg["first"] <= site["start"] < seg["end"]):
+            continue
+        start, end = site["start"] - seg["first"], site["end"] - 1 - seg["first"]
+        inref = _local_ref(cut, n, site["input"])
+        outref = _local_ref(cut, n, site["output"])
+        mod = site["module"] if seg["layer"] is None else site["module"].replace(f".{seg['layer']}.", ".{i}.", 1)
+        entry = {"module": mod, "start": start, "end": end, "input": inref, "output": outref,
+                 "in": sites[si]["in"], "out": sites[si]["out"], "rank": len(rec.tensors[site["input"]]["shape"])}
+        if site["bias"]:
+            entry["bias"] = True
+        if site["conv1d"]:
+            entry["conv1d"] = True
+        if site.get("custom"):
+            entry["custom"] = True
+        seg_sites.append(entry)
+    if seg_sites:
+        out["sites"] = seg_sites
+    return out
+
+
+def _local_ref(cut: Cut, n: int, tid: int) -> str:
+    seg = cut.segments[n]
+    if tid in seg["local"]:
+        return f"t{seg['local'][tid]}"
+    if tid in seg["argmap"]:
+        return f"a{seg['argmap'][tid]}"
+    return cut._ref(tid, n, seg, seg["local"], seg["argmap"])
+
+
+def _grad_kinds(rec: Recording, bw: dict[str, Any]) -> str | None:
+    """Per differentiable edge: ``n`` a new gradient, ``p`` the incoming one passed through, ``-`` none."""
+    ins = set(x for x in bw.get("in", []) if x is not None)
+    out = []
+    for g in bw.get("out", []):
+        if g is None:
+            out.append("-")
+        elif g in ins:
+            out.append("p")
+        else:
+            out.append("n")
+    return "".join(out) if out else None
+
+
+def structure(seg: dict[str, Any]) -> str:
+    """A segment's ops and tensors without their sizes: equal structures fit to the same expressions."""
+    return digest({"ops": [[o[0], o[1], o[2], {k: v for k, v in o[3].items() if k != "sc"}] for o in seg["ops"]],
+                   "t": [[len(t[0]), t[1], t[2]] for t in seg["tensors"]]})
+
+
+def _names_in(obj) -> set[str]:
+    out: set[str] = set()
+    if isinstance(obj, str):
+        out.update(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", obj))
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            out |= _names_in(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            out |= _names_in(x)
+    return out
+
+
+def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str, attn: str, regime: Regime,
+                  b: int, s: int, log, pf: list[str | None] | None = None, refs: list[dict[str, Any]] = ()
+                  ) -> dict[str, Any]:
+    """Record one variant at every probe, fit, and return its segments (plain dicts) and tables.
+
+    With ``ref`` (the same variant in another regime, already learned), segments whose structure is the
+    same there are taken from it, and only the variables that the differing segments' counterparts use
+    are probed."""
+    log(f"  {precision}/{attn} [{regime.name}]")
+    reuse: dict[int, int] = {}
+    probe_vars = variables
+    ref = None
+    if refs:
+        base0 = regime.setup(copy.deepcopy(base_cfg), b, s)
+        cut_b = Cut(run(base0, precision, attn, b, s), {})
+        mine = [structure(sg) for sg in cut_b.segments]
+
+        def shared(r):
+            keys = [structure(sg) for sg in r["cut"].segments]
+            return sum(1 for n, k in enumerate(mine) if n < len(keys) and keys[n] == k)
+
+        ref = max(refs, key=shared)
+        ref_keys = [structure(sg) for sg in ref["cut"].segments]
+        differing = []
+        for n, sg in enumerate(cut_b.segments):
+            if n < len(ref_keys) and structure(sg) == ref_keys[n]:
+                reuse[n] = n
+            else:
+                differing.append(n)
+        if len(cut_b.segments) == len(ref_keys) and differing:
+            needed = set()
+            for n in differing:
+                needed |= _names_in(ref["sym"][n]["sym_tensors"])
+            probe_vars = [v for v in variables if v in needed]
+        elif not differing:
+            probe_vars = []
+        log(f"    {len(reuse)} segment(s) as in [{ref['regime']}], probing {probe_vars or 'b, s only'}")
+    probes, single, recs = make_probes(base_cfg, probe_vars, b, s, regime, None, precision, attn, log)
+    floats = [k for k, v in probes[0].cfg.items() if isinstance(v, float)] + list(NESTED)
+    for p in probes:
+        p.env.update({k: get_var(p.cfg, k) for k in floats})
+    fitter = Fitter([p.env for p in probes], single, floats)
+    cuts = [Cut(r, {}) for r in recs]
+    sym = symbolize(cuts, fitter, log, skip=set(reuse))
+    for n, m in reuse.items():
+        sym[n] = {**sym[n], "sym_tensors": ref["sym"][m]["sym_tensors"]}
+    base_rec = run(probes[0].cfg, precision, attn, probes[0].b, probes[0].s, backward=True)
+    if signature(base_rec) != signature(recs[0]):
+        raise LearnError("a second recording of the base probe differs from the first")
+    cut0 = cuts[0]
+    sites = []
+    def site_keys(site_list):
+        # a call site by module and occurrence: op positions shift when another segment differs
+        seen: dict[str, int] = {}
+        out = []
+        for st in site_list:
+            seen[st["module"]] = seen.get(st["module"], 0) + 1
+            out.append((st["module"], seen[st["module"]]))
+        return out
+
+    ref_sites = {k: i for i, k in enumerate(site_keys(ref["rec"].sites))} if ref is not None else {}
+    my_keys = site_keys(recs[0].sites)
+    full_envs = [_full_env(p) for p in probes] if ref is not None else []
+    for si in range(len(recs[0].sites)):
+        j = ref_sites.get(my_keys[si])
+        if j is not None and _reproduces(ref["sites"][j], full_envs, [r.sites[si] for r in recs]):
+            # the reference regime fitted this site with every size varied; these probes vary only some
+            sites.append(ref["sites"][j])
+            continue
+        try:
+            sites.append({"in": fitter.fit([r.sites[si]["in"] for r in recs]),
+                          "out": fitter.fit([r.sites[si]["out"] for r in recs])})
+        except FitError:
+            if j is None:
+                raise
+            sites.append(ref["sites"][j])
+    pseudo_at = [i for i, o in enumerate(recs[0].ops) if o.get("pseudo")]
+    if pf is not None and len(pf) != len(pseudo_at):
+        raise LearnError(f"{len(pseudo_at)} dropout/attention call sites here, {len(pf)} when every dropout is on")
+    fields = dict(zip(pseudo_at, pf or []))
+    segs = [segment_json(cut0, sym, n, recs[0], base_rec.backward, fitter, sites, fields)
+            for n in range(len(cut0.segments))]
+    params: dict[str, Any] = {}
+    buffers: dict[str, Any] = {}
+    if ref is None:
+        for name, tid in recs[0].params.items():
+            dims = [fitter.fit([r.tensors[r.params[name]]["shape"][d] for r in recs])
+                    for d in range(len(recs[0].tensors[tid]["shape"]))]
+            params[name] = (dims, recs[0].tensors[tid]["dtype"])
+        for name, tid in recs[0].buffers.items():
+            dims = [fitter.fit([r.tensors[r.buffers[name]]["shape"][d] for r in recs])
+                    for d in range(len(recs[0].tensors[tid]["shape"]))]
+            buffers[name] = (dims, recs[0].tensors[tid]["dtype"])
+    else:
+        params, buffers = ref["params"], ref["buffers"]
+    return {"cut": cut0, "rec": recs[0], "segments": segs, "params": params, "buffers": buffers, "sym": sym,
+            "sites": sites, "meta": base_rec.meta, "probes": probes, "accumulate": base_rec.accumulate,
+            "fitter": fitter, "regime": regime.name}
+
+
+# --------------------------------------------------------------------------- the whole file
+
+
+def _layer_template(name: str, layer_prefix: str) -> tuple[str, int | None]:
+    m = re.match(re.escape(layer_prefix) + r"\.(\d+)\.", name)
+    if not m:
+        return name, None
+    return layer_prefix + ".{i}." + name[m.end():], int(m.group(1))
+
+
+def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | None, segments: dict[str, Any],
+                  layer_prefix: str, kind_expr: str | None = None) -> dict[str, Any]:
+    cut, rec, segs = res["cut"], res["rec"], res["segments"]
+    nlayers = len(segs) - 2
+    pro, epi = dict(segs[0]), dict(segs[-1])
+    # prologue storages released in the epilogue (cos/sin, masks, the embedding output: the base model's locals)
+    first_epi = cut.segments[-1]["first"]
+    for tid, k in cut.segments[0]["local"].items():
+        st = rec.storages[rec.tensors[tid]["sid"]]
+        if st["owner"] != tid or st.get("death_phase") != "forward":
+            continue
+        d = st.get("death")
+        if d is not None and d >= first_epi:
+            epi.setdefault("die", {})[f"P{k}"] = d - first_epi
+        elif d is not None and d >= cut.segments[0]["end"]:
+            pass  # released inside a layer: the layer's argument death covers it
+    epi["loss"] = _local_ref(cut, len(segs) - 1, rec.loss)
+    out_mod = res["meta"]["output_module"]
+    for site in epi.get("sites", []):
+        if site["module"] == out_mod:
+            epi["logits_from"] = site["end"] + 1
+    if rec.embed_out is not None:
+        pro["embed_out"] = _local_ref(cut, 0, rec.embed_out)
+    kinds: dict[str, str] = {}
+    kind_of_layer = []
+    layer_args: dict[str, list[str]] = {}
+    template_by_kind: dict[str, dict[str, Any]] = {}
+    from fitplan.builtin.archexpr import compile_expr
+
+    env = hf_config(res["probes"][0].cfg).to_dict()
+    for j in range(nlayers):
+        seg = dict(segs[1 + j])
+        # the decoder loop holds a layer's input until the layer returns
+        last = len(seg["ops"]) - 1
+        die = dict(seg.get("die", {}))
+        if not isinstance(die.get("a0"), int) or die["a0"] < last:
+            die["a0"] = last
+        seg["die"] = die
+        cseg = cut.segments[1 + j]
+        key = digest({k: v for k, v in seg.items() if k != "die"})
+        if kind_expr:
+            kind = str(compile_expr(kind_expr)({**env, "i": j}))
+            if kinds.setdefault(kind, key) != key:
+                raise LearnError(f"layer {j} is of kind {kind!r} by the learned rule but records other ops")
+        else:
+            kind = kinds.setdefault(key, f"k{len(kinds)}")
+        kind_of_layer.append(kind)
+        if kind not in template_by_kind or j > 0:
+            template_by_kind[kind] = seg
+        refs = []
+        for name, _ in cseg["args"]:
+            pass
+        for tid, a in sorted(cseg["argmap"].items(), key=lambda kv: kv[1]):
+            if (j == 0 and a == 0) or (j > 0 and tid == cut.segments[j]["out_tid"]):
+                refs.append("h")
+            else:
+                where = cut.owner_seg.get(tid)
+                if where is None or where[0] != 0:
+                    raise LearnError(f"layer {j} argument {a} comes neither from the prologue nor the previous layer")
+                refs.append(f"P{where[1]}")
+        layer_args[kind] = refs
+    first = cut.segments[1]["argmap"]
+    first_tid = next(t for t, a in first.items() if a == 0)
+    first_input = f"P{cut.owner_seg[first_tid][1]}"
+    ids = {}
+    for nm, seg in (("prologue", pro), ("epilogue", epi)):
+        d = digest(seg)
+        segments[d] = seg
+        ids[nm] = d
+    layer_ids = {}
+    for kind, seg in template_by_kind.items():
+        d = digest(seg)
+        segments[d] = seg
+        layer_ids[kind] = d
+    return {"precision": precision, "attn": attn, "when": when, "prologue": ids["prologue"],
+            "epilogue": ids["epilogue"], "layers": layer_ids, "layer_args": layer_args, "first_input": first_input,
+            "kinds": kind_of_layer}
+
+
+SWITCH_SKIP = {"use_cache", "tie_word_embeddings", "return_dict", "output_hidden_states", "output_attentions",
+               "is_encoder_decoder", "torchscript", "tie_encoder_decoder", "is_decoder", "add_cross_attention",
+               "output_router_logits", "use_return_dict", "_attn_implementation_autoset"}
+
+
+def _full_env(p: Probe) -> dict[str, Any]:
+    """Every config field of a probe as the config class resolves it (not only the varied ones), b and s."""
+    resolved = hf_config(p.cfg).to_dict()
+    names = set(resolved) | set(NESTED)
+    env = {}
+    for k in names:
+        try:
+            env[k] = get_var(resolved, k)
+        except Exception:  # noqa: BLE001 - a nested name this config does not have
+            pass
+    return {**env, **p.env}
+
+
+def _reproduces(site: dict[str, str], envs: list[dict[str, Any]], seen: list[dict[str, Any]]) -> bool:
+    """Whether a site's fitted in/out features give what every probe recorded."""
+    from fitplan.builtin.archexpr import compile_expr
+
+    try:
+        return all(compile_expr(site[k])(env) == got[k] for env, got in zip(envs, seen) for k in ("in", "out"))
+    except Exception:  # noqa: BLE001 - an expression over a field these probes lack
+        return False
+
+
+STRING_SKIP = {"model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "name_or_path",
+               "architectures", "problem_type", "tokenizer_class", "prefix", "finetuning_task"}
+
+
+def _string_alternatives(k: str, v: str, cls) -> list[str]:
+    """Other values to try for a string field: other activation functions for an activation (a key of
+    transformers' ``ACT2FN``), else the config class's default."""
+    from transformers.activations import ACT2FN
+
+    from . import configrules
+
+    if v in ACT2FN:
+        return [a for a in ("silu", "gelu", "gelu_pytorch_tanh") if a != v][:1]
+    default = configrules.class_defaults(cls).get(k)
+    return [default] if isinstance(default, str) and default != v else []
+
+
+def structural_flags(base: dict[str, Any], variant: tuple[str, str], b: int, s: int, log, cls=None) -> dict[str, Any]:
+    """The config's true/false fields that change the recorded ops (biases, parallel blocks, q/k norms)
+    and its string fields that do (the activation, DeepSeek's ``topk_method``), with their values here;
+    the file is learned for these values (``fitplan learn-architecture`` on a config with others adds
+    them, see :func:`.files.merge`)."""
+    ref = signature(run(base, variant[0], variant[1], b, s))
+    out: dict[str, Any] = {}
+    for k, v in base.items():
+        if k in SWITCH_SKIP or k in STRING_SKIP or k.startswith("_"):
+            continue
+        if isinstance(v, bool):
+            alts: list[Any] = [not v]
+        elif isinstance(v, str) and cls is not None:
+            alts = _string_alternatives(k, v, cls)
+        else:
+            continue
+        for alt in alts:
+            try:
+                sig = signature(run({**base, k: alt}, variant[0], variant[1], b, s))
+            except Exception:  # noqa: BLE001 - the other value is not allowed: not a switch
+                continue
+            if sig != ref:
+                out[k] = v
+                break
+    return out
+
+
+def flag_condition(flags: dict[str, Any]) -> str | None:
+    """The file's ``flags.when``: ``attention_bias and not mlp_bias and hidden_act == 'silu'``."""
+    parts = [(k if v else f"not {k}") if isinstance(v, bool) else f"{k} == {v!r}" for k, v in flags.items()]
+    return " and ".join(parts) or None
+
+
+def toggles(base: dict[str, Any], cls) -> list[list[Regime]]:
+    """The regime switches that apply to this config, each a list of mutually exclusive states (the first
+    is where the others are compared from)."""
+    from .configrules import attribute_map
+
+    amap = attribute_map(cls)
+    heads = amap.get("num_attention_heads", "num_attention_heads")
+    hidden = amap.get("hidden_size", "hidden_size")
+    kv = next((k for k in base if re.search(r"(key_value_heads|kv_heads|n_head_kv)$", k)
+               and isinstance(base[k], int) and not isinstance(base[k], bool)), None)
+    out = []
+    if kv and heads in base:
+        def widen(cfg, a, g):
+            cfg = {**cfg, heads: a, kv: g}
+            if hidden in cfg and isinstance(cfg[hidden], int) and cfg[hidden] % (16 * a):
+                # a head width divisible by 16 keeps partial rotary dimensions (x 0.25, 0.5, 0.75) even, also
+                # when the heads probe doubles the heads
+                cfg[hidden] = 16 * a * -(-cfg[hidden] // (16 * a))
+            return cfg
+
+        gqa = Regime("gqa", f"{kv} != {heads} and {kv} != 1", lambda cfg, b, s: widen(cfg, 12, 4),
+                     valid=lambda cfg, b, s: cfg[kv] not in (1, cfg[heads]) and cfg[heads] % cfg[kv] == 0)
+        mha = Regime("mha", f"{kv} == {heads}", lambda cfg, b, s: {**cfg, kv: cfg[heads]},
+                     lambda cfg: {**cfg, kv: cfg[heads]}, fixed=(kv,))
+        mqa = Regime("mqa", f"{kv} == 1 and {heads} != 1", lambda cfg, b, s: widen(cfg, max(cfg[heads], 2), 1),
+                     valid=lambda cfg, b, s: cfg[heads] != 1, fixed=(kv,))
+        out.append([gqa, mha, mqa])
+    out.append([Regime("b>1", "b != 1", valid=lambda cfg, b, s: b != 1),
+                Regime("b1", "b == 1", fixed=("b",))])
+    win = next((k for k in ("sliding_window", "attention_chunk_size") if k in base), None)
+    if win:
+        cond = f"{win} is not None and s > {win}"
+        out.append([Regime("no-window", f"not ({cond})", lambda cfg, b, s, win=win: {**cfg, win: 4096},
+                           valid=lambda cfg, b, s, win=win: s <= cfg[win], fixed=(win,)),
+                    Regime("window", cond, lambda cfg, b, s, win=win: {**cfg, win: 5},
+                           valid=lambda cfg, b, s, win=win: s > cfg[win], fixed=(win,))])
+    return out
+
+
+def _combine(regs: list[Regime]) -> Regime:
+    def setup(cfg, b, s):
+        for r in regs:
+            cfg = r.setup(cfg, b, s)
+        return cfg
+
+    def couple(cfg):
+        for r in regs:
+            cfg = r.couple(cfg)
+        return cfg
+
+    def valid(cfg, b, s):
+        return all(r.valid(cfg, b, s) for r in regs)
+
+    when = " and ".join(f"({r.when})" for r in regs if r.when) or None
+    fixed = tuple(x for r in regs for x in r.fixed)
+    return Regime("+".join(r.name for r in regs) or "base", when, setup, couple, valid, fixed)
+
+
+def learn(config: dict[str, Any], **kw) -> dict[str, Any]:
+    """Learn the architecture of ``config``'s ``model_type``; returns the file's content (a dict)."""
+    return learn_full(config, **kw)[0]
+
+
+def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int = 2, s: int = 16,
+               regimes: bool = True, first_only: bool = False):
+    """:func:`learn`, also returning the per-variant results and regimes (for :mod:`.verify`)."""
+    import itertools
+
+    import peft
+    import torch
+    import transformers
+
+    from . import configrules
+    from .. import __version__
+
+    model_type = config["model_type"]
+    base = hf_config(config).to_dict()
+    for k in ("_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype"):
+        base.pop(k, None)
+    if "tie_word_embeddings" in base:
+        base["tie_word_embeddings"] = False  # record distinct tensors; the file says when they are one
+    vocab = base.get("vocab_size")
+    for k, v in list(base.items()):  # token ids must lie inside the (small) recorded vocabulary
+        if k.endswith("_token_id") and isinstance(v, int) and isinstance(vocab, int) and v >= vocab // 2:
+            base[k] = None if k != "pad_token_id" else 0
+        elif k.endswith("_token_id") and isinstance(v, list):
+            base[k] = None
+    cls = configrules.config_class(model_type)
+    NESTED.clear()
+    NESTED.update(nested_variables(base))
+    variables = size_variables(base) + list(NESTED)
+    log(f"learning {model_type}: variables {variables}")
+    from . import patterns
+
+    pattern = patterns.learn_pattern(base, variables, log)
+    kind_expr = None
+    if pattern is not None:
+        base = patterns.with_layers(pattern["cfg"], pattern["record_layers"])
+        kind_expr = " + '|' + ".join(f'("1" if ({r}) else "0")' for r in pattern["rules"].values())
+        log(f"  layer pattern: {pattern['rules']}, recorded with {pattern['record_layers']} layers")
+    switches = toggles(base, cls) if regimes else []
+    results = {}
+    entries_spec = []
+    drops = [k for k, v in base.items() if isinstance(v, float) and not isinstance(v, bool) and "drop" in k.lower()]
+    distinct = {f: DISTINCT_P[i] for i, f in enumerate(drops)}
+    supported = []
+    for precision, attn in variants:
+        try:
+            build(base, precision, attn)
+        except ValueError as e:
+            log(f"  {precision}/{attn}: not supported by this model ({str(e).splitlines()[0][:90]})")
+            continue
+        supported.append((precision, attn))
+    flags = structural_flags(base, supported[0], b, s, log, cls)
+    flag_when = flag_condition(flags)
+    if flags:
+        log(f"  switches that change the graph, learned as given: {flags}")
+    for precision, attn in supported:
+        # dropout: every probability distinct and nonzero, so each call site tells which field it reads; SDPA
+        # is recorded without dropout (the CPU would take the math path, whose output layout CUDA's kernels
+        # do not have), its field found from a recording with it on
+        mapped = {**base, **distinct}
+        rec_map = None
+        for combo in itertools.product(*switches):
+            default = _combine(list(combo))
+            bb = 1 if "b" in default.fixed else b
+            try:
+                rec_map = run(default.setup(mapped, bb, s), precision, attn, bb, s)
+                break
+            except Exception as e:  # noqa: BLE001 - e.g. DeepSeek-V2's attention needs kv heads == heads
+                log(f"    regime {default.name} does not run: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+        if rec_map is None:
+            raise LearnError(f"{precision}/{attn}: the model runs in none of the regimes")
+        pf = []
+        sdpa_fields = set()
+        for o in rec_map.ops:
+            if o.get("pseudo"):
+                pv = o["scalars"].get("p", 0.0)
+                field = next((f for f, v in distinct.items() if abs(v - pv) < 1e-9), None)
+                pf.append(field)
+                if o["pseudo"] == "sdpa" and field:
+                    sdpa_fields.add(field)
+        vbase = {**mapped, **{f: 0.0 for f in sdpa_fields}}
+        # record every combination of regime states once (ops only); learn one per distinct set of ops,
+        # from its most general combination (the states are ordered general-first)
+        classes: dict[Any, list[tuple[Regime, ...]]] = {}
+        for combo in itertools.product(*switches):
+            reg = _combine(list(combo))
+            bb = 1 if "b" in reg.fixed else b
+            try:
+                sig = signature(run(reg.setup(vbase, bb, s), precision, attn, bb, s))
+            except Exception as e:  # noqa: BLE001 - a combination this model cannot take
+                log(f"    regime {reg.name} not learnable: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+                continue
+            classes.setdefault(json.dumps(sig), []).append(combo)
+        log(f"  {precision}/{attn}: {len(classes)} distinct graph(s) over {sum(len(c) for c in classes.values())} regimes")
+        learned: list[dict[str, Any]] = []
+        for combos in list(classes.values())[:1] if first_only else classes.values():
+            reg = _combine(list(combos[0]))
+            if len(classes) == 1:
+                reg.when = None
+            else:
+                reg.when = " or ".join("(" + " and ".join(f"({r.when})" for r in combo if r.when) + ")" for combo in combos)
+            if flag_when:
+                reg.when = f"({flag_when}) and ({reg.when})" if reg.when else flag_when
+            bb = 1 if "b" in reg.fixed else b
+            res = learn_variant(vbase, variables, precision, attn, reg, bb, s, log, pf, refs=learned)
+            learned.append(res)
+            res["variables"] = variables
+            results[(precision, attn, reg.name)] = res
+            entries_spec.append((precision, attn, reg))
+    ref = next(iter(results.values()))
+    meta = ref["meta"]
+    layer_prefix = _layer_prefix(ref["rec"])
+    segments: dict[str, Any] = {}
+    entries = [variant_entry(results[(p, a, r.name)], p, a, r.when, segments, layer_prefix, kind_expr)
+               for p, a, r in entries_spec]
+    kinds = entries[0]["kinds"]
+    for e in entries:
+        if len(set(e["kinds"])) != len(set(kinds)):
+            raise LearnError("the layer pattern differs between precisions / attention kernels")
+        del e["kinds"]
+    kind_names = sorted(set(kinds), key=kinds.index)
+    ref16 = next((r for (p, a, _), r in results.items() if p == "16"), ref)  # a mixed-only learning (drift test)
+    # parameters, from the 16-bit recording (its dtypes say which tensors stay fp32)
+    params = []
+    seen = set()
+    for name, (dims, dtype) in ref16["params"].items():
+        tmpl, layer = _layer_template(name, layer_prefix)
+        if tmpl in seen:
+            continue
+        seen.add(tmpl)
+        role = meta["roles"].get(name, "other")
+        where = None
+        if layer is not None:
+            suffix = tmpl.split(".{i}.", 1)[1]
+            where = sorted({kinds[i] for i in range(len(kinds)) if f"{layer_prefix}.{i}.{suffix}" in ref16["params"]})
+        cond = None
+        if role == "output" and "tie_word_embeddings" in base:
+            cond = "not tie_word_embeddings"
+        entry = [tmpl, dims, role, where, cond, dtype]
+        if name in meta["conv1d"]:
+            entry.append("conv1d")
+        elif name in meta.get("custom", ()):
+            entry.append("custom")  # a subclass of nn.Linear: peft adapts it, bitsandbytes does not quantize it
+        params.append(entry)
+    tied = []
+    out_param = next((p[0] for p in params if p[2] == "output"), None)
+    in_param = next((p[0] for p in params if p[2] == "embedding"), None)
+    if out_param and in_param and "tie_word_embeddings" in base:
+        tied.append([out_param, in_param, "tie_word_embeddings"])
+    buffers = []
+    for name, (dims, dtype) in ref16["buffers"].items():
+        tmpl, layer = _layer_template(name, layer_prefix)
+        if any(bb[0] == tmpl for bb in buffers):
+            continue
+        buffers.append([tmpl, dims, dtype, layer is not None])
+    used = _used_names(segments, params, buffers)
+    used.update(flags)
+    if kind_expr:
+        used.update(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", kind_expr))
+    for e in entries:
+        if e.get("when"):
+            used.update(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", e["when"]))
+    n_layers = configrules.attribute_map(cls).get("num_hidden_layers", "num_hidden_layers")
+    fields = [f for f in base if f in used] + [f for f in NESTED if f in used] + [n_layers]
+    if "tie_word_embeddings" in base:
+        fields.append("tie_word_embeddings")
+    fields = list(dict.fromkeys(fields))
+    cfg_rules = configrules.learn_config(model_type, fields, ref["probes"], log, dict(NESTED))
+    return ({
+        "format": 1,
+        "model_type": model_type,
+        "learned": {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
+                    "peft": peft.__version__, "fitplan_torch": __version__, "config_class": meta["config_class"],
+                    "model_class": meta["model_class"]},
+        "config": cfg_rules,
+        "spec": configrules.spec_map(base, cls, cfg_rules["fields"]),
+        "params": params,
+        "tied": tied,
+        "buffers": buffers,
+        "output_module": meta["output_module"],
+        "layers": {"kind": kind_expr, "kinds": kind_names, "prefix": layer_prefix},
+        "variants": entries,
+        "segments": segments,
+        "accumulate_clone": sorted(n for n, how in ref["accumulate"].items() if how == "clone"),
+        "flags": {"values": flags, "when": flag_when},
+        "autograd": _missing_rules(segments),
+        "lora": peft_parameter_targets(model_type),
+        "attn_implementations": sorted({a for _, a in supported}),
+    }, results, entries_spec)
+
+
+def _missing_rules(segments: dict[str, Any]) -> dict[str, Any]:
+    """Save rules for the ops this file uses that fitplan's shared table (autograd.json) lacks, so a file
+    learned for a new architecture is complete on its own."""
+    from fitplan.builtin.archfile import autograd_table
+
+    from .autograd_rules import table
+
+    try:
+        known = set(autograd_table())
+    except Exception:  # noqa: BLE001 - no shared table yet (while regenerating the bundle)
+        known = set()
+    ops = {op[0] for seg in segments.values() for op in seg["ops"] if not (len(op) > 3 and op[3].get("pseudo"))}
+    return table(ops - known)
+
+
+def peft_parameter_targets(model_type: str) -> dict[str, Any]:
+    """peft 0.21's v4 -> v5 MoE target conversion for this model type (``utils/transformers_weight_conversion
+    .py``): which old module names reach which fused parameters, and how many names share one (the rank
+    multiplier)."""
+    try:
+        from peft.utils import transformers_weight_conversion as T
+    except ImportError:
+        return {}
+    base = T._MODEL_TO_CONVERSION_PATTERN.get(model_type)
+    mapping = T._MOE_TARGET_MODULE_MAPPING.get(base) if base else None
+    fused = T._MOE_FUSED_TARGETS.get(base, {}) if base else {}
+    if not mapping or not fused:
+        return {}
+    return {"parameter_targets": {old: [new, len(fused.get(new, [])) or 1] for old, new in mapping.items()}}
+
+
+def _layer_prefix(rec: Recording) -> str:
+    names = list(rec.params)
+    for n in names:
+        m = re.match(r"(.*?)\.0\.", n)
+        if m:
+            return m.group(1)
+    return "model.layers"
+
+
+def _used_names(segments: dict[str, Any], params, buffers) -> set[str]:
+    out: set[str] = set()
+    ident = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+    def scan(x):
+        if isinstance(x, str):
+            out.update(ident.findall(x))
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                scan(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                scan(y)
+
+    for seg in segments.values():
+        scan(seg.get("t"))
+        for site in seg.get("sites", []):
+            scan([site["in"], site["out"]])
+        for op in seg["ops"]:
+            if len(op) > 3:
+                scan(op[3].get("pf"))
+    for p in params:
+        scan(p[1])
+    for bb in buffers:
+        scan(bb[1])
+    return out

@@ -1,0 +1,173 @@
+"""Symbolic sizes: every traced dimension written in terms of config fields, batch and sequence.
+
+The learner records the same model at several sizes (probes): a base, one probe per variable where only
+that variable changes, and joint probes where all change. A dimension is the vector of its values over
+the probes. Its dependencies are the variables whose own probe changed it; the fit then searches, in
+order, for the simplest expression over exactly those variables that reproduces the whole vector:
+
+1. a constant (no dependency);
+2. ``c · Π vᵢ^eᵢ`` (exponents -1, 1, 2; c a small integer or a half);
+3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m;
+4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``).
+
+A wrong expression would have to agree with every probe, including the joint ones; the learner then
+checks the whole file against a fresh recording at sizes no probe used (:mod:`.verify`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+from typing import Any
+
+COEFFS = {Fraction(c) for c in (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)} | {Fraction(1, 2), Fraction(1, 4), Fraction(3, 2)}
+
+
+class FitError(ValueError):
+    pass
+
+
+def _fmt_mono(mono: tuple[tuple[str, int], ...]) -> str:
+    num = []
+    for v, e in mono:
+        num.extend([v] * max(e, 0))
+    s = "*".join(num) if num else "1"
+    for v, e in mono:
+        if e < 0:
+            s += f"//{v}"
+    return s
+
+
+def _fmt(c: Fraction, mono: tuple[tuple[str, int], ...]) -> str | None:
+    if not mono:
+        return str(c.numerator) if c.denominator == 1 else None
+    m = _fmt_mono(mono)
+    neg = c < 0
+    c = abs(c)
+    if c == 1:
+        s = m
+    elif c.denominator == 1:
+        s = f"{c.numerator}*{m}"
+    elif c.numerator == 1:
+        s = f"{m}//{c.denominator}"
+    else:
+        s = f"{c.numerator}*{m}//{c.denominator}"
+    return "-" + s if neg else s
+
+
+class Fitter:
+    """Fits value vectors over a fixed set of probes (``env[0]`` is the base; ``single[v]`` the probe where
+    only ``v`` changed); results are cached per vector."""
+
+    def __init__(self, env: list[dict[str, Any]], single: dict[str, int], floats: list[str] = ()) -> None:
+        self.env = env
+        self.n = len(env)
+        self.single = single
+        self.floats = [f for f in floats if all(isinstance(e.get(f), float) for e in env)]
+        self.cache: dict[tuple[int, ...], str] = {}
+        self._monos: dict[frozenset, list] = {}
+
+    def check(self, expr: str, y: tuple[int, ...]) -> bool:
+        from fitplan.builtin.archexpr import compile_expr
+
+        f = compile_expr(expr)
+        try:
+            return all(f(e) == v for e, v in zip(self.env, y))
+        except (ZeroDivisionError, TypeError, KeyError):
+            return False
+
+    def deps(self, y: tuple[int, ...]) -> frozenset:
+        return frozenset(v for v, k in self.single.items() if y[k] != y[0])
+
+    def _val(self, mono) -> tuple[Fraction, ...]:
+        out = []
+        for e in self.env:
+            x = Fraction(1)
+            for v, p in mono:
+                x *= Fraction(e[v]) ** p
+            out.append(x)
+        return tuple(out)
+
+    def monos(self, deps: frozenset, full: bool) -> list:
+        key = (deps, full)
+        got = self._monos.get(key)
+        if got is not None:
+            return got
+        vs = sorted(deps)
+        out = []
+        subsets = [tuple(vs)] if full else [c for k in range(0, len(vs) + 1) for c in itertools.combinations(vs, k)]
+        for combo in subsets:
+            for exps in itertools.product((1, 2, -1), repeat=len(combo)):
+                if sum(abs(x) for x in exps) > 4 or (combo and all(x < 0 for x in exps)):
+                    continue
+                mono = tuple(zip(combo, exps))
+                out.append((mono, self._val(mono)))
+        self._monos[key] = out
+        return out
+
+    def fit(self, values) -> str:
+        y = tuple(int(v) for v in values)
+        got = self.cache.get(y)
+        if got is None:
+            got = self._fit(y)
+            self.cache[y] = got
+        return got
+
+    def _fit(self, y: tuple[int, ...]) -> str:
+        deps = self.deps(y)
+        if not deps:
+            if len(set(y)) == 1:
+                return str(y[0])
+            raise FitError(f"values {list(y)} change across probes but with no single variable")
+        fy = tuple(Fraction(v) for v in y)
+        best = None
+        for mono, val in self.monos(deps, True):
+            if val[0] == 0:
+                continue
+            c0 = fy[0] / val[0]
+            # exact first; then every small coefficient, checked with the integer (floor) semantics the
+            # expression has where HF divides sizes (hidden_size // num_attention_heads)
+            for c in ([c0] if c0 in COEFFS else []) + sorted(COEFFS, key=lambda x: abs(x - c0)):
+                s = _fmt(c, mono)
+                if s is None or (best is not None and len(s) >= len(best)):
+                    continue
+                if self.check(s, y):
+                    best = s
+                    break
+        if best is not None:
+            return best
+        for f in self.floats:
+            if f not in deps:
+                continue
+            rest = frozenset(deps - {f})
+            for mono, val in (self.monos(rest, True) if rest else [((), None)]):
+                inner = f"int({f}*{_fmt_mono(mono)})" if mono else f"int({f})"
+                for wrap in ("{x}", "{x}//2", "2*{x}", "{x}//4"):
+                    expr = wrap.format(x=inner)
+                    if self.check(expr, y):
+                        return expr
+        cand = None
+        parts = self.monos(deps, False)
+        for (m1, v1), (m2, v2) in itertools.combinations(parts, 2):
+            used = {v for v, _ in m1} | {v for v, _ in m2}
+            if used != set(deps):
+                continue
+            for i, j in itertools.combinations(range(self.n), 2):
+                det = v1[i] * v2[j] - v1[j] * v2[i]
+                if det != 0:
+                    break
+            else:
+                continue
+            c1 = (fy[i] * v2[j] - fy[j] * v2[i]) / det
+            c2 = (v1[i] * fy[j] - v1[j] * fy[i]) / det
+            if c1 == 0 or c2 == 0 or c1.denominator > 2 or c2.denominator > 2 or abs(c1) > 64 or abs(c2) > 64:
+                continue
+            t1, t2 = _fmt(c1, m1), _fmt(c2, m2)
+            if t1 is None or t2 is None:
+                continue
+            s = f"{t1} - {t2[1:]}" if t2.startswith("-") else f"{t1} + {t2}"
+            if (cand is None or len(s) < len(cand)) and self.check(s, y):
+                cand = s
+        if cand is not None:
+            return cand
+        raise FitError(f"no expression over {sorted(deps)} fits the values {list(y)}")

@@ -1,0 +1,345 @@
+"""Layer patterns: which decoder layers are of which kind, as a rule over the layer index and the config.
+
+Many architectures alternate layer kinds (sliding / global attention, dense / MoE MLP, layers without
+rotary embeddings). The learner finds them from the model's own structure: it builds the model (no
+forward, tiny widths, a few more layers) for several configs and writes a signature per layer (module
+classes, parameter shapes, the modules' plain attributes such as ``sliding_window`` or ``use_rope``).
+Each top-level part of a layer whose signature varies is a *feature*; a feature's value per layer is then
+explained by the first rule of a small template family that holds over every config tried:
+
+* a list field of the config: ``layer_types[i] == "sliding_attention"``, ``i in mlp_only_layers``,
+  ``no_rope_layers[i]``;
+* an integer field P: ``i >= P``, ``i < P``, ``(i + 1) % P == 0``, ``i % P == 0``, ``(i + 1) % P != 0``.
+
+When the config class derives a list (``layer_types``) from integer fields, the rule is written for both
+cases: ``(rule on the list) if layer_types is not None else (rule on the integers)``. The file's layer
+``kind`` expression joins the features; :mod:`.derive` then records one layer of each kind.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from typing import Any
+
+SKIP_ATTRS = {"training", "_is_hf_initialized", "layer_idx", "_modules", "_parameters", "_buffers"}
+N_LAYERS = 8
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
+CONFIG_NUMBERS: set = set()
+
+
+def _mask(attrs: dict[str, Any]) -> dict[str, Any]:
+    """Numbers copied from the config (a window, a scale) change with the config, not with the kind of
+    layer: keep only that they are set; flags, names and per-layer values (``is_sliding``, ``layer_type``,
+    ``use_rope``) stay."""
+    return {k: ("#" if isinstance(v, (int, float)) and not isinstance(v, bool) and v in CONFIG_NUMBERS else v)
+            for k, v in attrs.items()}
+
+
+def layer_structure(cfg: dict[str, Any], n_layers: int) -> list[dict[str, list]]:
+    """Per layer: {top-level part: [(module name, class, plain attributes, parameter shapes)]} (the layer's
+    own attributes under ``.``)."""
+    from .derive import build
+    from .record import decoder_layers
+
+    c = copy.deepcopy(cfg)
+    _set_layers(c, n_layers)
+    try:
+        model, _ = build(c, "16", "sdpa")
+    except ValueError:  # a model without SDPA support (Gemma-2)
+        model, _ = build(c, "16", "eager")
+    out = []
+    for layer in decoder_layers(model):
+        parts: dict[str, list] = {}
+        own = {k: v for k, v in vars(layer).items() if k not in SKIP_ATTRS and not k.startswith("_") and _scalar(v)}
+        parts["."] = [["", type(layer).__name__, own, {}]]
+        for name, child in layer.named_children():
+            mods = []
+            for sub_name, sub in child.named_modules():
+                attrs = {k: v for k, v in vars(sub).items() if k not in SKIP_ATTRS and not k.startswith("_") and _scalar(v)}
+                params = {k: tuple(p.shape) for k, p in sub.named_parameters(recurse=False)}
+                mods.append([sub_name, type(sub).__name__, attrs, params])
+            parts[name] = mods
+        out.append(parts)
+    return out
+
+
+class Projection:
+    """What distinguishes the layers of one config, applied to any config: per part, the module classes and
+    parameter shapes, and the attributes whose values differ between that config's layers (numbers kept
+    only as "set": a window copied from the config changes with the config, not with the kind of layer;
+    0/1 flags such as ``use_rope`` are kept)."""
+
+    def __init__(self, base: list[dict[str, list]]) -> None:
+        self.keys: dict[str, set] = {}
+        for part in sorted({k for layer in base for k in layer}):
+            seen: dict[tuple, set] = {}
+            for layer in base:
+                for name, cls, attrs, params in layer.get(part, []):
+                    for k, v in attrs.items():
+                        seen.setdefault((name, k), set()).add(json.dumps(v, default=str))
+            self.keys[part] = {key for key, vals in seen.items() if len(vals) > 1}
+
+    @staticmethod
+    def _norm(v: Any) -> Any:
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            return v
+        if isinstance(v, (int, float)):
+            return v if v in (0, 1) else "#"
+        return str(v)
+
+    def __call__(self, layer: dict[str, list]) -> dict[str, str]:
+        out = {}
+        for part, keys in self.keys.items():
+            mods = layer.get(part, [])
+            sig = [[name, cls, {k: self._norm(v) for k, v in attrs.items() if (name, k) in keys}, params]
+                   for name, cls, attrs, params in mods]
+            out[part] = json.dumps(sig, sort_keys=True, default=str)
+        return out
+
+
+PROJECT: list[Projection] = []
+
+
+def layer_features(cfg: dict[str, Any], n_layers: int) -> list[dict[str, str]]:
+    """Per layer: {part: signature} under the current projection (see :class:`Projection`)."""
+    raw = layer_structure(cfg, n_layers)
+    if not PROJECT:
+        return [{k: json.dumps(v, sort_keys=True, default=str) for k, v in layer.items()} for layer in raw]
+    return [PROJECT[-1](layer) for layer in raw]
+
+
+def with_layers(cfg: dict[str, Any], n: int) -> dict[str, Any]:
+    c = copy.deepcopy(cfg)
+    _set_layers(c, n)
+    return c
+
+
+def _set_layers(cfg: dict[str, Any], n: int) -> None:
+    for k in ("num_hidden_layers", "n_layer", "num_layers"):
+        if k in cfg:
+            cfg[k] = n
+    # lists sized by the layer count (given explicitly) follow it: repeat their pattern
+    for k, v in list(cfg.items()):
+        if isinstance(v, list) and v and k.endswith(("layer_types", "_layers")) and len(v) not in (0,) and \
+                all(isinstance(x, (str, int, bool)) for x in v) and k != "mlp_only_layers":
+            if k in ("layer_types",) or all(isinstance(x, (bool,)) or x in (0, 1) for x in v):
+                cfg[k] = [v[i % len(v)] for i in range(n)]
+
+
+def varying(feats: list[dict[str, str]]) -> list[str]:
+    names = sorted({k for f in feats for k in f})
+    return [k for k in names if len({f.get(k) for f in feats}) > 1]
+
+
+DEFAULTS: dict[str, Any] = {}
+"""The config class's own defaults (what the core sees for a list the config does not give)."""
+
+
+def _given(c, f):
+    return f in c[0] and c[0][f] is not None
+
+
+def _lv(c, f):
+    """A list field as fitplan's core reads it: the config's own value, else the class default."""
+    return c[0][f] if f in c[0] else DEFAULTS.get(f)
+
+
+def candidates(cfg: dict[str, Any], ints: list[str], lists: list[str], resolved: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Boolean rules over (layer index, config): ``(expression, predicate(i, given config, resolved config))``.
+
+    A rule on a list applies when the config gives the list; when it does not, the class derived it, so
+    the rule falls back to one on integers or constants (written ``(list rule) if L is not None else (...)``)."""
+    base: list[tuple[str, Any]] = []
+    for p in ints:
+        base.append((f"i >= {p}", lambda i, c, p=p: i >= c[1][p]))
+        base.append((f"i < {p}", lambda i, c, p=p: i < c[1][p]))
+        base.append((f"(i + 1) % {p} == 0", lambda i, c, p=p: c[1][p] != 0 and (i + 1) % c[1][p] == 0))
+        base.append((f"i % {p} == 0", lambda i, c, p=p: c[1][p] != 0 and i % c[1][p] == 0))
+    for k in (2, 3, 4, 5, 6, 8):
+        base.append((f"(i + 1) % {k} == 0", lambda i, c, k=k: (i + 1) % k == 0))
+        base.append((f"i % {k} == 0", lambda i, c, k=k: i % k == 0))
+    base.append(("True", lambda i, c: True))
+    simple = base + [(f"not ({e})", lambda i, c, f=f: not f(i, c)) for e, f in base]
+    out: list[tuple[str, Any]] = list(simple)
+    for f in lists:
+        vals = resolved.get(f)
+        if not isinstance(vals, list):
+            continue
+        if vals and all(isinstance(x, str) for x in vals):
+            list_rules = [(f'{f}[i] == "{x}"', lambda i, c, f=f, x=x: _lv(c, f)[i] == x) for x in sorted(set(vals))]
+        else:
+            list_rules = [(f"i in {f}", lambda i, c, f=f: i in (_lv(c, f) or ())),
+                          (f"i not in {f}", lambda i, c, f=f: i not in (_lv(c, f) or ())),
+                          (f"bool({f}[i])", lambda i, c, f=f: bool(_lv(c, f)[i])),
+                          (f"not {f}[i]", lambda i, c, f=f: not _lv(c, f)[i])]
+        out.extend(list_rules)
+        for le, lf in list_rules:
+            for se, sf in simple:
+                # membership combined with an integer rule (qwen2_moe: in mlp_only_layers or off the step)
+                out.append((f"({le}) and ({se})", lambda i, c, lf=lf, sf=sf: lf(i, c) and sf(i, c)))
+                out.append((f"({le}) or ({se})", lambda i, c, lf=lf, sf=sf: lf(i, c) or sf(i, c)))
+        for le, lf in list_rules:
+            for se, sf in simple:
+                # the list rule when the config gives the list, the fallback when the class derives it
+                out.append((f"({le}) if {f} is not None else ({se})",
+                            lambda i, c, f=f, lf=lf, sf=sf: lf(i, c) if _given(c, f) else sf(i, c)))
+    return out
+
+
+def feats_layers(cfg):
+    from .derive import hf_config
+
+    return range(int(hf_config(cfg).to_dict().get("num_hidden_layers") or 0))
+
+
+def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, Any] | None:
+    """The layer-kind rule for ``cfg``'s model type, or None when every layer is alike.
+
+    Returns ``{"rules": {feature: expression}, "record_layers": n, "cfg": config to record}``."""
+    from .derive import hf_config
+
+    PROJECT.clear()
+    PROJECT.append(Projection(layer_structure(cfg, N_LAYERS)))
+    feats = layer_features(cfg, N_LAYERS)
+    names = varying(feats)
+    if not names:
+        for f, v in _structural_ints(cfg, variables):
+            for alt in (1, 2, 3):
+                trial = {**cfg, f: alt}
+                try:
+                    fe = layer_features(trial, N_LAYERS)
+                except Exception:  # noqa: BLE001
+                    continue
+                if varying(fe):
+                    log(f"    layers alike at {f}={v}, not at {f}={alt}")
+                    return learn_pattern(trial, variables, log)
+        return None
+    from .configrules import class_defaults
+
+    resolved = hf_config(cfg).to_dict()
+    DEFAULTS.clear()
+    DEFAULTS.update(class_defaults(type(hf_config(cfg))))
+    lists = [k for k, v in resolved.items() if isinstance(v, list) and k != "architectures"
+             and all(isinstance(x, (str, int, bool)) for x in v)]
+    ints = [k for k, _ in _structural_ints(cfg, variables)]
+    no_lists = {k: v for k, v in cfg.items() if k not in lists}
+    observed = []  # (config as given, resolved config, layer features)
+
+    def observe(c):
+        try:
+            used = with_layers(c, N_LAYERS)
+            observed.append((used, hf_config(used).to_dict(), layer_features(c, N_LAYERS)))
+        except Exception:  # noqa: BLE001 - a value the class rejects
+            pass
+
+    # lists absent (the class derives them from integers or constants), integers varied
+    for c in [no_lists] + [{**no_lists, f: v} for f in ints for v in (1, 2, 3, 4)]:
+        observe(c)
+    # lists given explicitly
+    import random
+
+    rnd = random.Random(0)
+    for f in lists:
+        base = resolved.get(f)
+        if not isinstance(base, list):
+            continue
+        if base and all(isinstance(x, str) for x in base):
+            vals = sorted(set(base))
+            if len(vals) < 2:
+                continue
+            for _ in range(8):
+                observe({**cfg, f: [rnd.choice(vals) for _ in range(N_LAYERS)]})
+        elif all(isinstance(x, (int, bool)) and x in (0, 1) for x in base) and len(base) == len(feats_layers(cfg)):
+            for _ in range(6):
+                observe({**cfg, f: [rnd.choice((0, 1)) for _ in range(N_LAYERS)]})
+        else:  # a list of layer indices
+            for _ in range(6):
+                observe({**cfg, f: sorted(rnd.sample(range(N_LAYERS), rnd.randint(0, 3)))})
+        flags = bool(base) and all(isinstance(x, (int, bool)) and x in (0, 1) for x in base) and \
+            len(base) == len(feats_layers(cfg))
+        for p in ints:  # a given list together with other integers
+            for v in (2, 3):
+                if base and all(isinstance(x, str) for x in base):
+                    continue
+                given = [rnd.choice((0, 1)) for _ in range(N_LAYERS)] if flags else sorted(rnd.sample(range(N_LAYERS), 2))
+                observe({**cfg, p: v, f: given})
+    rules = {}
+    for name in names:
+        values = sorted({f.get(name) for f in feats}, key=str)
+        if len(values) != 2:
+            raise ValueError(f"layer part {name!r} takes {len(values)} forms; only two-way patterns are learned")
+        a = values[0]
+        rule = _fit(name, a, observed, candidates(cfg, ints, lists, resolved))
+        if rule is None:
+            raise ValueError(f"no rule explains which layers have which {name!r}")
+        rules[name] = rule
+        log(f"    layer feature {name}: {rules[name]}")
+    kinds_seen: dict[tuple, int] = {}
+    for i, f in enumerate(feats):
+        kinds_seen.setdefault(tuple(f.get(n) for n in names), i)
+    return {"rules": rules, "names": names, "record_layers": max(2, max(kinds_seen.values()) + 1), "cfg": cfg}
+
+
+def _constants() -> list[tuple[str, Any]]:
+    out = []
+    for k in (2, 3, 4, 5, 6, 8):
+        out.append((f"(i + 1) % {k} == 0", lambda i, c, k=k: (i + 1) % k == 0))
+        out.append((f"i % {k} == 0", lambda i, c, k=k: i % k == 0))
+    return out
+
+
+def _structural_ints(cfg: dict[str, Any], variables: list[str]) -> list[tuple[str, int]]:
+    from .derive import hf_config
+
+    resolved = hf_config(cfg).to_dict()
+    out = []
+    for k, v in resolved.items():
+        if isinstance(v, bool) or not isinstance(v, int) or k in variables or k.endswith("_token_id"):
+            continue
+        if k in ("num_hidden_layers", "n_layer", "max_position_embeddings", "n_positions", "chunk_size_feed_forward"):
+            continue
+        out.append((k, v))
+    return out
+
+
+def _pattern_configs(cfg: dict[str, Any], ints: list[str], lists: list[str]) -> list[dict[str, Any]]:
+    out = [copy.deepcopy(cfg)]
+    for f in ints:
+        for v in (1, 2, 3, 4):
+            out.append({**cfg, f: v})
+    for f in lists:
+        base = cfg.get(f)
+        if isinstance(base, list) and base and all(isinstance(x, str) for x in base):
+            vals = sorted(set(base))
+            for combo in itertools.islice(itertools.product(vals, repeat=N_LAYERS), 1, 40, 7):
+                out.append({**cfg, f: list(combo)})
+        elif f in cfg and cfg[f] is None or isinstance(base, list):
+            out.append({**{k: v for k, v in cfg.items() if k != f}})
+    return out
+
+
+def _fit(name: str, a: str, observed, cands):
+    for expr, pred in cands:
+        ok = bool(observed)
+        for given, rc, fe in observed:
+            for i, f in enumerate(fe):
+                try:
+                    p = bool(pred(i, (given, rc)))
+                except (IndexError, KeyError, TypeError, ZeroDivisionError):
+                    ok = False
+                    break
+                if p != (f.get(name) == a):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            return expr
+    return None

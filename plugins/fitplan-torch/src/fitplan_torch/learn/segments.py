@@ -1,0 +1,145 @@
+"""From a :class:`~.record.Recording` to segments: the prologue, one graph per decoder layer, the epilogue.
+
+Within a segment every tensor is referenced locally (``t<k>``, in creation order); tensors from outside
+are ``a<j>`` (the segment's j-th argument: a layer's hidden state and the context the model passes to
+every layer, the epilogue's final hidden state), ``P<k>`` (a prologue tensor), ``p:<name>`` (a parameter,
+``{i}`` standing for the layer index), ``b:<name>`` (a buffer) and ``x:<name>`` (the batch). A storage
+is released after the op named in ``die`` (the Python lifetime the recorder saw); ``L`` means when the
+caller rebinds the layer's result (the layer returns), ``M`` when the base model returns, ``F`` when the
+forward returns.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .record import Recording
+
+LAYER_RE = re.compile(r"\.(\d+)\.")
+
+
+def _param_template(name: str, layer: int | None) -> str:
+    if layer is None:
+        return name
+    return name.replace(f".{layer}.", ".{i}.", 1)
+
+
+class Cut:
+    """One recording cut into segments (numeric shapes; :mod:`.derive` makes them symbolic)."""
+
+    def __init__(self, rec: Recording, layer_names: dict[int, str]) -> None:
+        self.rec = rec
+        self.names = {tid: name for name, tid in rec.params.items()}
+        self.bufs = {tid: name for name, tid in rec.buffers.items()}
+        self.inputs = {tid: name for name, tid in rec.inputs.items()}
+        self.layer_names = layer_names
+        self.segments: list[dict[str, Any]] = []
+        self._cut()
+
+    # ------------------------------------------------------------------
+    def _cut(self) -> None:
+        rec = self.rec
+        bounds = [(None, 0, rec.layers[0]["start"] if rec.layers else rec.forward_end)]
+        for L in rec.layers:
+            bounds.append((L["index"], L["start"], L["end"]))
+        bounds.append(("epilogue", rec.layers[-1]["end"] if rec.layers else rec.forward_end, rec.forward_end))
+        self.owner_seg: dict[int, tuple[int, int]] = {}  # tid -> (segment number, local index)
+        self.op_seg: dict[int, tuple[int, int]] = {}
+        for n, (kind, a, b) in enumerate(bounds):
+            for k, i in enumerate(range(a, b)):
+                self.op_seg[i] = (n, k)
+        for n, (kind, a, b) in enumerate(bounds):
+            seg = {"kind": "prologue" if kind is None else ("epilogue" if kind == "epilogue" else "layer"),
+                   "layer": kind if isinstance(kind, int) else None, "first": a, "end": b}
+            self.segments.append(seg)
+        for n, seg in enumerate(self.segments):
+            self._segment(n, seg)
+
+    def _ref(self, tid: int, n: int, seg: dict[str, Any], local: dict[int, int], args: dict[int, int]) -> str:
+        if tid in local:
+            return f"t{local[tid]}"
+        if tid in args:
+            return f"a{args[tid]}"
+        if tid in self.names:
+            return "p:" + _param_template(self.names[tid], seg["layer"])
+        if tid in self.bufs:
+            return "b:" + _param_template(self.bufs[tid], seg["layer"])
+        if tid in self.inputs:
+            return "x:" + self.inputs[tid]
+        where = self.owner_seg.get(tid)
+        if where is not None and where[0] == 0:
+            return f"P{where[1]}"
+        # a view of something known, created outside the op stream (e.g. a parameter view): use the storage owner
+        t = self.rec.tensors[tid]
+        owner = self.rec.storages[t["sid"]]["owner"]
+        if owner is not None and owner != tid:
+            return self._ref(owner, n, seg, local, args)
+        if t["op"] is None and t["origin"] == "const":
+            # a constant the model code keeps (a cached tensor attribute, not a buffer): alive before the step,
+            # never counted; listed as a tensor of this segment with base "const"
+            local[tid] = len(self._tensors)
+            self._tensors.append([list(t["shape"]), t["dtype"], "const", None, tid])
+            return f"t{local[tid]}"
+        raise ValueError(f"segment {n} ({seg['kind']}) reads tensor {tid} {t} from outside its arguments")
+
+    def _segment(self, n: int, seg: dict[str, Any]) -> None:
+        rec = self.rec
+        local: dict[int, int] = {}
+        args: dict[int, int] = {}
+        arg_list: list[list[Any]] = []
+        if seg["kind"] == "layer":
+            L = next(x for x in rec.layers if x["start"] == seg["first"])
+            for name, tid in L["args"]:
+                if tid not in args:
+                    args[tid] = len(arg_list)
+                    arg_list.append([name, None])
+            seg["out_tid"] = L["out"]
+        elif seg["kind"] == "epilogue":
+            prev = self.segments[n - 1]
+            if prev["kind"] == "layer":
+                args[prev["out_tid"]] = 0
+                arg_list.append(["hidden_states", None])
+        tensors: list[list[Any]] = []
+        self._tensors = tensors
+        ops: list[list[Any]] = []
+        for i in range(seg["first"], seg["end"]):
+            op = rec.ops[i]
+            ins = []
+            for name, v in op["args"]:
+                if isinstance(v, list):
+                    ins.append([name, [None if x is None else self._ref(x, n, seg, local, args) for x in v]])
+                else:
+                    ins.append([name, self._ref(v, n, seg, local, args)])
+            outs = []
+            for tid in op["outs"]:
+                if tid in local or tid in args or tid in self.names:
+                    outs.append(self._ref(tid, n, seg, local, args))  # in-place: the op returns its input
+                    continue
+                t = rec.tensors[tid]
+                owner = rec.storages[t["sid"]]["owner"]
+                base = None
+                if owner != tid:
+                    base = self._ref(owner, n, seg, local, args)
+                local[tid] = len(tensors)
+                self.owner_seg[tid] = (n, len(tensors))
+                tensors.append([list(t["shape"]), t["dtype"], base, rec.storages[t["sid"]]["nbytes"] if base is None else None,
+                                tid])
+                outs.append(f"t{local[tid]}")
+            extra: dict[str, Any] = {}
+            if op.get("pseudo"):
+                extra["pseudo"] = op["pseudo"]
+            if op["scalars"]:
+                extra["sc"] = op["scalars"]
+            if op["inplace"]:
+                extra["inplace"] = 1
+            if op.get("site") is not None:
+                extra["site"] = op["site"]
+            ops.append([op["name"], ins, outs, extra, i])
+        seg["args"] = arg_list
+        seg["tensors"] = tensors
+        seg["ops"] = ops
+        seg["local"] = local
+        seg["argmap"] = args
+        if seg["kind"] == "layer":
+            seg["out"] = self._ref(seg["out_tid"], n, seg, local, args)

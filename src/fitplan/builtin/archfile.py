@@ -1,0 +1,312 @@
+"""Learned architecture files: what fitplan knows about a Hugging Face ``model_type``, as data.
+
+One JSON file per ``model_type`` (``rulesets/architectures/<model_type>.json``, or the user's
+``$FITPLAN_ARCH_DIR`` / ``~/.cache/fitplan/architectures``, which win), written by
+``fitplan learn-architecture`` (fitplan-torch) from the model's own implementation; the format is in
+docs/architectures.md. This module reads one: how to turn a ``config.json`` into the symbols the file
+uses (field defaults, aliases, derived values, validity checks, as the transformers config class applies
+them), the parameter tensors, the layer pattern and the recorded step graphs, every size an expression
+(:mod:`.archexpr`). Files are parsed on first use and cached; only the file of the ``model_type`` in use
+is read.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import FitplanError
+from .archexpr import ExprError, compile_expr
+
+FORMAT = 1
+BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "bool": 1, "u8": 1, "i8": 1, "f64": 8, "i16": 2, "c64": 8}
+"""Bytes per element of each dtype code the learned files use."""
+BUNDLED = Path(__file__).resolve().parents[1] / "_rulesets" / "architectures"
+if not BUNDLED.is_dir():
+    BUNDLED = Path(__file__).resolve().parents[3] / "rulesets" / "architectures"
+
+
+def user_dirs() -> list[Path]:
+    """Directories searched before the bundled files: ``$FITPLAN_ARCH_DIR`` (``os.pathsep``-separated),
+    then the user cache ``~/.cache/fitplan/architectures`` (``$XDG_CACHE_HOME`` respected), where
+    ``fitplan learn-architecture --install`` writes."""
+    out = [Path(p) for p in os.environ.get("FITPLAN_ARCH_DIR", "").split(os.pathsep) if p]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fitplan" / "architectures"
+    out.append(cache)
+    return out
+
+
+def find(model_type: str) -> Path | None:
+    for d in (*user_dirs(), BUNDLED):
+        p = d / f"{model_type}.json"
+        if p.is_file():
+            return p
+    return None
+
+
+def known_model_types() -> list[str]:
+    names = set()
+    for d in (*user_dirs(), BUNDLED):
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("*.json") if "." not in p.stem and p.stem not in ("autograd", "kernels"))
+    return sorted(names)
+
+
+def data_file(name: str) -> Path:
+    """A shared table next to the bundled architectures (``autograd.json``, ``kernels.json``)."""
+    return BUNDLED / name
+
+
+@functools.lru_cache(maxsize=64)
+def load(model_type: str) -> "ArchFile":
+    path = find(model_type)
+    if path is None:
+        raise unknown_model_type(model_type)
+    return ArchFile(path)
+
+
+def unknown_model_type(model_type: str, *, file: str | None = None) -> FitplanError:
+    """The error for a ``model_type`` no file describes: which command learns it."""
+    from ..errors import did_you_mean
+
+    near = did_you_mean(model_type, known_model_types())
+    have_torch = _plugin_installed()
+    how = (f"learn it from its transformers implementation: fitplan learn-architecture {file or 'CONFIG.json'} --install"
+           if have_torch else
+           "install the fitplan-torch plugin with torch and transformers (docs/validation.md), then run "
+           f"fitplan learn-architecture {file or 'CONFIG.json'} --install")
+    msg = f"unknown model_type {model_type!r}: fitplan has no learned architecture file for it"
+    if near:
+        msg += f" ({near})"
+    return FitplanError(msg, file=file, field="$.model_type", value=model_type, suggestion=how)
+
+
+def _plugin_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("fitplan_torch") is not None
+
+
+class ArchFile:
+    """A parsed learned architecture file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise FitplanError(f"cannot read the architecture file: {e}", file=str(path)) from None
+        if data.get("format") != FORMAT:
+            raise FitplanError(f"architecture file format {data.get('format')!r} is not {FORMAT}", file=str(path),
+                               field="$.format", suggestion="re-learn it with this fitplan: fitplan learn-architecture")
+        self.data = data
+        self.model_type: str = data["model_type"]
+        self.learned: dict[str, Any] = data.get("learned", {})
+        self.config: dict[str, Any] = data["config"]
+        self.spec_map: dict[str, Any] = data["spec"]
+        self.params: list[list[Any]] = data["params"]
+        self.buffers: list[list[Any]] = data.get("buffers", [])
+        self.layers: dict[str, Any] = data["layers"]
+        self.lora: dict[str, Any] = data.get("lora", {})
+        self.output_module: str | None = data.get("output_module")
+        self.layer_sites: list[str] = data.get("layer_sites", [])
+        self.param_index: dict[str, list[list[Any]]] = {}
+        for p in self.params:  # a name may have one shape per switch combination (Falcon's fused qkv)
+            self.param_index.setdefault(p[0], []).append(p)
+        self.buffer_index = {b[0]: b for b in self.buffers}
+        self._graphs: dict[str, Any] | None = None
+
+    @property
+    def graphs(self) -> dict[str, Any]:
+        """The recorded step graphs (``<model_type>.graphs.json`` beside the file), read on first use: the
+        config rules and parameters above are all that reading a config.json or listing models needs."""
+        if self._graphs is None:
+            gpath = self.path.with_name(self.path.stem + ".graphs.json")
+            try:
+                self._graphs = json.loads(gpath.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as e:
+                raise FitplanError(f"cannot read the architecture's step graphs: {e}", file=str(gpath)) from None
+        return self._graphs
+
+    @property
+    def variants(self) -> list[dict[str, Any]]:
+        return self.graphs["variants"]
+
+    @property
+    def segments(self) -> dict[str, Any]:
+        return self.graphs["segments"]
+
+    # ------------------------------------------------------------------ config.json -> symbols
+    def symbols(self, cfg: dict[str, Any], file: str | None = None) -> dict[str, Any]:
+        """Read the file's symbols from a ``config.json`` dict the way the config class would: aliases
+        (``attribute_map``), defaults, derived values (``head_dim = hidden_size // num_attention_heads``)
+        and its validity checks. Errors name the file, the field and the value."""
+        c = dict(cfg)
+        for alias, canon in self.config.get("aliases", {}).items():
+            if alias in c and c.get(canon) is None and c[alias] is not None:
+                c[canon] = c[alias]
+        env: dict[str, Any] = {}
+        later: list[tuple[str, dict[str, Any]]] = []
+        for name, spec in self.config["fields"].items():
+            if "from" in spec:  # a value the config class keeps inside a dict field, or under older names
+                v = None
+                for path in spec["from"]:
+                    x: Any = c
+                    for k in path:
+                        x = x.get(k) if isinstance(x, dict) else None
+                    if x is not None:
+                        v = x
+                        break
+                if v is None:
+                    v = spec.get("default")
+            else:
+                v = c.get(name, spec.get("default"))
+            if isinstance(v, str) and v in spec.get("rewrite", {}):  # the config class replaces this value
+                v = spec["rewrite"][v]
+            if v is None and spec.get("derive") is not None:
+                try:
+                    v = compile_expr(spec["derive"])(env)
+                except (ExprError, TypeError, ZeroDivisionError, KeyError, IndexError) as e:
+                    raise FitplanError(f"cannot derive {name} ({spec['derive']}): {e}", file=file, field=f"$.{name}") from None
+            kind = spec.get("type", "any")
+            if spec.get("when") is not None and v is None:
+                later.append((name, spec))  # a size only some switches use: required if they are on
+            elif v is not None or spec.get("size"):
+                v = _check_type(name, v, kind, bool(spec.get("size")), file)
+            env[name] = v
+        for name, spec in later:
+            if compile_expr(spec["when"])(env):
+                _check_type(name, None, spec.get("type", "any"), True, file)
+        for expr, field, msg in self.config.get("checks", []):
+            try:
+                ok = compile_expr(expr)(env)
+            except (ExprError, TypeError, ZeroDivisionError, KeyError, IndexError):
+                ok = False
+            if not ok:
+                raise FitplanError(f"{msg} ({expr})", file=file, field=f"$.{field}", value=env.get(field))
+        return env
+
+    # ------------------------------------------------------------------ parameters
+    def n_layers(self, env: dict[str, Any]) -> int:
+        return int(compile_expr(self.spec_map["num_hidden_layers"])(env))
+
+    def param_list(self, env: dict[str, Any]) -> list[tuple[str, tuple[int, ...], str, bool, int | None, list[Any]]]:
+        """``(name, shape, role, per_layer, layer, entry)`` of every parameter tensor (tied ones once)."""
+        out = []
+        L = self.n_layers(env)
+        kinds = self.layer_kinds(env)
+        for entry in self.params:
+            name, dims, role, where, cond = entry[:5]
+            if cond is not None and not compile_expr(cond)(env):
+                continue
+            if where is None:
+                out.append((name, tuple(int(compile_expr(d)(env)) for d in dims), role, False, None, entry))
+                continue
+            for i in range(L):
+                if kinds[i] not in where:
+                    continue
+                e = {**env, "i": i}
+                out.append((name.replace("{i}", str(i)), tuple(int(compile_expr(d)(e)) for d in dims), role, True, i,
+                            entry))
+        return out
+
+    def _flag_names(self) -> set[str]:
+        import re
+
+        when = re.sub(r"'[^']*'|\"[^\"]*\"", "", (self.data.get("flags") or {}).get("when") or "")
+        return {n for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", when) if n not in ("and", "or", "not")}
+
+    def param_entry(self, name: str, env: dict[str, Any]) -> list[Any] | None:
+        """The parameter entry of ``name`` whose switch condition holds for ``env``."""
+        for p in self.param_index.get(name, ()):
+            if p[4] is None or compile_expr(p[4])(env):
+                return p
+        return None
+
+    def tie(self, env: dict[str, Any]) -> dict[str, str]:
+        """Parameter names that are the same tensor as another in this config (tied embeddings)."""
+        out = {}
+        for name, target, cond in self.data.get("tied", []):
+            if cond is None or compile_expr(cond)(env):
+                out[name] = target
+        return out
+
+    def layer_kinds(self, env: dict[str, Any]) -> list[str]:
+        L = self.n_layers(env)
+        expr = self.layers.get("kind")
+        kinds = self.layers["kinds"]
+        if not expr:
+            return [kinds[0]] * L
+        f = compile_expr(expr)
+        out = []
+        for i in range(L):
+            k = f({**env, "i": i})
+            if k not in kinds:
+                raise FitplanError(f"layer {i} is of kind {k!r}, which {self.path.name} has no graph for",
+                                   file=str(self.path), field="$.layers.kind", value=k,
+                                   suggestion="re-learn the architecture from a config with this layer kind")
+            out.append(k)
+        return out
+
+    def variant(self, precision: str, attn: str, env: dict[str, Any]) -> dict[str, Any]:
+        """The recorded graphs for a precision class (``16``, ``mixed``, ``32``) and attention kernel whose
+        regime condition (e.g. ``s > sliding_window``) holds."""
+        flags = self.data.get("flags") or {}
+        if flags.get("when") and not compile_expr(flags["when"])(env):
+            shown = ", ".join(f"{k}={env.get(k)!r}" for k in sorted(self._flag_names()))
+            raise FitplanError(f"{self.model_type}: this config's switches ({shown}) are not among those learned "
+                               f"({flags['when']})", file=str(self.path), field="model",
+                               suggestion="learn them from this config: fitplan learn-architecture CONFIG --install")
+        impls = self.data.get("attn_implementations")
+        if impls and attn == "sdpa" and "sdpa" not in impls:
+            attn = impls[0]  # transformers' default for a model without SDPA (the estimate warns)
+        if impls and attn not in impls:
+            raise FitplanError(f"{self.model_type} has no {attn!r} attention in transformers "
+                               f"{self.learned.get('transformers', '?')} (it supports {', '.join(impls)})",
+                               field="attn_implementation", value=attn,
+                               suggestion=f"use --attn-implementation {impls[0]}")
+        for v in self.variants:
+            if v["precision"] != precision or v["attn"] != attn:
+                continue
+            when = v.get("when")
+            if when is None or compile_expr(when)(env):
+                return v
+        raise FitplanError(f"{self.model_type}: no learned graph for precision class {precision!r} with "
+                           f"{attn!r} attention", file=str(self.path), field="attn_implementation", value=attn,
+                           suggestion="re-learn the architecture (fitplan learn-architecture) with this setting")
+
+
+def _check_type(name: str, v: Any, kind: str, size: bool, file: str | None) -> Any:
+    if size:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if isinstance(v, float) and v.is_integer() and v >= 1:
+                return int(v)
+            what = "missing" if v is None else f"{v!r}"
+            raise FitplanError(f"{name} must be a positive integer, got {what}", file=file, field=f"$.{name}", value=v)
+        return v
+    if kind == "int" and (isinstance(v, bool) or not isinstance(v, int)):
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise FitplanError(f"{name} must be an integer, got {v!r}", file=file, field=f"$.{name}", value=v)
+    if kind == "float" and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise FitplanError(f"{name} must be a number, got {v!r}", file=file, field=f"$.{name}", value=v)
+    if kind == "bool" and not isinstance(v, bool):
+        raise FitplanError(f"{name} must be true or false, got {v!r}", file=file, field=f"$.{name}", value=v)
+    if kind == "list" and not isinstance(v, (list, tuple)):
+        raise FitplanError(f"{name} must be a list, got {v!r}", file=file, field=f"$.{name}", value=v)
+    if isinstance(v, list):
+        return tuple(v)
+    return v
+
+
+@functools.lru_cache(maxsize=4)
+def autograd_table() -> dict[str, Any]:
+    """PyTorch's save rules per aten op (generated from derivatives.yaml by fitplan-torch)."""
+    path = data_file("autograd.json")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["ops"]
+    except (OSError, json.JSONDecodeError, KeyError) as e:
+        raise FitplanError(f"cannot read the autograd rules table: {e}", file=str(path)) from None

@@ -1,0 +1,358 @@
+"""Device kernels and library call sites, expanded into aten ops: what differs between CPU and CUDA,
+and what peft / bitsandbytes insert at a Linear.
+
+The learner records on the CPU and keeps two Python-level call sites whole (``F.dropout`` and
+``F.scaled_dot_product_attention``), because what they expand to depends on the device, the dtype and
+the dropout probability. The rules below choose the expansion, each from the PyTorch code that defines it:
+
+* dropout in training (``aten/src/ATen/native/Dropout.cpp``): p = 0 returns the input; on CUDA
+  ``is_fused_kernel_acceptable`` holds and ``native_dropout`` returns the output and a bool mask (the
+  backward saves the 1-byte mask); on the CPU ``_dropout_impl`` makes ``noise = empty_like(input)
+  .bernoulli_(1 - p).div_(1 - p)`` and returns ``input * noise`` (the noise, in the input dtype, is saved);
+* SDPA (``aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`` and ``cuda/sdp_utils.cpp``,
+  ``attention.cpp``): on the CPU without dropout ``_scaled_dot_product_flash_attention_for_cpu`` (saves q,
+  k, v, the mask, the output and a fp32 logsumexp per row and head); with dropout the composite math path
+  (fp32 q, k, v for 16-bit inputs, materialised scores, softmax and dropout); on CUDA, 16-bit inputs
+  without a mask and head dims equal and <= 256: flash attention (logsumexp (b, a, s) fp32 + RNG state);
+  otherwise memory-efficient attention (logsumexp padded to a multiple of 32 rows), unless grouped-query
+  attention is asked for (``enable_gqa``), which it does not support: then the math path. Under
+  ``torch.autocast``, SDPA is on the lower-precision list (``autocast_mode.cpp``): float inputs are cast
+  to the compute dtype first;
+* LoRA (peft 0.21 ``lora.Linear.forward``): ``result = base_layer(x)``; ``x = x.to(lora_A.weight.dtype)``
+  (adapters are fp32, ``autocast_adapter_dtype=True``); ``result = result + lora_B(lora_A(dropout(x))) *
+  scaling``; ``result.to(result's dtype)``. Each adapter Linear is ``F.linear``'s aten expansion (``t``,
+  ``view``, ``mm``, ``_unsafe_view``), with autocast's casts under ``*-mixed`` (the weight's 16-bit copy is
+  cached for the forward because it is a leaf that requires grad);
+* QLoRA (bitsandbytes ``Linear4bit`` -> ``matmul_4bit``): the NF4 weight is dequantised to the compute
+  dtype for the matmul (a transient) and nothing batch-sized is saved beyond the input's cast; the
+  backward dequantises again (a transient of the weight's size).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .archexpr import compile_expr
+from .archfile import BYTES
+from .lora_targets import lora_site_matches
+
+HALF = ("bf16", "f16")
+CUDA_OUTPUT_DTYPES = {
+    # aten/src/ATen/native/cuda/layer_norm_kernel.cu: mean and rstd are accumulated and returned in fp32
+    # (acc_type) for 16-bit inputs; the CPU kernel (layer_norm_kernel.cpp) returns them in the input dtype
+    "native_layer_norm": {1: "f32", 2: "f32"},
+}
+
+
+def cuda_output_dtypes(name: str, ins: list, device: str) -> dict[int, str]:
+    """Output dtypes that differ on CUDA from the recorded (CPU) op, per the table above."""
+    if device != "cuda" or name not in CUDA_OUTPUT_DTYPES:
+        return {}
+    first = next((t for _, t in ins if t is not None and not isinstance(t, list)), None)
+    if first is None or first.dtype not in HALF:
+        return {}
+    return CUDA_OUTPUT_DTYPES[name]
+EXTRA_RULES = {
+    # bitsandbytes' MatMul4Bit autograd Function: the gradient of the input only; saves nothing batch-sized
+    "bnb.matmul_4bit": {"d": ["A"], "s": [], "p": [0]},
+    "bnb.dequantize_4bit": None,
+    # the math SDPA's grouped-query expansion (attention.cpp pre_process_group_query_attention_input):
+    # CompositeImplicit (unsqueeze, expand, clone, view), so derivatives.yaml has no entry; differentiable,
+    # saves nothing, its backward sums the gradient over the repeats (a new tensor)
+    "repeat_interleave.self_int": {"d": ["self"], "s": [], "p": [0]},
+}
+
+
+def _p(inst, extra: dict[str, Any]) -> float:
+    field = extra.get("pf")
+    if field:
+        v = inst.env.get(field)
+        return float(v or 0.0)
+    return float((extra.get("sc") or {}).get("p", 0.0))
+
+
+def dropout_tensor(inst, x, p: float, label: str = "dropout"):
+    """``F.dropout(x, p, training=True)`` on the scenario's device; returns the output tensor."""
+    b = inst.b
+    tr = b.tr
+    if p <= 0 or x is None:
+        return x
+    out = tr.new(x.numel, x.dtype, False, label)
+    out.shape = getattr(x, "shape", None)
+    if b.spec.device == "cuda":
+        mask = tr.new(x.numel, "bool", False, label + ".mask")
+        b.emit("native_dropout", [("input", x)], [out, mask], label=label)
+        return out
+    noise = tr.new(x.numel, x.dtype, False, label + ".noise")
+    b.emit("empty_like", [("self", x)], [noise], label=label + ".noise")
+    n2 = tr.view(noise)
+    b.emit("bernoulli_.float", [("self", noise)], [n2], label=label + ".bernoulli")
+    n3 = tr.view(n2)
+    b.emit("div_.Scalar", [("self", n2)], [n3], label=label + ".div")
+    b.emit("mul.Tensor", [("self", x), ("other", n3)], [out], label=label)
+    return out
+
+
+def dropout(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
+    x = dict(ins).get("input")
+    out = dropout_tensor(inst, x, _p(inst, extra), extra.get("label", "dropout"))
+    inst.refs[out_refs[0]] = out
+
+
+def _cast(inst, x, dtype: str, label: str):
+    if x is None or x.dtype == dtype or x.dtype not in ("f32", "bf16", "f16"):
+        return x
+    b = inst.b
+    out = b.tr.new(x.numel, dtype, False, label)
+    out.shape = getattr(x, "shape", None)
+    b.emit("_to_copy", [("self", x)], [out], label=label)
+    return out
+
+
+def sdpa(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
+    b = inst.b
+    tr = b.tr
+    named = dict(ins)
+    q, k, v, mask = named.get("query"), named.get("key"), named.get("value"), named.get("attn_mask")
+    p = _p(inst, extra)
+    if b.mixed:
+        q, k, v = (_cast(inst, t, b.compute, "sdpa.autocast") for t in (q, k, v))
+    out = inst.new_tensor(inst.seg["t"][int(out_refs[0][1:])])
+    out.dtype = q.dtype
+    inst.refs[out_refs[0]] = out
+    shape = getattr(q, "shape", None) or (1, 1, q.numel, 1)
+    d = shape[-1]
+    rows = q.numel // d  # b * heads * s
+    s = shape[-2]
+    args = [("query", q), ("key", k), ("value", v)] + ([("attn_mask", mask)] if mask is not None else [])
+    gqa = k.numel != q.numel // d * (getattr(k, "shape", (d,))[-1])
+    same_dims = getattr(k, "shape", (d,))[-1] == d and getattr(v, "shape", (d,))[-1] == d
+    if b.spec.device == "cpu":
+        # torch 2.13 sdp_utils_cpp.cpp use_flash_attention_cpp: no dropout and q, k, v of one head dim
+        # (check_for_dropout, check_head_dim_size_cpp), else the math path
+        if p <= 0 and same_dims:
+            lse = tr.new(rows, "f32", False, "sdpa.logsumexp")
+            b.emit("_scaled_dot_product_flash_attention_for_cpu", args, [out, lse], label="sdpa")
+            return
+        _math(inst, q, k, v, mask, out, p, s)
+        return
+    if q.dtype in HALF and mask is None and same_dims and d <= 256:
+        lse = tr.new(rows, "f32", False, "sdpa.logsumexp")
+        seed = tr.new(2 if p > 0 else 0, "i64", False, "sdpa.rng_state")
+        b.emit("_scaled_dot_product_flash_attention", [("query", q), ("key", k), ("value", v)], [out, lse, seed],
+               label="sdpa.flash")
+        return
+    if not (extra.get("sc") or {}).get("enable_gqa") or not gqa:
+        lse = tr.new(rows // s * (-(-s // 32) * 32), "f32", False, "sdpa.logsumexp")
+        seed = tr.new(2 if p > 0 else 0, "i64", False, "sdpa.rng_state")
+        eargs = [("query", q), ("key", k), ("value", v)] + ([("attn_bias", mask)] if mask is not None else [])
+        b.emit("_scaled_dot_product_efficient_attention", eargs, [out, lse, seed], label="sdpa.efficient")
+        return
+    _math(inst, q, k, v, mask, out, p, s)
+
+
+def _math(inst, q, k, v, mask, out, p: float, s: int) -> None:
+    """``_scaled_dot_product_attention_math`` (attention.cpp): q, k, v upcast to fp32 when 16-bit, a
+    materialised causal mask, the scores, ``_safe_softmax``, dropout, the product with v, the cast back."""
+    b = inst.b
+    tr = b.tr
+    orig = q.dtype
+    acc = "f32" if orig in HALF else orig
+    qm, km, vm = (_cast(inst, t, acc, "sdpa.math_acc") for t in (q, k, v))
+    heads_rows = q.numel // (getattr(q, "shape", (1,))[-1] or 1)
+    n_scores = heads_rows * s
+    qs = tr.new(qm.numel, acc, False, "sdpa.math_q_scaled")
+    b.emit("mul.Tensor", [("self", qm)], [qs], label="sdpa.math_scale_q")
+    if km.numel != qm.numel:  # grouped-query attention: repeat_interleave k and v to every head
+        k2 = tr.new(qm.numel, acc, False, "sdpa.math_repeat_k")
+        b.emit("repeat_interleave.self_int", [("self", km)], [k2], label="sdpa.math_repeat_k")
+        v2 = tr.new(qm.numel // (getattr(q, "shape", (1,))[-1] or 1) * (getattr(v, "shape", (1,))[-1] or 1), acc, False,
+                    "sdpa.math_repeat_v")
+        b.emit("repeat_interleave.self_int", [("self", vm)], [v2], label="sdpa.math_repeat_v")
+        km, vm = k2, v2
+    ks = tr.new(km.numel, acc, False, "sdpa.math_k_scaled")
+    b.emit("mul.Tensor", [("self", km)], [ks], label="sdpa.math_scale_k")
+    scores = tr.new(n_scores, acc, False, "sdpa.math_scores")
+    b.emit("bmm", [("self", qs), ("mat2", ks)], [scores], label="sdpa.math_qk")
+    cmask = mask
+    if mask is None:
+        cmask = tr.new(s * s, acc, False, "sdpa.math_causal_mask")
+        b.emit("full", [], [cmask], label="sdpa.math_causal_mask")
+    s2 = tr.view(scores)
+    b.emit("add_.Tensor", [("self", scores), ("other", cmask)], [s2], label="sdpa.math_mask")
+    probs = tr.new(n_scores, acc, False, "sdpa.math_softmax")
+    b.emit("_safe_softmax", [("self", s2)], [probs], label="sdpa.math_softmax")
+    dropped = dropout_tensor(inst, probs, p, "sdpa.math_dropout")
+    o = tr.new(out.numel, acc, False, "sdpa.math_out")
+    b.emit("bmm", [("self", dropped), ("mat2", vm)], [o], label="sdpa.math_pv")
+    if acc != orig:
+        b.emit("_to_copy", [("self", o)], [out], label="sdpa.math_out_cast")
+    else:
+        b.emit("clone", [("self", o)], [out], label="sdpa.math_out_copy")
+
+
+# --------------------------------------------------------------------------- Linear call sites
+
+
+def _linear(inst, x, w, rows: int, in_f: int, out_f: int, rank: int, label: str):
+    """``F.linear(x, w)`` without bias as aten runs it: ``t(w)``, then ``mm`` (a 3-D contiguous input is
+    viewed as (rows, in) first and the result viewed back); under autocast the weight is cast once per
+    forward (a leaf that requires grad: cached) and the input per call."""
+    b = inst.b
+    tr = b.tr
+    if b.mixed:
+        wc = b.ac_cache.get(w.key)
+        if wc is None:
+            prev = tr.kind_default
+            tr.kind_default = "autocast"
+            wc = tr.new(w.numel, b.compute, False, label + ".weight_copy")
+            tr.kind_default = prev
+            b.emit("_to_copy", [("self", w)], [wc], label=label + ".weight_cast")
+            if w.rg:
+                b.ac_cache[w.key] = wc
+                tr.pinned.add(wc.sid)
+        w = wc
+        x = _cast(inst, x, b.compute, label + ".input_cast")
+    wt = tr.view(w)
+    wt.param = False
+    b.emit("t", [("self", w)], [wt], label=label + ".t")
+    if rank >= 3:
+        xv = tr.view(x)
+        b.emit("view", [("self", x)], [xv], label=label + ".view")
+    else:
+        xv = x
+    dtype = x.dtype if x.dtype == w.dtype else ("f32" if "f32" in (x.dtype, w.dtype) else x.dtype)
+    o = tr.new(rows * out_f, dtype, False, label)
+    b.emit("mm", [("self", xv), ("mat2", wt)], [o], label=label)
+    if rank >= 3:
+        o3 = tr.view(o)
+        b.emit("_unsafe_view", [("self", o)], [o3], label=label + ".unview")
+        o = o3
+    return o
+
+
+def zero3_linear_input(inst, site: dict[str, Any]) -> None:
+    """DeepSpeed ZeRO-3's ``F.linear`` (``LinearFunctionForZeroStage3``, runtime/zero/linear.py:100-105) saves the
+    call site's input whenever its node exists, frozen weight or not: a save of the input recorded just before the
+    site's ops, so that it is released after their backward. Conv1D (``torch.addmm``) and nn.Linear subclasses
+    with their own forward (``custom``) do not call ``F.linear``."""
+    if site.get("conv1d") or site.get("custom"):
+        return
+    x = inst.refs.get(site["input"]) or inst.ref(site["input"])
+    if x is None or not x.rg:
+        return
+    inst.b.tr.emit(site["module"] + ".zero3_saved_input", [x], [], [x], [], [], True)
+
+
+def lora_site(inst, site: dict[str, Any]) -> None:
+    """After a Linear call site's last op: peft's adapter, when the site is targeted."""
+    b = inst.b
+    if not b.lora:
+        return
+    module = site["module"].replace("{i}", str(inst.layer)) if inst.layer is not None else site["module"]
+    if not lora_site_matches(module, b.spec.lora_targets, b.af):
+        return
+    tr = b.tr
+    x = inst.refs.get(site["input"]) or inst.ref(site["input"])
+    base = inst.refs.get(site["output"]) or inst.ref(site["output"])
+    in_f = int(compile_expr(site["in"])(inst.env))
+    out_f = int(compile_expr(site["out"])(inst.env))
+    rows = x.numel // in_f
+    r = b.spec.lora_r
+    label = module
+    adapter = b.adapter
+    A = tr.param(r * in_f, adapter, True)
+    B = tr.param(out_f * r, adapter, True)
+    A.name, B.name = module + ".lora_A", module + ".lora_B"
+    xa = _cast(inst, x, adapter, label + ".lora_input_cast")
+    xd = dropout_tensor(inst, xa, b.spec.lora_dropout, label + ".lora_dropout")
+    rank = site.get("rank", 3)
+    a = _linear(inst, xd, A, rows, in_f, r, rank, label + ".lora_A")
+    bb = _linear(inst, a, B, rows, r, out_f, rank, label + ".lora_B")
+    sc = tr.new(bb.numel, bb.dtype, False, label + ".lora_scaling")
+    b.emit("mul.Tensor", [("self", bb)], [sc], label=label + ".lora_scaling")
+    dt = base.dtype if base.dtype == sc.dtype else ("f32" if "f32" in (base.dtype, sc.dtype) else base.dtype)
+    summed = tr.new(base.numel, dt, False, label + ".lora_add")
+    b.emit("add.Tensor", [("self", base), ("other", sc)], [summed], label=label + ".lora_add")
+    result = _cast(inst, summed, base.dtype, label + ".lora_result_cast")
+    if xa is not x:
+        tr.touch(xa)  # peft's local ``x`` (the cast input) lives until the forward returns
+    result.shape = getattr(base, "shape", None)
+    _replace_output(inst, site, result)
+
+
+def _replace_output(inst, site: dict[str, Any], t) -> None:
+    """``t`` is the call site's output from here on. The recorded output may be a view (``_unsafe_view`` of
+    the ``mm``); later views of it name that storage as their base, so the base is replaced too."""
+    ref = site["output"]
+    inst.refs[ref] = t
+    if ref.startswith("t"):
+        base = inst.seg["t"][int(ref[1:])][2]
+        if isinstance(base, str) and base.startswith("t"):
+            inst.refs[base] = t
+
+
+def qlora_linear(inst, site: dict[str, Any]) -> None:
+    """A QLoRA base layer in place of the recorded Linear: bitsandbytes 0.50.2 ``Linear4bit.forward``
+    (nn/modules.py:609-638) casts the input to ``bnb_4bit_compute_dtype``, dequantizes the weight to it,
+    runs ``matmul_4bit`` and returns the result in the input's dtype."""
+    b = inst.b
+    tr = b.tr
+    x = inst.refs.get(site["input"]) or inst.ref(site["input"])
+    in_f = int(compile_expr(site["in"])(inst.env))
+    out_f = int(compile_expr(site["out"])(inst.env))
+    rows = x.numel // in_f
+    xin = _cast(inst, x, b.quant, site["module"] + ".input_cast")
+    deq = tr.new(in_f * out_f, b.quant, False, site["module"] + ".dequantized")
+    b.emit("bnb.dequantize_4bit", [], [deq], label=site["module"] + ".dequantize")
+    if site["output"].startswith("t"):  # the recorded output's shape; a fresh tensor (matmul_4bit's result),
+        entry = inst.seg["t"][int(site["output"][1:])]  # not the view of the skipped mm it was recorded as
+        out = inst.new_tensor([entry[0], entry[1], None], site["module"], b.quant)
+    else:
+        out = tr.new(rows * out_f, b.quant, False, site["module"])
+    b.emit("bnb.matmul_4bit", [("A", xin), ("B", deq)], [out], label=site["module"],
+           extra={"bt": str(in_f * out_f * BYTES[b.quant])})
+    out = _cast(inst, out, x.dtype, site["module"] + ".output_cast")
+    _replace_output(inst, site, out)
+
+
+def param_lora(inst, name: str, template: str, mult: int):
+    """peft 0.21's ``lora.ParamWrapper`` (LoRA on a parameter: MoE experts stored as 3-D tensors, a router
+    weight), active for the owning module's forward through ``nn.utils.parametrize``: for an expert stack,
+    ``_LoraFactorsProxy``: ``baddbmm(W, B, A, alpha=scaling)`` on A reshaped to (E, r, in) and B to (E, out, r)
+    (cast to the parameter's dtype), a new tensor of the whole stack; for a 2-D weight,
+    ``_LoraParameterProxy``: ``W + (B @ A) * scaling``. The adapters are fp32 and trainable."""
+    b = inst.b
+    tr = b.tr
+    w = b.param(name, template)
+    entry = b.af.param_entry(template, inst.env)
+    env = inst.env
+    shape = tuple(int(compile_expr(d)(env)) for d in entry[1]) if entry else (w.numel,)
+    r = b.spec.lora_r * mult
+    if len(shape) >= 3:
+        e, out_f, in_f = shape[0], shape[-2], shape[-1]
+        A = tr.param(r * e * in_f, "f32", True)
+        B = tr.param(out_f * r * e, "f32", True)
+        lhs = tr.view(B)
+        lhs.param = False
+        b.emit("view", [("self", B)], [lhs], label=name + ".lora_B_view")
+        rhs = tr.view(A)
+        rhs.param = False
+        b.emit("view", [("self", A)], [rhs], label=name + ".lora_A_view")
+        lhs = _cast(inst, lhs, w.dtype, name + ".lora_B_cast")
+        rhs = _cast(inst, rhs, w.dtype, name + ".lora_A_cast")
+        out = tr.new(w.numel, w.dtype, False, name + ".lora_weight")
+        b.emit("baddbmm", [("self", w), ("batch1", lhs), ("batch2", rhs)], [out], label=name + ".lora_baddbmm")
+    else:
+        out_f, in_f = shape[0], shape[-1]
+        A = tr.param(r * in_f, "f32", True)
+        B = tr.param(out_f * r, "f32", True)
+        d = tr.new(out_f * in_f, "f32", False, name + ".lora_delta")
+        b.emit("mm", [("self", B), ("mat2", A)], [d], label=name + ".lora_delta")
+        sc = tr.new(d.numel, "f32", False, name + ".lora_scaling")
+        b.emit("mul.Tensor", [("self", d)], [sc], label=name + ".lora_scaling")
+        sc = _cast(inst, sc, w.dtype, name + ".lora_delta_cast")
+        out = tr.new(w.numel, w.dtype, False, name + ".lora_weight")
+        b.emit("add.Tensor", [("self", w), ("other", sc)], [out], label=name + ".lora_add")
+    out.shape = shape
+    return out

@@ -1,0 +1,462 @@
+"""Replaying a learned architecture file as the step trace's ops (no torch, no per-model code).
+
+A learned file (:mod:`.archfile`) holds the model's forward as recorded by ``fitplan learn-architecture``:
+aten ops, the tensors they read and return (symbolic shapes, dtypes, which are views of which), when
+Python lets each storage go, where the decoder layers, the ``nn.Linear`` call sites and the input
+embedding are. :class:`Builder` turns it into :class:`~.step_trace.Op` records for the scenario, applying
+what varies with the scenario through rules shared by every architecture:
+
+* what autograd saves and which outputs require grad: PyTorch's ``derivatives.yaml`` rules per aten op
+  (``rulesets/architectures/autograd.json``), evaluated on the scenario's requires-grad pattern
+  (full fine-tuning, LoRA: frozen base, trainable adapters);
+* the precision: the file records a 16-bit step and a ``torch.autocast`` step; ``32-true`` is the 16-bit
+  graph in fp32 (a cast to the dtype a tensor already has is no op), fp16 the 16-bit graph in fp16;
+* LoRA at ``nn.Linear`` / ``Conv1D`` call sites (peft 0.21 ``lora.Linear.forward``), QLoRA's 4-bit base
+  layers, dropout and SDPA per device (:mod:`.kernels`), gradient checkpointing (the replay's recompute);
+* the backward: per op, whether each input gradient is a new tensor or the incoming one passed through
+  (the table's formula, or what the learner saw), the node's transient bytes, and AccumulateGrad.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .archexpr import compile_expr
+from .archfile import BYTES, ArchFile, autograd_table
+from . import kernels, op_work
+from .lora_targets import lora_site_matches
+
+FLOAT = ("f32", "bf16", "f16", "f64")
+
+
+_TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+
+
+def dtype_map(precision: str) -> tuple[str, dict[str, str]]:
+    """(recorded graph, dtype renaming) for a precision preset (:data:`fitplan.inputs.precision.PRESETS`):
+    autocast presets replay the graph recorded under autocast, the others the 16-bit graph with bf16
+    renamed to the preset's weight dtype."""
+    from fitplan.inputs.precision import PRESETS
+
+    p = PRESETS[precision]
+    if p.autocast:
+        return "mixed", {"bf16": _TRACE_DTYPE[p.compute_dtype]}
+    return "16", {"bf16": _TRACE_DTYPE[p.weight_dtype]}
+
+
+class Builder:
+    """Instantiates one learned file's segments into a :class:`~.step_trace.Trace`."""
+
+    def __init__(self, tr, af: ArchFile, env: dict[str, Any]) -> None:
+        self.tr = tr
+        self.af = af
+        self.spec = tr.spec
+        self.env = {**env, "b": self.spec.batch, "s": self.spec.seq}
+        self.table = {**autograd_table(), **af.graphs.get("autograd", {}), **kernels.EXTRA_RULES}
+        self.graph_precision, self.dmap = dtype_map(self.spec.precision)
+        self.variant = af.variant(self.graph_precision, "eager" if self.spec.attn == "eager" else "sdpa", self.env)
+        self.mixed = self.graph_precision == "mixed"
+        self.compute = self.dmap.get("bf16", "bf16")
+        from fitplan.inputs.precision import PRESETS
+
+        self.adapter = _TRACE_DTYPE[self.spec.adapter_dtype]
+        """LoRA adapters' dtype (peft keeps them in fp32; TRL and DeepSpeed's module cast change it)."""
+        self.quant = _TRACE_DTYPE[self.spec.quant_compute or PRESETS[self.spec.precision].compute_dtype]
+        """QLoRA: ``bnb_4bit_compute_dtype``, the dtype of the 4-bit layers' matmuls."""
+        self.lora = self.spec.method in ("lora", "qlora")
+        self.params: dict[str, Any] = {}
+        self.ac_cache: dict[str, Any] = {}
+        self.param_dtypes = {p[0]: p[5] if len(p) > 5 else "bf16" for p in af.params}
+        self.param_uses: dict[int, int] = {}
+        self.embed_out = None
+        self.param_targets: dict[str, int] = {}
+        if self.lora:
+            from .lora import _parameter_targets
+
+            self.param_targets = _parameter_targets(af, tuple(self.spec.lora_targets))
+
+    # ------------------------------------------------------------------ tensors
+    def dt(self, code: str) -> str:
+        return self.dmap.get(code, code)
+
+    def param(self, name: str, template: str | None = None):
+        t = self.params.get(name)
+        if t is None:
+            code = self.param_dtypes.get(template or name, "bf16")
+            if self.mixed:
+                dtype = "f32" if code in ("bf16", "f32") else code
+            else:
+                dtype = self.dt(code)
+            numel = self.param_numel(template or name, name)
+            trainable = not self.lora and dtype in FLOAT
+            t = self.tr.param(numel, dtype, trainable)
+            t.name = name
+            self.params[name] = t
+        return t
+
+    def param_numel(self, template: str, name: str) -> int:
+        i = _layer_of(name)
+        env = self.env if i is None else {**self.env, "i": i}
+        entry = self.af.param_entry(template, env)
+        if entry is None:
+            return 1
+        return math.prod(int(compile_expr(d)(env)) for d in entry[1])
+
+    def buffer(self, name: str, template: str):
+        t = self.params.get("b:" + name)
+        if t is None:
+            entry = self.af.buffer_index.get(template)
+            numel, code = 1, "f32"
+            if entry is not None:
+                i = _layer_of(name)
+                env = self.env if i is None else {**self.env, "i": i}
+                numel = math.prod(int(compile_expr(d)(env)) for d in entry[1])
+                code = entry[2]
+            dtype = ("f32" if code == "bf16" else code) if self.mixed else self.dt(code)
+            t = self.tr.param(numel, dtype, False)
+            self.params["b:" + name] = t
+        return t
+
+    # ------------------------------------------------------------------ one aten op
+    def emit(self, name: str, args: list[tuple[str, Any]], outs: list[Any], *, extra: dict[str, Any] | None = None,
+             label: str | None = None) -> None:
+        """Record aten op ``name`` reading ``args`` (``(arg name, T or [T])``) and returning ``outs`` (T; an
+        input T for in-place ops): requires-grad, saves and the backward from PyTorch's rules."""
+        tr = self.tr
+        extra = extra or {}
+        if name not in self.table:
+            from ..errors import FitplanError
+
+            raise FitplanError(f"aten op {name!r} is not in the autograd rules table", file=str(self.af.path),
+                               suggestion="re-learn the architecture with this fitplan (fitplan learn-architecture)")
+        rule = self.table[name]
+        named: dict[str, Any] = {}
+        flat_in: list[Any] = []
+        for an, v in args:
+            named[an] = v
+            if isinstance(v, list):
+                flat_in.extend(x for x in v if x is not None)
+            elif v is not None:
+                flat_in.append(v)
+        edges: list[Any] = []
+        if rule is not None:
+            for d in rule["d"]:
+                v = named.get(d.rstrip("*"))
+                if isinstance(v, list):
+                    edges.extend(v)
+                else:
+                    edges.append(v)
+        any_rg = any(t is not None and t.rg and t.dtype in FLOAT for t in edges)
+        node = rule is not None and any_rg
+        odiff = rule.get("o") if rule else None
+        rnames = rule.get("r", ["result"] if len(outs) == 1 else [f"result{k}" for k in range(len(outs))]) if rule else []
+        for k, o in enumerate(outs):
+            o.rg = bool(node and o.dtype in FLOAT and (odiff is None or (k < len(odiff) and odiff[k])))
+        saved: list[Any] = []
+        if node:
+            for sname, guard in rule["s"]:
+                if guard is not None:
+                    g = named.get(guard)
+                    if g is None or isinstance(g, list) or not g.rg:
+                        continue
+                t = named.get(sname)
+                if t is None and sname in rnames:
+                    k = rnames.index(sname)
+                    t = outs[k] if k < len(outs) else None
+                if t is None and sname == "original_self":
+                    continue
+                if isinstance(t, list):
+                    saved.extend(x for x in t if x is not None)
+                elif t is not None:
+                    saved.append(t)
+        explicit = extra.get("sv")
+        if explicit is not None and any_rg:
+            saved = explicit
+        kinds = extra.get("g")
+        grad_ins: list[tuple[Any, int]] = []
+        params: list[tuple[Any, int]] = []
+        if node:
+            passes = rule.get("p", [])
+            for e, t in enumerate(edges):
+                if t is None or not t.rg or t.dtype not in FLOAT:
+                    continue
+                k = -1
+                if kinds is not None and e < len(kinds):
+                    if kinds[e] == "p":
+                        k = 0
+                elif e < len(passes) and passes[e] and outs and outs[0].numel == t.numel and outs[0].dtype == t.dtype:
+                    k = 0
+                if t.param:
+                    params.append((t, k))
+                else:
+                    grad_ins.append((t, k))
+        saved = saved if node else []
+        work = op_work.aten(name, named, outs, saved, [t for t, _ in grad_ins], [k for _, k in grad_ins],
+                            sum(p.nbytes for p, _ in params), node)
+        tr.emit(label or name, flat_in, outs, saved, grad_ins, params, node,
+                bwd_temp=int(compile_expr(extra["bt"])(self.env)) if node and extra.get("bt") else 0, work=work)
+
+    # ------------------------------------------------------------------ segments
+    def run(self) -> None:
+        tr, af, v = self.tr, self.af, self.variant
+        self.externals = {"input_ids": tr.external_tensor(self.spec.batch * self.spec.seq, "i64", "input_ids"),
+                          "labels": tr.external_tensor(self.spec.batch * self.spec.seq, "i64", "labels")}
+        kinds = af.layer_kinds(self.env)
+        pro = self.segment(af.segments[v["prologue"]], "prologue", args=[], layer=None)
+        self.prologue = pro
+        plan = self.layer_plan(kinds)
+        h = None
+        for first, count, weight in plan:
+            tr.segment(f"layers {first}..{first + count * weight - 1}" if weight > 1 or count > 1 else f"layer {first}",
+                       weight, self.spec.checkpointing)
+            for j in range(count):
+                i = first + j
+                kind = kinds[i]
+                seg = af.segments[v["layers"][kind]]
+                bind = []
+                for ref in v["layer_args"][kind]:
+                    if ref == "h":
+                        bind.append(h if h is not None else pro.refs["t" + v["first_input"][1:]])
+                    else:
+                        bind.append(pro.refs["t" + ref[1:]])
+                if self.spec.checkpointing and j == 0:
+                    keep = {t.sid for t in bind if t is not None and t.sid >= 0}
+                    tr.ckpt_keep[tr.seg] = keep
+                elif self.spec.checkpointing:
+                    tr.ckpt_keep[tr.seg] |= {t.sid for t in bind if t is not None and t.sid >= 0}
+                inst = self.segment(seg, f"layer {i}", args=bind, layer=i)
+                h = inst.refs[seg["out"]]
+        tr.segment("epilogue")
+        epi = self.segment(af.segments[v["epilogue"]], "epilogue", args=[h], layer=None)
+        tr.loss = epi.refs[af.segments[v["epilogue"]]["loss"]]
+        tr.buffer_bytes = self.buffer_bytes()
+
+    def buffer_bytes(self) -> int:
+        """The model's buffers (rotary ``inv_freq``, ...), as the learned file lists them."""
+        total = 0
+        L = self.af.n_layers(self.env)
+        for name, dims, code, per_layer in self.af.buffers:
+            dtype = ("f32" if code == "bf16" else code) if self.mixed else self.dt(code)
+            for i in (range(L) if per_layer else (None,)):
+                env = self.env if i is None else {**self.env, "i": i}
+                total += math.prod(int(compile_expr(d)(env)) for d in dims) * BYTES[dtype]
+        return total
+
+    def layer_plan(self, kinds: list[str]) -> list[tuple[int, int, int]]:
+        """``(first layer, layers per block, repetitions)``: layer 0 alone (its input does not require grad
+        under LoRA), then the rest as a repeated block of the smallest period of the kind pattern (and of
+        the LoRA targets, which may name layers), then what is left one layer at a time."""
+        L = len(kinds)
+        sig = [(k, self.lora_signature(i)) for i, k in enumerate(kinds)]
+        plan = [(0, 1, 1)]
+        rest = sig[1:]
+        if not rest:
+            return plan
+        n = len(rest)
+        period = n
+        for p in range(1, min(n, 16) + 1):
+            if all(rest[j] == rest[j + p] for j in range(n - p)):
+                period = p
+                break
+        reps = n // period
+        if reps >= 2:
+            plan.append((1, period, reps))
+            done = 1 + period * reps
+        else:
+            done = 1
+        for i in range(done, L):
+            plan.append((i, 1, 1))
+        return plan
+
+    def lora_signature(self, i: int) -> tuple:
+        if not self.lora:
+            return ()
+        return tuple(lora_site_matches(m.replace("{i}", str(i)), self.spec.lora_targets, self.af)
+                     for m in self.af.layer_sites)
+
+    def segment(self, seg: dict[str, Any], name: str, *, args: list[Any], layer: int | None) -> "_Instance":
+        inst = _Instance(self, seg, args, layer)
+        inst.run()
+        return inst
+
+
+class _Instance:
+    """One instantiation of a segment (the prologue, a layer, the epilogue)."""
+
+    def __init__(self, b: Builder, seg: dict[str, Any], args: list[Any], layer: int | None) -> None:
+        self.b = b
+        self.seg = seg
+        self.layer = layer
+        self.env = b.env if layer is None else {**b.env, "i": layer}
+        self.refs: dict[str, Any] = {f"a{j}": t for j, t in enumerate(args)}
+        self.site_end: dict[int, list[dict[str, Any]]] = {}
+        self.site_start: dict[int, list[dict[str, Any]]] = {}
+        for site in seg.get("sites", []):
+            self.site_end.setdefault(site["end"], []).append(site)
+            self.site_start.setdefault(site["start"], []).append(site)
+
+    def ref(self, r: str | None):
+        if r is None:
+            return None
+        t = self.refs.get(r)
+        if t is not None:
+            return t
+        b = self.b
+        if r.startswith(("p:", "b:")):
+            name = r[2:]
+            concrete = name.replace("{i}", str(self.layer)) if self.layer is not None else name
+            if r[0] == "p" and b.param_targets:
+                mult = next((m for leaf, m in b.param_targets.items() if name.endswith("." + leaf)), None)
+                if mult is not None:
+                    t = kernels.param_lora(self, concrete, name, mult)
+                    self.refs[r] = t  # the parametrized weight, cached for the owning module's forward
+                    return t
+            return b.param(concrete, name) if r[0] == "p" else b.buffer(concrete, name)
+        if r.startswith("x:"):
+            return b.externals[r[2:]]
+        if r.startswith("P"):
+            return b.prologue.refs["t" + r[1:]]
+        if r.startswith("t"):
+            entry = self.seg["t"][int(r[1:])]
+            if entry[2] == "const":  # a constant the model keeps (not a buffer): alive before the step
+                shape = tuple(int(compile_expr(d)(self.env)) for d in entry[0])
+                t = b.tr.external_tensor(math.prod(shape), b.dt(entry[1]), "constant")
+                t.shape = shape
+                self.refs[r] = t
+                return t
+        raise KeyError(f"unknown reference {r!r}")
+
+    def new_tensor(self, entry: list[Any], label: str = "t", dtype: str | None = None):
+        dims, base = entry[0], entry[2]
+        shape = tuple(int(compile_expr(d)(self.env)) for d in dims)
+        numel = math.prod(shape)
+        dtype = dtype or self.b.dt(entry[1])
+        tr = self.b.tr
+        if base is None:
+            t = tr.new(numel, dtype, False, label)
+        elif base == "const":
+            t = tr.external_tensor(numel, dtype, "constant")
+        else:
+            bt = self.ref(base)
+            t = tr.view(bt, numel)
+            t.dtype = dtype
+            t.param = False
+        t.shape = shape
+        return t
+
+    def run(self) -> None:
+        b, tr, seg = self.b, self.b.tr, self.seg
+        tensors = seg["t"]
+        die: dict[str, Any] = seg.get("die", {})
+        deaths_at: dict[int, list[str]] = {}
+        for r, k in die.items():
+            if isinstance(k, int):
+                deaths_at.setdefault(k, []).append(r)
+        logits_from = seg.get("logits_from")
+        skip: set[int] = set()
+        quantized = {}
+        if b.spec.method == "qlora":
+            # bitsandbytes replaces the nn.Linear / Conv1D modules of the decoder layers (the LM head and the
+            # modules outside the layers stay in 16-bit: transformers' get_keys_to_not_convert; a subclass
+            # of nn.Linear is not replaced: integrations/bitsandbytes.py:189)
+            for site in seg.get("sites", []):
+                if "{i}" in site["module"] and not site.get("custom"):
+                    quantized[site["start"]] = site
+        for k, op in enumerate(seg["ops"]):
+            if logits_from is not None and k >= logits_from:
+                tr.kind_default = "logits"
+            site = quantized.get(k)
+            if b.spec.linear_saves_input and site is None:
+                for s in self.site_start.get(k, ()):
+                    kernels.zero3_linear_input(self, s)
+            if site is not None:
+                kernels.qlora_linear(self, site)
+                skip.update(range(site["start"] + 1, site["end"] + 1))
+            elif k not in skip:
+                self.op(op)
+            for s in self.site_end.get(k, ()):
+                kernels.lora_site(self, s)
+            self._deaths(deaths_at.get(k))
+        tr.kind_default = "activation"
+        for r, k in die.items():
+            if k == "F":
+                t = self.refs.get(r) if r.startswith(("t", "a")) else self.ref(r)
+                if t is not None and t.sid >= 0 and t.sid not in tr.uncached:
+                    tr.pinned.add(t.sid)
+        embed = seg.get("embed_out")
+        if embed is not None and b.lora and b.spec.checkpointing:
+            # peft + checkpointing: enable_input_require_grads() makes the embedding output a leaf that
+            # requires grad (AccumulateGrad keeps it until the backward ends)
+            t = self.refs[embed]
+            t.rg = True
+            tr.leaves.add(t.sid)
+            b.embed_out = t
+
+    def op(self, op: list[Any]) -> None:
+        b, tr = self.b, self.b.tr
+        name, args, outs = op[0], op[1], op[2]
+        extra = op[3] if len(op) > 3 else {}
+        ins = []
+        for an, v in args:
+            ins.append((an, [self.ref(x) for x in v] if isinstance(v, list) else self.ref(v)))
+        pseudo = extra.get("pseudo")
+        if pseudo == "dropout":
+            kernels.dropout(self, ins, outs, extra)
+            return
+        if pseudo == "sdpa":
+            kernels.sdpa(self, ins, outs, extra)
+            return
+        if name == "_to_copy" and len(outs) == 1 and outs[0] not in self.refs and ins and ins[0][1] is not None:
+            src = ins[0][1]
+            if self.b.dt(self.seg["t"][int(outs[0][1:])][1]) == src.dtype:
+                # ``x.to(dtype)`` when x already has it (fp32 runs of a graph recorded in 16-bit) returns x
+                self.refs[outs[0]] = src
+                return
+        weight_cast = name == "_to_copy" and b.mixed and ins and ins[0][1] is not None and ins[0][1].param
+        prev = tr.kind_default
+        if weight_cast:
+            tr.kind_default = "autocast"
+        out_ts = []
+        override = kernels.cuda_output_dtypes(name, ins, b.spec.device)
+        for j, r in enumerate(outs):
+            if r in self.refs:  # in place: a new version of the same storage
+                old = self.refs[r]
+                nt = tr.view(old)
+                self.refs[r] = nt
+                out_ts.append(nt)
+            else:
+                t = self.new_tensor(self.seg["t"][int(r[1:])], name, override.get(j))
+                self.refs[r] = t
+                out_ts.append(t)
+        tr.kind_default = prev
+        b.emit(name, ins, out_ts, extra=extra)
+        if weight_cast and not ins[0][1].rg:
+            # autocast caches a weight's 16-bit copy only when the weight requires grad (a frozen base
+            # weight under LoRA is cast at every use and freed after it)
+            for t in out_ts:
+                tr.uncached.add(t.sid)
+
+    def _deaths(self, refs: list[str] | None) -> None:
+        if not refs:
+            return
+        ts = []
+        for r in refs:
+            t = self.refs.get(r) if r.startswith(("t", "a")) else self.ref(r)
+            if t is not None and t.sid >= 0:
+                ts.append(t)
+        if ts:
+            self.b.tr.touch(*ts)
+
+
+def _layer_of(name: str) -> int | None:
+    import re
+
+    m = re.search(r"\.(\d+)\.", name)
+    return int(m.group(1)) if m else None
+
+
+def _template(name: str) -> str:
+    import re
+
+    return re.sub(r"\.(\d+)\.", ".{i}.", name, count=1)

@@ -1,0 +1,69 @@
+"""Which modules LoRA adapts: peft 0.21's ``target_modules`` semantics, in one place.
+
+Used by the LoRA reducer (trainable adapter tensors), the step trace (where adapters run) and the
+torch referee (what it asks peft for), so the three cannot disagree. peft
+(``tuners/tuners_utils.py`` ``check_target_module_exists`` and ``_maybe_include_all_linear_layers``):
+
+* ``"all-linear"``: every ``nn.Linear`` and ``Conv1D`` module except the output embedding (the LM head);
+* a single string that is not a plain name: a regular expression, ``re.fullmatch`` against the module's
+  full name (``model.layers.0.self_attn.q_proj``);
+* a list of names: a module matches when its full name equals one, or ends with ``"." + name``.
+
+For MoE models whose experts transformers 5 fuses into 3-D parameters (Mixtral, Qwen2-MoE), peft 0.21
+converts the v4 expert names to ``target_parameters`` (``utils/transformers_weight_conversion.py``:
+``w1``/``w3`` -> ``gate_up_proj`` with twice the rank, ``w2`` -> ``down_proj``, ``gate`` -> the
+router's weight); the learned file carries that mapping (``lora.parameter_targets``), so "all-linear"
+also adapts the experts and the router there, as peft does.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+ALL_LINEAR = "all-linear"
+_PLAIN = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def is_regex(targets: tuple[str, ...]) -> bool:
+    return len(targets) == 1 and targets[0].lower() != ALL_LINEAR and not _PLAIN.match(targets[0])
+
+
+def peft_target_modules(targets: tuple[str, ...]) -> str | list[str]:
+    """What to pass to ``peft.LoraConfig(target_modules=...)`` for fitplan's ``lora_target_modules``: the
+    string itself for ``all-linear`` and for a regular expression (peft treats a str as a regex), else a list."""
+    if len(targets) == 1 and (targets[0].lower() == ALL_LINEAR or is_regex(targets)):
+        return targets[0]
+    return list(targets)
+
+
+def module_matches(module: str, targets: tuple[str, ...], *, output_module: str | None = None) -> bool:
+    """Does peft adapt the ``nn.Linear``/``Conv1D`` named ``module`` (full name) for ``targets``?"""
+    if not targets:
+        return False
+    if len(targets) == 1 and targets[0].lower() == ALL_LINEAR:
+        return module != output_module
+    if is_regex(targets):
+        return re.fullmatch(targets[0], module) is not None
+    return any(module == t or module.endswith("." + t) for t in targets)
+
+
+def lora_site_matches(module: str, targets: tuple[str, ...], af: Any) -> bool:
+    """:func:`module_matches` with the output module of a learned architecture file. For a model type whose
+    MoE layout peft 0.21 converts (the file's ``lora.parameter_targets``: Mixtral, Qwen3-MoE, DeepSeek...),
+    the converted names (``gate_proj``, ``up_proj``, ``down_proj``, ``gate``, ``w1``...) leave the module
+    targets for parameter targets (peft/utils/transformers_weight_conversion.py, ``_convert_peft_config_moe``):
+    an ``nn.Linear`` of that name (a dense layer's MLP) gets no adapter."""
+    converted = ((getattr(af, "lora", None) or {}).get("parameter_targets")) or {}
+    if converted and module.rsplit(".", 1)[-1] in converted:
+        return False
+    return module_matches(module, targets, output_module=getattr(af, "output_module", None))
+
+
+def unmatched_targets(targets: tuple[str, ...], modules: list[str]) -> list[str]:
+    """Targets that match none of ``modules`` (peft raises for a list target that matches nothing)."""
+    if not targets or (len(targets) == 1 and (targets[0].lower() == ALL_LINEAR or is_regex(targets))):
+        if is_regex(targets) and not any(re.fullmatch(targets[0], m) for m in modules):
+            return list(targets)
+        return []
+    return [t for t in targets if not any(m == t or m.endswith("." + t) for m in modules)]
