@@ -376,6 +376,7 @@ class _Instance:
             elif k not in skip:
                 self.op(op)
             for s in self.site_end.get(k, ()):
+                self._site_output(s)
                 kernels.lora_site(self, s)
             self._deaths(deaths_at.get(k))
         tr.kind_default = "activation"
@@ -392,6 +393,14 @@ class _Instance:
             t.rg = True
             tr.leaves.add(t.sid)
             b.embed_out = t
+
+    def _site_output(self, site: dict[str, Any]) -> None:
+        """The call site's output is what its module returns (the weight is read through a transposed copy, which
+        is not the parameter): recorded for the trace's ``param_ops``."""
+        out = self.refs.get(site["output"]) or self.ref(site["output"])
+        if out is not None:
+            module = site["module"].replace("{i}", str(self.layer)) if self.layer is not None else site["module"]
+            self.b.tr.param_outs.setdefault(module + ".weight", []).append(out)
 
     def op(self, op: list[Any]) -> None:
         b, tr = self.b, self.b.tr

@@ -158,14 +158,15 @@ def no_backward_modules(params: tuple[P, ...], param_ops) -> frozenset[str]:
     ops: dict[tuple[int, str], bool] = {}
     for name, rg in param_ops or ():
         m = re.search(r"\.(\d+)\.", name)
-        key = (int(m.group(1)) if m else -1, name.rsplit(".", 1)[0])
+        module = name.rsplit(".", 1)[0] if name.endswith((".weight", ".bias")) else name  # adapters: modules of their own
+        key = (int(m.group(1)) if m else -1, module)
         ops[key] = ops.get(key, False) or rg
     by_layer: dict[int, list[tuple[str, bool]]] = {}
     for (layer, mod), rg in ops.items():
         by_layer.setdefault(layer, []).append((mod, rg))
     out = set()
     for p in params:
-        path = p.module.split("/", 1)[-1]
+        path = p.module.split("/", 1)[-1].replace("{i}", str(p.layer))
         hits = [rg for mod, rg in by_layer.get(p.layer, ()) if mod == path or mod.endswith("." + path)]
         if hits and not any(hits):
             out.add(p.module)
