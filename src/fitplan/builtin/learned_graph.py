@@ -12,7 +12,8 @@ what varies with the scenario through rules shared by every architecture:
 * the precision: the file records a 16-bit step and a ``torch.autocast`` step; ``32-true`` is the 16-bit
   graph in fp32 (a cast to the dtype a tensor already has is no op), fp16 the 16-bit graph in fp16;
 * LoRA at ``nn.Linear`` / ``Conv1D`` call sites (peft 0.21 ``lora.Linear.forward``), QLoRA's 4-bit base
-  layers, dropout and SDPA per device (:mod:`.kernels`), gradient checkpointing (the replay's recompute);
+  layers, dropout and SDPA per device (:mod:`.kernels`), gradient checkpointing (the replay's recompute),
+  DeepSpeed ZeRO-3's ``F.linear`` that saves its input at every ``nn.Linear`` site (``linear_saves_input``);
 * the backward: per op, whether each input gradient is a new tensor or the incoming one passed through
   (the table's formula, or what the learner saw), the node's transient bytes, and AccumulateGrad.
 """

@@ -320,7 +320,8 @@ def zero3_linear_saves_input(sharding_kind):
     PyTorch's ``mm`` saves the input only when the weight requires grad. Under LoRA every frozen Linear after
     the first adapter thus keeps its input (measured: +278,528 B on the tiny-Llama LoRA case, gone with
     ``memory_efficient_linear: false``). Full fine-tuning saves the same tensors either way; bitsandbytes'
-    4-bit layers and GPT-2's Conv1D (``torch.addmm``) do not call ``F.linear``."""
+    4-bit layers, GPT-2's Conv1D (``torch.addmm``) and nn.Linear subclasses with their own forward (Falcon's)
+    do not call ``F.linear``. The learned replay applies it at each call site (``kernels.zero3_linear_input``)."""
     return sharding_kind == "ds3"
 
 
