@@ -392,11 +392,7 @@ NEW = ("tiny-qwen2-moe", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma2", "tiny-ge
        "tiny-llama4")
 
 
-MISSES = {  # measured on this case (b=2, s=32); cause not yet found unless stated (docs/architectures.md, Limits)
-    "tiny-phi": "saved activations -16,384 B (-3.4 %) with LoRA on every linear layer (GELU MLPs: also gpt2, bigcode)",
-    "tiny-starcoder2": "saved activations -16,384 B (-3.4 %) with LoRA on every linear layer",
-    "tiny-gpt-bigcode": "saved activations -16,384 B (-3.4 %) with LoRA on every linear layer",
-}
+MISSES: dict[str, str] = {}  # measured on this case (b=2, s=32): none left (docs/architectures.md, Limits)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=MISSES[n])) if n in MISSES

@@ -364,6 +364,7 @@ class _Instance:
             for site in seg.get("sites", []):
                 if "{i}" in site["module"] and not site.get("custom"):
                     quantized[site["start"]] = site
+        embed = seg.get("embed_out") if b.lora and b.spec.checkpointing else None
         for k, op in enumerate(seg["ops"]):
             if logits_from is not None and k >= logits_from:
                 tr.kind_default = "logits"
@@ -379,6 +380,9 @@ class _Instance:
             for s in self.site_end.get(k, ()):
                 self._site_output(s)
                 kernels.lora_site(self, s)
+            if embed is not None and embed in self.refs:
+                self._input_requires_grad(self.refs[embed])
+                embed = None
             self._deaths(deaths_at.get(k))
         tr.kind_default = "activation"
         for r, k in die.items():
@@ -386,14 +390,15 @@ class _Instance:
                 t = self.refs.get(r) if r.startswith(("t", "a")) else self.ref(r)
                 if t is not None and t.sid >= 0 and t.sid not in tr.uncached:
                     tr.pinned.add(t.sid)
-        embed = seg.get("embed_out")
-        if embed is not None and b.lora and b.spec.checkpointing:
-            # peft + checkpointing: enable_input_require_grads() makes the embedding output a leaf that
-            # requires grad (AccumulateGrad keeps it until the backward ends)
-            t = self.refs[embed]
-            t.rg = True
-            tr.leaves.add(t.sid)
-            b.embed_out = t
+
+    def _input_requires_grad(self, t) -> None:
+        """peft + checkpointing: ``enable_input_require_grads()`` hooks the input embedding so that its output
+        requires grad as it is returned, before the ops after it run (GPT-2's position add, an embedding
+        dropout, Gemma's scaling: those then save and pass gradients); a leaf, kept by AccumulateGrad until
+        the backward ends."""
+        t.rg = True
+        self.b.tr.leaves.add(t.sid)
+        self.b.embed_out = t
 
     def _site_output(self, site: dict[str, Any]) -> None:
         """The call site's output is what its module returns (the weight is read through a transposed copy, which
