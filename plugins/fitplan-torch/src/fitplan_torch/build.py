@@ -203,11 +203,14 @@ def import_dotted(path: str):
                            suggestion="install the package that provides it") from None
 
 
-def build_optimizer(spec, params, *, device: str, lr: float = 1e-5):
+def build_optimizer(spec, params, *, device: str, lr: float = 1e-5, model=None):
     """The optimizer fitplan modelled: ``spec.torch_class(params, **spec.torch_kwargs)``.
 
     ``torch_kwargs`` name the implementation CUDA would pick (e.g. ``foreach=True``); on the CPU and
-    under FakeTensorMode the same implementation is forced, so the temporaries are CUDA's.
+    under FakeTensorMode the same implementation is forced, so the temporaries are CUDA's. A bitsandbytes
+    8-bit optimizer gets what the HF Trainer adds (transformers 5.24 trainer.py, ``create_optimizer``): every
+    ``nn.Embedding`` of ``model`` optimized with 32-bit states (``register_module_override``, read at the first
+    step).
     """
     if not spec.torch_class:
         raise FitplanError(f"optimizer {spec.name!r} declares no torch implementation (torch_class)", field="optim",
@@ -216,7 +219,15 @@ def build_optimizer(spec, params, *, device: str, lr: float = 1e-5):
         _deps.need("bitsandbytes")  # 0.50's CPU backend runs the 8-bit optimizers; paged ones fall back to unpaged
     cls = import_dotted(spec.torch_class)
     kwargs = {"lr": lr, **dict(spec.torch_kwargs)}
-    return cls(params, **kwargs)
+    optimizer = cls(params, **kwargs)
+    if model is not None and spec.torch_class.startswith("bitsandbytes.") and kwargs.get("optim_bits") == 8:
+        import bitsandbytes
+
+        manager = bitsandbytes.optim.GlobalOptimManager.get_instance()
+        for module in model.modules():
+            if isinstance(module, _deps.torch().nn.Embedding):
+                manager.register_module_override(module, "weight", {"optim_bits": 32})
+    return optimizer
 
 
 def make_batch(vocab_size: int, batch: int, seq: int, *, device: str, seed: int = 0):

@@ -92,7 +92,7 @@ def shard_model(model, optimizer_ref: OptimizerRef, rc: RunConfig, device: str, 
         extras = _EmulatedDDP(model).buckets
         params = [p for p in model.parameters() if p.requires_grad]
         if kind == "ddp":
-            return model, build_optimizer(optimizer_ref, params, device=device), extras
+            return model, build_optimizer(optimizer_ref, params, device=device, model=model), extras
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         cls = import_dotted(optimizer_ref.torch_class)
@@ -105,7 +105,7 @@ def shard_model(model, optimizer_ref: OptimizerRef, rc: RunConfig, device: str, 
             ddp.register_comm_hook(None, _noop_allreduce)
         params = [p for p in ddp.parameters() if p.requires_grad]
         if kind == "ddp":
-            return ddp, build_optimizer(optimizer_ref, params, device=device), []
+            return ddp, build_optimizer(optimizer_ref, params, device=device, model=model), []
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         cls = import_dotted(optimizer_ref.torch_class)
@@ -118,7 +118,7 @@ def shard_model(model, optimizer_ref: OptimizerRef, rc: RunConfig, device: str, 
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
     params = [p for p in model.parameters() if p.requires_grad]
-    return model, build_optimizer(optimizer_ref, params, device=device), []
+    return model, build_optimizer(optimizer_ref, params, device=device, model=model), []
 
 
 def _rank_body(rc: RunConfig, steps: int, fake_tensors: bool, fake_pg: bool = False) -> dict[str, Any]:

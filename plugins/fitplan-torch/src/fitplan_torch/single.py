@@ -26,7 +26,8 @@ def build_all(rc: RunConfig, fake=None):
                         lora=rc.lora, gradient_checkpointing=rc.gradient_checkpointing, device=rc.device, fake=rc.fake,
                         seed=rc.seed)
     # named, so optimizers that treat embeddings and the LM head differently (Muon, GaLore, Adam-mini) can tell
-    optimizer = build_optimizer(rc.optimizer, [(n, p) for n, p in model.named_parameters() if p.requires_grad], device=rc.device)
+    optimizer = build_optimizer(rc.optimizer, [(n, p) for n, p in model.named_parameters() if p.requires_grad], device=rc.device,
+                                model=model)
     batch = make_batch(vocab_size_of(model), rc.batch, rc.seq, device=rc.device, seed=rc.seed)
     if fake is not None:
         batch = {k: fake.from_tensor(v) for k, v in batch.items()}
