@@ -123,13 +123,16 @@ def shape_cases(quick: bool) -> list[dict[str, Any]]:
 
 def sharded_cases(quick: bool) -> list[dict[str, Any]]:
     tiny = str(CONFIGS / "tiny-llama" / "config.json")
-    base = dict(model=tiny, precision="bf16-true", per_device_train_batch_size=TINY_BATCH, max_seq_length=TINY_SEQ, num_gpus=2)
+    # PyTorch-native sharding (--stack torch): DDP + ZeroRedundancyOptimizer, fully_shard
+    base = dict(model=tiny, precision="bf16-true", per_device_train_batch_size=TINY_BATCH, max_seq_length=TINY_SEQ, num_gpus=2,
+                stack="torch")
     rows = [
         ("tiny-llama zero1 2 gloo ranks", dict(base, zero_stage=1), "cpu"),
         ("tiny-llama fsdp full_shard 2 gloo ranks", dict(base, fsdp="full_shard"), "cpu"),
         ("tiny-llama fsdp shard_grad_op 2 gloo ranks", dict(base, fsdp="shard_grad_op"), "cpu"),
     ]
-    big = dict(model="llama-2-7b", precision="bf16-true", per_device_train_batch_size=1, max_seq_length=512, num_gpus=8)
+    big = dict(model="llama-2-7b", precision="bf16-true", per_device_train_batch_size=1, max_seq_length=512, num_gpus=8,
+               stack="torch")
     rows += [
         ("llama-2-7b zero1 rank 0 of 8 (fake pg)", dict(big, zero_stage=1), "fake"),
         ("llama-2-7b zero2/fsdp shard_grad_op rank 0 of 8 (fake pg)", dict(big, fsdp="shard_grad_op"), "fake"),
