@@ -54,16 +54,18 @@ gpu = "netgpu"
 gpus = 8
 on_demand_per_hour = 16.0    # the same price per GPU as "one"
 source = "test"
+"""
 
+TWO_BILLINGS = """
 [[provider]]
-id = "persec"
-name = "persec"
-billing = "second"
+id = "{id}"
+name = "{id}"
+billing = "{billing}"
 minimum_seconds = 0
 source = "test fixture"
 
 [[instance]]
-provider = "persec"
+provider = "{id}"
 id = "one"
 gpu = "netgpu"
 gpus = 1
@@ -72,37 +74,14 @@ network_gbps = 1.25
 source = "test"
 
 [[instance]]
-provider = "persec"
-id = "eight"
-gpu = "netgpu"
-gpus = 8
-on_demand_per_hour = 16.0
-source = "test"
-
-[[provider]]
-id = "hourly"
-name = "hourly"
-billing = "hour"
-minimum_seconds = 0
-source = "test fixture"
-
-[[instance]]
-provider = "hourly"
-id = "one"
-gpu = "netgpu"
-gpus = 1
-on_demand_per_hour = 1.5     # 8 of them: 12.00/h, cheaper per hour than one "eight"
-network_gbps = 1.25
-source = "test"
-
-[[instance]]
-provider = "hourly"
+provider = "{id}"
 id = "eight"
 gpu = "netgpu"
 gpus = 8
 on_demand_per_hour = 16.0
 source = "test"
 """
+FIXTURE += "".join(TWO_BILLINGS.format(id=i, billing=b) for i, b in (("persec", "second"), ("hourly", "hour")))
 
 
 def est(rdir, **kw):
