@@ -57,9 +57,17 @@ def test_accelerate_fsdp2_two_ranks_every_category_exact():
     # [final norm, lm_head] a tail unit kept gathered from its forward to its backward (fsdp_utils.py:884-898)
     r = validate(fsdp="full_shard", num_gpus=2, precision="bf16-mixed")
     assert r["world_size"] == 2 and r["measured"]["wrapper"].startswith("FSDP")
-    for c in ("parameters", "gradients", "optimizer_states", "activations"):
+    for c in ("parameters", "gradients", "optimizer_states"):
         assert r["components"][c]["relative_error"] == 0, (c, r["components"][c])
-    assert abs(r["components"]["peak"]["relative_error"]) < 0.01
+    # a race of the CPU (gloo) run, measured: in about one run in three the embedding unit's gathered bf16 table
+    # is still alive when the forward ends (+128,128 B); otherwise the activations are exact (docs/stacks.md)
+    act, peak = r["components"]["activations"], r["components"]["peak"]
+    assert act["measured"] - act["predicted"] in (0, EMBEDDING_GATHER_RACE), act
+    assert abs(peak["relative_error"]) < 0.01 or 0 < peak["measured"] - peak["predicted"] <= EMBEDDING_GATHER_RACE, peak
+
+
+EMBEDDING_GATHER_RACE = 128_128
+"""Bytes measured in the racy outcome: the tiny Llama's 1,000 x 64 embedding gathered in bf16 (128,000 B) and 128 B."""
 
 
 @pytest.mark.skipif(ACCELERATE, reason="accelerate is not installed")
