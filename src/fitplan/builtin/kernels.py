@@ -30,6 +30,7 @@ the dropout probability. The rules below choose the expansion, each from the PyT
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .archexpr import compile_expr
@@ -117,6 +118,7 @@ def sdpa(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
     p = _p(inst, extra)
     if b.mixed:
         q, k, v = (_cast(inst, t, b.compute, "sdpa.autocast") for t in (q, k, v))
+    mask = _float_mask(inst, mask, q)
     out = inst.new_tensor(inst.seg["t"][int(out_refs[0][1:])])
     out.dtype = q.dtype
     inst.refs[out_refs[0]] = out
@@ -145,10 +147,47 @@ def sdpa(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
     if not (extra.get("sc") or {}).get("enable_gqa") or not gqa:
         lse = tr.new(rows // s * (-(-s // 32) * 32), "f32", False, "sdpa.logsumexp")
         seed = tr.new(2 if p > 0 else 0, "i64", False, "sdpa.rng_state")
+        mask = _aligned_bias(inst, mask)
         eargs = [("query", q), ("key", k), ("value", v)] + ([("attn_bias", mask)] if mask is not None else [])
         b.emit("_scaled_dot_product_efficient_attention", eargs, [out, lse, seed], label="sdpa.efficient")
         return
     _math(inst, q, k, v, mask, out, p, s)
+
+
+def _float_mask(inst, mask, q):
+    """The mask every SDPA backend receives (torch 2.13 ``attention.cpp`` ``scaled_dot_product_attention``: each
+    case calls ``convert_boolean_attn_mask(attn_mask_, query_.dtype())``): a boolean mask becomes, at every call,
+    ``at::where(mask, 0, -inf)`` in q's dtype, a new tensor of the mask's (broadcast) shape, which the kernel
+    saves: one per attention layer, not the shared boolean mask. Under ``torch.autocast`` a float mask is cast
+    with q, k, v (``autocast_mode.cpp`` lower-precision list: every floating tensor argument). Measured on the
+    CPU with ``TorchDispatchMode`` (``where.self`` then ``_scaled_dot_product_flash_attention_for_cpu``)."""
+    if mask is None:
+        return None
+    b = inst.b
+    if mask.dtype != "bool":
+        return _cast(inst, mask, b.compute, "sdpa.autocast_mask") if b.mixed else mask
+    shape = getattr(mask, "shape", None)
+    fm = b.tr.new(math.prod(shape) if shape else mask.numel, q.dtype, False, "sdpa.mask")
+    fm.shape = shape
+    b.emit("where.self", [("condition", mask)], [fm], label="sdpa.mask")
+    return fm
+
+
+def _aligned_bias(inst, mask):
+    """Memory-efficient attention's bias (``attention.cpp`` ``preprocess_mask``): when a stride or the last
+    dimension is not a multiple of 8 (``aligned_tensor<8>``; a contiguous mask: the key length), ``pad_bias``
+    pads the last dimension to the next multiple of 8 (a new tensor, the one saved) and slices it back; the
+    expansion to (b, heads, s, s_k) is a view."""
+    shape = getattr(mask, "shape", None) if mask is not None else None
+    if not shape or shape[-1] % 8 == 0:
+        return mask
+    width = shape[-1] + 8 - shape[-1] % 8
+    padded = inst.b.tr.new(math.prod(shape[:-1]) * width, mask.dtype, False, "sdpa.mask_padded")
+    padded.shape = (*shape[:-1], width)
+    inst.b.emit("constant_pad_nd", [("self", mask)], [padded], label="sdpa.mask_pad")
+    view = inst.b.tr.view(padded)
+    view.shape = shape
+    return view
 
 
 def _math(inst, q, k, v, mask, out, p: float, s: int) -> None:
