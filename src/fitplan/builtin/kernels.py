@@ -10,14 +10,16 @@ the dropout probability. The rules below choose the expansion, each from the PyT
   backward saves the 1-byte mask); on the CPU ``_dropout_impl`` makes ``noise = empty_like(input)
   .bernoulli_(1 - p).div_(1 - p)`` and returns ``input * noise`` (the noise, in the input dtype, is saved);
 * SDPA (``aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`` and ``cuda/sdp_utils.cpp``,
-  ``attention.cpp``): on the CPU without dropout ``_scaled_dot_product_flash_attention_for_cpu`` (saves q,
-  k, v, the mask, the output and a fp32 logsumexp per row and head); with dropout the composite math path
+  ``attention.cpp``): a boolean mask is converted to q's dtype at every call (``convert_boolean_attn_mask``,
+  a new tensor per layer); on the CPU without dropout, with q, k, v of one head dim and one head count
+  (unequal head counts only with ``enable_gqa``) ``_scaled_dot_product_flash_attention_for_cpu`` (saves q,
+  k, v, the mask, the output and a fp32 logsumexp per row and head); otherwise the composite math path
   (fp32 q, k, v for 16-bit inputs, materialised scores, softmax and dropout); on CUDA, 16-bit inputs
-  without a mask and head dims equal and <= 256: flash attention (logsumexp (b, a, s) fp32 + RNG state);
-  otherwise memory-efficient attention (logsumexp padded to a multiple of 32 rows), unless grouped-query
-  attention is asked for (``enable_gqa``), which it does not support: then the math path. Under
-  ``torch.autocast``, SDPA is on the lower-precision list (``autocast_mode.cpp``): float inputs are cast
-  to the compute dtype first;
+  without a mask, head dims equal and <= 256, one head count or ``enable_gqa``: flash attention (logsumexp
+  (b, a, s) fp32 + RNG state); otherwise memory-efficient attention when q, k, v have one head count
+  (logsumexp padded to a multiple of 32 rows, the mask padded to a key length multiple of 8), else the
+  math path. Under ``torch.autocast``, SDPA is on the lower-precision list (``autocast_mode.cpp``): float
+  inputs, a float mask too, are cast to the compute dtype first;
 * LoRA (peft 0.21 ``lora.Linear.forward``): ``result = base_layer(x)``; ``x = x.to(lora_A.weight.dtype)``
   (adapters are fp32, ``autocast_adapter_dtype=True``); ``result = result + lora_B(lora_A(dropout(x))) *
   scaling``; ``result.to(result's dtype)``. Each adapter Linear is ``F.linear``'s aten expansion (``t``,
