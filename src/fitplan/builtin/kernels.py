@@ -254,6 +254,11 @@ def _math(inst, q, k, v, mask, out, p: float, s: int, gqa: bool = False) -> None
     b.emit("_safe_softmax", [("self", s2)], [probs], label="sdpa.math_softmax")
     dropped = dropout_tensor(inst, probs, p, "sdpa.math_dropout")
     weights = _cast(inst, dropped, orig, "sdpa.math_weights_cast")
+    if vm is v and _slice_of_heads(tr, v):
+        # ``at::matmul`` reshapes v to (b * heads, s, d): a head-transposed slice of a fused projection cannot be
+        # viewed so, and the copy is what bmm saves (LinearAlgebra.cpp _matmul_impl), not the projection
+        vm = tr.new(v.numel, acc, False, "sdpa.math_v_copy")
+        b.emit("clone", [("self", v)], [vm], label="sdpa.math_v_copy")
     o = tr.new(out.numel, acc, False, "sdpa.math_out")
     b.emit("bmm", [("self", dropped), ("mat2", vm)], [o], label="sdpa.math_pv")
     if acc != orig:
@@ -272,6 +277,15 @@ def _broadcast(inst, t, numel: int, batch: int, label: str):
     c = inst.b.tr.new(numel, t.dtype, False, label)
     inst.b.emit("clone", [("self", t)], [c], label=label)
     return c
+
+
+def _slice_of_heads(tr, v) -> bool:
+    """v (b, heads, s, d) is a head-transposed view into a larger storage (q, k, v split from one fused
+    projection): not viewable as (b * heads, s, d) unless b or heads is 1."""
+    shape = getattr(v, "shape", None)
+    own = -(-v.nbytes // tr.spec.block) * tr.spec.block if tr.rounding else v.nbytes
+    return (v.sid >= 0 and tr.size[v.sid] > own and shape is not None and len(shape) == 4
+            and shape[0] > 1 and shape[1] > 1)
 
 
 # --------------------------------------------------------------------------- Linear call sites

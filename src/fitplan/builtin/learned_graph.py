@@ -72,6 +72,8 @@ class Builder:
         self.param_uses: dict[int, int] = {}
         self.embed_out = None
         self.param_targets: dict[str, int] = {}
+        self.tied = af.tie(self.env)
+        """Parameter name -> the parameter it is (tied embeddings: ``lm_head.weight`` is the input embedding)."""
         if self.lora:
             self.param_targets = parameter_targets(af, tuple(self.spec.lora_targets))
 
@@ -81,6 +83,8 @@ class Builder:
 
     def param(self, name: str, template: str | None = None):
         t = self.params.get(name)
+        if t is None and name in self.tied:
+            t = self.params[name] = self.tied_param(name)
         if t is None:
             code = self.param_dtypes.get(template or name, "bf16")
             if self.mixed:
@@ -92,6 +96,16 @@ class Builder:
             t = self.tr.param(numel, dtype, trainable)
             t.name = name
             self.params[name] = t
+        return t
+
+    def tied_param(self, name: str):
+        """A tied parameter: the tensor it is tied to under its own name (the ops that read it stay its module's),
+        one gradient (:attr:`.step_trace.T.key` is the target's): autograd's ``AccumulateGrad`` of the shared tensor
+        waits in its input buffer until every use has contributed (torch/csrc/autograd/engine.cpp dependencies), so
+        the output embedding's gradient stays alive from the head's backward to the input embedding's."""
+        src = self.param(self.tied[name])
+        t = self.tr.param(src.numel, src.dtype, src.rg)
+        t.name, t.tie = name, src
         return t
 
     def param_numel(self, template: str, name: str) -> int:
