@@ -28,7 +28,10 @@ from .archfile import BYTES, ArchFile, autograd_table
 from . import kernels, op_work
 from .lora_targets import lora_site_matches
 
-FLOAT = ("f32", "bf16", "f16", "f64")
+FLOAT = ("f32", "bf16", "f16", "f64", "c64")
+"""The dtypes autograd differentiates: floating and complex (``isDifferentiableType``,
+torch/csrc/autograd/variable.h, torch 2.13). Complex counts: Llama-4's and DeepSeek-V2's rotary embedding
+multiplies ``view_as_complex`` views, and q and k keep requiring grad through them."""
 
 
 _TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
