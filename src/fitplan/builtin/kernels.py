@@ -11,8 +11,7 @@ the dropout probability. The rules below choose the expansion, each from the PyT
   .bernoulli_(1 - p).div_(1 - p)`` and returns ``input * noise`` (the noise, in the input dtype, is saved);
 * SDPA (``aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`` and ``cuda/sdp_utils.cpp``,
   ``attention.cpp``): on the CPU without dropout ``_scaled_dot_product_flash_attention_for_cpu`` (saves q,
-  k, v, the mask (a boolean mask as its additive copy, below), the output and a fp32 logsumexp per row and
-  head); with dropout the composite math path
+  k, v, the mask, the output and a fp32 logsumexp per row and head); with dropout the composite math path
   (fp32 q, k, v for 16-bit inputs, materialised scores, softmax and dropout); on CUDA, 16-bit inputs
   without a mask and head dims equal and <= 256: flash attention (logsumexp (b, a, s) fp32 + RNG state);
   otherwise memory-efficient attention (logsumexp padded to a multiple of 32 rows), unless grouped-query
@@ -61,8 +60,6 @@ EXTRA_RULES = {
     # CompositeImplicit (unsqueeze, expand, clone, view), so derivatives.yaml has no entry; differentiable,
     # saves nothing, its backward sums the gradient over the repeats (a new tensor)
     "repeat_interleave.self_int": {"d": ["self"], "s": [], "p": [0]},
-    # SDPA's boolean mask conversion (attention.cpp convert_boolean_attn_mask): not differentiable
-    "logical_not": None,
 }
 
 
@@ -120,7 +117,6 @@ def sdpa(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
     p = _p(inst, extra)
     if b.mixed:
         q, k, v = (_cast(inst, t, b.compute, "sdpa.autocast") for t in (q, k, v))
-    mask = _additive_mask(inst, mask, q.dtype)
     out = inst.new_tensor(inst.seg["t"][int(out_refs[0][1:])])
     out.dtype = q.dtype
     inst.refs[out_refs[0]] = out
@@ -153,23 +149,6 @@ def sdpa(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
         b.emit("_scaled_dot_product_efficient_attention", eargs, [out, lse, seed], label="sdpa.efficient")
         return
     _math(inst, q, k, v, mask, out, p, s)
-
-
-def _additive_mask(inst, mask, dtype: str):
-    """A boolean mask becomes an additive one in the query's dtype, a new tensor at every call, before any
-    backend runs (torch 2.13 attention.cpp ``scaled_dot_product_attention``: ``convert_boolean_attn_mask``,
-    ``at::where(attn_mask.logical_not(), -inf, 0)``; every backend but cuDNN): the kernels save that copy,
-    not the model's mask, so each layer given a mask (sliding windows, chunked attention, padding) keeps
-    its own ``(b, 1, s, s)`` mask in the query dtype."""
-    if mask is None or mask.dtype != "bool":
-        return mask
-    tr = inst.b.tr
-    inverted = tr.new(mask.numel, "bool", False, "sdpa.mask_not")
-    inst.b.emit("logical_not", [("self", mask)], [inverted], label="sdpa.mask_not")
-    additive = tr.new(mask.numel, dtype, False, "sdpa.mask")
-    additive.shape = getattr(mask, "shape", None)
-    inst.b.emit("where.self", [("condition", inverted)], [additive], label="sdpa.mask")
-    return additive
 
 
 def _math(inst, q, k, v, mask, out, p: float, s: int) -> None:
