@@ -557,25 +557,39 @@ def replay(tr: Trace) -> StepTrace:
         once["bytes"], once["v"] = 0, [0, 0, 0, 0]
 
     def recompute(sg: int) -> None:
+        """Non-reentrant checkpoint's recomputation (torch/utils/checkpoint.py, torch 2.13): the layer's forward
+        runs again until it has packed as many saved tensors as the original forward ("early stop": the pack
+        hook raises ``_StopRecomputationError``). Tensors live as long as the model's Python code holds them
+        (the recorded lifetimes, holds past the stop included) until the stop unwinds the layer's frames,
+        which frees every recomputed tensor nothing saved. Autograd packs an op's inputs before its kernel
+        runs and its outputs after (torchgen ``gen_variable_type.py``): a last op saving only inputs stops
+        before allocating its outputs."""
         seg_ops = [(i, op) for i, op in enumerate(ops) if op.seg == sg]
-        # non-reentrant checkpoint stops recomputing once every saved tensor is back ("early stop")
         last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved), default=-1)
-        seg_ops = seg_ops[:last_saving + 1]
+        if last_saving < 0:
+            return
+        stop = seg_ops[last_saving][1]
+        packs_output = any(sid in stop.allocs for sid in stop.saved)
         last_in: dict[int, int] = {}
         for i, op in seg_ops:
             for sid in (*op.reads, *op.allocs):
                 last_in[sid] = i
-        for i, op in seg_ops:
+        for i, op in seg_ops[:last_saving + 1]:
             for sid in op.saved:
                 savers[sid] = savers.get(sid, 0) + 1
-        for i, op in seg_ops:
+        made: list[int] = []
+        for i, op in seg_ops[:last_saving + 1 if packs_output else last_saving]:
             for sid in op.allocs:
                 if sid not in alive:
                     alloc(sid)
+                    made.append(sid)
             point()
             for sid in (*op.reads, *op.allocs):
                 if last_in.get(sid, -1) <= i and alloc_seg.get(sid) == sg and not held(sid):
                     free(sid, sg)
+        for sid in made:  # the stop: what only the layer's Python frames held goes
+            if not held(sid):
+                free(sid, sg)
 
     after_head = (0, 0)
     once["on"] = True
@@ -600,11 +614,13 @@ def replay(tr: Trace) -> StepTrace:
             seg = op.seg
             seg_start = (state["live"], grads["live"])
             seg_start_v = list(live_v)
-        if ckpt[seg] and seg not in entered:
-            entered.add(seg)
-            recompute(seg)
         incoming = [pending.pop(t.key, None) for t in op.outs]
         bufs = [b for b in incoming if b is not None]
+        if ckpt[seg] and seg not in entered and bufs and op.saved:
+            # the first backward op of the layer that unpacks a saved tensor triggers the recomputation; the
+            # layer's ops saving nothing (residual adds, views, LoRA's scaling) ran their backward before it
+            entered.add(seg)
+            recompute(seg)
         if bufs:
             for t, kind in zip(op.grad_ins, op.grad_kinds):
                 give(t, incoming[kind] if 0 <= kind < len(incoming) else None)
