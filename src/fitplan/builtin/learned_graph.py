@@ -224,12 +224,11 @@ class Builder:
                         bind.append(h if h is not None else pro.refs["t" + v["first_input"][1:]])
                     else:
                         bind.append(pro.refs["t" + ref[1:]])
-                if self.spec.checkpointing and j == 0:
-                    keep = {t.sid for t in bind if t is not None and t.sid >= 0}
-                    tr.ckpt_keep[tr.seg] = keep
-                elif self.spec.checkpointing:
-                    tr.ckpt_keep[tr.seg] |= {t.sid for t in bind if t is not None and t.sid >= 0}
+                if self.spec.checkpointing:  # each layer is its own checkpoint (GradientCheckpointingLayer)
+                    tr.ckpt_keep[i] = {t.sid for t in bind if t is not None and t.sid >= 0}
+                tr.unit = i
                 inst = self.segment(seg, f"layer {i}", args=bind, layer=i)
+                tr.unit = -1
                 h = inst.refs[seg["out"]]
         tr.segment("epilogue")
         epi = self.segment(af.segments[v["epilogue"]], "epilogue", args=[h], layer=None)

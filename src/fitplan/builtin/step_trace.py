@@ -198,6 +198,8 @@ class Op:
     clone_grad: bool = False
     work: Any = None
     """The kernels the op launches (:class:`fitplan.builtin.op_work.Work`; None: none)."""
+    unit: int = -1
+    """The decoder layer the op belongs to (-1: outside the layers): the unit gradient checkpointing re-runs."""
 
 
 class Trace:
@@ -216,6 +218,9 @@ class Trace:
         self.pinned: set[int] = set()
         self.uncached: set[int] = set()
         self.ckpt_keep: dict[int, set[int]] = {}
+        """Decoder layer -> the storages its checkpoint keeps (its arguments)."""
+        self.unit = -1
+        """The decoder layer being recorded (-1: outside the layers)."""
         self.param_grad_total = 0
         self.loss: T | None = None
         self.external: set[int] = set()
@@ -283,7 +288,7 @@ class Trace:
             pg += nb
         self.ops.append(Op(name, self.seg, reads, allocs, sv, tuple(t for t in outs if t.rg),
                            tuple(t for t, _ in grad_ins), tuple(k for _, k in grad_ins), tuple(pentries), pg,
-                           bwd_temp if node else 0, work=work))
+                           bwd_temp if node else 0, work=work, unit=self.unit))
 
     def finish(self) -> None:
         """Mark each parameter's last use in the backward (its first in the forward): where its gradient is
@@ -311,7 +316,7 @@ class Trace:
         records nothing for backward."""
         reads = tuple(t.sid for t in ts if t is not None and t.sid >= 0)
         if reads:
-            self.ops.append(Op("hold", self.seg, reads, (), (), (), ()))
+            self.ops.append(Op("hold", self.seg, reads, (), (), (), (), unit=self.unit))
 
 
 @functools.lru_cache(maxsize=512)
@@ -556,7 +561,7 @@ def replay(tr: Trace) -> StepTrace:
         seg_once.clear()
         once["bytes"], once["v"] = 0, [0, 0, 0, 0]
 
-    def recompute(sg: int) -> None:
+    def recompute(sg: int, unit: int) -> None:
         """Non-reentrant checkpoint's recomputation (torch/utils/checkpoint.py, torch 2.13): the layer's forward
         runs again until it has packed as many saved tensors as the original forward ("early stop": the pack
         hook raises ``_StopRecomputationError``). Tensors live as long as the model's Python code holds them
@@ -564,7 +569,7 @@ def replay(tr: Trace) -> StepTrace:
         which frees every recomputed tensor nothing saved. Autograd packs an op's inputs before its kernel
         runs and its outputs after (torchgen ``gen_variable_type.py``): a last op saving only inputs stops
         before allocating its outputs."""
-        seg_ops = [(i, op) for i, op in enumerate(ops) if op.seg == sg]
+        seg_ops = [(i, op) for i, op in enumerate(ops) if op.seg == sg and op.unit == unit]  # one layer's checkpoint
         last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved), default=-1)
         if last_saving < 0:
             return
@@ -600,14 +605,17 @@ def replay(tr: Trace) -> StepTrace:
     seg_start = (state["live"], grads["live"])
     seg_start_v = list(live_v)
     entered: set[int] = set()
+    unit = -1
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
-        if op.seg != seg:
-            if ckpt[seg] and seg in tr.ckpt_keep:  # the checkpoint's backward ends: its inputs go
-                for sid in tr.ckpt_keep[seg]:
+        if op.unit != unit:
+            if ckpt[seg] and unit in tr.ckpt_keep:  # the layer's checkpoint backward ends: its inputs go
+                for sid in tr.ckpt_keep[unit]:
                     keepers[sid] -= 1
                     if not held(sid):
                         free(sid, seg)
+            unit = op.unit
+        if op.seg != seg:
             flush(seg, seg_start, seg_start_v)
             if seg == nseg - 1:
                 after_head = (state["live"] + state["phantom"], grads["live"] + grads["phantom"])
@@ -616,11 +624,11 @@ def replay(tr: Trace) -> StepTrace:
             seg_start_v = list(live_v)
         incoming = [pending.pop(t.key, None) for t in op.outs]
         bufs = [b for b in incoming if b is not None]
-        if ckpt[seg] and seg not in entered and bufs and op.saved:
+        if ckpt[seg] and op.unit not in entered and bufs and op.saved:
             # the first backward op of the layer that unpacks a saved tensor triggers the recomputation; the
             # layer's ops saving nothing (residual adds, views, LoRA's scaling) ran their backward before it
-            entered.add(seg)
-            recompute(seg)
+            entered.add(op.unit)
+            recompute(seg, op.unit)
         if bufs:
             for t, kind in zip(op.grad_ins, op.grad_kinds):
                 give(t, incoming[kind] if 0 <= kind < len(incoming) else None)
