@@ -49,6 +49,17 @@ def test_lora_unknown_target_lists_modules(cli):
                        "c_attn", "q_proj")
 
 
+def test_lora_on_a_linear_returning_a_tuple_is_refused(cli):
+    # Llama-4's router is an nn.Linear whose forward returns (scores, logits): peft 0.21's all-linear wraps it and
+    # lora.Linear.forward fails on result.dtype (measured: AttributeError, peft/tuners/lora/layer.py)
+    for targets in ("all-linear", "q_proj,router"):
+        assert_clean_error(cli("estimate", "--model", "llama-4-scout-17b-16e", "--method", "lora", "--lora-target-modules",
+                               targets), "model.layers.{i}.feed_forward.router", "'tuple' object has no attribute",
+                           "--lora-target-modules down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj")
+    assert cli("estimate", "--model", "llama-4-scout-17b-16e", "--method", "lora", "--lora-target-modules",
+               "q_proj,v_proj").returncode == 0
+
+
 def test_malformed_scenario_toml(cli, tmp_path):
     f = tmp_path / "bad.toml"
     f.write_text("[training\nper_device_train_batch_size = 2\n")

@@ -49,7 +49,9 @@ ARCHS = tuple(sorted(p.name for p in CONFIGS.glob("tiny-*")))
 """Every tiny config: one per bundled model type (docs/architectures.md), every switch of it on."""
 LORA_TARGETS: dict[str, tuple[str, ...]] = {
     # Llama-4's router subclasses nn.Linear but returns a tuple: peft 0.21 fails on it under all-linear
+    # (peft/tuners/lora/layer.py ``result.dtype``), and fitplan refuses those targets (builtin/lora.py)
     "tiny-llama4": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "llama-4-scout-17b-16e": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
 }
 """LoRA runs adapt every linear layer (peft's ``all-linear``) unless named here."""
 TINY_BATCH, TINY_SEQ = 2, 128
@@ -107,14 +109,14 @@ def shape_cases(quick: bool) -> list[dict[str, Any]]:
                   "llama-4-scout-17b-16e"):
         rows.append((model, dict(precision="bf16-true", attn_implementation=_attn_of(model))))
         rows.append((model, dict(precision="bf16-mixed", gradient_checkpointing=True, attn_implementation=_attn_of(model),
-                                 method="lora", lora_r=16, lora_target_modules=("all-linear",))))
+                                 method="lora", lora_r=16, lora_target_modules=LORA_TARGETS.get(model, ("all-linear",)))))
     if quick:
         rows = rows[:1]
     out = []
     for model, extra in rows:
         fields = {"model": model, "attn_implementation": "sdpa", "per_device_train_batch_size": 1, "max_seq_length": 512, **extra}
         if "lora_target_modules" in extra:
-            extra = {k: v for k, v in extra.items() if k != "lora_target_modules"} | {"lora": "all-linear"}
+            extra = {k: v for k, v in extra.items() if k != "lora_target_modules"} | {"lora": ",".join(extra["lora_target_modules"])}
         tag = " ".join(f"{k}={v}" for k, v in extra.items())
         out.append({"group": "shapes", "id": f"{model} b{fields['per_device_train_batch_size']} s512 {tag}", "fields": fields,
                     "mode": "fake"})

@@ -28,7 +28,10 @@ from .archfile import BYTES, ArchFile, autograd_table
 from . import kernels, op_work
 from .lora_targets import lora_site_matches, parameter_targets
 
-FLOAT = ("f32", "bf16", "f16", "f64")
+FLOAT = ("f32", "bf16", "f16", "f64", "c64")
+"""The dtypes autograd differentiates: floating and complex (``isDifferentiableType``,
+torch/csrc/autograd/variable.h, torch 2.13). Complex counts: Llama-4's and DeepSeek-V2's rotary embedding
+multiplies ``view_as_complex`` views, and q and k keep requiring grad through them."""
 
 
 _TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
@@ -253,12 +256,11 @@ class Builder:
                         bind.append(h if h is not None else pro.refs["t" + v["first_input"][1:]])
                     else:
                         bind.append(pro.refs["t" + ref[1:]])
-                if self.spec.checkpointing and j == 0:
-                    keep = {t.sid for t in bind if t is not None and t.sid >= 0}
-                    tr.ckpt_keep[tr.seg] = keep
-                elif self.spec.checkpointing:
-                    tr.ckpt_keep[tr.seg] |= {t.sid for t in bind if t is not None and t.sid >= 0}
+                if self.spec.checkpointing:  # each layer is its own checkpoint (GradientCheckpointingLayer)
+                    tr.ckpt_keep[i] = {t.sid for t in bind if t is not None and t.sid >= 0}
+                tr.unit = i
                 inst = self.segment(seg, f"layer {i}", args=bind, layer=i)
+                tr.unit = -1
                 h = inst.refs[seg["out"]]
         tr.segment("epilogue")
         epi = self.segment(af.segments[v["epilogue"]], "epilogue", args=[h], layer=None)

@@ -75,6 +75,7 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
         del leaf
         for shape in shapes:
             out[shape] = out.get(shape, 0) + g.count
+    _refuse_non_tensor_linears(af, targets, arch)
     missing = unmatched_targets(targets, names + list(_converted_names(af)))
     if missing or not out:
         modules = sorted({g.path.rsplit(".", 1)[-1] for g in linear} | set(_converted_names(af)))
@@ -84,6 +85,25 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
             suggestion="modules of this model: " + ", ".join(modules) + f", or {ALL_LINEAR}",
         )
     return tuple(out.items())
+
+
+def _refuse_non_tensor_linears(af, targets: tuple[str, ...], arch) -> None:
+    """peft 0.21 adapts every ``nn.Linear`` the targets select, subclasses included; one whose forward returns a
+    tuple (the learned file's ``lora.non_tensor_linears``: Llama-4's router) makes ``lora.Linear.forward`` raise
+    ``AttributeError: 'tuple' object has no attribute 'dtype'`` (peft/tuners/lora/layer.py, ``result.dtype``):
+    the run cannot start, so the estimate refuses it."""
+    from .lora_targets import lora_site_matches
+
+    bad = [m for m in af.lora.get("non_tensor_linears", ())
+           if any(lora_site_matches(m.replace("{i}", str(i)), targets, af) for i in range(af.n_layers(dict(arch.symbols))))]
+    if bad:
+        leaf = sorted({m.rsplit(".", 1)[-1] for m in bad})
+        ok = sorted({m.rsplit(".", 1)[-1] for m in af.layer_sites} - set(leaf))
+        raise FitplanError(
+            f"LoRA targets {','.join(targets)} select {', '.join(bad)}, an nn.Linear whose forward returns a tuple: "
+            f"peft 0.21 wraps it and its LoRA forward fails (peft/tuners/lora/layer.py: 'tuple' object has no "
+            f"attribute 'dtype')", field="lora_target_modules", value=",".join(targets),
+            suggestion=f"name the modules to adapt without {', '.join(leaf)}: --lora-target-modules {','.join(ok)}")
 
 
 def _converted_names(af) -> list[str]:

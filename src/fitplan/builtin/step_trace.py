@@ -205,6 +205,8 @@ class Op:
     clone_grad: bool = False
     work: Any = None
     """The kernels the op launches (:class:`fitplan.builtin.op_work.Work`; None: none)."""
+    unit: int = -1
+    """The decoder layer the op belongs to (-1: outside the layers): the unit gradient checkpointing re-runs."""
 
 
 class Trace:
@@ -223,6 +225,9 @@ class Trace:
         self.pinned: set[int] = set()
         self.uncached: set[int] = set()
         self.ckpt_keep: dict[int, set[int]] = {}
+        """Decoder layer -> the storages its checkpoint keeps (its arguments)."""
+        self.unit = -1
+        """The decoder layer being recorded (-1: outside the layers)."""
         self.param_grad_total = 0
         self.loss: T | None = None
         self.external: set[int] = set()
@@ -290,7 +295,7 @@ class Trace:
             pg += nb
         self.ops.append(Op(name, self.seg, reads, allocs, sv, tuple(t for t in outs if t.rg),
                            tuple(t for t, _ in grad_ins), tuple(k for _, k in grad_ins), tuple(pentries), pg,
-                           bwd_temp if node else 0, work=work))
+                           bwd_temp if node else 0, work=work, unit=self.unit))
 
     def finish(self) -> None:
         """Mark each parameter's last use in the backward (its first in the forward): where its gradient is
@@ -318,7 +323,7 @@ class Trace:
         records nothing for backward."""
         reads = tuple(t.sid for t in ts if t is not None and t.sid >= 0)
         if reads:
-            self.ops.append(Op("hold", self.seg, reads, (), (), (), ()))
+            self.ops.append(Op("hold", self.seg, reads, (), (), (), (), unit=self.unit))
 
 
 TRACE_FORMAT = 1
@@ -593,27 +598,29 @@ def replay(tr: Trace) -> StepTrace:
         seg_once.clear()
         once["bytes"], once["v"] = 0, [0, 0, 0, 0]
 
-    def recompute(sg: int) -> None:
-        seg_ops = [(i, op) for i, op in enumerate(ops) if op.seg == sg]
-        # the layer's Python code frees its tensors when the forward did (lifetimes over the whole layer) ...
+    def recompute(sg: int, unit: int) -> None:
+        """Non-reentrant checkpoint's recomputation (torch/utils/checkpoint.py, torch 2.13): the layer's forward
+        runs again until it has packed as many saved tensors as the original forward ("early stop": the pack
+        hook raises ``_StopRecomputationError``). Tensors live as long as the model's Python code holds them
+        (the recorded lifetimes, holds past the stop included) until the stop unwinds the layer's frames,
+        which frees every recomputed tensor nothing saved. Autograd packs an op's inputs before its kernel
+        runs and its outputs after (torchgen ``gen_variable_type.py``): a last op saving only inputs stops
+        before allocating its outputs."""
+        seg_ops = [(i, op) for i, op in enumerate(ops) if op.seg == sg and op.unit == unit]  # one layer's checkpoint
+        last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved), default=-1)
+        if last_saving < 0:
+            return
+        stop = seg_ops[last_saving][1]
+        packs_output = any(sid in stop.allocs for sid in stop.saved)
         last_in: dict[int, int] = {}
         for i, op in seg_ops:
             for sid in (*op.reads, *op.allocs):
                 last_in[sid] = i
-        # ... but non-reentrant checkpoint stops recomputing once every saved tensor is back ("early stop"): the
-        # _StopRecomputationError it raises unwinds the layer's frames, releasing what they still held then
-        # (torch/utils/checkpoint.py, _recomputation_hook.pack_hook)
-        last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved), default=-1)
-        seg_ops = seg_ops[:last_saving + 1]
-        for i, op in seg_ops:
+        for i, op in seg_ops[:last_saving + 1]:
             for sid in op.saved:
                 savers[sid] = savers.get(sid, 0) + 1
-        if seg_ops and not set(seg_ops[-1][1].saved) & set(seg_ops[-1][1].allocs):
-            # the last op saves only inputs: autograd packs those before running the op (torchgen's VariableType
-            # saves inputs before the call, outputs after), so the stop comes before its outputs exist
-            seg_ops = seg_ops[:-1]
         made: list[int] = []
-        for i, op in seg_ops:
+        for i, op in seg_ops[:last_saving + 1 if packs_output else last_saving]:
             for sid in op.allocs:
                 if sid not in alive:
                     alloc(sid)
@@ -622,7 +629,7 @@ def replay(tr: Trace) -> StepTrace:
             for sid in (*op.reads, *op.allocs):
                 if last_in.get(sid, -1) <= i and alloc_seg.get(sid) == sg and not held(sid):
                     free(sid, sg)
-        for sid in made:
+        for sid in made:  # the stop: what only the layer's Python frames held goes
             if not held(sid):
                 free(sid, sg)
 
@@ -635,28 +642,30 @@ def replay(tr: Trace) -> StepTrace:
     seg_start = (state["live"], grads["live"])
     seg_start_v = list(live_v)
     entered: set[int] = set()
+    unit = -1
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
-        if op.seg != seg:
-            if ckpt[seg] and seg in tr.ckpt_keep:  # the checkpoint's backward ends: its inputs go
-                for sid in tr.ckpt_keep[seg]:
+        if op.unit != unit:
+            if ckpt[seg] and unit in tr.ckpt_keep:  # the layer's checkpoint backward ends: its inputs go
+                for sid in tr.ckpt_keep[unit]:
                     keepers[sid] -= 1
                     if not held(sid):
                         free(sid, seg)
+            unit = op.unit
+        if op.seg != seg:
             flush(seg, seg_start, seg_start_v)
             if seg == nseg - 1:
                 after_head = (state["live"] + state["phantom"], grads["live"] + grads["phantom"])
             seg = op.seg
             seg_start = (state["live"], grads["live"])
             seg_start_v = list(live_v)
-        if ckpt[seg] and seg not in entered and op.saved:
-            # the recompute starts when the backward first unpacks a saved tensor of the layer: the nodes before
-            # it (additions, casts, scalings: they save nothing) have run, their gradients are alive during it
-            # (torch/utils/checkpoint.py, _checkpoint_hook.unpack_hook)
-            entered.add(seg)
-            recompute(seg)
         incoming = [pending.pop(t.key, None) for t in op.outs]
         bufs = [b for b in incoming if b is not None]
+        if ckpt[seg] and op.unit not in entered and bufs and op.saved:
+            # the first backward op of the layer that unpacks a saved tensor triggers the recomputation; the
+            # layer's ops saving nothing (residual adds, views, LoRA's scaling) ran their backward before it
+            entered.add(op.unit)
+            recompute(seg, op.unit)
         if bufs:
             for t, kind in zip(op.grad_ins, op.grad_kinds):
                 give(t, incoming[kind] if 0 <= kind < len(incoming) else None)

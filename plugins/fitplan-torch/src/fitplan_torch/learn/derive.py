@@ -975,7 +975,8 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         "accumulate_clone": sorted(n for n, how in ref["accumulate"].items() if how == "clone"),
         "flags": {"values": flags, "when": flag_when},
         "autograd": _missing_rules(segments),
-        "lora": peft_parameter_targets(model_type),
+        "lora": {**peft_parameter_targets(model_type),
+                 **_non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix)},
         "attn_implementations": sorted({a for _, a in supported}),
     }, results, entries_spec)
 
@@ -993,6 +994,15 @@ def _missing_rules(segments: dict[str, Any]) -> dict[str, Any]:
         known = set()
     ops = {op[0] for seg in segments.values() for op in seg["ops"] if not (len(op) > 3 and op[3].get("pseudo"))}
     return table(ops - known)
+
+
+def _non_tensor_linears(modules: list[str], layer_prefix: str) -> dict[str, Any]:
+    """``nn.Linear`` subclasses whose forward returns something else than a tensor (Llama-4's router returns
+    ``(scores, logits)``): peft 0.21 adapts them like any ``nn.Linear`` (``all-linear`` included) and its
+    ``lora.Linear.forward`` then fails (``result.dtype`` on a tuple, peft/tuners/lora/layer.py); the core
+    refuses LoRA targets that select them."""
+    names = sorted({_layer_template(m, layer_prefix)[0] for m in modules})
+    return {"non_tensor_linears": names} if names else {}
 
 
 def peft_parameter_targets(model_type: str) -> dict[str, Any]:

@@ -51,6 +51,7 @@ class Recording:
         self.saves: list[tuple[int, int]] = []  # (tid, op index attributed)
         self.layers: list[dict[str, Any]] = []
         self.sites: list[dict[str, Any]] = []  # Linear / Conv1D call sites
+        self.non_tensor_sites: list[str] = []  # Linear modules whose forward returned something else (a tuple)
         self.embed_out: int | None = None
         self.loss: int | None = None
         self.logits: int | None = None
@@ -439,6 +440,7 @@ def record(model, batch, *, autocast_dtype=None, lifetimes: bool = True, backwar
         if backward:
             _record_backward(r, model, loss, dmode)
     del loss
+    rec.non_tensor_sites = sorted({site["module"] for site in rec.sites if site.get("drop")})
     rec.sites = [site for site in rec.sites if not site.get("drop")]
     return rec
 
