@@ -187,12 +187,34 @@ def _math(inst, q, k, v, mask, out, p: float, s: int) -> None:
     probs = tr.new(n_scores, acc, False, "sdpa.math_softmax")
     b.emit("_safe_softmax", [("self", s2)], [probs], label="sdpa.math_softmax")
     dropped = dropout_tensor(inst, probs, p, "sdpa.math_dropout")
+    vm = _batch_reshape(inst, vm)
     o = tr.new(out.numel, acc, False, "sdpa.math_out")
     b.emit("bmm", [("self", dropped), ("mat2", vm)], [o], label="sdpa.math_pv")
     if acc != orig:
         b.emit("_to_copy", [("self", o)], [out], label="sdpa.math_out_cast")
     else:
         b.emit("clone", [("self", o)], [out], label="sdpa.math_out_copy")
+
+
+def _batch_reshape(inst, v):
+    """The math path's ``at::matmul(attn, value)`` (aten/src/ATen/native/LinearAlgebra.cpp ``_matmul_impl``)
+    reshapes the 4-D value to ``(batch * heads, s, d)`` before ``bmm``, which saves that operand: a view
+    when the batch and head dimensions merge, else a contiguous copy (``reshape`` → ``clone``). A value that
+    is a slice of a larger storage (the value half of a fused projection, DeepSeek's ``kv_b_proj``) comes in
+    as ``proj(x).view(b, s, heads, d).transpose(1, 2)`` split along its last dimension: its head stride is
+    the row's width, not ``s`` rows, so the dimensions do not merge and ``bmm`` saves the copy, not the
+    projection. A value that fills its storage is saved as is or as a copy of its own size: the same bytes."""
+    tr = inst.b.tr
+    if v is None or v.sid < 0 or tr.size[v.sid] <= _stored(tr, v.numel * BYTES[v.dtype]):
+        return v
+    copy = tr.new(v.numel, v.dtype, False, "sdpa.math_value_copy")
+    inst.b.emit("clone", [("self", v)], [copy], label="sdpa.math_value_copy")
+    return copy
+
+
+def _stored(tr, nbytes: int) -> int:
+    """``nbytes`` as the trace's allocator stores them (CUDA rounds blocks up)."""
+    return -(-nbytes // tr.spec.block) * tr.spec.block if tr.rounding and nbytes else nbytes
 
 
 # --------------------------------------------------------------------------- Linear call sites

@@ -28,7 +28,9 @@ from .archfile import BYTES, ArchFile, autograd_table
 from . import kernels, op_work
 from .lora_targets import lora_site_matches
 
-FLOAT = ("f32", "bf16", "f16", "f64")
+FLOAT = ("f32", "bf16", "f16", "f64", "c64")
+"""The dtypes autograd differentiates: floating point and complex (c10 ``isDifferentiableType``; DeepSeek-V2's
+rotary multiplies ``view_as_complex`` q and k by complex ``freqs_cis``)."""
 
 
 _TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
