@@ -58,12 +58,6 @@ def fp32_param_count(arch, assumptions):
     return 0 if assumptions == "seed" or arch.count_only else arch.fp32_param_count
 
 
-@quantity("params")
-def fp32_trainable_param_count(method, fp32_param_count):
-    """The fp32-kept parameters that are trained (full fine-tuning; LoRA freezes them)."""
-    return fp32_param_count if method == "full" else 0
-
-
 def fp32_extra(count: int, dtype_bytes: float) -> float:
     """Bytes that ``count`` fp32-kept elements add over ``dtype_bytes`` per element (none in a 32-bit model)."""
     return count * max(0, 4 - dtype_bytes)
@@ -85,17 +79,17 @@ def master_weight_bytes(trainable_param_count, master_weight_dtype_bytes):
 
 
 @quantity("bytes", category="memory", label="gradients", json_key="memory.per_gpu_bytes.gradients", short="gradients", row="gradients")
-def gradient_bytes(trainable_param_count, trainable_dtype_bytes, optimizer_spec, trainable_tensors,
-                   fp32_trainable_param_count):
-    """Gradients: one per trainable parameter, in the parameter's dtype (fp32 for fp32-kept tensors; frozen
-    weights have none).
+def gradient_bytes(trainable_param_count, trainable_dtype_bytes, optimizer_spec, trainable_tensors, method,
+                   fp32_param_count):
+    """Gradients: one per trainable parameter, in the parameter's dtype (fp32 for the fp32-kept tensors full
+    fine-tuning trains; frozen weights have none).
     Seed: "même taille que les poids". Optimizers that consume each gradient as backward produces it (LOMO,
     the ``*_layerwise`` variants: ``OptimizerSpec.frees_gradients``) never hold more than about one: the
     largest trainable tensor's gradient."""
     if optimizer_spec.frees_gradients:
         return max((math.prod(shape) for shape, _ in trainable_tensors), default=0) * trainable_dtype_bytes
     return (trainable_param_count * trainable_dtype_bytes
-            + fp32_extra(fp32_trainable_param_count, trainable_dtype_bytes))
+            + (fp32_extra(fp32_param_count, trainable_dtype_bytes) if method == "full" else 0))
 
 
 def _kind(g) -> str:
@@ -155,7 +149,7 @@ def optimizer_step_temp_bytes(optimizer_spec, optimizer_context):
 
 @hookimpl
 def fitplan_register_quantities(register):
-    for q in (fp32_param_count, fp32_trainable_param_count, trainable_tensors, trainable_param_count, adapter_param_count, trainable_dtype_bytes, weight_bytes,
+    for q in (fp32_param_count, trainable_tensors, trainable_param_count, adapter_param_count, trainable_dtype_bytes, weight_bytes,
               master_weight_bytes, gradient_bytes, optimizer_context, optimizer_state_bytes, optimizer_host_bytes,
               optimizer_step_temp_bytes):
         register(q)

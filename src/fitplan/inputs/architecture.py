@@ -138,7 +138,7 @@ class ModelSpec:
     @property
     def fp32_param_count(self) -> int:
         """Parameters the model keeps in fp32 even when built in a 16-bit dtype (:attr:`ParamGroup.fp32`)."""
-        return sum(g.total for g in self.param_groups() if g.fp32)
+        return 0 if self.bare_param_count is not None else _fp32_param_count(self)
 
     @property
     def active_param_count(self) -> int:
@@ -153,6 +153,11 @@ class ModelSpec:
 @functools.lru_cache(maxsize=256)
 def _param_count(spec: ModelSpec) -> int:
     return sum(g.total for g in spec.param_groups())
+
+
+@functools.lru_cache(maxsize=256)
+def _fp32_param_count(spec: ModelSpec) -> int:
+    return sum(g.total for g in spec.param_groups() if g.fp32)
 
 
 @functools.lru_cache(maxsize=256)
