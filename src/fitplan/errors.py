@@ -7,7 +7,6 @@ prints it without a traceback and exits with status 2.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -67,6 +66,8 @@ def did_you_mean(name: str, candidates: Iterable[str], *, n: int = 3) -> str | N
     if len(name) > 100:
         return None
     pool = sorted(c for c in set(candidates) if len(c) <= 200)
+    import difflib  # only when a name is unknown: not on every command's start
+
     close = difflib.get_close_matches(name, pool, n=n, cutoff=0.6)
     if not close:
         lowered = {c.lower(): c for c in pool}

@@ -26,7 +26,7 @@ from typing import Any
 from .archexpr import compile_expr
 from .archfile import BYTES, ArchFile, autograd_table
 from . import kernels, op_work
-from .lora_targets import lora_site_matches
+from .lora_targets import lora_site_matches, parameter_targets
 
 FLOAT = ("f32", "bf16", "f16", "f64", "c64")
 """The dtypes autograd differentiates: floating point and complex (c10 ``isDifferentiableType``; DeepSeek-V2's
@@ -75,9 +75,7 @@ class Builder:
         self.embed_out = None
         self.param_targets: dict[str, int] = {}
         if self.lora:
-            from .lora import _parameter_targets
-
-            self.param_targets = _parameter_targets(af, tuple(self.spec.lora_targets))
+            self.param_targets = parameter_targets(af, tuple(self.spec.lora_targets))
 
     # ------------------------------------------------------------------ tensors
     def dt(self, code: str) -> str:

@@ -38,7 +38,7 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
     models whose experts peft maps to parameter targets (the learned file's ``lora.parameter_targets``),
     ``lora.ParamWrapper`` factors A (r·E, in) and B (out, r·E) per expert stack (r doubled for the fused
     ``gate_up_proj``) and A (r, in), B (out, r) for a 2-D router weight."""
-    from .lora_targets import ALL_LINEAR, lora_site_matches, unmatched_targets
+    from .lora_targets import ALL_LINEAR, lora_site_matches, parameter_targets, unmatched_targets
 
     targets = tuple(lora_target_modules)
     groups = arch.param_groups()
@@ -58,7 +58,7 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
             in_f, out_f = (shape[0], shape[1]) if len(entry) > 6 and entry[6] == "conv1d" else (shape[1], shape[0])
             for shape_ in ((lora_r, in_f), (out_f, lora_r)):
                 out[shape_] = out.get(shape_, 0) + 1
-    param_targets = _parameter_targets(af, targets)
+    param_targets = parameter_targets(af, targets)
     for g in groups:
         leaf = g.name.rsplit(".", 1)[-1]
         key = next((t for t in param_targets if g.name.endswith("." + t)), None)
@@ -90,31 +90,6 @@ def _converted_names(af) -> list[str]:
     return list(af.lora.get("parameter_targets", {}))
 
 
-def _parameter_targets(af, targets: tuple[str, ...]) -> dict[str, int]:
-    """peft's v4 -> v5 MoE conversion (``utils/transformers_weight_conversion.py``): which parameters the
-    targets reach, with the rank multiplier of a fused parameter (``gate_up_proj``: w1 + w3 -> 2r)."""
-    from .lora_targets import ALL_LINEAR, is_regex
-
-    conv = af.lora.get("parameter_targets", {})
-    if not conv:
-        return {}
-    if len(targets) == 1 and targets[0].lower() == ALL_LINEAR:
-        chosen = set(conv)
-    elif is_regex(targets):
-        import re
-
-        chosen = {k for k in conv if re.fullmatch(targets[0], k) or re.search(targets[0], k)}
-    else:
-        chosen = {k for k in conv if any(t == k or t.endswith("." + k) for t in targets)}
-    out: dict[str, int] = {}
-    for k in chosen:
-        param, fused = conv[k]
-        group = [o for o, (p2, _) in conv.items() if p2 == param]
-        if fused > 1 and not all(o in chosen for o in group):
-            raise FitplanError(f"LoRA target {k!r} is fused with {', '.join(sorted(set(group) - {k}))} into {param!r} "
-                               "in transformers 5: peft needs them all", field="lora_target_modules", value=k)
-        out[param] = fused if fused > 1 else 1
-    return out
 
 
 @reducer("trainable_tensors", when=lambda method: method in ("lora", "qlora"))

@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from fitplan.errors import FitplanError
+
 ALL_LINEAR = "all-linear"
 _PLAIN = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -67,3 +69,26 @@ def unmatched_targets(targets: tuple[str, ...], modules: list[str]) -> list[str]
             return list(targets)
         return []
     return [t for t in targets if not any(m == t or m.endswith("." + t) for m in modules)]
+
+
+def parameter_targets(af, targets: tuple[str, ...]) -> dict[str, int]:
+    """peft's v4 -> v5 MoE conversion (``utils/transformers_weight_conversion.py``): which parameters the
+    targets reach, with the rank multiplier of a fused parameter (``gate_up_proj``: w1 + w3 -> 2r)."""
+    conv = af.lora.get("parameter_targets", {})
+    if not conv:
+        return {}
+    if len(targets) == 1 and targets[0].lower() == ALL_LINEAR:
+        chosen = set(conv)
+    elif is_regex(targets):
+        chosen = {k for k in conv if re.fullmatch(targets[0], k) or re.search(targets[0], k)}
+    else:
+        chosen = {k for k in conv if any(t == k or t.endswith("." + k) for t in targets)}
+    out: dict[str, int] = {}
+    for k in chosen:
+        param, fused = conv[k]
+        group = [o for o, (p2, _) in conv.items() if p2 == param]
+        if fused > 1 and not all(o in chosen for o in group):
+            raise FitplanError(f"LoRA target {k!r} is fused with {', '.join(sorted(set(group) - {k}))} into {param!r} "
+                               "in transformers 5: peft needs them all", field="lora_target_modules", value=k)
+        out[param] = fused if fused > 1 else 1
+    return out

@@ -148,11 +148,11 @@ def cache_key(*parts: Any) -> str:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("FITPLAN_CACHE_DIR")
-    if base:
-        return Path(base) / "datasets"
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "fitplan" / "datasets"
+    """``datasets/`` in fitplan's cache directory (``fitplan/diskcache.py``: ``$FITPLAN_CACHE_DIR``, else the
+    platform's user cache)."""
+    from fitplan.diskcache import root
+
+    return root() / "datasets"
 
 
 def _read_regular(path: Path) -> str | None:

@@ -46,12 +46,13 @@ def md(text: Any) -> str:
 
 def console(err: bool = False):
     """A rich console on stdout (or stderr). Not a terminal (a pipe, a file, a test): wide enough that trees
-    and tables are never cropped, and no colour."""
+    and tables are never cropped, and no colour. Never emoji codes: a name such as ``:rocket:`` prints as written
+    (and rich's emoji table is not loaded)."""
     from rich.console import Console
 
     stream = sys.stderr if err else sys.stdout
     width = None if stream.isatty() else 200
-    return Console(stderr=err, highlight=False, width=width)
+    return Console(stderr=err, highlight=False, emoji=False, width=width)
 
 
 def options_for(stream: Any = None, units: str = "GB") -> RenderOptions:
@@ -70,7 +71,7 @@ def render_rich(draw: Callable[[Any], None], options: RenderOptions) -> str:
     from rich.console import Console
 
     buf = StringIO()
-    c = Console(file=buf, width=options.width, highlight=False, force_terminal=options.color,
+    c = Console(file=buf, width=options.width, highlight=False, emoji=False, force_terminal=options.color,
                 color_system="standard" if options.color else None)
     draw(c)
     return buf.getvalue()

@@ -14,7 +14,6 @@ instead of breaking the rest. A ``KeyboardInterrupt`` stops fitplan, as the user
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import numbers
 import os
 from collections.abc import Callable, Iterable
@@ -27,7 +26,7 @@ from fitplan.engine.declarations import Name, Quantity, Reducer
 from fitplan.errors import PluginError, did_you_mean
 from fitplan.inputs.optimizer import OptimizerContext, OptimizerSpec
 from fitplan.output.formats import OutputFormat, ReportSection
-from fitplan.pluginmgr import hookspecs
+from fitplan.pluginmgr import discovery, hookspecs
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.inputs",
@@ -59,7 +58,7 @@ ESSENTIAL: frozenset[str] = frozenset({
 them: sharding orders its reducers after LoRA's, cost prices time), the report, the formats and the commands.
 The cost, the seed's assumptions and the derived condition names can be blocked; tests/test_hooks.py checks
 both lists."""
-ENTRY_POINT_GROUP = "fitplan"
+ENTRY_POINT_GROUP = discovery.GROUP
 BLOCK_ENV = "FITPLAN_BLOCK_PLUGINS"
 _STOPS = (Exception, SystemExit)
 """What a plugin may raise without stopping fitplan (KeyboardInterrupt does stop it)."""
@@ -377,7 +376,7 @@ def make_registry(*, blocked: Iterable[str] | None = None, entry_points: bool | 
 
 def _block_problems(reg: Registry, blocked: frozenset[str], extra_plugins: Iterable[tuple[str, object]]) -> set[str]:
     """Errors for essential or unknown names in the block list; returns the entry-point names found."""
-    eps = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)} if blocked else set()
+    eps = {ep.name for ep in discovery.entry_points()} if blocked else set()
     known = set(BUILTIN_PLUGINS) | {m.rsplit(".", 1)[1] for m in BUILTIN_PLUGINS} | eps | {n for n, _ in extra_plugins}
     for name in sorted(blocked):
         full = name if name in ESSENTIAL else f"fitplan.builtin.{name}"
@@ -393,7 +392,7 @@ def _block_problems(reg: Registry, blocked: frozenset[str], extra_plugins: Itera
 def _load_entry_points(reg: Registry, wanted: set[str] | None, known: set[str]) -> None:
     pm = reg.pm
     found: set[str] = set()
-    for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    for ep in discovery.entry_points():
         if wanted is not None and ep.name not in wanted:
             continue
         found.add(ep.name)
@@ -407,9 +406,8 @@ def _load_entry_points(reg: Registry, wanted: set[str] | None, known: set[str]) 
             reg.add_error(PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {what}",
                                       value=ep.name, suggestion=f"block it with {BLOCK_ENV}={ep.name}"))
             continue
-        dist = getattr(ep, "dist", None)
-        if dist is not None:
-            reg.distributions[ep.name] = (dist.metadata["Name"] or dist.name, dist.version)
+        if ep.dist_name:
+            reg.distributions[ep.name] = (ep.dist_name, ep.dist_version)
     for name in sorted((wanted or set()) - found):
         reg.add_error(PluginError(f"no installed distribution declares a {ENTRY_POINT_GROUP!r} entry point named {name!r}",
                                   value=name, suggestion="pip install the plugin's distribution (pip install -e path/to/it)"))

@@ -248,6 +248,13 @@ def real_path_under_fake():
     * ``find_packed_sequence_indices`` asks ``(mask[:, -1] == 0).all()``, a data-dependent question a
       fake tensor cannot answer; the batches built here are never packed, so the real answer is None.
       The same temporaries are allocated before answering.
+    * ``aten._grouped_mm``'s meta kernel (torch 2.13 ``_meta_registrations.py`` ``_meta_grouped_mm_common``)
+      demands bf16 inputs, the condition of the CUDA kernel's fast path only: the real kernels run any other
+      dtype through ``_grouped_mm_fallback``, a loop of ``mm`` into the output (``aten/src/ATen/native/cuda/
+      GroupedBlas.cpp`` ``_grouped_mm_cuda``: ``use_fast_path = ... && a_b_and_out_are_bf16``, else the
+      fallback; the CPU kernel is the fallback). transformers 5.24 casts the MoE experts' input to the
+      weights' dtype (``integrations/moe.py`` ``_grouped_mm``), fp32 under ``*-mixed``: inside this context
+      the meta kernel gives such inputs the output the fallback allocates.
     """
     iu = importlib.import_module("transformers.utils.import_utils")
     mu = importlib.import_module("transformers.masking_utils")
@@ -264,12 +271,35 @@ def real_path_under_fake():
     iu.is_fake_tensor = lambda x: False
     if orig_packed is not None:
         mu.find_packed_sequence_indices = find_packed_sequence_indices
+    grouped = _grouped_mm_meta_for_every_dtype()
     try:
         yield
     finally:
         iu.is_fake_tensor = orig_fake
         if orig_packed is not None:
             mu.find_packed_sequence_indices = orig_packed
+        if grouped is not None:
+            grouped._destroy()  # the original meta kernel is back
+
+
+def _grouped_mm_meta_for_every_dtype():
+    """A Meta kernel for ``aten._grouped_mm`` that accepts what the real kernels accept (see
+    :func:`real_path_under_fake`); the library registration to destroy afterwards, or None."""
+    torch = _deps.torch()
+    mr = importlib.import_module("torch._meta_registrations")
+    if not hasattr(torch.ops.aten, "_grouped_mm") or not hasattr(mr, "meta_grouped_mm"):
+        return None
+    bf16_only = mr.meta_grouped_mm
+
+    def meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+        if mat_a.dtype == torch.bfloat16 and mat_b.dtype == torch.bfloat16:
+            return bf16_only(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)
+        torch._check(mat_a.dtype == mat_b.dtype, lambda: f"expected one dtype, got {mat_a.dtype} and {mat_b.dtype}")
+        return mr._create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
+
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_grouped_mm", meta, "Meta", allow_override=True)
+    return lib
 
 
 def vocab_size_of(model) -> int:

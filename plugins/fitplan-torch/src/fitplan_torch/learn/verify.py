@@ -30,7 +30,8 @@ PRECISIONS = {"16": ("bf16-true", "32-true"), "mixed": ("bf16-mixed",)}
 
 @contextlib.contextmanager
 def installed(data: dict[str, Any]):
-    """The file, readable by fitplan's core, for the duration of the block."""
+    """The file, readable by fitplan's core, for the duration of the block (traces of a file being learned are
+    not kept in fitplan's disk cache)."""
     from fitplan.builtin import archfile
 
     from .files import write
@@ -38,16 +39,19 @@ def installed(data: dict[str, Any]):
     with tempfile.TemporaryDirectory() as d:
         write(data, d)
         old = os.environ.get("FITPLAN_ARCH_DIR")
+        old_cache = os.environ.get("FITPLAN_NO_CACHE")
         os.environ["FITPLAN_ARCH_DIR"] = d + (os.pathsep + old if old else "")
+        os.environ["FITPLAN_NO_CACHE"] = "1"
         archfile.load.cache_clear()
         _clear_caches()
         try:
             yield Path(d)
         finally:
-            if old is None:
-                os.environ.pop("FITPLAN_ARCH_DIR", None)
-            else:
-                os.environ["FITPLAN_ARCH_DIR"] = old
+            for var, value in (("FITPLAN_ARCH_DIR", old), ("FITPLAN_NO_CACHE", old_cache)):
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
             archfile.load.cache_clear()
             _clear_caches()
 
