@@ -130,7 +130,7 @@ def optimizer_context(trainable_tensors, optimizer_state_dtype_bytes, trainable_
 def optimizer_state_bytes(optimizer_spec, optimizer_context):
     """Optimizer states as the chosen optimizer stores them (see ``fitplan plugins`` for each optimizer's rule),
     fp32 for the tensors the model keeps in fp32 (``OptimizerContext.dtype_parts``)."""
-    return int(sum(optimizer_spec.state_bytes(part) for part in optimizer_context.dtype_parts()))
+    return sum(int(optimizer_spec.state_bytes(part)) for part in optimizer_context.dtype_parts())
 
 
 @quantity("bytes", json_key="memory.optimizer_host_bytes")
