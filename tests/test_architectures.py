@@ -36,7 +36,7 @@ def _string_literals(path: Path) -> list[tuple[int, str]]:
 
 
 def test_the_core_has_no_model_type_literal():
-    # every model type with a bundled file (the shared tables autograd.json / kernels.json are not one)
+    # every model type with a bundled file (the shared tables autograd.json / peft.json are not one)
     known = set(LISTED) | {p.name.removesuffix(".graphs.json") for p in ARCH_DIR.glob("*.graphs.json")}
     hits = []
     for path in sorted((ROOT / "src" / "fitplan").rglob("*.py")):
@@ -247,6 +247,33 @@ def test_regex_targets_count_per_layer():
     # tiny-llama: q_proj is 64 x 64; adapting it in layer 0 only: A (8, 64) + B (64, 8) once
     e = fitplan.estimate(model=tiny("llama"), method="lora", lora_r=8, lora_target_modules=(r".*layers\.0\.self_attn\.q_proj",))
     assert e["trainable_param_count"] == 8 * 64 + 64 * 8
+
+
+def test_no_targets_means_peft_default_for_the_model_type():
+    # peft 0.21 LoraConfig() without target_modules: GPT-2 -> ["c_attn"] (peft/utils/constants.py). tiny-gpt2:
+    # n_embd 64, 2 layers; c_attn is a Conv1D 64 -> 192: A (8, 64) + B (192, 8) per layer
+    e = fitplan.estimate(model=tiny("gpt2"), method="lora", lora_r=8)
+    assert e["trainable_param_count"] == 2 * (8 * 64 + 192 * 8)
+    assert e.scenario.lora.lora_target_modules == ("c_attn",)
+    llama = fitplan.estimate(model=tiny("llama"), method="lora", lora_r=8, max_seq_length=64)
+    assert llama.scenario.lora.lora_target_modules == ("q_proj", "v_proj")
+    full = fitplan.estimate(model=tiny("llama"), max_seq_length=64)  # peft's default is no LoRA option the user gave
+    assert not [w for w in full.warnings if "LoRA options" in w]
+
+
+def test_no_targets_on_a_model_type_peft_has_no_default_for_is_refused():
+    with pytest.raises(FitplanError) as e:
+        fitplan.estimate(model=tiny("olmo"), method="lora")  # peft 0.21's mapping has no "olmo"
+    assert e.value.field == "lora_target_modules" and "olmo" in e.value.message and "all-linear" in e.value.suggestion
+    assert fitplan.estimate(model=tiny("olmo"))["trainable_param_count"] > 0  # full fine-tuning needs no targets
+
+
+def test_peft_default_table_is_peft_s():
+    peft_constants = pytest.importorskip("peft.utils.constants")
+    from fitplan.builtin.archfile import peft_table
+
+    table = peft_table()["lora_default_targets"]
+    assert table == {k: list(v) for k, v in peft_constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.items()}
 
 
 def test_missing_target_lists_the_modules():

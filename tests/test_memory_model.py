@@ -532,3 +532,21 @@ def test_sharded_rank_zero_against_torch(name, zero, world):
         m, fields = measure(name, precision="32-true" if name == "tiny-mistral" else "bf16-true", shard=shard,
                             optim="adamw_torch_fused", b=1 if world == 4 else 2, num_gpus=world)
     check(m, fields, zero_stage=zero, stack="torch")  # PyTorch-native ZeRO-1 / bare fully_shard, as run above
+
+
+@pytest.mark.parametrize(("name", "precision", "attn", "ckpt", "method", "s"), [
+    # tied embeddings: the output embedding's gradient waits in AccumulateGrad's input buffer until the input
+    # embedding's backward, alive while every checkpointed layer is recomputed
+    ("tiny-gpt2", "32-true", "eager", True, "full", 64),
+    ("tiny-starcoder2", "32-true", "sdpa", True, "full", 128),
+    # the recompute starts at the layer's first node that unpacks a saved tensor (the gradients of the LoRA
+    # output casts and scalings before it are alive), keeps what the layer's frames hold until the early stop,
+    # which comes before the last saving op's outputs exist
+    ("tiny-mistral", "bf16-true", "eager", True, "lora", 64),
+    ("tiny-qwen2", "bf16-true", "eager", True, "lora", 128),
+    # CPU math SDPA in fp32: matmul copies the head-transposed slice of the fused qkv projection and saves the copy
+    ("tiny-gpt2", "32-true", "sdpa", False, "full", 64),
+], ids=lambda v: str(v) if not isinstance(v, bool) else ("ckpt" if v else "nockpt"))
+def test_checkpoint_recompute_and_tied_gradients_against_torch(name, precision, attn, ckpt, method, s):
+    m, fields = measure(name, precision=precision, attn=attn, ckpt=ckpt, method=method, s=s, targets=("all-linear",))
+    check(m, fields, tolerance=(0.005, 0.005))

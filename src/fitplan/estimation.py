@@ -88,7 +88,10 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = N
         out.append("both --zero and --fsdp given: the larger sharding stage is used")
     if p.offload_params and max(p.zero_stage, 3 if p.fsdp in ("full_shard", "hybrid_shard") else 0) < 3:
         out.append("--offload-params only applies with ZeRO stage 3 / FSDP full_shard: ignored")
-    if s.model.method == "full" and s.lora != sc.Lora():
+    lora = s.lora  # peft's default targets (with_default_targets) are no option the user gave
+    if lora.lora_target_modules and lora.lora_target_modules == peft_default_targets(arch):
+        lora = attrs.evolve(lora, lora_target_modules=())
+    if s.model.method == "full" and lora != sc.Lora():
         out.append("LoRA options given with --method full: they are ignored (use --method lora or qlora)")
     if s.training.max_seq_length > arch.max_position_embeddings and not arch.is_bare and arch.family != "approximate":
         what = ("its learned position table has no row beyond it: the embedding lookup raises IndexError (use "
@@ -165,8 +168,39 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any 
                            field="tensor_parallel", value=s.parallel.tensor_parallel)
 
 
+def peft_default_targets(arch: architecture.ModelSpec) -> tuple[str, ...] | None:
+    """What peft 0.21's ``LoraConfig()`` adapts on this model when no ``target_modules`` is given: its mapping
+    per model type (``peft/utils/constants.py``; ``LoraModel._prepare_adapter_config``,
+    ``peft/tuners/lora/model.py``), or None when peft has none (it raises "Please specify `target_modules`")."""
+    if arch.is_bare:
+        return None
+    from fitplan.builtin.archfile import peft_table
+
+    found = peft_table()["lora_default_targets"].get(arch.model_type)
+    return None if found is None else tuple(found)
+
+
+def with_default_targets(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Scenario:
+    """``s`` with LoRA's target modules as peft chooses them when the scenario names none (see
+    :func:`peft_default_targets`); a LoRA scenario on a model type peft has no default for is an error, as in peft."""
+    if s.lora.lora_target_modules or arch.is_bare:
+        return s
+    found = peft_default_targets(arch)
+    if found is None:
+        if s.model.method in ("lora", "qlora"):
+            raise FitplanError(f"peft 0.21 has no default LoRA target modules for model type {arch.model_type!r} "
+                               "(LoraConfig without target_modules raises 'Please specify `target_modules`')",
+                               field="lora_target_modules", value="",
+                               suggestion="name them with --lora-target-modules: all-linear, or some of this model's "
+                                          "modules: " + ", ".join(sorted({g.path.rsplit(".", 1)[-1] for g in
+                                                                         arch.param_groups() if g.linear is not None})))
+        return s
+    return attrs.evolve(s, lora=attrs.evolve(s.lora, lora_target_modules=found))
+
+
 def build_inputs(s: sc.Scenario, registry: Registry, rules: Rulesets, arch: architecture.ModelSpec | None = None) -> dict[str, Any]:
     arch = arch or resolve_arch(s, rules)
+    s = with_default_targets(s, arch)
     optimizer = registry.resolve_optimizer(s.training.optim)
     check_scenario(s, arch, optimizer)
     flat = sc.flatten(s)
@@ -256,8 +290,10 @@ class Estimate:
 
 
 def evaluate(s: sc.Scenario, registry: Registry, rules: Rulesets, *, arch: architecture.ModelSpec | None = None) -> Estimate:
-    """Evaluate the compiled graph for ``s``."""
+    """Evaluate the compiled graph for ``s`` (with peft's default LoRA targets when it names none)."""
     compiled = registry.compiled()
+    arch = arch or resolve_arch(s, rules)
+    s = with_default_targets(s, arch)
     inputs = build_inputs(s, registry, rules, arch)
     values, applied = compiled.evaluate(inputs)
     warnings = scenario_warnings(s, inputs["arch"], inputs["gpu_spec"])

@@ -47,17 +47,31 @@ def find(model_type: str) -> Path | None:
     return None
 
 
+SHARED_TABLES = ("autograd", "peft")
+"""Files beside the architecture files that are no model type: PyTorch's save rules, peft's default targets."""
+
+
 def known_model_types() -> list[str]:
     names = set()
     for d in (*user_dirs(), BUNDLED):
         if d.is_dir():
-            names.update(p.stem for p in d.glob("*.json") if "." not in p.stem and p.stem not in ("autograd", "kernels"))
+            names.update(p.stem for p in d.glob("*.json") if "." not in p.stem and p.stem not in SHARED_TABLES)
     return sorted(names)
 
 
 def data_file(name: str) -> Path:
-    """A shared table next to the bundled architectures (``autograd.json``, ``kernels.json``)."""
+    """A shared table next to the bundled architectures (``autograd.json``, ``peft.json``)."""
     return BUNDLED / name
+
+
+@functools.lru_cache(maxsize=1)
+def peft_table() -> dict[str, Any]:
+    """peft's default LoRA target modules per model type (generated from peft by fitplan-torch)."""
+    path = data_file("peft.json")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise FitplanError(f"cannot read peft's table: {e}", file=str(path)) from None
 
 
 @functools.lru_cache(maxsize=64)

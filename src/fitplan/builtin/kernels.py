@@ -10,14 +10,16 @@ the dropout probability. The rules below choose the expansion, each from the PyT
   backward saves the 1-byte mask); on the CPU ``_dropout_impl`` makes ``noise = empty_like(input)
   .bernoulli_(1 - p).div_(1 - p)`` and returns ``input * noise`` (the noise, in the input dtype, is saved);
 * SDPA (``aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`` and ``cuda/sdp_utils.cpp``,
-  ``attention.cpp``): on the CPU without dropout ``_scaled_dot_product_flash_attention_for_cpu`` (saves q,
-  k, v, the mask, the output and a fp32 logsumexp per row and head); with dropout the composite math path
+  ``attention.cpp``): a boolean mask is converted to q's dtype at every call (``convert_boolean_attn_mask``,
+  a new tensor per layer); on the CPU without dropout, with q, k, v of one head dim and one head count
+  (unequal head counts only with ``enable_gqa``) ``_scaled_dot_product_flash_attention_for_cpu`` (saves q,
+  k, v, the mask, the output and a fp32 logsumexp per row and head); otherwise the composite math path
   (fp32 q, k, v for 16-bit inputs, materialised scores, softmax and dropout); on CUDA, 16-bit inputs
-  without a mask and head dims equal and <= 256: flash attention (logsumexp (b, a, s) fp32 + RNG state);
-  otherwise memory-efficient attention (logsumexp padded to a multiple of 32 rows), unless grouped-query
-  attention is asked for (``enable_gqa``), which it does not support: then the math path. Under
-  ``torch.autocast``, SDPA is on the lower-precision list (``autocast_mode.cpp``): float inputs are cast
-  to the compute dtype first;
+  without a mask, head dims equal and <= 256, one head count or ``enable_gqa``: flash attention (logsumexp
+  (b, a, s) fp32 + RNG state); otherwise memory-efficient attention when q, k, v have one head count
+  (logsumexp padded to a multiple of 32 rows, the mask padded to a key length multiple of 8), else the
+  math path. Under ``torch.autocast``, SDPA is on the lower-precision list (``autocast_mode.cpp``): float
+  inputs, a float mask too, are cast to the compute dtype first;
 * LoRA (peft 0.21 ``lora.Linear.forward``): ``result = base_layer(x)``; ``x = x.to(lora_A.weight.dtype)``
   (adapters are fp32, ``autocast_adapter_dtype=True``); ``result = result + lora_B(lora_A(dropout(x))) *
   scaling``; ``result.to(result's dtype)``. Each adapter Linear is ``F.linear``'s aten expansion (``t``,
@@ -30,6 +32,7 @@ the dropout probability. The rules below choose the expansion, each from the PyT
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .archexpr import compile_expr
@@ -121,6 +124,7 @@ def sdpa(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
     p = _p(inst, extra)
     if b.mixed:
         q, k, v = (_cast(inst, t, b.compute, "sdpa.autocast") for t in (q, k, v))
+    mask = _float_mask(inst, mask, q)
     out = inst.new_tensor(inst.seg["t"][int(out_refs[0][1:])])
     out.dtype = q.dtype
     inst.refs[out_refs[0]] = out
@@ -129,53 +133,119 @@ def sdpa(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
     rows = q.numel // d  # b * heads * s
     s = shape[-2]
     args = [("query", q), ("key", k), ("value", v)] + ([("attn_mask", mask)] if mask is not None else [])
-    gqa = k.numel != q.numel // d * (getattr(k, "shape", (d,))[-1])
     same_dims = getattr(k, "shape", (d,))[-1] == d and getattr(v, "shape", (d,))[-1] == d
+    same_heads, gqa_ok = _heads(q, k, v, bool((extra.get("sc") or {}).get("enable_gqa")))
     if b.spec.device == "cpu":
-        # torch 2.13 sdp_utils_cpp.cpp use_flash_attention_cpp: no dropout and q, k, v of one head dim
-        # (check_for_dropout, check_head_dim_size_cpp), else the math path
-        if p <= 0 and same_dims:
+        # torch 2.13 sdp_utils_cpp.cpp use_flash_attention_cpp: no dropout (check_for_dropout), one head dim
+        # (check_head_dim_size_cpp), one head count unless enable_gqa asks for grouped-query attention
+        # (check_batch_size_and_num_heads_dense<true>), else the math path
+        if p <= 0 and same_dims and (same_heads or gqa_ok):
             lse = tr.new(rows, "f32", False, "sdpa.logsumexp")
             b.emit("_scaled_dot_product_flash_attention_for_cpu", args, [out, lse], label="sdpa")
             return
-        _math(inst, q, k, v, mask, out, p, s)
+        _math(inst, q, k, v, mask, out, p, s, gqa_ok)
         return
-    if q.dtype in HALF and mask is None and same_dims and d <= 256:
+    # cuda/sdp_utils.cpp: flash (check_for_attn_mask, 16-bit, head dim <= 256) accepts grouped-query attention
+    # when enable_gqa asks for it (check_batch_size_and_num_heads_dense<true>); memory-efficient attention
+    # needs one head count (<false>); else the math path
+    if q.dtype in HALF and mask is None and same_dims and d <= 256 and (same_heads or gqa_ok):
         lse = tr.new(rows, "f32", False, "sdpa.logsumexp")
         seed = tr.new(2 if p > 0 else 0, "i64", False, "sdpa.rng_state")
         b.emit("_scaled_dot_product_flash_attention", [("query", q), ("key", k), ("value", v)], [out, lse, seed],
                label="sdpa.flash")
         return
-    if not (extra.get("sc") or {}).get("enable_gqa") or not gqa:
+    if same_heads:
         lse = tr.new(rows // s * (-(-s // 32) * 32), "f32", False, "sdpa.logsumexp")
         seed = tr.new(2 if p > 0 else 0, "i64", False, "sdpa.rng_state")
+        mask = _aligned_bias(inst, mask)
         eargs = [("query", q), ("key", k), ("value", v)] + ([("attn_bias", mask)] if mask is not None else [])
         b.emit("_scaled_dot_product_efficient_attention", eargs, [out, lse, seed], label="sdpa.efficient")
         return
-    _math(inst, q, k, v, mask, out, p, s)
+    _math(inst, q, k, v, mask, out, p, s, gqa_ok)
 
 
-def _math(inst, q, k, v, mask, out, p: float, s: int) -> None:
+def _heads(q, k, v, enable_gqa: bool) -> tuple[bool, bool]:
+    """(q, k and v have one head count; grouped-query attention as ``check_grouped_query_attention`` accepts it:
+    enable_gqa, k and v of one head count dividing q's). Heads are dimension -3 of the 4-D inputs; without
+    shapes, a k of q's size per head dimension is taken for one head count."""
+    shapes = [getattr(t, "shape", None) for t in (q, k, v)]
+    if all(sh is not None and len(sh) >= 4 for sh in shapes):
+        hq, hk, hv = (sh[-3] for sh in shapes)
+    else:
+        hq = q.numel // (shapes[0][-1] if shapes[0] else 1)
+        hk = k.numel // (shapes[1][-1] if shapes[1] else 1)
+        hv = hk
+    same = hq == hk == hv
+    return same, bool(enable_gqa and not same and hk == hv and hk and hq % hk == 0)
+
+
+def _float_mask(inst, mask, q):
+    """The mask every SDPA backend receives (torch 2.13 ``attention.cpp`` ``scaled_dot_product_attention``: each
+    case calls ``convert_boolean_attn_mask(attn_mask_, query_.dtype())``): a boolean mask becomes, at every call,
+    ``at::where(mask, 0, -inf)`` in q's dtype, a new tensor of the mask's (broadcast) shape, which the kernel
+    saves: one per attention layer, not the shared boolean mask. Under ``torch.autocast`` a float mask is cast
+    with q, k, v (``autocast_mode.cpp`` lower-precision list: every floating tensor argument). Measured on the
+    CPU with ``TorchDispatchMode`` (``where.self`` then ``_scaled_dot_product_flash_attention_for_cpu``)."""
+    if mask is None:
+        return None
+    b = inst.b
+    if mask.dtype != "bool":
+        return _cast(inst, mask, b.compute, "sdpa.autocast_mask") if b.mixed else mask
+    shape = getattr(mask, "shape", None)
+    fm = b.tr.new(math.prod(shape) if shape else mask.numel, q.dtype, False, "sdpa.mask")
+    fm.shape = shape
+    b.emit("where.self", [("condition", mask)], [fm], label="sdpa.mask")
+    return fm
+
+
+def _aligned_bias(inst, mask):
+    """Memory-efficient attention's bias (``attention.cpp`` ``preprocess_mask``): when a stride or the last
+    dimension is not a multiple of 8 (``aligned_tensor<8>``; a contiguous mask: the key length), ``pad_bias``
+    pads the last dimension to the next multiple of 8 (a new tensor, the one saved) and slices it back; the
+    expansion to (b, heads, s, s_k) is a view."""
+    shape = getattr(mask, "shape", None) if mask is not None else None
+    if not shape or shape[-1] % 8 == 0:
+        return mask
+    width = shape[-1] + 8 - shape[-1] % 8
+    padded = inst.b.tr.new(math.prod(shape[:-1]) * width, mask.dtype, False, "sdpa.mask_padded")
+    padded.shape = (*shape[:-1], width)
+    inst.b.emit("constant_pad_nd", [("self", mask)], [padded], label="sdpa.mask_pad")
+    view = inst.b.tr.view(padded)
+    view.shape = shape
+    return view
+
+
+def _math(inst, q, k, v, mask, out, p: float, s: int, gqa: bool = False) -> None:
     """``_scaled_dot_product_attention_math`` (attention.cpp): q, k, v upcast to fp32 when 16-bit, a
-    materialised causal mask, the scores, ``_safe_softmax``, dropout, the product with v, the cast back."""
+    materialised causal mask, the scores, ``_safe_softmax``, dropout, the product with v, the cast back.
+    k and v with fewer heads than q are repeated to every head with ``enable_gqa``
+    (``pre_process_group_query_attention_input``); without it (one k/v head) ``at::matmul`` broadcasts them:
+    ``expand`` then ``reshape`` to (b * heads, ...), a view when the batch is 1, else a copy. The function
+    returns ``(out.to(dtype), attn.to(dtype))``: for 16-bit inputs the attention weights' 16-bit copy is made
+    before the product with v and dropped when the call returns."""
     b = inst.b
     tr = b.tr
     orig = q.dtype
     acc = "f32" if orig in HALF else orig
     qm, km, vm = (_cast(inst, t, acc, "sdpa.math_acc") for t in (q, k, v))
-    heads_rows = q.numel // (getattr(q, "shape", (1,))[-1] or 1)
+    d = getattr(q, "shape", (1,))[-1] or 1
+    heads_rows = q.numel // d
     n_scores = heads_rows * s
     qs = tr.new(qm.numel, acc, False, "sdpa.math_q_scaled")
     b.emit("mul.Tensor", [("self", qm)], [qs], label="sdpa.math_scale_q")
-    if km.numel != qm.numel:  # grouped-query attention: repeat_interleave k and v to every head
+    v_full = heads_rows * (getattr(v, "shape", (1,))[-1] or 1)
+    batch = (getattr(q, "shape", None) or (1,))[0]
+    if km.numel != qm.numel and gqa:  # grouped-query attention: repeat_interleave k and v to every head
         k2 = tr.new(qm.numel, acc, False, "sdpa.math_repeat_k")
         b.emit("repeat_interleave.self_int", [("self", km)], [k2], label="sdpa.math_repeat_k")
-        v2 = tr.new(qm.numel // (getattr(q, "shape", (1,))[-1] or 1) * (getattr(v, "shape", (1,))[-1] or 1), acc, False,
-                    "sdpa.math_repeat_v")
+        v2 = tr.new(v_full, acc, False, "sdpa.math_repeat_v")
         b.emit("repeat_interleave.self_int", [("self", vm)], [v2], label="sdpa.math_repeat_v")
         km, vm = k2, v2
     ks = tr.new(km.numel, acc, False, "sdpa.math_k_scaled")
     b.emit("mul.Tensor", [("self", km)], [ks], label="sdpa.math_scale_k")
+    if ks.numel != qm.numel:  # broadcast by at::matmul
+        ks = _broadcast(inst, ks, qm.numel, batch, "sdpa.math_expand_k")
+        vm = _broadcast(inst, vm, v_full, batch, "sdpa.math_expand_v")
     scores = tr.new(n_scores, acc, False, "sdpa.math_scores")
     b.emit("bmm", [("self", qs), ("mat2", ks)], [scores], label="sdpa.math_qk")
     cmask = mask
@@ -187,34 +257,39 @@ def _math(inst, q, k, v, mask, out, p: float, s: int) -> None:
     probs = tr.new(n_scores, acc, False, "sdpa.math_softmax")
     b.emit("_safe_softmax", [("self", s2)], [probs], label="sdpa.math_softmax")
     dropped = dropout_tensor(inst, probs, p, "sdpa.math_dropout")
-    vm = _batch_reshape(inst, vm)
+    weights = _cast(inst, dropped, orig, "sdpa.math_weights_cast")
+    if vm is v and _slice_of_heads(tr, v):
+        # ``at::matmul`` reshapes v to (b * heads, s, d): a head-transposed slice of a fused projection cannot be
+        # viewed so, and the copy is what bmm saves (LinearAlgebra.cpp _matmul_impl), not the projection
+        vm = tr.new(v.numel, acc, False, "sdpa.math_v_copy")
+        b.emit("clone", [("self", v)], [vm], label="sdpa.math_v_copy")
     o = tr.new(out.numel, acc, False, "sdpa.math_out")
     b.emit("bmm", [("self", dropped), ("mat2", vm)], [o], label="sdpa.math_pv")
     if acc != orig:
         b.emit("_to_copy", [("self", o)], [out], label="sdpa.math_out_cast")
     else:
         b.emit("clone", [("self", o)], [out], label="sdpa.math_out_copy")
+    if weights is not dropped:
+        tr.touch(weights)
 
 
-def _batch_reshape(inst, v):
-    """The math path's ``at::matmul(attn, value)`` (aten/src/ATen/native/LinearAlgebra.cpp ``_matmul_impl``)
-    reshapes the 4-D value to ``(batch * heads, s, d)`` before ``bmm``, which saves that operand: a view
-    when the batch and head dimensions merge, else a contiguous copy (``reshape`` → ``clone``). A value that
-    is a slice of a larger storage (the value half of a fused projection, DeepSeek's ``kv_b_proj``) comes in
-    as ``proj(x).view(b, s, heads, d).transpose(1, 2)`` split along its last dimension: its head stride is
-    the row's width, not ``s`` rows, so the dimensions do not merge and ``bmm`` saves the copy, not the
-    projection. A value that fills its storage is saved as is or as a copy of its own size: the same bytes."""
-    tr = inst.b.tr
-    if v is None or v.sid < 0 or tr.size[v.sid] <= _stored(tr, v.numel * BYTES[v.dtype]):
-        return v
-    copy = tr.new(v.numel, v.dtype, False, "sdpa.math_value_copy")
-    inst.b.emit("clone", [("self", v)], [copy], label="sdpa.math_value_copy")
-    return copy
+def _broadcast(inst, t, numel: int, batch: int, label: str):
+    """``t.expand(...).reshape(b * heads, ...)`` in ``at::matmul``: a view of ``t`` when the batch is 1, else a
+    contiguous copy of ``numel`` elements."""
+    if batch <= 1 or t.numel == numel:
+        return t
+    c = inst.b.tr.new(numel, t.dtype, False, label)
+    inst.b.emit("clone", [("self", t)], [c], label=label)
+    return c
 
 
-def _stored(tr, nbytes: int) -> int:
-    """``nbytes`` as the trace's allocator stores them (CUDA rounds blocks up)."""
-    return -(-nbytes // tr.spec.block) * tr.spec.block if tr.rounding and nbytes else nbytes
+def _slice_of_heads(tr, v) -> bool:
+    """v (b, heads, s, d) is a head-transposed view into a larger storage (q, k, v split from one fused
+    projection): not viewable as (b * heads, s, d) unless b or heads is 1."""
+    shape = getattr(v, "shape", None)
+    own = -(-v.nbytes // tr.spec.block) * tr.spec.block if tr.rounding else v.nbytes
+    return (v.sid >= 0 and tr.size[v.sid] > own and shape is not None and len(shape) == 4
+            and shape[0] > 1 and shape[1] > 1)
 
 
 # --------------------------------------------------------------------------- Linear call sites

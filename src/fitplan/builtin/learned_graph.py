@@ -74,6 +74,8 @@ class Builder:
         self.param_uses: dict[int, int] = {}
         self.embed_out = None
         self.param_targets: dict[str, int] = {}
+        self.tied = af.tie(self.env)
+        """Parameter name -> the parameter it is (tied embeddings: ``lm_head.weight`` is the input embedding)."""
         if self.lora:
             self.param_targets = parameter_targets(af, tuple(self.spec.lora_targets))
 
@@ -83,6 +85,8 @@ class Builder:
 
     def param(self, name: str, template: str | None = None):
         t = self.params.get(name)
+        if t is None and name in self.tied:
+            t = self.params[name] = self.tied_param(name)
         if t is None:
             code = self.param_dtypes.get(template or name, "bf16")
             if self.mixed:
@@ -94,6 +98,16 @@ class Builder:
             t = self.tr.param(numel, dtype, trainable)
             t.name = name
             self.params[name] = t
+        return t
+
+    def tied_param(self, name: str):
+        """A tied parameter: the tensor it is tied to under its own name (the ops that read it stay its module's),
+        one gradient (:attr:`.step_trace.T.key` is the target's): autograd's ``AccumulateGrad`` of the shared tensor
+        waits in its input buffer until every use has contributed (torch/csrc/autograd/engine.cpp dependencies), so
+        the output embedding's gradient stays alive from the head's backward to the input embedding's."""
+        src = self.param(self.tied[name])
+        t = self.tr.param(src.numel, src.dtype, src.rg)
+        t.name, t.tie = name, src
         return t
 
     def param_numel(self, template: str, name: str) -> int:
@@ -154,26 +168,11 @@ class Builder:
         rnames = rule.get("r", ["result"] if len(outs) == 1 else [f"result{k}" for k in range(len(outs))]) if rule else []
         for k, o in enumerate(outs):
             o.rg = bool(node and o.dtype in FLOAT and (odiff is None or (k < len(odiff) and odiff[k])))
-        saved: list[Any] = []
-        if node:
-            for sname, guard in rule["s"]:
-                if guard is not None:
-                    g = named.get(guard)
-                    if g is None or isinstance(g, list) or not g.rg:
-                        continue
-                t = named.get(sname)
-                if t is None and sname in rnames:
-                    k = rnames.index(sname)
-                    t = outs[k] if k < len(outs) else None
-                if t is None and sname == "original_self":
-                    continue
-                if isinstance(t, list):
-                    saved.extend(x for x in t if x is not None)
-                elif t is not None:
-                    saved.append(t)
+        saved, clones = self.saves(rule, named, outs, rnames, label or name) if node else ([], [])
         explicit = extra.get("sv")
         if explicit is not None and any_rg:
             saved = explicit
+            clones = []
         kinds = extra.get("g")
         grad_ins: list[tuple[Any, int]] = []
         params: list[tuple[Any, int]] = []
@@ -195,8 +194,43 @@ class Builder:
         saved = saved if node else []
         work = op_work.aten(name, named, outs, saved, [t for t, _ in grad_ins], [k for _, k in grad_ins],
                             sum(p.nbytes for p, _ in params), node)
-        tr.emit(label or name, flat_in, outs, saved, grad_ins, params, node,
+        tr.emit(label or name, flat_in, outs + clones, saved, grad_ins, params, node,
                 bwd_temp=int(compile_expr(extra["bt"])(self.env)) if node and extra.get("bt") else 0, work=work)
+
+    def saves(self, rule: dict[str, Any], named: dict[str, Any], outs: list[Any], rnames: list[str],
+              label: str) -> tuple[list[Any], list[Any]]:
+        """What the op's node saves (the table's ``s`` entries whose guard input requires grad), and the clones an
+        in-place op makes of ``self`` for it (:meth:`original_self`)."""
+        saved: list[Any] = []
+        clones: list[Any] = []
+        for sname, guard in rule["s"]:
+            if guard is not None:
+                g = named.get(guard)
+                if g is None or isinstance(g, list) or not g.rg:
+                    continue
+            t = named.get(sname)
+            if sname == "self" and rule.get("inplace") and t is not None and not isinstance(t, list):
+                t = self.original_self(t, label)
+                clones.append(t)
+            if t is None and sname in rnames:
+                k = rnames.index(sname)
+                t = outs[k] if k < len(outs) else None
+            if t is None and sname == "original_self":
+                continue
+            if isinstance(t, list):
+                saved.extend(x for x in t if x is not None)
+            elif t is not None:
+                saved.append(t)
+        return saved, clones
+
+    def original_self(self, t, label: str):
+        """What an in-place op saves for ``self``: the generated ``VariableType`` kernel saves
+        ``original_self = self.clone()`` before the op overwrites it (torchgen/packaged/autograd/
+        gen_variable_type.py ``save_variables``, torch 2.13), a new contiguous storage of ``self``'s elements,
+        not ``self``'s storage (which the op mutates, and which a later op may save as well)."""
+        c = self.tr.new(t.numel, t.dtype, False, label + ".original_self")
+        c.shape = t.shape
+        return c
 
     # ------------------------------------------------------------------ segments
     def run(self) -> None:

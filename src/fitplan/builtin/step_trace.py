@@ -26,8 +26,9 @@ mask in the input dtype, CUDA in one byte). The forward of every architecture is
   used twice (a tied embedding) gets its gradient once both contributions are summed (AccumulateGrad
   waits in its input buffer), otherwise AccumulateGrad steals the incoming gradient;
 * gradient checkpointing (non-reentrant, HF ``GradientCheckpointingLayer``) keeps each layer's
-  arguments and re-runs the layer's forward when its backward starts, up to its last op that saves
-  something ("early stop").
+  arguments and re-runs the layer's forward when the backward first unpacks one of its saved tensors,
+  up to its last op that saves something ("early stop": before that op's outputs when it saves only
+  inputs); the re-run frees what the forward freed, the stop releases what the layer's frames held.
 
 Identical consecutive layers are built once and weighted: layer 0 alone (under LoRA its input does not
 require grad), then one block of the layer pattern's period standing for its repetitions, then any
@@ -174,6 +175,8 @@ class T:
     base: Any = None
     name: str = ""
     shape: tuple[int, ...] | None = None
+    tie: Any = None
+    """A tied parameter: the parameter it is (they share one gradient, :attr:`key`)."""
 
     @property
     def nbytes(self) -> int:
@@ -181,7 +184,7 @@ class T:
 
     @property
     def key(self) -> int:
-        return id(self)
+        return id(self.tie) if self.tie is not None else id(self)
 
 
 @attrs.define(slots=True)
@@ -614,24 +617,36 @@ def replay(tr: Trace) -> StepTrace:
 
     def recompute(sg: int) -> None:
         seg_ops = [(i, op) for i, op in enumerate(ops) if op.seg == sg]
-        # non-reentrant checkpoint stops recomputing once every saved tensor is back ("early stop")
-        last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved), default=-1)
-        seg_ops = seg_ops[:last_saving + 1]
+        # the layer's Python code frees its tensors when the forward did (lifetimes over the whole layer) ...
         last_in: dict[int, int] = {}
         for i, op in seg_ops:
             for sid in (*op.reads, *op.allocs):
                 last_in[sid] = i
+        # ... but non-reentrant checkpoint stops recomputing once every saved tensor is back ("early stop"): the
+        # _StopRecomputationError it raises unwinds the layer's frames, releasing what they still held then
+        # (torch/utils/checkpoint.py, _recomputation_hook.pack_hook)
+        last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved), default=-1)
+        seg_ops = seg_ops[:last_saving + 1]
         for i, op in seg_ops:
             for sid in op.saved:
                 savers[sid] = savers.get(sid, 0) + 1
+        if seg_ops and not set(seg_ops[-1][1].saved) & set(seg_ops[-1][1].allocs):
+            # the last op saves only inputs: autograd packs those before running the op (torchgen's VariableType
+            # saves inputs before the call, outputs after), so the stop comes before its outputs exist
+            seg_ops = seg_ops[:-1]
+        made: list[int] = []
         for i, op in seg_ops:
             for sid in op.allocs:
                 if sid not in alive:
                     alloc(sid)
+                    made.append(sid)
             point()
             for sid in (*op.reads, *op.allocs):
                 if last_in.get(sid, -1) <= i and alloc_seg.get(sid) == sg and not held(sid):
                     free(sid, sg)
+        for sid in made:
+            if not held(sid):
+                free(sid, sg)
 
     after_head = (0, 0)
     once["on"] = True
@@ -656,7 +671,10 @@ def replay(tr: Trace) -> StepTrace:
             seg = op.seg
             seg_start = (state["live"], grads["live"])
             seg_start_v = list(live_v)
-        if ckpt[seg] and seg not in entered:
+        if ckpt[seg] and seg not in entered and op.saved:
+            # the recompute starts when the backward first unpacks a saved tensor of the layer: the nodes before
+            # it (additions, casts, scalings: they save nothing) have run, their gradients are alive during it
+            # (torch/utils/checkpoint.py, _checkpoint_hook.unpack_hook)
             entered.add(seg)
             recompute(seg)
         incoming = [pending.pop(t.key, None) for t in op.outs]

@@ -25,7 +25,7 @@ HELP = {
     "optim_args": "HF optim_args, e.g. rank=64 (GaLore/APOLLO), momentum=0.9 (sgd, rmsprop), block_size=128 (torchao).",
     "optim_target_modules": "HF optim_target_modules for GaLore/APOLLO: comma-separated module names, or all-linear.",
     "attn_implementation": "eager | sdpa | flash_attention_2.",
-    "lora_target_modules": "Comma-separated module names, e.g. q_proj,v_proj (or all-linear).",
+    "lora_target_modules": "Comma-separated module names, e.g. q_proj,v_proj (or all-linear). Default: what peft chooses without them (its list for the model type: q_proj,v_proj on Llama, c_attn on GPT-2).",
     "zero_stage": "DeepSpeed ZeRO stage 0-3.",
     "fsdp": "full_shard | shard_grad_op | hybrid_shard.",
     "gpu": "GPU id or alias from the hardware ruleset (e.g. a100-80gb, h100-sxm).",

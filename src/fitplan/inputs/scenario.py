@@ -160,7 +160,9 @@ class Lora:
 
     lora_r: int = field(default=8, validator=_at_least_one)
     lora_alpha: int = field(default=16, validator=_positive)
-    lora_target_modules: tuple[str, ...] = field(default=("q_proj", "v_proj"), validator=_module_names)
+    lora_target_modules: tuple[str, ...] = field(default=(), validator=lambda i, a, v: v == () or _module_names(i, a, v))
+    """peft's ``target_modules``: module names, ``all-linear``, or one regular expression. Empty: what peft
+    chooses without it, its default for the model type (``fitplan.estimation.with_default_targets``)."""
     lora_dropout: float = field(default=0.0, validator=_probability)
     bnb_4bit_use_double_quant: bool = True
     autocast_adapter_dtype: bool = True

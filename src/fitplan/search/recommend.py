@@ -77,8 +77,13 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
     :raises FitplanError: an unknown objective, a search space with nothing in it, an objective that
         needs a dataset or prices the scenario does not give.
     """
+    from fitplan.estimation import peft_default_targets, resolve_arch, with_default_targets
+
     t0 = time.perf_counter()
     stats = Stats()
+    given, arch = base, resolve_arch(base, ctx.rulesets)
+    if base.lora.lora_target_modules or peft_default_targets(arch) is not None or "method" in set(fixed):
+        base = with_default_targets(base, arch)  # else LoRA is not searched (_choices): peft needs targets named
     flat = sc.flatten(base)
     policies = policies or PolicySet([], ctx.registry)
     setup, st, arch = _prepare(base, flat, ctx, space, objective, headroom, policies, set(fixed), top, stats)
@@ -104,7 +109,7 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
                         _search_world(setup, st, n, m, (METHOD_RANK.get(method, 9), setup.optim_rank[optim],
                                                         precision_rank), flat)
     stats.seconds = time.perf_counter() - t0
-    return _result(setup, st, flat, base, headroom, arch)
+    return _result(setup, st, flat, given, headroom, arch)  # the scenario as given: its command line
 
 
 def _prepare(base: sc.Scenario, flat: dict[str, Any], ctx, space: SearchSpace, objective: str,
@@ -167,7 +172,7 @@ def _choices(flat: dict[str, Any], fixed: set[str], space: SearchSpace, registry
         return (flat[name],) if name in fixed else tuple(options)
 
     methods = choices("method", space.methods)
-    if arch.is_bare:
+    if arch.is_bare or not flat["lora_target_modules"]:  # peft has no default targets for this model type: LoRA needs them named
         methods = tuple(m for m in methods if m == "full")
     return {
         "method": methods,

@@ -112,9 +112,10 @@ def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str
 
         # one rule for what the targets mean (fitplan.builtin.lora_targets): "all-linear" and a regular
         # expression go to peft as the string (a list ["all-linear"] would look for a module of that name)
-        targets = tuple(lcfg.get("lora_target_modules", ("q_proj", "v_proj")))
+        # (none named: peft's own default for the model type, as a script's LoraConfig() gets)
+        targets = tuple(lcfg.get("lora_target_modules") or ())
         lc = peft.LoraConfig(r=lcfg.get("lora_r", 8), lora_alpha=lcfg.get("lora_alpha", 16),
-                             target_modules=peft_target_modules(targets),
+                             target_modules=peft_target_modules(targets) if targets else None,
                              lora_dropout=lcfg.get("lora_dropout", 0.0), task_type="CAUSAL_LM")
         try:
             with fake_safe_module_to() if fake else contextlib.nullcontext(), warnings.catch_warnings():

@@ -2,11 +2,12 @@
 
     python -m fitplan_torch.learn.bundle                 # every tiny config in tests/data/configs
     python -m fitplan_torch.learn.bundle llama gemma2    # some model types
-    python -m fitplan_torch.learn.bundle --table         # only the autograd rules table
+    python -m fitplan_torch.learn.bundle --table         # only the shared tables (autograd, peft)
 
 For each model type: learn its tiny config (``tests/data/configs/tiny-*``), then, for each catalog model of
 that type (``rulesets/models``) whose graph switches differ from what is learned so far, learn a tiny
-version of it and merge (``files.merge``); then write ``autograd.json`` from every op the files use. With
+version of it and merge (``files.merge``); then write ``autograd.json`` from every op the files use, and
+``peft.json`` (peft's default LoRA target modules per model type). With
 ``--verify`` each learning is checked as ``fitplan learn-architecture`` checks it (slow).
 """
 
@@ -126,12 +127,30 @@ def write_table(directory: Path = OUT) -> int:
     return len(ops)
 
 
+def peft_table() -> dict[str, Any]:
+    """peft's default LoRA ``target_modules`` per model type: what ``LoraConfig()`` without ``target_modules``
+    adapts (``peft/tuners/lora/model.py`` ``_prepare_adapter_config`` reads this mapping and raises "Please
+    specify `target_modules` in `peft_config`" for a model type it does not list)."""
+    import peft
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as mapping
+
+    return {"source": {"peft": peft.__version__, "file": "peft/utils/constants.py",
+                       "name": "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING"},
+            "lora_default_targets": {k: list(v) for k, v in sorted(mapping.items())}}
+
+
+def write_peft_table(directory: Path = OUT) -> int:
+    data = peft_table()
+    (directory / "peft.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return len(data["lora_default_targets"])
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import files
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("types", nargs="*")
-    ap.add_argument("--table", action="store_true", help="only regenerate autograd.json")
+    ap.add_argument("--table", action="store_true", help="only regenerate the shared tables (autograd.json, peft.json)")
     ap.add_argument("--verify", action="store_true")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
@@ -144,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             files.write(data, out)
             print(f"{mt}: {time.time() - t0:.0f} s", flush=True)
     print(f"autograd.json: {write_table(out)} ops")
+    print(f"peft.json: {write_peft_table(out)} model types")
     return 0
 
 
