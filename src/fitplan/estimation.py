@@ -90,7 +90,7 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = N
         out.append("--offload-params only applies with ZeRO stage 3 / FSDP full_shard: ignored")
     lora = s.lora  # peft's default targets (with_default_targets) are no option the user gave
     if lora.lora_target_modules and lora.lora_target_modules == peft_default_targets(arch):
-        lora = attrs.evolve(lora, lora_target_modules=())
+        lora = attrs.evolve(lora, lora_target_modules=None)
     if s.model.method == "full" and lora != sc.Lora():
         out.append("LoRA options given with --method full: they are ignored (use --method lora or qlora)")
     if s.training.max_seq_length > arch.max_position_embeddings and not arch.is_bare and arch.family != "approximate":
@@ -183,7 +183,7 @@ def peft_default_targets(arch: architecture.ModelSpec) -> tuple[str, ...] | None
 def with_default_targets(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Scenario:
     """``s`` with LoRA's target modules as peft chooses them when the scenario names none (see
     :func:`peft_default_targets`); a LoRA scenario on a model type peft has no default for is an error, as in peft."""
-    if s.lora.lora_target_modules or arch.is_bare:
+    if s.lora.lora_target_modules is not None or arch.is_bare:
         return s
     found = peft_default_targets(arch)
     if found is None:

@@ -50,7 +50,7 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
     if arch.is_bare:
         return None
     attn = "sdpa" if attn == "flash_attention_2" else attn
-    targets = tuple(lora_target_modules) if method != "full" else ()
+    targets = tuple(lora_target_modules or ()) if method != "full" else ()
     block = framework.allocator_block_bytes if framework is not None else 512
     key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_dtype,
            quant_compute if method == "qlora" else None, linear_saves_input)

@@ -40,7 +40,7 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
     ``gate_up_proj``) and A (r, in), B (out, r) for a 2-D router weight."""
     from .lora_targets import ALL_LINEAR, lora_site_matches, parameter_targets, unmatched_targets
 
-    targets = tuple(lora_target_modules)
+    targets = tuple(lora_target_modules or ())
     groups = arch.param_groups()
     out: dict[tuple[int, ...], int] = {}
     linear = [g for g in groups if g.linear is not None]

@@ -160,9 +160,10 @@ class Lora:
 
     lora_r: int = field(default=8, validator=_at_least_one)
     lora_alpha: int = field(default=16, validator=_positive)
-    lora_target_modules: tuple[str, ...] = field(default=(), validator=lambda i, a, v: v == () or _module_names(i, a, v))
-    """peft's ``target_modules``: module names, ``all-linear``, or one regular expression. Empty: what peft
-    chooses without it, its default for the model type (``fitplan.estimation.with_default_targets``)."""
+    lora_target_modules: tuple[str, ...] | None = field(default=None, validator=lambda i, a, v: v is None or _module_names(i, a, v))
+    """peft's ``target_modules``: module names, ``all-linear``, or one regular expression. None (not given): what
+    peft chooses without it, its default for the model type (``fitplan.estimation.with_default_targets``); an
+    empty list is an error, as in peft."""
     lora_dropout: float = field(default=0.0, validator=_probability)
     bnb_4bit_use_double_quant: bool = True
     autocast_adapter_dtype: bool = True

@@ -125,7 +125,9 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
             out["fsdp_config"] = {"version": 1}
     if s.model.method != "full":
         notes.append(f"method {s.model.method}: build the model with peft LoraConfig(r={s.lora.lora_r}, "
-                     f"lora_alpha={s.lora.lora_alpha}, target_modules={list(s.lora.lora_target_modules)!r})"
+                     f"lora_alpha={s.lora.lora_alpha}, target_modules="
+                     + (repr(list(s.lora.lora_target_modules)) if s.lora.lora_target_modules is not None else "None")
+                     + ")"
                      + (", loaded in 4-bit NF4 (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", "
                         f"bnb_4bit_use_double_quant={s.lora.bnb_4bit_use_double_quant}))" if s.model.method == "qlora" else ""))
     if s.training.attn_implementation != "sdpa":

@@ -82,7 +82,7 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
     t0 = time.perf_counter()
     stats = Stats()
     given, arch = base, resolve_arch(base, ctx.rulesets)
-    if base.lora.lora_target_modules or peft_default_targets(arch) is not None or "method" in set(fixed):
+    if base.lora.lora_target_modules is not None or peft_default_targets(arch) is not None or "method" in set(fixed):
         base = with_default_targets(base, arch)  # else LoRA is not searched (_choices): peft needs targets named
     flat = sc.flatten(base)
     policies = policies or PolicySet([], ctx.registry)

@@ -123,7 +123,7 @@ def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str
                 model = peft.get_peft_model(model, lc)
         except ValueError as e:
             raise FitplanError(f"peft cannot apply LoRA: {e}", field="lora_target_modules",
-                               value=",".join(lcfg.get("lora_target_modules", ()))) from None
+                               value=",".join(lcfg.get("lora_target_modules") or ())) from None
         if method == "qlora":
             from .qlora import after_lora
 

@@ -51,7 +51,7 @@ def model_config(estimate) -> dict[str, Any]:
 def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
     s = estimate.scenario
     spec = estimate["optimizer_spec"]
-    lora = {"lora_r": s.lora.lora_r, "lora_alpha": s.lora.lora_alpha, "lora_target_modules": tuple(s.lora.lora_target_modules),
+    lora = {"lora_r": s.lora.lora_r, "lora_alpha": s.lora.lora_alpha, "lora_target_modules": tuple(s.lora.lora_target_modules or ()),
             "lora_dropout": s.lora.lora_dropout, "bnb_4bit_use_double_quant": s.lora.bnb_4bit_use_double_quant,
             "bnb_4bit_compute_dtype": getattr(s.lora, "bnb_4bit_compute_dtype", None),
             "kbit_preparation": getattr(s.lora, "kbit_preparation", "peft")}
