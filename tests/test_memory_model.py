@@ -144,6 +144,42 @@ def test_fsdp_rank_zero_states_keep_one_step_scalar_per_tensor():
     assert e["optimizer_state_bytes"] == (full["optimizer_state_bytes"] - 4 * n_tensors) // 2 + 4 * n_tensors
 
 
+def test_weights_the_model_keeps_in_fp32_count_4_bytes_with_their_gradients_and_states():
+    # DeepSeek-V3's router weight is created with dtype=torch.float32 (modeling_deepseek_v3.py, TopkRouter) and
+    # listed in _keep_in_fp32_modules_strict: fp32 in a bf16 model, so is its gradient, and AdamW's
+    # zeros_like(p) states. tiny-deepseek-v3: one MoE layer (2 layers, first_k_dense_replace 1), 4 experts x 64.
+    router = 4 * 64
+    kw = dict(model=config("tiny-deepseek-v3"), device="cpu")
+    bf16 = fitplan.estimate(precision="bf16-true", **kw)
+    n = bf16["param_count"]
+    # AdamW's fp32 step scalar per parameter tensor (CPU): embedding, head, final norm; per layer 7 attention
+    # tensors and 2 norms; the dense MLP's 3; the MoE layer's 2 fused experts, the router and 3 shared-expert ones
+    tensors = 3 + 2 * 9 + 3 + 6
+    assert bf16["weight_bytes"] == 2 * (n - router) + 4 * router
+    assert bf16["gradient_bytes"] == 2 * (n - router) + 4 * router
+    assert bf16["optimizer_state_bytes"] == 2 * (2 * (n - router) + 4 * router) + 4 * tensors
+    fp32 = fitplan.estimate(precision="32-true", **kw)  # nothing to add in an fp32 model
+    assert fp32["weight_bytes"] == 4 * n and fp32["optimizer_state_bytes"] == 8 * n + 4 * tensors
+    lora = fitplan.estimate(precision="bf16-true", method="lora", lora_target_modules=("all-linear",), **kw)
+    assert lora["weight_bytes"] - lora["gradient_bytes"] == 2 * (n - router) + 4 * router  # frozen: no gradient
+
+
+def test_dead_autograd_branches_free_what_they_saved():
+    from fitplan.builtin.step_trace import TraceSpec, Trace
+    from fitplan.inputs.architecture import spec_from_config
+
+    # x -> a = f(x) (saves x) -> loss;  x -> d = g(x) (saves its own output e) -> nothing differentiable reads d
+    arch = spec_from_config(json.loads((CONFIGS / "tiny-llama" / "config.json").read_text()))
+    tr = Trace(TraceSpec(arch, 1, 4, "32-true", "eager", False, device="cpu"))
+    x = tr.new(8, "f32", True, "x")
+    a, d, e = tr.new(8, "f32", True, "a"), tr.new(8, "f32", True, "d"), tr.new(8, "f32", False, "e")
+    tr.emit("f", [x], [a], [x], [(x, -1)], [], True)
+    tr.emit("g", [x], [d, e], [e], [(x, -1)], [], True)
+    tr.loss = a
+    tr.finish()
+    assert [op.saved for op in tr.ops] == [(x.sid,), ()]
+
+
 def test_checkpointing_keeps_layer_arguments():
     kw = dict(model="llama-2-7b", precision="bf16-true", per_device_train_batch_size=1, max_seq_length=512, device="cpu")
     e = fitplan.estimate(**kw, gradient_checkpointing=True)
@@ -393,6 +429,16 @@ NEW = ("tiny-qwen2-moe", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma2", "tiny-ge
 
 
 MISSES: dict[str, str] = {}  # measured on this case (b=2, s=32): none left (docs/architectures.md, Limits)
+
+
+@pytest.mark.parametrize(("precision", "attn", "method"), [("bf16-true", "eager", "full"), ("32-true", "sdpa", "lora")])
+def test_multi_head_latent_attention_against_torch(precision, attn, method):
+    # DeepSeek-V3 (about 10 s each): the fp32 router in a bf16 model; keys written by copy_ into a new_empty
+    # buffer (they require grad, so the q·kᵀ bmm saves both operands); the group-routing branch that reaches
+    # no gradient (its topk saves die with it); CPU SDPA's math path (q/k and v head dims differ), whose
+    # matmul copies the value slice of kv_b_proj's output instead of saving the whole projection
+    m, fields = measure("tiny-deepseek-v3", precision=precision, attn=attn, method=method, s=64, targets=("all-linear",))
+    check(m, fields, tolerance=(0.01, 0.01))
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=MISSES[n])) if n in MISSES

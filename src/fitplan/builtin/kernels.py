@@ -63,6 +63,10 @@ EXTRA_RULES = {
     # CompositeImplicit (unsqueeze, expand, clone, view), so derivatives.yaml has no entry; differentiable,
     # saves nothing, its backward sums the gradient over the repeats (a new tensor)
     "repeat_interleave.self_int": {"d": ["self"], "s": [], "p": [0]},
+    # Tensor.copy_: implemented by hand (torch/csrc/autograd/VariableTypeManual.cpp), so derivatives.yaml has no
+    # entry; its node CopyBackwards (autograd/functions/tensor.cpp) saves nothing, gives ``self`` zeros_like(grad)
+    # and ``src`` grad.to(src's options) (the incoming gradient itself when the dtype agrees)
+    "copy_": {"d": ["self", "src"], "s": [], "p": [0, 1], "inplace": 1},
 }
 
 

@@ -467,6 +467,7 @@ class _Instance:
         if weight_cast:
             tr.kind_default = "autocast"
         out_ts = []
+        inplace = []
         override = kernels.cuda_output_dtypes(name, ins, b.spec.device)
         for j, r in enumerate(outs):
             if r in self.refs:  # in place: a new version of the same storage
@@ -474,17 +475,33 @@ class _Instance:
                 nt = tr.view(old)
                 self.refs[r] = nt
                 out_ts.append(nt)
+                if not old.rg:
+                    inplace.append(nt)
             else:
                 t = self.new_tensor(self.seg["t"][int(r[1:])], name, override.get(j))
                 self.refs[r] = t
                 out_ts.append(t)
         tr.kind_default = prev
         b.emit(name, ins, out_ts, extra=extra)
+        for t in inplace:
+            if t.rg and t.sid >= 0:
+                self._inplace_requires_grad(t.sid)
         if weight_cast and not ins[0][1].rg:
             # autocast caches a weight's 16-bit copy only when the weight requires grad (a frozen base
             # weight under LoRA is cast at every use and freed after it)
             for t in out_ts:
                 tr.uncached.add(t.sid)
+
+    def _inplace_requires_grad(self, sid: int) -> None:
+        """An in-place op whose result requires grad (``key[..., :d].copy_(k)`` into a ``new_empty`` buffer, as
+        DeepSeek's ``expand_kv`` fills its keys) makes the base require grad and with it every view of that
+        storage, earlier or later: autograd rebases the base's history on ``CopySlices`` and a differentiable
+        view requires grad when its base does (torch/csrc/autograd/variable.cpp, ``rebase_history``;
+        ``DifferentiableViewMeta::requires_grad``). The ops that read them afterwards then save what PyTorch
+        saves (``bmm`` saves its other operand only when this one requires grad)."""
+        for t in self.refs.values():
+            if t is not None and t.sid == sid and not t.rg and not t.param and t.dtype in FLOAT:
+                t.rg = True
 
     def _deaths(self, refs: list[str] | None) -> None:
         if not refs:

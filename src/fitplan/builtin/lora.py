@@ -151,14 +151,15 @@ def kbit_base_bytes(weight_dtype_bytes: float, kbit_preparation: str) -> float:
 
 @reducer("weight_bytes", when=lambda method, assumptions: method == "qlora" and assumptions != "seed")
 def qlora(value, arch, param_count, weight_dtype_bytes, adapter_param_count, trainable_dtype_bytes,
-          bnb_4bit_use_double_quant, kbit_preparation):
+          bnb_4bit_use_double_quant, kbit_preparation, fp32_param_count):
     """The decoder layers' Linear weights in 4 bits with their constants; every other base parameter in the
-    load dtype, or fp32 after ``prepare_model_for_kbit_training`` (``kbit_preparation = "peft"``); the adapters
-    in their own dtype."""
+    load dtype (fp32 for those the model keeps in fp32), or fp32 after ``prepare_model_for_kbit_training``
+    (``kbit_preparation = "peft"``); the adapters in their own dtype."""
     groups = quantized_groups(arch)
     q = sum(g.total for g in groups)
     packed = sum(nf4_bytes(g.numel, bnb_4bit_use_double_quant) * g.count for g in groups)
-    base = (param_count - q) * kbit_base_bytes(weight_dtype_bytes, kbit_preparation)
+    per = kbit_base_bytes(weight_dtype_bytes, kbit_preparation)
+    base = (param_count - q) * per + fp32_param_count * max(0, 4 - per)
     return int(base + packed + adapter_param_count * trainable_dtype_bytes)
 
 
@@ -172,9 +173,12 @@ def qlora_unquantized_param_count(method, arch, param_count):
 
 
 @quantity("bytes")
-def qlora_unquantized_bytes(qlora_unquantized_param_count, weight_dtype_bytes, kbit_preparation):
-    """Their bytes in the dtype the script leaves them (fp32 after ``prepare_model_for_kbit_training``)."""
-    return int(qlora_unquantized_param_count * kbit_base_bytes(weight_dtype_bytes, kbit_preparation))
+def qlora_unquantized_bytes(qlora_unquantized_param_count, weight_dtype_bytes, kbit_preparation, fp32_param_count):
+    """Their bytes in the dtype the script leaves them (fp32 after ``prepare_model_for_kbit_training``, and for
+    the tensors the model keeps in fp32)."""
+    per = kbit_base_bytes(weight_dtype_bytes, kbit_preparation)
+    kept = fp32_param_count if qlora_unquantized_param_count else 0
+    return int(qlora_unquantized_param_count * per + kept * max(0, 4 - per))
 
 
 def qlora_line(values, arch, kbit_preparation: str) -> str | None:

@@ -51,11 +51,24 @@ def trainable_dtype_bytes(method, weight_dtype_bytes, assumptions, autocast_adap
     return 4
 
 
+@quantity("params")
+def fp32_param_count(arch, assumptions):
+    """Parameters the model keeps in fp32 whatever dtype it is built in (``ParamGroup.fp32``: the learned
+    file's ``f32`` tensors, e.g. a router weight created with ``dtype=torch.float32``); 0 under seed assumptions."""
+    return 0 if assumptions == "seed" or arch.count_only else arch.fp32_param_count
+
+
+def fp32_extra(count: int, dtype_bytes: float) -> float:
+    """Bytes that ``count`` fp32-kept elements add over ``dtype_bytes`` per element (none in a 32-bit model)."""
+    return count * max(0, 4 - dtype_bytes)
+
+
 @quantity("bytes", category="memory", label="weights", json_key="memory.per_gpu_bytes.weights", short="weights", row="weights")
-def weight_bytes(param_count, weight_dtype_bytes, adapter_param_count, trainable_dtype_bytes):
-    """Weights: param_count × bytes per weight, plus LoRA adapters in their own dtype.
-    Seed: "parameters × precision" (7B × 4 = 28 GB)."""
-    return param_count * weight_dtype_bytes + adapter_param_count * trainable_dtype_bytes
+def weight_bytes(param_count, weight_dtype_bytes, adapter_param_count, trainable_dtype_bytes, fp32_param_count):
+    """Weights: param_count × bytes per weight (4 for the tensors the model keeps in fp32), plus LoRA adapters in
+    their own dtype. Seed: "parameters × precision" (7B × 4 = 28 GB)."""
+    return (param_count * weight_dtype_bytes + fp32_extra(fp32_param_count, weight_dtype_bytes)
+            + adapter_param_count * trainable_dtype_bytes)
 
 
 @quantity("bytes", category="memory", label="master weights (fp32)", short_label="master weights", json_key="memory.per_gpu_bytes.master_weights", short="master_weights", row="master_weights")
@@ -66,14 +79,17 @@ def master_weight_bytes(trainable_param_count, master_weight_dtype_bytes):
 
 
 @quantity("bytes", category="memory", label="gradients", json_key="memory.per_gpu_bytes.gradients", short="gradients", row="gradients")
-def gradient_bytes(trainable_param_count, trainable_dtype_bytes, optimizer_spec, trainable_tensors):
-    """Gradients: one per trainable parameter, in the parameter's dtype (frozen weights have none).
+def gradient_bytes(trainable_param_count, trainable_dtype_bytes, optimizer_spec, trainable_tensors, method,
+                   fp32_param_count):
+    """Gradients: one per trainable parameter, in the parameter's dtype (fp32 for the fp32-kept tensors full
+    fine-tuning trains; frozen weights have none).
     Seed: "même taille que les poids". Optimizers that consume each gradient as backward produces it (LOMO,
     the ``*_layerwise`` variants: ``OptimizerSpec.frees_gradients``) never hold more than about one: the
     largest trainable tensor's gradient."""
     if optimizer_spec.frees_gradients:
         return max((math.prod(shape) for shape, _ in trainable_tensors), default=0) * trainable_dtype_bytes
-    return trainable_param_count * trainable_dtype_bytes
+    return (trainable_param_count * trainable_dtype_bytes
+            + (fp32_extra(fp32_param_count, trainable_dtype_bytes) if method == "full" else 0))
 
 
 def _kind(g) -> str:
@@ -105,14 +121,16 @@ def optimizer_context(trainable_tensors, optimizer_state_dtype_bytes, trainable_
     else:
         modules = tuple(("lora", "adapter") for _ in trainable_tensors) if method != "full" else ()
     pairs = tuple(tuple(kv.strip().split("=", 1)) for kv in optim_args.split(",") if "=" in kv)
+    fp32 = tuple(g.fp32 for g in arch.param_groups()) if method == "full" and not arch.count_only else ()
     return OptimizerContext(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device, modules,
-                            pairs, tuple(optim_target_modules))
+                            pairs, tuple(optim_target_modules), fp32)
 
 
 @quantity("bytes", category="memory", label="optimizer states", json_key="memory.per_gpu_bytes.optimizer_states", short="optimizer_states", row="optimizer_states")
 def optimizer_state_bytes(optimizer_spec, optimizer_context):
-    """Optimizer states as the chosen optimizer stores them (see ``fitplan plugins`` for each optimizer's rule)."""
-    return int(optimizer_spec.state_bytes(optimizer_context))
+    """Optimizer states as the chosen optimizer stores them (see ``fitplan plugins`` for each optimizer's rule),
+    fp32 for the tensors the model keeps in fp32 (``OptimizerContext.dtype_parts``)."""
+    return sum(int(optimizer_spec.state_bytes(part)) for part in optimizer_context.dtype_parts())
 
 
 @quantity("bytes", json_key="memory.optimizer_host_bytes")
@@ -131,7 +149,7 @@ def optimizer_step_temp_bytes(optimizer_spec, optimizer_context):
 
 @hookimpl
 def fitplan_register_quantities(register):
-    for q in (trainable_tensors, trainable_param_count, adapter_param_count, trainable_dtype_bytes, weight_bytes,
+    for q in (fp32_param_count, trainable_tensors, trainable_param_count, adapter_param_count, trainable_dtype_bytes, weight_bytes,
               master_weight_bytes, gradient_bytes, optimizer_context, optimizer_state_bytes, optimizer_host_bytes,
               optimizer_step_temp_bytes):
         register(q)

@@ -298,8 +298,10 @@ class Trace:
                            bwd_temp if node else 0, work=work, unit=self.unit))
 
     def finish(self) -> None:
-        """Mark each parameter's last use in the backward (its first in the forward): where its gradient is
-        complete, and count the parameter gradient bytes (weighted by layer repetition)."""
+        """Drop what dead nodes saved (:meth:`drop_dead_saves`), mark each parameter's last use in the backward
+        (its first in the forward): where its gradient is complete, and count the parameter gradient bytes
+        (weighted by layer repetition)."""
+        self.drop_dead_saves()
         first: dict[int, int] = {}
         for i, op in enumerate(self.ops):
             for key, *_ in op.params:
@@ -317,6 +319,26 @@ class Trace:
             op.params = tuple(new)
             op.param_grad = sum(nb for _, nb, _, last in new if last)
         self.param_grad_total = total
+
+    def drop_dead_saves(self) -> None:
+        """An autograd node lives as long as a tensor it produced or a node downstream of it: once the forward
+        returns, only the loss's ancestors and the nodes of the tensors the caller still holds are alive, and a
+        node that dies frees what it saved. A branch whose outputs lead nowhere differentiable (DeepSeek's group
+        routing: ``topk`` values summed, then only a ``topk``'s indices used) saved its tensors for nothing, and
+        they are freed when the model's code drops the branch's outputs. Walking the ops backward from the loss
+        (an op is live when one of its outputs shares a storage with a gradient input of a live op, an
+        over-approximation that keeps every in-place version's node), a dead op's saves are dropped, outside
+        checkpointed segments (their recompute is modelled op by op)."""
+        if self.loss is None:
+            return
+        live = {self.loss.sid} | (self.pinned - self.uncached)
+        for op in reversed(self.ops):
+            if not op.outs:
+                continue
+            if any(t.sid in live for t in op.outs):
+                live.update(t.sid for t in op.grad_ins if t.sid >= 0)
+            elif op.saved and not self.seg_ckpt[op.seg]:
+                op.saved = ()
 
     def touch(self, *ts: T) -> None:
         """The model's Python code still holds ``ts`` here (a recorded lifetime): extends their lifetime,

@@ -49,6 +49,10 @@ class ParamGroup:
     """The weight of a subclass of ``nn.Linear`` with its own forward (Falcon's ``FalconLinear``): peft adapts
     it, bitsandbytes does not quantize it (transformers' ``replace_with_bnb_linear`` takes ``type(m) is
     nn.Linear`` only)."""
+    fp32: bool = False
+    """The model keeps this tensor in fp32 whatever dtype it is built in (DeepSeek's router weight, created
+    with ``dtype=torch.float32`` and listed in ``_keep_in_fp32_modules_strict``): the learned file's dtype
+    ``f32`` from its 16-bit recording. Its gradient and its torch optimizer states are fp32 too."""
 
     @property
     def numel(self) -> int:
@@ -132,6 +136,11 @@ class ModelSpec:
         return _param_count(self)
 
     @property
+    def fp32_param_count(self) -> int:
+        """Parameters the model keeps in fp32 even when built in a 16-bit dtype (:attr:`ParamGroup.fp32`)."""
+        return 0 if self.bare_param_count is not None else _fp32_param_count(self)
+
+    @property
     def active_param_count(self) -> int:
         """Parameters used per token (MoE: only ``num_experts_per_tok`` experts)."""
         if not self.is_moe:
@@ -144,6 +153,11 @@ class ModelSpec:
 @functools.lru_cache(maxsize=256)
 def _param_count(spec: ModelSpec) -> int:
     return sum(g.total for g in spec.param_groups())
+
+
+@functools.lru_cache(maxsize=256)
+def _fp32_param_count(spec: ModelSpec) -> int:
+    return sum(g.total for g in spec.param_groups() if g.fp32)
 
 
 @functools.lru_cache(maxsize=256)
@@ -166,9 +180,9 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
         if role.startswith("linear:"):
             linear = (shape[0], shape[1]) if mark == "conv1d" else (shape[1], shape[0])
         groups[key] = [template, shape, 1, per_layer, _module(role, template), template.rsplit(".", 1)[0], linear,
-                       mark == "custom"]
-    return tuple(ParamGroup(t, shape, module, count, per_layer, path, linear, custom)
-                 for t, shape, count, per_layer, module, path, linear, custom in groups.values())
+                       mark == "custom", len(entry) > 5 and entry[5] == "f32"]
+    return tuple(ParamGroup(t, shape, module, count, per_layer, path, linear, custom, fp32)
+                 for t, shape, count, per_layer, module, path, linear, custom, fp32 in groups.values())
 
 
 def _module(role: str, name: str) -> str:

@@ -40,6 +40,26 @@ class OptimizerContext:
     """HF ``optim_args`` (``"rank=64,momentum=0.9"``) as ``(key, value)`` string pairs, as the Trainer parses them."""
     target_modules: tuple[str, ...] = ()
     """HF ``optim_target_modules`` (GaLore, APOLLO): module names, ``all-linear``, or one regular expression."""
+    fp32: tuple[bool, ...] = ()
+    """Per entry of ``tensors`` (same order), when known: the model keeps that tensor in fp32 whatever the weight
+    dtype (a router weight created with ``dtype=torch.float32``). Empty: every tensor in ``param_bytes``."""
+
+    def dtype_parts(self) -> tuple[OptimizerContext, ...]:
+        """The context split by parameter dtype when states follow the weights in a 16-bit dtype
+        (``state_bytes < 4``) and some tensors stay fp32: torch optimizers create each state with
+        ``torch.zeros_like(p)`` (torch/optim/adamw.py, ``_init_group``), so an fp32 tensor's states are fp32.
+        Per-tensor states add up over the parts. Otherwise the context alone."""
+        if self.state_bytes >= 4 or len(self.fp32) != len(self.tensors) or not any(self.fp32):
+            return (self,)
+        mods = self.modules if len(self.modules) == len(self.tensors) else ()
+
+        def part(keep: bool, state: float, param: float) -> OptimizerContext:
+            idx = [i for i, f in enumerate(self.fp32) if f == keep]
+            return attrs.evolve(self, tensors=tuple(self.tensors[i] for i in idx), state_bytes=state,
+                                param_bytes=param, modules=tuple(mods[i] for i in idx) if mods else (),
+                                fp32=tuple(keep for _ in idx))
+
+        return (part(False, self.state_bytes, self.param_bytes), part(True, 4, 4))
 
     @property
     def numel(self) -> int:
