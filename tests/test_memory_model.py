@@ -562,3 +562,20 @@ def test_sharded_rank_zero_against_torch(name, zero, world):
 def test_checkpoint_recompute_and_tied_gradients_against_torch(name, precision, attn, ckpt, method, s):
     m, fields = measure(name, precision=precision, attn=attn, ckpt=ckpt, method=method, s=s, targets=("all-linear",))
     check(m, fields, tolerance=(0.005, 0.005))
+
+
+@pytest.mark.parametrize(("name", "field"), [("tiny-olmo", "clip_qkv"), ("tiny-gemma3", "final_logit_softcapping")])
+def test_numeric_switch_unset_drops_its_ops(name, field):
+    # a number the config class leaves unset by default adds ops when set (OLMo clamps q/k/v in place,
+    # saving a copy of each input; Gemma-3 softcaps the logits): the tiny config sets it, a real config may
+    # not, and the learned file must serve both (derive.structural_flags, bundle's catalog merge)
+    from fitplan.builtin.archfile import load
+
+    when = load(json.loads((CONFIGS / name / "config.json").read_text())["model_type"]).data["flags"]["when"]
+    assert f"{field} is not None" in when and f"{field} is None" in when
+    m_on, f_on = measure(name, precision="bf16-true", attn="sdpa")
+    m_off, f_off = measure(name, precision="bf16-true", attn="sdpa", overrides={field: None})
+    assert m_off["activations"] < m_on["activations"]  # the referee: unsetting it saves less
+    p_on, _ = check(m_on, f_on)
+    p_off, _ = check(m_off, f_off)
+    assert p_off["activations"] == m_off["activations"] and p_on["activations"] == m_on["activations"]

@@ -231,7 +231,7 @@ class ArchFile:
         import re
 
         when = re.sub(r"'[^']*'|\"[^\"]*\"", "", (self.data.get("flags") or {}).get("when") or "")
-        return {n for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", when) if n not in ("and", "or", "not")}
+        return {n for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", when) if n not in ("and", "or", "not", "is", "None")}
 
     def param_entry(self, name: str, env: dict[str, Any]) -> list[Any] | None:
         """The parameter entry of ``name`` whose switch condition holds for ``env``."""

@@ -48,10 +48,6 @@ def catalog_configs(model_type: str) -> list[dict[str, Any]]:
     return out
 
 
-def _flags_of(data: dict[str, Any]) -> list[dict[str, bool]]:
-    return [data.get("flags", {}).get("values") or {}]
-
-
 def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[str, Any]:
     from . import derive
 
@@ -69,14 +65,23 @@ def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[st
     switches = dict(first)  # every switch seen so far, with the tiny config's value
     for other in catalog_configs(model_type):
         for _ in range(3):  # a learning can reveal more switches (Falcon-7B's multi_query): until none is new
-            small = {**cfg, **{k: other[k] for k in switches if k in other}}
+            small = {**cfg, **{k: _catalog_value(k, v, other) for k, v in switches.items()}}
             want = _resolved({k: small.get(k, v) for k, v in switches.items()}, small, data, log)
-            if not switches or any(all(want.get(k) == v for k, v in seen.items()) for seen in learned):
+            if not switches or any(all(derive.switch_state(want.get(k)) == derive.switch_state(v)
+                                       for k, v in seen.items()) for seen in learned):
                 break
-            data, seen = _merge_catalog(data, cfg, small, other, want, log)
+            data, seen = _merge_catalog(data, cfg, small, other, want, log, switches)
             learned.append(seen)
             switches.update({k: v for k, v in seen.items() if k not in switches})
     return data
+
+
+def _catalog_value(k: str, tiny: Any, other: dict[str, Any]) -> Any:
+    """A switch's value in a catalog config: a number its config class leaves unset (``clip_qkv``) is
+    unset where the catalog omits it (TOML has no null), any other switch keeps the tiny config's value."""
+    if k in other:
+        return other[k]
+    return None if isinstance(tiny, (int, float)) and not isinstance(tiny, bool) else tiny
 
 
 def _resolved(want: dict[str, Any], small: dict[str, Any], data: dict[str, Any], log) -> dict[str, Any]:
@@ -96,7 +101,7 @@ def _resolved(want: dict[str, Any], small: dict[str, Any], data: dict[str, Any],
     return out
 
 
-def _merge_catalog(data, cfg, small, other, want, log):
+def _merge_catalog(data, cfg, small, other, want, log, known=None):
     """Learn ``small`` (the tiny config with a catalog config's switch values) and merge it into ``data``;
     returns the merged file and the switches the new learning was made under."""
     from . import derive, files
@@ -104,11 +109,11 @@ def _merge_catalog(data, cfg, small, other, want, log):
 
     log(f"  merging the switches of a catalog config: {want}")
     try:
-        extra, _, _ = derive.learn_full(small, log=log)
+        extra, _, _ = derive.learn_full(small, log=log, known=known)
     except Exception as e:  # noqa: BLE001 - the switches contradict the tiny config's others: shrink the catalog's
         log(f"  the tiny config with these switches does not run ({str(e).splitlines()[0][:120]}); "
             "learning from the catalog config itself, shrunk")
-        extra, _, _ = derive.learn_full(shrink(dict(other)), log=log)
+        extra, _, _ = derive.learn_full(shrink(dict(other)), log=log, known=known)
     return files.merge(data, extra), extra.get("flags", {}).get("values") or {}
 
 

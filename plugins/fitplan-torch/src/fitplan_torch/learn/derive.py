@@ -694,37 +694,92 @@ def _string_alternatives(k: str, v: str, cls) -> list[str]:
     return [default] if isinstance(default, str) and default != v else []
 
 
-def structural_flags(base: dict[str, Any], variant: tuple[str, str], b: int, s: int, log, cls=None) -> dict[str, Any]:
-    """The config's true/false fields that change the recorded ops (biases, parallel blocks, q/k norms)
-    and its string fields that do (the activation, DeepSeek's ``topk_method``), with their values here;
-    the file is learned for these values (``fitplan learn-architecture`` on a config with others adds
-    them, see :func:`.files.merge`)."""
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def switch_state(v: Any) -> Any:
+    """What a switch's value decides about the graph: the value itself for a true/false or string field,
+    only whether it is set for a number (``clip_qkv``: the clamps are recorded whatever the bound)."""
+    return (v is not None) if _is_number(v) or v is None else v
+
+
+def switch_term(k: str, v: Any) -> str:
+    """One switch's part of ``flags.when``: ``attention_bias``, ``not mlp_bias``, ``hidden_act == 'silu'``,
+    ``clip_qkv is not None`` (a number), ``clip_qkv is None``."""
+    if isinstance(v, bool):
+        return k if v else f"not {k}"
+    if v is None:
+        return f"{k} is None"
+    if _is_number(v):
+        return f"{k} is not None"
+    return f"{k} == {v!r}"
+
+
+def _numeric_switch(k: str, v: Any, cls) -> bool:
+    """A number whose config class leaves it unset by default (OLMo's ``clip_qkv``, Gemma's logit
+    softcapping): setting it may add ops, so unsetting it is the value to try."""
+    from . import configrules
+
+    return _is_number(v) and cls is not None and k in configrules.class_defaults(cls) \
+        and configrules.class_defaults(cls)[k] is None
+
+
+def structural_flags(base: dict[str, Any], variant: tuple[str, str], b: int, s: int, log, cls=None,
+                     known: dict[str, Any] | None = None, others: tuple[tuple[str, str], ...] = (),
+                     skip: set[str] = frozenset()) -> dict[str, Any]:
+    """The config's true/false fields that change the recorded ops (biases, parallel blocks, q/k norms),
+    its string fields that do (the activation, DeepSeek's ``topk_method``) and its numbers that do when
+    unset (``clip_qkv``; tried under ``variant`` and ``others``: an eager-only softcapping; not a size or a
+    regime's field, in ``skip``), with their
+    values here; ``known`` numeric switches this config leaves unset are recorded as unset. The file is
+    learned for these values (the bundle learns a catalog config's others and merges them, see
+    :func:`.files.merge`)."""
     ref = signature(run(base, variant[0], variant[1], b, s))
+    refs: dict[tuple[str, str], Any] = {}
     out: dict[str, Any] = {}
     for k, v in base.items():
         if k in SWITCH_SKIP or k in STRING_SKIP or k.startswith("_"):
             continue
+        tries = [variant]
         if isinstance(v, bool):
             alts: list[Any] = [not v]
         elif isinstance(v, str) and cls is not None:
             alts = _string_alternatives(k, v, cls)
+        elif _numeric_switch(k, v, cls) and k not in skip:
+            alts, tries = [None], [variant, *others]
         else:
             continue
-        for alt in alts:
-            try:
-                sig = signature(run({**base, k: alt}, variant[0], variant[1], b, s))
-            except Exception:  # noqa: BLE001 - the other value is not allowed: not a switch
-                continue
-            if sig != ref:
-                out[k] = v
-                break
+        if _differs(base, k, alts, tries, ref, refs, b, s):
+            out[k] = v
+    for k, v in (known or {}).items():
+        if _is_number(v) and base.get(k) is None:
+            out[k] = None
     return out
 
 
+def _names(expr: str | None) -> list[str]:
+    return re.findall(r"[A-Za-z_][A-Za-z_0-9]*", expr or "")
+
+
+def _differs(base, k, alts, tries, ref, refs, b, s) -> bool:
+    """Whether giving ``k`` one of ``alts`` changes the recorded ops under one of ``tries``."""
+    for i, var in enumerate(tries):
+        want = ref if i == 0 else refs.setdefault(var, signature(run(base, var[0], var[1], b, s)))
+        for alt in alts:
+            try:
+                sig = signature(run({**base, k: alt}, var[0], var[1], b, s))
+            except Exception:  # noqa: BLE001 - the other value is not allowed: not a switch
+                continue
+            if sig != want:
+                return True
+    return False
+
+
 def flag_condition(flags: dict[str, Any]) -> str | None:
-    """The file's ``flags.when``: ``attention_bias and not mlp_bias and hidden_act == 'silu'``."""
-    parts = [(k if v else f"not {k}") if isinstance(v, bool) else f"{k} == {v!r}" for k, v in flags.items()]
-    return " and ".join(parts) or None
+    """The file's ``flags.when``: ``attention_bias and not mlp_bias and hidden_act == 'silu' and clip_qkv
+    is not None``."""
+    return " and ".join(switch_term(k, v) for k, v in flags.items()) or None
 
 
 def toggles(base: dict[str, Any], cls) -> list[list[Regime]]:
@@ -791,8 +846,9 @@ def learn(config: dict[str, Any], **kw) -> dict[str, Any]:
 
 
 def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int = 2, s: int = 16,
-               regimes: bool = True, first_only: bool = False):
-    """:func:`learn`, also returning the per-variant results and regimes (for :mod:`.verify`)."""
+               regimes: bool = True, first_only: bool = False, known: dict[str, Any] | None = None):
+    """:func:`learn`, also returning the per-variant results and regimes (for :mod:`.verify`); ``known``:
+    switches an earlier learning of this type found (see :func:`structural_flags`)."""
     import itertools
 
     import peft
@@ -840,7 +896,9 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
             log(f"  {precision}/{attn}: not supported by this model ({str(e).splitlines()[0][:90]})")
             continue
         supported.append((precision, attn))
-    flags = structural_flags(base, supported[0], b, s, log, cls)
+    others = tuple(v for v in supported if v[1] != supported[0][1])[:1]
+    flags = structural_flags(base, supported[0], b, s, log, cls, known, others,
+                             skip=set(variables) | {n for sw in switches for r in sw for n in _names(r.when)})
     flag_when = flag_condition(flags)
     if flags:
         log(f"  switches that change the graph, learned as given: {flags}")
