@@ -86,7 +86,7 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
         base = with_default_targets(base, arch)  # else LoRA is not searched (_choices): peft needs targets named
     flat = sc.flatten(base)
     policies = policies or PolicySet([], ctx.registry)
-    setup, st, arch = _prepare(base, flat, ctx, space, objective, headroom, policies, set(fixed), top, stats)
+    setup, st = _prepare(base, arch, flat, ctx, space, objective, headroom, policies, set(fixed), top, stats)
     ch = setup.choices
     outer_total, outer_done = len(ch["method"]) * len(ch["precision"]) * len(ch["optim"]), 0
     for method in ch["method"]:
@@ -112,11 +112,11 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
     return _result(setup, st, flat, given, headroom, arch)  # the scenario as given: its command line
 
 
-def _prepare(base: sc.Scenario, flat: dict[str, Any], ctx, space: SearchSpace, objective: str,
+def _prepare(base: sc.Scenario, arch, flat: dict[str, Any], ctx, space: SearchSpace, objective: str,
              headroom: str | float, policies: PolicySet, fixed: set[str], top: int,
-             stats: Stats) -> tuple[_Search, Staged, Any]:
-    """Check the request, resolve the fixed inputs, build the staged evaluations and the choices per loop."""
-    from fitplan.estimation import build_inputs, resolve_arch
+             stats: Stats) -> tuple[_Search, Staged]:
+    """Check the request (``arch``: the base's resolved architecture), resolve the fixed inputs, build the staged evaluations and the choices per loop."""
+    from fitplan.estimation import build_inputs
 
     if objective not in OBJECTIVES:
         from fitplan.errors import unknown
@@ -129,7 +129,6 @@ def _prepare(base: sc.Scenario, flat: dict[str, Any], ctx, space: SearchSpace, o
     needs_time = objective in ("cost", "time")
     _check_request(objective, needs_time, roles, flat)
     frac, hbytes = parse_headroom(headroom)
-    arch = resolve_arch(base, rules)
     tp = flat["tensor_parallel"]
     probe = base if (flat["num_gpus"] * flat["num_nodes"]) % tp == 0 else base.replace(num_gpus=tp, num_nodes=1)
     inputs = build_inputs(probe, registry, rules, arch)
@@ -153,7 +152,7 @@ def _prepare(base: sc.Scenario, flat: dict[str, Any], ctx, space: SearchSpace, o
                     {gid: u - max(int(u * frac), hbytes) for gid, u in usable.items()}, usable, tp, flat["fsdp"],
                     policies, Collector(top), stats, optim_specs, optim_rank, values,
                     Namespace(values, None, None, policies.vocabulary))
-    return setup, st, arch
+    return setup, st
 
 
 def _check_request(objective: str, needs_time: bool, roles: dict[str, str | None], flat: dict[str, Any]) -> None:
