@@ -26,9 +26,13 @@ mask in the input dtype, CUDA in one byte). The forward of every architecture is
   used twice (a tied embedding) gets its gradient once both contributions are summed (AccumulateGrad
   waits in its input buffer), otherwise AccumulateGrad steals the incoming gradient;
 * gradient checkpointing (non-reentrant, HF ``GradientCheckpointingLayer``) keeps each layer's
-  arguments and re-runs the layer's forward when the backward first unpacks one of its saved tensors,
-  up to its last op that saves something ("early stop": before that op's outputs when it saves only
-  inputs); the re-run frees what the forward freed, the stop releases what the layer's frames held.
+  arguments and re-runs the layer's forward when the backward first unpacks one of its saved tensors
+  (a saved frozen weight counts: the checkpoint's pack hook wraps every saved tensor), up to its last op
+  that saves something ("early stop": before that op's outputs when it saves only inputs); the re-run
+  frees what the forward freed, the stop releases what the layer's frames held;
+* an in-place op on a view whose result requires grad (``key[..., :d].copy_(k)``) rebases the view's base
+  on a ``CopySlices`` node: the base's readers send their gradient there, and its backward allocates a
+  copy of that gradient at the base's size and a clone of the slice (:mod:`.learned_graph`).
 
 Identical consecutive layers are built once and weighted: layer 0 alone (under LoRA its input does not
 require grad), then one block of the layer pattern's period standing for its repetitions, then any
@@ -207,6 +211,9 @@ class Op:
     """The kernels the op launches (:class:`fitplan.builtin.op_work.Work`; None: none)."""
     unit: int = -1
     """The decoder layer the op belongs to (-1: outside the layers): the unit gradient checkpointing re-runs."""
+    saves_param: bool = False
+    """The op's node saves a parameter (a frozen weight for its input's gradient): not counted as an activation,
+    but packed and unpacked like any saved tensor (a checkpoint's hooks see it)."""
 
 
 class Trace:
@@ -295,7 +302,8 @@ class Trace:
             pg += nb
         self.ops.append(Op(name, self.seg, reads, allocs, sv, tuple(t for t in outs if t.rg),
                            tuple(t for t, _ in grad_ins), tuple(k for _, k in grad_ins), tuple(pentries), pg,
-                           bwd_temp if node else 0, work=work, unit=self.unit))
+                           bwd_temp if node else 0, work=work, unit=self.unit,
+                           saves_param=any(t is not None and t.sid < 0 for t in saved)))
 
     def finish(self) -> None:
         """Drop what dead nodes saved (:meth:`drop_dead_saves`), mark each parameter's last use in the backward
@@ -400,6 +408,8 @@ def build_afresh(spec: TraceSpec) -> StepTrace:
 def replay(tr: Trace) -> StepTrace:
     """Walk the recorded forward, then the backward, counting live bytes (see the module doc)."""
     ops, size, nseg = tr.ops, tr.size, len(tr.seg_names)
+    if DEBUG is not None:
+        DEBUG.append(("replay", tr.spec))
     weight, ckpt = tr.seg_weight, tr.seg_ckpt
     alloc_seg: dict[int, int] = {}
     last_read: dict[int, int] = {}
@@ -588,7 +598,9 @@ def replay(tr: Trace) -> StepTrace:
         seg_parts.append([live_v[0], live_v[1], live_v[2], state["live"] + extra - saved])
         if DEBUG is not None:
             DEBUG.append(("backward", name, state["live"] + extra + grads["live"] + state["phantom"] + grads["phantom"],
-                          state["live"], extra, grads["live"]))
+                          state["live"], extra, grads["live"],
+                          tuple((tr.label[sid], size[sid], cat_of[sid]) for sid in alive),
+                          tuple(b[0] for b in pending.values())))
 
     def flush(sg: int, start: tuple[int, int], start_v: list[int]) -> None:
         nonlocal ph_v
@@ -622,14 +634,14 @@ def replay(tr: Trace) -> StepTrace:
 
     def recompute(sg: int, unit: int) -> None:
         """Non-reentrant checkpoint's recomputation (torch/utils/checkpoint.py, torch 2.13): the layer's forward
-        runs again until it has packed as many saved tensors as the original forward ("early stop": the pack
-        hook raises ``_StopRecomputationError``). Tensors live as long as the model's Python code holds them
+        runs again until it has packed as many saved tensors as the original forward, parameters included
+        ("early stop": the pack hook raises ``_StopRecomputationError``). Tensors live as long as the model's Python code holds them
         (the recorded lifetimes, holds past the stop included) until the stop unwinds the layer's frames,
         which frees every recomputed tensor nothing saved. Autograd packs an op's inputs before its kernel
         runs and its outputs after (torchgen ``gen_variable_type.py``): a last op saving only inputs stops
         before allocating its outputs."""
         seg_ops = [(i, op) for i, op in enumerate(ops) if op.seg == sg and op.unit == unit]  # one layer's checkpoint
-        last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved), default=-1)
+        last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved or op.saves_param), default=-1)
         if last_saving < 0:
             return
         stop = seg_ops[last_saving][1]
@@ -683,8 +695,10 @@ def replay(tr: Trace) -> StepTrace:
             seg_start_v = list(live_v)
         incoming = [pending.pop(t.key, None) for t in op.outs]
         bufs = [b for b in incoming if b is not None]
-        if ckpt[seg] and op.unit not in entered and bufs and op.saved:
-            # the first backward op of the layer that unpacks a saved tensor triggers the recomputation; the
+        if ckpt[seg] and op.unit not in entered and bufs and (op.saved or op.saves_param):
+            # the first backward op of the layer that unpacks a saved tensor (a frozen weight too: the checkpoint's
+            # pack hook wraps every saved tensor, torch/utils/checkpoint.py _checkpoint_hook) triggers the
+            # recomputation; the
             # layer's ops saving nothing (residual adds, views, LoRA's scaling) ran their backward before it
             entered.add(op.unit)
             recompute(seg, op.unit)
