@@ -82,3 +82,59 @@ def test_one_kv_head_without_enable_gqa_takes_the_math_path():
     # bytes retained; 512 of them are two 1-element int64 index tensors per layer (``qkv[..., [-2], :]``), which
     # the learned file records as constants
     assert e["saved_for_backward_bytes"] == 4_469_103_116 - 32 * 2 * 8
+
+
+def _timeline(name: str, precision: str, attn: str, *, ckpt: bool = False, b: int = 2, s: int = 128) -> list:
+    from fitplan.builtin import step_trace
+
+    arch = load_config_json(CONFIGS / name / "config.json")
+    step_trace.DEBUG = timeline = []
+    try:
+        step_trace.build_afresh(TraceSpec(arch, b, s, precision, attn, ckpt, "full", 8, (), 0.0, "cpu", 512))
+    finally:
+        step_trace.DEBUG = None
+    return timeline
+
+
+def test_copy_into_slices_of_a_new_buffer_backpropagates_through_copy_slices():
+    # DeepSeek-V3's expand_kv fills its keys with key[..., :nope].copy_(k_nope), key[..., nope:].copy_(k_rot) into
+    # a new_empty buffer; the attention reads the whole buffer, so its gradient goes to the base's CopySlices
+    # node (tensor.cpp CopySlices_apply_functional, torch 2.13): ``result`` (a copy of the incoming gradient at
+    # the base's size) plus a contiguous clone of the slice, which copy_'s backward passes to src; the second
+    # copy also computes zeros for the slice (its base requires grad after the first copy) and hands ``result``
+    # on; the first drops it (the new_empty buffer never required grad).
+    b, s, heads, nope, rope, f = 2, 128, 4, 16, 64, 4  # tiny-deepseek-v3, 32-true
+    base = b * heads * s * (nope + rope) * f  # 327,680
+    timeline = _timeline("tiny-deepseek-v3", "32-true", "eager")
+    copies = [e for e in timeline if e[0] == "backward" and e[1] == "copy_"]
+    # per layer, in backward order: the second copy (zeros for the rope slice as its temporary), then the first
+    # (``result`` dropped: the base's size as its temporary)
+    assert [e[4] for e in copies] == [b * heads * s * rope * f, base] * 2
+    # every gradient reaches a leaf: none is left waiting for a node that never runs (before: the key buffer's)
+    assert [e for e in timeline if e[0] == "end" and e[1].startswith("pending")] == [("end", "pending: ", 0)]
+
+
+def test_math_sdpa_keeps_its_fp32_copies_until_it_returns():
+    # _scaled_dot_product_attention_math on 16-bit CPU inputs: q, k, v upcast to fp32 are C++ locals freed when the
+    # function returns, after the output's cast (torch 2.13, torch.profiler allocator events); under autocast,
+    # the 16-bit casts of q, k, v are the autocast wrapper's locals, alive as long. tiny-deepseek-v3 takes the math
+    # path (q/k head dim 16 + 64, v 16); its rotary output is fp32 under autocast, so q is cast to bf16 first.
+    from fitplan.builtin.archfile import load
+    from fitplan.builtin.learned_graph import Builder
+    from fitplan.builtin.step_trace import Trace
+
+    b, s, heads, qk = 2, 128, 4, 16 + 64
+    for precision, autocast_q in (("bf16-true", 0), ("bf16-mixed", b * heads * s * qk * 2)):
+        arch = load_config_json(CONFIGS / "tiny-deepseek-v3" / "config.json")
+        tr = Trace(TraceSpec(arch, b, s, precision, "sdpa", False, "full", 8, (), 0.0, "cpu", 512))
+        Builder(tr, load(arch.model_type), dict(arch.symbols)).run()
+        names = [op.name for op in tr.ops]
+        cast = names.index("sdpa.math_out_cast")
+        hold = tr.ops[cast + 1]  # the return: what the function's frames held goes now
+        held = sorted((tr.label[sid], tr.size[sid]) for sid in hold.reads)
+        expected = [("sdpa.math_acc", b * heads * s * qk * 4)] * 2 + [("sdpa.math_causal_mask", s * s * 4)]
+        expected += [("sdpa.math_weights_cast", b * heads * s * s * 2)]
+        assert hold.name == "hold" and held == sorted(expected), precision
+        after = tr.ops[cast + 2]  # then the casts autocast made around the call
+        got = sorted(tr.size[sid] for sid in after.reads) if after.name == "hold" else []
+        assert sum(got) == autocast_q, precision

@@ -377,6 +377,8 @@ class _Instance:
             t = tr.view(bt, numel)
             t.dtype = dtype
             t.param = False
+            if label != "_unsafe_view":  # an autograd view (``_unsafe_view``'s result is a tensor of its own)
+                t.base = bt.base if bt.base is not None else bt  # in-place writes to it rebase its base
         t.shape = shape
         return t
 
@@ -468,21 +470,30 @@ class _Instance:
             tr.kind_default = "autocast"
         out_ts = []
         inplace = []
+        written_views = []
         override = kernels.cuda_output_dtypes(name, ins, b.spec.device)
         for j, r in enumerate(outs):
             if r in self.refs:  # in place: a new version of the same storage
                 old = self.refs[r]
                 nt = tr.view(old)
+                nt.base = old.base
                 self.refs[r] = nt
                 out_ts.append(nt)
                 if not old.rg:
                     inplace.append(nt)
+                if old.base is not None and not old.param:
+                    written_views.append(old)
             else:
                 t = self.new_tensor(self.seg["t"][int(r[1:])], name, override.get(j))
                 self.refs[r] = t
                 out_ts.append(t)
         tr.kind_default = prev
+        bases = {id(v): self._current_base(v) for v in written_views}
+        base_rg = {k: bt is not None and bt.rg for k, bt in bases.items()}
         b.emit(name, ins, out_ts, extra=extra)
+        for v in written_views:
+            if bases[id(v)] is not None and tr.ops and any(t.rg for t in tr.ops[-1].outs):
+                self._copy_slices(tr.ops[-1], v, bases[id(v)], base_rg[id(v)])
         for t in inplace:
             if t.rg and t.sid >= 0:
                 self._inplace_requires_grad(t.sid)
@@ -491,6 +502,49 @@ class _Instance:
             # weight under LoRA is cast at every use and freed after it)
             for t in out_ts:
                 tr.uncached.add(t.sid)
+
+    def _current_base(self, view):
+        """The tensor ``view`` is a view of, at its current version (the ref the model's code holds): the one it was
+        taken from when the model still holds that, else the storage's other non-view tensor."""
+        owners = [t for t in self.refs.values() if t is not None and t.sid == view.sid and t.base is None and not t.param]
+        return view.base if any(t is view.base for t in owners) else next(iter(owners), None)
+
+    def _copy_slices(self, op, view, base, base_rg: bool) -> None:
+        """An in-place op on a view whose result requires grad (``key[..., :d].copy_(k)``): autograd rebases the
+        *base*'s history on a ``CopySlices`` node wrapping the op's backward (``rebase_history``), and the tensors
+        that read the base afterwards send their gradient there. Its backward (torch 2.13,
+        torch/csrc/autograd/functions/tensor.cpp ``CopySlices_apply_functional``) allocates ``result``, a copy of
+        the incoming gradient at the base's size, and passes a contiguous clone of the view's slice of it to the
+        op's backward; the op's gradients for its other inputs are computed from that clone (``copy_``'s ``src``
+        gets the clone itself, ``grad.to(src_options)``), its gradient for the view (zeros for ``copy_``) is
+        copied into ``result``'s slice, and ``result`` goes on as the gradient of the base's previous version,
+        or is dropped when that version did not require grad (a ``new_empty`` buffer). The recorded op becomes
+        that node: it receives the new base version's gradient and gives new buffers."""
+        nb = self.b.tr.view(base)
+        nb.rg = True
+        for r, t in list(self.refs.items()):
+            if t is base:
+                self.refs[r] = nb
+        grad_ins, kinds = [], []
+        temp, clone_given = 0, False
+        for t, k in zip(op.grad_ins, op.grad_kinds):
+            if t is view:  # the view's own gradient: computed (new) or the clone passed through, then copied in
+                temp += view.nbytes if k < 0 else 0
+                continue
+            if k >= 0 and not clone_given:
+                clone_given = True  # the clone itself goes on
+            grad_ins.append(t)
+            kinds.append(-1)
+        if not clone_given:
+            temp += view.nbytes  # the clone, freed when the op's backward returns
+        if base_rg:
+            grad_ins.append(base)
+            kinds.append(-1)
+        else:
+            temp += base.nbytes  # ``result``, dropped
+        op.outs = (nb,)
+        op.grad_ins, op.grad_kinds = tuple(grad_ins), tuple(kinds)
+        op.bwd_temp += temp
 
     def _inplace_requires_grad(self, sid: int) -> None:
         """An in-place op whose result requires grad (``key[..., :d].copy_(k)`` into a ``new_empty`` buffer, as
