@@ -121,10 +121,14 @@ def sdpa(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
     tr = b.tr
     named = dict(ins)
     q, k, v, mask = named.get("query"), named.get("key"), named.get("value"), named.get("attn_mask")
+    given = (q, k, v, mask)
     p = _p(inst, extra)
     if b.mixed:
         q, k, v = (_cast(inst, t, b.compute, "sdpa.autocast") for t in (q, k, v))
     mask = _float_mask(inst, mask, q)
+    # autocast's casts and the converted mask are locals of the calls around the kernel (autocast_mode.cpp's
+    # wrapper, attention.cpp ``scaled_dot_product_attention``): alive until the math path returns
+    made = [t for t in (q, k, v, mask) if t is not None and t not in given]
     out = inst.new_tensor(inst.seg["t"][int(out_refs[0][1:])])
     out.dtype = q.dtype
     inst.refs[out_refs[0]] = out
@@ -144,6 +148,7 @@ def sdpa(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
             b.emit("_scaled_dot_product_flash_attention_for_cpu", args, [out, lse], label="sdpa")
             return
         _math(inst, q, k, v, mask, out, p, s, gqa_ok)
+        tr.touch(*made)
         return
     # cuda/sdp_utils.cpp: flash (check_for_attn_mask, 16-bit, head dim <= 256) accepts grouped-query attention
     # when enable_gqa asks for it (check_batch_size_and_num_heads_dense<true>); memory-efficient attention
@@ -162,6 +167,7 @@ def sdpa(inst, ins, out_refs: list[str], extra: dict[str, Any]) -> None:
         b.emit("_scaled_dot_product_efficient_attention", eargs, [out, lse, seed], label="sdpa.efficient")
         return
     _math(inst, q, k, v, mask, out, p, s, gqa_ok)
+    tr.touch(*made)
 
 
 def _heads(q, k, v, enable_gqa: bool) -> tuple[bool, bool]:
@@ -222,7 +228,11 @@ def _math(inst, q, k, v, mask, out, p: float, s: int, gqa: bool = False) -> None
     (``pre_process_group_query_attention_input``); without it (one k/v head) ``at::matmul`` broadcasts them:
     ``expand`` then ``reshape`` to (b * heads, ...), a view when the batch is 1, else a copy. The function
     returns ``(out.to(dtype), attn.to(dtype))``: for 16-bit inputs the attention weights' 16-bit copy is made
-    before the product with v and dropped when the call returns."""
+    before the product with v and dropped when the call returns, with the function's other locals: the fp32
+    copies of q and k and the materialised mask stay alive until then (measured under the torch profiler's
+    allocator events, torch 2.13: freed after the output's cast). The mask is added in place (``attn.add_``);
+    under a ``TorchDispatchMode`` (the referee's counter) ``areAnyTensorSubclassLike`` is true and the function
+    takes its out-of-place branch instead (docs/accuracy.md)."""
     b = inst.b
     tr = b.tr
     orig = q.dtype
@@ -269,8 +279,8 @@ def _math(inst, q, k, v, mask, out, p: float, s: int, gqa: bool = False) -> None
         b.emit("_to_copy", [("self", o)], [out], label="sdpa.math_out_cast")
     else:
         b.emit("clone", [("self", o)], [out], label="sdpa.math_out_copy")
-    if weights is not dropped:
-        tr.touch(weights)
+    # the C++ locals (the fp32 copies of q and k, the causal mask, the 16-bit weights) live until the call returns
+    tr.touch(*(t for t in (qm, km, weights, cmask) if t is not None and t not in (q, k, dropped, mask)))
 
 
 def _broadcast(inst, t, numel: int, batch: int, label: str):
