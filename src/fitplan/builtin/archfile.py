@@ -24,6 +24,10 @@ from .archexpr import ExprError, compile_expr
 FORMAT = 1
 BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "bool": 1, "u8": 1, "i8": 1, "f64": 8, "i16": 2, "c64": 8}
 """Bytes per element of each dtype code the learned files use."""
+FLOAT = ("f32", "bf16", "f16", "f64", "c64")
+"""The dtypes autograd differentiates: floating and complex (``isDifferentiableType``,
+torch/csrc/autograd/variable.h, torch 2.13). Complex counts: Llama-4's and DeepSeek-V2's rotary embedding
+multiplies ``view_as_complex`` views, and q and k keep requiring grad through them."""
 BUNDLED = Path(__file__).resolve().parents[1] / "_rulesets" / "architectures"
 if not BUNDLED.is_dir():
     BUNDLED = Path(__file__).resolve().parents[3] / "rulesets" / "architectures"

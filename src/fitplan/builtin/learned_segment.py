@@ -1,0 +1,274 @@
+"""Replaying one segment of a learned file (the prologue, a decoder layer, the epilogue) op by op.
+
+:class:`~.learned_graph.Builder` holds what a scenario shares (its parameters, dtypes, LoRA targets, the
+autograd table); a :class:`Segment` walks one recorded segment's ops in order: it resolves each op's
+references (its own tensors, parameters and buffers, the prologue's outputs), creates the tensors the op
+returns (new storages, views, in-place versions), hands the op to ``Builder.emit`` for what autograd saves,
+places the scenario's substitutions at ``nn.Linear`` call sites (:mod:`.kernels`: LoRA, QLoRA, ZeRO-3's
+``F.linear``), and lets each tensor go when the model's Python code does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from .archexpr import compile_expr
+from . import kernels
+from .archfile import FLOAT
+
+if TYPE_CHECKING:
+    from .learned_graph import Builder
+
+
+class Segment:
+    """One instantiation of a segment (the prologue, a layer, the epilogue)."""
+
+    def __init__(self, b: "Builder", seg: dict[str, Any], args: list[Any], layer: int | None) -> None:
+        self.b = b
+        self.seg = seg
+        self.layer = layer
+        self.env = b.env if layer is None else {**b.env, "i": layer}
+        self.refs: dict[str, Any] = {f"a{j}": t for j, t in enumerate(args)}
+        self.site_end: dict[int, list[dict[str, Any]]] = {}
+        self.site_start: dict[int, list[dict[str, Any]]] = {}
+        for site in seg.get("sites", []):
+            self.site_end.setdefault(site["end"], []).append(site)
+            self.site_start.setdefault(site["start"], []).append(site)
+
+    def ref(self, r: str | None):
+        if r is None:
+            return None
+        t = self.refs.get(r)
+        if t is not None:
+            return t
+        b = self.b
+        if r.startswith(("p:", "b:")):
+            name = r[2:]
+            concrete = name.replace("{i}", str(self.layer)) if self.layer is not None else name
+            if r[0] == "p" and b.param_targets:
+                mult = next((m for leaf, m in b.param_targets.items() if name.endswith("." + leaf)), None)
+                if mult is not None:
+                    t = kernels.param_lora(self, concrete, name, mult)
+                    self.refs[r] = t  # the parametrized weight, cached for the owning module's forward
+                    return t
+            return b.param(concrete, name) if r[0] == "p" else b.buffer(concrete, name)
+        if r.startswith("x:"):
+            return b.externals[r[2:]]
+        if r.startswith("P"):
+            return b.prologue.refs["t" + r[1:]]
+        if r.startswith("t"):
+            entry = self.seg["t"][int(r[1:])]
+            if entry[2] == "const":  # a constant the model keeps (not a buffer): alive before the step
+                shape = tuple(int(compile_expr(d)(self.env)) for d in entry[0])
+                t = b.tr.external_tensor(math.prod(shape), b.dt(entry[1]), "constant")
+                t.shape = shape
+                self.refs[r] = t
+                return t
+        raise KeyError(f"unknown reference {r!r}")
+
+    def new_tensor(self, entry: list[Any], label: str = "t", dtype: str | None = None):
+        dims, base = entry[0], entry[2]
+        shape = tuple(int(compile_expr(d)(self.env)) for d in dims)
+        numel = math.prod(shape)
+        dtype = dtype or self.b.dt(entry[1])
+        tr = self.b.tr
+        if base is None:
+            t = tr.new(numel, dtype, False, label)
+        elif base == "const":
+            t = tr.external_tensor(numel, dtype, "constant")
+        else:
+            bt = self.ref(base)
+            t = tr.view(bt, numel)
+            t.dtype = dtype
+            t.param = False
+            if label != "_unsafe_view":  # an autograd view (``_unsafe_view``'s result is a tensor of its own)
+                t.base = bt.base if bt.base is not None else bt  # in-place writes to it rebase its base
+        t.shape = shape
+        return t
+
+    def run(self) -> None:
+        b, tr, seg = self.b, self.b.tr, self.seg
+        tensors = seg["t"]
+        die: dict[str, Any] = seg.get("die", {})
+        deaths_at: dict[int, list[str]] = {}
+        for r, k in die.items():
+            if isinstance(k, int):
+                deaths_at.setdefault(k, []).append(r)
+        logits_from = seg.get("logits_from")
+        skip: set[int] = set()
+        quantized = {}
+        if b.spec.method == "qlora":
+            # bitsandbytes replaces the nn.Linear / Conv1D modules of the decoder layers (the LM head and the
+            # modules outside the layers stay in 16-bit: transformers' get_keys_to_not_convert; a subclass
+            # of nn.Linear is not replaced: integrations/bitsandbytes.py:189)
+            for site in seg.get("sites", []):
+                if "{i}" in site["module"] and not site.get("custom"):
+                    quantized[site["start"]] = site
+        embed = seg.get("embed_out") if b.lora and b.spec.checkpointing else None
+        for k, op in enumerate(seg["ops"]):
+            if logits_from is not None and k >= logits_from:
+                tr.kind_default = "logits"
+            site = quantized.get(k)
+            if b.spec.linear_saves_input and site is None:
+                for s in self.site_start.get(k, ()):
+                    kernels.zero3_linear_input(self, s)
+            if site is not None:
+                kernels.qlora_linear(self, site)
+                skip.update(range(site["start"] + 1, site["end"] + 1))
+            elif k not in skip:
+                self.op(op)
+            for s in self.site_end.get(k, ()):
+                self._site_output(s)
+                kernels.lora_site(self, s)
+            if embed is not None and embed in self.refs:
+                self._input_requires_grad(self.refs[embed])
+                embed = None
+            self._deaths(deaths_at.get(k))
+        tr.kind_default = "activation"
+        for r, k in die.items():
+            if k == "F":
+                t = self.refs.get(r) if r.startswith(("t", "a")) else self.ref(r)
+                if t is not None and t.sid >= 0 and t.sid not in tr.uncached:
+                    tr.pinned.add(t.sid)
+
+    def _input_requires_grad(self, t) -> None:
+        """peft + checkpointing: ``enable_input_require_grads()`` hooks the input embedding so that its output
+        requires grad as it is returned, before the ops after it run (GPT-2's position add, an embedding
+        dropout, Gemma's scaling: those then save and pass gradients); a leaf, kept by AccumulateGrad until
+        the backward ends."""
+        t.rg = True
+        self.b.tr.leaves.add(t.sid)
+        self.b.embed_out = t
+
+    def _site_output(self, site: dict[str, Any]) -> None:
+        """The call site's output is what its module returns (the weight is read through a transposed copy, which
+        is not the parameter): recorded for the trace's ``param_ops``."""
+        out = self.refs.get(site["output"]) or self.ref(site["output"])
+        if out is not None:
+            module = site["module"].replace("{i}", str(self.layer)) if self.layer is not None else site["module"]
+            self.b.tr.param_outs.setdefault(module + ".weight", []).append(out)
+
+    def op(self, op: list[Any]) -> None:
+        b, tr = self.b, self.b.tr
+        name, args, outs = op[0], op[1], op[2]
+        extra = op[3] if len(op) > 3 else {}
+        ins = []
+        for an, v in args:
+            ins.append((an, [self.ref(x) for x in v] if isinstance(v, list) else self.ref(v)))
+        pseudo = extra.get("pseudo")
+        if pseudo == "dropout":
+            kernels.dropout(self, ins, outs, extra)
+            return
+        if pseudo == "sdpa":
+            kernels.sdpa(self, ins, outs, extra)
+            return
+        if name == "_to_copy" and len(outs) == 1 and outs[0] not in self.refs and ins and ins[0][1] is not None:
+            src = ins[0][1]
+            if self.b.dt(self.seg["t"][int(outs[0][1:])][1]) == src.dtype:
+                # ``x.to(dtype)`` when x already has it (fp32 runs of a graph recorded in 16-bit) returns x
+                self.refs[outs[0]] = src
+                return
+        weight_cast = name == "_to_copy" and b.mixed and ins and ins[0][1] is not None and ins[0][1].param
+        prev = tr.kind_default
+        if weight_cast:
+            tr.kind_default = "autocast"
+        out_ts = []
+        inplace = []
+        written_views = []
+        override = kernels.cuda_output_dtypes(name, ins, b.spec.device)
+        for j, r in enumerate(outs):
+            if r in self.refs:  # in place: a new version of the same storage
+                old = self.refs[r]
+                nt = tr.view(old)
+                nt.base = old.base
+                self.refs[r] = nt
+                out_ts.append(nt)
+                if not old.rg:
+                    inplace.append(nt)
+                if old.base is not None and not old.param:
+                    written_views.append(old)
+            else:
+                t = self.new_tensor(self.seg["t"][int(r[1:])], name, override.get(j))
+                self.refs[r] = t
+                out_ts.append(t)
+        tr.kind_default = prev
+        bases = {id(v): self._current_base(v) for v in written_views}
+        base_rg = {k: bt is not None and bt.rg for k, bt in bases.items()}
+        b.emit(name, ins, out_ts, extra=extra)
+        for v in written_views:
+            if bases[id(v)] is not None and tr.ops and any(t.rg for t in tr.ops[-1].outs):
+                self._copy_slices(tr.ops[-1], v, bases[id(v)], base_rg[id(v)])
+        for t in inplace:
+            if t.rg and t.sid >= 0:
+                self._inplace_requires_grad(t.sid)
+        if weight_cast and not ins[0][1].rg:
+            # autocast caches a weight's 16-bit copy only when the weight requires grad (a frozen base
+            # weight under LoRA is cast at every use and freed after it)
+            for t in out_ts:
+                tr.uncached.add(t.sid)
+
+    def _current_base(self, view):
+        """The tensor ``view`` is a view of, at its current version (the ref the model's code holds): the one it was
+        taken from when the model still holds that, else the storage's other non-view tensor."""
+        owners = [t for t in self.refs.values() if t is not None and t.sid == view.sid and t.base is None and not t.param]
+        return view.base if any(t is view.base for t in owners) else next(iter(owners), None)
+
+    def _copy_slices(self, op, view, base, base_rg: bool) -> None:
+        """An in-place op on a view whose result requires grad (``key[..., :d].copy_(k)``): autograd rebases the
+        *base*'s history on a ``CopySlices`` node wrapping the op's backward (``rebase_history``), and the tensors
+        that read the base afterwards send their gradient there. Its backward (torch 2.13,
+        torch/csrc/autograd/functions/tensor.cpp ``CopySlices_apply_functional``) allocates ``result``, a copy of
+        the incoming gradient at the base's size, and passes a contiguous clone of the view's slice of it to the
+        op's backward; the op's gradients for its other inputs are computed from that clone (``copy_``'s ``src``
+        gets the clone itself, ``grad.to(src_options)``), its gradient for the view (zeros for ``copy_``) is
+        copied into ``result``'s slice, and ``result`` goes on as the gradient of the base's previous version,
+        or is dropped when that version did not require grad (a ``new_empty`` buffer). The recorded op becomes
+        that node: it receives the new base version's gradient and gives new buffers."""
+        nb = self.b.tr.view(base)
+        nb.rg = True
+        for r, t in list(self.refs.items()):
+            if t is base:
+                self.refs[r] = nb
+        grad_ins, kinds = [], []
+        temp, clone_given = 0, False
+        for t, k in zip(op.grad_ins, op.grad_kinds):
+            if t is view:  # the view's own gradient: computed (new) or the clone passed through, then copied in
+                temp += view.nbytes if k < 0 else 0
+                continue
+            if k >= 0 and not clone_given:
+                clone_given = True  # the clone itself goes on
+            grad_ins.append(t)
+            kinds.append(-1)
+        if not clone_given:
+            temp += view.nbytes  # the clone, freed when the op's backward returns
+        if base_rg:
+            grad_ins.append(base)
+            kinds.append(-1)
+        else:
+            temp += base.nbytes  # ``result``, dropped
+        op.outs = (nb,)
+        op.grad_ins, op.grad_kinds = tuple(grad_ins), tuple(kinds)
+        op.bwd_temp += temp
+
+    def _inplace_requires_grad(self, sid: int) -> None:
+        """An in-place op whose result requires grad (``key[..., :d].copy_(k)`` into a ``new_empty`` buffer, as
+        DeepSeek's ``expand_kv`` fills its keys) makes the base require grad and with it every view of that
+        storage, earlier or later: autograd rebases the base's history on ``CopySlices`` and a differentiable
+        view requires grad when its base does (torch/csrc/autograd/variable.cpp, ``rebase_history``;
+        ``DifferentiableViewMeta::requires_grad``). The ops that read them afterwards then save what PyTorch
+        saves (``bmm`` saves its other operand only when this one requires grad)."""
+        for t in self.refs.values():
+            if t is not None and t.sid == sid and not t.rg and not t.param and t.dtype in FLOAT:
+                t.rg = True
+
+    def _deaths(self, refs: list[str] | None) -> None:
+        if not refs:
+            return
+        ts = []
+        for r in refs:
+            t = self.refs.get(r) if r.startswith(("t", "a")) else self.ref(r)
+            if t is not None and t.sid >= 0:
+                ts.append(t)
+        if ts:
+            self.b.tr.touch(*ts)
