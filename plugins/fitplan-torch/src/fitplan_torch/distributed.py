@@ -185,6 +185,9 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, rc_dict: dict[s
     rc = _rc_from_dict(rc_dict)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    from . import gloo_settle
+
+    gloo_settle.settle_collectives()  # a collective's buffers go when the caller drops them (see the module)
     try:
         result = _rank_body(rc, steps, fake_tensors=False)
         partial = os.path.join(out_dir, f"rank{rank}.json.part")
