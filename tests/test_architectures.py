@@ -190,6 +190,29 @@ def test_switches_not_learned_are_refused(tmp_path):
     assert "attention_bias" in e.value.message and "learn-architecture" in e.value.suggestion
 
 
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
+def test_a_held_size_is_refused_at_another_value(model_type, tmp_path, cli):
+    # DeepseekV2Config / DeepseekV3Config set head_dim to qk_rope_head_dim (transformers 5.24), so no probe can
+    # change the rotary width alone: the learner holds it at the tiny config's (the published) 64 and the file
+    # serves only that value. V2's class overwrites a stated head_dim (not held: it follows); V3's keeps a stated
+    # one, and the model runs only when it equals the rotary width (held too). 32 is refused, naming the field.
+    from fitplan.builtin.archfile import load
+
+    held = {"qk_rope_head_dim": 64, **({"head_dim": 64} if model_type == "deepseek_v3" else {})}
+    assert load(model_type).data["held"] == held
+    cfg = json.loads(Path(tiny(model_type)).read_text())
+    assert cfg["qk_rope_head_dim"] == 64
+    fitplan.estimate(model=tiny(model_type))
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**cfg, "qk_rope_head_dim": 32, "head_dim": 32}))
+    with pytest.raises(FitplanError) as e:
+        fitplan.estimate(model=str(p))
+    assert e.value.field == f"$.{min(held)}" and e.value.value == 32 and "learn-architecture" in e.value.suggestion
+    assert "qk_rope_head_dim = 32" in e.value.message
+    proc = cli("estimate", "--model", str(p))
+    assert proc.returncode == 2 and "qk_rope_head_dim" in proc.stderr and "Traceback" not in proc.stderr
+
+
 # --------------------------------------------------------------------------- expressions
 
 

@@ -147,8 +147,8 @@ def test_fsdp_rank_zero_states_keep_one_step_scalar_per_tensor():
 def test_weights_the_model_keeps_in_fp32_count_4_bytes_with_their_gradients_and_states():
     # DeepSeek-V3's router weight is created with dtype=torch.float32 (modeling_deepseek_v3.py, TopkRouter) and
     # listed in _keep_in_fp32_modules_strict: fp32 in a bf16 model, so is its gradient, and AdamW's
-    # zeros_like(p) states. tiny-deepseek-v3: one MoE layer (2 layers, first_k_dense_replace 1), 4 experts x 64.
-    router = 4 * 64
+    # zeros_like(p) states. tiny-deepseek-v3: one MoE layer (2 layers, first_k_dense_replace 1), 8 experts x 64.
+    router = 8 * 64
     kw = dict(model=config("tiny-deepseek-v3"), device="cpu")
     bf16 = fitplan.estimate(precision="bf16-true", **kw)
     n = bf16["param_count"]

@@ -205,6 +205,16 @@ class ArchFile:
                 ok = False
             if not ok:
                 raise FitplanError(f"{msg} ({expr})", file=file, field=f"$.{field}", value=env.get(field))
+        held = self.data.get("held") or {}
+        stated = {name: env.get(name, c.get(name)) for name in held}  # held values are constants, not symbols
+        off = [name for name, value in held.items() if stated[name] is not None and stated[name] != value]
+        if off:
+            served = ", ".join(f"{name} = {value!r}" for name, value in held.items())
+            raise FitplanError(f"the learned {self.model_type} file serves only {served}; this config has "
+                               + ", ".join(f"{name} = {stated[name]!r}" for name in off)
+                               + " (the learner could not vary these alone: its sizes hold them as constants)",
+                               file=file, field=f"$.{off[0]}", value=stated[off[0]],
+                               suggestion="learn this config: fitplan learn-architecture CONFIG --install")
         return env
 
     # ------------------------------------------------------------------ parameters

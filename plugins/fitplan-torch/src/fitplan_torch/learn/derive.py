@@ -175,6 +175,24 @@ def alternatives(name: str, v):
     return out
 
 
+def derived_by_config(cfg: dict[str, Any], name: str, val) -> bool:
+    """Whether the config class ignores ``name`` as written and sets it from other fields (DeepseekV3Config's
+    ``head_dim = qk_rope_head_dim``): no alternative value survives into the resolved config. Such a field is
+    not a size the file must hold (a config.json stating another value is still served)."""
+    seen = False
+    for alt in alternatives(name, val):
+        c = copy.deepcopy(cfg)
+        put_var(c, name, alt)
+        try:
+            resolved = get_var(hf_config(c).to_dict(), name)
+        except Exception:  # noqa: BLE001 - the config class refuses this value: no evidence either way
+            continue
+        if resolved != val:
+            return False
+        seen = True
+    return seen
+
+
 def signature(rec: Recording) -> list[Any]:
     return [(o["name"], len(o["outs"]), tuple(len(rec.tensors[t]["shape"]) for t in o["outs"]),
              tuple(rec.tensors[t]["dtype"] for t in o["outs"])) for o in rec.ops]
@@ -205,9 +223,12 @@ class Probe:
 
 
 def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, regime, ref_sig,
-                precision: str, attn: str, log) -> tuple[list[Probe], dict[str, int], list[Recording]]:
+                precision: str, attn: str, log) -> tuple[list[Probe], dict[str, int], list[Recording], dict[str, Any]]:
     """The base probe, one per variable (only it changes), and two joint probes; each must record the same
-    ops as the base. Variables that cannot change alone without changing the ops are held fixed."""
+    ops as the base. Variables that cannot change alone without changing the ops are held fixed: their value
+    is a constant in the sizes fitted from these probes (returned, by name, so that the file can refuse
+    another value)."""
+    held: dict[str, Any] = {}
     probes: list[Probe] = []
     recs: list[Recording] = []
     single: dict[str, int] = {}
@@ -265,7 +286,12 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
             recs.append(rec)
             break
         else:
-            log(f"    {name} held fixed at {val} (no other value keeps the same ops)")
+            if name in ("b", "s") or not derived_by_config(base, name, val):
+                log(f"    {name} held fixed at {val} (no other value keeps the same ops)")
+                if name not in ("b", "s"):
+                    held[name] = val
+            else:
+                log(f"    {name} follows from other fields (the config class overwrites it): not a variable")
     # joint probes: every variable that could change alone changes at once
     for mult in (0, 1):
         cfg = copy.deepcopy(base)
@@ -284,7 +310,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
         if rec is not None:
             probes.append(Probe(used, bb, ss, env_of(used, bb, ss)))
             recs.append(rec)
-    return probes, single, recs
+    return probes, single, recs, held
 
 
 # --------------------------------------------------------------------------- regimes
@@ -497,7 +523,9 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
         elif not differing:
             probe_vars = []
         log(f"    {len(reuse)} segment(s) as in [{ref['regime']}], probing {probe_vars or 'b, s only'}")
-    probes, single, recs = make_probes(base_cfg, probe_vars, b, s, regime, None, precision, attn, log)
+    probes, single, recs, held = make_probes(base_cfg, probe_vars, b, s, regime, None, precision, attn, log)
+    if ref is not None:
+        held = {**ref["held"], **held}
     floats = [k for k, v in probes[0].cfg.items() if isinstance(v, float)] + list(NESTED)
     for p in probes:
         p.env.update({k: get_var(p.cfg, k) for k in floats})
@@ -557,7 +585,7 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
         params, buffers = ref["params"], ref["buffers"]
     return {"cut": cut0, "rec": recs[0], "segments": segs, "params": params, "buffers": buffers, "sym": sym,
             "sites": sites, "meta": base_rec.meta, "probes": probes, "accumulate": base_rec.accumulate,
-            "fitter": fitter, "regime": regime.name}
+            "fitter": fitter, "regime": regime.name, "held": held}
 
 
 # --------------------------------------------------------------------------- the whole file
@@ -1032,11 +1060,22 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         "segments": segments,
         "accumulate_clone": sorted(n for n, how in ref["accumulate"].items() if how == "clone"),
         "flags": {"values": flags, "when": flag_when},
+        **held_sizes(results.values()),
         "autograd": _missing_rules(segments),
         "lora": {**peft_parameter_targets(model_type),
                  **_non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix)},
         "attn_implementations": sorted({a for _, a in supported}),
     }, results, entries_spec)
+
+
+def held_sizes(results) -> dict[str, Any]:
+    """The file's ``held``: config values no probe could change alone (the config class derives another field
+    from them, as DeepSeek's ``head_dim`` from ``qk_rope_head_dim``), constants in its sizes; the core refuses a
+    config with another value. Absent when there is none, so files without any are unchanged."""
+    held: dict[str, Any] = {}
+    for res in results:
+        held.update(res.get("held") or {})
+    return {"held": dict(sorted(held.items()))} if held else {}
 
 
 def _missing_rules(segments: dict[str, Any]) -> dict[str, Any]:

@@ -105,4 +105,7 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out["layers"] = {**a["layers"], "kinds": kinds}
     out["tied"] = a["tied"] + [t for t in b["tied"] if t not in a["tied"]]
     out["flags"] = {"values": None, "when": " or ".join(f"({c})" for c in out["combos"] if c) or None}
+    held = {**a.get("held", {}), **b.get("held", {})}
+    if held:
+        out["held"] = dict(sorted(held.items()))
     return out
