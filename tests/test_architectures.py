@@ -213,6 +213,23 @@ def test_a_held_size_is_refused_at_another_value(model_type, tmp_path, cli):
     assert proc.returncode == 2 and "qk_rope_head_dim" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_partial_rotary_that_changes_the_ops_is_refused(tmp_path):
+    # transformers 5.24 modeling_phi3.py rotates the first partial_rotary_factor * head_dim channels and
+    # concatenates the rest (q[..., rotary_dim:], empty at 1.0): the learner found no other value that records the
+    # same ops as the tiny config's 1.0 (Phi-3-mini/medium), so the file holds it. Phi-4-mini (phi3, 0.75) is
+    # refused until learned, rather than estimated with Phi-3's ops.
+    from fitplan.builtin.archfile import load
+
+    assert load("phi3").data["held"] == {"partial_rotary_factor": 1.0}
+    cfg = json.loads(Path(tiny("phi3")).read_text())
+    fitplan.estimate(model=tiny("phi3"))
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**cfg, "partial_rotary_factor": 0.75}))
+    with pytest.raises(FitplanError) as e:
+        fitplan.estimate(model=str(p))
+    assert (e.value.field, e.value.value) == ("$.partial_rotary_factor", 0.75)
+
+
 # --------------------------------------------------------------------------- expressions
 
 
