@@ -26,6 +26,7 @@ from typing import Any
 from .archexpr import compile_expr
 from .archfile import BYTES, FLOAT, ArchFile, autograd_table
 from . import kernels, op_work
+from .learned_segment import Segment
 from .lora_targets import lora_site_matches, parameter_targets
 
 _TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
@@ -304,9 +305,7 @@ class Builder:
         return tuple(lora_site_matches(m.replace("{i}", str(i)), self.spec.lora_targets, self.af)
                      for m in self.af.layer_sites)
 
-    def segment(self, seg: dict[str, Any], name: str, *, args: list[Any], layer: int | None) -> "Segment":
-        from .learned_segment import Segment
-
+    def segment(self, seg: dict[str, Any], name: str, *, args: list[Any], layer: int | None) -> Segment:
         inst = Segment(self, seg, args, layer)
         inst.run()
         return inst

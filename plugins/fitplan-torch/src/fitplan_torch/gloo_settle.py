@@ -19,6 +19,7 @@ the CPU.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -45,6 +46,7 @@ def settle_collectives() -> None:
 
 
 def _settled(fn):
+    @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any):
         out = fn(*args, **kwargs)
         if not kwargs.get("async_op"):
@@ -52,6 +54,4 @@ def _settled(fn):
         return out
 
     call._fitplan_settled = True  # type: ignore[attr-defined]
-    call.__wrapped__ = fn  # type: ignore[attr-defined]
-    call.__name__ = getattr(fn, "__name__", "collective")
     return call

@@ -17,6 +17,7 @@ import math
 import re
 from typing import Any
 
+from . import files
 from .fit import FitError, Fitter
 from .record import Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
 from .segments import Cut
@@ -286,12 +287,12 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
             recs.append(rec)
             break
         else:
-            if name in ("b", "s") or not derived_by_config(base, name, val):
-                log(f"    {name} held fixed at {val} (no other value keeps the same ops)")
-                if name not in ("b", "s"):
-                    held[name] = val
-            else:
+            if name not in ("b", "s") and derived_by_config(base, name, val):
                 log(f"    {name} follows from other fields (the config class overwrites it): not a variable")
+                continue
+            log(f"    {name} held fixed at {val} (no other value keeps the same ops)")
+            if name not in ("b", "s"):
+                held[name] = val
     # joint probes: every variable that could change alone changes at once
     for mult in (0, 1):
         cfg = copy.deepcopy(base)
@@ -1060,22 +1061,12 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         "segments": segments,
         "accumulate_clone": sorted(n for n, how in ref["accumulate"].items() if how == "clone"),
         "flags": {"values": flags, "when": flag_when},
-        **held_sizes(results.values()),
+        **files.held_sizes(results.values()),
         "autograd": _missing_rules(segments),
         "lora": {**peft_parameter_targets(model_type),
                  **_non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix)},
         "attn_implementations": sorted({a for _, a in supported}),
     }, results, entries_spec)
-
-
-def held_sizes(results) -> dict[str, Any]:
-    """The file's ``held``: config values no probe could change alone (the config class derives another field
-    from them, as DeepSeek's ``head_dim`` from ``qk_rope_head_dim``), constants in its sizes; the core refuses a
-    config with another value. Absent when there is none, so files without any are unchanged."""
-    held: dict[str, Any] = {}
-    for res in results:
-        held.update(res.get("held") or {})
-    return {"held": dict(sorted(held.items()))} if held else {}
 
 
 def _missing_rules(segments: dict[str, Any]) -> dict[str, Any]:

@@ -105,7 +105,16 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out["layers"] = {**a["layers"], "kinds": kinds}
     out["tied"] = a["tied"] + [t for t in b["tied"] if t not in a["tied"]]
     out["flags"] = {"values": None, "when": " or ".join(f"({c})" for c in out["combos"] if c) or None}
-    held = {**a.get("held", {}), **b.get("held", {})}
-    if held:
-        out["held"] = dict(sorted(held.items()))
+    out.update(held_sizes([a, b]))
     return out
+
+
+def held_sizes(parts) -> dict[str, Any]:
+    """The file's ``held``, from learnings or files that each may have one: config values no probe could change
+    alone (DeepSeek's ``qk_rope_head_dim``, which the config class copies into ``head_dim``; Phi-3's
+    ``partial_rotary_factor``), constants in the sizes; the core refuses a config with another value. Absent
+    when there is none, so files without any are unchanged."""
+    held: dict[str, Any] = {}
+    for part in parts:
+        held.update(part.get("held") or {})
+    return {"held": dict(sorted(held.items()))} if held else {}
