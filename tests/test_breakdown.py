@@ -80,7 +80,8 @@ def test_rows_are_alive_at_the_peak_not_component_totals():
     """At an optimizer-step peak the activations are gone: no activation row, the gradients whole; the step's
     temporaries are the foreach AdamW list (one state-sized tensor per parameter: the trainable bytes again); the
     logged 4-byte loss and the batch are "other"."""
-    est = fitplan.estimate(model="llama-2-7b", precision="32-true", per_device_train_batch_size=1, max_seq_length=256)
+    est = fitplan.estimate(model="llama-2-7b", precision="32-true", optim="adamw_torch", per_device_train_batch_size=1,
+                           max_seq_length=256)
     rows = _memory(est)["peak_breakdown_bytes"]
     assert est["peak_phase"] == "optimizer_step"
     assert rows.get("activations", 0) == 0

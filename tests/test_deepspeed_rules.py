@@ -21,7 +21,7 @@ DECAY = PSI - NO_DECAY
 
 
 def ds13b(**kw):
-    base = dict(model="llama-2-13b", precision="bf16-master", num_gpus=8, gpu="h100-sxm",
+    base = dict(model="llama-2-13b", precision="bf16-master", optim="adamw_torch", num_gpus=8, gpu="h100-sxm",
                 per_device_train_batch_size=4, max_seq_length=2048)
     return fitplan.estimate(**{**base, **kw})
 

@@ -75,7 +75,7 @@ def test_training_args_and_their_notes():
                     "num_train_epochs": 3.0}
     text = "\n".join(notes)
     assert "optim 'sgd_momentum' is not a TrainingArguments optimizer name" in text
-    assert "load the model with torch_dtype=torch.bfloat16" in text
+    assert "load the model with from_pretrained(..., dtype=torch.bfloat16)" in text  # transformers 5 names it dtype
     assert "loaded in 4-bit NF4" in text
 
 
@@ -94,7 +94,7 @@ def test_training_args_import(tmp_path):
                          "bf16": True, "num_train_epochs": 2, "max_steps": 500, "per_device_train_batchsize": 3})
     fields, warnings = training_args_fields(p, KNOWN)
     assert fields == {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 8, "gradient_checkpointing": True,
-                      "optim": "adamw_8bit", "num_train_epochs": 2.0, "precision": "bf16-mixed"}
+                      "optim": "adamw_8bit", "num_train_epochs": 2.0, "bf16": True}  # the preset: bf16 over the load dtype
     assert any("max_steps (500) is not modelled" in w for w in warnings)
     assert any("key 'per_device_train_batchsize' is ignored (did you mean 'per_device_train_batch_size'?)" in w
                for w in warnings)
@@ -106,7 +106,7 @@ def test_training_args_with_deepspeed_and_fsdp(tmp_path):
                      "train_micro_batch_size_per_gpu": "auto"}, "ds.json")
     p = write(tmp_path, {"bf16": True, "deepspeed": "ds.json", "per_device_train_batch_size": 2})
     fields, _ = training_args_fields(p, KNOWN)
-    assert fields == {"per_device_train_batch_size": 2, "precision": "bf16-master", "zero_stage": 2, "stack": "deepspeed",
+    assert fields == {"per_device_train_batch_size": 2, "bf16": True, "precision": "bf16-master", "zero_stage": 2, "stack": "deepspeed",
                       "offload_optimizer": True, "offload_params": False}
     inline = write(tmp_path, {"fp16": True, "deepspeed": {"zero_optimization": {"stage": 3}, "fp16": {"enabled": "auto"}}})
     assert training_args_fields(inline, KNOWN)[0]["precision"] == "16-master"

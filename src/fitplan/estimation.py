@@ -198,9 +198,54 @@ def with_default_targets(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Sce
     return attrs.evolve(s, lora=attrs.evolve(s.lora, lora_target_modules=found))
 
 
+def loaded_dtype(s: sc.Scenario, arch: architecture.ModelSpec) -> str:
+    """What ``from_pretrained`` loads the weights in (``fp32``/``bf16``/``fp16``): ``--dtype``, or with ``auto``
+    (transformers 5.24's default) the dtype the model's config states, float32 when it states none or when the
+    model is a bare parameter count."""
+    from fitplan.inputs.precision import dtype_code
+
+    if s.training.dtype != "auto":
+        return dtype_code(s.training.dtype)
+    return arch.checkpoint_dtype or "fp32"
+
+
+def with_precision(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Scenario:
+    """``s`` with its precision preset decided: the one the user named, else what the HF words select on the
+    loaded weights (:func:`fitplan.inputs.precision.hf_precision`: TrainingArguments' ``bf16``/``fp16`` over
+    :func:`loaded_dtype`, or DeepSpeed's optimizer when DeepSpeed runs); ``--assumptions seed`` is fp32.
+
+    :raises FitplanError: a named preset whose weights contradict an explicit ``--dtype``; fp16 autocast over
+        fp16 weights (torch's GradScaler refuses it)."""
+    from fitplan.inputs import stacks
+    from fitplan.inputs.precision import HF_WORD, PRESETS, hf_precision
+
+    t = s.training
+    if t.precision is not None:
+        p = PRESETS[t.precision]
+        if t.dtype != "auto" and not p.master and HF_WORD[p.weight_dtype] != t.dtype:
+            raise FitplanError(f"--precision {t.precision} holds {HF_WORD[p.weight_dtype]} weights but --dtype is "
+                               f"{t.dtype}", field="dtype", value=t.dtype,
+                               suggestion="give one of them: --precision (Lightning's presets) or the HF words "
+                                          "(--dtype with --bf16/--fp16)")
+        return s
+    if s.model.assumptions == "seed":
+        return s.replace(precision="32-true")
+    p, hw = s.parallel, s.hardware
+    dp = max(1, hw.num_gpus * hw.num_nodes // p.tensor_parallel)
+    deepspeed = stacks.resolve(p.stack, p.zero_stage, p.fsdp, p.offload_optimizer, p.offload_params, None, dp) == "deepspeed"
+    flag = "bf16" if t.bf16 else "fp16" if t.fp16 else None
+    return s.replace(precision=hf_precision(flag, loaded_dtype(s, arch), deepspeed=deepspeed))
+
+
+def resolve_defaults(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Scenario:
+    """``s`` with what the pinned stack decides when the user says nothing: peft's default LoRA targets
+    (:func:`with_default_targets`) and the precision preset (:func:`with_precision`)."""
+    return with_precision(with_default_targets(s, arch), arch)
+
+
 def build_inputs(s: sc.Scenario, registry: Registry, rules: Rulesets, arch: architecture.ModelSpec | None = None) -> dict[str, Any]:
     arch = arch or resolve_arch(s, rules)
-    s = with_default_targets(s, arch)
+    s = resolve_defaults(s, arch)
     optimizer = registry.resolve_optimizer(s.training.optim)
     check_scenario(s, arch, optimizer)
     flat = sc.flatten(s)
@@ -293,7 +338,7 @@ def evaluate(s: sc.Scenario, registry: Registry, rules: Rulesets, *, arch: archi
     """Evaluate the compiled graph for ``s`` (with peft's default LoRA targets when it names none)."""
     compiled = registry.compiled()
     arch = arch or resolve_arch(s, rules)
-    s = with_default_targets(s, arch)
+    s = resolve_defaults(s, arch)
     inputs = build_inputs(s, registry, rules, arch)
     values, applied = compiled.evaluate(inputs)
     warnings = scenario_warnings(s, inputs["arch"], inputs["gpu_spec"])

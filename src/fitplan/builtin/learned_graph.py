@@ -34,12 +34,19 @@ _TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 
 def dtype_map(precision: str) -> tuple[str, dict[str, str]]:
     """(recorded graph, dtype renaming) for a precision preset (:data:`fitplan.inputs.precision.PRESETS`):
-    autocast presets replay the graph recorded under autocast, the others the 16-bit graph with bf16
-    renamed to the preset's weight dtype."""
+    autocast over weights of another dtype replays the graph recorded under autocast (its weights, recorded
+    fp32, take the preset's weight dtype: :meth:`Builder.param`); the others the 16-bit graph with bf16 renamed
+    to the preset's weight dtype. Autocast over weights already in its dtype (``bf16-autocast``) is the 16-bit
+    graph: the lower-precision ops (``mm``, ``addmm``, SDPA, ...: torch/csrc/autocast_mode.cpp) find their inputs
+    in the compute dtype and cast nothing, and the models' own upcasts (RMSNorm, softmax, the loss) are in the
+    recorded ops. On CUDA, ops on autocast's fp32 list (``layer_norm``, ``softmax`` and ``log_softmax`` without a
+    dtype, ``pow``, ``rsqrt``, ...) would return fp32 for 16-bit inputs; the CPU referee's list has none of them
+    for the ops the bundled models record, so a CUDA step of a model calling ``nn.LayerNorm`` on 16-bit inputs
+    is modelled with 16-bit LayerNorm outputs (docs/memory-model.md, known misses)."""
     from fitplan.inputs.precision import PRESETS
 
     p = PRESETS[precision]
-    if p.autocast:
+    if p.autocast and p.weight_dtype != p.compute_dtype:
         return "mixed", {"bf16": _TRACE_DTYPE[p.compute_dtype]}
     return "16", {"bf16": _TRACE_DTYPE[p.weight_dtype]}
 
@@ -58,6 +65,9 @@ class Builder:
         self.mixed = self.graph_precision == "mixed"
         self.compute = self.dmap.get("bf16", "bf16")
         from fitplan.inputs.precision import PRESETS
+
+        self.weight = _TRACE_DTYPE[PRESETS[self.spec.precision].weight_dtype]
+        """The dtype the weights were loaded in (fp32 for ``*-mixed``; 16-bit for ``bf16-autocast-fp16w``)."""
 
         self.adapter = _TRACE_DTYPE[self.spec.adapter_dtype]
         """LoRA adapters' dtype (peft keeps them in fp32; TRL and DeepSpeed's module cast change it)."""
@@ -86,7 +96,7 @@ class Builder:
         if t is None:
             code = self.param_dtypes.get(template or name, "bf16")
             if self.mixed:
-                dtype = "f32" if code in ("bf16", "f32") else code
+                dtype = self.weight if code in ("bf16", "f32") else code
             else:
                 dtype = self.dt(code)
             numel = self.param_numel(template or name, name)

@@ -10,6 +10,9 @@ bf16-mixed 4       4     -      4      2 (autocast)
 16-mixed   4       4     -      4      2 (autocast)
 bf16-true  2       2     -      2      2
 16-true    2       2     -      2      2
+bf16-autocast 2    2     -      2      2 (autocast over bf16 weights: HF bf16=True, dtype auto)
+bf16-autocast-fp16w 2 2   -      2      2 (autocast over fp16 weights)
+16-autocast-bf16w 2 2     -      2      2 (fp16 autocast over bf16 weights)
 bf16-master 2      2     4      4      2 (DeepSpeed / Megatron)
 16-master  2       2     4      4      2
 ========== ======= ===== ====== ====== ===========

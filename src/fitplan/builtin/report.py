@@ -26,6 +26,7 @@ def memory_json(est) -> dict[str, Any]:
                if q.json_key.startswith("memory.per_gpu_bytes.") and name in v}
     return {
         "assumptions": est.scenario.model.assumptions,
+        "defaults": list(v.get("assumed_defaults") or ()),
         "parallel": stack_json(est),
         "model": {"name": arch.name, "family": arch.family, "param_count": v["param_count"],
                   "trainable_param_count": v["trainable_param_count"], "source": arch.source},
@@ -89,6 +90,7 @@ def memory_lines(est, units: str) -> list[tuple[str, str]]:
                   + (", grad. checkpointing" if s.training.gradient_checkpointing else "")),
         ("stack", stack),
         ("assumptions", s.model.assumptions),
+        *([("defaults", "; ".join(v["assumed_defaults"]))] if v.get("assumed_defaults") else []),
         ("peak (allocated)", f"{format_bytes(v['peak_bytes'], units)} at {v['peak_phase'].replace('_', ' ')}"
          + (f" [{v['memory_confidence']['peak']['short']}]" if v.get("memory_confidence") else "")),
         ("device total", format_bytes(v["device_total_bytes"], units) + " (peak + CUDA context + allocator reserve)"),

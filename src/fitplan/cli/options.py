@@ -18,7 +18,13 @@ HELP = {
     "params": "A bare parameter count instead of a model, e.g. 7B.",
     "method": "full | lora | qlora.",
     "assumptions": "realistic (default) | seed (the tutorial chapter's simplifications).",
-    "precision": "32-true | bf16-mixed | 16-mixed | bf16-true | 16-true | bf16-master | 16-master.",
+    "precision": "Lightning-style preset: 32-true | bf16-mixed | 16-mixed | bf16-true | 16-true | bf16-master | 16-master "
+                 "(and bf16-autocast, bf16-autocast-fp16w, 16-autocast-bf16w). Default: what --bf16/--fp16 and --dtype "
+                 "select, as the HF Trainer does.",
+    "dtype": "from_pretrained's dtype: auto (default, transformers 5.24: the checkpoint's dtype from its config) | "
+             "float32 | bfloat16 | float16 (torch.bfloat16 and bf16 accepted).",
+    "bf16": "HF TrainingArguments bf16=True: bf16 autocast over the loaded weights (under DeepSpeed: its bf16 optimizer).",
+    "fp16": "HF TrainingArguments fp16=True: fp16 autocast with a GradScaler (under DeepSpeed: its fp16 optimizer).",
     "optim": "HF TrainingArguments.optim: every transformers 5.24 OptimizerNames value (adamw_torch, adamw_torch_fused, "
              "adamw_8bit, paged_adamw_32bit, lion_8bit, adafactor, galore_adamw, lomo, ...; a few refused with the "
              "reason); `fitplan plugins` lists them.",
@@ -99,8 +105,6 @@ def scenario_options(func: Callable) -> Callable:
                 opt = click.option(flag, f.name, type=typ, default=None, help=help_text,
                                    cls=OptimOption if f.name == "optim" else click.Option)
             func = opt(func)
-    func = click.option("--bf16", "bf16", is_flag=True, default=False, help="HF TrainingArguments bf16=True: autocast with fp32 weights (= --precision bf16-mixed).")(func)
-    func = click.option("--fp16", "fp16", is_flag=True, default=False, help="HF TrainingArguments fp16=True (= --precision 16-mixed).")(func)
     func = click.option("--deepspeed", "deepspeed", type=click.Path(dir_okay=False), default=None, help="A DeepSpeed config JSON (ZeRO stage, offload, bf16/fp16, micro-batch).")(func)
     func = click.option("--training-args", "training_args", type=click.Path(dir_okay=False), default=None,
                         help="An HF TrainingArguments JSON (batch, accumulation, checkpointing, optim, bf16/fp16, epochs, deepspeed, fsdp).")(func)

@@ -95,6 +95,9 @@ class ModelSpec:
     source: str = ""
     bare_param_count: int | None = None
     """Set for ``--params 7B``: a count with no shapes (the seed's view of a model)."""
+    checkpoint_dtype: str | None = None
+    """The dtype the config states (``dtype``, or ``torch_dtype`` before transformers 4.56) as fitplan's short
+    name (``bf16``), or None when it states none: what ``from_pretrained(dtype="auto")`` loads (float32 then)."""
 
     @property
     def is_bare(self) -> bool:
@@ -306,7 +309,26 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         symbols=tuple(sorted((k, _hashable(v)) for k, v in env.items())),
         attn_implementations=tuple(af.data.get("attn_implementations") or ()),
         source=source,
+        checkpoint_dtype=config_dtype(c, file),
     )
+
+
+def config_dtype(c: dict[str, Any], file: str | None) -> str | None:
+    """The checkpoint dtype a config.json states: ``dtype`` (transformers >= 4.56 writes it) or ``torch_dtype``
+    (older configs; transformers 5.24 ``PretrainedConfig`` reads both), as ``fp32``/``bf16``/``fp16``; None when
+    absent or ``"auto"``. transformers 5.24 ``modeling_utils.py`` (``_get_dtype``) then takes the dtype of the
+    checkpoint's first floating tensor, which a config alone does not say: fitplan assumes float32 and says so."""
+    from fitplan.inputs.precision import dtype_code
+
+    for key in ("dtype", "torch_dtype"):
+        v = c.get(key)
+        if v is None or v == "auto":
+            continue
+        try:
+            return dtype_code(v, what=key)
+        except FitplanError as e:
+            raise FitplanError(e.message, file=file, field=f"$.{key}", value=v, suggestion=e.suggestion) from None
+    return None
 
 
 def _field(c: dict[str, Any], af: Any, name: str) -> Any:

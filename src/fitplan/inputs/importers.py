@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from fitplan.errors import FitplanError
-from fitplan.inputs.precision import MASTER_FOR_FLAG, MIXED_FOR_FLAG
+from fitplan.inputs.precision import MASTER_FOR_FLAG
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
@@ -195,8 +195,8 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tupl
     """Scenario fields from an HF ``TrainingArguments`` JSON (``TrainingArguments.to_json_string()`` or a
     hand-written ``args.json``), and warnings.
 
-    * ``bf16``/``fp16`` -> ``--precision bf16-mixed`` / ``16-mixed`` (autocast; the HF Trainer keeps fp32
-      weights); with a DeepSpeed config (``deepspeed``: a path, relative to this file, or an inline object)
+    * ``bf16``/``fp16`` -> the scenario's ``bf16``/``fp16``: autocast over the weights ``from_pretrained`` loads
+      (transformers 5.24: the checkpoint's dtype, ``fitplan.estimation.with_precision``); with a DeepSpeed config (``deepspeed``: a path, relative to this file, or an inline object)
       its ZeRO stage, offload and 16-bit optimizer (``bf16-master``) win;
     * ``fsdp`` (``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list) -> ``--fsdp``
       (and offload);
@@ -219,8 +219,8 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tupl
             raise bad(key, f"{key} must be true or false, got {v!r}")
     if bf16 and fp16:
         raise bad("fp16", "bf16 and fp16 are both true", "choose one (TrainingArguments refuses both)")
-    if bf16 or fp16:
-        out["precision"] = MIXED_FOR_FLAG["bf16" if bf16 else "fp16"]
+    if bf16 or fp16:  # the preset follows from the flag and the load dtype (estimation.with_precision)
+        out["bf16" if bf16 else "fp16"] = True
     if data.get("max_steps") not in (None, -1, 0):
         warnings.append(f"{p}: max_steps ({data['max_steps']}) is not modelled: fitplan's time comes from the dataset size "
                         "and num_train_epochs (or --total-tokens)")

@@ -17,7 +17,7 @@ from attrs import field, frozen
 
 from fitplan.errors import FitplanError
 from fitplan.inputs.convert import structure
-from fitplan.inputs.precision import PRECISIONS
+from fitplan.inputs.precision import PRECISIONS, dtype_code, load_dtype_word
 
 METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
@@ -140,18 +140,36 @@ class Training:
     gradient_accumulation_steps: int = field(default=1, validator=_at_least_one)
     max_seq_length: int = field(default=2048, validator=_at_least_one)
     gradient_checkpointing: bool = False
-    optim: str = field(default="adamw_torch", validator=_text)
+    optim: str = field(default="adamw_torch_fused", validator=_text)
+    """HF ``TrainingArguments.optim``; the default is transformers 5.24's on torch >= 2.8 (training_args.py
+    ``default_optim``: ``adamw_torch_fused``)."""
     optim_args: str = field(default="", validator=_text)
     """HF ``optim_args``: ``"rank=64,momentum=0.9"`` (GaLore/APOLLO rank, SGD/RMSprop momentum, torchao block_size)."""
     optim_target_modules: tuple[str, ...] = field(default=(), validator=lambda i, a, v: v == () or _module_names(i, a, v))
     """HF ``optim_target_modules`` (GaLore, APOLLO): module names, ``all-linear``, or one regular expression."""
-    precision: str = field(default="32-true", validator=_one_of(PRECISIONS))
+    precision: str | None = field(default=None, validator=_one_of((None, *PRECISIONS)))  # type: ignore[arg-type]
+    """A preset of :mod:`fitplan.inputs.precision` (Lightning's names), or None: what the HF words decide
+    (``bf16``, ``fp16`` and the load ``dtype``: :func:`fitplan.inputs.precision.hf_precision`)."""
+    dtype: str = field(default="auto", converter=load_dtype_word)
+    """``from_pretrained``'s ``dtype``: ``auto`` (transformers 5.24's default: the checkpoint's ``dtype`` /
+    ``torch_dtype``, float32 when its config states none), ``float32``, ``bfloat16`` or ``float16``."""
+    bf16: bool = False
+    """HF ``TrainingArguments.bf16``: bf16 autocast over the loaded weights (DeepSpeed: its bf16 optimizer)."""
+    fp16: bool = field(default=False)
+    """HF ``TrainingArguments.fp16``: fp16 autocast with a GradScaler (DeepSpeed: its fp16 optimizer)."""
     attn_implementation: str = field(default="sdpa", validator=_one_of(ATTN_IMPLEMENTATIONS))
     num_train_epochs: float = field(default=1.0, validator=_positive)
     tf32: bool = False
     """HF ``tf32``: fp32 matmuls on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``); off by default."""
     torch_compile: bool = False
     """HF ``torch_compile``: the model runs under ``torch.compile`` (Inductor fuses elementwise ops: time only)."""
+
+
+    @fp16.validator
+    def _one_flag(self, att: attrs.Attribute, value: bool) -> None:
+        if value and self.bf16:
+            raise FitplanError("Training.bf16 and Training.fp16 are both true: TrainingArguments refuses both",
+                               field="fp16", value=value, suggestion="choose one")
 
 
 @frozen
@@ -170,8 +188,10 @@ class Lora:
     """peft's ``get_peft_model(..., autocast_adapter_dtype=True)``: 16-bit adapters are upcast to fp32 (their
     GEMMs then run in fp32 without autocast). False keeps them in the base weights' dtype, as torchtune's
     LoRA modules are."""
-    bnb_4bit_compute_dtype: str | None = field(default=None, validator=_one_of((None, "fp32", "bf16", "fp16")))  # type: ignore[arg-type]
-    """transformers' ``BitsAndBytesConfig.bnb_4bit_compute_dtype`` (None: float32). bitsandbytes 0.50.2 computes in
+    bnb_4bit_compute_dtype: str | None = field(
+        default=None, converter=lambda v: None if v is None else dtype_code(v, what="bnb_4bit_compute_dtype"))
+    """transformers' ``BitsAndBytesConfig.bnb_4bit_compute_dtype`` (None: float32), in any spelling HF takes
+    (``bfloat16``, ``torch.bfloat16``, ``bf16``), kept as fitplan's short name. bitsandbytes 0.50.2 computes in
     the input's dtype whenever that is fp32 or bf16 (``Linear4bit.set_compute_type``): fitplan warns when it differs."""
     kbit_preparation: str = field(default="peft", validator=_one_of(KBIT_PREPARATION))
     """QLoRA: what the training script does after loading the 4-bit model (a stated assumption): ``peft``

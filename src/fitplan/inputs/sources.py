@@ -14,7 +14,6 @@ import attrs
 
 from fitplan.errors import FitplanError
 from fitplan.inputs import scenario as sc
-from fitplan.inputs.precision import MIXED_FOR_FLAG
 
 FLAG_NAMES = {"zero_stage": "--zero", "dataset_path": "--dataset", "dataset_text_field": "--text-field",
               "chat_template_path": "--chat-template", "dataset_split": "--split", "dataset_sample": "--sample"}
@@ -104,8 +103,8 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
     if bf16 and fp16:
         raise FitplanError("--bf16 and --fp16 are mutually exclusive (TrainingArguments refuses both)",
                            field="--bf16/--fp16")
-    if (bf16 or fp16) and "precision" not in flags and options.get("deepspeed") is None:
-        flags["precision"] = MIXED_FOR_FLAG["bf16" if bf16 else "fp16"]  # under DeepSpeed, its config decides
+    if bf16 or fp16:  # TrainingArguments' flags: the preset follows from them and the load dtype (estimation.with_precision)
+        flags["bf16" if bf16 else "fp16"] = True
     overrides: dict[str, Any] = {}
     warnings: list[str] = []
     if options.get("training_args") is not None:
@@ -114,8 +113,8 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
         overrides.update(fields)
     if options.get("deepspeed") is not None:
         stated = bf16 or fp16 or options.get("training_args")
-        ta_bf16 = bf16 or overrides.get("precision", "").startswith("bf16")
-        ta_fp16 = fp16 or overrides.get("precision", "").startswith("16")
+        ta_bf16 = bf16 or bool(overrides.get("bf16"))
+        ta_fp16 = fp16 or bool(overrides.get("fp16"))
         overrides.update(deepspeed_fields(_path(options["deepspeed"], "--deepspeed"), bf16=ta_bf16 if stated else None,
                                           fp16=ta_fp16 if stated else None, warnings=warnings))
     overrides.update(flags)
@@ -123,26 +122,11 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
     for key, value in base.items():
         fixed |= set(value) if key in sc.SECTIONS and isinstance(value, dict) else {key}
     s = scenario_from_dict(merge(base, overrides), file=scenario_file)
-    if (bf16 or fp16) and "precision" not in flags_given(options):
-        s = _hf_flag_under_stack(s, "bf16" if bf16 else "fp16")
     return FromOptions(s, tuple(options.get("ruleset_dirs") or ()), frozenset(fixed), tuple(warnings))
 
 
 def flags_given(options: dict[str, Any]) -> set[str]:
     return {k for k, v in options.items() if v is not None and k in sc.FIELD_SECTION}
-
-
-def _hf_flag_under_stack(s: sc.Scenario, flag: str) -> sc.Scenario:
-    """``--bf16``/``--fp16`` are the HF TrainingArguments flags: under DeepSpeed they enable its 16-bit optimizer
-    (16-bit weights, fp32 master weights: ``*-master``), elsewhere torch AMP (``*-mixed``)."""
-    from fitplan.inputs import stacks
-    from fitplan.inputs.precision import MASTER_FOR_FLAG
-
-    p, hw = s.parallel, s.hardware
-    dp = max(1, hw.num_gpus * hw.num_nodes // p.tensor_parallel)
-    if stacks.resolve(p.stack, p.zero_stage, p.fsdp, p.offload_optimizer, p.offload_params, s.training.precision, dp) == "deepspeed":
-        return s.replace(precision=MASTER_FOR_FLAG[flag])
-    return s
 
 
 def _path(text: str, flag: str) -> str:

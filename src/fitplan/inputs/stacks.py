@@ -43,13 +43,14 @@ FSDP1_STRATEGY_ENV_DEFAULT = "full_shard"
 
 
 def resolve(stack: str | None, zero_stage: int, fsdp: str | None, offload_optimizer: bool, offload_params: bool,
-            precision: str, data_parallel: int) -> str:
-    """The stack that runs: the explicit ``--stack``, else what the other flags imply (module doc)."""
+            precision: str | None, data_parallel: int) -> str:
+    """The stack that runs: the explicit ``--stack``, else what the other flags imply (module doc); ``precision``
+    None: not decided yet (the HF words decide it once the stack is known)."""
     if stack:
         return stack
     if fsdp:
         return "fsdp2"
-    if zero_stage or offload_optimizer or offload_params or PRESETS[precision].master:
+    if zero_stage or offload_optimizer or offload_params or (precision is not None and PRESETS[precision].master):
         return "deepspeed"
     return "ddp" if data_parallel > 1 else "none"
 

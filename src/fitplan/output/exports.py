@@ -65,7 +65,7 @@ def deepspeed_config(s: sc.Scenario) -> dict[str, Any]:
                            field="--emit deepspeed", value=s.training.precision,
                            suggestion="emit training-args (and accelerate) instead")
     p, t = s.parallel, s.training
-    preset = PRESETS[t.precision]
+    flag = hf_flag(s)  # DeepSpeed's 16-bit optimizer: the flag of a *-master preset, or TrainingArguments' flag
     zero: dict[str, Any] = {"stage": p.zero_stage}
     if p.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -84,8 +84,8 @@ def deepspeed_config(s: sc.Scenario) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": t.per_device_train_batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
         "train_batch_size": t.per_device_train_batch_size * t.gradient_accumulation_steps * world(s),
-        "bf16": {"enabled": preset.master and preset.hf_flag == "bf16"},
-        "fp16": {"enabled": preset.master and preset.hf_flag == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        "bf16": {"enabled": flag == "bf16"},
+        "fp16": {"enabled": flag == "fp16", "loss_scale": 0, "initial_scale_power": 16},
         "zero_optimization": zero,
         "steps_per_print": 100,
         "wall_clock_breakdown": False,
@@ -93,11 +93,32 @@ def deepspeed_config(s: sc.Scenario) -> dict[str, Any]:
     return out
 
 
+def hf_flag(s: sc.Scenario) -> str | None:
+    """TrainingArguments' 16-bit flag (``bf16``/``fp16``) for a scenario: its preset's, or the flag the user gave
+    when the preset is not decided yet (the HF words: ``bf16``/``fp16`` over the load dtype)."""
+    t = s.training
+    if t.precision is None:
+        return "bf16" if t.bf16 else "fp16" if t.fp16 else None
+    return PRESETS[t.precision].hf_flag
+
+
+def load_dtype_note(s: sc.Scenario) -> str | None:
+    """What loading the model needs that TrainingArguments cannot say: the load dtype, when it is not what
+    ``from_pretrained(dtype="auto")`` would pick by itself."""
+    t = s.training
+    word = t.dtype if t.precision is None else PRESETS[t.precision].torch_dtype
+    if word in (None, "auto"):
+        return None
+    how = f"--dtype {t.dtype}" if t.precision is None else f"--precision {t.precision}"
+    return (f"load the model with from_pretrained(..., dtype=torch.{word}) (or dtype=\"auto\" on a {word} checkpoint); "
+            f"TrainingArguments has no key for it; fitplan reads it back with {how}")
+
+
 def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """HF ``TrainingArguments`` keys for a plan, and notes on what they cannot carry (to pass as flags or
     model-loading arguments)."""
     t, p = s.training, s.parallel
-    preset = PRESETS[t.precision]
+    flag = hf_flag(s)
     notes: list[str] = []
     out: dict[str, Any] = {
         "output_dir": "outputs",
@@ -105,8 +126,8 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
         "gradient_checkpointing": t.gradient_checkpointing,
         "optim": t.optim,
-        "bf16": preset.hf_flag == "bf16",
-        "fp16": preset.hf_flag == "fp16",
+        "bf16": flag == "bf16",
+        "fp16": flag == "fp16",
         "num_train_epochs": t.num_train_epochs,
     }
     if t.tf32:
@@ -114,9 +135,9 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
     if t.optim not in HF_OPTIMIZERS:
         notes.append(f"optim {t.optim!r} is not a TrainingArguments optimizer name: pass it to the Trainer as a "
                      f"custom optimizer (fitplan reads it back with --optim {t.optim})")
-    if preset.torch_dtype:
-        notes.append(f"precision {t.precision}: load the model with torch_dtype=torch.{preset.torch_dtype} (pure 16-bit training; "
-                     f"TrainingArguments has no key for it; fitplan reads it back with --precision {t.precision})")
+    note = load_dtype_note(s)
+    if note:
+        notes.append(note)
     if uses_deepspeed(s):
         out["deepspeed"] = deepspeed_file or FILENAMES["deepspeed"]
     if p.fsdp:
@@ -140,7 +161,7 @@ def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
     """An ``accelerate launch --config_file`` YAML for a plan."""
     n, m = s.hardware.num_gpus, s.hardware.num_nodes
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False}
-    mixed = PRESETS[s.training.precision].hf_flag or "no"
+    mixed = hf_flag(s) or "no"
     if uses_deepspeed(s):
         ds: dict[str, Any] = {"deepspeed_config_file": deepspeed_file or FILENAMES["deepspeed"]}
         if s.parallel.zero_stage == 3:

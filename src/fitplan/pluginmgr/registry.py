@@ -41,6 +41,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.time",
     "fitplan.builtin.dataset",
     "fitplan.builtin.confidence",
+    "fitplan.builtin.defaults",
     "fitplan.builtin.cost",
     "fitplan.builtin.seed",
     "fitplan.builtin.names",

@@ -3,8 +3,8 @@
 * the model: ``AutoConfig.for_model(**config.json)`` + ``AutoModelForCausalLM.from_config(config,
   dtype=..., attn_implementation=...)``. transformers 5 builds in the config's ``torch_dtype`` unless
   told otherwise, so the dtype is always passed.
-* precision presets: ``32-true`` fp32 weights; ``bf16-true``/``16-true`` 16-bit weights (optimizer
-  states follow the parameter dtype); ``bf16-mixed``/``16-mixed`` fp32 weights + ``torch.autocast``.
+* precision presets (fitplan.inputs.precision): the weights in the preset's weight dtype (optimizer states
+  follow the parameter dtype), ``torch.autocast`` in its compute dtype for the autocast presets.
   ``*-master`` (DeepSpeed-style fp32 master weights) has no plain-PyTorch equivalent: refused.
 * method: full; LoRA through peft's ``LoraConfig``; QLoRA through bitsandbytes (:mod:`.qlora`: CUDA or its CPU
   backend; not under FakeTensorMode).
@@ -24,30 +24,31 @@ from fitplan import FitplanError
 
 from . import _deps
 
-PARAM_DTYPE = {"32-true": "float32", "bf16-true": "bfloat16", "16-true": "float16",
-               "bf16-mixed": "float32", "16-mixed": "float32"}
-AUTOCAST_DTYPE = {"bf16-mixed": "bfloat16", "16-mixed": "float16"}
-
-
 def param_dtype(precision: str):
+    """The torch dtype the preset's weights are loaded in (fitplan.inputs.precision's table)."""
+    from fitplan.inputs.precision import HF_WORD, PRESETS
+
     torch = _deps.torch()
-    name = PARAM_DTYPE.get(precision)
-    if name is None:
+    p = PRESETS[precision]
+    if p.master:
         raise FitplanError(
             f"precision {precision!r} cannot be validated in plain PyTorch: fp32 master weights with 16-bit "
             "weights are what DeepSpeed / Megatron optimizers do, not torch.optim",
             field="precision", value=precision,
             suggestion="validate bf16-true (same weights, gradients) or bf16-mixed (torch AMP) instead")
-    return getattr(torch, name)
+    return getattr(torch, HF_WORD[p.weight_dtype])
 
 
 def autocast(precision: str, device_type: str):
-    """``torch.autocast`` for ``*-mixed`` presets, else a null context."""
+    """``torch.autocast`` in the compute dtype for the autocast presets (``*-mixed``, ``*-autocast*``: what
+    accelerate's ``mixed_precision`` wraps the forward in), else a null context."""
+    from fitplan.inputs.precision import HF_WORD, PRESETS
+
     torch = _deps.torch()
-    name = AUTOCAST_DTYPE.get(precision)
-    if name is None:
+    p = PRESETS[precision]
+    if not p.autocast:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device_type, dtype=getattr(torch, name))
+    return torch.autocast(device_type=device_type, dtype=getattr(torch, HF_WORD[p.compute_dtype]))
 
 
 def hf_config(cfg: dict[str, Any], attn_implementation: str):
