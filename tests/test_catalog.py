@@ -151,6 +151,10 @@ PUBLISHED_DTYPES = {
     # google/gemma-2-9b (a base Gemma 2 checkpoint stored in float32, unlike its -it sibling):
     # NVIDIA-NeMo/Megatron-Bridge tests/unit_tests/models/gemma/test_gemma2_bridge.py
     "gemma-2-9b": "float32",
+    # microsoft/Phi-3.5-mini-instruct: mlc-ai/mlc-llm python/mlc_llm/model/model_preset.py ("phi-3_5")
+    "phi-3.5-mini": "bfloat16",
+    # openai/gpt-oss-20b states none (its config.json has no torch_dtype key): public copies of that file
+    "gpt-oss-20b": None,
 }
 
 
