@@ -139,6 +139,36 @@ def test_names_resolve_without_ambiguity(rs):
     assert rs.model_entry("Meta-Llama/Meta-Llama-3-8B").id == "llama-3-8b"
 
 
+# The checkpoint dtype that from_pretrained(dtype="auto") loads the weights in: the "torch_dtype" of the published
+# config.json, float32 where it states none. Typed in from public copies of those config.json files:
+PUBLISHED_DTYPES = {
+    # meta-llama/Llama-2-7b-hf: scaleapi/llm-engine model-engine/tests/unit/domain/test_llm_use_cases.py
+    "llama-2-7b": "float16",
+    # meta-llama/Llama-3.1-8B: citsjtu2020/LLM-Prof sglang/Model_Config.md
+    "llama-3.1-8b": "bfloat16",
+    # openai-community/gpt2 states none: mlc-ai/mlc-llm python/mlc_llm/model/model_preset.py ("gpt2")
+    "gpt2": None,
+    # google/gemma-2-9b (a base Gemma 2 checkpoint stored in float32, unlike its -it sibling):
+    # NVIDIA-NeMo/Megatron-Bridge tests/unit_tests/models/gemma/test_gemma2_bridge.py
+    "gemma-2-9b": "float32",
+    # microsoft/Phi-3.5-mini-instruct: mlc-ai/mlc-llm python/mlc_llm/model/model_preset.py ("phi-3_5")
+    "phi-3.5-mini": "bfloat16",
+    # openai/gpt-oss-20b states none (its config.json has no torch_dtype key): public copies of that file
+    "gpt-oss-20b": None,
+}
+
+
+@pytest.mark.parametrize("name,expected", PUBLISHED_DTYPES.items())
+def test_published_checkpoint_dtypes(rs, name, expected):
+    assert rs.model_entry(name).config.get("torch_dtype") == expected
+
+
+def test_catalog_dtypes_are_torch_dtype_names(rs):
+    """A stated dtype is one of the names a config.json writes (``str(torch.bfloat16).split(".")[1]``)."""
+    stated = {mid: m.config["torch_dtype"] for mid, m in rs.models.items() if "torch_dtype" in m.config}
+    assert stated and set(stated.values()) <= {"float32", "bfloat16", "float16"}, stated
+
+
 # ------------------------------------------------------------------------------------------------ GPUs
 
 # DOMAIN.md §5: id -> (bandwidth GB/s, bf16 or fp16 dense TFLOPS, fp32 TFLOPS, fp8 or None, NVLink GB/s or None)
