@@ -101,6 +101,9 @@ def scenario_options(func: Callable) -> Callable:
             func = opt(func)
     func = click.option("--bf16", "bf16", is_flag=True, default=False, help="HF TrainingArguments bf16=True: autocast with fp32 weights (= --precision bf16-mixed).")(func)
     func = click.option("--fp16", "fp16", is_flag=True, default=False, help="HF TrainingArguments fp16=True (= --precision 16-mixed).")(func)
+    func = click.option("--accelerate-config", "accelerate_config", type=click.Path(dir_okay=False), default=None,
+                        help="An accelerate config YAML (what `accelerate config` writes: distributed type, mixed "
+                             "precision, processes, machines, FSDP or DeepSpeed settings).")(func)
     func = click.option("--deepspeed", "deepspeed", type=click.Path(dir_okay=False), default=None, help="A DeepSpeed config JSON (ZeRO stage, offload, bf16/fp16, micro-batch).")(func)
     func = click.option("--training-args", "training_args", type=click.Path(dir_okay=False), default=None,
                         help="An HF TrainingArguments JSON (batch, accumulation, checkpointing, optim, bf16/fp16, epochs, deepspeed, fsdp).")(func)
