@@ -323,3 +323,13 @@ def test_accelerate_export_reads_back(tmp_path, kw, expected):
     out = accelerate_fields(f, [])
     assert (out["stack"], out.get("fsdp"), out["offload_optimizer"], out["num_gpus"], out["num_nodes"]) == expected
     assert out["precision"] == kw["precision"]
+
+
+def test_train_batch_size_inside_training_args(tmp_path):
+    # the same assertion when the ds_config comes inline through TrainingArguments' deepspeed key: 32 != 4 * 2 * 2
+    f = tmp_path / "args.json"
+    f.write_text(json.dumps({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "bf16": True,
+                             "deepspeed": {"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"},
+                                           "train_batch_size": 32}}))
+    err = _refused(tmp_path, f.read_text(), name="args.json", flag="--training-args")
+    assert "$.deepspeed.train_batch_size" in err and "32 != 4 * 2 * 2" in err

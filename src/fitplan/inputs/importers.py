@@ -217,7 +217,8 @@ _TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "a
              "fp16_full_eval")
 
 
-def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tuple[dict[str, Any], list[str]]:
+def training_args_fields(path: str | Path, known_optimizers: Any = None,
+                         checks: list[Any] | None = None) -> tuple[dict[str, Any], list[str]]:
     """Scenario fields from an HF ``TrainingArguments`` JSON (``TrainingArguments.to_json_string()`` or a
     hand-written ``args.json``), and warnings.
 
@@ -226,7 +227,8 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tupl
       its ZeRO stage, offload and 16-bit optimizer (``bf16-master``) win;
     * ``fsdp`` (``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list) -> ``--fsdp``
       (and offload);
-    * keys fitplan does not model are ignored; a key that looks like a misspelt one it reads is a warning.
+    * keys fitplan does not model are ignored; a key that looks like a misspelt one it reads is a warning;
+    * ``checks`` receives the DeepSpeed config's checks of the final scenario (its ``train_batch_size``).
 
     :raises FitplanError: known keys with bad values (a batch size of 0, bf16 and fp16 both true, an
         unknown optimizer with a suggestion, a malformed ``deepspeed`` value), naming the file and key.
@@ -262,9 +264,10 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tupl
         ds_bf16, ds_fp16 = bool(bf16 or data.get("bf16_full_eval")), bool(fp16 or data.get("fp16_full_eval"))
         if isinstance(ds, str):
             ds_path = Path(ds) if Path(ds).is_absolute() else p.parent / ds
-            out.update(deepspeed_fields(ds_path, bf16=ds_bf16, fp16=ds_fp16, warnings=warnings))
+            out.update(deepspeed_fields(ds_path, bf16=ds_bf16, fp16=ds_fp16, warnings=warnings, checks=checks))
         elif isinstance(ds, dict):
-            out.update(deepspeed_fields_from(ds, str(p), "$.deepspeed", bf16=ds_bf16, fp16=ds_fp16, warnings=warnings))
+            out.update(deepspeed_fields_from(ds, str(p), "$.deepspeed", bf16=ds_bf16, fp16=ds_fp16, warnings=warnings,
+                                             checks=checks))
         else:
             raise bad("deepspeed", f"deepspeed must be a path or an object, got {type(ds).__name__}")
     warnings += _ta_misspelt(data, p)

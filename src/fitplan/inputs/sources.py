@@ -116,7 +116,7 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
         overrides.update(accelerate_fields(_path(options["accelerate_config"], "--accelerate-config"), warnings, checks))
     if options.get("training_args") is not None:
         fields, ta_warnings = training_args_fields(_path(options["training_args"], "--training-args"),
-                                                   known_optimizers=known_optimizers)
+                                                   known_optimizers=known_optimizers, checks=checks)
         overrides.update(fields)
         warnings += ta_warnings
     if options.get("deepspeed") is not None:
