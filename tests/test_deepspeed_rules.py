@@ -142,7 +142,7 @@ def test_memory_efficient_linear_off_is_named_not_modelled():
     warnings: list[str] = []
     cfg = {"zero_optimization": {"stage": 3, "memory_efficient_linear": False}, "bf16": {"enabled": True}}
     deepspeed_fields_from(cfg, "ds.json", warnings=warnings)
-    assert any("memory_efficient_linear false is not modelled" in w for w in warnings)
+    assert any("not modelled" in w and "zero_optimization.memory_efficient_linear=false" in w for w in warnings)
     quiet: list[str] = []
     deepspeed_fields_from({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}, "ds.json", warnings=quiet)
     assert not any("memory_efficient_linear" in w for w in quiet)

@@ -88,6 +88,7 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = N
         out.append("both --zero and --fsdp given: the larger sharding stage is used")
     if p.offload_params and max(p.zero_stage, 3 if p.fsdp in ("full_shard", "hybrid_shard") else 0) < 3:
         out.append("--offload-params only applies with ZeRO stage 3 / FSDP full_shard: ignored")
+    out += ds_offload_optimizer_warnings(s)
     lora = s.lora  # peft's default targets (with_default_targets) are no option the user gave
     if lora.lora_target_modules and lora.lora_target_modules == peft_default_targets(arch):
         lora = attrs.evolve(lora, lora_target_modules=None)
@@ -100,7 +101,42 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = N
                 "not trained there")
         out.append(f"--max-seq-length {s.training.max_seq_length} exceeds {arch.name}'s max_position_embeddings "
                    f"({arch.max_position_embeddings}): {what}")
-    return out + precision_warnings(s, gpu)
+    return out + load_dtype_warnings(s, arch) + precision_warnings(s, gpu)
+
+
+def load_dtype_warnings(s: sc.Scenario, arch: architecture.ModelSpec) -> list[str]:
+    """A config that states no dtype, when the load dtype decides the precision: transformers 5.24 then loads the
+    dtype of the checkpoint's weights, which fitplan cannot see (it assumes float32)."""
+    from fitplan.inputs.precision import hf_precision
+
+    if s.training.dtype != "auto" or arch.checkpoint_dtype is not None or arch.family != "learned":
+        return []
+    try:
+        decided = hf_precision("bf16" if s.training.bf16 else "fp16" if s.training.fp16 else None, "fp32")
+    except FitplanError:
+        return []
+    if s.training.precision not in (None, decided):
+        return []
+    return [f"{arch.name}: its config states no dtype, so from_pretrained(dtype=\"auto\") loads the weights' own dtype, "
+            "which a config does not say: fitplan assumes float32; pass --dtype bfloat16 (or float16) if the checkpoint "
+            "is 16-bit"]
+
+
+def ds_offload_optimizer_warnings(s: sc.Scenario) -> list[str]:
+    """Under DeepSpeed optimizer offload the optimizer is a DeepSpeed CPU optimizer, whatever ``optim`` says
+    (``inputs.stacks.ds_cpu_optimizer``): named when it differs from the user's."""
+    from fitplan.inputs import stacks
+
+    p, hw = s.parallel, s.hardware
+    dp = max(1, hw.num_gpus * hw.num_nodes // p.tensor_parallel)
+    stack = stacks.resolve(p.stack, p.zero_stage, p.fsdp, p.offload_optimizer, p.offload_params, s.training.precision, dp)
+    optim = s.training.optim
+    if stack != "deepspeed" or not p.offload_optimizer or optim in stacks.DS_CPU_ADAM_NAMES:
+        return []
+    name, states = stacks.ds_cpu_optimizer(optim)
+    return [f"optim {optim!r} under DeepSpeed optimizer offload: accelerate replaces it by {name} "
+            f"(map_pytorch_optim_to_deepspeed; zero_force_ds_cpu_optimizer defaults to true), so the host RAM holds "
+            f"{name}'s {states} fp32 state{'s' if states > 1 else ''} per trainable element, not {optim}'s"]
 
 
 def precision_warnings(s: sc.Scenario, gpu: Any = None) -> list[str]:

@@ -110,8 +110,10 @@ def _memory_confidence(device, method, optimizer, sharded, used, peak_phase, cro
                                                    "ruleset, vary with the driver and the library versions"),
     }
     worst = max((rows[r]["level"] for r in used if r in rows), key=LEVELS.index, default="exact")
-    rows["peak"] = entry(worst, "the weakest of the rows the peak is made of: " + ", ".join(
-        r for r in used if r in rows and rows[r]["level"] == worst))
+    weakest = [r for r in used if r in rows and rows[r]["level"] == worst]
+    bands = [rows[r]["band"] for r in weakest if rows[r]["band"]]
+    rows["peak"] = entry(worst, "the weakest of the rows the peak is made of: " + ", ".join(weakest),
+                         max(bands) if bands else None)
     return rows
 
 

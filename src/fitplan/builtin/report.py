@@ -67,10 +67,13 @@ def ds_config_text(est) -> str:
     p = est.scenario.parallel
     vals = est.values["deepspeed_config_values"]
     parts = []
-    for key in ("reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
-        if key.startswith("stage3") and p.zero_stage != 3:
+    for key in ("reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                "stage3_max_reuse_distance", "sub_group_size"):
+        if key.startswith(("stage3", "sub_group")) and p.zero_stage != 3:
             continue
         given = getattr(p, key)
+        if given is None and key in ("stage3_max_reuse_distance", "sub_group_size"):
+            continue  # named only when the scenario or a ds_config sets them
         how = "DeepSpeed default" if given is None else ('HF "auto"' if given == "auto" else "given")
         value = vals[key]
         parts.append(f"{key} {value:g} ({how})" if not isinstance(value, bool) else f"{key} {str(value).lower()} ({how})")

@@ -105,6 +105,9 @@ def scenario_options(func: Callable) -> Callable:
                 opt = click.option(flag, f.name, type=typ, default=None, help=help_text,
                                    cls=OptimOption if f.name == "optim" else click.Option)
             func = opt(func)
+    func = click.option("--accelerate-config", "accelerate_config", type=click.Path(dir_okay=False), default=None,
+                        help="An accelerate config YAML (what `accelerate config` writes: distributed type, mixed "
+                             "precision, processes, machines, FSDP or DeepSpeed settings).")(func)
     func = click.option("--deepspeed", "deepspeed", type=click.Path(dir_okay=False), default=None, help="A DeepSpeed config JSON (ZeRO stage, offload, bf16/fp16, micro-batch).")(func)
     func = click.option("--training-args", "training_args", type=click.Path(dir_okay=False), default=None,
                         help="An HF TrainingArguments JSON (batch, accumulation, checkpointing, optim, bf16/fp16, epochs, deepspeed, fsdp).")(func)

@@ -20,40 +20,53 @@ def _read_json(path: str | Path) -> dict[str, Any]:
 
 
 def deepspeed_fields(path: str | Path, *, bf16: bool | None = None, fp16: bool | None = None,
-                     warnings: list[str] | None = None) -> dict[str, Any]:
+                     warnings: list[str] | None = None, checks: list[Any] | None = None) -> dict[str, Any]:
     """Scenario fields from a DeepSpeed config: ZeRO stage, offload, precision (:func:`deepspeed_precision`),
     the optimizer section (:func:`deepspeed_optimizer`), micro-batch and accumulation when not "auto".
 
     ``bf16``/``fp16``: the TrainingArguments flags (None: not stated), which resolve ``"enabled": "auto"`` the
-    way ``transformers.integrations.deepspeed`` does; ``warnings`` receives what fitplan had to assume."""
-    return deepspeed_fields_from(_read_json(path), str(path), "$", bf16=bf16, fp16=fp16, warnings=warnings)
+    way ``transformers.integrations.deepspeed`` does; ``warnings`` receives what fitplan had to assume;
+    ``checks`` receives functions of the final scenario (the ``train_batch_size`` assertion)."""
+    return deepspeed_fields_from(_read_json(path), str(path), "$", bf16=bf16, fp16=fp16, warnings=warnings,
+                                 checks=checks)
 
 
 def deepspeed_fields_from(data: dict[str, Any], path: str, root: str = "$", *, bf16: bool | None = None,
-                          fp16: bool | None = None, warnings: list[str] | None = None) -> dict[str, Any]:
-    """:func:`deepspeed_fields` on an already-read config (``root``: its JSON path inside ``path``)."""
+                          fp16: bool | None = None, warnings: list[str] | None = None,
+                          checks: list[Any] | None = None) -> dict[str, Any]:
+    """:func:`deepspeed_fields` on an already-read config (``root``: its JSON path inside ``path``). Every key
+    is checked as DeepSpeed 0.19.8 checks it (:mod:`fitplan.inputs.ds_keys`); the keys that change memory or
+    time and that fitplan does not model are named in one warning."""
+    from fitplan.inputs import ds_keys
+
     warnings = [] if warnings is None else warnings
-    out: dict[str, Any] = {}
+    unmodelled: list[str] = []
+    ds_keys.check_top(data, path, root, unmodelled, warnings)
+    out: dict[str, Any] = {"stack": "deepspeed"}
     zero = data.get("zero_optimization", {})
+    if isinstance(zero, bool):  # the old format: true = stage 1 (zero/config.py read_zero_config_deprecated)
+        warnings.append(f"{path}: zero_optimization {str(zero).lower()} is DeepSpeed's deprecated format: stage "
+                        f"{int(zero)}")
+        zero = {"stage": int(zero)}
     if not isinstance(zero, dict):
         raise FitplanError("zero_optimization must be an object", file=str(path), field=f"{root}.zero_optimization", value=zero)
-    stage = zero.get("stage", 0)
-    if stage not in (0, 1, 2, 3):
-        raise FitplanError(f"zero_optimization.stage must be 0-3, got {stage!r}", file=str(path),
-                           field=f"{root}.zero_optimization.stage", value=stage)
-    out["zero_stage"] = stage
-    out["stack"] = "deepspeed"
+    ds_keys.check_removed_zero(zero, path, root)
+    zero = ds_keys.deprecated_offload(zero, path, root, warnings)
+    zero = ds_keys.check_section(zero, ds_keys.ZERO_KEYS, path, f"{root}.zero_optimization", unmodelled)
+    out["zero_stage"] = zero.get("stage", 0) if zero.get("stage") != "auto" else 0
     out.update(_ds_zero_keys(zero, path, root))
-    if stage == 3 and zero.get("memory_efficient_linear") is False:
-        warnings.append(f"{path}: zero_optimization.memory_efficient_linear false is not modelled: fitplan assumes "
-                        "DeepSpeed's default (true), whose Linear saves its input also for a frozen weight "
-                        "(builtin/sharding/deepspeed.py)")
     for key, field in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
-        dev = (zero.get(key) or {}).get("device", "none") if isinstance(zero.get(key), dict) else "none"
-        if dev not in ("none", "cpu", "nvme"):
-            raise FitplanError(f"zero_optimization.{key}.device must be none, cpu or nvme, got {dev!r}",
-                               file=str(path), field=f"{root}.zero_optimization.{key}.device", value=dev)
-        out[field] = dev in ("cpu", "nvme")
+        sect = zero.get(key) or {}
+        sect = ds_keys.check_section(sect, ds_keys.OFFLOAD_KEYS[key], path, f"{root}.zero_optimization.{key}", unmodelled)
+        out[field] = sect.get("device", "none") in ("cpu", "nvme")
+        if sect.get("device") == "nvme":
+            unmodelled.append(f"zero_optimization.{key}.device=nvme (estimated as cpu)")
+    for key in ("bf16", "bfloat16", "fp16"):
+        if key in data:
+            ds_keys.check_section(data[key], ds_keys.PRECISION_KEYS["fp16" if key == "fp16" else "bf16"], path,
+                                  f"{root}.{key}", unmodelled)
+    if data.get("zero_force_ds_cpu_optimizer") is False and out["offload_optimizer"]:
+        unmodelled.append("zero_force_ds_cpu_optimizer=false (fitplan models DeepSpeedCPUAdam under offload)")
     out["precision"] = deepspeed_precision(data, path, root, bf16=bf16, fp16=fp16, warnings=warnings)
     out.update(deepspeed_optimizer(data, path, root, warnings))
     for key, field in (("train_micro_batch_size_per_gpu", "per_device_train_batch_size"),
@@ -64,36 +77,49 @@ def deepspeed_fields_from(data: dict[str, Any], path: str, root: str = "$", *, b
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise FitplanError(f"{key} must be a positive integer or \"auto\", got {v!r}", file=str(path), field=f"{root}.{key}", value=v)
         out[field] = v
+    _train_batch(data.get("train_batch_size"), path, root, checks)
+    if unmodelled:
+        warnings.append(f"{path}: not modelled (fitplan estimates DeepSpeed's default for each): " + ", ".join(unmodelled))
     return out
 
 
+def _train_batch(v: Any, path: str, root: str, checks: list[Any] | None) -> None:
+    """An explicit ``train_batch_size``: checked against the final scenario (DeepSpeed's ``_batch_assertion``)."""
+    if v is None or v == "auto":
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise FitplanError(f"train_batch_size must be a positive integer or \"auto\", got {v!r}: DeepSpeed asserts "
+                           "'Train batch size ... has to be greater than 0'", file=str(path), field=f"{root}.train_batch_size", value=v)
+    if checks is not None:
+        from fitplan.inputs.ds_keys import train_batch_check
+
+        def check(s: Any) -> None:
+            world = s.hardware.num_gpus * s.hardware.num_nodes // s.parallel.tensor_parallel
+            train_batch_check(v, s.training.per_device_train_batch_size, s.training.gradient_accumulation_steps,
+                              world, path, f"{root}.train_batch_size")
+
+        checks.append(check)
+
+
 DS_SIZE_KEYS = {"reduce_bucket_size": "reduce_bucket_size", "stage3_prefetch_bucket_size": "stage3_prefetch_bucket_size",
-                "prefetch_bucket_size": "stage3_prefetch_bucket_size",
                 "stage3_param_persistence_threshold": "stage3_param_persistence_threshold",
-                "param_persistence_threshold": "stage3_param_persistence_threshold",
-                "stage3_max_live_parameters": "stage3_max_live_parameters", "max_live_parameters": "stage3_max_live_parameters"}
-"""``zero_optimization`` size keys (and DeepSpeed's aliases, zero/config.py) -> scenario fields: a number of
-elements, or "auto" (resolved from the model as transformers/integrations/deepspeed.py:232-241 does)."""
+                "stage3_max_live_parameters": "stage3_max_live_parameters",
+                "stage3_max_reuse_distance": "stage3_max_reuse_distance", "sub_group_size": "sub_group_size"}
+"""``zero_optimization`` size keys (aliases already resolved by :func:`fitplan.inputs.ds_keys.check_section`) ->
+scenario fields: a number of elements, or "auto" (resolved from the model as transformers/integrations/deepspeed.py:
+232-241 does). 0 stays 0 where DeepSpeed accepts it (``ge=0``); ``reduce_bucket_size`` 0 is refused (``gt=0``)."""
 
 
 def _ds_zero_keys(zero: dict[str, Any], path: str, root: str) -> dict[str, Any]:
-    """The bucket, prefetch and persistence keys fitplan models; absent keys stay absent (DeepSpeed's defaults)."""
+    """The bucket, prefetch, persistence, reuse and sub-group keys fitplan models (values already checked);
+    absent keys stay absent (DeepSpeed's defaults)."""
     out: dict[str, Any] = {}
     for key, field in DS_SIZE_KEYS.items():
-        if key not in zero:
-            continue
-        v = zero[key]
-        ok = v == "auto" or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)
-        if not ok:
-            raise FitplanError(f"zero_optimization.{key} must be a number of elements or \"auto\", got {v!r}",
-                               file=str(path), field=f"{root}.zero_optimization.{key}", value=v)
-        out[field] = v if v == "auto" else str(int(v)) if float(v).is_integer() else str(v)
-    if "overlap_comm" in zero:
-        v = zero["overlap_comm"]
-        if not isinstance(v, bool):
-            raise FitplanError(f"zero_optimization.overlap_comm must be true or false, got {v!r}", file=str(path),
-                               field=f"{root}.zero_optimization.overlap_comm", value=v)
-        out["overlap_comm"] = v
+        if key in zero:
+            v = zero[key]
+            out[field] = v if v == "auto" else str(int(v))
+    if "overlap_comm" in zero and zero["overlap_comm"] != "auto":
+        out["overlap_comm"] = zero["overlap_comm"]
     return out
 
 
@@ -191,7 +217,8 @@ _TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "a
              "fp16_full_eval")
 
 
-def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tuple[dict[str, Any], list[str]]:
+def training_args_fields(path: str | Path, known_optimizers: Any = None,
+                         checks: list[Any] | None = None) -> tuple[dict[str, Any], list[str]]:
     """Scenario fields from an HF ``TrainingArguments`` JSON (``TrainingArguments.to_json_string()`` or a
     hand-written ``args.json``), and warnings.
 
@@ -200,7 +227,8 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tupl
       its ZeRO stage, offload and 16-bit optimizer (``bf16-master``) win;
     * ``fsdp`` (``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list) -> ``--fsdp``
       (and offload);
-    * keys fitplan does not model are ignored; a key that looks like a misspelt one it reads is a warning.
+    * keys fitplan does not model are ignored; a key that looks like a misspelt one it reads is a warning;
+    * ``checks`` receives the DeepSpeed config's checks of the final scenario (its ``train_batch_size``).
 
     :raises FitplanError: known keys with bad values (a batch size of 0, bf16 and fp16 both true, an
         unknown optimizer with a suggestion, a malformed ``deepspeed`` value), naming the file and key.
@@ -236,9 +264,10 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None) -> tupl
         ds_bf16, ds_fp16 = bool(bf16 or data.get("bf16_full_eval")), bool(fp16 or data.get("fp16_full_eval"))
         if isinstance(ds, str):
             ds_path = Path(ds) if Path(ds).is_absolute() else p.parent / ds
-            out.update(deepspeed_fields(ds_path, bf16=ds_bf16, fp16=ds_fp16, warnings=warnings))
+            out.update(deepspeed_fields(ds_path, bf16=ds_bf16, fp16=ds_fp16, warnings=warnings, checks=checks))
         elif isinstance(ds, dict):
-            out.update(deepspeed_fields_from(ds, str(p), "$.deepspeed", bf16=ds_bf16, fp16=ds_fp16, warnings=warnings))
+            out.update(deepspeed_fields_from(ds, str(p), "$.deepspeed", bf16=ds_bf16, fp16=ds_fp16, warnings=warnings,
+                                             checks=checks))
         else:
             raise bad("deepspeed", f"deepspeed must be a path or an object, got {type(ds).__name__}")
     warnings += _ta_misspelt(data, p)

@@ -235,6 +235,11 @@ class Parallel:
     """DeepSpeed stage 3: parameters of at most this many elements stay whole: None = 1e5, "auto" = 10·hidden."""
     stage3_max_live_parameters: str | None = field(default=None, validator=_ds_value)
     """DeepSpeed stage 3: prefetch stops at this many gathered elements (None = 1e9)."""
+    stage3_max_reuse_distance: str | None = field(default=None, validator=_ds_value)
+    """DeepSpeed stage 3: a module's gathered parameters stay when it is used again within this many elements of
+    the trace (None = 1e9; 0 releases every module after its forward)."""
+    sub_group_size: str | None = field(default=None, validator=_ds_value)
+    """DeepSpeed stage 3: the fp32 partitions are grouped in sub-groups of this many elements (None = 1e9)."""
 
 
 @frozen

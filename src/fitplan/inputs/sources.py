@@ -91,9 +91,10 @@ class FromOptions:
 
 
 def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> FromOptions:
-    """Scenario file, then TrainingArguments JSON, then DeepSpeed JSON, then flags (flags win). ``options``
-    holds the CLI's scenario options by field name (None: not given) plus ``scenario_file``, ``ruleset_dirs``,
-    ``bf16``, ``fp16``, ``deepspeed`` and ``training_args``; it is not changed."""
+    """Scenario file, then accelerate config YAML, then TrainingArguments JSON, then DeepSpeed JSON, then flags
+    (flags win). ``options`` holds the CLI's scenario options by field name (None: not given) plus
+    ``scenario_file``, ``ruleset_dirs``, ``bf16``, ``fp16``, ``accelerate_config``, ``deepspeed`` and
+    ``training_args``; it is not changed."""
     from fitplan.inputs.importers import deepspeed_fields, training_args_fields
 
     scenario_file = options.get("scenario_file")
@@ -107,21 +108,29 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
         flags["bf16" if bf16 else "fp16"] = True
     overrides: dict[str, Any] = {}
     warnings: list[str] = []
+    checks: list[Any] = []
+    if options.get("accelerate_config") is not None:
+        from fitplan.inputs.accelerate_config import accelerate_fields
+
+        overrides.update(accelerate_fields(_path(options["accelerate_config"], "--accelerate-config"), warnings, checks))
     if options.get("training_args") is not None:
-        fields, warnings = training_args_fields(_path(options["training_args"], "--training-args"),
-                                                known_optimizers=known_optimizers)
+        fields, ta_warnings = training_args_fields(_path(options["training_args"], "--training-args"),
+                                                   known_optimizers=known_optimizers, checks=checks)
         overrides.update(fields)
+        warnings += ta_warnings
     if options.get("deepspeed") is not None:
         stated = bf16 or fp16 or options.get("training_args")
         ta_bf16 = bf16 or bool(overrides.get("bf16"))
         ta_fp16 = fp16 or bool(overrides.get("fp16"))
         overrides.update(deepspeed_fields(_path(options["deepspeed"], "--deepspeed"), bf16=ta_bf16 if stated else None,
-                                          fp16=ta_fp16 if stated else None, warnings=warnings))
+                                          fp16=ta_fp16 if stated else None, warnings=warnings, checks=checks))
     overrides.update(flags)
     fixed = set(overrides)
     for key, value in base.items():
         fixed |= set(value) if key in sc.SECTIONS and isinstance(value, dict) else {key}
     s = scenario_from_dict(merge(base, overrides), file=scenario_file)
+    for check in checks:  # what needs the final scenario (DeepSpeed's train_batch_size assertion)
+        check(s)
     return FromOptions(s, tuple(options.get("ruleset_dirs") or ()), frozenset(fixed), tuple(warnings))
 
 

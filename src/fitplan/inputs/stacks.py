@@ -154,3 +154,22 @@ def ds_value(value: Any, key: str, hidden: int) -> int:
         return {"reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
                 "stage3_param_persistence_threshold": 10 * hidden}.get(key, DS_DEFAULTS.get(key, 0))
     return int(float(value))
+
+
+DS_CPU_OPTIMIZERS = {"adagrad": ("DeepSpeedCPUAdagrad", 1), "lion_32bit": ("DeepSpeedCPULion", 1)}
+"""Under ZeRO ``offload_optimizer`` (cpu or nvme) accelerate replaces the Trainer's torch optimizer by a DeepSpeed
+CPU optimizer (``map_pytorch_optim_to_deepspeed``, accelerate/utils/deepspeed.py:29-97, called when
+``zero_force_ds_cpu_optimizer`` is true, its default: accelerator.py:2336-2346; DeepSpeed itself refuses any other
+client optimizer then, runtime/engine.py:2342-2347): torch ``Adagrad`` -> ``DeepSpeedCPUAdagrad``, 32-bit
+bitsandbytes ``Lion`` -> ``DeepSpeedCPULion`` (one fp32 state each), every other optimizer -> ``DeepSpeedCPUAdam``
+(``exp_avg`` and ``exp_avg_sq`` in fp32, ``fp32_optimizer_states=True``: deepspeed/ops/adam/cpu_adam.py; its
+``step`` a Python int, no step temporaries). HF ``optim`` names -> (class, fp32 states per element)."""
+DS_CPU_ADAM_NAMES = frozenset({"adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused", "adamw_torch_xla",
+                               "adamw_torch_npu_fused", "adamw_anyprecision", "paged_adamw_32bit", "adamw_bnb_32bit"})
+"""The optimizers whose states DeepSpeedCPUAdam reproduces (two fp32 moments): no warning for them."""
+
+
+def ds_cpu_optimizer(optim: str) -> tuple[str, int]:
+    """The DeepSpeed CPU optimizer that runs under ZeRO optimizer offload for HF ``optim`` (see
+    :data:`DS_CPU_OPTIMIZERS`), and its fp32 states per trainable element."""
+    return DS_CPU_OPTIMIZERS.get(optim, ("DeepSpeedCPUAdam", 2))

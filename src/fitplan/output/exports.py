@@ -21,7 +21,7 @@ KINDS = ("deepspeed", "accelerate", "training-args", "scenario")
 FILENAMES = {"deepspeed": "ds_config.json", "accelerate": "accelerate_config.yaml",
              "training-args": "training_args.json", "scenario": "fitplan-plan.toml"}
 DS_KEYS = ("reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-           "stage3_max_live_parameters")
+           "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size")
 """The ``zero_optimization`` keys fitplan models, written when the plan sets them (absent: DeepSpeed's default)."""
 HF_OPTIMIZERS = frozenset({"adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adamw_8bit", "adamw_bnb_8bit",
                            "paged_adamw_8bit", "adamw_hf", "adamw_apex_fused", "adamw_anyprecision", "lion_8bit",
@@ -75,7 +75,7 @@ def deepspeed_config(s: sc.Scenario) -> dict[str, Any]:
         zero["contiguous_gradients"] = True
     for key in DS_KEYS:
         value = getattr(p, key)
-        if value is None or key.startswith("stage3") and p.zero_stage != 3:
+        if value is None or key.startswith(("stage3", "sub_group")) and p.zero_stage != 3:
             continue
         zero[key] = bool(value) if key == "overlap_comm" else _ds_number(value)
     if p.zero_stage == 3:
@@ -170,12 +170,15 @@ def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
         cfg["distributed_type"] = "DEEPSPEED"
     elif s.parallel.fsdp:
         cfg["distributed_type"] = "FSDP"
+        v1 = s.parallel.stack == "fsdp1"
         cfg["fsdp_config"] = {
-            "fsdp_version": 1 if s.parallel.stack == "fsdp1" else 2,
+            "fsdp_version": 1 if v1 else 2,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_offload_params": bool(s.parallel.offload_params or s.parallel.offload_optimizer),
-            "fsdp_sharding_strategy": {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP",
-                                       "hybrid_shard": "HYBRID_SHARD"}[s.parallel.fsdp],
+            # FSDP1 reads the strategy, FSDP2 only reshard_after_forward (accelerate/utils/dataclasses.py:1719-1752)
+            **({"fsdp_sharding_strategy": {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP",
+                                           "hybrid_shard": "HYBRID_SHARD"}[s.parallel.fsdp]} if v1 else
+               {"fsdp_reshard_after_forward": s.parallel.fsdp != "shard_grad_op"}),
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         }
         cfg["mixed_precision"] = mixed

@@ -48,7 +48,7 @@ import attrs
 
 from fitplan.builtin.sharding.params import P, bare, ceil_div, ordered
 from fitplan.inputs.optimizer import OptimizerContext
-from fitplan.inputs.stacks import DS_DEFAULTS, ds_value
+from fitplan.inputs.stacks import ds_value
 
 ALIGN = 2
 """``nccl_start_alignment_factor``: flat groups are padded to a multiple of 2·N elements (stage_1_and_2.py:387, 441)."""
@@ -249,7 +249,8 @@ def _layout(params, stage, n, b, device, offload_optimizer, offload_params, valu
 
 
 def ds_values(arch, zero_stage, reduce_bucket_size, overlap_comm, stage3_prefetch_bucket_size,
-              stage3_param_persistence_threshold, stage3_max_live_parameters) -> dict:
+              stage3_param_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance=None,
+              sub_group_size=None) -> dict:
     """The ds_config values that drive the rules, resolved: the scenario's, HF's "auto", DeepSpeed's defaults."""
     hidden = 0 if arch.is_bare else arch.hidden_size
     return {
@@ -259,8 +260,8 @@ def ds_values(arch, zero_stage, reduce_bucket_size, overlap_comm, stage3_prefetc
         "stage3_param_persistence_threshold": ds_value(stage3_param_persistence_threshold,
                                                        "stage3_param_persistence_threshold", hidden),
         "stage3_max_live_parameters": ds_value(stage3_max_live_parameters, "stage3_max_live_parameters", hidden),
-        "stage3_max_reuse_distance": DS_DEFAULTS["stage3_max_reuse_distance"],
-        "sub_group_size": DS_DEFAULTS["sub_group_size"],
+        "stage3_max_reuse_distance": ds_value(stage3_max_reuse_distance, "stage3_max_reuse_distance", hidden),
+        "sub_group_size": ds_value(sub_group_size, "sub_group_size", hidden),
     }
 
 
@@ -290,11 +291,13 @@ from fitplan.engine.declarations import quantity, reducer  # noqa: E402
 
 @quantity("values", type="object")
 def deepspeed_config_values(arch, zero_stage, reduce_bucket_size, overlap_comm, stage3_prefetch_bucket_size,
-                            stage3_param_persistence_threshold, stage3_max_live_parameters):
+                            stage3_param_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance,
+                            sub_group_size):
     """The ds_config values the DeepSpeed rules use, resolved: the scenario's, HF's "auto" (hidden², 0.9·hidden²,
     10·hidden: transformers/integrations/deepspeed.py:232-241) or DeepSpeed's defaults for absent keys."""
     return ds_values(arch, zero_stage, reduce_bucket_size, overlap_comm, stage3_prefetch_bucket_size,
-                     stage3_param_persistence_threshold, stage3_max_live_parameters)
+                     stage3_param_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance,
+                     sub_group_size)
 
 
 @quantity("layout", type="object")

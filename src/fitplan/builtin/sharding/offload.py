@@ -10,6 +10,7 @@ kernel cannot page them out.
 from __future__ import annotations
 
 from fitplan.engine.declarations import quantity, reducer
+from fitplan.inputs.stacks import ds_cpu_optimizer
 
 
 def _fsdp_offload(sharding_kind, offload_params):
@@ -32,15 +33,17 @@ def offload_host_bytes(sharding_kind, offload_optimizer, offload_params, deepspe
     """Rank 0's CPU memory for offload, by category (``weights``, ``master_weights``, ``gradients``,
     ``optimizer_states``, ``buffers``, ``step_temp``): DeepSpeed's fp32 partition, its states, the persistent
     fp32 gradient partition and staging buffers (stage 3 with ``offload_param``: the 16-bit partitions); FSDP's
-    shards, gradients and states. The optimizer is the scenario's (HF swaps a torch AdamW for DeepSpeedCPUAdam
-    under DeepSpeed offload: the same fp32 states, its ``step`` a Python int, no step temporaries)."""
+    shards, gradients and states. Under DeepSpeed optimizer offload the optimizer is the DeepSpeed CPU optimizer
+    accelerate swaps in for the scenario's (``inputs.stacks.ds_cpu_optimizer``: DeepSpeedCPUAdam's two fp32
+    moments per element of the fp32 partition whatever ``optim`` says, its ``step`` a Python int, no step
+    temporaries); under FSDP offload, the scenario's optimizer."""
     out = {"weights": 0, "master_weights": 0, "gradients": 0, "optimizer_states": 0, "buffers": 0, "step_temp": 0}
     if deepspeed_rank is not None and (offload_optimizer or offload_params):
         for k, v in deepspeed_rank.host.items():
             out[k] = int(v)
-        if offload_optimizer:
-            out["optimizer_states"] = int(optimizer_spec.state_bytes(deepspeed_rank.states_ctx))
-            out["step_temp"] = int(max((optimizer_spec.step_temp_bytes(c) for c in deepspeed_rank.group_ctxs), default=0))
+        if offload_optimizer:  # the DeepSpeed CPU optimizer accelerate swaps in: fp32 states, no step temporaries
+            _, states = ds_cpu_optimizer(optimizer_spec.name)
+            out["optimizer_states"] = int(deepspeed_rank.states_ctx.numel * 4 * states)
     elif fsdp_rank is not None and offload_params:
         out.update(weights=fsdp_rank["weights"], gradients=fsdp_rank["gradients"],
                    optimizer_states=int(optimizer_spec.state_bytes(fsdp_rank["ctx"])),
