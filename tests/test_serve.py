@@ -249,6 +249,117 @@ def test_the_page_needs_no_network(served):
         assert not re.search(r"""(src|href)\s*=\s*["']?//|url\(\s*["']?//|@import""", text)  # protocol-relative
 
 
+def cache_config(cache, repo: str, commit: str = "0" * 40) -> None:
+    """Lay ``TINY`` out as ``huggingface_hub`` caches ``repo``'s config.json (``refs/main`` -> the commit,
+    ``snapshots/<commit>/config.json``; huggingface_hub's ``file_download.py``)."""
+    folder = cache / ("models--" + repo.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+    (folder / "snapshots" / commit / "config.json").write_bytes(TINY.read_bytes())
+
+
+def test_a_hub_id_is_read_from_the_local_cache_only(served, tmp_path, monkeypatch):
+    """A query never makes the server download (docs/serve.md, "Security"): a Hub id that is not cached is a 400
+    naming it (and ``download``, for the page's button), with no call to huggingface_hub; a cached one is
+    estimated; ``POST /api/hub-download`` is the explicit download, refused cross-site."""
+    import huggingface_hub
+
+    calls = []
+
+    def fake_download(repo_id, filename, revision=None, **kw):
+        calls.append((repo_id, filename, revision))
+        cache_config(tmp_path, repo_id)
+        return str(tmp_path / ("models--" + repo_id.replace("/", "--")) / "snapshots" / ("0" * 40) / filename)
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    q = {"model": "some-org/tiny-model", "gpu": "t4"}
+    for endpoint in ("/api/view", "/api/estimate", "/api/explain?quantity=peak&x=", "/api/gpus"):
+        path, _, extra = endpoint.partition("?")
+        query = [*q.items(), *[kv for kv in urllib.parse.parse_qsl(extra) if kv[0] != "x"]]
+        status, body, _ = get(served, path, query)
+        reply = json.loads(body)
+        assert status == 400 and reply["download"] == "some-org/tiny-model", (endpoint, reply)
+        assert "not in the local Hugging Face cache" in reply["error"] and "--allow-hub" in reply["error"]
+    assert calls == []
+    host = {"Host": f"127.0.0.1:{served.port}", "Content-Type": "application/json"}
+    body = json.dumps({"model": "some-org/tiny-model"}).encode()
+    assert raw(served, "POST", "/api/hub-download", body, {**host, "Origin": "http://evil.example"})[0] == 403
+    assert raw(served, "POST", "/api/hub-download", body, {**host, "Content-Type": "text/plain"})[0] == 415
+    assert raw(served, "POST", "/api/hub-download", b'{"model": "../x"}', host)[0] == 400
+    assert calls == []
+    status, reply = raw(served, "POST", "/api/hub-download", body, {**host, "Origin": f"http://127.0.0.1:{served.port}"})
+    assert status == 200 and calls == [("some-org/tiny-model", "config.json", "main")], reply
+    status, body, _ = get(served, "/api/estimate", q)
+    assert status == 200 and json.loads(body)["model"]["param_count"] > 0
+    assert len(calls) == 1  # the estimate read the cache
+
+
+@pytest.fixture
+def limited():
+    """A second server with a 1 s request-read timeout and at most 3 open connections."""
+    import threading
+    import time
+
+    from fitplan.web.api import Settings
+    from fitplan.web.server import make_server
+
+    settings = Settings()
+    server, sock, url = make_server(settings, "127.0.0.1", 0, read_timeout=1.0, max_connections=3)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.02)
+    yield sock.getsockname()[1]
+    server.should_exit = True
+    thread.join(timeout=10)
+    settings.uploads.close()
+
+
+def partial(port: int, data: bytes = b"GET / HTTP/1.1\r\nHost: 127.0.") -> "socket.socket":
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(data)
+    return s
+
+
+def test_a_partial_request_is_closed_after_the_read_timeout(limited):
+    import time
+
+    for data in (b"GET / HTTP/1.1\r\nHost: 127.0.", b"", b"POST /api/upload HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{" % limited):
+        s = partial(limited, data)
+        t0 = time.monotonic()
+        got = s.recv(1024)  # b"": the server closed the connection
+        elapsed = time.monotonic() - t0
+        s.close()
+        assert got == b"" and 0.8 < elapsed < 3.0, (data, got, elapsed)
+    ok = partial(limited, b"GET /favicon.ico HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % limited)
+    assert ok.recv(1024).startswith(b"HTTP/1.1 204")  # a whole request is answered
+    ok.close()
+
+
+def test_open_connections_are_capped(limited):
+    import time
+
+    held = [partial(limited, b"") for _ in range(3)]
+    time.sleep(0.3)  # accepted by the server
+    extra = partial(limited, b"GET /favicon.ico HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % limited)
+    assert extra.recv(1024).startswith(b"HTTP/1.1 503")
+    extra.close()
+    for s in held:
+        s.close()
+    time.sleep(0.3)
+    again = partial(limited, b"GET /favicon.ico HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % limited)
+    assert again.recv(1024).startswith(b"HTTP/1.1 204")
+    again.close()
+
+
 # --------------------------------------------------------------------------- uploads and exports, read back
 
 
@@ -332,9 +443,10 @@ def test_the_core_and_the_api_modules_import_no_web_framework():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_fitplan_serve_serves_the_page_and_stops_on_ctrl_c(tmp_path):
-    """The command itself: it prints its address, serves the page, and stops cleanly on SIGINT, removing its
-    uploads' directory."""
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_fitplan_serve_serves_the_page_and_stops_on_ctrl_c(tmp_path, signame):
+    """The command itself: it prints its address, serves the page, and stops cleanly on SIGINT (Ctrl+C) and on
+    SIGTERM, removing its uploads' directory."""
     import os
     import re as re_
     import signal
@@ -351,7 +463,7 @@ def test_fitplan_serve_serves_the_page_and_stops_on_ctrl_c(tmp_path):
             assert b"<title>fitplan</title>" in r.read()
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith("fitplan-serve-")]
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, signame))
         proc.wait(timeout=30)
     assert proc.returncode == 0, proc.stderr.read()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("fitplan-serve-")]

@@ -42,3 +42,10 @@ def across_providers(base: sc.Scenario, ctx, *, arch: Any = None) -> list[tuple[
         out.append((pid, _variant(base, ctx, arch, provider=pid, instance=base.cost.instance if own else None,
                                   region=base.cost.region if own else None)))
     return out
+
+
+def across_gpus_and_providers(base: sc.Scenario, ctx, *, arch: Any = None) -> list[tuple[str, str, Any]]:
+    """``(gpu id, provider id, Estimate or FitplanError)`` for every GPU and every provider (``--instance`` and
+    ``--region`` dropped), GPUs in ruleset order: what each GPU costs wherever it is rented."""
+    return [(gid, pid, _variant(base, ctx, arch, gpu=gid, provider=pid, instance=None, region=None))
+            for gid in ctx.rulesets.gpus for pid in ctx.rulesets.providers]

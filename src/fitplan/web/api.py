@@ -33,6 +33,22 @@ class SearchTimeout(Exception):
     """Raised by the search's progress callback past the server's time limit."""
 
 
+class HubNotCached(FitplanError):
+    """A Hub id whose ``config.json`` is not in the local Hugging Face cache, on a server without
+    ``--allow-hub``: the reply names the id (``"download"``), so that the page can offer an explicit download
+    (``POST /api/hub-download``)."""
+
+    def __init__(self, repo_id: str) -> None:
+        from fitplan.inputs.hub import cache_dir
+
+        super().__init__(f"{repo_id} is not in the local Hugging Face cache, and this page reads the cache only",
+                         field="model", value=repo_id,
+                         suggestion=f"download its config.json (the page's download button, or `huggingface-cli "
+                                    f"download {repo_id} config.json`), or start `fitplan serve --allow-hub`; "
+                                    f"cache: {cache_dir()}")
+        self.repo_id = repo_id
+
+
 @attrs.frozen
 class Reply:
     status: int
@@ -44,13 +60,16 @@ class Reply:
 @attrs.define
 class Settings:
     """What ``fitplan serve`` was started with: ruleset directories and policy files (the CLI's
-    ``--ruleset-dir`` and ``--policy``, applied to every request), the search time limit, the uploads."""
+    ``--ruleset-dir`` and ``--policy``, applied to every request), the search time limit, the uploads, and
+    whether a query may make the server download a Hub id's config.json (``--allow-hub``; by default a query
+    reads the local Hugging Face cache only and a download is an explicit ``POST /api/hub-download``)."""
 
     ruleset_dirs: tuple[str, ...] = ()
     policy_files: tuple[str, ...] = ()
     search_seconds: float = 30.0
     uploads: UploadStore = attrs.Factory(UploadStore)
     search_lock: threading.Lock = attrs.Factory(threading.Lock)
+    allow_hub: bool = False
 
     def context(self):
         from fitplan.context import get_context
@@ -66,7 +85,25 @@ class Settings:
             path, name = self.uploads.lookup(model)
             options["model"] = str(path)
             return options, name
+        if model and not self.allow_hub:
+            self.check_cached(model)
         return options, None
+
+    def check_cached(self, model: str) -> None:
+        """:raises HubNotCached: ``model`` is a Hub id (not a catalog name or alias) whose config.json is not in
+        the local cache (the order of :func:`fitplan.estimation.model_source`)."""
+        from fitplan.inputs import hub
+
+        if not hub.is_repo_id(model):
+            return
+        try:
+            self.context().rulesets.model_entry(model)
+            return
+        except FitplanError:
+            pass
+        repo, revision = hub.split_revision(model)
+        if hub.find_file(repo, "config.json", revision) is None:
+            raise HubNotCached(model)
 
 
 def json_reply(data: Any, status: int = 200, *, text: str | None = None) -> Reply:
@@ -78,7 +115,10 @@ def json_reply(data: Any, status: int = 200, *, text: str | None = None) -> Repl
 def error_reply(e: BaseException) -> Reply:
     """400 with the CLI's message for what the user can fix; 500 for a plugin or graph problem."""
     status = 500 if isinstance(e, (PluginError, GraphError)) else 400
-    return json_reply({"error": e.render() if isinstance(e, FitplanError) else str(e)}, status)
+    body = {"error": e.render() if isinstance(e, FitplanError) else str(e)}
+    if isinstance(e, HubNotCached):
+        body["download"] = e.repo_id
+    return json_reply(body, status)
 
 
 def answer(endpoint: Callable[..., Reply], *args: Any) -> Reply:
@@ -286,6 +326,20 @@ def export(settings: Settings, query: Query) -> Reply:
     text = dict(files)[name]
     media = {"json": "application/json", "yaml": "application/yaml", "toml": "application/toml"}[name.rpartition(".")[2]]
     return Reply(200, text.encode("utf-8"), media, (("content-disposition", f'attachment; filename="{name}"'),))
+
+
+def hub_download(settings: Settings, body: bytes) -> Reply:
+    """``POST /api/hub-download`` (body ``{"model": "ORG/NAME[@revision]"}``): download that id's config.json
+    into the Hugging Face cache (``huggingface_hub``, the user's ``HF_TOKEN``), then ``{"model", "path"}``."""
+    from fitplan.inputs import hub
+    from fitplan.inputs.files import decode, loads_json
+
+    data = loads_json(decode(body, file="request body"), file="request body")
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, str) or not hub.is_repo_id(model):
+        raise FitplanError("give a Hub id ORG/NAME[@revision] to download", field="model", value=model)
+    repo, revision = hub.split_revision(model)
+    return json_reply({"model": model, "path": str(hub.fetch_file(repo, "config.json", revision, field="model"))})
 
 
 def upload(settings: Settings, body: bytes, filename: str | None) -> Reply:

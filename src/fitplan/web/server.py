@@ -4,7 +4,9 @@ page's static files (bundled in the wheel), and :class:`Guard`, which makes it s
 The guard (docs/serve.md, "Security"): a request whose ``Host`` header is not an address this server serves
 is refused (a page elsewhere cannot reach it through DNS rebinding); a ``POST`` whose ``Origin`` (or
 ``Sec-Fetch-Site``) shows another site is refused; the query string and the upload are bounded; every reply
-carries a strict Content-Security-Policy. Only this module imports starlette and uvicorn (the ``web`` extra).
+carries a strict Content-Security-Policy; :mod:`fitplan.web.limits` times out a request that does not arrive
+and caps the open connections. Only this module and :mod:`~fitplan.web.limits` import starlette and uvicorn
+(the ``web`` extra).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from fitplan.web import api, view
+from fitplan.web.limits import MAX_CONNECTIONS, READ_TIMEOUT_S, limited_protocol
 from fitplan.web.uploads import MAX_UPLOAD_BYTES
 
 STATIC = Path(__file__).parent / "static"
 PAGES = {"/": ("index.html", "text/html; charset=utf-8"), "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
          "/static/app.css": ("app.css", "text/css; charset=utf-8")}
 MAX_QUERY_BYTES = 8192
+MAX_HEADER_BYTES = 32 * 1024
+
 SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                  b"connect-src 'self'; form-action 'none'; base-uri 'none'; frame-ancestors 'none'"),
@@ -159,6 +164,20 @@ def _upload(settings: api.Settings):
     return route
 
 
+def _hub_download(settings: api.Settings):
+    async def route(request: Request) -> Response:
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            return api_response(api.json_reply({"error": 'POST {"model": "ORG/NAME"} with Content-Type: '
+                                                         'application/json'}, 415))
+        body = await _read_body(request)
+        if body is None:
+            return api_response(api.json_reply({"error": f"request body larger than {MAX_UPLOAD_BYTES:,} bytes"}, 413))
+        return api_response(await run_in_threadpool(guarded, api.hub_download, settings, body))
+
+    return route
+
+
 def _static(name: str, media: str):
     data = (STATIC / name).read_bytes()
 
@@ -179,7 +198,7 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 ENDPOINTS = {"estimate": api.estimate, "explain": api.explain, "recommend": api.recommend, "models": api.models,
              "gpus": api.gpus, "options": api.options, "export": api.export, "view": view.view,
-             "largest": view.largest_view}
+             "largest": view.largest_view, "prices": view.prices_view}
 
 
 def make_app(settings: api.Settings, hosts: set[str]) -> Any:
@@ -187,6 +206,7 @@ def make_app(settings: api.Settings, hosts: set[str]) -> Any:
     routes = [Route(path, _static(name, media), methods=["GET", "HEAD"]) for path, (name, media) in PAGES.items()]
     routes += [Route(f"/api/{name}", _get(func, settings), methods=["GET", "HEAD"]) for name, func in ENDPOINTS.items()]
     routes.append(Route("/api/upload", _upload(settings), methods=["POST"]))
+    routes.append(Route("/api/hub-download", _hub_download(settings), methods=["POST"]))
     routes.append(Route("/favicon.ico", _no_content, methods=["GET", "HEAD"]))
     app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_found})
     return Guard(app, hosts)
@@ -210,15 +230,21 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_server(settings: api.Settings, host: str = "127.0.0.1", port: int = 0, allow_hosts: Iterable[str] = ()):
-    """``(uvicorn.Server, socket, url)``: ``server.run(sockets=[socket])`` serves until ``server.should_exit``."""
+def make_server(settings: api.Settings, host: str = "127.0.0.1", port: int = 0, allow_hosts: Iterable[str] = (), *,
+                read_timeout: float = READ_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
+    """``(uvicorn.Server, socket, url)``: ``server.run(sockets=[socket])`` serves until ``server.should_exit``.
+    A request must arrive within ``read_timeout`` seconds; at most ``max_connections`` are open
+    (:mod:`fitplan.web.limits`); request headers are at most :data:`MAX_HEADER_BYTES` (uvicorn's
+    ``h11_max_incomplete_event_size``: 400 beyond)."""
     import uvicorn
 
     sock = bind(host, port)
     actual = sock.getsockname()[1]
     app = make_app(settings, host_headers(served_names(host, allow_hosts), actual))
     config = uvicorn.Config(app, log_level="warning", access_log=False, proxy_headers=False, server_header=False,
-                            lifespan="off", timeout_graceful_shutdown=2)
+                            lifespan="off", timeout_graceful_shutdown=2, timeout_keep_alive=5,
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                            http=limited_protocol(read_timeout, max_connections))
     shown = f"[{host}]" if ":" in host else host
     return uvicorn.Server(config), sock, f"http://{shown}:{actual}/"
 

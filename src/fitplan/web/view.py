@@ -6,6 +6,7 @@ ordinary estimates of the same scenario with one thing changed, rendered by the 
 provider: :func:`~fitplan.search.sweep.across_providers`), and what the page needs to label and explain them
 (``rows``, ``explain``) and to offer the downloads (``exports``). Nothing here computes a number of its own.
 
+``GET /api/prices`` answers separately, after the view: each GPU's cheapest provider (tens of estimates).
 ``GET /api/largest`` answers separately (the page asks for it once the view is shown): the largest
 micro-batch and sequence that fit the GPU, as ``fitplan recommend --max ... --headroom 0`` (the ``fits``
 verdict's test). Those searches evaluate tens of new shapes, each with its own step trace (a few hundred
@@ -22,6 +23,8 @@ from fitplan.web.api import Query, Reply, Settings, assessment, estimate_of, exp
 PAGE_HEADROOM = "0"
 """The page's largest micro-batch and sequence fit with no headroom: the ``fits`` verdict's test."""
 MEMORY_PREFIX = "memory.per_gpu_bytes."
+TIME_KEYS = ("seconds", "hours", "seconds_low", "seconds_high")
+"""What ``/api/prices`` keeps of each GPU's ``time`` section (the page shows the time and its band)."""
 
 
 def breakdown_rows(est) -> list[dict[str, Any]]:
@@ -114,6 +117,37 @@ def view(settings: Settings, query: Query) -> Reply:
         "exports": exports(est, upload),
         "upload": upload,
     })
+
+
+def gpu_prices(est, ctx) -> dict[str, Any]:
+    """Each GPU's cheapest rental for the scenario: ``{gpu id: {"provider", "time", "cost"}}`` (the ``time`` and
+    ``cost`` sections of ``fitplan estimate --gpu ID --provider P``, P the provider whose on-demand cost is
+    lowest), ``{"error": ...}`` when no provider rents it; empty without a dataset size (nothing to price)."""
+    from fitplan.output.estimate_report import sections_json
+    from fitplan.search.sweep import across_gpus_and_providers
+
+    if est.role("seconds") is None:
+        return {}
+    best: dict[str, Any] = {}
+    for gid, pid, got in across_gpus_and_providers(est.scenario, ctx, arch=est.arch):
+        if isinstance(got, FitplanError):
+            best.setdefault(gid, {"error": got.render()})
+            continue
+        data = sections_json(got)
+        cost = data.get("cost") or {}
+        if cost.get("on_demand_usd") is None:
+            continue
+        held = best.get(gid, {}).get("cost")
+        if held is None or cost["on_demand_usd"] < held["on_demand_usd"]:
+            time = {k: v for k, v in (data.get("time") or {}).items() if k in TIME_KEYS}
+            best[gid] = {"provider": pid, "time": time, "cost": cost}
+    return best
+
+
+def prices_view(settings: Settings, query: Query) -> Reply:
+    """``GET /api/prices``: :func:`gpu_prices` of the query's scenario."""
+    est, _ = estimate_of(settings, query)
+    return json_reply(gpu_prices(est, settings.context()))
 
 
 def largest_view(settings: Settings, query: Query) -> Reply:

@@ -24,6 +24,19 @@ def require_extra() -> None:
                            suggestion="pip install 'fitplan[web]'")
 
 
+def stop_on_sigterm() -> None:
+    """Make SIGTERM end the command like Ctrl+C (through the ``finally`` that removes the uploads): uvicorn
+    shuts down on SIGTERM, restores the handler it found and raises the signal again
+    (``uvicorn/server.py``, ``capture_signals``); with the default handler that would kill the process before
+    the uploads' directory is removed."""
+    import signal
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but a loopback address exposes the page to your network.")
@@ -35,10 +48,13 @@ def require_extra() -> None:
               help="A policy file of [[policy]] rules checked on every estimate (repeatable; docs/policies.md).")
 @click.option("--allow-host", "allow_hosts", multiple=True,
               help="Another host name clients use to reach the server (repeatable; needed with --host 0.0.0.0).")
+@click.option("--allow-hub", is_flag=True, default=False,
+              help="Let a query download a Hub id's config.json (with your HF_TOKEN). Default: the page reads the "
+                   "local Hugging Face cache only and offers an explicit download button.")
 @click.option("--search-seconds", type=click.FloatRange(1, 3600), default=30.0, show_default=True,
               help="Longest /api/recommend search the server runs.")
 def serve(host: str, port: int, open_browser: bool, ruleset_dirs: tuple[str, ...], policy_files: tuple[str, ...],
-          allow_hosts: tuple[str, ...], search_seconds: float) -> None:
+          allow_hosts: tuple[str, ...], allow_hub: bool, search_seconds: float) -> None:
     """Serve the interactive calculator: every change of the scenario re-estimates at once.
 
     The page and its JSON API (/api/estimate, /api/recommend, /api/explain, /api/models, /api/gpus) use the
@@ -53,7 +69,7 @@ def serve(host: str, port: int, open_browser: bool, ruleset_dirs: tuple[str, ...
     from fitplan.web.server import is_loopback, make_server, warm_up
     from fitplan.web.uploads import UploadStore
 
-    settings = Settings(tuple(ruleset_dirs), tuple(policy_files), search_seconds, UploadStore())
+    settings = Settings(tuple(ruleset_dirs), tuple(policy_files), search_seconds, UploadStore(), allow_hub=allow_hub)
     try:
         warm_up(settings)
         server, sock, url = make_server(settings, host, port, allow_hosts)
@@ -63,6 +79,7 @@ def serve(host: str, port: int, open_browser: bool, ruleset_dirs: tuple[str, ...
         click.echo(f"fitplan serve: {url}  (Ctrl+C to stop)", err=True)
         if open_browser:
             threading.Timer(0.3, webbrowser.open, [url]).start()
+        stop_on_sigterm()
         try:
             server.run(sockets=[sock])
         except KeyboardInterrupt:  # uvicorn shut down gracefully, then re-raised the signal: a normal stop
