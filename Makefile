@@ -20,7 +20,7 @@ PLUGINS := plugins/fitplan-torch
 EXAMPLE_PLUGINS := plugins/acme-fitplan-rules plugins/fitplan-optimizers-extra
 TEST_PLUGINS := .test-plugins
 
-.PHONY: demo serve test install install-test bench clean
+.PHONY: demo serve test install install-test bench screenshots clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ bench: install
 	$(PY) bench/bench_estimate.py
 	$(PY) bench/bench_cli_startup.py
 	$(PY) bench/bench_serve.py
+
+# Screenshots of the serve page at 1400 px and 390 px, light and dark, for review (DIR=... to choose where).
+screenshots: install-test
+	$(PY) bench/serve_screenshots.py $(or $(DIR),/tmp/fitplan-screenshots)
 
 clean:
 	rm -rf $(VENV) $(TEST_PLUGINS) .pytest_cache .hypothesis

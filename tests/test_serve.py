@@ -243,7 +243,7 @@ def test_replies_carry_a_strict_content_security_policy(served):
 
 def test_the_page_needs_no_network(served):
     """Every asset is bundled: the page names no other host (no CDN, no web font)."""
-    for path in ("/", "/static/app.js", "/static/app.css"):
+    for path in ("/", "/static/app.js", "/static/view.js", "/static/app.css"):
         text = get(served, path)[1].decode()
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
         assert not re.search(r"""(src|href)\s*=\s*["']?//|url\(\s*["']?//|@import""", text)  # protocol-relative

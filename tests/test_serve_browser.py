@@ -18,6 +18,7 @@ import statistics
 import urllib.parse
 
 import pytest
+from click.testing import CliRunner
 
 from conftest import ROOT, chromium_path, require_modules
 from test_serve import cli_output, flags
@@ -210,3 +211,195 @@ def test_a_confidence_band_is_read_in_each_documented_shape(page, served):
         withBand('5 s', null, String)]""")
     assert got[:5] == [[4, 7]] * 5 and got[5] is None
     assert got[6:] == ["5 s (band 4 – 7)", "5 s"]
+
+
+# --------------------------------------------------------------------------- the answer first, states, small screens
+
+
+def page_query(page) -> dict[str, str]:
+    return dict(urllib.parse.parse_qsl(page.evaluate("document.body.dataset.query")))
+
+
+def cheapest_on_the_cli(query: dict[str, str]) -> tuple[str, float]:
+    """The provider whose on-demand cost is lowest for ``query``, by running ``fitplan estimate --provider P`` for
+    every provider of the rulesets (those that rent no such GPU fail and are skipped)."""
+    from fitplan.cli import cli, load_commands
+    from fitplan.context import get_context
+
+    load_commands()
+    costs = {}
+    for pid in get_context(()).rulesets.providers:
+        result = CliRunner().invoke(cli, ["estimate", *flags({**query, "provider": pid}), "--format", "json"])
+        if result.exit_code == 0:
+            cost = json.loads(result.stdout)["cost"]["on_demand_usd"]
+            if cost is not None:
+                costs[pid] = cost
+    best = min(costs, key=costs.get)
+    return best, costs[best]
+
+
+def test_the_answer_comes_first_for_the_default_scenario(page, served):
+    """The page's own example (no query: full fine-tuning of a 7B model in bf16-mixed on one A100 80GB, which
+    does not fit): one line says so, with the memory against the usable memory and, since even micro-batch 1
+    does not fit, the first advice's flags; the form has the load dtype as a select and bf16/fp16 as boxes."""
+    page.goto(served.url)
+    page.wait_for_selector("body[data-state=ready]", timeout=20_000)
+    page.wait_for_selector("#largest[data-state=ready]", timeout=30_000)
+    query = page_query(page)
+    cli = cli_json(query)
+    per, usable = cli["memory"]["per_gpu_bytes"], cli["memory"]["usable_bytes"]
+    assert cli["memory"]["fits"] is False and page.get_attribute("#verdict", "data-fits") == "false"
+    largest = json.loads(cli_output("recommend", *flags(query), "--max", "micro-batch", "--headroom", "0",
+                                    "--format", "json"))["largest"]
+    assert not largest  # even 1 does not fit: the headline names the advice instead
+    advice = cli["advice"][0]["variant"]
+    (field, value), = advice.items()
+    assert page.inner_text("#headline") == (f"does not fit · {per['device_total'] / 1e9:.1f} of {usable / 1e9:.1f} GB"
+                                            f" · try --{field.replace('_', '-')} {value} (see Advice)")
+    assert page.get_attribute("#answer", "aria-live") == "polite" and page.get_attribute("#answer", "role") == "status"
+    assert page.eval_on_selector("#f-dtype", "e => [e.tagName, [...e.options].map(o => o.value)]") == [
+        "SELECT", ["auto", "float32", "bfloat16", "float16"]]
+    assert page.eval_on_selector_all("#f-bf16, #f-fp16", "es => es.map(e => e.type)") == ["checkbox", "checkbox"]
+    assert page.problems == []
+
+
+def test_the_answer_of_a_run_that_fits_names_the_cheapest_provider(page, served):
+    """fits · memory · time · the cheapest provider (found by running the CLI once per provider); the GPU cards
+    sorted fits first, then by cost, the chosen GPU's card priced by the same cheapest provider."""
+    query = {**START, "optim": "adamw_torch"}
+    open_view(page, served, query)
+    cli = cli_json(query)
+    best, cost = cheapest_on_the_cli(query)
+    headline = page.inner_text("#headline")
+    per, usable, seconds = cli["memory"]["per_gpu_bytes"], cli["memory"]["usable_bytes"], cli["time"]["seconds"]
+    assert cli["memory"]["fits"] is True and page.get_attribute("#verdict", "data-fits") == "true"
+    hours = f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+    assert headline == (f"fits · {per['device_total'] / 1e9:.1f} of {usable / 1e9:.1f} GB · {hours} · "
+                        f"${cost:,.2f} on {best}, cheapest"), (headline, best, cost)
+    page.wait_for_selector("#gpus[data-priced=true]", timeout=30_000)
+    cards = page.eval_on_selector_all("#gpus .gpu", """bs => bs.map(b => [b.dataset.gpu, b.dataset.fits,
+        b.querySelector('.price').textContent])""")
+    fits = [f for _, f, _ in cards]
+    assert fits == sorted(fits, key=lambda f: f != "true")  # fitting GPUs first
+    prices = [float(p.split(" ")[0].lstrip("$").replace(",", "")) for _, f, p in cards if f == "true" and p.startswith("$")]
+    assert prices == sorted(prices) and len(prices) >= 3
+    chosen = next(p for g, _, p in cards if g == query["gpu"])
+    assert chosen.startswith(f"${cost:,.2f} · ") and chosen.endswith(f" · {best}")
+    assert page.problems == []
+
+
+def test_a_run_that_does_not_fit_says_what_to_change_and_offers_no_download(page, served):
+    largest = json.loads(cli_output("recommend", *flags({**START, "optim": "adamw_torch"}), "--max", "micro-batch",
+                                    "--headroom", "0", "--format", "json"))["largest"]
+    query = {**START, "optim": "adamw_torch", "per-device-train-batch-size": str(largest + 1)}
+    open_view(page, served, query)
+    assert cli_json(query)["memory"]["fits"] is False
+    assert page.get_attribute("#verdict", "data-fits") == "false"
+    page.wait_for_selector("#largest[data-state=ready]", timeout=30_000)
+    headline = page.inner_text("#headline")
+    assert headline.startswith("does not fit · ") and headline.endswith(f"largest micro-batch that fits: {largest}")
+    assert page.query_selector_all("#exports a[data-export]") == []
+    disabled = page.eval_on_selector_all("#exports span.button.disabled", "es => es.map(e => e.getAttribute('title'))")
+    assert len(disabled) == 4 and all("does not fit" in t for t in disabled)
+    assert "nofit" in page.get_attribute("#providers", "class") and "does not fit" in page.inner_text("#nofit-cost")
+
+
+def test_an_error_clears_the_old_verdict(page, served):
+    open_view(page, served, START)
+    assert page.get_attribute("#verdict", "data-fits") == "true"
+    page.fill("#f-model", "llama-2-13")
+    page.wait_for_selector("body[data-state=error]", timeout=20_000)
+    assert "fits" not in page.inner_text("#verdict") and page.get_attribute("#verdict", "data-fits") == ""
+    assert page.inner_text("#headline").startswith("fix the input: ") and page.inner_text("#summary") == ""
+    assert "llama-2-13" in page.inner_text("#error")
+    assert page.get_attribute("#results", "aria-hidden") == "true" and "stale" in page.get_attribute("#results", "class")
+
+
+def test_stale_panels_dim_as_soon_as_an_input_changes(page, served):
+    open_view(page, served, START)
+    page.wait_for_selector("#largest[data-state=ready]", timeout=30_000)
+    dimmed = page.evaluate("""() => {
+        const input = document.getElementById('f-per-device-train-batch-size');
+        input.value = '3';
+        input.dispatchEvent(new Event('input', {bubbles: true}));
+        return ['results', 'largest', 'gpus', 'answer'].map(id => document.getElementById(id).classList.contains('stale'));
+    }""")  # synchronously, before any reply
+    assert dimmed == [True, True, True, True]
+    page.wait_for_function("() => document.body.dataset.state === 'ready' && document.body.dataset.query.includes('batch-size=3')")
+    page.wait_for_selector("#largest[data-state=ready]", timeout=30_000)
+    assert page.evaluate("['results', 'largest', 'answer'].map(id => document.getElementById(id).classList.contains('stale'))") == [
+        False, False, False]
+
+
+def test_an_unset_flag_stays_out_of_the_link(page, served):
+    """overlap_comm has DeepSpeed's default unless it is set: the link and the downloads carry no overlap-comm
+    until the user picks on or off, and a link reproduces each of the three states."""
+    query = {**START, "optim": "adamw_torch", "precision": "bf16-master", "zero": "2", "num-gpus": "8"}
+    open_view(page, served, query)
+    assert page.get_attribute("#verdict", "data-fits") == "true"  # so that the downloads are offered
+    assert "overlap-comm" not in page.url and page.input_value("#f-overlap-comm") == ""
+    assert "overlap-comm" not in page.get_attribute("a[data-export=deepspeed]", "href")
+    page.click("#fs-parallel details > summary")  # a less used flag: under "more"
+    for value in ("false", "true", ""):
+        page.select_option("#f-overlap-comm", value)
+        want = f"overlap-comm={value}" if value else None
+        page.wait_for_function("(want) => document.body.dataset.state === 'ready' && "
+                               "(want ? document.body.dataset.query.includes(want) : !document.body.dataset.query.includes('overlap-comm'))",
+                               arg=want)
+        link = page.url
+        assert (want in link) if want else ("overlap-comm" not in link)
+        page.goto(link)
+        page.wait_for_selector("body[data-state=ready]", timeout=20_000)
+        assert page.input_value("#f-overlap-comm") == value and page.url == link
+        if value:
+            assert page.is_visible("#f-overlap-comm")  # the link's flag is shown (its "more" opened)
+        else:
+            page.click("#fs-parallel details > summary")
+
+
+def test_a_phone_screen_does_not_scroll_sideways(browser, served):
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    try:
+        open_view(page, served, {**START, "provider": "aws"})
+        page.wait_for_selector("#largest[data-state=ready]", timeout=30_000)
+        got = page.evaluate("""() => {
+            const svg = document.querySelector('#chart svg'), scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+            const fonts = [...svg.querySelectorAll('text')].map(t => parseFloat(getComputedStyle(t).fontSize) * scale);
+            return {scroll: document.scrollingElement.scrollWidth, width: innerWidth, font: Math.min(...fonts),
+                    results: document.getElementById('results').getBoundingClientRect().top,
+                    form: document.getElementById('form').getBoundingClientRect().top,
+                    header: document.querySelector('header').getBoundingClientRect().height,
+                    headerPosition: getComputedStyle(document.querySelector('header')).position};
+        }""")
+        assert got["scroll"] <= got["width"], got
+        assert got["font"] >= 11.5 and got["results"] < got["form"], got
+        assert got["headerPosition"] != "sticky" or got["header"] < 120, got
+    finally:
+        context.close()
+
+
+def test_the_keyboard_reaches_a_number_and_opens_its_derivation(page, served):
+    open_view(page, served, START)
+    page.evaluate("document.activeElement.blur()")
+    for _ in range(60):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.matches('.num[data-explain]')"):
+            break
+    else:
+        raise AssertionError("Tab never reached a number with a derivation")
+    quantity = page.evaluate("document.activeElement.dataset.explain")
+    number = page.evaluate("(() => { const r = document.activeElement.getBoundingClientRect(); return [r.left, r.bottom]; })()")
+    scrolled = page.evaluate("scrollY")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#explain .tree")
+    tree = json.loads(cli_output("explain", quantity, *flags(START), "--format", "json"))["tree"]
+    assert page.inner_text("#explain .tree b >> nth=0") == tree["name"]
+    text = page.inner_text("#explain-pop")
+    assert "``" not in text and "{" not in text  # formula lines, not dicts or RST
+    pop = page.evaluate("(() => { const r = document.getElementById('explain-pop').getBoundingClientRect(); return [r.left, r.top]; })()")
+    assert abs(pop[1] - number[1]) < 40 or pop[1] < number[1]  # opened beside the number (below it, or above)
+    assert page.evaluate("scrollY") == scrolled  # the page did not jump
+    page.keyboard.press("Escape")
+    assert page.is_hidden("#explain-pop") and page.evaluate("document.activeElement.dataset.explain") == quantity
+    assert page.problems == []

@@ -277,12 +277,12 @@ def field_rows(ctx) -> list[dict[str, Any]]:
     from fitplan.cli.commands.estimate import estimate as command
     from fitplan.cli.options import HELP
     from fitplan.inputs import scenario as sc
-    from fitplan.inputs.precision import PRECISIONS
+    from fitplan.inputs.precision import LOAD_DTYPES, PRECISIONS
 
     opts = {o[2:]: p for p in command.params for o in getattr(p, "opts", ()) if o.startswith("--")}
     default = sc.flatten(sc.Scenario())
     closed: dict[str, Any] = {f: getattr(sc, t) for f, t in CHOICES.items()}
-    closed.update(precision=PRECISIONS, zero_stage=(0, 1, 2, 3), gpu=tuple(ctx.rulesets.gpus),
+    closed.update(precision=PRECISIONS, dtype=LOAD_DTYPES, zero_stage=(0, 1, 2, 3), gpu=tuple(ctx.rulesets.gpus),
                   provider=tuple(ctx.rulesets.providers), optim=tuple(ctx.registry.optimizers))
     rows = []
     for name, field in SCENARIO_PARAMS.items():
