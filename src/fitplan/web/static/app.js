@@ -301,12 +301,15 @@ async function explain(target) {
 // Beside the number on a wide screen (below it, or above when there is no room); a sheet at the bottom of a
 // narrow one (CSS). The page does not scroll.
 function place(pop, target) {
-  if (window.innerWidth < 700) { pop.style.left = pop.style.top = ""; return; }
+  if (window.innerWidth < 700) { pop.style.left = pop.style.top = pop.style.width = pop.style.maxHeight = ""; return; }
   const r = target.getBoundingClientRect(), w = Math.min(640, window.innerWidth - 24);
   pop.style.width = w + "px";
   pop.style.left = Math.max(12, Math.min(r.left, window.innerWidth - w - 12)) + "px";
-  const below = window.innerHeight - r.bottom, h = Math.min(pop.scrollHeight, window.innerHeight * 0.7);
-  pop.style.top = (below > h + 16 || below > r.top ? r.bottom + 6 : Math.max(8, r.top - h - 6)) + "px";
+  const above = r.top - 14, below = window.innerHeight - r.bottom - 14;  // the larger side, never over the number
+  const room = Math.max(above, below, 160);
+  pop.style.maxHeight = room + "px";
+  const h = Math.min(pop.scrollHeight, room);
+  pop.style.top = (below >= above ? r.bottom + 6 : Math.max(8, r.top - 6 - h)) + "px";
 }
 
 function closeExplain() {
@@ -390,7 +393,10 @@ function wireControls() {
     if (window.innerWidth === width) return;
     width = window.innerWidth;
     clearTimeout(resized);
-    resized = setTimeout(() => { if (lastView && document.body.dataset.state !== "error") renderChart(lastView); }, 100);
+    resized = setTimeout(() => {
+      chartWidth = 0;
+      if (lastView && document.body.dataset.state !== "error") renderChart(lastView);
+    }, 100);
   });
 }
 

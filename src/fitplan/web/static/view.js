@@ -6,7 +6,8 @@
 const PHASES = [["forward", "forward"], ["backward", "backward"], ["optimizer_step", "optimizer step"]];
 const SVG = "http://www.w3.org/2000/svg";
 const COLOURS = 12;          // .c0 … .c11: a component keeps its colour (its index in /api/view's rows) in every scenario
-const CHART_FONT_PX = 12;    // the chart is drawn at its on-screen width, so its text is never smaller than this
+const CHART_FONT_PX = 12;
+let chartWidth = 0;          // the chart's on-screen width, measured at the first render and after a resize    // the chart is drawn at its on-screen width, so its text is never smaller than this
 
 function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -171,7 +172,8 @@ function renderChart(d) {
   const comps = d.rows.filter((r) => !r.overhead && atPeak[r.key] > 0);
   const overhead = d.rows.find((r) => r.overhead);
   const max = Math.max(per.device_total || 0, mem.usable_bytes || 0, ...Object.values(phases)) * 1.04 || 1;
-  const W = Math.max(Math.round($("chart").clientWidth || 760), 300), narrow = W < 560;
+  if (!chartWidth) chartWidth = Math.round($("chart").clientWidth || 760);  // read once: a layout read costs a reflow
+  const W = Math.max(chartWidth, 300), narrow = W < 560;
   const L = narrow ? 92 : 150, H = 28, G = 14, top = 22;
   const x = (b) => L + (b / max) * (W - L - 12);
   const rows = 2 + PHASES.length;
