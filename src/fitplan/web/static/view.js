@@ -312,8 +312,8 @@ function renderTime(d) {
   const priced = d.providers.filter((p) => p.cost).sort((a, b) => (a.cost.on_demand_usd ?? Infinity) - (b.cost.on_demand_usd ?? Infinity));
   const rows = [...priced, ...d.providers.filter((p) => !p.cost)].map((p) => providerRow(d, p, fits));
   $("providers").classList.toggle("nofit", !fits);
-  $("providers").replaceChildren(el("tr", {}, el("th", {text: "provider"}), el("th", {text: "instances"}),
-    el("th", {text: "on demand"}), el("th", {text: "spot"}), el("th", {text: "time"})), ...rows);
+  $("providers").replaceChildren(el("tr", {}, el("th", {text: "provider"}), el("th", {text: "on demand"}),
+    el("th", {text: "spot"}), el("th", {text: "time"}), el("th", {text: "instances"})), ...rows);
 }
 
 function providerRow(d, p, fits) {
@@ -326,11 +326,11 @@ function providerRow(d, p, fits) {
   choose.addEventListener("click", () => setField("provider", p.id));
   return el("tr", {class: "provider" + (selected ? " selected" : ""), "data-provider": p.id},
     el("td", {}, choose),
-    el("td", {text: `${c.instance_count} × ${c.instance}${c.region ? " (" + c.region + ")" : ""}`}),
     el("td", {}, num(withBand(money(c.on_demand_usd, c.currency), band(c, "on_demand_usd"), (v) => money(v, c.currency)),
       {"data-explain": d.explain["cost.on_demand"]})),
     el("td", {}, num(money(c.spot_usd, c.currency), {"data-explain": c.spot_usd === null ? null : d.explain["cost.spot"]})),
-    el("td", {text: hours(p.time ? p.time.seconds : null)}));
+    el("td", {text: hours(p.time ? p.time.seconds : null)}),
+    el("td", {text: `${c.instance_count} × ${c.instance}${c.region ? " (" + c.region + ")" : ""}`}));
 }
 
 function renderAdvice(est) {
