@@ -6,7 +6,10 @@ The page is loaded, the micro-batch changed across the fits boundary (the chart 
 within 200 ms of the input event in the median of five changes, measured in the page), a shared link must
 reproduce the view, an export is downloaded and read back by the CLI, a number's derivation is opened, a
 config.json is uploaded, and a screenshot is kept (under pytest's tmp dir; also in ``$FITPLAN_ARTIFACTS`` when
-set). The expected numbers are the CLI's (``fitplan estimate --format json`` for the same flags). About 20 s.
+set). Then the answer line (against the CLI, the cheapest provider found by running it once per provider), a run
+that does not fit (no download), an error clearing the verdict, panels dimmed at the input event, a three-state
+flag in the link, a phone screen (no sideways scroll, 12 px chart text, results first) and the keyboard opening a
+derivation. The expected numbers are the CLI's (``fitplan estimate --format json`` for the same flags). About 60 s.
 """
 
 from __future__ import annotations
