@@ -72,7 +72,7 @@ def cheapest_text(a: Assessment, units: str) -> str | None:
     hours = c["seconds"] / 3600
     currency = est.rulesets.providers[c["provider"]].currency
     return (f"{gpu.name} on {c['provider']} ({c['instance']}): {c['on_demand_usd']:,.2f} {currency} on demand, {hours:,.2f} h, "
-            f"{format_bytes(c['device_total_bytes'], units)} of {format_bytes(c['usable_bytes'], units)}; {fits} "
+            f"{format_bytes(c['device_total'], units)} of {format_bytes(c['usable'], units)}; {fits} "
             f"(fitplan estimate --gpu {c['gpu']} --provider {c['provider']})")
 
 

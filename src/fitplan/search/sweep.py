@@ -47,11 +47,11 @@ def across_providers(base: sc.Scenario, ctx, *, arch: Any = None) -> list[tuple[
 def cheapest(base: sc.Scenario, ctx, *, arch: Any = None) -> dict[str, Any]:
     """Where ``base`` runs for least, when it names no GPU: every GPU of the hardware ruleset on which it fits
     (``fitplan estimate --gpu X``'s verdict), each priced on demand by every provider renting it, the same GPU
-    count. Returns ``{"gpu", "provider", "instance", "on_demand_usd", "seconds", "device_total_bytes",
-    "usable_bytes", "fits_on"}`` (``fits_on``: the GPU ids it fits on, in ruleset order), ``{"fits_on": [...]}``
+    count. Returns ``{"gpu", "provider", "instance", "on_demand_usd", "seconds", "device_total", "usable"
+    (bytes per GPU), "fits_on"}`` (``fits_on``: the GPU ids it fits on, in ruleset order), ``{"fits_on": [...]}``
     when none can be priced (no dataset size, or no provider rents a GPU it fits on; ``fits_on`` empty when it fits
     on none)."""
-    fitting = [(gid, e) for gid, e in across_gpus(base, ctx, arch=arch) if not isinstance(e, FitplanError) and e["fits"]]
+    fitting = [(gid, e) for gid, e in across_gpus(base, ctx, arch=arch) if not isinstance(e, FitplanError) and e.role("fit")]
     best: tuple[float, str, str, Any] | None = None
     for gid, est in fitting:
         if est.role("seconds") is None:
@@ -66,5 +66,5 @@ def cheapest(base: sc.Scenario, ctx, *, arch: Any = None) -> dict[str, Any]:
         inst = est.role("instance")
         out.update(gpu=gid, provider=pid, instance=None if inst is None else inst.instance.id,
                    on_demand_usd=cost, seconds=est.role("seconds"),
-                   device_total_bytes=int(est.role("device_total")), usable_bytes=int(est.role("usable")))
+                   device_total=int(est.role("device_total")), usable=int(est.role("usable")))
     return out
