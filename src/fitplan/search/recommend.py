@@ -170,7 +170,7 @@ def _prepare(base: sc.Scenario, arch, flat: dict[str, Any], ctx, space: SearchSp
     optim_rank = {o: 0 if optim_specs[o].name == base_optim else 1 if optim_specs[o].name.startswith("adamw") else 2
                   for o in choices["optim"]}
     values = PlanValues(st.cur)
-    vary = tuple(d for d in space.opened if d not in fixed)
+    vary = tuple(d for d in space.opened if d not in fixed and len(choices[d]) > 1)  # one value: nothing to compare
     collectors = {side_key(vary, m, p, o): Collector(top) for m in choices["method"] for p in choices["precision"]
                   for o in choices["optim"]}
     setup = _Search(objective, objective == "cost", choices, space, hardware,
