@@ -13,7 +13,7 @@ from html import escape
 
 from fitplan import __version__
 from fitplan.search.plans import Plan, Result, command_line, describe_market, rejection_text
-from fitplan.output.recommend_report import (PLAN_COLUMNS, SIDE_COLUMNS, _header, cost_text, no_plan_text, plan_row,
+from fitplan.output.recommend_report import (PLAN_COLUMNS, _header, cost_text, no_plan_text, plan_row, side_columns,
                                              side_rows, side_summary, stats_line, time_text)
 
 PALETTE = ("#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#8cd17d", "#b6992d", "#499894", "#bab0ac", "#d37295",
@@ -230,7 +230,7 @@ def render(result: Result) -> str:
              "<h1>fitplan recommend</h1>"]
     parts += [f'<p class="meta">{escape(x)}</p>' for x in _header(result)]
     if result.vary:
-        cols = [*result.vary, *SIDE_COLUMNS]
+        cols = side_columns(result)
         parts += ["<h2>Side by side</h2>", f"<p>{escape(side_summary(result))}</p>",
                   "<table><thead><tr>" + "".join(f"<th>{escape(c)}</th>" for c in cols) + "</tr></thead><tbody>"]
         parts += ["<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>" for row in side_rows(result)]

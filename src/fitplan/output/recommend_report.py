@@ -186,6 +186,10 @@ PLAN_COLUMNS = ("#", "GPUs", "instance", "market", "method", "precision", "optim
 
 def no_plan_text(result: Result) -> str:
     """Why there is no ranked plan."""
+    if result.side is not None:  # the counts are the whole search's, not this side's
+        why = "policies reject those that fit (see below)" if result.rejected else \
+            "none fits with the required headroom, runs on these GPUs (fp16 presets only on GPUs without bf16) or has a price"
+        return f"No plan for {result.side.title}: {why}."
     s = result.stats
     if s.rejected:
         return f"No plan is allowed: {s.rejected:,} fit, and the policies reject every one of them (see below)."
@@ -231,9 +235,14 @@ SIDE_COLUMNS = ("GPUs", "instance", "market", "precision", "sharding", "time", "
 """The columns of the side-by-side table (beside the varied dimensions' values), from :func:`plan_row`."""
 
 
+def side_columns(result: Result) -> list[str]:
+    """The side-by-side table's columns: the varied dimensions, then :data:`SIDE_COLUMNS` not among them."""
+    return [*result.vary, *(c for c in SIDE_COLUMNS if c not in result.vary)]
+
+
 def side_rows(result: Result) -> list[list[str]]:
     """One row per side: the varied values, then its best plan's hardware, time and cost (or why none)."""
-    idx = [PLAN_COLUMNS.index(c) for c in SIDE_COLUMNS]
+    idx = [PLAN_COLUMNS.index(c) for c in side_columns(result)[len(result.vary):]]
     rows = []
     for side in result.sides:
         values = [side.values[d] for d in result.vary]
@@ -259,7 +268,7 @@ def to_markdown(result: Result) -> str:
     lines = ["# fitplan recommend", ""]
     lines += [f"- {md(x)}" for x in _header(result)]
     if result.vary:
-        cols = [*result.vary, *SIDE_COLUMNS]
+        cols = side_columns(result)
         lines += ["", "## Side by side", "", md(side_summary(result)), "",
                   "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(md(x) for x in row) + " |" for row in side_rows(result)]
@@ -318,7 +327,7 @@ def print_result(result: Result, console) -> None:
         console.print(escape(line))
     if result.vary:
         t = Table(title="Side by side: each value's best plan", title_justify="left", show_edge=False, pad_edge=False)
-        for c in (*result.vary, *SIDE_COLUMNS):
+        for c in side_columns(result):
             t.add_column(c, justify="right" if c in ("time", "cost") else "left")
         for row in side_rows(result):
             t.add_row(*[escape(x) for x in row])

@@ -154,6 +154,8 @@ class Result:
     """The model searched: its name and parameter count (None for a bare count with no name)."""
     vary: tuple[str, ...] = ()
     sides: list[Side] = attrs.Factory(list)
+    side: Side | None = None
+    """Set on a view of one side (:meth:`side_view`): the search's counts are the whole search's."""
 
     def all_plans(self) -> list[Plan]:
         """Every plan a report shows (each once): the ranked, the front, the rejected, of every side."""
@@ -165,7 +167,8 @@ class Result:
 
     def side_view(self, side: Side) -> Result:
         """One side as a result of its own (its plans, front and rejected; the same search), for the renderers."""
-        return attrs.evolve(self, plans=side.plans, pareto=side.pareto, rejected=side.rejected, vary=(), sides=[])
+        return attrs.evolve(self, plans=side.plans, pareto=side.pareto, rejected=side.rejected, vary=(), sides=[],
+                            side=side)
 
     def views(self) -> list[tuple[str, Result]]:
         """What a report shows section by section: ``[("", self)]``, or one ``(side title, view)`` per side."""
