@@ -1,10 +1,12 @@
 """The recommender: enumerate plans, keep those that fit, apply policies, rank, and find the Pareto front.
 
 A *plan* is the user's scenario with these fields chosen by the search (docs/recommend.md): GPU type,
-provider, GPUs per node and nodes (instance shapes respected), method (full, LoRA, QLoRA), precision preset,
-optimizer (every registered one, plugins' included), gradient checkpointing, ZeRO stage and CPU offload,
+provider and instance shape (several instances only where the instance states its network), GPUs per node and
+nodes, gradient checkpointing, ZeRO stage and CPU offload (within the instance's stated host RAM),
 micro-batch × accumulation for a fixed effective batch, and the attention kernel, plus the market (on demand
-or spot). A field the user set (``--method lora``, ``--gpu h100-sxm``, a scenario file's value) is fixed.
+unless spot is asked for): what leaves the trained model the same. Method, optimizer and precision are the
+scenario's unless the space opens them (``--vary``); each value (a *side*) then has its own collector and
+ranking, never one mixing them. A field the user set (``--gpu h100-sxm``, a scenario file's value) is fixed.
 
 Three parts: the options are enumerated from the search space (:mod:`fitplan.search.space`); each
 configuration is evaluated loop-invariantly (:class:`Staged`: each quantity is recomputed only in the loops
@@ -210,8 +212,8 @@ def _choices(flat: dict[str, Any], fixed: set[str], space: SearchSpace, registry
 
 
 MAX_CANDIDATES = 20_000_000
-"""The largest search fitplan starts (the default space of a 7B model holds about 1.4 million candidates, searched
-in a few seconds): a larger one is narrowed by the user first."""
+"""The largest search fitplan starts (an upper bound; the default space of an 8B model holds under 10,000
+candidates, with method, precision and optimizer all opened about 0.6 million): a larger one is narrowed first."""
 
 
 def _check_size(choices: dict[str, tuple[Any, ...]], hardware: dict, space: SearchSpace, tp: int) -> None:

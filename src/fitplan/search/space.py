@@ -36,9 +36,10 @@ VARY_DIMENSIONS = {"method": "methods", "optim": "optimizers", "precision": "pre
 
 @attrs.frozen
 class SearchSpace:
-    """What the recommender may choose. ``None`` for gpus / providers: every one known; ``None`` for methods /
+    """What the recommender may choose. ``None`` for gpus / providers: every one known. ``None`` for methods /
     precisions / optimizers: the scenario's value (the dimension is not opened); a tuple opens it with these
-    values (``--vary optim`` with no ``--optims`` lists the registered optimizers the search tries, :func:`fitplan.search.recommend.searchable_optimizers`)."""
+    values, each ranked on its own (``--vary optim`` lists
+    :func:`fitplan.search.recommend.searchable_optimizers`)."""
 
     methods: tuple[str, ...] | None = None
     precisions: tuple[str, ...] | None = None
