@@ -160,7 +160,8 @@ def test_variant_fields_are_checked():
 
 
 def test_estimate_reports_show_advice():
-    args = ("estimate", "--model", "llama-2-7b", "--gpu", "a100-80gb", "--per-device-train-batch-size", "4")
+    # an fp32 load (Llama-2 publishes float16: --dtype float32 is the fp32 run the mixed-precision advice is for)
+    args = ("estimate", "--model", "llama-2-7b", "--dtype", "float32", "--gpu", "a100-80gb", "--per-device-train-batch-size", "4")
     proc = run_cli(*args, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     advice = json.loads(proc.stdout)["advice"]

@@ -248,6 +248,8 @@ for cid, argv, needle in [
     ("recommend-unknown-gpus", ["--gpus", "h100-sx"], "h100-sxm"),
     ("recommend-unknown-method", ["--methods", "lora,qlorra"], "qlora"),
     ("recommend-unknown-market", ["--markets", "spott"], "spot"),
+    ("recommend-unknown-vary", ["--vary", "colour"], "precision"),
+    ("recommend-vary-fixed", ["--vary", "optim", "--optim", "sgd"], "fixes optim"),
 ]:
     case(cid, {}, ["recommend", "--model", "llama-2-7b", "--num-examples", "100", "--tokens-per-example", "100", *argv],
          needle)

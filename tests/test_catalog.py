@@ -171,8 +171,8 @@ def test_catalog_dtypes_are_torch_dtype_names(rs):
 
 # ------------------------------------------------------------------------------------------------ GPUs
 
-# DOMAIN.md §5: id -> (bandwidth GB/s, bf16 or fp16 dense TFLOPS, fp32 TFLOPS, fp8 or None, NVLink GB/s or None)
-DOMAIN_GPUS = {
+# Vendor datasheets (each GPU's `source`; docs/sources.md, 'Hardware'): id -> (bandwidth GB/s, bf16 or fp16 dense TFLOPS, fp32 TFLOPS, fp8 or None, NVLink GB/s or None)
+DATASHEET_GPUS = {
     "t4": (320, 65, 8.1, None, None),
     "a10g": (600, 70, 31.2, None, None),
     "l4": (300, 121, 30.3, 242.5, None),
@@ -219,9 +219,9 @@ COMMON_SPELLINGS = {
 GiB = 2**30
 
 
-def test_domain_gpus_present_with_domain_figures(rs):
-    assert set(DOMAIN_GPUS) <= set(rs.gpus)
-    for gid, (bw, tensor, fp32, fp8, nvlink) in DOMAIN_GPUS.items():
+def test_datasheet_gpus_present_with_datasheet_figures(rs):
+    assert set(DATASHEET_GPUS) <= set(rs.gpus)
+    for gid, (bw, tensor, fp32, fp8, nvlink) in DATASHEET_GPUS.items():
         g = rs.gpu(gid)
         assert g.bandwidth_gbps == bw, gid
         assert g.peak_tflops.get("bf16", g.peak_tflops.get("fp16")) == pytest.approx(tensor, rel=0.001), gid
@@ -275,8 +275,8 @@ def test_usable_memory_matches_known_readings(rs):
 
 # ------------------------------------------------------------------------------------------------ pricing
 
-# DOMAIN.md §6 rows: (provider, instance, region) -> (gpu, gpus, on-demand, spot)
-DOMAIN_INSTANCES = {
+# Published price rows (each row's `source`; docs/sources.md, 'Cloud prices'): (provider, instance, region) -> (gpu, gpus, on-demand, spot)
+PUBLISHED_INSTANCES = {
     ("aws", "g4dn.xlarge", "us-east-1"): ("t4", 1, 0.526, 0.21),
     ("aws", "g5.xlarge", "us-east-1"): ("a10g", 1, 1.006, 0.43),
     ("aws", "g6.xlarge", "us-east-1"): ("l4", 1, 0.805, 0.37),
@@ -289,7 +289,7 @@ DOMAIN_INSTANCES = {
     ("lambda", "gpu_8x_h100_sxm5", "any"): ("h100-sxm", 8, 8 * 3.99, None),
     ("lambda", "gpu_8x_a100_80gb_sxm4", "any"): ("a100-80gb", 8, 8 * 2.79, None),
     ("lambda", "gpu_8x_b200_sxm6", "any"): ("b200", 8, 8 * 6.69, None),
-    # re-read on runpod.io 2026-11-09 (datareceipts/data-receipts 109-gpu-pricing; DOMAIN.md §6 had 3.29 / 1.59)
+    # re-read on runpod.io 2026-11-09 (datareceipts/data-receipts 109-gpu-pricing; the 2025-11 rows had 3.29 / 1.59)
     ("runpod", "1x-h100-sxm", "secure"): ("h100-sxm", 1, 3.99, None),
     ("runpod", "1x-a100-80gb-sxm", "secure"): ("a100-80gb", 1, 1.79, None),
     # issue 15's providers, from their pages as transcribed (the rows' `source`): on demand and spot per instance
@@ -306,9 +306,9 @@ SEED_PRICES = {"T4": (0.50, 0.15), "A10G": (1.50, 0.45), "A100-40GB": (4.00, 1.2
                "H100": (8.00, 2.40)}
 
 
-@pytest.mark.parametrize("key", sorted(DOMAIN_INSTANCES))
-def test_domain_price_rows(rs, key):
-    gpu, gpus, od, spot = DOMAIN_INSTANCES[key]
+@pytest.mark.parametrize("key", sorted(PUBLISHED_INSTANCES))
+def test_published_price_rows(rs, key):
+    gpu, gpus, od, spot = PUBLISHED_INSTANCES[key]
     inst = rs.instances[key]
     assert (inst.gpu, inst.gpus) == (gpu, gpus)
     assert inst.on_demand_per_hour == pytest.approx(od)

@@ -148,7 +148,8 @@ def plans(tmp_path_factory):
     out = {}
     for name, extra in (("deepspeed", ["--zero", "3", "--precision", "bf16-master", "--gpu", "a100-40gb",
                                        "--num-gpus", "8"]),
-                        ("hf", ["--precision", "bf16-mixed", "--gpu", "a100-80gb", "--method", "lora"])):
+                        # bf16-mixed pairs with bf16-master under ZeRO (the HF bf16 flag): --zero 0 keeps plain HF
+                        ("hf", ["--precision", "bf16-mixed", "--gpu", "a100-80gb", "--method", "lora", "--zero", "0"])):
         d = tmp_path_factory.mktemp(name)
         proc = run_cli("recommend", "--model", "llama-2-7b", "--num-examples", "20000", "--tokens-per-example", "512",
                        "--providers", "aws,lambda,seed", *extra, "--format", "json", "--top", "1", "--emit", "all", str(d))

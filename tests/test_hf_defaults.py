@@ -242,3 +242,21 @@ def test_autocast_over_weights_of_the_other_16_bit_dtype_is_labelled_approximate
     assert all(c[k]["relative_error"] == 0.0 for k in ("parameters", "gradients", "optimizer_states"))
     band = conf["peak"]["band"]
     assert abs(c["activations"]["relative_error"]) <= band and abs(c["peak"]["relative_error"]) <= band
+
+
+def test_the_demo_job_fits_and_names_the_cheapest_gpu():
+    """``make demo`` (its flags read from the Makefile) estimates a run that fits somewhere and says where it
+    costs least: a B200/H100-class GPU holds 8B with bf16 weights and fused AdamW (2 + 2 + 4 B/param = 64 GB + the
+    activations), a 24 GB card does not."""
+    import re
+    import shlex
+
+    recipe = (ROOT / "Makefile").read_text().split("\ndemo: install\n", 1)[1].split("\n\n", 1)[0]
+    args = shlex.split(re.sub(r"\\\n\s*", " ", recipe).split("fitplan estimate", 1)[1])
+    proc = run_cli("estimate", *args, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["scenario"]["training"]["precision"] == "bf16-autocast"
+    cheapest = data["cheapest"]
+    assert "rtx-4090" not in cheapest["fits_on"] and "h100-sxm" in cheapest["fits_on"]
+    assert cheapest["gpu"] in cheapest["fits_on"] and cheapest["on_demand_usd"] > 0

@@ -184,11 +184,13 @@ def test_policy_from_a_ruleset_dir(tmp_path):
     (tmp_path / "org.toml").write_text(
         '[[policy]]\nid = "no-qlora"\ndescription = "no 4-bit"\naction = "forbid"\ncondition = { eq = { method = "qlora" } }\n')
     proc = run_cli("recommend", "--model", "llama-2-7b", "--gpus", "a100-80gb", "--providers", "aws", "--objective", "gpus",
-                   "--ruleset-dir", str(tmp_path), "--format", "json")
+                   "--vary", "method", "--ruleset-dir", str(tmp_path), "--format", "json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert [p["id"] for p in data["policies"]] == ["no-qlora"]
-    assert all(p["plan"]["method"] != "qlora" for p in data["plans"])
+    sides = {s["values"]["method"]: s for s in data["sides"]}
+    assert sides["full"]["plans"] and sides["lora"]["plans"] and not sides["qlora"]["plans"]
+    assert all(p["plan"]["method"] == "qlora" for p in sides["qlora"]["rejected"])
     assert data["search"]["rejected_by"]["no-qlora"] > 0
 
 

@@ -9,6 +9,7 @@ import math
 import shlex
 from itertools import product
 
+import attrs
 import pytest
 
 import fitplan
@@ -27,7 +28,11 @@ GPUS = ("a10g", "a100-40gb", "a100-80gb")
 PROVIDERS = ("aws", "gcp", "lambda", "seed")
 SPACE = SearchSpace(methods=("full", "lora", "qlora"), precisions=("bf16-mixed", "bf16-master", "32-true"),
                         optimizers=("adamw_torch", "adamw_8bit"), attn_implementations=("sdpa", "eager"),
-                        gpus=GPUS, providers=PROVIDERS, max_gpus=8, num_nodes=(1, 2), effective_batch_size=8)
+                        gpus=GPUS, providers=PROVIDERS, max_gpus=8, num_nodes=(1, 2), effective_batch_size=8,
+                        markets=("on_demand", "spot"))
+"""Opens method, optimizer and precision (bf16-mixed and bf16-master are one semantics, the HF bf16 flag: the
+first without DeepSpeed, the second under it), so plans are ranked per side (method, optim, precision)."""
+SEMANTICS = {"bf16-mixed": "bf16-mixed", "bf16-master": "bf16-mixed", "32-true": "32-true"}
 BASE = dict(model="llama-2-7b", num_examples=20000, tokens_per_example=512, max_seq_length=1024)
 POLICIES = [
     PolicyRule(id="budget", description="at most $30", condition={"gt": {"cost_usd": 30}}),
@@ -70,7 +75,8 @@ def brute_force(ctx, objective: str, policies: PolicySet, headroom: float = 0.05
             for n, m in product((1, 2, 4, 8), SPACE.num_nodes):
                 if n <= min(largest, g.gpus_per_node) and (m == 1 or n == largest) and n * m <= SPACE.max_gpus:
                     hardware += [(g, p, n, m, inst) for inst in shapes(insts, n, m)]
-    prec_rank = {p: i for i, p in enumerate(SPACE.precisions)}
+    prec_rank = {"bf16-mixed": 0, "bf16-master": 0, "32-true": 1}  # the order of the semantics in SPACE
+    scenario_optim = base.training.optim
     for (g, p, n, m, inst), method, precision, optim, ckpt, attn in product(
             hardware, SPACE.methods, SPACE.precisions, SPACE.optimizers, (False, True), SPACE.attn_implementations):
         bf16 = "bf16" in g.peak_tflops
@@ -85,6 +91,8 @@ def brute_force(ctx, objective: str, policies: PolicySet, headroom: float = 0.05
         for z, oo, op in shards:
             if (z or oo or op) and precision not in ("32-true", "bf16-master", "16-master"):
                 continue
+            if precision == "bf16-master" and not (z or oo or op):
+                continue  # the HF bf16 flag without DeepSpeed is autocast: bf16-mixed
             if SPACE.effective_batch_size % dp:
                 continue
             per = SPACE.effective_batch_size // dp
@@ -102,6 +110,11 @@ def brute_force(ctx, objective: str, policies: PolicySet, headroom: float = 0.05
                 if v["device_total_bytes"] > u - int(u * headroom):
                     not_fitting += len(markets)
                     continue
+                rented = est.role("instance").instance  # host RAM: each rank's offload × the ranks on one instance
+                need = v["cpu_offload_bytes"] // n * min(n, rented.gpus)
+                if rented.host_memory_gib is not None and need > rented.host_memory_gib * 2**30:
+                    not_fitting += len(markets)
+                    continue
                 for market in markets:
                     ns = Namespace(v, market, None, policies.vocabulary)
                     fired, factor = policies.check(ns)
@@ -112,29 +125,32 @@ def brute_force(ctx, objective: str, policies: PolicySet, headroom: float = 0.05
                     cost = v["spot_cost_usd"] if market == "spot" else v["on_demand_cost_usd"]
                     t = v["train_seconds"]
                     world = n * m
-                    simplicity = ({"full": 0, "lora": 1, "qlora": 2}[method], 0 if optim == "adamw_torch" else 1,
+                    simplicity = ({"full": 0, "lora": 1, "qlora": 2}[method], 0 if optim == scenario_optim else 1,
                                   oo + 2 * op, z, prec_rank[precision])
                     head = u - v["device_total_bytes"]
                     score = {"cost": cost, "time": t, "gpus": world}[objective] * factor
                     second = {"cost": (t, world), "time": (cost, world), "gpus": (cost, t)}[objective]
-                    allowed.append({"key": (score, *second, simplicity, -head), "cost": cost, "seconds": t})
+                    allowed.append({"key": (score, *second, simplicity, -head), "cost": cost, "seconds": t,
+                                    "side": (method, optim, SEMANTICS[precision])})
     return candidates, allowed, rejected, not_fitting
 
 
 def shapes(insts, n: int, m: int) -> list[str | None]:
     """The instances a job on n × m GPUs is priced on: per topology (GPUs per instance, link inside, network),
     the cheapest per hour for the job (m·ceil(n/gpus) instances; ties: fewer GPUs paid, fewer instances, name);
-    None (no --instance) for the cheapest of all, the estimate's own choice. One GPU talks to no one: only that."""
+    None (no --instance) for the cheapest of all, the estimate's own choice. One GPU talks to no one: only that.
+    Several instances of a type stating no network are left out."""
     by_topology: dict[tuple, tuple] = {}
     for i in insts:
         count = m * math.ceil(n / i.gpus)
-        key = (count * i.on_demand_per_hour, count * i.gpus, count, i.id, i.region)
+        key = (count * i.on_demand_per_hour, count * i.gpus, count, i.id, i.region, i.network_gbps)
         t = (i.gpus, i.interconnect, i.interconnect_gbps, i.network_gbps)
         by_topology[t] = min(by_topology.get(t, key), key)
     cheapest = min(by_topology.values())
     if n * m == 1:
         return [None]
-    return [None if k == cheapest else k[3] for k in by_topology.values()]
+    # several instances talk over the network: an instance stating none is not combined (docs/recommend.md)
+    return [None if k == cheapest else k[3] for k in by_topology.values() if k[2] == 1 or k[5] is not None]
 
 
 def pareto(points):
@@ -156,26 +172,35 @@ def test_pruned_search_equals_exhaustive_evaluation(ctx, objective, with_policie
     assert st.too_big + st.pruned_monotone == not_fitting
     assert st.pruned_monotone > 0, "the space is meant to exercise the monotone pruning"
     assert st.unpriced == st.invalid == 0
-    # groups of equal (score, cost, time): one representative each, the best by key, the rest counted
-    groups: dict[tuple, list[dict]] = {}
-    for a in allowed:
-        groups.setdefault((a["key"][0], a["cost"], a["seconds"]), []).append(a)
-    assert len(res.plans) == len(groups)
-    assert [p.key[0] for p in res.plans] == sorted(p.key[0] for p in res.plans)
-    for plan in res.plans:
-        members = groups[(plan.key[0], plan.cost_usd, plan.train_seconds)]
-        assert plan.equivalents == len(members) - 1
-        assert plan.key[:-1] == min(m["key"] for m in members)
-    # the cost-versus-time front
-    assert {(p.train_seconds, p.cost_usd) for p in res.pareto} == pareto((a["seconds"], a["cost"]) for a in allowed)
-    assert [p.train_seconds for p in res.pareto] == sorted(p.train_seconds for p in res.pareto)
+    # per side (method, optim, precision semantics: each ranked on its own), groups of equal (score, cost, time):
+    # one representative each, the best by key, the rest counted
+    assert res.vary == ("method", "optim", "precision") and not res.plans
+    sides = {tuple(s.values[d] for d in res.vary): s for s in res.sides}
+    assert set(sides) == {(m, o, p) for m in SPACE.methods for o in SPACE.optimizers for p in ("bf16-mixed", "32-true")}
+    for key, side in sides.items():
+        mine = [a for a in allowed if a["side"] == key]
+        groups: dict[tuple, list[dict]] = {}
+        for a in mine:
+            groups.setdefault((a["key"][0], a["cost"], a["seconds"]), []).append(a)
+        assert len(side.plans) == len(groups), key
+        assert [p.key[0] for p in side.plans] == sorted(p.key[0] for p in side.plans)
+        for plan in side.plans:
+            members = groups[(plan.key[0], plan.cost_usd, plan.train_seconds)]
+            assert plan.equivalents == len(members) - 1
+            assert plan.key[:-1] == min(m["key"] for m in members)
+            assert (plan.fields["method"], plan.fields["optim"], SEMANTICS[plan.fields["precision"]]) == key
+        # the side's cost-versus-time front
+        assert {(p.train_seconds, p.cost_usd) for p in side.pareto} == pareto((a["seconds"], a["cost"]) for a in mine)
+        assert [p.train_seconds for p in side.pareto] == sorted(p.train_seconds for p in side.pareto)
 
 
 def test_reported_plans_are_the_estimates_of_their_scenarios(ctx):
     base = fitplan.scenario_from_dict(BASE)
     res = rec.search(base, ctx, space=SPACE, objective="cost", top=5, fixed=set(BASE))
     rec.attach_estimates(res, ctx)  # raises if the search and the estimate disagree
-    for plan in res.plans + res.pareto:
+    for plan in res.all_plans():
+        if plan.rejected_by:
+            continue
         est = evaluate(plans.plan_scenario(base, plan), ctx.registry, ctx.rulesets)
         assert plan.device_total_bytes == est.values["device_total_bytes"]
         assert plan.train_seconds == est.values["train_seconds"]
@@ -227,20 +252,24 @@ def test_plugin_optimizers_are_searched(ctx):
 
     reg = make_registry(entry_points=False, blocked=(), extra_plugins=[("lion-test", Plugin)])
     with_plugin = get_context((), reg)
-    space = SearchSpace(optimizers=None, gpus=("a100-80gb",), providers=("aws",), methods=("lora",),
+    space = SearchSpace(gpus=("a100-80gb",), providers=("aws",), methods=("lora",),
                             precisions=("bf16-true",), attn_implementations=("sdpa",), checkpointing=(False,))
     base = fitplan.scenario_from_dict(BASE)
-    n_builtin = len([o for o in ctx.registry.optimizers.values() if o.search and not o.refused])  # searched by default
-    a = rec.search(base, ctx, space=space, objective="cost", fixed=set(BASE)).stats.candidates
-    b = rec.search(base, with_plugin, space=space, objective="cost", fixed=set(BASE)).stats.candidates
+    n_builtin = len([o for o in ctx.registry.optimizers.values() if o.search and not o.refused])  # --vary optim's
+    a = rec.search(base, ctx, space=attrs.evolve(space, optimizers=rec.searchable_optimizers(ctx.registry)),
+                   objective="cost", fixed=set(BASE)).stats.candidates
+    b = rec.search(base, with_plugin, space=attrs.evolve(space, optimizers=rec.searchable_optimizers(reg)),
+                   objective="cost", fixed=set(BASE)).stats.candidates
+    assert "lion_test" in rec.searchable_optimizers(reg)
     assert b * n_builtin == a * (n_builtin + 1)
 
 
 def test_fixed_fields_are_not_searched(ctx):
     base = fitplan.scenario_from_dict({**BASE, "method": "qlora", "gpu": "a100-80gb", "zero_stage": 0})
     res = rec.search(base, ctx, space=SPACE, objective="cost", fixed={*BASE, "method", "gpu", "zero_stage"})
-    assert res.plans
-    for p in res.plans + res.pareto:
+    assert res.vary == ("optim", "precision")  # the fixed method is not varied
+    assert any(s.plans for s in res.sides)
+    for p in res.all_plans():
         assert p.fields["method"] == "qlora" and p.fields["gpu"] == "a100-80gb" and p.fields["zero_stage"] == 0
 
 
@@ -249,8 +278,8 @@ def test_objective_needs_a_dataset(ctx):
     with pytest.raises(FitplanError, match="--objective cost needs the dataset size"):
         rec.search(base, ctx, space=SPACE, objective="cost")
     res = rec.search(base, ctx, space=SPACE, objective="gpus")
-    assert res.plans and res.plans[0].world_size == 1
-    assert res.plans[0].train_seconds is None
+    best = [s.plans[0] for s in res.sides if s.plans]
+    assert best and all(p.world_size == 1 and p.train_seconds is None for p in best)
 
 
 @pytest.mark.parametrize(("text", "expected"), [("0.05", (0.05, 0)), ("10%", (0.1, 0)), ("2GB", (0.0, 2 * 10**9)),
@@ -364,9 +393,13 @@ def test_search_evaluates_a_fraction_of_its_candidates(ctx):
     """A guard against an accidental slow path that cannot flake on a loaded machine: the search's cost is its
     evaluations, and pruning, staging and caching keep them well under the number of candidates (the rate in
     candidates per second is measured by bench/bench_recommend.py, not asserted here)."""
+    from fitplan.search.space import SEARCH_PRECISIONS
+
     base = fitplan.scenario_from_dict(BASE)
-    res = rec.search(base, ctx, space=SearchSpace(), objective="cost", fixed=set(BASE))
+    space = SearchSpace(methods=("full", "lora", "qlora"), precisions=SEARCH_PRECISIONS,
+                        optimizers=rec.searchable_optimizers(ctx.registry))  # every dimension opened: a large space
+    res = rec.search(base, ctx, space=space, objective="cost", fixed=set(BASE))
     assert res.stats.candidates > 100_000
     assert res.stats.memory_evaluations < res.stats.candidates / 10
     assert res.stats.memory_evaluations + res.stats.time_evaluations < res.stats.candidates / 2
-    assert math.isfinite(res.plans[0].cost_usd)
+    assert any(s.plans and math.isfinite(s.plans[0].cost_usd) for s in res.sides)

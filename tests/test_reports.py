@@ -27,7 +27,8 @@ SCENARIOS = {
                      dict(gpus=("a100-80gb", "h100-sxm"), providers=("aws", "lambda", "runpod"), methods=("lora", "qlora")),
                      "cost", None, 5),
     "policy-13b-cost": ({"model": "llama-2-13b", **DATASET, "num_train_epochs": 2},
-                        dict(gpus=("a100-80gb", "h100-sxm", "rtx-4090"), providers=("aws", "lambda", "runpod", "seed")),
+                        dict(gpus=("a100-80gb", "h100-sxm", "rtx-4090"), providers=("aws", "lambda", "runpod", "seed"),
+                             markets=("on_demand", "spot")),  # spot asked for: the example policy has a spot rule
                         "cost", EXAMPLE_POLICY, 5),
     "time-8b": ({"model": "llama-3.1-8b", **DATASET, "method": "full"},
                 dict(gpus=("h100-sxm", "b200"), providers=("lambda", "aws")), "time", None, 4),

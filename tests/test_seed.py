@@ -1,8 +1,8 @@
 """The seed chapter's memory section, reproduced under --assumptions seed.
 
-Every expected value below is derived from the chapter's own text (shared/seed), not from fitplan:
-"weights_fp32 = parameters * 4", "optimizer_fp32 = parameters * 4 * 2", "Activations réduites de ~30%",
-and its ``estimate_memory`` function, re-implemented here verbatim as the reference.
+Every expected value below is derived from the chapter's own text (docs/sources.md, "The seed chapter"),
+not from fitplan: "weights_fp32 = parameters * 4", "optimizer_fp32 = parameters * 4 * 2",
+"Activations réduites de ~30%", and its ``estimate_memory`` function, re-implemented here verbatim as the reference.
 """
 
 from __future__ import annotations

@@ -31,18 +31,29 @@ class Assessment:
     advice: tuple[Any, ...] = ()
     verdicts: tuple[dict[str, Any], ...] | None = None
     seed: Estimate | None = None
+    cheapest: dict[str, Any] | None = None
+    """Without ``--gpu``: where the scenario runs for least (:func:`fitplan.search.sweep.cheapest`), or None."""
 
 
 def assess(est: Estimate, *, policy_files: Sequence[str | Path] = (), advice: bool = True,
-           seed: bool = False) -> Assessment:
+           seed: bool = False, cheapest: bool = False) -> Assessment:
     """Evaluate the advice rules (with their variant scenarios), the policies in force (the rulesets' and
-    ``policy_files``) and, with ``seed``, the scenario under the seed's assumptions."""
+    ``policy_files``), with ``seed`` the scenario under the seed's assumptions, and with ``cheapest`` (when the
+    scenario names no GPU) the GPU it runs on for least."""
     from fitplan.rules.advice import advise
     from fitplan.rules.policy import estimate_verdicts
 
     tips = tuple(advise(est)) if advice else ()
     verdicts = estimate_verdicts(est, policy_files)
-    return Assessment(est, tips, None if verdicts is None else tuple(verdicts), _seed(est) if seed else None)
+    return Assessment(est, tips, None if verdicts is None else tuple(verdicts), _seed(est) if seed else None,
+                      _cheapest(est) if cheapest and est.scenario.hardware.gpu is None else None)
+
+
+def _cheapest(est: Estimate) -> dict[str, Any] | None:
+    from fitplan.context import Context
+    from fitplan.search.sweep import cheapest
+
+    return cheapest(est.scenario, Context(est.registry, est.rulesets), arch=est.arch)
 
 
 def _seed(est: Estimate) -> Estimate | None:

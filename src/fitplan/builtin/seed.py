@@ -1,9 +1,9 @@
 """The seed chapter's assumptions (``--assumptions seed``), as reducers that replace the realistic rules.
 
-The chapter (``shared/seed``) simplifies: AdamW states are "paramètres × 4 × 2" whatever the precision;
-activations are its ``estimate_memory`` line ``batch_size × seq_len × 4096 × 4`` (hidden size fixed at
-4096); the total is a plain sum; gradient checkpointing "reduces by ~30 %" the whole total (its table's
-last column); there is no framework overhead, no logits term and no master copy.
+The chapter (docs/sources.md, "The seed chapter") simplifies: AdamW states are "paramètres × 4 × 2"
+whatever the precision; activations are its ``estimate_memory`` line ``batch_size × seq_len × 4096 × 4``
+(hidden size fixed at 4096); the total is a plain sum; gradient checkpointing "reduces by ~30 %" the whole
+total (its table's last column); there is no framework overhead, no logits term and no master copy.
 """
 
 from __future__ import annotations

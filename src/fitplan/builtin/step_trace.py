@@ -361,7 +361,7 @@ TRACE_FORMAT = 1
 TRACE_MODULES = ("builtin/step_trace.py", "builtin/learned_graph.py", "builtin/learned_segment.py",
                  "builtin/kernels.py", "builtin/op_work.py", "builtin/archexpr.py", "builtin/archfile.py", "builtin/lora_targets.py", "inputs/precision.py",
                  "errors.py")
-"""Every fitplan module that building a trace runs (tests/test_step_trace_cache.py checks the list against the
+"""Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
 KEEP_TRACES = 4000
 """Kept traces on disk (about 15 KB each); beyond this the oldest half is removed."""

@@ -55,6 +55,8 @@ ROLES: dict[str, str] = {
     "cost.spot.high": "the high end of the spot cost's likely range",
     "currency": "the currency of the costs",
     "instance": "the instances rented (fitplan.rulesets.pricing.InstancePlan)",
+    "cpu_offload": "host RAM per node for CPU offload, in bytes: GPUs per node × each rank's (the recommender checks "
+                   "it against the instance's stated RAM)",
 }
 """The roles the core relies on: the quantity holding each is found through its metadata, never by name."""
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -89,15 +88,16 @@ class ModelSpec:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     symbols: tuple[tuple[str, Any], ...] = ()
+    """The learned file's symbols, read from config.json (hashable: lists become tuples)."""
     attn_implementations: tuple[str, ...] = ()
     """The attention kernels the model's transformers code supports (its learned file); empty: any."""
-    """The learned file's symbols, read from config.json (hashable: lists become tuples)."""
     source: str = ""
     bare_param_count: int | None = None
     """Set for ``--params 7B``: a count with no shapes (the seed's view of a model)."""
     checkpoint_dtype: str | None = None
     """The dtype the config states (``dtype``, or ``torch_dtype`` before transformers 4.56) as fitplan's short
-    name (``bf16``), or None when it states none: what ``from_pretrained(dtype="auto")`` loads (float32 then)."""
+    name (``bf16``), or None when it states none (``from_pretrained(dtype="auto")`` then loads the weights' own
+    dtype, which fitplan assumes is float32: :func:`config_dtype`)."""
 
     @property
     def is_bare(self) -> bool:
@@ -387,4 +387,3 @@ def spec_to_dict(spec: ModelSpec) -> dict[str, Any]:
     return d
 
 
-_LAYER = re.compile(r"\.(\d+)\.")

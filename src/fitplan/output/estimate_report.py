@@ -51,7 +51,29 @@ def to_json(a: Assessment) -> dict[str, Any]:
     out["advice"] = [x.to_dict() for x in a.advice]
     if a.verdicts is not None:
         out["policy"] = list(a.verdicts)
+    if a.cheapest is not None:
+        out["cheapest"] = dict(a.cheapest)
     return out
+
+
+def cheapest_text(a: Assessment, units: str) -> str | None:
+    """The ``cheapest GPU`` line: where the run costs least on demand, and on how many GPUs it fits."""
+    c = a.cheapest
+    if c is None:
+        return None
+    est = a.estimate
+    if not c["fits_on"]:
+        return f"fits on none of the {len(est.rulesets.gpus)} GPU types at {est.scenario.hardware.num_gpus} GPU(s)"
+    fits = f"fits on {len(c['fits_on'])} of {len(est.rulesets.gpus)} GPU types"
+    if "gpu" not in c:
+        why = "give the dataset size to price it" if est.role("seconds") is None else "no provider prices them"
+        return f"{fits} ({', '.join(c['fits_on'])}); {why}"
+    gpu = est.rulesets.gpus[c["gpu"]]
+    hours = c["seconds"] / 3600
+    currency = est.rulesets.providers[c["provider"]].currency
+    return (f"{gpu.name} on {c['provider']} ({c['instance']}): {c['on_demand_usd']:,.2f} {currency} on demand, {hours:,.2f} h, "
+            f"{format_bytes(c['device_total'], units)} of {format_bytes(c['usable'], units)}; {fits} "
+            f"(fitplan estimate --gpu {c['gpu']} --provider {c['provider']})")
 
 
 def summary_lines(a: Assessment, units: str) -> list[tuple[str, str]]:
@@ -60,6 +82,9 @@ def summary_lines(a: Assessment, units: str) -> list[tuple[str, str]]:
     lines: list[tuple[str, str]] = []
     for section in est.registry.sections:
         lines.extend(section.lines(est, units))
+    cheap = cheapest_text(a, units)
+    if cheap:
+        lines.append(("cheapest GPU", cheap))
     lines.extend(("advice", x.message) for x in a.advice)
     return lines
 

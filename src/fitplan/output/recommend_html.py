@@ -13,7 +13,8 @@ from html import escape
 
 from fitplan import __version__
 from fitplan.search.plans import Plan, Result, command_line, describe_market, rejection_text
-from fitplan.output.recommend_report import PLAN_COLUMNS, _header, cost_text, no_plan_text, plan_row, stats_line, time_text
+from fitplan.output.recommend_report import (PLAN_COLUMNS, _header, cost_text, no_plan_text, plan_row, side_columns,
+                                             side_rows, side_summary, stats_line, time_text)
 
 PALETTE = ("#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#8cd17d", "#b6992d", "#499894", "#bab0ac", "#d37295",
            "#fabfd2", "#b07aa1")
@@ -222,44 +223,62 @@ def _table(result: Result, plans: list[Plan], names: bool = False) -> str:
 
 
 def render(result: Result) -> str:
-    """The whole report as one HTML document."""
+    """The whole report as one HTML document (with ``--vary``: the side-by-side table, then each side's own
+    sections)."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              "<title>fitplan recommend</title>", f"<style>{CSS}</style></head><body>",
              "<h1>fitplan recommend</h1>"]
     parts += [f'<p class="meta">{escape(x)}</p>' for x in _header(result)]
-    parts.append("<h2>Ranked plans</h2>")
-    parts.append(_table(result, result.plans) if result.plans else f"<p>{escape(no_plan_text(result))}</p>")
-    for p in result.plans:
-        for v in p.penalties:
-            parts.append(f'<p class="note">plan {p.rank} penalised by {escape(v.rule)} (× {1 + v.penalty:g}): '
-                         f'{escape(v.reason)}</p>')
-    chart = memory_chart(result)
-    if chart:
-        parts += ["<h2>Memory per GPU</h2>",
-                  '<p class="note">GB per GPU of each plan shown (#: ranked, F: Pareto front). Components are resident '
-                  "at different phases of a step, so the bar is not the peak: ▼ marks the device total (the peak phase "
-                  "+ CUDA context + allocator reserve), the dashed red line the GPU's usable memory.</p>", chart]
-    parts.append("<h2>Cost versus time</h2>")
-    chart = cost_time_chart(result)
-    parts.append(chart or "<p>No plan has both a time and a cost (add a dataset and a provider).</p>")
-    if result.pareto:
-        parts += ["<h3>The Pareto front (fastest first)</h3>", _table(result, result.pareto, names=True)]
-    if result.rejected:
-        parts.append("<h2>Rejected by policy</h2><table><thead><tr><th>plan</th><th>market</th><th>time</th>"
-                     "<th>cost</th><th>rejected by</th></tr></thead><tbody>")
-        for p in result.rejected:
-            t, c = time_text(p), cost_text(p)
-            parts.append(f"<tr><td>{escape(p.label)}</td><td>{escape(describe_market(p))}</td><td class=\"num\">{t}</td>"
-                         f"<td class=\"num\">{c}</td><td>{escape(rejection_text(p))}</td></tr>")
+    if result.vary:
+        cols = side_columns(result)
+        parts += ["<h2>Side by side</h2>", f"<p>{escape(side_summary(result))}</p>",
+                  "<table><thead><tr>" + "".join(f"<th>{escape(c)}</th>" for c in cols) + "</tr></thead><tbody>"]
+        parts += ["<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>" for row in side_rows(result)]
         parts.append("</tbody></table>")
+    for title, view in result.views():
+        parts += _group(view, f": {title}" if title else "")
     parts.append("<h2>Search</h2>")
     parts.append(f'<p class="note">{escape(stats_line(result))}</p>')
     for k, v in sorted(result.stats.rejected_by.items()):
         parts.append(f'<p class="note">rejected by {escape(k)}: {v:,}</p>')
     for n in result.stats.notes:
         parts.append(f'<p class="note">note: {escape(n)}</p>')
-    if result.plans:
-        parts.append(f"<p>Reproduce plan 1: <code>{escape(command_line(result.base, result.plans[0]))}</code></p>")
+    for title, view in result.views():
+        if view.plans:
+            parts.append(f"<p>Reproduce plan 1{escape(' of ' + title) if title else ''}: "
+                         f"<code>{escape(command_line(result.base, view.plans[0]))}</code></p>")
     parts.append(f'<p class="note">GB = 10^9 bytes. fitplan {escape(__version__)}.</p>')
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _group(result: Result, suffix: str) -> list[str]:
+    """One result's (or one side's: ``suffix`` names it) ranked plans, charts, front and rejected plans."""
+    sfx = escape(suffix)
+    parts = [f"<h2>Ranked plans{sfx}</h2>"]
+    parts.append(_table(result, result.plans) if result.plans else f"<p>{escape(no_plan_text(result))}</p>")
+    for p in result.plans:
+        for v in p.penalties:
+            parts.append(f'<p class="note">plan {p.rank} penalised by {escape(v.rule)} (× {1 + v.penalty:g}): '
+                         f'{escape(v.reason)}</p>')
+        parts += [f'<p class="note">plan {p.rank}: {escape(n)}</p>' for n in p.notes]
+    chart = memory_chart(result)
+    if chart:
+        parts += [f"<h2>Memory per GPU{sfx}</h2>",
+                  '<p class="note">GB per GPU of each plan shown (#: ranked, F: Pareto front). Components are resident '
+                  "at different phases of a step, so the bar is not the peak: ▼ marks the device total (the peak phase "
+                  "+ CUDA context + allocator reserve), the dashed red line the GPU's usable memory.</p>", chart]
+    parts.append(f"<h2>Cost versus time{sfx}</h2>")
+    chart = cost_time_chart(result)
+    parts.append(chart or "<p>No plan has both a time and a cost (add a dataset and a provider).</p>")
+    if result.pareto:
+        parts += [f"<h3>The Pareto front (fastest first){sfx}</h3>", _table(result, result.pareto, names=True)]
+    if result.rejected:
+        parts.append(f"<h2>Rejected by policy{sfx}</h2><table><thead><tr><th>plan</th><th>market</th><th>time</th>"
+                     "<th>cost</th><th>rejected by</th></tr></thead><tbody>")
+        for p in result.rejected:
+            t, c = time_text(p), cost_text(p)
+            parts.append(f"<tr><td>{escape(p.label)}</td><td>{escape(describe_market(p))}</td><td class=\"num\">{t}</td>"
+                         f"<td class=\"num\">{c}</td><td>{escape(rejection_text(p))}</td></tr>")
+        parts.append("</tbody></table>")
+    return parts

@@ -13,7 +13,7 @@ from typing import Any
 from fitplan import __version__
 from fitplan.output.console import md, printable, render_rich
 from fitplan.output.formats import RenderOptions
-from fitplan.search.plans import Plan, Result, command_line, describe_market, rejection_text
+from fitplan.search.plans import Plan, Result, Side, command_line, describe_market, rejection_text
 from fitplan.units import format_bytes, format_count
 
 def plan_json(result: Result, plan: Plan) -> dict[str, Any]:
@@ -39,6 +39,8 @@ def plan_json(result: Result, plan: Plan) -> dict[str, Any]:
         "warnings": est.get("warnings", []),
         "command": command_line(result.base, plan),
     }
+    if plan.notes:
+        out["notes"] = list(plan.notes)
     if plan.penalties:
         out["penalties"] = [v.to_dict() for v in plan.penalties]
     if plan.rejected_by:
@@ -48,12 +50,23 @@ def plan_json(result: Result, plan: Plan) -> dict[str, Any]:
 
 def _model(result: Result) -> dict[str, Any] | None:
     """The model searched, shown once a plan was found (its estimate names it)."""
-    return result.model if result.plans and result.plans[0].estimate is not None else None
+    shown = result.all_plans()
+    return result.model if shown and shown[0].estimate is not None else None
+
+
+def side_json(result: Result, side: Side) -> dict[str, Any]:
+    """One side of ``--vary``: its values, its best plan, and its own ranking, front and rejected plans."""
+    return {"values": dict(side.values), "best": plan_json(result, side.plans[0]) if side.plans else None,
+            "plans": [plan_json(result, p) for p in side.plans],
+            "pareto_front": [plan_json(result, p) for p in side.pareto],
+            "rejected": [plan_json(result, p) for p in side.rejected]}
 
 
 def to_json(result: Result) -> dict[str, Any]:
+    """The report as JSON. With ``--vary``, ``plans``, ``pareto_front`` and ``rejected`` are empty and ``sides``
+    holds each value's own (no ranking mixes values)."""
     space = result.space
-    return {
+    out = {
         "fitplan_version": __version__,
         "model": None if _model(result) is None else {"name": result.model["name"], "param_count": result.model["params"]},
         "objective": result.objective,
@@ -65,6 +78,10 @@ def to_json(result: Result) -> dict[str, Any]:
         "rejected": [plan_json(result, p) for p in result.rejected],
         "search": result.stats.to_dict(),
     }
+    if result.vary:
+        out["vary"] = list(result.vary)
+        out["sides"] = [side_json(result, s) for s in result.sides]
+    return out
 
 
 # --------------------------------------------------------------------------- text
@@ -169,6 +186,10 @@ PLAN_COLUMNS = ("#", "GPUs", "instance", "market", "method", "precision", "optim
 
 def no_plan_text(result: Result) -> str:
     """Why there is no ranked plan."""
+    if result.side is not None:  # the counts are the whole search's, not this side's
+        why = "policies reject those that fit (see below)" if result.rejected else \
+            "none fits with the required headroom, runs on these GPUs (fp16 presets only on GPUs without bf16) or has a price"
+        return f"No plan for {result.side.title}: {why}."
     s = result.stats
     if s.rejected:
         return f"No plan is allowed: {s.rejected:,} fit, and the policies reject every one of them (see below)."
@@ -185,6 +206,8 @@ def stats_line(result: Result) -> str:
         parts.append(f"{s.rejected:,} rejected by policy")
     if s.unpriced:
         parts.append(f"{s.unpriced:,} without a price")
+    if s.too_big_host_ram:
+        parts[1] += f" ({s.too_big_host_ram:,} of them: the instance's host RAM is less than the CPU offload needs)"
     if s.invalid:
         parts.append(f"{s.invalid:,} invalid")
     return ", ".join(parts) + f"; {s.memory_evaluations:,} memory and {s.time_evaluations:,} time evaluations"
@@ -199,22 +222,82 @@ def _header(result: Result) -> list[str]:
              f"required headroom {result.headroom}"]
     if result.policies:
         lines.append("policies: " + ", ".join(f"{p['id']} ({p['action']})" for p in result.policies))
-    if any(likely(p, "seconds") is not None for p in (*result.plans, *result.pareto)):
+    if result.vary:
+        lines.append(f"varied: {', '.join(result.vary)}: each value's plans are ranked on their own, side by side "
+                     "(they train different models)")
+    if any(likely(p, "seconds") is not None for p in result.all_plans()):
         lines.append("time and cost: plans are ranked on the central value; in parentheses the likely range (the 10th "
                      "to 90th percentile of the time model's leave-one-out error on published runs)")
     return lines
 
 
+SIDE_COLUMNS = ("GPUs", "instance", "market", "precision", "sharding", "time", "cost")
+"""The columns of the side-by-side table (beside the varied dimensions' values), from :func:`plan_row`."""
+
+
+def side_columns(result: Result) -> list[str]:
+    """The side-by-side table's columns: the varied dimensions, then :data:`SIDE_COLUMNS` not among them."""
+    return [*result.vary, *(c for c in SIDE_COLUMNS if c not in result.vary)]
+
+
+def side_rows(result: Result) -> list[list[str]]:
+    """One row per side: the varied values, then its best plan's hardware, time and cost (or why none)."""
+    idx = [PLAN_COLUMNS.index(c) for c in side_columns(result)[len(result.vary):]]
+    rows = []
+    for side in result.sides:
+        values = [side.values[d] for d in result.vary]
+        if side.plans:
+            row = plan_row(side.plans[0])
+            rows.append(values + [row[i] for i in idx])
+        else:
+            rows.append(values + [no_plan_text(result.side_view(side))] + [""] * (len(idx) - 1))
+    return rows
+
+
+def side_summary(result: Result) -> str:
+    """``full $312.00 · lora $41.20 · qlora $35.10``: each side's best objective value, in one line."""
+    def best(side) -> str:
+        if not side.plans:
+            return "no plan"
+        p = side.plans[0]
+        return {"cost": _usd(p.cost_usd), "time": _hours(p.train_seconds), "gpus": f"{p.world_size} GPUs"}[result.objective]
+    return " · ".join(f"{' '.join(s.values.values())} {best(s)}" for s in result.sides)
+
+
 def to_markdown(result: Result) -> str:
     lines = ["# fitplan recommend", ""]
     lines += [f"- {md(x)}" for x in _header(result)]
-    lines += ["", "## Ranked plans", ""]
+    if result.vary:
+        cols = side_columns(result)
+        lines += ["", "## Side by side", "", md(side_summary(result)), "",
+                  "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(md(x) for x in row) + " |" for row in side_rows(result)]
+    for title, view in result.views():
+        lines += _md_group(view, f": {title}" if title else "")
+    lines += ["", "## Search", "", stats_line(result)]
+    for k, v in sorted(result.stats.rejected_by.items()):
+        lines.append(f"- rejected by {md(k)}: {v:,}")
+    for k, v in sorted(result.stats.invalid_reasons.items()):
+        lines.append(f"- invalid ({v:,}): {md(k)}")
+    lines += [f"- {md(n)}" for n in result.stats.notes]
+    for title, view in result.views():
+        if view.plans:
+            command = printable(command_line(result.base, view.plans[0]))
+            fence = "`" * max(3, 1 + max((len(r) for r in re.findall(r"`+", command)), default=0))
+            lines += ["", f"Reproduce plan 1{' of ' + title if title else ''}:", "", fence, command, fence]
+    lines += ["", "_GB = 10^9 bytes. GB/GPU is the device total (peak + CUDA context + allocator reserve)._", ""]
+    return "\n".join(lines)
+
+
+def _md_group(result: Result, suffix: str) -> list[str]:
+    """The ranked plans, the front and the rejected plans of one result (or one side: ``suffix`` names it)."""
+    lines = ["", f"## Ranked plans{md(suffix)}", ""]
     lines += _md_table(result.plans) if result.plans else [f"_{no_plan_text(result)}_"]
-    lines += ["", "## Cost versus time: the Pareto front", "",
+    lines += ["", f"## Cost versus time: the Pareto front{md(suffix)}", "",
               "Plans no other plan beats on both time and cost, fastest first.", ""]
     lines += _md_table(result.pareto) if result.pareto else ["_No plan has both a time and a cost._"]
     if result.rejected:
-        lines += ["", "## Rejected by policy", "", "| plan | time | cost | rejected by |", "|---|---:|---:|---|"]
+        lines += ["", f"## Rejected by policy{md(suffix)}", "", "| plan | time | cost | rejected by |", "|---|---:|---:|---|"]
         for p in result.rejected:
             lines.append(f"| {md(p.label)} | {time_text(p)} | {cost_text(p)} | {md(rejection_text(p))} |")
     if any(p.penalties for p in result.plans):
@@ -222,18 +305,11 @@ def to_markdown(result: Result) -> str:
         for p in result.plans:
             for v in p.penalties:
                 lines.append(f"- plan {p.rank}: {md(v.rule)} (× {1 + v.penalty:g}): {md(v.reason)}")
-    lines += ["", "## Search", "", stats_line(result)]
-    for k, v in sorted(result.stats.rejected_by.items()):
-        lines.append(f"- rejected by {md(k)}: {v:,}")
-    for k, v in sorted(result.stats.invalid_reasons.items()):
-        lines.append(f"- invalid ({v:,}): {md(k)}")
-    lines += [f"- {md(n)}" for n in result.stats.notes]
-    if result.plans:
-        command = printable(command_line(result.base, result.plans[0]))
-        fence = "`" * max(3, 1 + max((len(r) for r in re.findall(r"`+", command)), default=0))
-        lines += ["", "Reproduce plan 1:", "", fence, command, fence]
-    lines += ["", "_GB = 10^9 bytes. GB/GPU is the device total (peak + CUDA context + allocator reserve)._", ""]
-    return "\n".join(lines)
+    if any(p.notes for p in result.plans):
+        lines += ["", "Notes:"]
+        for p in result.plans:
+            lines += [f"- plan {p.rank}: {md(n)}" for n in p.notes]
+    return lines
 
 
 def _md_table(plans: list[Plan]) -> list[str]:
@@ -249,9 +325,36 @@ def print_result(result: Result, console) -> None:
 
     for line in _header(result):
         console.print(escape(line))
+    if result.vary:
+        t = Table(title="Side by side: each value's best plan", title_justify="left", show_edge=False, pad_edge=False)
+        for c in side_columns(result):
+            t.add_column(c, justify="right" if c in ("time", "cost") else "left")
+        for row in side_rows(result):
+            t.add_row(*[escape(x) for x in row])
+        console.print(t)
+        console.print(escape(side_summary(result)))
+    for title, view in result.views():
+        _print_group(view, console, f": {title}" if title else "")
+    console.print(f"[dim]{escape(stats_line(result))}[/]")
+    for k, v in sorted(result.stats.rejected_by.items()):
+        console.print(f"[dim]rejected by {escape(k)}: {v:,}[/]")
+    for k, v in sorted(result.stats.invalid_reasons.items()):
+        console.print(f"[dim]invalid ({v:,}): {escape(k)}[/]")
+    for n in result.stats.notes:
+        console.print(f"[yellow]note:[/] {escape(n)}")
+    for title, view in result.views():
+        if view.plans:
+            console.print(f"[dim]reproduce plan 1{escape(' of ' + title) if title else ''}:[/] "
+                          + escape(command_line(result.base, view.plans[0])))
+
+
+def _print_group(result: Result, console, suffix: str) -> None:
+    """The ranked plans, the front and the rejected plans of one result (or one side: ``suffix`` names it)."""
+    from rich.markup import escape
+    from rich.table import Table
 
     def table(title: str, plans: list[Plan]) -> None:
-        t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+        t = Table(title=escape(title), title_justify="left", show_edge=False, pad_edge=False)
         for c in PLAN_COLUMNS:
             t.add_column(c, justify="right" if c in ("#", "GB/GPU", "free GB", "time", "cost") else "left")
         for p in plans:
@@ -259,13 +362,13 @@ def print_result(result: Result, console) -> None:
         console.print(t)
 
     if result.plans:
-        table("Ranked plans", result.plans)
+        table(f"Ranked plans{suffix}", result.plans)
     else:
-        console.print(f"[bold red]{escape(no_plan_text(result))}[/]")
+        console.print(f"[bold red]{escape(no_plan_text(result))}{escape(suffix)}[/]")
     if result.pareto:
-        table("Cost versus time: the Pareto front (fastest first)", result.pareto)
+        table(f"Cost versus time: the Pareto front (fastest first){suffix}", result.pareto)
     if result.rejected:
-        t = Table(title="Rejected by policy", title_justify="left", show_edge=False, pad_edge=False)
+        t = Table(title=escape(f"Rejected by policy{suffix}"), title_justify="left", show_edge=False, pad_edge=False)
         for c in ("plan", "time", "cost", "rejected by"):
             t.add_column(c, justify="right" if c in ("time", "cost") else "left")
         for p in result.rejected:
@@ -274,15 +377,8 @@ def print_result(result: Result, console) -> None:
     for p in result.plans:
         for v in p.penalties:
             console.print(escape(f"plan {p.rank} penalised by {v.rule} (× {1 + v.penalty:g}): {v.reason}"))
-    console.print(f"[dim]{escape(stats_line(result))}[/]")
-    for k, v in sorted(result.stats.rejected_by.items()):
-        console.print(f"[dim]rejected by {escape(k)}: {v:,}[/]")
-    for k, v in sorted(result.stats.invalid_reasons.items()):
-        console.print(f"[dim]invalid ({v:,}): {escape(k)}[/]")
-    for n in result.stats.notes:
-        console.print(f"[yellow]note:[/] {escape(n)}")
-    if result.plans:
-        console.print("[dim]reproduce plan 1:[/] " + escape(command_line(result.base, result.plans[0])))
+        for n in p.notes:
+            console.print(f"[yellow]plan {p.rank}:[/] {escape(n)}")
 
 
 def to_terminal(result: Result, options: RenderOptions) -> str:

@@ -23,7 +23,7 @@ from fitplan.rules.templates import template_names
 
 MAXIMA: dict[str, float] = {
     "memory_bytes": 2**44, "usable_bytes": 2**44, "bandwidth_gbps": 1e5, "interconnect_gbps": 1e5,
-    "inter_node_gbps": 1e5, "gpus_per_node": 1024, "gpus": 1024, "on_demand_per_hour": 1e5, "spot_per_hour": 1e5,
+    "inter_node_gbps": 1e5, "host_memory_gib": 2**20, "gpus_per_node": 1024, "gpus": 1024, "on_demand_per_hour": 1e5, "spot_per_hour": 1e5,
     "minimum_seconds": 86_400 * 31, "spot_overhead": 10, "cuda_context_bytes": 2**40, "cublas_workspace_bytes": 2**40,
     "allocator_reserve_ratio": 10, "allocator_block_bytes": 2**30, "param_count": 1e15, "max_seq_length": 2**24,
     "num_gpus": 1e6, "tokens_per_second_per_gpu": 1e9, "tokens_per_second": 1e12, "penalty": 1e6, "peak_tflops": 1e6,
@@ -144,7 +144,11 @@ class Instance:
     """Per-GPU GB/s inside the instance; None: the GPU ruleset's ``interconnect_gbps``."""
     network_gbps: float | None = field(default=None, validator=_nonneg)
     """GB/s (gigabytes) of network bandwidth of the whole instance to other instances (AWS "Up to 25 Gigabit"
-    is 3.125); None: the GPU ruleset's ``inter_node_gbps`` per GPU."""
+    is 3.125); None: the GPU ruleset's ``inter_node_gbps`` per GPU (``fitplan estimate`` says it assumes it;
+    ``fitplan recommend`` never combines such instances)."""
+    host_memory_gib: float | None = field(default=None, validator=_nonneg)
+    """GiB of host RAM of the whole instance (the provider's stated memory); None: not stated, so the
+    recommender cannot check a CPU-offload plan's host memory against it (it says so)."""
 
 
 @frozen

@@ -26,7 +26,8 @@ class Stats:
 
     candidates: int = 0
     too_big: int = 0
-    """Evaluated, and does not fit with the required headroom."""
+    """Evaluated, and does not fit with the required headroom (GPU memory), or its instance has less host RAM
+    than its CPU offload needs (``too_big_host_ram`` of them)."""
     pruned_monotone: int = 0
     """Not evaluated: a smaller micro-batch (same accumulation flag) already did not fit."""
     unpriced: int = 0
@@ -36,6 +37,10 @@ class Stats:
     allowed: int = 0
     invalid: int = 0
     """Candidates whose evaluation raised a user error (a throughput table without this GPU, ...)."""
+    too_big_host_ram: int = 0
+    """Of ``too_big``: fits the GPU, but its instance's stated host RAM is less than its CPU offload needs."""
+    host_ram_unstated: int = 0
+    """Counted candidates (priced) whose CPU offload could not be checked: the instance states no host RAM."""
     memory_evaluations: int = 0
     time_evaluations: int = 0
     seconds: float = 0.0
@@ -49,7 +54,8 @@ class Stats:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "candidates": self.candidates, "too_big": self.too_big, "pruned_monotone": self.pruned_monotone,
+            "candidates": self.candidates, "too_big": self.too_big, "too_big_host_ram": self.too_big_host_ram,
+            "host_ram_unstated": self.host_ram_unstated, "pruned_monotone": self.pruned_monotone,
             "unpriced": self.unpriced, "rejected": self.rejected, "allowed": self.allowed, "invalid": self.invalid,
             "memory_evaluations": self.memory_evaluations, "time_evaluations": self.time_evaluations,
             "rejected_by": dict(sorted(self.rejected_by.items())),
@@ -79,6 +85,8 @@ class Plan:
     penalties: list[Any] = attrs.Factory(list)
     """Policy verdicts (:class:`fitplan.rules.policy.Verdict`) of the penalise rules that fired."""
     rejected_by: list[Any] = attrs.Factory(list)
+    notes: list[str] = attrs.Factory(list)
+    """What the search could not check about the plan (an instance that states no host RAM)."""
     estimate: Any = None
     rank: int | None = None
     equivalents: int = 0
@@ -111,8 +119,27 @@ class Plan:
 
 
 @attrs.define
+class Side:
+    """The plans of one value of the opened dimensions (``values``: ``{"method": "lora"}``), ranked among
+    themselves only: a side's plans train another model than the next side's."""
+
+    values: dict[str, str]
+    plans: list[Plan]
+    pareto: list[Plan]
+    rejected: list[Plan]
+
+    @property
+    def title(self) -> str:
+        return " · ".join(f"{k} {v}" for k, v in self.values.items())
+
+
+@attrs.define
 class Result:
-    """The ranked allowed plans, the cost-versus-time Pareto front, the best rejected plans, and the stats."""
+    """The ranked allowed plans, the cost-versus-time Pareto front, the best rejected plans, and the stats.
+
+    With opened dimensions (``vary``: ``fitplan recommend --vary``) the plans are in ``sides`` (one per value,
+    each ranked on its own) and ``plans``, ``pareto`` and ``rejected`` are empty: no ranking mixes them.
+    """
 
     objective: str
     plans: list[Plan]
@@ -125,6 +152,27 @@ class Result:
     policies: list[dict[str, Any]] = attrs.Factory(list)
     model: dict[str, Any] | None = None
     """The model searched: its name and parameter count (None for a bare count with no name)."""
+    vary: tuple[str, ...] = ()
+    sides: list[Side] = attrs.Factory(list)
+    side: Side | None = None
+    """Set on a view of one side (:meth:`side_view`): the search's counts are the whole search's."""
+
+    def all_plans(self) -> list[Plan]:
+        """Every plan a report shows (each once): the ranked, the front, the rejected, of every side."""
+        out: dict[int, Plan] = {}
+        for group in [self, *self.sides]:
+            for p in [*group.plans, *group.pareto, *group.rejected]:
+                out.setdefault(id(p), p)
+        return list(out.values())
+
+    def side_view(self, side: Side) -> Result:
+        """One side as a result of its own (its plans, front and rejected; the same search), for the renderers."""
+        return attrs.evolve(self, plans=side.plans, pareto=side.pareto, rejected=side.rejected, vary=(), sides=[],
+                            side=side)
+
+    def views(self) -> list[tuple[str, Result]]:
+        """What a report shows section by section: ``[("", self)]``, or one ``(side title, view)`` per side."""
+        return [(s.title, self.side_view(s)) for s in self.sides] if self.vary else [("", self)]
 
 
 class Collector:

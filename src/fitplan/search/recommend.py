@@ -1,10 +1,12 @@
 """The recommender: enumerate plans, keep those that fit, apply policies, rank, and find the Pareto front.
 
 A *plan* is the user's scenario with these fields chosen by the search (docs/recommend.md): GPU type,
-provider, GPUs per node and nodes (instance shapes respected), method (full, LoRA, QLoRA), precision preset,
-optimizer (every registered one, plugins' included), gradient checkpointing, ZeRO stage and CPU offload,
+provider and instance shape (several instances only where the instance states its network), GPUs per node and
+nodes, gradient checkpointing, ZeRO stage and CPU offload (within the instance's stated host RAM),
 micro-batch × accumulation for a fixed effective batch, and the attention kernel, plus the market (on demand
-or spot). A field the user set (``--method lora``, ``--gpu h100-sxm``, a scenario file's value) is fixed.
+unless spot is asked for): what leaves the trained model the same. Method, optimizer and precision are the
+scenario's unless the space opens them (``--vary``); each value (a *side*) then has its own collector and
+ranking, never one mixing them. A field the user set (``--gpu h100-sxm``, a scenario file's value) is fixed.
 
 Three parts: the options are enumerated from the search space (:mod:`fitplan.search.space`); each
 configuration is evaluated loop-invariantly (:class:`Staged`: each quantity is recomputed only in the loops
@@ -36,12 +38,12 @@ from fitplan.errors import FitplanError, PluginError
 from fitplan.inputs import scenario as sc
 from fitplan.rules.conditions import Namespace
 from fitplan.rules.policy import PolicySet
-from fitplan.search.plans import (METHOD_RANK, Collector, Plan, Result, Stats, make_plan, plan_scenario,
+from fitplan.search.plans import (METHOD_RANK, Collector, Plan, Result, Side, Stats, make_plan, plan_scenario,
                                   ranking_key)
 from fitplan.search.staged import (L_ATTN, L_BATCH, L_CKPT, L_METHOD, L_OPTIM, L_PRECISION, L_SHARD, L_WORLD, SEARCHED,
                                    PlanValues, Staged, staged, usable_memory)
 from fitplan.search.space import (OBJECTIVES, SearchSpace, batch_options, gpu_allows, hardware_options, narrowed,
-                                  parse_headroom, shard_options)
+                                  parse_headroom, precision_twins, semantics, shard_options)
 
 _INF = float("inf")
 _NO_MARKET = (None,)
@@ -61,6 +63,11 @@ class _Search:
     fsdp: str | None
     policies: PolicySet
     collector: Collector
+    """The collector of the side being searched (one of ``collectors``)."""
+    collectors: dict[tuple[str, ...], Collector]
+    """One per side: the values of the opened dimensions (``vary``); one, keyed ``()``, when none is opened."""
+    vary: tuple[str, ...]
+    unnetworked: set[str]
     stats: Stats
     optim_specs: dict[str, Any]
     optim_rank: dict[str, int]
@@ -88,28 +95,44 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
     policies = policies or PolicySet([], ctx.registry)
     setup, st = _prepare(base, arch, flat, ctx, space, objective, headroom, policies, set(fixed), top, stats)
     ch = setup.choices
-    outer_total, outer_done = len(ch["method"]) * len(ch["precision"]) * len(ch["optim"]), 0
+    twins = {p: precision_twins(p) for p in ch["precision"]}
+    outer_total, outer_done = len(ch["method"]) * sum(map(len, twins.values())) * len(ch["optim"]), 0
     for method in ch["method"]:
         try:
             st.set({"method": method}, L_METHOD)
         except FitplanError as e:
             _note_invalid(stats, e, 0)
-            outer_done += len(ch["precision"]) * len(ch["optim"])
+            outer_done += sum(map(len, twins.values())) * len(ch["optim"])
             continue
-        for precision_rank, precision in enumerate(ch["precision"]):
-            st.set({"precision": precision}, L_PRECISION)
-            for optim in ch["optim"]:
-                outer_done += 1
-                if progress is not None:
-                    progress(outer_done, outer_total)
-                st.set({"optim": optim, "optimizer_spec": setup.optim_specs[optim]}, L_OPTIM)
-                for ckpt in ch["gradient_checkpointing"]:
-                    st.set({"gradient_checkpointing": ckpt}, L_CKPT)
-                    for n, m in sorted(setup.hardware):
-                        _search_world(setup, st, n, m, (METHOD_RANK.get(method, 9), setup.optim_rank[optim],
-                                                        precision_rank), flat)
+        for precision_rank, semantic in enumerate(ch["precision"]):
+            for precision in twins[semantic]:
+                st.set({"precision": precision}, L_PRECISION)
+                for optim in ch["optim"]:
+                    outer_done += 1
+                    if progress is not None:
+                        progress(outer_done, outer_total)
+                    setup.collector = setup.collectors[side_key(setup.vary, method, semantic, optim)]
+                    st.set({"optim": optim, "optimizer_spec": setup.optim_specs[optim]}, L_OPTIM)
+                    for ckpt in ch["gradient_checkpointing"]:
+                        st.set({"gradient_checkpointing": ckpt}, L_CKPT)
+                        for n, m in sorted(setup.hardware):
+                            _search_world(setup, st, n, m, (METHOD_RANK.get(method, 9), setup.optim_rank[optim],
+                                                            precision_rank), flat)
     stats.seconds = time.perf_counter() - t0
     return _result(setup, st, flat, given, headroom, arch)  # the scenario as given: its command line
+
+
+def side_key(vary: tuple[str, ...], method: str, precision: str, optim: str) -> tuple[str, ...]:
+    """The side a plan belongs to: its values of the opened dimensions ``vary`` (``precision``: the semantics,
+    :func:`fitplan.search.space.semantics`)."""
+    values = {"method": method, "optim": optim, "precision": precision}
+    return tuple(values[d] for d in vary)
+
+
+def searchable_optimizers(registry) -> tuple[str, ...]:
+    """The optimizers ``--vary optim`` tries without ``--optims``: every registered one marked ``search``
+    (plugins' included), none refused."""
+    return tuple(n for n, o in registry.optimizers.items() if o.search and not o.refused)
 
 
 def _prepare(base: sc.Scenario, arch, flat: dict[str, Any], ctx, space: SearchSpace, objective: str,
@@ -125,7 +148,7 @@ def _prepare(base: sc.Scenario, arch, flat: dict[str, Any], ctx, space: SearchSp
     registry, rules = ctx.registry, ctx.rulesets
     compiled = registry.compiled()
     roles = {r: compiled.role(r) for r in ("device_total", "usable", "headroom", "fit", "seconds", "cost.on_demand",
-                                           "cost.spot", "peak")}
+                                           "cost.spot", "peak", "cpu_offload")}
     needs_time = objective in ("cost", "time")
     _check_request(objective, needs_time, roles, flat)
     frac, hbytes = parse_headroom(headroom)
@@ -136,7 +159,8 @@ def _prepare(base: sc.Scenario, arch, flat: dict[str, Any], ctx, space: SearchSp
         inputs.pop(name, None)
     st = staged(compiled, inputs, policies, roles, stats)
     space = narrowed(space, flat, fixed, rules)
-    hardware = hardware_options(rules, space, flat, objective == "cost")
+    unnetworked: set[str] = set()
+    hardware = hardware_options(rules, space, flat, objective == "cost", unnetworked)
     if not hardware:
         raise FitplanError("no GPU and provider to search over", field="--gpu/--provider",
                            suggestion="check --gpu, --provider and --max-gpus against `fitplan rulesets` data")
@@ -148,10 +172,13 @@ def _prepare(base: sc.Scenario, arch, flat: dict[str, Any], ctx, space: SearchSp
     optim_rank = {o: 0 if optim_specs[o].name == base_optim else 1 if optim_specs[o].name.startswith("adamw") else 2
                   for o in choices["optim"]}
     values = PlanValues(st.cur)
+    vary = tuple(d for d in space.opened if d not in fixed and len(choices[d]) > 1)  # one value: nothing to compare
+    collectors = {side_key(vary, m, p, o): Collector(top) for m in choices["method"] for p in choices["precision"]
+                  for o in choices["optim"]}
     setup = _Search(objective, objective == "cost", choices, space, hardware,
                     {gid: u - max(int(u * frac), hbytes) for gid, u in usable.items()}, usable, tp, flat["fsdp"],
-                    policies, Collector(top), stats, optim_specs, optim_rank, values,
-                    Namespace(values, None, None, policies.vocabulary))
+                    policies, next(iter(collectors.values())), collectors, vary, unnetworked, stats, optim_specs,
+                    optim_rank, values, Namespace(values, None, None, policies.vocabulary))
     return setup, st
 
 
@@ -167,25 +194,26 @@ def _check_request(objective: str, needs_time: bool, roles: dict[str, str | None
 
 
 def _choices(flat: dict[str, Any], fixed: set[str], space: SearchSpace, registry, arch) -> dict[str, tuple[Any, ...]]:
-    def choices(name: str, options: Iterable[Any]) -> tuple[Any, ...]:
-        return (flat[name],) if name in fixed else tuple(options)
+    """The values of each loop: the scenario's own for a fixed field or a dimension the space does not open
+    (None), else the space's; precisions by their semantics (:func:`fitplan.search.space.semantics`)."""
+    def choices(name: str, options: Iterable[Any] | None) -> tuple[Any, ...]:
+        return (flat[name],) if name in fixed or options is None else tuple(options)
 
     methods = choices("method", space.methods)
     if arch.is_bare or not flat["lora_target_modules"]:  # peft has no default targets for this model type: LoRA needs them named
         methods = tuple(m for m in methods if m == "full")
     return {
         "method": methods,
-        "precision": choices("precision", space.precisions),
-        "optim": choices("optim", space.optimizers if space.optimizers is not None else
-                          tuple(n for n, o in registry.optimizers.items() if o.search and not o.refused)),
+        "precision": tuple(dict.fromkeys(semantics(p) for p in choices("precision", space.precisions))),
+        "optim": choices("optim", space.optimizers),
         "gradient_checkpointing": choices("gradient_checkpointing", space.checkpointing),
         "attn_implementation": choices("attn_implementation", space.attn_implementations),
     }
 
 
 MAX_CANDIDATES = 20_000_000
-"""The largest search fitplan starts (the default space of a 7B model holds about 1.4 million candidates, searched
-in a few seconds): a larger one is narrowed by the user first."""
+"""The largest search fitplan starts (an upper bound; the default space of an 8B model holds under 10,000
+candidates, with method, precision and optimizer all opened about 0.6 million): a larger one is narrowed first."""
 
 
 def _check_size(choices: dict[str, tuple[Any, ...]], hardware: dict, space: SearchSpace, tp: int) -> None:
@@ -194,13 +222,14 @@ def _check_size(choices: dict[str, tuple[Any, ...]], hardware: dict, space: Sear
     per_config = 1
     for options in choices.values():
         per_config *= len(options)
-    per_world = sum(len(batch_options(space, n * m // tp)) * sum(max(1, len(mk)) for _, plist in hw for _, _, mk in plist)
+    per_world = sum(len(batch_options(space, n * m // tp)) * sum(max(1, len(o[2])) for _, plist in hw for o in plist)
                     for (n, m), hw in hardware.items() if (n * m) % tp == 0)
-    total = per_config * per_world * 9  # at most 9 ZeRO/offload combinations
+    total = per_config * per_world * 9 * 2  # at most 9 ZeRO/offload combinations, 2 precisions per semantics
     if total > MAX_CANDIDATES:
         raise FitplanError(f"the search space holds up to {total:,} candidate plans, more than {MAX_CANDIDATES:,}",
-                           field="--gpus/--providers/--methods/--optims",
-                           suggestion="narrow it: --gpus, --providers, --methods, --precisions, --optims, --max-gpus")
+                           field="--gpus/--providers/--vary",
+                           suggestion="narrow it: --gpus, --providers, fewer --vary dimensions (or --methods, --precisions, "
+                                      "--optims), --max-gpus")
 
 
 def _note_invalid(stats: Stats, e: FitplanError, n: int) -> None:
@@ -220,7 +249,7 @@ def _search_world(setup: _Search, st: Staged, n: int, m: int, rank: tuple[int, i
     st.set({"num_gpus": n, "num_nodes": m}, L_WORLD)
     precision = st.cur["precision"]
     # per-(kernel, GPU) candidate counts: providers × markets
-    per_ag = {(a, g.id): sum(max(1, len(mk)) for _, _, mk in plist)
+    per_ag = {(a, g.id): sum(max(1, len(o[2])) for o in plist)
               for a in setup.choices["attn_implementation"] for g, plist in hw if gpu_allows(g, precision, a)}
     if not per_ag:
         return
@@ -279,25 +308,33 @@ def _search_batch(setup: _Search, st: Staged, hw: list[Any], per_ag: dict[tuple[
             for role, value in (("usable", u), ("headroom", u - dt), ("fit", dt <= u)):
                 if st.roles[role] is not None:
                     cur[st.roles[role]] = value
-            setup.order = _candidates(setup, cur, plist, st.time_cost(g, plist), dt, u, world, simplicity)
+            host = vm[st.roles["cpu_offload"]] // cur["num_gpus"] if st.roles["cpu_offload"] is not None else 0
+            setup.order = _candidates(setup, cur, plist, st.time_cost(g, plist), dt, u, world, simplicity, host)
             cur["provider"], cur["instance"] = flat["provider"], flat["instance"]
 
 
 def _candidates(setup: _Search, cur: dict[str, Any], plist, tc, dt: int, usable: int, world: int,
-                simplicity: tuple) -> int:
+                simplicity: tuple, host_per_rank: int) -> int:
     """Consider every (provider, instance, market) candidate of one fitting (configuration, GPU); returns the new
-    order."""
+    order. ``host_per_rank``: each rank's host RAM for CPU offload (bytes): an instance holding fewer than its
+    ranks' need does not fit (``too_big``, ``too_big_host_ram``); one stating no RAM is noted on the plan."""
     stats, policies, collector, ns, objective = setup.stats, setup.policies, setup.collector, setup.ns, setup.objective
     order = setup.order
     has_policies = bool(policies.compiled)
     need_seconds = objective == "time"
     headroom = usable - dt
-    for (p, inst, markets), entry in zip(plist, tc):
+    for (p, inst, markets, ram, per_instance), entry in zip(plist, tc):
+        n = max(1, len(markets))
         if isinstance(entry, FitplanError):
-            n = max(1, len(markets))
             stats.invalid += n
             stats.invalid_reasons[entry.message] = stats.invalid_reasons.get(entry.message, 0) + n
             continue
+        need = host_per_rank * min(cur["num_gpus"], per_instance)
+        if need and ram is not None and need > ram:
+            stats.too_big += n
+            stats.too_big_host_ram += n
+            continue
+        notes = (host_ram_note(need),) if need and ram is None else ()
         snapshot, seconds, od, spot = entry
         cur["provider"], cur["instance"] = p, inst
         setup.values.tc = snapshot
@@ -307,6 +344,7 @@ def _candidates(setup: _Search, cur: dict[str, Any], plist, tc, dt: int, usable:
             if setup.needs_price and cost is None or need_seconds and seconds is None:
                 stats.unpriced += 1
                 continue
+            stats.host_ram_unstated += bool(notes)
             factor = 1.0
             if has_policies:
                 ns.market = market
@@ -318,17 +356,25 @@ def _candidates(setup: _Search, cur: dict[str, Any], plist, tc, dt: int, usable:
                     if key[0] <= collector.worst_rejected:
                         plan = make_plan(cur, market, dt, usable, seconds, cost, od, spot, world, key[0], order)
                         plan.rejected_by = [v for v in policies.check(ns)[0] if v.action == "forbid"]
+                        plan.notes = list(notes)
                         collector.add_rejected(key, plan)
                     continue
                 factor = policies.penalty_factor(ns)
             stats.allowed += 1
-            _collect(setup, cur, market, dt, usable, seconds, cost, od, spot, world, simplicity, headroom, order, factor)
+            _collect(setup, cur, market, dt, usable, seconds, cost, od, spot, world, simplicity, headroom, order, factor,
+                     notes)
     setup.values.tc = {}
     return order
 
 
+def host_ram_note(need: int) -> str:
+    """What a plan says when its instance states no host RAM to check its CPU offload against."""
+    return (f"the instance states no host RAM: CPU offload needs {need / 1e9:,.1f} GB of it per instance "
+            "(not checked)")
+
+
 def _collect(setup: _Search, cur, market, dt, usable, seconds, cost, od, spot, world, simplicity, headroom, order,
-             factor) -> None:
+             factor, notes=()) -> None:
     """Rank an allowed candidate: into the top plans and onto the Pareto front when it belongs there."""
     collector, objective = setup.collector, setup.objective
     c = _INF if cost is None else cost
@@ -339,6 +385,7 @@ def _collect(setup: _Search, cur, market, dt, usable, seconds, cost, od, spot, w
         return
     key = ranking_key(objective, factor, cost, seconds, world, simplicity, headroom, order)
     plan = make_plan(cur, market, dt, usable, seconds, cost, od, spot, world, key[0], order)
+    plan.notes = list(notes)
     if factor != 1.0:
         setup.ns.market = market
         plan.penalties = [v for v in setup.policies.check(setup.ns)[0] if v.action == "penalise"]
@@ -349,12 +396,8 @@ def _collect(setup: _Search, cur, market, dt, usable, seconds, cost, od, spot, w
 
 
 def _result(setup: _Search, st: Staged, flat: dict[str, Any], base: sc.Scenario, headroom: str | float, arch) -> Result:
-    collector, stats = setup.collector, setup.stats
-    plans = [p for _, p in collector.best]
-    for i, p in enumerate(plans, 1):
-        p.rank = i
-    pareto = [p for _, _, _, p in collector.front]
-    rejected = [p for _, p in collector.rejected]
+    stats = setup.stats
+    sides = [_side(setup.vary, key, c) for key, c in setup.collectors.items()]
     if (setup.objective == "gpus" and st.roles["seconds"] is not None and flat["num_examples"] is None
             and flat["total_tokens"] is None and not flat["dataset_path"]):
         stats.notes.append("no dataset given: plans have no time or cost (add --dataset, or --num-examples and "
@@ -365,9 +408,23 @@ def _result(setup: _Search, st: Staged, flat: dict[str, Any], base: sc.Scenario,
     if skipped:
         stats.notes.append(f"effective batch {setup.space.effective_batch_size} cannot be split over "
                            f"{', '.join(map(str, skipped))} GPUs: those GPU counts were not searched")
+    if setup.unnetworked:
+        stats.notes.append("never combined across instances (they state no network between instances): "
+                           + ", ".join(sorted(setup.unnetworked)))
+    if stats.host_ram_unstated:
+        stats.notes.append(f"{stats.host_ram_unstated:,} plans offload to the CPU on an instance that states no host "
+                           "RAM: their host memory is not checked")
     model = {"name": arch.name, "params": arch.param_count}
-    return Result(setup.objective, plans, pareto, rejected, stats, setup.space, base, str(headroom),
-                  setup.policies.describe(), model)
+    one = sides[0] if not setup.vary else Side({}, [], [], [])
+    return Result(setup.objective, one.plans, one.pareto, one.rejected, stats, setup.space, base, str(headroom),
+                  setup.policies.describe(), model, setup.vary, sides if setup.vary else [])
+
+
+def _side(vary: tuple[str, ...], key: tuple[str, ...], collector: Collector) -> Side:
+    plans = [p for _, p in collector.best]
+    for i, p in enumerate(plans, 1):
+        p.rank = i
+    return Side(dict(zip(vary, key)), plans, [p for _, _, _, p in collector.front], [p for _, p in collector.rejected])
 
 
 # --------------------------------------------------------------------------- after the search
@@ -383,7 +440,7 @@ def attach_estimates(result: Result, ctx, *, check: bool = True) -> None:
     from fitplan.estimation import evaluate
 
     seen: dict[int, Any] = {}
-    for plan in [*result.plans, *result.pareto, *result.rejected]:
+    for plan in result.all_plans():
         if id(plan) in seen:
             continue
         est = evaluate(plan_scenario(result.base, plan), ctx.registry, ctx.rulesets)

@@ -2,8 +2,15 @@
 
 The search space (:class:`SearchSpace`) narrowed by the fields the user fixed; the hardware options
 respecting instance shapes (a node is at most the largest instance the provider rents with that GPU, and
-several nodes are whole such instances); micro-batch × accumulation for the effective batch; the ZeRO and
-offload combinations a precision allows; the precisions and kernels a GPU runs.
+several nodes are whole such instances; an instance stating no network is never combined with another);
+micro-batch × accumulation for the effective batch; the ZeRO and offload combinations a precision allows
+(the HF ``bf16``/``fp16`` flag's pairing: autocast without DeepSpeed, DeepSpeed's 16-bit optimizer under
+it); the precisions and kernels a GPU runs.
+
+By default only what leaves the trained model the same is searched; the dimensions that change it
+(:data:`VARY_DIMENSIONS`: method, optimizer, precision) keep the scenario's value unless opened
+(``SearchSpace.methods`` etc. not None: ``fitplan recommend --vary``), and then the report shows the best
+plan of each value side by side, never one ranking mixing them.
 """
 
 from __future__ import annotations
@@ -14,22 +21,28 @@ import attrs
 
 from fitplan.errors import FitplanError
 from fitplan.inputs import scenario as sc
-from fitplan.inputs.precision import PRESETS
+from fitplan.inputs.precision import MASTER_FOR_FLAG, MIXED_FOR_FLAG, PRESETS
 
 OBJECTIVES = ("cost", "time", "gpus")
 MARKETS = ("on_demand", "spot")
 ATTN_PREFERENCE = ("sdpa", "flash_attention_2", "eager")
 GPU_COUNTS = (1, 2, 4, 8)
-SEARCH_PRECISIONS = ("bf16-mixed", "bf16-true", "bf16-master", "16-mixed", "16-true", "16-master", "32-true")
-"""The precisions searched, in order of preference (16-bit first)."""
+SEARCH_PRECISIONS = ("bf16-mixed", "bf16-true", "16-mixed", "16-true", "32-true")
+"""The precisions ``--vary precision`` searches, in order of preference (16-bit first): one per training
+semantics (a ``*-master`` preset is its ``*-mixed`` twin under DeepSpeed: :func:`precision_twins`)."""
+VARY_DIMENSIONS = {"method": "methods", "optim": "optimizers", "precision": "precisions"}
+"""The dimensions that change the trained model (``--vary``), and the :class:`SearchSpace` field of each."""
 
 
 @attrs.frozen
 class SearchSpace:
-    """What the recommender may choose. ``None`` for gpus / providers / optimizers: every one known."""
+    """What the recommender may choose. ``None`` for gpus / providers: every one known. ``None`` for methods /
+    precisions / optimizers: the scenario's value (the dimension is not opened); a tuple opens it with these
+    values, each ranked on its own (``--vary optim`` lists
+    :func:`fitplan.search.recommend.searchable_optimizers`)."""
 
-    methods: tuple[str, ...] = sc.METHODS
-    precisions: tuple[str, ...] = SEARCH_PRECISIONS
+    methods: tuple[str, ...] | None = None
+    precisions: tuple[str, ...] | None = None
     optimizers: tuple[str, ...] | None = None
     checkpointing: tuple[bool, ...] = (False, True)
     attn_implementations: tuple[str, ...] = ATTN_PREFERENCE
@@ -44,7 +57,28 @@ class SearchSpace:
     effective_batch_size: int = 16
     micro_batch_size: int | None = None
     accumulation_steps: int | None = None
-    markets: tuple[str, ...] = MARKETS
+    markets: tuple[str, ...] = ("on_demand",)
+    """On demand unless spot is asked for (``--markets spot`` or ``on_demand,spot``)."""
+
+    @property
+    def opened(self) -> tuple[str, ...]:
+        """The result-changing dimensions this space opens, in :data:`VARY_DIMENSIONS` order."""
+        return tuple(d for d, attr in VARY_DIMENSIONS.items() if getattr(self, attr) is not None)
+
+
+def semantics(precision: str) -> str:
+    """The training semantics of a preset, as the HF Trainer's flag states it: a ``*-master`` preset is the
+    ``bf16``/``fp16`` flag under DeepSpeed (its 16-bit optimizer, fp32 master weights), the same flag's
+    ``*-mixed`` twin elsewhere (``inputs/sources.py`` ``_hf_flag_under_stack``); other presets are themselves."""
+    flag = PRESETS[precision].hf_flag
+    return MIXED_FOR_FLAG[flag] if flag else precision
+
+
+def precision_twins(precision: str) -> tuple[str, ...]:
+    """The presets a plan of ``precision``'s semantics runs: ``(mixed, master)`` for the HF flags (the stack
+    picks one: :func:`shard_options`), else ``(precision,)``."""
+    flag = PRESETS[precision].hf_flag
+    return (MIXED_FOR_FLAG[flag], MASTER_FOR_FLAG[flag]) if flag else (precision,)
 
 
 def narrowed(space: SearchSpace, flat: dict[str, Any], fixed: set[str], rules: Any) -> SearchSpace:
@@ -91,15 +125,18 @@ def parse_headroom(text: str | float) -> tuple[float, int]:
     return f, 0
 
 
-Offer = tuple[str | None, str | None, tuple[str, ...]]
-"""``(provider, instance, markets with a price)``: ``instance`` is the ``--instance`` the plan sets (None: the
-estimate's own choice, the cheapest per hour)."""
+Offer = tuple[str | None, str | None, tuple[str, ...], int | None, int]
+"""``(provider, instance, markets with a price, host RAM of one instance in bytes or None when the instance
+states none, GPUs per instance)``: ``instance`` is the ``--instance`` the plan sets (None: the estimate's own
+choice, the cheapest per hour)."""
 
 
-def hardware_options(rules, space: SearchSpace, fixed: dict[str, Any], needs_price: bool) -> dict[tuple[int, int], list[tuple[Any, list[Offer]]]]:
+def hardware_options(rules, space: SearchSpace, fixed: dict[str, Any], needs_price: bool,
+                     unnetworked: set[str] | None = None) -> dict[tuple[int, int], list[tuple[Any, list[Offer]]]]:
     """(GPUs per node, nodes) -> [(GPU, [offers])], respecting instance shapes: one offer per provider and
     instance topology (:func:`fitplan.rulesets.pricing.instance_shapes`), so that the job's cost, network
-    time included, picks the shape."""
+    time included, picks the shape. A shape of several instances whose instance states no ``network_gbps`` is
+    left out (its name added to ``unnetworked``): the time between instances would be an assumption."""
     from fitplan.rulesets.pricing import instances_for
 
     gpu_ids = space.gpus if space.gpus is not None else tuple(sorted({i.gpu for i in rules.instances.values()}))
@@ -121,7 +158,8 @@ def hardware_options(rules, space: SearchSpace, fixed: dict[str, Any], needs_pri
                 for m in space.num_nodes:
                     if m > 1 and n != largest or n * m > space.max_gpus:
                         continue
-                    offers = _offers(rules, space, fixed, p, g.id, n, m) if p is not None else [(None, None, ())]
+                    offers = (_offers(rules, space, fixed, p, g.id, n, m, unnetworked) if p is not None
+                              else [(None, None, (), None, n)])
                     if not offers:
                         continue
                     entry = out.setdefault((n, m), [])
@@ -134,8 +172,10 @@ def hardware_options(rules, space: SearchSpace, fixed: dict[str, Any], needs_pri
     return out
 
 
-def _offers(rules, space: SearchSpace, fixed: dict[str, Any], p: str, gid: str, n: int, m: int) -> list[Offer]:
-    """Provider ``p``'s offers of ``n`` × ``m`` GPUs ``gid``: one per instance topology, with its priced markets."""
+def _offers(rules, space: SearchSpace, fixed: dict[str, Any], p: str, gid: str, n: int, m: int,
+            unnetworked: set[str] | None) -> list[Offer]:
+    """Provider ``p``'s offers of ``n`` × ``m`` GPUs ``gid``: one per instance topology, with its priced markets,
+    its host RAM and GPUs per instance; none of several instances that state no network."""
     from fitplan.rulesets.pricing import instance_shapes
 
     try:
@@ -144,9 +184,14 @@ def _offers(rules, space: SearchSpace, fixed: dict[str, Any], p: str, gid: str, 
         return []  # --instance / --region name another GPU's shape
     out: list[Offer] = []
     for inst_id, plan in shapes:
+        if plan.count > 1 and plan.instance.network_gbps is None:
+            if unnetworked is not None:
+                unnetworked.add(f"{p}/{plan.instance.id}")
+            continue
         markets = tuple(mk for mk in space.markets if mk == "on_demand" or plan.spot_per_hour is not None)
         if markets:
-            out.append((p, inst_id, markets))
+            ram = plan.instance.host_memory_gib
+            out.append((p, inst_id, markets, None if ram is None else int(ram * 2**30), plan.instance.gpus))
     return out
 
 
@@ -168,19 +213,24 @@ def batch_options(space: SearchSpace, dp: int) -> list[tuple[int, int]]:
 
 
 def shard_options(space: SearchSpace, dp: int, precision: str, fsdp: str | None) -> list[tuple[int, bool, bool]]:
+    """The (ZeRO stage, offload optimizer, offload parameters) options for ``dp`` data-parallel GPUs. DeepSpeed
+    (any stage or offload) runs fp32 or its 16-bit optimizer (``*-master``); a ``*-master`` preset is searched
+    only under DeepSpeed, its ``*-mixed`` twin only without (the HF flag's pairing: :func:`semantics`)."""
     if fsdp:
-        return [(0, False, False)] if 0 in space.zero_stages and False in space.offload_optimizer else []
+        return [(0, False, False)] if 0 in space.zero_stages and False in space.offload_optimizer and \
+            not PRESETS[precision].master else []
     if dp == 1:
         combos = [(0, False, False), (2, True, False), (3, True, True)]
     else:
         combos = [(0, False, False), (1, False, False), (2, False, False), (3, False, False),
                   (1, True, False), (2, True, False), (3, True, False), (3, True, True), (3, False, True)]
+    preset = PRESETS[precision]
     out = []
     for z, oo, op in combos:
         if z not in space.zero_stages or oo not in space.offload_optimizer or op not in space.offload_params:
             continue
         deepspeed = z >= 1 or oo or op
-        if deepspeed and not PRESETS[precision].deepspeed:
+        if deepspeed and not preset.deepspeed or preset.master and not deepspeed:
             continue
         out.append((z, oo, op))
     return out

@@ -77,7 +77,7 @@ class Staged:
         if self.T is not None:
             self.T.run(self.vt, level)
 
-    def time_cost(self, g: Any, plist: list[tuple[str | None, str | None, tuple[str, ...]]]) -> list[Any]:
+    def time_cost(self, g: Any, plist: list[Any]) -> list[Any]:
         """Time and cost for GPU ``g`` and each offer (provider, instance) of ``plist`` (memoised): per offer
         ``(snapshot, seconds, on-demand cost, spot cost)``, or the user error its evaluation raised."""
         key = (*[self.cur[n] for n in self.t_key_names], g.id)
@@ -86,7 +86,7 @@ class Staged:
             found = self.tmemo[key] = self._time_cost(g, plist)
         return found
 
-    def _time_cost(self, g: Any, plist: list[tuple[str | None, str | None, tuple[str, ...]]]) -> list[Any]:
+    def _time_cost(self, g: Any, plist: list[Any]) -> list[Any]:
         T, vt = self.T, self.vt
         if T is None:
             return [({}, None, None, None) for _ in plist]
@@ -98,7 +98,7 @@ class Staged:
         self.stats.time_evaluations += 1
         out: list[Any] = []
         seconds, od, spot = self.roles["seconds"], self.roles["cost.on_demand"], self.roles["cost.spot"]
-        for p, inst, _ in plist:
+        for p, inst, *_ in plist:
             vt["provider"], vt["instance"] = p, inst
             try:
                 T.run(vt, L_PROVIDER)
@@ -116,7 +116,7 @@ def staged(compiled, inputs: dict[str, Any], policies: Any, roles: dict[str, str
     set_by_search = {roles[r] for r in ("usable", "headroom", "fit")}  # set in the candidate's values per GPU
     policy_quantities = {n for name in policies.names for n in policies.vocabulary.quantities_for(name)
                          if n in compiled.quantities and n not in set_by_search}
-    mem_targets = [roles["device_total"], roles["peak"], *compiled.memory]
+    mem_targets = [roles["device_total"], roles["peak"], roles.get("cpu_offload"), *compiled.memory]
     mem_targets = list(dict.fromkeys(t for t in mem_targets if t is not None))
     M = StagedGraph(compiled, mem_targets, LEVELS)
     if M.depends_on("provider") or M.depends_on("gpu_spec") or M.depends_on("gpu"):

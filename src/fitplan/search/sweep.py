@@ -49,3 +49,27 @@ def across_gpus_and_providers(base: sc.Scenario, ctx, *, arch: Any = None) -> li
     ``--region`` dropped), GPUs in ruleset order: what each GPU costs wherever it is rented."""
     return [(gid, pid, _variant(base, ctx, arch, gpu=gid, provider=pid, instance=None, region=None))
             for gid in ctx.rulesets.gpus for pid in ctx.rulesets.providers]
+def cheapest(base: sc.Scenario, ctx, *, arch: Any = None) -> dict[str, Any]:
+    """Where ``base`` runs for least, when it names no GPU: every GPU of the hardware ruleset on which it fits
+    (``fitplan estimate --gpu X``'s verdict), each priced on demand by every provider renting it, the same GPU
+    count. Returns ``{"gpu", "provider", "instance", "on_demand_usd", "seconds", "device_total", "usable"
+    (bytes per GPU), "fits_on"}`` (``fits_on``: the GPU ids it fits on, in ruleset order), ``{"fits_on": [...]}``
+    when none can be priced (no dataset size, or no provider rents a GPU it fits on; ``fits_on`` empty when it fits
+    on none)."""
+    fitting = [(gid, e) for gid, e in across_gpus(base, ctx, arch=arch) if not isinstance(e, FitplanError) and e.role("fit")]
+    best: tuple[float, str, str, Any] | None = None
+    for gid, est in fitting:
+        if est.role("seconds") is None:
+            continue
+        for pid, priced in across_providers(est.scenario, ctx, arch=arch):
+            cost = None if isinstance(priced, FitplanError) else priced.role("cost.on_demand")
+            if cost is not None and (best is None or cost < best[0]):
+                best = (cost, gid, pid, priced)
+    out: dict[str, Any] = {"fits_on": [gid for gid, _ in fitting]}
+    if best is not None:
+        cost, gid, pid, est = best
+        inst = est.role("instance")
+        out.update(gpu=gid, provider=pid, instance=None if inst is None else inst.instance.id,
+                   on_demand_usd=cost, seconds=est.role("seconds"),
+                   device_total=int(est.role("device_total")), usable=int(est.role("usable")))
+    return out

@@ -22,7 +22,7 @@ from fitplan.web.params import SCENARIO_PARAMS, UPLOAD_PREFIX, parse
 from fitplan.web.uploads import UploadStore
 
 Query = Sequence[tuple[str, str]]
-RECOMMEND_PARAMS = ("objective", "effective-batch-size", "headroom", "top", "gpus", "providers", "methods",
+RECOMMEND_PARAMS = ("objective", "effective-batch-size", "headroom", "top", "gpus", "providers", "vary", "methods",
                     "precisions", "optims", "markets", "max-gpus", "max-nodes", "max")
 """``fitplan recommend``'s own options that ``/api/recommend`` takes (not ``--policy``, ``--emit``, ``--out``)."""
 SEARCH_LIMITS = {"top": 100, "max_gpus": 64, "max_nodes": 8, "effective_batch_size": 1 << 16}
@@ -215,7 +215,7 @@ def recommend(settings: Settings, query: Query) -> Reply:
         result = find_plans(built, ctx, p, settings.policy_files, _deadline(settings.search_seconds))
     except SearchTimeout:
         raise FitplanError(f"the search ran past this server's limit of {settings.search_seconds:g} s", field="query",
-                           suggestion="narrow it (gpus=, providers=, methods=, precisions=, optims=, max-gpus=) "
+                           suggestion="narrow it (gpus=, providers=, fewer vary= dimensions, max-gpus=) "
                                       "or fix more of the scenario; `fitplan recommend` has no limit") from None
     finally:
         settings.search_lock.release()

@@ -51,7 +51,7 @@ def offload_host_bytes(sharding_kind, offload_optimizer, offload_params, deepspe
     return out
 
 
-@quantity("bytes", json_key="memory.cpu_offload_bytes", label="CPU RAM for offload (per node)")
+@quantity("bytes", json_key="memory.cpu_offload_bytes", label="CPU RAM for offload (per node)", role="cpu_offload")
 def cpu_offload_bytes(offload_host_bytes, num_gpus):
     """CPU RAM per node for offload: GPUs per node × each rank's host bytes (states, master weights, fp32
     gradients, staging buffers; the optimizer's step temporaries at their peak)."""

@@ -37,7 +37,7 @@ def estimate(fmt: str, out: str | None, units: str, policy_files: tuple[str, ...
     from fitplan.assess import assess
     from fitplan.rules.policy import POLICY_VIOLATION_EXIT, forbidding_rules
 
-    a = assess(estimate_from(options), policy_files=policy_files)
+    a = assess(estimate_from(options), policy_files=policy_files, cheapest=True)  # cheapest: without --gpu only
     emit("estimate", a, fmt, out, units)
     rules = forbidding_rules(a.estimate, a.verdicts)
     if rules:

@@ -22,7 +22,7 @@ def add(cli: click.Group) -> None:
     cli.add_command(capacity)
 
 
-def _csv(text: str | None, option: str, valid: tuple[str, ...] | None = None) -> tuple[str, ...] | None:
+def _csv(text: str | None, option: str, valid: tuple[str, ...] | None = None, what: str | None = None) -> tuple[str, ...] | None:
     if text is None:
         return None
     items = tuple(x.strip() for x in text.split(",") if x.strip())
@@ -33,26 +33,36 @@ def _csv(text: str | None, option: str, valid: tuple[str, ...] | None = None) ->
 
         for x in items:
             if x not in valid:
-                raise unknown(option.lstrip("-").rstrip("s") + " in " + option, x, valid, field=option)
+                raise unknown(what or option.lstrip("-").rstrip("s") + " in " + option, x, valid, field=option)
     return items
 
 
-def _space(opts: dict[str, Any], ctx) -> Any:
+def _space(opts: dict[str, Any], ctx, fixed: frozenset[str] | set[str] = frozenset()) -> Any:
+    """The search space of the command's options: ``--vary`` opens the result-changing dimensions (every value),
+    ``--methods`` / ``--precisions`` / ``--optims`` open theirs with the values listed; the rest is as given."""
     from fitplan.inputs import scenario as sc
     from fitplan.inputs.precision import PRECISIONS
-    from fitplan.search.space import MARKETS, SearchSpace
+    from fitplan.search.recommend import searchable_optimizers
+    from fitplan.search.space import MARKETS, SEARCH_PRECISIONS, VARY_DIMENSIONS, SearchSpace
 
     rules, reg = ctx.rulesets, ctx.registry
     kw: dict[str, Any] = {}
-    methods = _csv(opts["methods"], "--methods", sc.METHODS)
-    if methods:
-        kw["methods"] = methods
-    precisions = _csv(opts["precisions"], "--precisions", PRECISIONS)
-    if precisions:
-        kw["precisions"] = precisions
-    optims = _csv(opts["optims"], "--optims")
-    if optims:
-        kw["optimizers"] = tuple(reg.resolve_optimizer(o).name for o in optims)
+    vary = set(_csv(opts.get("vary"), "--vary", tuple(VARY_DIMENSIONS), what="dimension in --vary") or ())
+    lists = {"method": _csv(opts.get("methods"), "--methods", sc.METHODS),
+             "precision": _csv(opts.get("precisions"), "--precisions", PRECISIONS),
+             "optim": _csv(opts.get("optims"), "--optims")}
+    if lists["optim"]:
+        lists["optim"] = tuple(dict.fromkeys(reg.resolve_optimizer(o).name for o in lists["optim"]))
+    every = {"method": sc.METHODS, "precision": SEARCH_PRECISIONS, "optim": searchable_optimizers(reg)}
+    for dim, attr in VARY_DIMENSIONS.items():
+        if dim not in vary and not lists[dim]:
+            continue
+        if dim in fixed:
+            flag = "--" + dim
+            raise FitplanError(f"the scenario fixes {dim}, and --vary {dim} (or --{attr}) would search it",
+                               field=f"--vary {dim}", suggestion=f"drop {flag} (or the scenario file's {dim}) to compare "
+                               f"its values side by side, or drop --vary {dim}")
+        kw[attr] = lists[dim] or every[dim]
     gpus = _csv(opts["gpus"], "--gpus")
     if gpus:
         kw["gpus"] = tuple(rules.gpu(g).id for g in gpus)
@@ -112,10 +122,13 @@ def _progress():
               help="A policy file of [[policy]] rules (repeatable; docs/policies.md).")
 @click.option("--gpus", default=None, help="Comma-separated GPU ids to consider (default: every GPU with a price).")
 @click.option("--providers", default=None, help="Comma-separated providers to consider.")
-@click.option("--methods", default=None, help="Comma-separated methods to consider (full,lora,qlora).")
-@click.option("--precisions", default=None, help="Comma-separated precision presets to consider.")
-@click.option("--optims", default=None, help="Comma-separated optimizers to consider (default: every registered one).")
-@click.option("--markets", default=None, help="on_demand,spot (default: both).")
+@click.option("--vary", default=None,
+              help="Comma-separated dimensions that change the trained model to compare side by side: method, optim, "
+                   "precision (default: none; the scenario's values are kept).")
+@click.option("--methods", default=None, help="Compare these methods side by side (full,lora,qlora): --vary method, restricted.")
+@click.option("--precisions", default=None, help="Compare these precision presets side by side: --vary precision, restricted.")
+@click.option("--optims", default=None, help="Compare these optimizers side by side: --vary optim, restricted.")
+@click.option("--markets", default=None, help="on_demand, spot, or on_demand,spot (default: on_demand).")
 @click.option("--max-gpus", type=int, default=16, show_default=True, help="At most this many GPUs in a plan.")
 @click.option("--max-nodes", type=int, default=2, show_default=True, help="At most this many nodes (whole instances).")
 @click.option("--max", "max_of", type=click.Choice(["micro-batch", "seq-length"]), default=None,
@@ -126,14 +139,16 @@ def _progress():
 @format_option("recommend")
 @out_option
 def recommend(objective: str, effective_batch_size: int, headroom: str, top: int, policy_files: tuple[str, ...],
-              gpus: str | None, providers: str | None, methods: str | None, precisions: str | None,
+              gpus: str | None, providers: str | None, vary: str | None, methods: str | None, precisions: str | None,
               optims: str | None, markets: str | None, max_gpus: int, max_nodes: int, max_of: str | None,
               emits: tuple[tuple[str, str], ...], force: bool, fmt: str, out: str | None, **options: Any) -> None:
     """Find the cheapest (or fastest, or smallest) plans that fit, under your organisation's policies.
 
-    Searches GPU types and counts (instance shapes), providers and markets, method, precision, optimizer,
+    Searches what leaves the trained model the same: GPU types and counts (instance shapes), providers,
     checkpointing, ZeRO stage and offload, micro-batch × accumulation for --effective-batch-size, and the
-    attention kernel. A field you set (--method lora, --gpu h100-sxm, a scenario file's value) is fixed.
+    attention kernel, on demand (--markets spot for spot). Method, optimizer and precision stay the scenario's
+    unless --vary opens them: then each value's best plans are shown side by side. A field you set (--gpu
+    h100-sxm, --zero 3, a scenario file's value) is fixed.
     """
     from fitplan.context import get_context
 
@@ -147,7 +162,8 @@ def recommend(objective: str, effective_batch_size: int, headroom: str, top: int
         return
     t0 = time.perf_counter()
     with _progress() as progress:
-        result = find_plans(built, ctx, {"objective": objective, "headroom": headroom, "top": top, "methods": methods,
+        result = find_plans(built, ctx, {"objective": objective, "headroom": headroom, "top": top, "vary": vary,
+                                         "methods": methods,
                                          "precisions": precisions, "optims": optims, "gpus": gpus, "providers": providers,
                                          "markets": markets, "effective_batch_size": effective_batch_size,
                                          "max_gpus": max_gpus, "max_nodes": max_nodes}, policy_files, progress)
@@ -167,7 +183,7 @@ def find_plans(built, ctx, opts: dict[str, Any], policy_files=(), progress=None)
     from fitplan.rules.policy import policy_set
     from fitplan.search import recommend as rec
 
-    space = _space(opts, ctx)
+    space = _space(opts, ctx, built.fixed)
     policies = policy_set(ctx.rulesets, ctx.registry, policy_files)
     result = rec.search(built.scenario, ctx, space=space, objective=opts["objective"], headroom=opts["headroom"],
                         policies=policies, top=opts["top"], fixed=built.fixed, progress=progress)
@@ -194,6 +210,9 @@ def _exports(result, emits: tuple[tuple[str, str], ...]) -> list[tuple[str, list
     file as it was): ``(directory, [(name, text)], notes)`` per ``--emit``."""
     if not emits:
         return []
+    if result.vary:
+        raise FitplanError(f"--emit writes one plan, and --vary {','.join(result.vary)} shows one per value",
+                           field="--emit", suggestion="fix the value you chose (e.g. --method lora) and run again")
     if not result.plans:
         raise FitplanError("no plan to emit: none fits with the required headroom", field="--emit",
                            suggestion="lower --headroom, allow more GPUs (--max-gpus) or methods")
