@@ -49,6 +49,8 @@ def across_gpus_and_providers(base: sc.Scenario, ctx, *, arch: Any = None) -> li
     ``--region`` dropped), GPUs in ruleset order: what each GPU costs wherever it is rented."""
     return [(gid, pid, _variant(base, ctx, arch, gpu=gid, provider=pid, instance=None, region=None))
             for gid in ctx.rulesets.gpus for pid in ctx.rulesets.providers]
+
+
 def cheapest(base: sc.Scenario, ctx, *, arch: Any = None) -> dict[str, Any]:
     """Where ``base`` runs for least, when it names no GPU: every GPU of the hardware ruleset on which it fits
     (``fitplan estimate --gpu X``'s verdict), each priced on demand by every provider renting it, the same GPU
