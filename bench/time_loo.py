@@ -79,7 +79,9 @@ def parts(run, est) -> dict:
         "f": [t.flop_seconds for t in ts], "b": [t.byte_seconds for t in ts], "n": [t.kernels for t in ts],
         "mem": (v["gradient_accumulation_bytes"] + v["grad_clip_bytes"]) / bw,
         "opt": v["optimizer_step_bytes"] / bw, "opt_kernels": v["optimizer_step_kernels"],
-        "transfers": (v["comm_seconds_per_step"] or 0.0) + v["offload_seconds_per_step"],
+        "micro_transfers": (v["comm_seconds_by_window"] or {}).get("micro", 0.0) + v["offload_seconds_per_step"],
+        "last_transfers": (v["comm_seconds_by_window"] or {}).get("last", 0.0),
+        "serial_transfers": (v["comm_seconds_by_window"] or {}).get("serial", 0.0),
         "tokens_per_gpu_step": v["tokens_per_step"] / world,
         "measured": run.tokens_per_second_per_gpu,
     }
@@ -99,7 +101,8 @@ class Data:
         self.f = np.concatenate([r["f"] for r in rows])
         self.b = np.concatenate([r["b"] for r in rows])
         self.n = np.concatenate([r["n"] for r in rows])
-        for key in ("k", "fetches", "mem", "opt", "opt_kernels", "transfers", "tokens_per_gpu_step", "measured"):
+        for key in ("k", "fetches", "mem", "opt", "opt_kernels", "micro_transfers", "last_transfers",
+                    "serial_transfers", "tokens_per_gpu_step", "measured"):
             setattr(self, key, np.array([float(r[key]) for r in rows]))
 
 
@@ -124,7 +127,10 @@ def predict(d: Data, theta: np.ndarray) -> np.ndarray:
     micro = np.where(present, np.sqrt(gpu ** 2 + host_time ** 2), 0.0).reshape(nrows, len(PHASES)).sum(axis=1)
     optimizer = np.sqrt((d.opt / mem) ** 2 + (d.opt_kernels * host) ** 2)
     compute = d.k * micro + d.mem / mem + optimizer
-    step = compute + np.maximum(0.0, d.transfers - COMM_OVERLAP_FRACTION * compute)
+    hide = COMM_OVERLAP_FRACTION * d.k * micro  # exposed_transfer_seconds: beside the micro-steps only
+    last_hidden = np.minimum(d.last_transfers, hide / d.k)
+    exposed = d.last_transfers - last_hidden + np.maximum(0.0, d.micro_transfers - (hide - last_hidden)) + d.serial_transfers
+    step = compute + exposed
     return d.tokens_per_gpu_step / step
 
 

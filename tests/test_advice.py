@@ -180,3 +180,19 @@ def test_bundled_checklist_covers_the_seed_checklist(ctx):
                   "Envisager des optimiseurs 8 bits", "Utiliser DeepSpeed pour le multi-GPU",
                   "Surveiller la mémoire avec le profilage", "Utiliser des instances spot pour économiser sur les coûts"}
     assert {a.checklist for a in ctx.rulesets.advice.values() if a.checklist} == seed_items  # stacks.toml: no seed item
+
+
+def test_pure_fp16_training_is_advised_against_on_a_bf16_gpu():
+    """Llama-2 publishes a float16 checkpoint: loaded as is (dtype="auto") and trained without a flag, it trains in
+    pure fp16 with no loss scaling; bfloat16 holds the same 2 bytes per value, so the advice's peak is unchanged."""
+    proc = run_cli("estimate", "--model", "llama-2-7b", "--gpu", "a100-80gb", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["scenario"]["training"]["precision"] == "16-true"
+    tip = next(a for a in data["advice"] if a["id"] == "pure-fp16")
+    assert tip["variant"] == {"dtype": "bfloat16", "precision": "bf16-true"}
+    peak_gb = f"{data['memory']['per_gpu_bytes']['peak'] / 1e9:.1f} GB"
+    assert f"keeps the same memory ({peak_gb})" in tip["message"]
+    bf16 = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--gpu", "a100-80gb", "--dtype", "bfloat16",
+                              "--format", "json").stdout)
+    assert "pure-fp16" not in [a["id"] for a in bf16["advice"]]

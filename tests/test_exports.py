@@ -9,6 +9,7 @@ import shlex
 import pytest
 
 import fitplan
+from fitplan.inputs.precision import HF_WORD, PRESETS
 from fitplan.output import exports
 from fitplan.errors import FitplanError
 from fitplan.inputs.importers import training_args_fields
@@ -179,7 +180,7 @@ def test_scenario_toml_round_trip(plans, name):
 @pytest.mark.parametrize("name", ["deepspeed", "hf"])
 def test_training_args_and_deepspeed_round_trip(plans, name):
     """The HF files carry batch, accumulation, checkpointing, optimizer, bf16/fp16, epochs and the DeepSpeed
-    config; the rest (model, method, dataset, hardware, attention, pure-16-bit precision) are flags."""
+    config; the rest (model, method, dataset, hardware, attention, the load dtype) are flags."""
     plan, d = plans[name]
     assert (d / "training_args.json").is_file() and (d / "accelerate_config.yaml").is_file()
     assert (d / "ds_config.json").is_file() == (name == "deepspeed")
@@ -188,8 +189,9 @@ def test_training_args_and_deepspeed_round_trip(plans, name):
              "--method", p["method"], "--gpu", p["gpu"], "--num-gpus", str(p["num_gpus"]),
              "--num-nodes", str(p["num_nodes"]), "--provider", p["provider"],
              "--attn-implementation", p["attn_implementation"]]
-    if p["precision"] in ("bf16-true", "16-true"):
-        flags += ["--precision", p["precision"]]
+    preset = PRESETS[p["precision"]]
+    if not preset.master:  # the load dtype travels as a note (from_pretrained's dtype), read back with --dtype
+        flags += ["--dtype", HF_WORD[preset.weight_dtype]]
     _same(plan, _estimate_json(*flags, "--training-args", str(d / "training_args.json")))
 
 

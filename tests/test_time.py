@@ -291,7 +291,7 @@ def test_explain_train_seconds():
     assert p.returncode == 0, p.stderr
     text = p.stdout
     for name in ("train_tokens", "train_tokens_per_second", "step_seconds", "compute_seconds_per_step",
-                 "comm_seconds_per_step", "micro_step_time", "optimizer_step_seconds", "kernel_efficiency", "assumed_mfu"):
+                 "comm_seconds_by_window", "micro_step_time", "optimizer_step_seconds", "kernel_efficiency", "assumed_mfu"):
         assert f'"{name}"' in text, name
     assert "PaLM" in text  # the attention term's source shows in its doc
 

@@ -253,7 +253,7 @@ def with_precision(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Scenario:
     :raises FitplanError: a named preset whose weights contradict an explicit ``--dtype``; fp16 autocast over
         fp16 weights (torch's GradScaler refuses it)."""
     from fitplan.inputs import stacks
-    from fitplan.inputs.precision import HF_WORD, PRESETS, hf_precision
+    from fitplan.inputs.precision import HF_WORD, PRESETS
 
     t = s.training
     if t.precision is not None:
@@ -264,13 +264,22 @@ def with_precision(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Scenario:
                                suggestion="give one of them: --precision (Lightning's presets) or the HF words "
                                           "(--dtype with --bf16/--fp16)")
         return s
-    if s.model.assumptions == "seed":
-        return s.replace(precision="32-true")
     p, hw = s.parallel, s.hardware
     dp = max(1, hw.num_gpus * hw.num_nodes // p.tensor_parallel)
     deepspeed = stacks.resolve(p.stack, p.zero_stage, p.fsdp, p.offload_optimizer, p.offload_params, None, dp) == "deepspeed"
+    return s.replace(precision=hf_preset(s, arch, deepspeed=deepspeed))
+
+
+def hf_preset(s: sc.Scenario, arch: architecture.ModelSpec, *, deepspeed: bool = False) -> str:
+    """The preset the HF words of ``s`` select (its ``bf16``/``fp16`` flag over :func:`loaded_dtype`), with or
+    without DeepSpeed; ``--assumptions seed``: fp32."""
+    from fitplan.inputs.precision import hf_precision
+
+    if s.model.assumptions == "seed":
+        return "32-true"
+    t = s.training
     flag = "bf16" if t.bf16 else "fp16" if t.fp16 else None
-    return s.replace(precision=hf_precision(flag, loaded_dtype(s, arch), deepspeed=deepspeed))
+    return hf_precision(flag, loaded_dtype(s, arch), deepspeed=deepspeed)
 
 
 def resolve_defaults(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Scenario:

@@ -84,11 +84,6 @@ class Preset:
     """The HF TrainingArguments flag (``bf16`` / ``fp16``) that selects this preset, if any."""
 
     @property
-    def torch_dtype(self) -> str | None:
-        """The dtype the model is loaded with when it is not fp32 (``from_pretrained(dtype=...)``), else None."""
-        return None if self.weight_dtype == "fp32" or self.master else HF_WORD[self.weight_dtype]
-
-    @property
     def weight_bytes(self) -> int:
         return DTYPE_BYTES[self.weight_dtype]
 
@@ -162,3 +157,13 @@ def hf_precision(flag: str | None, loaded: str, *, deepspeed: bool = False) -> s
                            "Trainer fails at the first step", field="fp16", value=True,
                            suggestion="load the model in float32 (--dtype float32) for fp16 mixed precision, or use --bf16")
     return _AUTOCAST[(loaded, flag)]
+
+
+def deepspeed_twin(name: str) -> str:
+    """The preset a plan of preset ``name`` runs when DeepSpeed runs it, the training semantics kept (what
+    :func:`hf_precision` gives under DeepSpeed for the same flag and load dtype): ``bf16-mixed``,
+    ``bf16-autocast`` and ``bf16-true`` become ``bf16-master``; ``32-true`` and the ``*-master`` presets stay."""
+    p = PRESETS[name]
+    if p.master:
+        return name
+    return hf_precision(p.hf_flag if p.autocast else None, p.weight_dtype, deepspeed=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from fitplan.inputs import scenario as sc
 from fitplan.errors import FitplanError
-from fitplan.inputs.precision import PRESETS
+from fitplan.inputs.precision import HF_WORD, PRESETS
 
 KINDS = ("deepspeed", "accelerate", "training-args", "scenario")
 FILENAMES = {"deepspeed": "ds_config.json", "accelerate": "accelerate_config.yaml",
@@ -103,15 +103,19 @@ def hf_flag(s: sc.Scenario) -> str | None:
 
 
 def load_dtype_note(s: sc.Scenario) -> str | None:
-    """What loading the model needs that TrainingArguments cannot say: the load dtype, when it is not what
-    ``from_pretrained(dtype="auto")`` would pick by itself."""
+    """What loading the model needs that TrainingArguments cannot say: the load dtype (a preset's weights, which
+    with the ``bf16``/``fp16`` key reproduce it: :func:`fitplan.inputs.precision.hf_precision`); nothing for
+    ``dtype="auto"`` or DeepSpeed's ``*-master`` (its engine casts the model)."""
     t = s.training
-    word = t.dtype if t.precision is None else PRESETS[t.precision].torch_dtype
+    if t.precision is None:
+        word = t.dtype
+    else:
+        p = PRESETS[t.precision]
+        word = None if p.master else HF_WORD[p.weight_dtype]
     if word in (None, "auto"):
         return None
-    how = f"--dtype {t.dtype}" if t.precision is None else f"--precision {t.precision}"
     return (f"load the model with from_pretrained(..., dtype=torch.{word}) (or dtype=\"auto\" on a {word} checkpoint); "
-            f"TrainingArguments has no key for it; fitplan reads it back with {how}")
+            f"TrainingArguments has no key for it; fitplan reads it back with --dtype {word}")
 
 
 def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[dict[str, Any], list[str]]:

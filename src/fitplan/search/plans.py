@@ -40,7 +40,7 @@ class Stats:
     too_big_host_ram: int = 0
     """Of ``too_big``: fits the GPU, but its instance's stated host RAM is less than its CPU offload needs."""
     host_ram_unstated: int = 0
-    """Counted candidates (priced) whose CPU offload could not be checked: the instance states no host RAM."""
+    """Candidates not proposed because their CPU offload cannot be checked: the instance states no host RAM."""
     memory_evaluations: int = 0
     time_evaluations: int = 0
     seconds: float = 0.0

@@ -84,13 +84,15 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
     :raises FitplanError: an unknown objective, a search space with nothing in it, an objective that
         needs a dataset or prices the scenario does not give.
     """
-    from fitplan.estimation import peft_default_targets, resolve_arch, with_default_targets
+    from fitplan.estimation import hf_preset, peft_default_targets, resolve_arch, with_default_targets
 
     t0 = time.perf_counter()
     stats = Stats()
     given, arch = base, resolve_arch(base, ctx.rulesets)
     if base.lora.lora_target_modules is not None or peft_default_targets(arch) is not None or "method" in set(fixed):
         base = with_default_targets(base, arch)  # else LoRA is not searched (_choices): peft needs targets named
+    if base.training.precision is None:  # the HF words' preset without DeepSpeed; its DeepSpeed twin is searched too
+        base = base.replace(precision=hf_preset(base, arch))
     flat = sc.flatten(base)
     policies = policies or PolicySet([], ctx.registry)
     setup, st = _prepare(base, arch, flat, ctx, space, objective, headroom, policies, set(fixed), top, stats)
@@ -250,7 +252,8 @@ def _search_world(setup: _Search, st: Staged, n: int, m: int, rank: tuple[int, i
     precision = st.cur["precision"]
     # per-(kernel, GPU) candidate counts: providers × markets
     per_ag = {(a, g.id): sum(max(1, len(o[2])) for o in plist)
-              for a in setup.choices["attn_implementation"] for g, plist in hw if gpu_allows(g, precision, a)}
+              for a in setup.choices["attn_implementation"] for g, plist in hw
+              if gpu_allows(g, precision, a, precision_opened="precision" in setup.vary)}
     if not per_ag:
         return
     method_rank, optim_rank, precision_rank = rank
@@ -317,7 +320,8 @@ def _candidates(setup: _Search, cur: dict[str, Any], plist, tc, dt: int, usable:
                 simplicity: tuple, host_per_rank: int) -> int:
     """Consider every (provider, instance, market) candidate of one fitting (configuration, GPU); returns the new
     order. ``host_per_rank``: each rank's host RAM for CPU offload (bytes): an instance holding fewer than its
-    ranks' need does not fit (``too_big``, ``too_big_host_ram``); one stating no RAM is noted on the plan."""
+    ranks' need does not fit (``too_big``, ``too_big_host_ram``); one stating no RAM is not proposed for an offload
+    plan (``host_ram_unstated``): nobody could check it before launching."""
     stats, policies, collector, ns, objective = setup.stats, setup.policies, setup.collector, setup.ns, setup.objective
     order = setup.order
     has_policies = bool(policies.compiled)
@@ -334,7 +338,10 @@ def _candidates(setup: _Search, cur: dict[str, Any], plist, tc, dt: int, usable:
             stats.too_big += n
             stats.too_big_host_ram += n
             continue
-        notes = (host_ram_note(need),) if need and ram is None else ()
+        if need and ram is None:  # an offload plan an expert could not check: not proposed (docs/recommend.md)
+            stats.host_ram_unstated += n
+            continue
+        notes = ()
         snapshot, seconds, od, spot = entry
         cur["provider"], cur["instance"] = p, inst
         setup.values.tc = snapshot
@@ -344,7 +351,6 @@ def _candidates(setup: _Search, cur: dict[str, Any], plist, tc, dt: int, usable:
             if setup.needs_price and cost is None or need_seconds and seconds is None:
                 stats.unpriced += 1
                 continue
-            stats.host_ram_unstated += bool(notes)
             factor = 1.0
             if has_policies:
                 ns.market = market
@@ -365,12 +371,6 @@ def _candidates(setup: _Search, cur: dict[str, Any], plist, tc, dt: int, usable:
                      notes)
     setup.values.tc = {}
     return order
-
-
-def host_ram_note(need: int) -> str:
-    """What a plan says when its instance states no host RAM to check its CPU offload against."""
-    return (f"the instance states no host RAM: CPU offload needs {need / 1e9:,.1f} GB of it per instance "
-            "(not checked)")
 
 
 def _collect(setup: _Search, cur, market, dt, usable, seconds, cost, od, spot, world, simplicity, headroom, order,
@@ -412,8 +412,9 @@ def _result(setup: _Search, st: Staged, flat: dict[str, Any], base: sc.Scenario,
         stats.notes.append("never combined across instances (they state no network between instances): "
                            + ", ".join(sorted(setup.unnetworked)))
     if stats.host_ram_unstated:
-        stats.notes.append(f"{stats.host_ram_unstated:,} plans offload to the CPU on an instance that states no host "
-                           "RAM: their host memory is not checked")
+        stats.notes.append(f"{stats.host_ram_unstated:,} candidates offload to the CPU on an instance that states no host "
+                           "RAM: not proposed, since their host memory cannot be checked (state host_memory_gib for the "
+                           "instance in a pricing ruleset to search them)")
     model = {"name": arch.name, "params": arch.param_count}
     one = sides[0] if not setup.vary else Side({}, [], [], [])
     return Result(setup.objective, one.plans, one.pareto, one.rejected, stats, setup.space, base, str(headroom),

@@ -21,7 +21,7 @@ import attrs
 
 from fitplan.errors import FitplanError
 from fitplan.inputs import scenario as sc
-from fitplan.inputs.precision import MASTER_FOR_FLAG, MIXED_FOR_FLAG, PRESETS
+from fitplan.inputs.precision import MIXED_FOR_FLAG, PRESETS, deepspeed_twin
 
 OBJECTIVES = ("cost", "time", "gpus")
 MARKETS = ("on_demand", "spot")
@@ -75,10 +75,14 @@ def semantics(precision: str) -> str:
 
 
 def precision_twins(precision: str) -> tuple[str, ...]:
-    """The presets a plan of ``precision``'s semantics runs: ``(mixed, master)`` for the HF flags (the stack
-    picks one: :func:`shard_options`), else ``(precision,)``."""
-    flag = PRESETS[precision].hf_flag
-    return (MIXED_FOR_FLAG[flag], MASTER_FOR_FLAG[flag]) if flag else (precision,)
+    """The presets a plan of ``precision``'s semantics runs: the preset and its DeepSpeed twin
+    (:func:`fitplan.inputs.precision.deepspeed_twin`: ``bf16-autocast`` and ``bf16-master``; the stack picks one:
+    :func:`shard_options`), ``(mixed, master)`` for a ``*-master`` preset, else ``(precision,)``."""
+    p = PRESETS[precision]
+    if p.master:
+        return (MIXED_FOR_FLAG[p.hf_flag], precision)
+    twin = deepspeed_twin(precision)
+    return (precision, twin) if twin != precision else (precision,)
 
 
 def narrowed(space: SearchSpace, flat: dict[str, Any], fixed: set[str], rules: Any) -> SearchSpace:
@@ -236,14 +240,16 @@ def shard_options(space: SearchSpace, dp: int, precision: str, fsdp: str | None)
     return out
 
 
-def gpu_allows(g, precision: str, attn: str) -> bool:
-    """Whether GPU ``g`` runs ``precision`` with kernel ``attn`` (and the combination is worth searching)."""
+def gpu_allows(g, precision: str, attn: str, *, precision_opened: bool = False) -> bool:
+    """Whether GPU ``g`` runs ``precision`` with kernel ``attn`` (and the combination is worth searching). An fp16
+    preset is skipped on a bf16 GPU only when ``--vary precision`` searches both (there it equals its bf16 twin in
+    memory, time and cost); the user's own fp16 training (an fp16 checkpoint, ``--fp16``) runs on every GPU."""
     bf16 = "bf16" in g.peak_tflops
     compute = PRESETS[precision].compute_dtype
     if compute == "bf16" and not bf16:
         return False
-    if compute == "fp16" and bf16:
-        return False  # on a bf16 GPU an fp16 preset equals its bf16 twin in memory, time and cost
+    if compute == "fp16" and bf16 and precision_opened:
+        return False
     if attn == "flash_attention_2" and (not bf16 or compute == "fp32"):
         return False
     return True

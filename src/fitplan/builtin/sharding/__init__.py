@@ -4,12 +4,13 @@ The stack (``inputs/stacks.py``) decides which rules apply: DeepSpeed ZeRO 0-3 (
 accelerate's FSDP1 / FSDP2 as the HF Trainer runs them (``fsdp.py``), DDP and PyTorch-native ZeRO-1 / FSDP2
 (``torch_native.py``, also tensor parallelism). Each is a set of reducers on the model-state quantities plus
 ``gathered_param_bytes``: what the stack adds to the step timeline of ``builtin/peak.py``. CPU offload is in
-``offload.py``; communication buffers, the bytes each collective moves and the topology in ``comm.py``.
+``offload.py``; communication buffers, the bytes each collective moves and the topology in ``comm.py``; what
+each rank's optimizer updates per step (for the time model) in ``update.py``.
 """
 
 from __future__ import annotations
 
-from fitplan.builtin.sharding import comm, common, deepspeed, fsdp, offload, torch_native
+from fitplan.builtin.sharding import comm, common, deepspeed, fsdp, offload, torch_native, update
 from fitplan.engine.declarations import quantity
 from fitplan.pluginmgr.hookspecs import hookimpl
 
@@ -44,7 +45,7 @@ def live_param_bytes(gathered_param_bytes):
 @hookimpl
 def fitplan_register_quantities(register):
     for q in (*common.QUANTITIES, *torch_native.QUANTITIES, *deepspeed.QUANTITIES, *fsdp.QUANTITIES,
-              *offload.QUANTITIES, *comm.QUANTITIES, gathered_param_bytes, live_param_bytes):
+              *offload.QUANTITIES, *comm.QUANTITIES, *update.QUANTITIES, gathered_param_bytes, live_param_bytes):
         register(q)
 
 

@@ -10,10 +10,11 @@ stack                      all_gather             reduce_scatter           all_r
 DDP                        -                      -                        G (once per step)
 DeepSpeed ZeRO-0           -                      -                        G
 DeepSpeed ZeRO-1           G (after the step)     G (at the boundary)      -
-DeepSpeed ZeRO-2           G                      k·G (during backward)    -
+DeepSpeed ZeRO-2           G (after the step)     k·G (every backward)     -
 DeepSpeed ZeRO-3           k·(P + P_b)            k·G                      -
-FSDP full_shard            k·2P                   k·G                      -
-FSDP shard_grad_op         k·P                    k·G                      -
+HF FSDP full_shard         k·2P                   G (last backward)        -
+HF FSDP shard_grad_op      k·P                    G (last backward)        -
+PyTorch FSDP2 (referee)    k·2P / k·P             k·G                      -
 PyTorch ZeRO-1 (ZeRO opt.) P (broadcasts)         -                        G
 ========================== ====================== ======================== =================
 
@@ -23,6 +24,8 @@ P_b: ZeRO-3 re-gathers in the backward only the parameters it released after the
 (``stage3_max_reuse_distance``). A ring collective moves ``(N-1)/N`` of the tensor per rank (all-gather,
 reduce-scatter) or twice that (all-reduce); ``comm_bytes_per_step`` applies it and splits the bytes by
 where they travel (``topology``): inside an instance (NVLink / PCIe) or between instances (the network).
+``windows`` splits the same bytes by when they run (``WINDOWS``), which decides how much compute can hide them
+(``builtin/time/comm.py``).
 """
 
 from __future__ import annotations
@@ -51,52 +54,98 @@ def grad_bytes_unsharded(trainable_param_count, trainable_dtype_bytes):
     return trainable_param_count * trainable_dtype_bytes
 
 
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "tp_all_reduce")
+WINDOWS = ("micro", "last", "serial")
+"""When a collective runs, which decides what compute it can hide behind (``step_seconds``): ``micro`` inside
+every micro-step's forward and backward (prefetched gathers, bucketed reductions on their own stream);
+``last`` once per optimizer step, during the last micro-step's backward (DDP's buckets after ``no_sync``);
+``serial`` with nothing to overlap (after the backward, or after the optimizer step)."""
+
+
+def _put(out: dict, window: str, name: str, nbytes: float) -> None:
+    out[name] += nbytes
+    out["windows"][window][name] += nbytes
+
+
 @quantity("bytes", type="object")
 def comm_volumes(sharding_kind, data_parallel_degree, param_count, trainable_param_count, weight_dtype_bytes,
                  trainable_dtype_bytes, gradient_accumulation_steps, tensor_parallel, effective_fsdp, deepspeed_rank,
-                 fsdp_rank, arch, per_device_train_batch_size, max_seq_length, activation_dtype_bytes):
+                 fsdp_rank, arch, per_device_train_batch_size, max_seq_length, activation_dtype_bytes,
+                 deepspeed_config_values):
     """Bytes of the tensors each collective runs over per optimizer step (module table): ``all_gather``,
     ``reduce_scatter``, ``all_reduce`` (data parallel, ``ranks`` of them) and ``tp_all_reduce`` (tensor
-    parallel activations), with ``overlap``: what the stack overlaps with compute."""
+    parallel activations), with ``overlap`` (what the stack overlaps with compute, in words) and ``windows``:
+    the same bytes by when they run (``WINDOWS``)."""
     n, k, t = data_parallel_degree, gradient_accumulation_steps, tensor_parallel
-    out = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0, "tp_all_reduce": 0.0, "ranks": n,
-           "overlap": "none"}
+    out = {c: 0.0 for c in COLLECTIVES}
+    out.update(ranks=n, overlap="none", windows={w: {c: 0.0 for c in COLLECTIVES} for w in WINDOWS})
     if n > 1:
-        kind = sharding_kind
-        if kind.startswith("ds"):
-            b = weight_dtype_bytes
-            P, G = param_count * b / t, trainable_param_count * b / t
-            stage = int(kind[2:])
-            # stages 1-2 partition only the optimizer's (trainable) parameters: the all-gather after the step
-            # moves their updated 16-bit partitions, G bytes (frozen LoRA bases are never communicated)
-            if stage == 0:
-                out.update(all_reduce=G, overlap="none (reduced after the backward)")
-            elif stage == 1:
-                out.update(reduce_scatter=G, all_gather=G, overlap="none (reduced at the boundary)")
-            elif stage == 2:
-                out.update(reduce_scatter=k * G, all_gather=G, overlap="reduce-scatter during the backward")
-            else:
-                # gathered for the forward and again for the backward, except what stays gathered in between and
-                # the modules with no backward (a LoRA base before the first adapter)
-                r = deepspeed_rank
-                kept = (r.gathered_kept + r.gathered_once) if r is not None else 0
-                out.update(all_gather=k * (2 * P - min(kept, P)), reduce_scatter=k * G,
-                           overlap="prefetched gathers and bucketed reduce-scatter (overlap_comm)")
-        elif kind.startswith("hf_fsdp") or kind in ("fsdp_zero2", "fsdp_zero3"):
-            gb = fsdp_rank["gather_b"] if fsdp_rank is not None else weight_dtype_bytes
-            P, G = param_count * gb / t, trainable_param_count * gb / t
-            passes = 1 if effective_fsdp == "shard_grad_op" or kind == "fsdp_zero2" else 2
-            out.update(all_gather=k * passes * P, reduce_scatter=k * G, overlap="prefetched unit gathers, per-unit reduce-scatter")
-        elif kind == "zero1":
-            G = trainable_param_count * trainable_dtype_bytes / t
-            out.update(all_reduce=G, all_gather=G, overlap="gradient buckets during the backward")
-        else:
-            out.update(all_reduce=trainable_param_count * trainable_dtype_bytes / t,
-                       overlap="gradient buckets during the backward")
+        _data_parallel(out, sharding_kind, k, t, param_count, trainable_param_count, weight_dtype_bytes,
+                       trainable_dtype_bytes, effective_fsdp, deepspeed_rank, fsdp_rank,
+                       bool(deepspeed_config_values["overlap_comm"]))
     if t > 1 and not arch.count_only:
         act = per_device_train_batch_size * max_seq_length * arch.hidden_size * activation_dtype_bytes
-        out["tp_all_reduce"] = k * arch.num_hidden_layers * 4 * act
+        _put(out, "micro", "tp_all_reduce", k * arch.num_hidden_layers * 4 * act)
     return out
+
+
+def _data_parallel(out, kind, k, t, param_count, trainable_param_count, weight_dtype_bytes, trainable_dtype_bytes,
+                   effective_fsdp, deepspeed_rank, fsdp_rank, overlap_comm) -> None:
+    """The data-parallel collectives of one optimizer step, by stack (module table), into ``out``."""
+    if kind.startswith("ds"):
+        b = weight_dtype_bytes
+        P, G = param_count * b / t, trainable_param_count * b / t
+        stage = int(kind[2:])
+        # engine.py:3084-3093: stages 0-1 reduce only at the accumulation boundary (ZeRO-0 after the backward,
+        # buffered_allreduce_fallback; ZeRO-1 reduce_gradients, or its hooks on the boundary micro-step with
+        # overlap_comm: stage_1_and_2.py:2286-2295); stage 2 reduces in every micro-step's hooks, on the compute
+        # stream without overlap_comm (average_tensor); stages 1-2 partition only the optimizer's (trainable)
+        # parameters and all-gather their updated 16-bit partitions after step() (all_gather_dp_groups,
+        # 3155-3180): G bytes, not overlapped (the next forward needs them)
+        reduce_window = "last" if overlap_comm else "serial"
+        if stage == 0:
+            _put(out, "serial", "all_reduce", G)
+            out["overlap"] = "none (reduced after the backward)"
+        elif stage == 1:
+            _put(out, reduce_window, "reduce_scatter", G)
+            _put(out, "serial", "all_gather", G)
+            out["overlap"] = ("reduce-scatter in the last backward (overlap_comm)" if overlap_comm
+                              else "none (reduced after the last backward)") + "; all-gather after the step"
+        elif stage == 2:
+            _put(out, "micro" if overlap_comm else "serial", "reduce_scatter", k * G)
+            _put(out, "serial", "all_gather", G)
+            out["overlap"] = ("reduce-scatter during every backward (overlap_comm)" if overlap_comm
+                              else "none (reduce-scatter on the compute stream)") + "; all-gather after the step"
+        else:
+            # gathered for the forward and again for the backward, except what stays gathered in between and
+            # the modules with no backward (a LoRA base before the first adapter)
+            r = deepspeed_rank
+            kept = (r.gathered_kept + r.gathered_once) if r is not None else 0
+            _put(out, "micro", "all_gather", k * (2 * P - min(kept, P)))
+            _put(out, "micro", "reduce_scatter", k * G)
+            out["overlap"] = "prefetched gathers and bucketed reduce-scatter (overlap_comm)"
+    elif kind.startswith("hf_fsdp") or kind in ("fsdp_zero2", "fsdp_zero3"):
+        gb = fsdp_rank["gather_b"] if fsdp_rank is not None else weight_dtype_bytes
+        P, G = param_count * gb / t, trainable_param_count * gb / t
+        passes = 1 if effective_fsdp == "shard_grad_op" or kind == "fsdp_zero2" else 2
+        _put(out, "micro", "all_gather", k * passes * P)
+        if kind.startswith("hf_fsdp"):
+            # the HF Trainer runs every micro-step but the last under accelerator.no_sync (trainer.py:1904-1916):
+            # FSDP2 set_requires_gradient_sync(False), FSDP1 FullyShardedDataParallel.no_sync
+            # (accelerator.py:1126-1139): gradients are reduce-scattered once, in the last backward
+            _put(out, "last", "reduce_scatter", G)
+        else:
+            _put(out, "micro", "reduce_scatter", k * G)
+        out["overlap"] = "prefetched unit gathers, per-unit reduce-scatter"
+    elif kind == "zero1":
+        G = trainable_param_count * trainable_dtype_bytes / t
+        _put(out, "last", "all_reduce", G)
+        _put(out, "serial", "all_gather", G)  # ZeroRedundancyOptimizer.step's broadcasts (_sync_params)
+        out["overlap"] = "gradient buckets during the backward; broadcasts after the step"
+    else:
+        # DDP under the HF Trainer: no_sync until the last micro-step, whose backward reduces the buckets
+        _put(out, "last", "all_reduce", trainable_param_count * trainable_dtype_bytes / t)
+        out["overlap"] = "gradient buckets during the last backward"
 
 
 @quantity("topology", type="object")

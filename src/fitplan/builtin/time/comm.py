@@ -3,8 +3,9 @@
 The bytes come from the stack's own collectives (``comm_volumes``, builtin/sharding/comm.py: DeepSpeed,
 FSDP1/FSDP2, DDP) and where the GPUs sit (``topology``: instances, their link and network):
 ``comm_bytes_per_step`` (bytes each GPU sends, intra- and inter-instance), ``comm_seconds_per_step`` (those
-bytes over the links),
-``offload_seconds_per_step`` (PCIe copies) and the overlap in ``step_seconds``.
+bytes over the links) and ``comm_seconds_by_window`` (the same by when they run: in every micro-step, in the
+last backward only, or with nothing beside them), ``offload_seconds_per_step`` (PCIe copies), and what the
+compute does not hide (``exposed_transfer_seconds``), added in ``step_seconds``.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 from fitplan.engine.declarations import quantity
 
 COMM_OVERLAP_FRACTION = 0.5
-"""Share of a step's compute time that communication can hide behind.
+"""Share of the compute a collective runs beside that can hide it (``exposed_transfer_seconds``).
 
 Gradient buckets are reduced (DDP, ZeRO-1/2) while backward goes on, and ZeRO-3/FSDP prefetch the next
 unit's parameters during forward and backward, so most communication runs concurrently with compute.
 But backward is only 2/3 of the FLOPs, the first bucket is ready only after the last layers' backward,
-the last bucket and the optimizer-step all-gather wait for all of it, and NCCL kernels take SMs and
-memory bandwidth from the matmuls they overlap. Half of the compute time is the middle of "none" (0)
+the last bucket waits for all of it, and NCCL kernels take SMs and memory bandwidth from the matmuls they
+overlap. Half of the compute time is the middle of "none" (0)
 and "all of backward" (2/3): communication shorter than that is hidden, the excess is exposed."""
 
 NVLINK_DIRECTION_FACTOR = 0.5
@@ -33,6 +34,28 @@ PCIE_HOST_GBPS = 25.0
 """GB/s of pinned host <-> GPU copies for CPU offload: PCIe 4.0 x16 is 32 GB/s per direction, copies reach ~25."""
 
 
+def link_bytes(v: dict, n: int, tensor_parallel: int, spans: bool, hybrid_nodes: int) -> dict:
+    """Bytes each GPU sends for the collectives ``v`` (``{"all_gather": ..., "reduce_scatter": ..., "all_reduce":
+    ..., "tp_all_reduce": ...}`` of N = ``n`` data-parallel ranks), ``{"intra": ..., "inter": ...}``: rings move
+    ``(n−1)/n`` of an all-gather or reduce-scatter and twice that of an all-reduce; everything crosses the
+    network when the GPUs span instances (``spans``), except FSDP ``hybrid_shard`` over ``hybrid_nodes`` > 1
+    nodes (sharding inside a node, each GPU's gradient shard all-reduced across nodes) and tensor-parallel
+    all-reduces (inside a node)."""
+    f = (n - 1) / n if n > 1 else 0.0
+    dp = f * (v["all_gather"] + v["reduce_scatter"]) + 2 * f * v["all_reduce"]
+    t = tensor_parallel
+    tp = 2 * (t - 1) / t * v["tp_all_reduce"] if t > 1 else 0.0
+    if hybrid_nodes > 1:
+        m = hybrid_nodes
+        shard = v["reduce_scatter"] / max(1, n // m)
+        return {"intra": dp + tp, "inter": 2 * (m - 1) / m * shard}
+    return {"intra": tp + (0.0 if spans else dp), "inter": dp if spans else 0.0}
+
+
+def _spans(topology, num_nodes) -> bool:
+    return (topology is not None and topology["instances"] > 1) or num_nodes > 1
+
+
 @quantity("bytes")
 def comm_bytes_per_step(comm_volumes, topology, data_parallel_degree, tensor_parallel, effective_fsdp, num_nodes):
     """Bytes each GPU sends per optimizer step in collectives, ``{"intra": ..., "inter": ...}``: the stack's
@@ -41,22 +64,22 @@ def comm_bytes_per_step(comm_volumes, topology, data_parallel_degree, tensor_par
     cross instances ("inter": the network) when the GPUs span instances or nodes (``topology``: a multi-GPU
     plan on one-GPU VMs talks only over the network); FSDP ``hybrid_shard`` keeps its sharding inside a node
     and all-reduces its shard across nodes; tensor-parallel all-reduces stay inside a node."""
-    v = comm_volumes
-    n = data_parallel_degree
-    f = (n - 1) / n if n > 1 else 0.0
-    dp = f * (v["all_gather"] + v["reduce_scatter"]) + 2 * f * v["all_reduce"]
-    tp = 2 * (tensor_parallel - 1) / tensor_parallel * v["tp_all_reduce"] if tensor_parallel > 1 else 0.0
-    spans = (topology is not None and topology["instances"] > 1) or num_nodes > 1
-    if effective_fsdp == "hybrid_shard" and num_nodes > 1:
-        m = max(1, num_nodes)
-        shard = v["reduce_scatter"] / max(1, v["ranks"] // m)
-        return {"intra": dp + tp, "inter": 2 * (m - 1) / m * shard}
-    return {"intra": tp + (0.0 if spans else dp), "inter": dp if spans else 0.0}
+    hybrid = num_nodes if effective_fsdp == "hybrid_shard" else 1
+    return link_bytes(comm_volumes, data_parallel_degree, tensor_parallel, _spans(topology, num_nodes), hybrid)
 
 
 def _intra_bandwidth(gpu_spec) -> float:
     factor = NVLINK_DIRECTION_FACTOR if not gpu_spec.interconnect.startswith("pcie") else 1.0
     return gpu_spec.interconnect_gbps * 1e9 * factor * NCCL_EFFICIENCY
+
+
+def _seconds(nbytes: dict, gpu_spec, topology) -> float:
+    t = 0.0
+    if nbytes["intra"]:
+        t += nbytes["intra"] / _intra_bandwidth(gpu_spec)
+    if nbytes["inter"]:
+        t += nbytes["inter"] / (network_gbps(gpu_spec, topology) * 1e9 * NCCL_EFFICIENCY)
+    return t
 
 
 @quantity("s")
@@ -67,12 +90,21 @@ def comm_seconds_per_step(comm_bytes_per_step, gpu_spec, topology):
     without a GPU."""
     if gpu_spec is None:
         return None
-    t = 0.0
-    if comm_bytes_per_step["intra"]:
-        t += comm_bytes_per_step["intra"] / _intra_bandwidth(gpu_spec)
-    if comm_bytes_per_step["inter"]:
-        t += comm_bytes_per_step["inter"] / (network_gbps(gpu_spec, topology) * 1e9 * NCCL_EFFICIENCY)
-    return t
+    return _seconds(comm_bytes_per_step, gpu_spec, topology)
+
+
+@quantity("s", type="object")
+def comm_seconds_by_window(comm_volumes, gpu_spec, topology, data_parallel_degree, tensor_parallel, effective_fsdp,
+                           num_nodes):
+    """``comm_seconds_per_step`` split by when the collectives run (``comm_volumes["windows"]``: ``micro``,
+    ``last``, ``serial``), each priced as ``comm_seconds_per_step`` prices the whole. None without a GPU."""
+    if gpu_spec is None:
+        return None
+    hybrid = num_nodes if effective_fsdp == "hybrid_shard" else 1
+    spans = _spans(topology, num_nodes)
+    return {w: _seconds(link_bytes(v, data_parallel_degree, tensor_parallel,
+                                   spans, hybrid), gpu_spec, topology)
+            for w, v in comm_volumes["windows"].items()}
 
 
 def network_gbps(gpu_spec, topology) -> float:
@@ -97,16 +129,47 @@ def offload_seconds_per_step(offload_optimizer, offload_params, shard_stage, sha
     return b / (PCIE_HOST_GBPS * 1e9)
 
 
-@quantity("s", json_key="time.step_seconds")
-def step_seconds(compute_seconds_per_step, comm_seconds_per_step, offload_seconds_per_step, step_time_calibration):
-    """One optimizer step: ``(compute + max(0, communication + offload − 0.5 × compute)) × calibration``:
-    transfers overlap with up to half of the compute (``COMM_OVERLAP_FRACTION``, reasoning in the module);
-    ``calibration`` is a measured run's step time over the model's (``fitplan calibrate``), 1 without one."""
+@quantity("s")
+def overlap_compute_seconds(compute_seconds_per_step, micro_step_time, gradient_accumulation_steps, assumed_mfu):
+    """The compute that collectives can run beside: the k micro-steps (forward and backward), not the optimizer
+    update, accumulation or clipping (gradients are reduced before the update reads them, and the updated
+    parameters gathered after it writes them); with a stated or measured MFU, the whole compute (it has no
+    parts). None without a GPU."""
     if compute_seconds_per_step is None:
         return None
-    transfers = (comm_seconds_per_step or 0.0) + offload_seconds_per_step
-    step = compute_seconds_per_step + max(0.0, transfers - COMM_OVERLAP_FRACTION * compute_seconds_per_step)
+    if assumed_mfu or micro_step_time is None:
+        return compute_seconds_per_step
+    return gradient_accumulation_steps * micro_step_time["micro_step"]
+
+
+@quantity("s")
+def exposed_transfer_seconds(comm_seconds_by_window, offload_seconds_per_step, overlap_compute_seconds,
+                             gradient_accumulation_steps):
+    """Communication and offload time per step that no compute hides. Transfers overlap with up to half of the
+    compute they run beside (``COMM_OVERLAP_FRACTION``, H = 0.5 × ``overlap_compute_seconds``): collectives
+    issued once per step in the last backward (``last``) beside that micro-step only (H / k), those issued in
+    every micro-step and the offload copies (``micro``) beside what is left of H; collectives after the
+    backward or after the optimizer step (``serial``: DeepSpeed ZeRO-0/1's boundary reduction without
+    ``overlap_comm``, ZeRO-1/2's parameter all-gather) are never hidden. None without a GPU."""
+    if comm_seconds_by_window is None or overlap_compute_seconds is None:
+        return None
+    w = comm_seconds_by_window
+    hide = COMM_OVERLAP_FRACTION * overlap_compute_seconds
+    last_hidden = min(w["last"], hide / gradient_accumulation_steps)
+    micro = w["micro"] + offload_seconds_per_step
+    return w["last"] - last_hidden + max(0.0, micro - (hide - last_hidden)) + w["serial"]
+
+
+@quantity("s", json_key="time.step_seconds")
+def step_seconds(compute_seconds_per_step, exposed_transfer_seconds, step_time_calibration):
+    """One optimizer step: ``(compute + exposed transfers) × calibration`` (``exposed_transfer_seconds``: what
+    the compute does not hide); ``calibration`` is a measured run's step time over the model's (``fitplan
+    calibrate``), 1 without one."""
+    if compute_seconds_per_step is None:
+        return None
+    step = compute_seconds_per_step + (exposed_transfer_seconds or 0.0)
     return step * (step_time_calibration.scale if step_time_calibration is not None else 1.0)
 
 
-QUANTITIES = (comm_bytes_per_step, comm_seconds_per_step, offload_seconds_per_step, step_seconds)
+QUANTITIES = (comm_bytes_per_step, comm_seconds_per_step, comm_seconds_by_window, offload_seconds_per_step,
+              overlap_compute_seconds, exposed_transfer_seconds, step_seconds)

@@ -13,8 +13,8 @@ of ``b × s`` tokens per optimizer step, per GPU):
   (``torch.nn.utils.clip_grad_norm_``, foreach): one pass reads every gradient for the norm, a second
   scales them in place (``3 × gradient bytes``);
 * **optimizer update**: what the optimizer reads and writes (``OptimizerSpec.update_bytes``: foreach AdamW
-  makes seven passes over its states) on this rank's share of the trainable tensors, at the memory
-  efficiency; with fp32 master weights, the 16-bit gradients are upcast and the updated weights copied back
+  makes seven passes over its states) on what this rank's optimizer steps (``rank_optimizer_update``: its
+  ZeRO partition or FSDP shard, as the stack lays it out), at the memory efficiency; with fp32 master weights, the 16-bit gradients are upcast and the updated weights copied back
   down (``(2 + 4) + (4 + 2)`` bytes per element).
 
 ``--mfu`` or a measured ``[[mfu_calibration]]`` replaces all of it by ``FLOPs / (peak × MFU)``.
@@ -111,25 +111,28 @@ def zero3_fetches_per_pass(zero_stage, arch):
 
 
 @quantity("bytes")
-def optimizer_step_bytes(optimizer_spec, rank_optimizer_context, master_weight_dtype_bytes, tensor_parallel,
-                         offload_optimizer):
+def optimizer_step_bytes(optimizer_spec, rank_optimizer_update, master_weight_dtype_bytes, offload_optimizer):
     """Bytes the optimizer update reads and writes on one GPU: the optimizer's own count
-    (``OptimizerSpec.update_bytes``: foreach AdamW, seven passes over its states) for this rank's share of the
-    trainable tensors (ZeRO/FSDP shards, ÷ tensor parallelism), plus, with fp32 master weights, the gradient
-    upcast and the copy back to 16-bit (12 B per element). With ``--offload-optimizer`` the same bytes move
-    through the CPU's memory instead (``optimizer_step_seconds``)."""
-    ctx = rank_optimizer_context
-    nbytes = optimizer_spec.update_bytes(ctx)
+    (``OptimizerSpec.update_bytes``: foreach AdamW, seven passes over its states) over what this rank's optimizer
+    steps (``rank_optimizer_update``, builtin/sharding/update.py: DeepSpeed's flat fp32 partitions, FSDP's and
+    PyTorch ZeRO's shards, ÷ tensor parallelism), plus, with fp32 master weights, the gradient upcast and the
+    copy back to 16-bit (12 B per element). With ``--offload-optimizer`` the same bytes move through the CPU's
+    memory instead (``optimizer_step_seconds``)."""
+    u = rank_optimizer_update
+    nbytes = sum(optimizer_spec.update_bytes(c) for c in u.calls)
     if master_weight_dtype_bytes:
-        nbytes += ctx.numel * MASTER_COPY_BYTES
-    return nbytes / tensor_parallel
+        nbytes += u.numel * MASTER_COPY_BYTES
+    return nbytes / u.split
 
 
 @quantity("kernels")
-def optimizer_step_kernels(optimizer_spec, rank_optimizer_context, offload_optimizer):
-    """Kernels the optimizer update launches (``OptimizerSpec.update_kernels``: a few per foreach op, seven per
-    tensor for single-tensor AdamW)."""
-    return 0.0 if offload_optimizer else optimizer_spec.update_kernels(rank_optimizer_context)
+def optimizer_step_kernels(optimizer_spec, rank_optimizer_update, offload_optimizer):
+    """Kernels the optimizer update launches, summed over its ``optimizer.step()`` calls
+    (``OptimizerSpec.update_kernels``: a few per foreach op and chunk, seven per tensor for single-tensor AdamW):
+    DeepSpeed steps one flat partition per group, so few large launches; the other stacks step every tensor."""
+    if offload_optimizer:
+        return 0.0
+    return float(sum(optimizer_spec.update_kernels(c) for c in rank_optimizer_update.calls))
 
 
 @quantity("s")
