@@ -170,10 +170,14 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
 
 
 def probes_single(probes) -> dict[str, int]:
+    """Each variable's own probe: the one where only it changed (with the fields that follow it, such as
+    DeepSeek's ``head_dim`` with ``qk_rope_head_dim``: :data:`.derive.FOLLOWERS`)."""
+    from .derive import FOLLOWERS
+
     single = {}
     base = probes[0].env
     for i, p in enumerate(probes[1:], 1):
-        changed = [k for k in base if p.env.get(k) != base.get(k)]
+        changed = [k for k in base if p.env.get(k) != base.get(k) and k not in FOLLOWERS]
         if len(changed) == 1 and changed[0] not in single:
             single[changed[0]] = i
     return single
