@@ -258,6 +258,23 @@ class Probe:
         self.cfg, self.b, self.s, self.env = cfg, b, s, env
 
 
+def _held(base: dict[str, Any], unprobed: list[tuple[str, Any]], followers: dict[str, str], log) -> dict[str, Any]:
+    """The variables without a probe of their own that the file must hold at their value: not ``b`` / ``s``,
+    not a follower of a probed variable, not a field the config class overwrites whatever a config states."""
+    held = {}
+    for name, val in unprobed:
+        if name in ("b", "s"):
+            continue
+        if name in followers:
+            log(f"    {name} follows {followers[name]} (the config class sets it from it): not a variable")
+        elif derived_by_config(base, name, val):
+            log(f"    {name} follows from other fields (the config class overwrites it): not a variable")
+        else:
+            log(f"    {name} held fixed at {val} (no other value keeps the same ops)")
+            held[name] = val
+    return held
+
+
 def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, regime, ref_sig,
                 precision: str, attn: str, log) -> tuple[list[Probe], dict[str, int], list[Recording], dict[str, Any]]:
     """The base probe, one per variable (only it changes), and two joint probes; each must record the same
@@ -334,16 +351,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
                 break
         else:
             unprobed.append((name, val))
-    for name, val in unprobed:
-        if name in ("b", "s"):
-            continue
-        if name in followers:
-            log(f"    {name} follows {followers[name]} (the config class sets it from it): not a variable")
-        elif derived_by_config(base, name, val):
-            log(f"    {name} follows from other fields (the config class overwrites it): not a variable")
-        else:
-            log(f"    {name} held fixed at {val} (no other value keeps the same ops)")
-            held[name] = val
+    held.update(_held(base, unprobed, followers, log))
     # joint probes: every variable that could change alone changes at once (with the fields that follow it)
     for mult in (0, 1):
         cfg = copy.deepcopy(base)
