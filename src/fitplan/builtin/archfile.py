@@ -291,6 +291,7 @@ class ArchFile:
             names = sorted({n for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", re.sub(r"'[^']*'|\"[^\"]*\"", "", expr))
                             if n in env and n != "i"})
             shown = ", ".join(f"{n} = {env[n]!r}" for n in names)
+            names = [n for n in names if env[n] is not None] + [n for n in names if env[n] is None]  # the stated first
             raise FitplanError(f"cannot tell the kind of layer {i} from {shown} ({type(e).__name__}: {e}): "
                                f"the {self.config.get('class', 'config')} class cannot either",
                                field=f"$.{names[0]}" if names else "$.layer_types",
