@@ -321,7 +321,10 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
         if name in regime.fixed or val is None:
             continue
         for alt in ([b + 1, b + 2] if name == "b" else [s + 4, s + 6, s - 2] if name == "s" else alternatives(name, val)):
-            for coupled in ((), *([k] for k in variables if k != name and get_var(base, k) == val)):
+            # a field equal to it that the config class would set from it (stated in base, so kept as stated by
+            # V3): varied together, also where this regime probes only some variables
+            same = [k for k in base if k != name and not isinstance(base[k], bool) and base[k] == val]
+            for coupled in ((), *([k] for k in same)):
                 cfg = copy.deepcopy(base)
                 bb, ss = b, s
                 if name == "b":
