@@ -190,27 +190,97 @@ def test_switches_not_learned_are_refused(tmp_path):
     assert "attention_bias" in e.value.message and "learn-architecture" in e.value.suggestion
 
 
-@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
-def test_a_held_size_is_refused_at_another_value(model_type, tmp_path, cli):
-    # DeepseekV2Config / DeepseekV3Config set head_dim to qk_rope_head_dim (transformers 5.24), so no probe can
-    # change the rotary width alone: the learner holds it at the tiny config's (the published) 64 and the file
-    # serves only that value. V2's class overwrites a stated head_dim (not held: it follows); V3's keeps a stated
-    # one, and the model runs only when it equals the rotary width (held too). 32 is refused, naming the field.
+def test_deepseek_rotary_width_is_a_symbol(tmp_path, cli):
+    # DeepseekV2Config / DeepseekV3Config set head_dim = qk_rope_head_dim in __post_init__ (transformers 5.24), so
+    # the learner varies the rotary width with head_dim following it: nothing is held, and a config at another
+    # width (32) is estimated. V2's class overwrites a stated head_dim; V3's keeps one, and its rotary embedding
+    # reads it, so the model runs only when it equals qk_rope_head_dim: the file checks that.
     from fitplan.builtin.archfile import load
 
-    held = {"qk_rope_head_dim": 64, **({"head_dim": 64} if model_type == "deepseek_v3" else {})}
-    assert load(model_type).data["held"] == held
-    cfg = json.loads(Path(tiny(model_type)).read_text())
-    assert cfg["qk_rope_head_dim"] == 64
-    fitplan.estimate(model=tiny(model_type))
-    p = tmp_path / "config.json"
-    p.write_text(json.dumps({**cfg, "qk_rope_head_dim": 32, "head_dim": 32}))
+    for model_type in ("deepseek_v2", "deepseek_v3"):
+        assert "held" not in load(model_type).data
+        a = fitplan.estimate(model=tiny(model_type), precision="bf16-true", optim="adamw_torch")
+        p = tmp_path / f"{model_type}.json"
+        p.write_text(json.dumps({**json.loads(Path(tiny(model_type)).read_text()), "qk_rope_head_dim": 32}))
+        b = fitplan.estimate(model=str(p), precision="bf16-true", optim="adamw_torch")
+        # kv_a_proj_with_mqa: hidden x (kv_lora_rank + rope) and q_b_proj: q_lora_rank x heads*(nope + rope) shrink
+        # by 32 columns each (modeling_deepseek_v2.py): 64*32 + 24*4*32 fewer weights per layer
+        assert a.arch.param_count - b.arch.param_count == 2 * (64 * 32 + 24 * 4 * 32)
+    p = tmp_path / "v3-head-dim.json"
+    p.write_text(json.dumps({**json.loads(Path(tiny("deepseek_v3")).read_text()), "head_dim": 32}))
     with pytest.raises(FitplanError) as e:
         fitplan.estimate(model=str(p))
-    assert e.value.field == f"$.{min(held)}" and e.value.value == 32 and "learn-architecture" in e.value.suggestion
-    assert "qk_rope_head_dim = 32" in e.value.message
+    assert (e.value.field, e.value.value) == ("$.head_dim", 32) and "qk_rope_head_dim" in e.value.message
     proc = cli("estimate", "--model", str(p))
-    assert proc.returncode == 2 and "qk_rope_head_dim" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "head_dim" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_string_sliding_window_pattern_is_read_as_the_class_reads_it(tmp_path):
+    # Exaone4Config (transformers 5.24 configuration_exaone4.py): sliding_window_pattern: str | int | None = 4; an
+    # integer derives layer_types ((i + 1) % pattern != 0 -> sliding), a string ("LLLG", as EXAONE-4.0-32B's
+    # config.json states it beside layer_types) derives nothing: the class raises TypeError without layer_types
+    from fitplan.builtin.archfile import load
+
+    af = load("exaone4")
+    lllg = json.loads((CONFIGS / "switch-exaone4-lllg" / "config.json").read_text())
+    assert af.layer_kinds(af.symbols(lllg)) == ["0", "0", "0", "1"]  # "1": full attention, layer_types[3]
+    fitplan.estimate(model=str(CONFIGS / "switch-exaone4-lllg" / "config.json"), precision="bf16-true",
+                     optim="adamw_torch")
+    by_int = {k: v for k, v in lllg.items() if k != "layer_types"} | {"sliding_window_pattern": 2}
+    assert af.layer_kinds(af.symbols(by_int)) == ["0", "1", "0", "1"]
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({k: v for k, v in lllg.items() if k != "layer_types"}))
+    with pytest.raises(FitplanError) as e:
+        fitplan.estimate(model=str(p))
+    assert (e.value.field, e.value.value) == ("$.sliding_window_pattern", "LLLG")
+    p.write_text(json.dumps({**lllg, "sliding_window_pattern": [4]}))
+    with pytest.raises(FitplanError, match="sliding_window_pattern must be a string or an integer"):
+        fitplan.estimate(model=str(p))
+
+
+ACTIVATIONS = ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
+"""Activations of transformers 5.24's ACT2FN (transformers/activations.py) that the catalog's published configs use
+(silu, gelu, gelu_new, gelu_pytorch_tanh) and two more; litgpt runs Phi with gelu_pytorch_tanh."""
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_every_activation_of_phi_is_learned(act, tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**json.loads(Path(tiny("phi")).read_text()), "hidden_act": act}))
+    fitplan.estimate(model=str(p), precision="bf16-true", optim="adamw_torch")
+
+
+def test_stablelm_per_head_qk_norms_with_parallel_blocks_are_refused():
+    # stabilityai/stablelm-2-12b turns on qk_layernorm and use_parallel_residual together. StableLM's per-head q/k
+    # LayerNorm is a ModuleList of one nn.LayerNorm per head, called in a Python loop over torch.split(..., 1, dim=1)
+    # (modeling_stablelm.py StableLmLayerNormPerHead): the number of recorded ops grows with num_attention_heads,
+    # which no learned graph can express (the learner holds the heads and then cannot fit the rotary width), so
+    # the combination stays refused, with the command that learns it, rather than estimated without the norms
+    cfg = str(CONFIGS / "switch-stablelm-2-12b" / "config.json")
+    with pytest.raises(FitplanError) as e:
+        fitplan.estimate(model=cfg, precision="bf16-true", optim="adamw_torch")
+    assert "qk_layernorm=True" in e.value.message and "learn-architecture" in e.value.suggestion
+
+
+SWITCH_CASES = ("switch-exaone4-lllg", "switch-phi-gelu-tanh", "switch-deepseek-v2-rope32", "switch-deepseek-v3-rope32")
+"""Published configs' switches the bundled files were refused on before (issue #25): a tiny config with each."""
+
+
+@pytest.mark.parametrize("name", SWITCH_CASES)
+@pytest.mark.parametrize(("precision", "method", "ckpt"), [("bf16-true", "full", False), ("bf16-mixed", "lora", True)])
+def test_newly_accepted_switches_match_the_referee(name, precision, method, ckpt):
+    """Every memory category within 1 % of a real step measured by torch (fitplan-torch's CPU referee)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import fitplan_torch
+
+    est = fitplan.estimate(model=str(CONFIGS / name / "config.json"), precision=precision, optim="adamw_torch",
+                           method=method, gradient_checkpointing=ckpt, per_device_train_batch_size=2,
+                           max_seq_length=32, **({"lora_target_modules": ("all-linear",)} if method == "lora" else {}))
+    report = fitplan_torch.validate(est, mode="cpu", memtracker=False)
+    off = {k: c["relative_error"] for k, c in report["components"].items()
+           if c["measured"] and abs(c["relative_error"]) > 0.01}
+    assert off == {}
 
 
 def test_a_partial_rotary_that_changes_the_ops_is_refused(tmp_path):

@@ -375,8 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", default="tiny,shapes,sharded", help="comma-separated: tiny, shapes, sharded, stacks")
     ap.add_argument("--out", default=str(ROOT / "docs" / "accuracy.md"), help="Markdown report")
     ap.add_argument("--json", default=str(ROOT / "bench" / "accuracy" / "results.json"), help="raw rows")
-    ap.add_argument("--only", default="", help="run only the cases whose id contains this text; the other cases' "
-                    "rows are kept from --json (the previous run)")
+    ap.add_argument("--only", default="", help="run only the cases whose id contains this text (several: a|b); "
+                    "the other cases' rows are kept from --json (the previous run)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and Path(args.json).exists():
         previous = {r["id"]: r for r in json.loads(Path(args.json).read_text(encoding="utf-8"))}
     for i, case in enumerate(cases, 1):
-        if args.only and args.only not in case["id"]:
+        if args.only and not any(part in case["id"] for part in args.only.split("|")):
             if case["id"] in previous:
                 rows.append(previous[case["id"]])
             continue

@@ -271,13 +271,32 @@ class ArchFile:
         f = compile_expr(expr)
         out = []
         for i in range(L):
-            k = f({**env, "i": i})
+            k = self._layer_kind(f, expr, env, i)
             if k not in kinds:
                 raise FitplanError(f"layer {i} is of kind {k!r}, which {self.path.name} has no graph for",
                                    file=str(self.path), field="$.layers.kind", value=k,
                                    suggestion="re-learn the architecture from a config with this layer kind")
             out.append(k)
         return out
+
+    def _layer_kind(self, f, expr: str, env: dict[str, Any], i: int) -> str:
+        """Layer ``i``'s kind; a config the expression cannot place (Exaone4Config derives ``layer_types`` only
+        from an integer ``sliding_window_pattern``: ``"LLLG"`` needs ``layer_types`` stated, as the class's
+        ``(i + 1) % sliding_window_pattern`` fails without it) is refused naming the fields the expression reads."""
+        try:
+            return f({**env, "i": i})
+        except (ExprError, TypeError, ZeroDivisionError, KeyError, IndexError) as e:
+            import re
+
+            names = sorted({n for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", re.sub(r"'[^']*'|\"[^\"]*\"", "", expr))
+                            if n in env and n != "i"})
+            shown = ", ".join(f"{n} = {env[n]!r}" for n in names)
+            names = [n for n in names if env[n] is not None] + [n for n in names if env[n] is None]  # the stated first
+            raise FitplanError(f"cannot tell the kind of layer {i} from {shown} ({type(e).__name__}: {e}): "
+                               f"the {self.config.get('class', 'config')} class cannot either",
+                               field=f"$.{names[0]}" if names else "$.layer_types",
+                               value=env.get(names[0]) if names else None,
+                               suggestion="state layer_types (one entry per layer) or an integer pattern") from None
 
     def variant(self, precision: str, attn: str, env: dict[str, Any]) -> dict[str, Any]:
         """The recorded graphs for a precision class (``16``, ``mixed``, ``32``) and attention kernel whose
@@ -307,7 +326,19 @@ class ArchFile:
                            suggestion="re-learn the architecture (fitplan learn-architecture) with this setting")
 
 
+_KIND_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false", "list": "a list"}
+
+
 def _check_type(name: str, v: Any, kind: str, size: bool, file: str | None) -> Any:
+    if "|" in kind and not size:  # the config class takes several kinds (Exaone4Config: ``str | int``)
+        kinds = kind.split("|")
+        if isinstance(v, str) and "str" in kinds:
+            return v
+        whole = isinstance(v, int) or isinstance(v, float) and v.is_integer()
+        if "int" in kinds and not isinstance(v, bool) and whole:
+            return int(v)
+        raise FitplanError(f"{name} must be {' or '.join(_KIND_WORDS.get(k, k) for k in kinds)}, got {v!r}",
+                           file=file, field=f"$.{name}", value=v)
     if size:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             if isinstance(v, float) and v.is_integer() and v >= 1:

@@ -6,7 +6,9 @@
 
 For each model type: learn its tiny config (``tests/data/configs/tiny-*``), then, for each catalog model of
 that type (``rulesets/models``) whose graph switches differ from what is learned so far, learn a tiny
-version of it and merge (``files.merge``); then write ``autograd.json`` from every op the files use, and
+version of it and merge (``files.merge``); then each activation of ``ACTIVATIONS`` under every switch
+combination learned so far (``--no-activations``: only the stated ones); then write ``autograd.json``
+from every op the files use, and
 ``peft.json`` (peft's default LoRA target modules per model type). With
 ``--verify`` each learning is checked as ``fitplan learn-architecture`` checks it (slow). Several model types
 are learned one per child process (memory: see ``_each_in_its_own_process``).
@@ -49,7 +51,7 @@ def catalog_configs(model_type: str) -> list[dict[str, Any]]:
     return out
 
 
-def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[str, Any]:
+def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log, activations: bool = True) -> dict[str, Any]:
     from . import derive
 
     cfg = json.loads(cfg_path.read_text())
@@ -74,6 +76,44 @@ def learn_type(model_type: str, cfg_path: Path, *, verify: bool, log) -> dict[st
             data, seen = _merge_catalog(data, cfg, small, other, want, log, switches)
             learned.append(seen)
             switches.update({k: v for k, v in seen.items() if k not in switches})
+    if activations:
+        data = _learn_activations(data, cfg, switches, learned, log)
+    return data
+
+
+ACTIVATIONS = ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
+"""The activation values every bundled type is learned with (keys of transformers 5.24 ``ACT2FN``,
+transformers/activations.py): those the published configs of the catalog use (``silu``, ``gelu``,
+``gelu_new``, ``gelu_pytorch_tanh``; litgpt runs Phi with ``gelu_pytorch_tanh``) and ``gelu_fast``, ``relu``.
+Each records its own ops (``aten.silu``, ``aten.gelu`` exact or tanh, ``gelu_new``'s pow/tanh/mul chain ...),
+so each is a learning of its own, merged under ``hidden_act == '...'``."""
+
+
+def _learn_activations(data, cfg, switches, learned, log):
+    """Learn each of :data:`ACTIVATIONS` for every switch combination learned so far (the tiny config's and
+    the catalog's) and merge it: a categorical switch's values are learned, not held at the one the tiny
+    config states. A value the config class rewrites to one already learned (GemmaConfig: ``gelu`` ->
+    ``gelu_pytorch_tanh``) adds nothing; a value the model refuses is logged and skipped."""
+    from transformers.activations import ACT2FN
+
+    from . import derive
+
+    acts = [k for k, v in switches.items() if isinstance(v, str) and v in ACT2FN]
+    for k in acts:
+        for seen in [x for x in learned if isinstance(x.get(k), str)]:
+            for value in ACTIVATIONS:
+                combo = {**seen, k: value}
+                small = {**cfg, **combo}
+                want = _resolved(combo, small, data, log)
+                if any(all(derive.switch_state(want.get(n)) == derive.switch_state(v) for n, v in s.items())
+                       for s in learned):
+                    continue
+                try:
+                    data, got = _merge_catalog(data, cfg, small, small, want, log, switches, what=f"{k}={value!r}")
+                except Exception as e:  # noqa: BLE001 - the model does not run with this activation
+                    log(f"  {k}={value!r} not learned: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                    continue
+                learned.append(got)
     return data
 
 
@@ -102,13 +142,13 @@ def _resolved(want: dict[str, Any], small: dict[str, Any], data: dict[str, Any],
     return out
 
 
-def _merge_catalog(data, cfg, small, other, want, log, known=None):
+def _merge_catalog(data, cfg, small, other, want, log, known=None, what="the switches of a catalog config"):
     """Learn ``small`` (the tiny config with a catalog config's switch values) and merge it into ``data``;
     returns the merged file and the switches the new learning was made under."""
     from . import derive, files
     from .command import shrink
 
-    log(f"  merging the switches of a catalog config: {want}")
+    log(f"  merging {what}: {want}")
     try:
         extra, _, _ = derive.learn_full(small, log=log, known=known)
     except Exception as e:  # noqa: BLE001 - the switches contradict the tiny config's others: shrink the catalog's
@@ -158,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("types", nargs="*")
     ap.add_argument("--table", action="store_true", help="only regenerate the shared tables (autograd.json, peft.json)")
     ap.add_argument("--verify", action="store_true")
+    ap.add_argument("--no-activations", action="store_true",
+                    help="learn only the activation the tiny and catalog configs state, not every ACTIVATIONS value")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--no-tables", action="store_true", help=argparse.SUPPRESS)  # one type's child process
     args = ap.parse_args(argv)
@@ -168,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(types) > 1:
             return _each_in_its_own_process(types, args)
         t0 = time.time()
-        data = learn_type(types[0], configs[types[0]], verify=args.verify,
+        data = learn_type(types[0], configs[types[0]], verify=args.verify, activations=not args.no_activations,
                           log=lambda m: print(m, file=sys.stderr, flush=True))
         files.write(data, out)
         print(f"{types[0]}: {time.time() - t0:.0f} s", flush=True)
@@ -186,7 +228,8 @@ def _each_in_its_own_process(types: list[str], args) -> int:
 
     for mt in types:
         cmd = [sys.executable, "-m", "fitplan_torch.learn.bundle", mt, "--out", args.out, "--no-tables"]
-        if subprocess.run(cmd + (["--verify"] if args.verify else [])).returncode != 0:
+        flags = (["--verify"] if args.verify else []) + (["--no-activations"] if args.no_activations else [])
+        if subprocess.run(cmd + flags).returncode != 0:
             print(f"{mt}: failed (its log is above)", file=sys.stderr)
             return 1
     return main(["--table", "--out", args.out])

@@ -12,6 +12,7 @@ class rejects a config that violates them.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from .fit import FitError, Fitter
@@ -51,6 +52,27 @@ def class_defaults(cls) -> dict[str, Any]:
 
     return {k: (p.default if p.default is not inspect.Parameter.empty else None)
             for k, p in inspect.signature(cls.__init__).parameters.items()}
+
+
+SCALAR_KINDS = ("str", "int")
+"""The kinds a field may take together (``"str|int"``): Exaone4Config's ``sliding_window_pattern: str | int |
+None`` (``"LLLG"`` or ``4``). A number that may also be a float stays ``float`` (the core accepts an int there)."""
+
+
+def annotated_kind(cls, field: str) -> str | None:
+    """``"str|int"`` when the config class's annotation of ``field`` admits both a string and an integer
+    (transformers 5.24 configuration_exaone4.py: ``sliding_window_pattern: str | int | None = 4``), else None
+    (the kind of the value is used)."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(cls):
+        return None
+    f = next((x for x in dataclasses.fields(cls) if x.name == field), None)
+    if f is None:
+        return None
+    names = set(re.findall(r"[A-Za-z_]+", f.type if isinstance(f.type, str) else str(f.type)))
+    kinds = [k for k in SCALAR_KINDS if k in names]
+    return "|".join(kinds) if len(kinds) > 1 and "bool" not in names and "float" not in names else None
 
 
 def nested_sources(cls, field: str, key: str) -> list[list[str]]:
@@ -104,6 +126,7 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
         v = base.get(f, defaults.get(f))
         kind = ("bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float" if isinstance(v, float)
                 else "list" if isinstance(v, (list, tuple)) else "str" if isinstance(v, str) else "any")
+        kind = annotated_kind(cls, f) or kind
         spec: dict[str, Any] = {"type": kind, "default": defaults.get(f)}
         if spec["default"] is None:
             derived, used = [], []
@@ -147,10 +170,14 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
 
 
 def probes_single(probes) -> dict[str, int]:
+    """Each variable's own probe: the one where only it changed (with the fields that follow it, such as
+    DeepSeek's ``head_dim`` with ``qk_rope_head_dim``: :data:`.derive.FOLLOWERS`)."""
+    from .derive import FOLLOWERS
+
     single = {}
     base = probes[0].env
     for i, p in enumerate(probes[1:], 1):
-        changed = [k for k in base if p.env.get(k) != base.get(k)]
+        changed = [k for k in base if p.env.get(k) != base.get(k) and k not in FOLLOWERS]
         if len(changed) == 1 and changed[0] not in single:
             single[changed[0]] = i
     return single

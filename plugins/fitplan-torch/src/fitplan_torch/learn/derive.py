@@ -194,6 +194,41 @@ def derived_by_config(cfg: dict[str, Any], name: str, val) -> bool:
     return seen
 
 
+FOLLOWERS: dict[str, str] = {}
+"""Fields the config class sets from another when absent, found by the probes of the current learning
+(``head_dim`` -> ``qk_rope_head_dim`` in DeepSeek-V2/V3): the follower is not a variable and, where the class
+keeps a stated value (V3), the file checks that it equals its leader (:func:`follower_checks`)."""
+
+
+def follows(base: dict[str, Any], k: str, name: str, alt) -> bool:
+    """Whether the config class sets ``k`` to ``name``'s value when ``k`` is absent (or overwritten): with
+    ``name = alt`` and ``k`` removed, the class resolves ``k`` to ``alt`` (DeepseekV2Config / V3Config:
+    ``self.head_dim = self.qk_rope_head_dim``, transformers 5.24)."""
+    if name in ("b", "s") or k in ("b", "s"):
+        return False
+    c = copy.deepcopy(base)
+    put_var(c, name, alt)
+    if k in NESTED:
+        return False
+    c.pop(k, None)
+    try:
+        return get_var(hf_config(c).to_dict(), k) == alt
+    except Exception:  # noqa: BLE001 - the class refuses the config: no evidence
+        return False
+
+
+def follower_checks(base: dict[str, Any], fields: dict[str, Any]) -> list[list[str]]:
+    """``[k == leader, k, message]`` for each follower the config class keeps when a config states it
+    (DeepseekV3Config keeps a stated ``head_dim``; its rotary embedding reads it, so the model runs only when it
+    equals ``qk_rope_head_dim``): no probe found another value that runs the same ops."""
+    out = []
+    for k, lead in FOLLOWERS.items():
+        if k in fields and lead in fields and not derived_by_config(base, k, get_var(base, k)):
+            out.append([f"{k} == {lead}", k, f"{k} must equal {lead} (the config class sets it from {lead}; "
+                        "no other value runs the same ops)"])
+    return out
+
+
 def signature(rec: Recording) -> list[Any]:
     return [(o["name"], len(o["outs"]), tuple(len(rec.tensors[t]["shape"]) for t in o["outs"]),
              tuple(rec.tensors[t]["dtype"] for t in o["outs"])) for o in rec.ops]
@@ -221,6 +256,23 @@ def typical(cfg: dict[str, Any]) -> bool:
 class Probe:
     def __init__(self, cfg: dict[str, Any], b: int, s: int, env: dict[str, Any]) -> None:
         self.cfg, self.b, self.s, self.env = cfg, b, s, env
+
+
+def _held(base: dict[str, Any], unprobed: list[tuple[str, Any]], followers: dict[str, str], log) -> dict[str, Any]:
+    """The variables without a probe of their own that the file must hold at their value: not ``b`` / ``s``,
+    not a follower of a probed variable, not a field the config class overwrites whatever a config states."""
+    held = {}
+    for name, val in unprobed:
+        if name in ("b", "s"):
+            continue
+        if name in followers:
+            log(f"    {name} follows {followers[name]} (the config class sets it from it): not a variable")
+        elif derived_by_config(base, name, val):
+            log(f"    {name} follows from other fields (the config class overwrites it): not a variable")
+        else:
+            log(f"    {name} held fixed at {val} (no other value keeps the same ops)")
+            held[name] = val
+    return held
 
 
 def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, regime, ref_sig,
@@ -263,37 +315,47 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
     probes.append(Probe(base, b, s, env0))
     recs.append(rec0)
     knobs = [("b", b), ("s", s)] + [(v, get_var(base, v)) for v in variables]
+    followers: dict[str, str] = {}  # a field the config class sets from another (head_dim from qk_rope_head_dim)
+    unprobed = []
     for name, val in knobs:
         if name in regime.fixed or val is None:
             continue
         for alt in ([b + 1, b + 2] if name == "b" else [s + 4, s + 6, s - 2] if name == "s" else alternatives(name, val)):
-            cfg = copy.deepcopy(base)
-            bb, ss = b, s
-            if name == "b":
-                bb = alt
-            elif name == "s":
-                ss = alt
-            else:
-                put_var(cfg, name, alt)
-            rec, used = attempt(cfg, bb, ss)
-            if rec is None:
-                continue
-            env = env_of(used, bb, ss)
-            changed = {k for k in env if env[k] != env0[k]}
-            if name not in changed or changed - {name} - set(regime.fixed):
-                continue
-            single[name] = len(probes)
-            probes.append(Probe(used, bb, ss, env))
-            recs.append(rec)
-            break
+            # a field equal to it that the config class would set from it (stated in base, so kept as stated by
+            # V3): varied together, also where this regime probes only some variables
+            same = [k for k in base if k != name and not isinstance(base[k], bool) and base[k] == val]
+            for coupled in ((), *([k] for k in same)):
+                cfg = copy.deepcopy(base)
+                bb, ss = b, s
+                if name == "b":
+                    bb = alt
+                elif name == "s":
+                    ss = alt
+                else:
+                    put_var(cfg, name, alt)
+                if coupled and not follows(base, coupled[0], name, alt):
+                    continue
+                for k in coupled:
+                    put_var(cfg, k, alt)
+                rec, used = attempt(cfg, bb, ss)
+                if rec is None:
+                    continue
+                env = env_of(used, bb, ss)
+                changed = {k for k in env if env[k] != env0[k]}
+                extra = changed - {name} - set(regime.fixed)
+                if name not in changed or any(not (k in coupled or follows(base, k, name, alt)) for k in extra):
+                    continue
+                followers.update({k: name for k in extra})
+                single[name] = len(probes)
+                probes.append(Probe(used, bb, ss, env))
+                recs.append(rec)
+                break
+            if name in single:
+                break
         else:
-            if name not in ("b", "s") and derived_by_config(base, name, val):
-                log(f"    {name} follows from other fields (the config class overwrites it): not a variable")
-                continue
-            log(f"    {name} held fixed at {val} (no other value keeps the same ops)")
-            if name not in ("b", "s"):
-                held[name] = val
-    # joint probes: every variable that could change alone changes at once
+            unprobed.append((name, val))
+    held.update(_held(base, unprobed, followers, log))
+    # joint probes: every variable that could change alone changes at once (with the fields that follow it)
     for mult in (0, 1):
         cfg = copy.deepcopy(base)
         bb, ss = b, s
@@ -306,11 +368,14 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
             elif name == "s":
                 ss = p.s + 2 * mult
             else:
-                put_var(cfg, name, get_var(p.cfg, name) if mult == 0 else alternatives(name, get_var(p.cfg, name))[0])
+                new = get_var(p.cfg, name) if mult == 0 else alternatives(name, get_var(p.cfg, name))[0]
+                for k in [name] + [f for f, lead in followers.items() if lead == name]:
+                    put_var(cfg, k, new)
         rec, used = attempt(cfg, bb, ss)
         if rec is not None:
             probes.append(Probe(used, bb, ss, env_of(used, bb, ss)))
             recs.append(rec)
+    FOLLOWERS.update(followers)
     return probes, single, recs, held
 
 
@@ -901,6 +966,7 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
             base[k] = None
     cls = configrules.config_class(model_type)
     NESTED.clear()
+    FOLLOWERS.clear()
     NESTED.update(nested_variables(base))
     variables = size_variables(base) + list(NESTED)
     log(f"learning {model_type}: variables {variables}")
@@ -1042,8 +1108,10 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
     fields = [f for f in base if f in used] + [f for f in NESTED if f in used] + [n_layers]
     if "tie_word_embeddings" in base:
         fields.append("tie_word_embeddings")
+    fields += [k for k, lead in FOLLOWERS.items() if lead in fields and not derived_by_config(base, k, base.get(k))]
     fields = list(dict.fromkeys(fields))
     cfg_rules = configrules.learn_config(model_type, fields, ref["probes"], log, dict(NESTED))
+    cfg_rules["checks"] += [c for c in follower_checks(base, cfg_rules["fields"]) if c not in cfg_rules["checks"]]
     return ({
         "format": 1,
         "model_type": model_type,
