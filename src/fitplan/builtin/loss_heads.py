@@ -92,8 +92,6 @@ def _chunked(seg_inst: "Segment", site: dict[str, Any]):
     """torchtune's order: the model's forward makes every chunk's LM head output (the final hidden state goes
     when it returns, unless a chunk's matmul saved it), then the recipe shifts the labels (``hstack``: a new
     ``(b, s)`` int64 tensor, alive until the loss returns) and the loss runs chunk by chunk."""
-    from .learned_segment import Segment
-
     b, tr, seg = seg_inst.b, seg_inst.b.tr, seg_inst.seg
     h = seg_inst.ref(site["input"])
     batch, hidden = b.spec.batch, h.numel // (b.spec.batch * b.spec.seq)
@@ -106,7 +104,7 @@ def _chunked(seg_inst: "Segment", site: dict[str, Any]):
         pieces.append((length, piece))
     chunks = []
     for length, piece in pieces:
-        sub = Segment(b, seg, [], None)
+        sub = type(seg_inst)(b, seg, [], None)
         sub.env = {**b.env, "s": length}
         sub.refs = dict(seg_inst.refs)
         sub.inherited = set(seg_inst.refs)
