@@ -35,6 +35,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from . import op_work
+from .archfile import BYTES
+
 if TYPE_CHECKING:
     from .learned_segment import Segment
 
@@ -160,7 +163,28 @@ def _liger(seg_inst: "Segment", site: dict[str, Any]):
     # the backward hands the saved gradients on (scaled in place): no new tensors where fitplan's backward
     # would allocate the input's and the weight's gradient
     op.bwd_temp = -sum(t.nbytes for t in saved) if op.outs else 0
+    op.work = _liger_work(tokens, hidden, vocab, compute, h, weight, h.rg, weight.rg)
     return loss
+
+
+def _liger_work(tokens: int, hidden: int, vocab: int, compute: str, h, weight, input_grad: bool,
+                weight_grad: bool) -> op_work.Work:
+    """Liger's kernels, all in the forward: per chunk the logits GEMM, the cross-entropy kernel over the logits
+    (reads and overwrites them with their gradient), then ``grad_logits @ W`` into ``grad_input`` and
+    ``grad_logits.T @ x`` into ``grad_weight``; the backward only scales them when the loss's gradient is not 1
+    (the Trainer's is 1: nothing)."""
+    e = BYTES[compute]
+    logits = tokens * vocab * e
+    kernels = list(op_work.gemm(tokens, hidden, vocab, compute, h.nbytes, weight.nbytes, logits,
+                                input_grad=False, weight_grad=False).fwd)
+    kernels.append(op_work.Kernel("elementwise", "", 0, 2 * logits))
+    if input_grad:
+        kernels += op_work.gemm(tokens, vocab, hidden, compute, logits, weight.nbytes, h.nbytes,
+                                input_grad=False, weight_grad=False).fwd
+    if weight_grad:
+        kernels += op_work.gemm(vocab, tokens, hidden, compute, logits, h.nbytes, weight.nbytes,
+                                input_grad=False, weight_grad=False).fwd
+    return op_work.Work(tuple(kernels))
 
 
 def chunk_count(seq: int) -> int:
