@@ -1,8 +1,8 @@
-"""The loss implementations (``loss_implementation``: hf, chunked, liger; src/fitplan/builtin/loss_heads.py).
+"""The loss implementations (``loss_implementation``: hf, chunked, liger, cce; src/fitplan/builtin/loss_heads.py).
 
 torchtune's chunked cross-entropy is measured by the torch referee (fitplan-torch runs the step with the loss
-computed the torchtune way); Liger's fused linear cross-entropy is Triton (CUDA only), so its bytes are derived
-here by hand from its source. Every scenario states ``optim`` and ``precision``.
+computed the torchtune way); Liger's fused linear cross-entropy and Apple's Cut Cross-Entropy are Triton (CUDA
+only), so their bytes are derived here by hand from their sources. Every scenario states ``optim`` and ``precision``.
 """
 
 from __future__ import annotations
@@ -60,6 +60,20 @@ def test_liger_chunk_rule():
     assert liger_chunk_rows(3, 100, 4096) == 3  # one chunk covers BT when the budget allows (never more than BT)
 
 
+def test_cut_cross_entropy_keeps_a_log_sum_exp_per_token_and_the_hidden_state():
+    # apple/ml-cross-entropy cut_cross_entropy/cce.py @ 3a798378, LinearCrossEntropyFunction.forward:
+    # ctx.save_for_backward(e, c, bias, lse, targets, valids, logit_avg), with cce_lse_forward.py
+    #   lse = e.new_full((B,), -inf, dtype=torch.float32)          -> 4·T bytes
+    #   logit_avg = e.new_full((V,), 0.0, dtype=torch.float32)     -> 4·V (filter_eps "auto": return_logit_avg)
+    # and e, the hidden state (b·s, h) itself: under LoRA nothing else keeps the final norm's output (the frozen
+    # LM head's mm saves only its weight), so the saved activations grow by exactly E·T·h over hf
+    cce, hf = _llama_8b("cce", "lora"), _llama_8b("hf", "lora")
+    assert cce["logits_bytes"] == 4 * B * S + 4 * V == 529_408
+    assert cce["activation_bytes"] - hf["activation_bytes"] == 2 * B * S * H
+    # full fine-tuning: the LM head's mm already saved its input under hf
+    assert _llama_8b("cce", "full")["activation_bytes"] == _llama_8b("hf", "full")["activation_bytes"]
+
+
 def test_chunked_keeps_every_chunks_fp32_log_probabilities():
     # eager F.cross_entropy = log_softmax (saves its fp32 output) + nll_loss (saves its target and total_weight),
     # per chunk (torchtune ce_chunked_output_loss.py compute_cross_entropy): 4·b·s·V in all, as hf; the targets are
@@ -74,6 +88,7 @@ def test_chunked_and_liger_lower_the_peak_of_the_hf_loss():
     # hf's peak is in the backward: the fp32 log-probabilities, their gradient and the gradient of the upcast,
     # each 4·b·s·V (3.9 GiB here); chunked holds the saved log-probabilities and one chunk's temporaries
     assert liger["peak_bytes"] < chunked["peak_bytes"] < hf["peak_bytes"]
+    assert _llama_8b("cce", "lora")["peak_bytes"] < chunked["peak_bytes"]
     assert hf["peak_phase"] == "backward" and chunked["peak_phase"] == "forward"
 
 
@@ -134,9 +149,10 @@ def test_chunked_loss_against_torch(name, precision, method, ckpt):
     assert report["peak_phase"]["predicted"] == report["peak_phase"]["measured"]
 
 
-def test_the_referee_refuses_liger():
+@pytest.mark.parametrize("loss", ["liger", "cce"])
+def test_the_referee_refuses_the_triton_losses(loss):
     fitplan_torch = _referee()
     est = fitplan.estimate(model=str(CONFIGS / "tiny-llama" / "config.json"), precision="bf16-true", optim="adamw_torch",
-                           per_device_train_batch_size=1, max_seq_length=16, loss_implementation="liger", device="cpu")
+                           per_device_train_batch_size=1, max_seq_length=16, loss_implementation=loss, device="cpu")
     with pytest.raises(FitplanError, match="Triton"):
         fitplan_torch.validate(est, mode="cpu", memtracker=False)

@@ -29,6 +29,15 @@ dtype, their fp32 copy (``.float()``), ``log_softmax`` (fp32, saved for backward
   matmul's dtype, reused), and saves ``grad_input`` and ``grad_weight`` for the backward, which hands them on
   as the gradients (scaled in place): the logits never exist whole. The Triton kernels run on CUDA only, so
   no referee measures this; tests/test_loss_heads.py derives the bytes by hand.
+* ``cce``: Apple's Cut Cross-Entropy (apple/ml-cross-entropy ``cut_cross_entropy/cce.py`` @ 3a798378,
+  ``LinearCrossEntropyFunction``; ``cce_lse_forward.py``, ``cce_backward.py``), as ``cce_patch`` or axolotl's
+  ``cut_cross_entropy`` install it: the forward computes only the fp32 log-sum-exp per token (``lse``) and,
+  with the default ``filter_eps="auto"``, the fp32 logit average over the vocabulary (``logit_avg``), and saves
+  them with the hidden state ``e`` (a view of it: the final norm's output stays alive, LoRA or not) and the
+  classifier; the backward recomputes the logits blockwise and allocates ``zeros_like(e)`` and, when the LM head
+  trains, ``zeros_like(c)`` (``accum_e_fp32``/``accum_c_fp32`` off by default), plus the argsort of
+  ``logit_avg`` (``sort_logit_avg``: int64 then int32 per vocabulary entry). Its ``valids`` indices (int64 per
+  labelled token, when labels are ignored or shifted) are not counted. Triton, CUDA only: derived by hand.
 """
 
 from __future__ import annotations
@@ -48,6 +57,10 @@ RULES = {
     # LigerFusedLinearCrossEntropyFunction: differentiable in the hidden state and the LM head weight; its saved
     # tensors are the gradients themselves (given explicitly, ``sv``), only the loss is a differentiable output
     "liger.fused_linear_cross_entropy": {"d": ["self", "weight"], "s": [], "p": [0, 0], "o": [1]},
+    # cut_cross_entropy's LinearCrossEntropyFunction: differentiable in the embeddings and the classifier; saves
+    # them, the fp32 log-sum-exp and the logit average (given explicitly, ``sv``); its backward allocates both
+    # gradients (``zeros_like``)
+    "cce.linear_cross_entropy": {"d": ["self", "weight"], "s": [], "p": [0, 0], "o": [1]},
 }
 
 
@@ -78,10 +91,7 @@ def head_site(seg_inst: "Segment") -> dict[str, Any] | None:
 
 def run(seg_inst: "Segment", site: dict[str, Any]) -> None:
     """Emit the replaced head from ``site`` on; sets the epilogue's loss reference."""
-    if seg_inst.b.spec.loss == "chunked":
-        loss = _chunked(seg_inst, site)
-    else:
-        loss = _liger(seg_inst, site)
+    loss = {"chunked": _chunked, "liger": _liger, "cce": _cce}[seg_inst.b.spec.loss](seg_inst, site)
     seg_inst.refs[seg_inst.seg["loss"]] = loss
 
 
@@ -165,6 +175,40 @@ def _liger(seg_inst: "Segment", site: dict[str, Any]):
     op.bwd_temp = -sum(t.nbytes for t in saved) if op.outs else 0
     op.work = _liger_work(tokens, hidden, vocab, compute, h, weight, h.rg, weight.rg)
     return loss
+
+
+def _cce(seg_inst: "Segment", site: dict[str, Any]):
+    """Apple's Cut Cross-Entropy (module doc)."""
+    b, tr = seg_inst.b, seg_inst.b.tr
+    h = seg_inst.ref(site["input"])
+    weight = seg_inst.ref("p:" + site["module"] + ".weight")
+    tokens = b.spec.batch * b.spec.seq
+    hidden = h.numel // tokens
+    vocab = weight.numel // hidden
+    prev = tr.kind_default
+    tr.kind_default = "logits"
+    lse = tr.new(tokens, "f32", False, "cce.lse")
+    logit_avg = tr.new(vocab, "f32", False, "cce.logit_avg")
+    neg_dot = tr.new(tokens, "f32", False, "cce.neg_dot")
+    tr.kind_default = prev
+    loss = tr.new(1, "f32", False, "cce.loss")
+    b.emit("cce.linear_cross_entropy", [("self", h), ("weight", weight)], [loss, lse, logit_avg, neg_dot],
+           extra={"sv": [h, lse, logit_avg]})
+    op = tr.ops[-1]
+    # the backward's argsort of the logit average (int64, then int32: sort_logit_avg) and the gradients'
+    # lock tensors: its transients beside the two gradients fitplan's backward allocates
+    op.bwd_temp = 12 * vocab if op.outs else 0
+    op.work = _cce_work(tokens, hidden, vocab, b.compute if b.mixed else h.dtype, h, weight)
+    return loss
+
+
+def _cce_work(tokens: int, hidden: int, vocab: int, compute: str, h, weight) -> op_work.Work:
+    """Cut Cross-Entropy's kernels: the forward's blockwise logits GEMM (the log-sum-exp; logits never stored);
+    the backward recomputes the logits blockwise and, fused with it, the embeddings' and classifier's gradient
+    GEMMs (those that require grad)."""
+    mm = op_work.gemm(tokens, hidden, vocab, compute, h.nbytes, weight.nbytes, 0, input_grad=h.rg,
+                      weight_grad=weight.rg)
+    return op_work.Work(mm.fwd, mm.fwd + mm.bwd)
 
 
 def _liger_work(tokens: int, hidden: int, vocab: int, compute: str, h, weight, input_grad: bool,

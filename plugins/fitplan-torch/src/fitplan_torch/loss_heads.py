@@ -9,7 +9,8 @@
   chunk upcast with ``.float()`` and given to ``F.cross_entropy(reduction="sum")`` one at a time, the sum
   divided by the number of labelled tokens. Eager (the recipes' ``compile: False``).
 
-Liger-Kernel's fused linear cross-entropy runs Triton kernels (CUDA only): refused by :func:`check`.
+Liger-Kernel's fused linear cross-entropy and Apple's Cut Cross-Entropy run Triton kernels (CUDA only): refused
+by :func:`check`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def check(loss_implementation: str) -> None:
     """Refuse what the referee cannot run."""
     if loss_implementation not in ("hf", "chunked"):
         raise FitplanError(f"the torch referee cannot run loss_implementation {loss_implementation!r}: Liger-Kernel's "
-                           "fused linear cross-entropy is Triton (CUDA) code", field="loss_implementation",
+                           "and Cut Cross-Entropy's kernels are Triton (CUDA) code", field="loss_implementation",
                            value=loss_implementation, suggestion="validate hf or chunked")
 
 
