@@ -138,6 +138,15 @@ CASES = [
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-mistral"])
 @pytest.mark.parametrize(("precision", "method", "ckpt"), CASES, ids=lambda v: str(v))
 def test_chunked_loss_against_torch(name, precision, method, ckpt):
+    _check_chunked_against_torch(name, precision, method, ckpt)
+
+
+def test_chunked_loss_with_tied_embeddings_against_torch():
+    # Gemma's LM head is its input embedding: 8 head gradients and the embedding's, summed as they arrive
+    _check_chunked_against_torch("tiny-gemma", "bf16-true", "full", False)
+
+
+def _check_chunked_against_torch(name, precision, method, ckpt):
     fitplan_torch = _referee()
     lora = dict(method="lora", lora_r=8, lora_target_modules=("q_proj", "v_proj")) if method == "lora" else {}
     est = fitplan.estimate(model=str(CONFIGS / name / "config.json"), precision=precision, optim="adamw_torch",
