@@ -11,7 +11,7 @@ says which it took, so that a reader can tell an assumption from a choice:
 * the attention kernel: ``sdpa`` (``PreTrainedModel._check_and_adjust_attn_implementation`` picks SDPA when
   none is asked for and the model supports it);
 * the loss: the model's ``ForCausalLMLoss`` (loss/loss_utils.py), which upcasts the logits to fp32 before
-  cross-entropy (the only loss fitplan models today).
+  cross-entropy (``loss_implementation = "hf"``; the others: builtin/loss_heads.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def _load_line(dtype, precision, bf16, fp16, arch, stack_name) -> str | None:
 
 
 @quantity("text", type="object", json_key="defaults")
-def assumed_defaults(dtype, precision, bf16, fp16, optim, attn_implementation, arch, stack_name, assumptions):
+def assumed_defaults(dtype, precision, bf16, fp16, optim, attn_implementation, arch, stack_name, assumptions,
+                     loss_implementation):
     """The defaults of the pinned stack this estimate assumed (module doc), one phrase each; empty under
     ``--assumptions seed`` (the tutorial chapter's own simplifications apply)."""
     if assumptions == "seed":
@@ -57,7 +58,8 @@ def assumed_defaults(dtype, precision, bf16, fp16, optim, attn_implementation, a
         out.append(f"optim {optim} (HF default)")
     if attn_implementation == _TRAINING["attn_implementation"]:
         out.append(f"attention {attn_implementation} (HF default)")
-    out.append("loss ForCausalLMLoss (fp32 logits)")
+    if loss_implementation == _TRAINING["loss_implementation"]:
+        out.append("loss ForCausalLMLoss (fp32 logits)")
     return out
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from .archexpr import compile_expr
 from .archfile import BYTES, FLOAT, ArchFile, autograd_table
-from . import kernels, op_work
+from . import kernels, loss_heads, op_work
 from .learned_segment import Segment
 from .lora_targets import lora_site_matches, parameter_targets
 
@@ -59,7 +59,7 @@ class Builder:
         self.af = af
         self.spec = tr.spec
         self.env = {**env, "b": self.spec.batch, "s": self.spec.seq}
-        self.table = {**autograd_table(), **af.graphs.get("autograd", {}), **kernels.EXTRA_RULES}
+        self.table = {**autograd_table(), **af.graphs.get("autograd", {}), **kernels.EXTRA_RULES, **loss_heads.RULES}
         self.graph_precision, self.dmap = dtype_map(self.spec.precision)
         self.variant = af.variant(self.graph_precision, "eager" if self.spec.attn == "eager" else "sdpa", self.env)
         self.mixed = self.graph_precision == "mixed"

@@ -14,7 +14,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .archexpr import compile_expr
-from . import kernels
+from . import kernels, loss_heads
 from .archfile import FLOAT
 
 if TYPE_CHECKING:
@@ -30,6 +30,8 @@ class Segment:
         self.layer = layer
         self.env = b.env if layer is None else {**b.env, "i": layer}
         self.refs: dict[str, Any] = {f"a{j}": t for j, t in enumerate(args)}
+        self.inherited: set[str] = set()
+        """References this instance shares with the segment instance it continues (:meth:`run`)."""
         self.site_end: dict[int, list[dict[str, Any]]] = {}
         self.site_start: dict[int, list[dict[str, Any]]] = {}
         for site in seg.get("sites", []):
@@ -87,7 +89,9 @@ class Segment:
         t.shape = shape
         return t
 
-    def run(self) -> None:
+    def run(self, first: int = 0, last: int | None = None) -> None:
+        """Replay the segment's ops ``first`` to ``last`` (excluded; a part of one chunk of a chunked loss head,
+        :mod:`.loss_heads`, whose :attr:`inherited` references are the epilogue's: their lifetimes stay its)."""
         b, tr, seg = self.b, self.b.tr, self.seg
         tensors = seg["t"]
         die: dict[str, Any] = seg.get("die", {})
@@ -106,7 +110,17 @@ class Segment:
                 if "{i}" in site["module"] and not site.get("custom"):
                     quantized[site["start"]] = site
         embed = seg.get("embed_out") if b.lora and b.spec.checkpointing else None
+        head = loss_heads.head_site(self) if first == 0 else None
         for k, op in enumerate(seg["ops"]):
+            if k < first:
+                continue
+            if last is not None and k >= last:
+                break
+            if head is not None and k == head["start"]:
+                loss_heads.run(self, head)  # the loss implementation's head replaces the recorded one
+                if b.spec.loss != "chunked":
+                    self._deaths([r for r, d in die.items() if isinstance(d, int) and d >= k])
+                break
             if logits_from is not None and k >= logits_from:
                 tr.kind_default = "logits"
             site = quantized.get(k)
@@ -126,8 +140,10 @@ class Segment:
                 embed = None
             self._deaths(deaths_at.get(k))
         tr.kind_default = "activation"
+        if last is not None:
+            return
         for r, k in die.items():
-            if k == "F":
+            if k == "F" and r not in self.inherited:
                 t = self.refs.get(r) if r.startswith(("t", "a")) else self.ref(r)
                 if t is not None and t.sid >= 0 and t.sid not in tr.uncached:
                     tr.pinned.add(t.sid)
@@ -170,6 +186,11 @@ class Segment:
                 self.refs[outs[0]] = src
                 return
         weight_cast = name == "_to_copy" and b.mixed and ins and ins[0][1] is not None and ins[0][1].param
+        if weight_cast and ins[0][1].rg and ins[0][1].key in b.ac_cache:
+            # autocast casts a leaf that requires grad once per forward (its cache): a chunked loss head's
+            # later chunks find the LM head weight's copy there (:mod:`.loss_heads`)
+            self.refs[outs[0]] = b.ac_cache[ins[0][1].key]
+            return
         prev = tr.kind_default
         if weight_cast:
             tr.kind_default = "autocast"
@@ -202,6 +223,8 @@ class Segment:
         for t in inplace:
             if t.rg and t.sid >= 0:
                 self._inplace_requires_grad(t.sid)
+        if weight_cast and ins[0][1].rg and b.spec.loss == "chunked":
+            b.ac_cache[ins[0][1].key] = out_ts[0]
         if weight_cast and not ins[0][1].rg:
             # autocast caches a weight's 16-bit copy only when the weight requires grad (a frozen base
             # weight under LoRA is cast at every use and freed after it)
@@ -267,6 +290,8 @@ class Segment:
             return
         ts = []
         for r in refs:
+            if r in self.inherited:
+                continue
             t = self.refs.get(r) if r.startswith(("t", "a")) else self.ref(r)
             if t is not None and t.sid >= 0:
                 ts.append(t)

@@ -90,6 +90,8 @@ class TraceSpec:
     linear_saves_input: bool = False
     """Every ``nn.Linear`` call site in the graph saves its input, frozen weight or not: DeepSpeed ZeRO-3 replaces
     ``F.linear`` (the rule and its source: ``builtin/sharding/deepspeed.py``, ``zero3_linear_saves_input``)."""
+    loss: str = "hf"
+    """How the loss head runs: ``hf``, ``chunked``, ``liger`` (:mod:`.loss_heads`)."""
 
 
 @frozen
@@ -359,8 +361,8 @@ class Trace:
 TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
 TRACE_MODULES = ("builtin/step_trace.py", "builtin/learned_graph.py", "builtin/learned_segment.py",
-                 "builtin/kernels.py", "builtin/op_work.py", "builtin/archexpr.py", "builtin/archfile.py", "builtin/lora_targets.py", "inputs/precision.py",
-                 "errors.py")
+                 "builtin/kernels.py", "builtin/op_work.py", "builtin/archexpr.py", "builtin/archfile.py",
+                 "builtin/lora_targets.py", "builtin/loss_heads.py", "inputs/precision.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
 KEEP_TRACES = 4000
@@ -565,16 +567,16 @@ def replay(tr: Trace) -> StepTrace:
         buf[1] += 1
         parts = pending_param.setdefault(key, [])
         parts.append(buf)
-        if not last:
-            return  # AccumulateGrad waits for the parameter's other uses (a tied embedding)
-        del pending_param[key]
-        if len(parts) > 1:
+        if len(parts) > 1:  # AccumulateGrad's input buffer adds each contribution as it comes, out of place
             summed = [nbytes, 1]
             state["live"] += nbytes
             point()
             for p in parts:
                 release(p)
-            parts = [summed]
+            parts[:] = [summed]
+        if not last:
+            return  # AccumulateGrad waits for the parameter's other uses (a tied embedding, a chunked LM head)
+        del pending_param[key]
         b = parts[0]
         grads["live"] += nbytes
         if clone:

@@ -50,6 +50,10 @@ HELP = {
     "dataset_sample": "With --dataset: tokenize a random sample of N examples (totals get a confidence interval).",
     "num_train_epochs": "Passes over the dataset (default 1).",
     "tf32": "HF tf32: fp32 matmuls on TF32 tensor cores (off by default in PyTorch and the HF Trainer).",
+    "loss_implementation": "hf (default: the model's loss over the whole fp32 logits) | chunked (torchtune's "
+                           "CEWithChunkedOutputLoss: LM head and fp32 cross-entropy per chunk of 8) | liger (Liger-Kernel's "
+                           "fused linear cross-entropy, TrainingArguments use_liger_kernel; the logits never whole) | cce "
+                           "(Apple's Cut Cross-Entropy: only a log-sum-exp per token is kept).",
     "torch_compile": "HF torch_compile: the model runs under torch.compile (fused elementwise kernels; changes time only).",
     "provider": "Pricing provider id (aws, gcp, lambda, runpod, seed, ...) to price the run.",
     "instance": "Force an instance type of the provider (default: the cheapest shape covering the GPUs).",

@@ -214,7 +214,7 @@ TRAINING_ARGS_FIELDS = {
 """TrainingArguments (and TRL SFTConfig) keys fitplan reads -> scenario fields. ``bf16``, ``fp16``,
 ``deepspeed`` and ``fsdp`` are read too (see :func:`training_args_fields`); every other key is ignored."""
 _TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "auto_find_batch_size", "bf16_full_eval",
-             "fp16_full_eval")
+             "fp16_full_eval", "use_liger_kernel")
 
 
 def training_args_fields(path: str | Path, known_optimizers: Any = None,
@@ -255,6 +255,7 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
     if data.get("auto_find_batch_size"):
         warnings.append(f"{p}: auto_find_batch_size is true: the Trainer may halve the batch after an OOM; "
                         "`fitplan recommend --max micro-batch` finds the largest that fits")
+    out.update(_ta_liger(data, p, bad, warnings))
     if data.get("fsdp"):
         out.update(_ta_fsdp(data["fsdp"], bad))
         out.update(_ta_fsdp_config(data.get("fsdp_config"), bad))
@@ -311,6 +312,23 @@ def _ta_plain_fields(data: dict[str, Any], bad: Any, known_optimizers: Any) -> d
                 raise bad(key, f"optim_target_modules must be a list of strings or a string, got {v!r}")
         out[field] = v
     return out
+
+
+def _ta_liger(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dict[str, Any]:
+    """``use_liger_kernel: true``: the Trainer patches the model with Liger-Kernel (transformers 5.24 trainer.py,
+    ``_apply_liger_kernel_to_instance``), whose loss is the fused linear cross-entropy (``loss_implementation``
+    ``liger``, builtin/loss_heads.py); its RMSNorm, SwiGLU and RoPE kernels are not modelled (warned)."""
+    v = data.get("use_liger_kernel")
+    if v is None:
+        return {}
+    if not isinstance(v, bool):
+        raise bad("use_liger_kernel", f"use_liger_kernel must be true or false, got {v!r}")
+    if not v:
+        return {}
+    warnings.append(f"{p}: use_liger_kernel: the loss is estimated as Liger's fused linear cross-entropy "
+                    "(loss_implementation = \"liger\"); Liger's RMSNorm, SwiGLU and RoPE kernels are not modelled "
+                    "(the model's own ops are)")
+    return {"loss_implementation": "liger"}
 
 
 def _ta_fsdp(fsdp: Any, bad: Any) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from fitplan.inputs.precision import PRECISIONS, dtype_code, load_dtype_word
 
 METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
+LOSS_IMPLEMENTATIONS = ("hf", "chunked", "liger", "cce")
+"""How the loss head runs (builtin/loss_heads.py, docs/memory-model.md "Loss implementations")."""
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
 STACKS = ("deepspeed", "fsdp1", "fsdp2", "ddp", "torch")
 """Who shards (``inputs/stacks.py``): DeepSpeed ZeRO 0-3, accelerate's FSDP1 / FSDP2 as the HF Trainer sets them
@@ -163,6 +165,10 @@ class Training:
     """HF ``tf32``: fp32 matmuls on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``); off by default."""
     torch_compile: bool = False
     """HF ``torch_compile``: the model runs under ``torch.compile`` (Inductor fuses elementwise ops: time only)."""
+    loss_implementation: str = field(default="hf", validator=_one_of(LOSS_IMPLEMENTATIONS))
+    """The loss head: ``hf`` (the model's ``ForCausalLMLoss`` over the whole fp32 logits), ``chunked`` (torchtune's
+    ``CEWithChunkedOutputLoss``, 8 chunks, eager), ``liger`` (Liger-Kernel's fused linear cross-entropy,
+    TrainingArguments ``use_liger_kernel``), ``cce`` (Apple's Cut Cross-Entropy)."""
 
 
     @fp16.validator

@@ -268,7 +268,7 @@ def gpus(settings: Settings, query: Query) -> Reply:
 
 
 CHOICES = {"method": "METHODS", "assumptions": "ASSUMPTIONS", "attn_implementation": "ATTN_IMPLEMENTATIONS",
-           "fsdp": "FSDP_MODES", "padding": "PADDING", "device": "DEVICES"}
+           "loss_implementation": "LOSS_IMPLEMENTATIONS", "fsdp": "FSDP_MODES", "padding": "PADDING", "device": "DEVICES"}
 """Scenario fields whose values are one of a tuple of :mod:`fitplan.inputs.scenario`."""
 
 

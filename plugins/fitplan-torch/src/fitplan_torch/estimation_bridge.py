@@ -40,6 +40,8 @@ class RunConfig:
     """The sharding implementation fitplan modelled (``deepspeed``, ``fsdp1``, ``fsdp2``, ``torch``, ``ddp``, ``none``)."""
     ds_config: dict[str, Any] = attrs.Factory(dict)
     """DeepSpeed: the ds_config fitplan modelled (its "auto" values resolved)."""
+    loss_implementation: str = "hf"
+    """How the loss head runs (:mod:`.loss_heads`): ``hf`` or ``chunked``."""
 
 
 def model_config(estimate) -> dict[str, Any]:
@@ -64,6 +66,7 @@ def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
         zero_stage=s.parallel.zero_stage, fsdp=s.parallel.fsdp, world_size=int(estimate["world_size"]),
         memtracker=bool(options.get("memtracker", True)), accumulation=s.training.gradient_accumulation_steps,
         stack=str(estimate["stack_name"]), ds_config=ds_config(estimate) if estimate["stack_name"] == "deepspeed" else {},
+        loss_implementation=getattr(s.training, "loss_implementation", "hf"),
     )
 
 

@@ -157,6 +157,13 @@ def engine_stack(estimate) -> bool:
 def check_supported(estimate) -> None:
     """What the referee cannot run, refused with a reason."""
     s = estimate.scenario
+    loss = getattr(s.training, "loss_implementation", "hf")
+    from .loss_heads import check
+
+    check(loss)
+    if loss != "hf" and sharded(estimate):
+        raise FitplanError("the torch referee runs a chunked loss on one device only", field="loss_implementation",
+                           value=loss, suggestion="validate the chunked loss with --num-gpus 1")
     if s.parallel.tensor_parallel > 1:
         raise FitplanError("the torch referee does not implement tensor parallelism", field="tensor_parallel",
                            value=s.parallel.tensor_parallel, suggestion="validate with --tensor-parallel 1")

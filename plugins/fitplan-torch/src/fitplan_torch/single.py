@@ -47,7 +47,8 @@ def run_single(rc: RunConfig, *, steps: int = 1) -> dict[str, Any]:
     with fake_mode() if rc.fake else contextlib.nullcontext() as fake:
         model, optimizer, batch = build_all(rc, fake)
         m = measure_step(model, optimizer, batch, precision=rc.precision, device_type=rc.device, steps=steps,
-                         memtracker=rc.memtracker and not rc.fake, accumulation=rc.accumulation)
+                         memtracker=rc.memtracker and not rc.fake, accumulation=rc.accumulation,
+                         loss_implementation=rc.loss_implementation)
     out: dict[str, Any] = {"measurement": m.asdict(), "device": device_name(rc), "notes": notes}
     if rc.device == "cuda":
         from .calibrate import measure_cuda_overhead

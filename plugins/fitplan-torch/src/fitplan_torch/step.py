@@ -15,6 +15,7 @@ import attrs
 
 from . import _deps
 from .build import autocast
+from .loss_heads import loss_of
 from .measure import LiveBytes, SavedTensors, optimizer_state_tensors, storage_bytes, storages
 
 
@@ -60,7 +61,8 @@ def _params_and_buffers(model):
 
 def train_step(model, optimizer, batch, *, precision: str, device_type: str, counter=None, saved=None,
                grads_out: list | None = None, start_params: set[int] | None = None,
-               gathered_bytes: list | None = None, accumulation: int = 1, gathered_fn=None) -> Any:
+               gathered_bytes: list | None = None, accumulation: int = 1, gathered_fn=None,
+               loss_implementation: str = "hf") -> Any:
     """One optimizer step over ``accumulation`` micro-batches; ``counter`` (a LiveBytes) gets phase marks,
     ``saved`` wraps each forward.
 
@@ -68,6 +70,7 @@ def train_step(model, optimizer, batch, *, precision: str, device_type: str, cou
     the forward minus before it, FSDP's gathered parameters excluded; None without a counter). ``gathered_fn``:
     the bytes of gathered parameters alive after the forward, for wrappers whose ``parameters()`` do not show
     them (FSDP1's flat buffers); by default, the parameter storages that did not exist when the step began.
+    ``loss_implementation``: how the loss head runs (:mod:`.loss_heads`).
     """
     mark = counter.set_phase if counter is not None else (lambda p: None)
     retained = None
@@ -77,9 +80,7 @@ def train_step(model, optimizer, batch, *, precision: str, device_type: str, cou
         before = counter.current if counter is not None else 0
         ctx_saved = saved if saved is not None else _Null()
         with ctx_saved, autocast(precision, device_type):
-            out = model(**batch)
-            loss = out.loss
-        del out
+            loss = loss_of(model, batch, loss_implementation)
         if counter is not None:
             retained = counter.current - before
             if gathered_fn is not None:
@@ -118,7 +119,7 @@ class _Null:
 
 def measure_step(model, optimizer, batch, *, precision: str, device_type: str, steps: int = 1,
                  warmup: int = 1, memtracker: bool = True, counter=None, barrier=None,
-                 accumulation: int = 1, gathered_fn=None) -> StepMeasurement:
+                 accumulation: int = 1, gathered_fn=None, loss_implementation: str = "hf") -> StepMeasurement:
     """Warm up, then measure ``steps`` steps (the last one's numbers are reported).
 
     ``counter``: a :class:`LiveBytes` the caller entered before building anything (sharded runs: it
@@ -129,7 +130,8 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
     torch = _deps.torch()
     cuda = device_type == "cuda"
     for _ in range(warmup):
-        train_step(model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation)
+        train_step(model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation,
+                   loss_implementation=loss_implementation)
     timed = None
     if cuda:  # throughput from a step without the instruments (the dispatch mode costs Python time per op)
         torch.cuda.synchronize()
@@ -161,7 +163,8 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
         with c if own else _Null():
             value, retained = train_step(model, optimizer, batch, precision=precision, device_type=device_type,
                                          counter=c, saved=saved, grads_out=grads, start_params=start_params,
-                                         gathered_bytes=gathered, accumulation=accumulation, gathered_fn=gathered_fn)
+                                         gathered_bytes=gathered, accumulation=accumulation, gathered_fn=gathered_fn,
+                                         loss_implementation=loss_implementation)
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -182,7 +185,8 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
                       "memory_allocated_at_start": cuda_start, "uninstrumented_step_seconds": timed}
     if memtracker:
         m.memtracker_peak, m.memtracker_breakdown, m.memtracker_error = memtracker_step(
-            model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation)
+            model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation,
+            loss_implementation=loss_implementation)
     return m
 
 
@@ -192,7 +196,8 @@ def _is_fake(t) -> bool:
     return isinstance(t, FakeTensor)
 
 
-def memtracker_step(model, optimizer, batch, *, precision: str, device_type: str, accumulation: int = 1):
+def memtracker_step(model, optimizer, batch, *, precision: str, device_type: str, accumulation: int = 1,
+                    loss_implementation: str = "hf"):
     """The same step under ``torch.distributed._tools.mem_tracker.MemTracker``: its peak, the
     per-category snapshot at the peak (Parameter, Buffer, Gradient, Activation, Temp, Optstate, Other),
     and why it could not run (torch 2.13's MemTracker registers a gradient hook on every parameter of
@@ -207,7 +212,8 @@ def memtracker_step(model, optimizer, batch, *, precision: str, device_type: str
     mt.track_external(model, optimizer, *batch.values())
     try:
         with mt:
-            train_step(model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation)
+            train_step(model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation,
+                       loss_implementation=loss_implementation)
     except Exception as e:  # noqa: BLE001 - the cross-check is optional; the primary counter already ran
         return None, None, f"MemTracker failed: {type(e).__name__}: {e}"
     peak = mt.get_tracker_snapshot("peak")
