@@ -86,7 +86,8 @@ FIXTURE += "".join(TWO_BILLINGS.format(id=i, billing=b) for i, b in (("persec", 
 
 def est(rdir, **kw):
     return fitplan.estimate(ruleset_dirs=[rdir], **{"params": "1B", "gpu": "netgpu", "provider": "cloud",
-                                                    "precision": "bf16-true", "total_tokens": 1_000_000, **kw})
+                                                    "precision": "bf16-true", "optim": "adamw_torch", "total_tokens": 1_000_000,
+                                                    **kw})
 
 
 def test_eight_one_gpu_vms_talk_over_their_network(rdir):
@@ -130,7 +131,7 @@ def test_an_instance_without_a_network_figure_says_the_assumption(rdir):
 
 # --------------------------------------------------------------------------- the recommender prices the whole job
 
-JOB = dict(params="1B", gpu="netgpu", precision="bf16-true", total_tokens=1_000_000, num_gpus=8)
+JOB = dict(params="1B", gpu="netgpu", precision="bf16-true", optim="adamw_torch", total_tokens=1_000_000, num_gpus=8)
 ONE_PLAN_SPACE = SearchSpace(methods=("full",), precisions=("bf16-true",), optimizers=("adamw_torch",),
                              checkpointing=(False,), attn_implementations=("sdpa",), zero_stages=(0,),
                              offload_optimizer=(False,), offload_params=(False,), gpus=("netgpu",), gpu_counts=(8,),

@@ -83,9 +83,10 @@ def test_bf16_on_a_gpu_without_bf16_tensor_cores_warns():
 
 
 def test_qlora_compute_dtype_warnings():
-    plain = fitplan.estimate(model="llama-2-7b", method="qlora")
+    # an fp32 load (Llama-2 publishes float16; dtype="auto" would load that)
+    plain = fitplan.estimate(model="llama-2-7b", method="qlora", dtype="float32")
     assert any("QLoRA without bf16/fp16" in w for w in plain.warnings)
-    ignored = fitplan.estimate(model="llama-2-7b", method="qlora", bnb_4bit_compute_dtype="bf16")
+    ignored = fitplan.estimate(model="llama-2-7b", method="qlora", dtype="float32", bnb_4bit_compute_dtype="bf16")
     assert any("bnb_4bit_compute_dtype=bf16 is not what runs" in w for w in ignored.warnings)
     assert not [w for w in fitplan.estimate(model="llama-2-7b", method="qlora", precision="bf16-true").warnings
                 if "compute" in w]

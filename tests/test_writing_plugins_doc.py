@@ -80,8 +80,9 @@ def test_fitplan_sees_the_walkthrough_plugins(walkthrough):
 
 def test_the_walkthrough_optimizer_on_the_command_line(walkthrough):
     pkg, env = walkthrough
-    proc = subprocess.run([sys.executable, "-m", "fitplan", "estimate", "--model", "llama-2-7b", "--optim", "tutorial_rmsprop",
-                           "--format", "json"], cwd=pkg, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "fitplan", "estimate", "--model", "llama-2-7b", "--precision", "32-true",
+                           "--optim", "tutorial_rmsprop", "--format", "json"], cwd=pkg, env=env, capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     # 32-true: square_avg 4 B per parameter + a 4-byte step per tensor (291 tensors)
     assert json.loads(proc.stdout)["memory"]["per_gpu_bytes"]["optimizer_states"] == 6_738_415_616 * 4 + 291 * 4

@@ -242,6 +242,8 @@ def loaded_dtype(s: sc.Scenario, arch: architecture.ModelSpec) -> str:
 
     if s.training.dtype != "auto":
         return dtype_code(s.training.dtype)
+    if arch.family != "learned":  # --params: no config, so no dtype (a typical shape's template says nothing)
+        return "fp32"
     return arch.checkpoint_dtype or "fp32"
 
 

@@ -31,7 +31,8 @@ def _load_line(dtype, precision, bf16, fp16, arch, stack_name) -> str | None:
     """``dtype auto → bfloat16 (config.json) → bf16-autocast`` when the load dtype decided the preset, else None."""
     if dtype != "auto":
         return None
-    loaded = getattr(arch, "checkpoint_dtype", None) or "fp32"
+    learned = getattr(arch, "family", "") == "learned"
+    loaded = (getattr(arch, "checkpoint_dtype", None) if learned else None) or "fp32"
     flag = "bf16" if bf16 else "fp16" if fp16 else None
     try:
         decided = hf_precision(flag, loaded, deepspeed=stack_name == "deepspeed")
@@ -39,7 +40,8 @@ def _load_line(dtype, precision, bf16, fp16, arch, stack_name) -> str | None:
         decided = None
     if decided != precision:
         return None  # a named preset decided it
-    where = "config.json" if getattr(arch, "checkpoint_dtype", None) else "none in config.json: float32 assumed"
+    where = ("config.json" if learned and getattr(arch, "checkpoint_dtype", None) else
+             "none in config.json: float32 assumed" if learned else "no config: float32")
     return f"dtype auto → {HF_WORD[loaded]} ({where}) → {precision}"
 
 

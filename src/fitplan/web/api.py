@@ -159,7 +159,7 @@ def assessment(settings: Settings, query: Query):
     from fitplan.assess import assess
 
     est, upload = estimate_of(settings, query)
-    return assess(est, policy_files=settings.policy_files), upload
+    return assess(est, policy_files=settings.policy_files, cheapest=True), upload  # as the CLI: without a GPU only
 
 
 def estimate(settings: Settings, query: Query) -> Reply:
