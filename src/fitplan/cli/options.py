@@ -146,7 +146,7 @@ def format_option(kind: str, default: str = "table") -> Callable:
 
 
 def _check_out(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value:
+    if value is not None:
         from fitplan.output.files import check_target
 
         check_target(value)
@@ -193,16 +193,21 @@ def warn(text: str) -> None:
     console(err=True).print(f"[yellow]warning:[/] {escape(text)}", markup=True, highlight=False)
 
 
-def emit(kind: str, report: Any, fmt: str, out: str | None = None, units: str = "GB") -> None:
-    """Render ``report`` with format ``fmt`` and write it to ``out`` (atomically) or stdout."""
+def emit(kind: str, report: Any, fmt: str, out: str | None = None, units: str = "GB",
+         also: tuple[Any, ...] = ()) -> None:
+    """Render ``report`` with format ``fmt`` and write it to ``out`` or stdout. ``also``: more files of the
+    same command (:class:`fitplan.output.files.Batch`), committed together with ``out``: all or none."""
     from fitplan.output.console import options_for
+    from fitplan.output.files import Batch
     from fitplan.output.formats import RenderOptions
 
     f = registry().format(kind, fmt)
-    if out:
-        from fitplan.output.files import write_text
-
-        write_text(out, f.render(kind, report, RenderOptions(units=units)))
-        click.echo(f"wrote {out}", err=True)
-        return
-    click.echo(f.render(kind, report, options_for(sys.stdout, units)), nl=False)
+    batch = Batch()
+    if out is not None:
+        batch.add(out, f.render(kind, report, RenderOptions(units=units)).encode("utf-8"))
+    else:
+        click.echo(f.render(kind, report, options_for(sys.stdout, units)), nl=False)
+    for more in also:
+        batch.extend(more)
+    for p in batch.commit():
+        click.echo(f"wrote {p}", err=True)
