@@ -64,15 +64,6 @@ INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), wherever it arrives."""
 
 
-def _stdout_failed() -> bool:
-    """Standard output can no longer be written (flushing it fails)."""
-    try:
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        return True
-    return False
-
-
 def _detach_stdout() -> None:
     """Point standard output at /dev/null, so that flushing it again at exit does not fail a second time
     (the Python documentation's advice for SIGPIPE)."""
@@ -112,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("interrupted", err=True)
         sys.exit(INTERRUPTED)
     except OSError as e:  # the environment, not the input: a full disk, stdout on /dev/full, a lost mount
-        where = f"{e.filename}: " if e.filename else ("standard output: " if _stdout_failed() else "")
+        where = f"{e.filename}: " if e.filename else ""
         _detach_stdout()
         console(err=True).print(f"[bold red]error:[/] {escape(where)}{escape(e.strerror or str(e))}",
                                 markup=True, highlight=False)

@@ -206,7 +206,14 @@ def emit(kind: str, report: Any, fmt: str, out: str | None = None, units: str = 
     if out is not None:
         batch.add(out, f.render(kind, report, RenderOptions(units=units)).encode("utf-8"))
     else:
-        click.echo(f.render(kind, report, options_for(sys.stdout, units)), nl=False)
+        text = f.render(kind, report, options_for(sys.stdout, units))
+        try:
+            click.echo(text, nl=False)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:  # a full disk, /dev/full: the CLI's exit status 1
+            raise OSError(e.errno, e.strerror, "standard output") from None
     for more in also:
         batch.extend(more)
     for p in batch.commit():
