@@ -190,7 +190,9 @@ def store(summary: DatasetSummary) -> Path | None:
     directory = cache_dir()
     entry = directory / f"{summary.key}.toml"
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        from fitplan.diskcache import make_private
+
+        make_private(directory)
         if entry.is_symlink() or entry.exists() and not entry.is_file():
             entry.unlink()  # a link, FIFO or device where the entry belongs: replaced
         return write_text(entry, summary.to_toml())
