@@ -2,7 +2,8 @@
 comes from (``line 12``, ``row 5 (line 7)``).
 
 Files are read line by line (or, for a JSON array, a block at a time) from a binary stream, so memory stays
-bounded whatever the file's size. Bytes that are not UTF-8 are reported with the file, the line and the field
+bounded whatever the file's size: a line or an element over :data:`MAX_LINE` is an error. A UTF-8 byte-order
+mark at the start of a file is dropped (spreadsheets write one before a CSV's header). Bytes that are not UTF-8 are reported with the file, the line and the field
 that holds them. Parquet and Arrow are in :mod:`fitplan.data.columnar`; :mod:`fitplan.data.source` says which
 reader a path needs.
 """
@@ -20,6 +21,9 @@ from typing import Any
 from fitplan.errors import FitplanError
 
 CHUNK = 1 << 20
+MAX_LINE = 64 << 20
+"""The longest line (JSON Lines, CSV) or JSON array element read (64 MiB): memory stays bounded by it whatever
+the file holds (a file of one endless line is an error naming the line, not a read to its end)."""
 _SURROGATE = re.compile("[\udc80-\udcff]")
 Located = tuple[int, str, dict]
 """A record with its index in the source (0-based) and where it is (``line 12``, ``row 5``)."""
@@ -51,6 +55,28 @@ def not_utf8(file: str | Path, where: str, field: str | None, raw: bytes | None 
             detail = f": byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line"
     return FitplanError(f"{where}: not UTF-8{detail}", file=str(file), field=field,
                         suggestion="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+
+
+# --------------------------------------------------------------------------- lines
+
+
+def lines(f, file: Path, first: int = 1) -> Iterator[bytes]:
+    """The lines of the binary stream ``f`` (``first``: the number of its first line), each at most
+    :data:`MAX_LINE` bytes, without the UTF-8 byte-order mark of a file's start.
+    :raises FitplanError: a longer line, naming it."""
+    at_start = f.tell() == 0
+    lineno = first
+    while True:
+        raw = f.readline(MAX_LINE + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE:
+            raise FitplanError(f"line {lineno} is longer than {MAX_LINE:,} bytes", file=str(file),
+                               suggestion="one record per line; split the file's records onto lines")
+        if at_start:
+            raw, at_start = raw.removeprefix(codecs.BOM_UTF8), False
+        yield raw
+        lineno += 1
 
 
 # --------------------------------------------------------------------------- JSON Lines
@@ -99,7 +125,7 @@ def jsonl_records(file: Path, start: int = 0, end: int | None = None, select: An
     with open(file, "rb") as f:
         f.seek(start)
         pos = start
-        for lineno, raw in enumerate(f, base):
+        for lineno, raw in enumerate(lines(f, file, base), base):
             if end is not None and pos >= end:
                 break
             pos += len(raw)
@@ -112,7 +138,7 @@ def jsonl_records(file: Path, start: int = 0, end: int | None = None, select: An
 
 def jsonl_count(file: Path) -> int:
     with open(file, "rb") as f:
-        return sum(1 for raw in f if raw.strip())
+        return sum(1 for raw in lines(f, file) if raw.strip())
 
 
 def line_ranges(file: Path, size: int, parts: int) -> list[tuple[int, int]]:
@@ -121,7 +147,8 @@ def line_ranges(file: Path, size: int, parts: int) -> list[tuple[int, int]]:
     with open(file, "rb") as f:
         for i in range(1, parts):
             f.seek(max(cuts[-1], size * i // parts))
-            f.readline()
+            while (part := f.readline(CHUNK)) and not part.endswith(b"\n"):
+                pass  # to the next line start, a block at a time
             pos = f.tell()
             if pos >= size:
                 break
@@ -136,14 +163,13 @@ def line_ranges(file: Path, size: int, parts: int) -> list[tuple[int, int]]:
 
 class _JsonArray:
     """The elements of a top-level JSON array, decoded incrementally: the buffer holds one element and a
-    block at a time (an element over ``MAX_ELEMENT`` characters, or a malformed one, is an error)."""
+    block at a time (an element over :data:`MAX_LINE` characters, or a malformed one, is an error)."""
 
-    MAX_ELEMENT = 64 << 20
     _SPACE = re.compile(r"\s*")
 
     def __init__(self, file: Path) -> None:
         self.file, self.buf, self.pos, self.line, self.eof = file, "", 0, 1, False
-        self.decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+        self.decoder = codecs.getincrementaldecoder("utf-8-sig")("surrogateescape")
         self.raw = json.JSONDecoder()
 
     def _fill(self, f) -> bool:
@@ -178,7 +204,7 @@ class _JsonArray:
             try:
                 value, end = self.raw.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as e:
-                if len(self.buf) - self.pos < self.MAX_ELEMENT and self._fill(f):
+                if len(self.buf) - self.pos < MAX_LINE and self._fill(f):
                     continue
                 raise self._error(e.msg) from None
             text = self.buf[self.pos:end]
@@ -231,7 +257,7 @@ def is_json_array(file: Path) -> bool:
 
 
 def _csv_lines(f, file: Path, state: list[int]) -> Iterator[str]:
-    for raw in f:
+    for raw in lines(f, file):
         state[0] += 1
         try:
             yield raw.decode("utf-8")
