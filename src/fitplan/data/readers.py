@@ -24,7 +24,8 @@ CHUNK = 1 << 20
 MAX_LINE = 64 << 20
 """The longest line (JSON Lines, CSV) or JSON array element read (64 MiB): memory stays bounded by it whatever
 the file holds (a file of one endless line is an error naming the line, not a read to its end)."""
-_SURROGATE = re.compile("[\udc80-\udcff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 Located = tuple[int, str, dict]
 """A record with its index in the source (0-based) and where it is (``line 12``, ``row 5``)."""
 
@@ -94,9 +95,17 @@ def _json_object(text: str, file: Path, where: str, raw: bytes) -> dict:
     return record
 
 
+def lone_surrogate(file: Path, where: str, record: Any) -> FitplanError:
+    return FitplanError(f"{where}: a lone surrogate escape (\\ud800-\\udfff without its pair): not Unicode text",
+                        file=str(file), field=bad_field(record), suggestion="write the character itself")
+
+
 def _decode_line(raw: bytes, file: Path, where: str) -> dict:
     try:
-        return _json_object(raw.decode("utf-8"), file, where, raw)
+        record = _json_object(raw.decode("utf-8"), file, where, raw)
+        if _ESCAPED_SURROGATE.search(raw) and bad_field(record):
+            raise lone_surrogate(file, where, record)
+        return record
     except UnicodeDecodeError:
         record = _json_object(raw.decode("utf-8", "surrogateescape"), file, where, raw)
         raise not_utf8(file, where, bad_field(record), raw) from None
@@ -227,6 +236,8 @@ class _JsonArray:
                                        file=str(self.file))
                 if _SURROGATE.search(text):
                     raise not_utf8(self.file, where, bad_field(value))
+                if _ESCAPED_SURROGATE.search(text.encode("utf-8")) and bad_field(value):
+                    raise lone_surrogate(self.file, where, value)
                 if select is None or index in select:
                     yield index, where, value
                 index += 1
