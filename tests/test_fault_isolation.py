@@ -256,7 +256,7 @@ def test_memory_quantity_of_the_wrong_type_names_plugin_and_quantity():
     with pytest.raises(PluginError) as e:
         fitplan.estimate(params="1B", registry=registry(MemoryNotANumber()))
     assert ("plugin 'MemoryNotANumber': quantity 'lookup_table_bytes' returned str '1000000000 bytes', "
-            "expected a number of bytes") in e.value.render()
+            "expected a finite number of bytes") in e.value.render()
 
 
 def test_reducer_returning_none_names_the_reducer_not_the_contributor():

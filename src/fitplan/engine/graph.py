@@ -19,6 +19,7 @@ step): no hook calls, no graph walks.
 from __future__ import annotations
 
 import heapq
+import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -114,11 +115,13 @@ class CompiledGraph:
             run(self.steps, v, applied, self._step_error)
         for name in self.memory:
             x = v[name]
-            if type(x) is not int and type(x) is not float and (isinstance(x, bool) or not isinstance(x, numbers.Real)):
+            if type(x) is int:
+                continue
+            if type(x) is not float and (isinstance(x, bool) or not isinstance(x, numbers.Real)) or not math.isfinite(x):
                 raise self._type_error(name, v)
         return v, applied
 
-    def _step_error(self, step: tuple, values: dict[str, Any], e: Exception) -> PluginError:
+    def _step_error(self, step: tuple, values: dict[str, Any], e: Exception) -> FitplanError:
         for m in self.memory:  # a wrong type upstream is the real fault, not the quantity that tripped on it
             if m in values and (isinstance(values[m], bool) or not isinstance(values[m], numbers.Real)):
                 return self._type_error(m, values)
@@ -140,7 +143,12 @@ class CompiledGraph:
                                field=name.removesuffix(".raw"), value=e.args[0])
         others = [x for x in (values.get(d) for d in node.deps)
                   if attrs.has(type(x)) and isinstance(getattr(x, "plugin", None), str) and x.plugin not in ("", node.plugin)]
-        blame = [node.plugin, *dict.fromkeys(x.plugin for x in others)]
+        blame = [p for p in (node.plugin, *dict.fromkeys(x.plugin for x in others)) if not p.startswith("fitplan.builtin.")]
+        if not blame:  # fitplan's own quantity on inputs it accepted: not a plugin to block
+            return FitplanError(f"fitplan cannot compute {what} for these inputs: {type(e).__name__}: {e}",
+                                field=name.removesuffix(".raw"), value=None,
+                                suggestion="an input outside what fitplan checks; please report it with the command "
+                                           "(FITPLAN_DEBUG=1 shows where)")
         return PluginError(f"plugin {node.plugin!r}: {what} raised {type(e).__name__}: {e}"
                            + "".join(f" (input {type(x).__name__} {x.name!r} from plugin {x.plugin!r})" for x in others),
                            field=name.removesuffix(".raw"), value=node.plugin,
@@ -151,12 +159,13 @@ class CompiledGraph:
         chain = self.chains.get(name, [name])
         for n in chain:
             x = values.get(n)
-            if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
                 node = self.nodes[n]
                 what = (f"reducer {self.reducers[n].name!r} on quantity {name!r}" if node.kind == "reducer"
                         else f"quantity {name!r}")
                 return PluginError(f"plugin {node.plugin!r}: {what} returned {type(x).__name__} {x!r:.60}, "
-                                   "expected a number of bytes", field=name, value=node.plugin)
+                                   "expected a finite number of bytes", field=name, value=node.plugin,
+                                   suggestion=f"block it with FITPLAN_BLOCK_PLUGINS={node.plugin}")
         return PluginError(f"quantity {name!r} is not a number: {values.get(name)!r:.60}", field=name)
 
     def to_dot(self) -> str:
