@@ -58,6 +58,10 @@ def not_utf8(file: str | Path, where: str, field: str | None, raw: bytes | None 
                         suggestion="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
+def _why(e: BaseException) -> str:
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)
+
+
 # --------------------------------------------------------------------------- lines
 
 
@@ -88,6 +92,9 @@ def _json_object(text: str, file: Path, where: str, raw: bytes) -> dict:
         record = json.loads(text)
     except json.JSONDecodeError as e:
         raise FitplanError(f"{where}: malformed JSON: {e.msg} (column {e.colno})", file=str(file),
+                           suggestion="each line must be one JSON object") from None
+    except (ValueError, RecursionError) as e:  # an integer of more than 4,300 digits, nesting beyond the stack
+        raise FitplanError(f"{where}: malformed JSON: {_why(e)}", file=str(file),
                            suggestion="each line must be one JSON object") from None
     if not isinstance(record, dict):
         raise FitplanError(f"{where}: expected a JSON object, got {type(record).__name__}", file=str(file),
@@ -216,6 +223,8 @@ class _JsonArray:
                 if len(self.buf) - self.pos < MAX_LINE and self._fill(f):
                     continue
                 raise self._error(e.msg) from None
+            except (ValueError, RecursionError) as e:
+                raise self._error(_why(e)) from None
             text = self.buf[self.pos:end]
             self.pos = end
             return value, text
