@@ -39,6 +39,7 @@ NO_CACHE_ENV = "FITPLAN_NO_CACHE"
 MAX_ENTRY = 64 * 2**20
 """The largest entry read (64 MiB; a ruleset snapshot is about 0.5 MB, a trace 15 KB)."""
 _WARNED: set[str] = set()
+_TRUSTED: set[Path] = set()
 
 
 def root() -> Path:
@@ -86,7 +87,10 @@ def load(kind: str, name: str, key: Any) -> Any | None:
 
 def trusted(d: Path) -> bool:
     """``d`` and the cache root, where they exist, are directories of this user that no one else can write
-    (a warning, once per folder, when one is not). Missing folders are trusted: :func:`store` creates them."""
+    (a warning, once per folder, when one is not). Missing folders are trusted: :func:`store` creates them.
+    A folder found trusted is not checked again in this process."""
+    if d in _TRUSTED:
+        return True
     for folder in {d, root()}:
         try:
             st = os.lstat(folder)
@@ -98,6 +102,8 @@ def trusted(d: Path) -> bool:
         if why:
             _warn(folder, why)
             return False
+    if d.exists():
+        _TRUSTED.add(d)
     return True
 
 

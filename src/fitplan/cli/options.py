@@ -198,13 +198,12 @@ def emit(kind: str, report: Any, fmt: str, out: str | None = None, units: str = 
     """Render ``report`` with format ``fmt`` and write it to ``out`` or stdout. ``also``: more files of the
     same command (:class:`fitplan.output.files.Batch`), committed together with ``out``: all or none."""
     from fitplan.output.console import options_for
-    from fitplan.output.files import Batch
     from fitplan.output.formats import RenderOptions
 
     f = registry().format(kind, fmt)
-    batch = Batch()
+    files = []
     if out is not None:
-        batch.add(out, f.render(kind, report, RenderOptions(units=units)).encode("utf-8"))
+        files.append((out, f.render(kind, report, RenderOptions(units=units)).encode("utf-8")))
     else:
         text = f.render(kind, report, options_for(sys.stdout, units))
         try:
@@ -214,6 +213,13 @@ def emit(kind: str, report: Any, fmt: str, out: str | None = None, units: str = 
             raise
         except OSError as e:  # a full disk, /dev/full: the CLI's exit status 1
             raise OSError(e.errno, e.strerror, "standard output") from None
+    if not files and not also:
+        return
+    from fitplan.output.files import Batch  # only when writing
+
+    batch = Batch()
+    for path, data in files:
+        batch.add(path, data)
     for more in also:
         batch.extend(more)
     for p in batch.commit():

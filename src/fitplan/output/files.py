@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -132,6 +131,8 @@ def _temporary(real: Path, data: bytes, shown: Path, field: str) -> str:
         mode = 0o666 & ~_umask()
     except OSError as e:
         raise _cannot(shown, e, field) from None
+    import tempfile  # only when writing (it imports random and hashlib: not on every command's start)
+
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
@@ -175,6 +176,8 @@ def _rename_all(temps: list[tuple[Path, str, Path, str]]) -> None:
 
 def _backup(real: Path) -> str:
     """A second name for ``real``'s current content (a hard link, or a copy where links are not supported)."""
+    import tempfile
+
     old = tempfile.mktemp(dir=real.parent, prefix=f".{real.name}.", suffix=".old")
     try:
         os.link(real, old)
