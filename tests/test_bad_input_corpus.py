@@ -651,3 +651,32 @@ def test_two_distributions_with_one_entry_point_name_are_both_named(fitplan_entr
     errors = _errors(entry_points=["same"])
     assert any("'same' is declared by distribution fitplan-" in e and "and again by fitplan-" in e
                and "fitplan-one" in e and "fitplan-two" in e for e in errors), errors
+
+
+def test_a_base_exception_while_a_quantity_is_evaluated_names_the_plugin():
+    import fitplan
+    from fitplan import PluginError, hookimpl, quantity
+    from fitplan.pluginmgr.registry import make_registry
+
+    class Stop(BaseException):
+        pass
+
+    class Stops:
+        @hookimpl
+        def fitplan_register_quantities(self, register):
+            @quantity("bytes", category="memory")
+            def lookup_table_bytes(param_count):
+                """Raises a BaseException of its own."""
+                raise Stop("no")
+
+            register(lookup_table_bytes)
+
+    with pytest.raises(PluginError, match="plugin 'Stops': quantity 'lookup_table_bytes' raised Stop: no"):
+        fitplan.estimate(params="1B", registry=make_registry(entry_points=False, extra_plugins=[("Stops", Stops())]))
+
+
+def test_a_dangling_link_among_learned_architecture_files_is_no_internal_error(tmp_path, capsys, monkeypatch):
+    (tmp_path / "gone.json").symlink_to(tmp_path / "nowhere.json")
+    monkeypatch.setenv("FITPLAN_ARCH_DIR", str(tmp_path))
+    code, _, err = run_in_process([*EST, "--max-seq-length", "1024"], capsys)
+    assert code == 0, err

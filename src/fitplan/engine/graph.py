@@ -107,7 +107,9 @@ class CompiledGraph:
                 v, applied = straight(inputs)
             except FitplanError:
                 raise
-            except (Exception, SystemExit):  # noqa: BLE001 - run again step by step, which names the plugin
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException:  # noqa: BLE001 - run again step by step, which names the plugin
                 straight = None
         if straight is None:
             v = dict(inputs)
