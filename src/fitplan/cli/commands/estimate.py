@@ -7,7 +7,6 @@ from typing import Any
 import click
 
 from fitplan.cli.options import emit, estimate_from, format_option, out_option, scenario_options
-from fitplan.errors import FitplanError
 
 
 def add(cli: click.Group) -> None:
