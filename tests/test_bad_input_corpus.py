@@ -680,3 +680,42 @@ def test_a_dangling_link_among_learned_architecture_files_is_no_internal_error(t
     monkeypatch.setenv("FITPLAN_ARCH_DIR", str(tmp_path))
     code, _, err = run_in_process([*EST, "--max-seq-length", "1024"], capsys)
     assert code == 0, err
+
+
+def test_learn_architecture_on_a_model_type_transformers_does_not_know(tmp_path):
+    """Was an internal error (transformers' ValueError listing every model type); a fresh process: torch."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_bytes(cfg(model_type="lama"))
+    proc = subprocess.run([sys.executable, "-m", "fitplan", "learn-architecture", str(tmp_path / "config.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "transformers has no model_type 'lama'" in proc.stderr and "'llama'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_builtin_failing_on_accepted_input_is_not_a_plugin_to_block():
+    """Bad input that slipped past the checks must not be blamed on a built-in the user cannot block."""
+    import fitplan
+    from fitplan import PluginError, hookimpl, quantity
+    from fitplan.errors import FitplanError
+    from fitplan.pluginmgr.registry import make_registry
+
+    class Divides:
+        @hookimpl
+        def fitplan_register_quantities(self, register):
+            @quantity("bytes", category="memory")
+            def lookup_table_bytes(param_count):
+                """Divides by zero on this input."""
+                return param_count // 0
+
+            register(lookup_table_bytes)
+
+    reg = make_registry(entry_points=False, extra_plugins=[("fitplan.builtin.lookup", Divides())])
+    with pytest.raises(FitplanError) as e:
+        fitplan.estimate(params="1B", registry=reg)
+    assert not isinstance(e.value, PluginError)
+    assert "fitplan cannot compute quantity 'lookup_table_bytes' for these inputs: ZeroDivisionError" in e.value.render()
+    assert "FITPLAN_BLOCK_PLUGINS" not in e.value.render()
