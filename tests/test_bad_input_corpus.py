@@ -719,3 +719,21 @@ def test_a_builtin_failing_on_accepted_input_is_not_a_plugin_to_block():
     assert not isinstance(e.value, PluginError)
     assert "fitplan cannot compute quantity 'lookup_table_bytes' for these inputs: ZeroDivisionError" in e.value.render()
     assert "FITPLAN_BLOCK_PLUGINS" not in e.value.render()
+
+
+def test_a_planted_pickle_cannot_use_a_class_a_fitplan_module_imported(tmp_path, monkeypatch):
+    """``fitplan.x.Popen`` (a module's ``from subprocess import Popen``) is not fitplan's class: refused."""
+    import pickle
+    import subprocess
+
+    from fitplan import diskcache
+
+    monkeypatch.setattr(diskcache, "Popen", subprocess.Popen, raising=False)
+    monkeypatch.setenv("FITPLAN_CACHE_DIR", str(tmp_path / "c"))
+    diskcache.store("traces", "x.pickle", "key", 1)
+    command = pickle.dumps(["touch", str(tmp_path / "pwned")], protocol=2)[2:-1]  # the list, without PROTO and STOP
+    blob = b"\x80\x02X\x03\x00\x00\x00key" + b"cfitplan.diskcache\nPopen\n" + command + b"\x85R\x86."
+    (tmp_path / "c" / "traces" / "x.pickle").write_bytes(blob)
+    assert diskcache.load("traces", "x.pickle", "key") is None
+    time.sleep(0.2)
+    assert not (tmp_path / "pwned").exists()

@@ -151,18 +151,21 @@ _SAFE_MODULES = ("pathlib", "collections", "datetime", "decimal", "fractions", "
 
 
 class _Unpickler(pickle.Unpickler):
-    """Builds classes of fitplan's own modules (attrs value classes, enums) and of :data:`_SAFE_MODULES`,
-    and a few built-in types; refuses everything else (functions such as ``os.system`` or ``eval``), so that
-    loading an entry cannot run code that is not a constructor of those classes."""
+    """Builds classes defined in fitplan's own modules (attrs value classes, enums) and in
+    :data:`_SAFE_MODULES`, and a few built-in types; refuses everything else: functions (``os.system``,
+    ``eval``) and classes a fitplan module merely imported (``subprocess.Popen``), so that loading an entry
+    cannot run code other than the constructors of those classes."""
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "builtins" and name in _SAFE_BUILTINS:
             return super().find_class(module, name)
         if module == "copyreg" and name == "_reconstructor":
             return super().find_class(module, name)
-        if module.split(".")[0] in ("fitplan", "fitplan_torch", *_SAFE_MODULES) and "." not in name:
+        roots = ("fitplan", *_SAFE_MODULES)
+        if module.split(".")[0] in roots and "." not in name:
             found = super().find_class(module, name)
-            if isinstance(found, type):
+            # a class defined there, not one a module imported (``from subprocess import Popen`` would run code)
+            if isinstance(found, type) and str(getattr(found, "__module__", "")).split(".")[0] in roots:
                 return found
         raise pickle.UnpicklingError(f"{module}.{name} is not a type fitplan keeps in its cache")
 
