@@ -737,3 +737,17 @@ def test_a_planted_pickle_cannot_use_a_class_a_fitplan_module_imported(tmp_path,
     assert diskcache.load("traces", "x.pickle", "key") is None
     time.sleep(0.2)
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_fifo_among_learned_architecture_files_hangs_nothing(tmp_path):
+    """A FIFO named like an architecture file in the user's folder: skipped, never opened (a fresh process
+    with a timeout, so that a regression fails instead of hanging the suite)."""
+    import subprocess
+    import sys
+
+    os.mkfifo(tmp_path / "llama.json")
+    os.mkfifo(tmp_path / "llama.graphs.json")
+    env = {**os.environ, "FITPLAN_ARCH_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "fitplan", *EST, "--max-seq-length", "1024"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
