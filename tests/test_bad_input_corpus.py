@@ -751,3 +751,23 @@ def test_a_fifo_among_learned_architecture_files_hangs_nothing(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fitplan", *EST, "--max-seq-length", "1024"], capture_output=True,
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_dataset_summary_cache_others_can_write_is_not_used(tmp_path, capsys, monkeypatch):
+    from fitplan import diskcache
+
+    monkeypatch.setenv("FITPLAN_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setattr(diskcache, "_WARNED", set())
+    monkeypatch.setattr(diskcache, "_TRUSTED", set())
+    _make(tmp_path, {"d.jsonl": b'{"text": "hi"}\n', **TOK})
+    argv = ["dataset", str(tmp_path / "d.jsonl"), "--tokenizer", str(tmp_path / "tok"), "--format", "json"]
+    assert run_in_process(argv, capsys)[0] == 0
+    assert len(list((tmp_path / "c" / "datasets").glob("*.toml"))) == 1
+    assert (tmp_path / "c" / "datasets").stat().st_mode & 0o777 == 0o700
+    (tmp_path / "c").chmod(0o777)
+    monkeypatch.setattr(diskcache, "_TRUSTED", set())
+    from fitplan.data import resolve
+
+    monkeypatch.setattr(resolve, "_MEMO", {})  # as a new process: the summary is looked up in the cache again
+    code, _, err = run_in_process(argv, capsys)
+    assert code == 0 and "can be written by others (mode 0777); the cache is not used" in err
