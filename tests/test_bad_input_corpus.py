@@ -771,3 +771,24 @@ def test_a_dataset_summary_cache_others_can_write_is_not_used(tmp_path, capsys, 
     monkeypatch.setattr(resolve, "_MEMO", {})  # as a new process: the summary is looked up in the cache again
     code, _, err = run_in_process(argv, capsys)
     assert code == 0 and "can be written by others (mode 0777); the cache is not used" in err
+
+
+def test_a_plugin_quantity_of_nan_of_any_kind_is_named():
+    """Not only memory: a third-party float that is NaN would reach the JSON writer (an internal error)."""
+    import fitplan
+    from fitplan import PluginError, hookimpl, quantity
+    from fitplan.pluginmgr.registry import make_registry
+
+    class NanSeconds:
+        @hookimpl
+        def fitplan_register_quantities(self, register):
+            @quantity("s")
+            def warmup_seconds(param_count):
+                """NaN seconds by mistake."""
+                return float("nan")
+
+            register(warmup_seconds)
+
+    reg = make_registry(entry_points=False, extra_plugins=[("NanSeconds", NanSeconds())])
+    with pytest.raises(PluginError, match="plugin 'NanSeconds': quantity 'warmup_seconds' returned float nan, expected a finite number"):
+        fitplan.estimate(params="1B", registry=reg)

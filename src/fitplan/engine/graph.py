@@ -60,6 +60,9 @@ class CompiledGraph:
     """Quantities of category ``memory``: checked to be numbers after every evaluation."""
     roles: dict[str, str] = attrs.Factory(dict)
     """Role (:data:`fitplan.engine.declarations.ROLES`) -> the quantity that holds it."""
+    foreign: tuple[str, ...] = ()
+    """Quantities of third-party plugins: a float among them must be finite (NaN or infinity would otherwise
+    reach a report and the JSON writer, which refuses them)."""
     _graph: Any = None
     _straight: Any = None
     """The steps as one generated function (:func:`fitplan.engine.interpreter.straight_line`), made once the
@@ -115,6 +118,12 @@ class CompiledGraph:
             v = dict(inputs)
             applied = {}
             run(self.steps, v, applied, self._step_error)
+        for name in self.foreign:
+            x = v.get(name)
+            if type(x) is float and not math.isfinite(x):
+                node = self.nodes[name]
+                raise PluginError(f"plugin {node.plugin!r}: quantity {name!r} returned float {x!r}, expected a finite number",
+                                  field=name, value=node.plugin, suggestion=f"block it with FITPLAN_BLOCK_PLUGINS={node.plugin}")
         for name in self.memory:
             x = v[name]
             if type(x) is int:
@@ -352,7 +361,8 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer], i
         raise GraphError(f"{len(problems)} problem(s) in the quantity graph", details=problems)
     steps = _steps(order, nodes, qs, reducer_by_node, ordered_chains)
     memory = tuple(sorted(n for n, q in qs.items() if q.category == "memory"))
-    return CompiledGraph(edges, nodes, steps, ordered_chains, qs, reducer_by_node, memory, roles)
+    foreign = tuple(sorted(n for n, q in qs.items() if not (q.plugin or "fitplan.builtin.").startswith("fitplan.builtin.")))
+    return CompiledGraph(edges, nodes, steps, ordered_chains, qs, reducer_by_node, memory, roles, foreign)
 
 
 def _steps(order: list[str], nodes: dict[str, Node], qs: dict[str, Quantity], reducer_by_node: dict[str, Reducer],
