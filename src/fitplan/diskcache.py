@@ -110,7 +110,9 @@ def trusted(d: Path) -> bool:
 def _untrusted(st: os.stat_result) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return "is not a directory"
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+    if not hasattr(os, "getuid"):  # Windows: no POSIX owner or mode bits (its ACLs are not read)
+        return None
+    if st.st_uid != os.getuid():
         return f"belongs to user id {st.st_uid}, not to you"
     if st.st_mode & 0o022:
         return f"can be written by others (mode {stat.S_IMODE(st.st_mode):04o})"
