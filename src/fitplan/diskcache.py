@@ -93,7 +93,7 @@ def trusted(d: Path) -> bool:
         return True
     for folder in {d, root()}:
         try:
-            st = os.lstat(folder)
+            st = os.stat(folder)  # a linked cache folder (~/.cache on another disk) is judged by its target
         except FileNotFoundError:
             continue
         except OSError:
