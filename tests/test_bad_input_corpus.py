@@ -190,6 +190,10 @@ RULESET_CASES = [
     ("rules-model-bad-config", b'[[model]]\nid = "m"\nsource = "s"\nconfig = { model_type = "llama", hidden_size = "x" }\n',
      "hidden_size"),
     ("rules-deep", b"x = " + b"[" * 3000 + b"]" * 3000 + b"\n", "nested"),
+    ("rules-tiny-tflops", GPU.format(tflops="1e-300").encode(), "must be at least 0.001"),
+    ("rules-tiny-bandwidth", GPU.format(tflops="100").replace("bandwidth_gbps = 1000", "bandwidth_gbps = 1e-300").encode(),
+     "bandwidth_gbps"),
+    ("rules-calibration-scale-huge", b'[[time_calibration]]\ngpu = "h100-sxm"\nscale = 1e9\n', "scale"),
 ]
 for cid, body, needle in RULESET_CASES:
     case(cid, {"r/x.toml": body}, ["estimate", "--model", "llama-2-7b", "--ruleset-dir", "{d}/r"], needle)
@@ -311,6 +315,48 @@ case("graph-out-onto-file", {"g": b"a file"}, ["graph", "--out", "{d}/g"], "g")
 case("explain-unknown", {}, ["explain", "peak_byte"], "peak_bytes")
 
 
+# ---- second pass (fitplan issue #30): output all-or-nothing, exit 70 on bad input, bounds on every channel
+REC = ["recommend", "--model", "llama-2-7b", "--gpus", "a100-80gb", "--providers", "lambda", "--objective", "gpus",
+       "--top", "1", "--methods", "lora", "--precisions", "bf16-mixed", "--optims", "adamw_torch", "--markets",
+       "on_demand", "--max-gpus", "1", "--max-nodes", "1", "--per-device-train-batch-size", "1"]  # a 3-plan search
+case("out-empty", {}, ["estimate", "--model", "llama-2-7b", "--out", ""], "is empty", "--out")
+case("out-trailing-slash", {}, ["estimate", "--model", "llama-2-7b", "--out", "{d}/report/"], "path separator")
+case("emit-failure-keeps-the-report", {"r.json": b"old report", "plan/accelerate_config.yaml": "dir"},
+     [*REC, "--format", "json", "--out", "{d}/r.json", "--emit", "all", "{d}/plan", "--force"], "is a directory")
+case("emit-second-folder-fails-first-not-made", {"p2/accelerate_config.yaml": "dir"},
+     [*REC, "--emit", "scenario", "{d}/p1", "--emit", "accelerate", "{d}/p2", "--force"], "accelerate_config.yaml")
+case("graph-out-second-file-fails", {"g/fitplan-graph.mmd": "dir"}, ["graph", "--out", "{d}/g"], "fitplan-graph.mmd")
+CALIBRATE = ["calibrate", "{d}/trainer_state.json", "--model", "llama-2-7b", "--gpu", "a100-80gb", "--precision",
+             "bf16-mixed", "--optim", "adamw_torch", "--out", "{d}/c.toml"]
+for cid, body, needle in [
+    ("calibrate-log-history-number", b'{"log_history": 5}', "log_history"),
+    ("calibrate-zero-step-time", b'{"log_history": [{"train_runtime": 1e-300, "step": 1e300}]}', "train_runtime / step"),
+    ("calibrate-batch-text", b'{"train_batch_size": "8", "log_history": [{"train_runtime": 10, "step": 10}]}',
+     "train_batch_size"),
+    ("calibrate-runtime-text", b'{"train_runtime": "x", "train_steps_per_second": 1}', "train_runtime"),
+    ("calibrate-scale-unusable", b'{"log_history": [{"train_runtime": 1e9, "step": 1}]}', "nothing written"),
+    ("calibrate-lone-surrogate", b'{"log_history": [{"train_runtime": 10, "step": 10, "note": "\\ud800"}]}',
+     "lone surrogate"),
+]:
+    case(cid, {"trainer_state.json": body}, CALIBRATE, needle)
+case("config-lone-surrogate", {"config.json": cfg(hidden_act="\ud800").replace(b"\\\\ud800", b"\\ud800")},
+     ["estimate", "--model", "{d}/config.json"], "lone surrogate", "$.hidden_act")
+case("ta-lone-surrogate", {"ta.json": b'{"optim": "adamw\\udc00"}'},
+     ["estimate", "--model", "llama-2-7b", "--training-args", "{d}/ta.json"], "lone surrogate", "$.optim")
+for cid, body, needles in [
+    ("dataset-lone-surrogate", b'{"text": "hi"}\n{"text": "a\\ud800"}\n', ("line 2: a lone surrogate", "@ text")),
+    ("dataset-huge-int", b'{"text": "hi", "n": ' + b"9" * 5000 + b"}\n", ("line 1: malformed JSON",)),
+    ("dataset-deep", b'{"text": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", ("line 1", "nested too deeply")),
+]:
+    case(cid, {"d.jsonl": body, **TOK}, DATASET, *needles)
+case("dataset-json-array-huge-int", {"d.json": b'[{"text": ' + b"9" * 5000 + b"}]", **TOK},
+     ["dataset", "{d}/d.json", "--tokenizer", "{d}/tok"], "malformed JSON")
+case("hub-revision-long", {}, ["estimate", "--model", "org/name@" + "a" * 300], "not a revision", "--model")
+case("hub-revision-dotdot", {}, ["estimate", "--model", "org/name@../../../etc"], "not a revision")
+case("hub-tokenizer-revision-long", {"d.jsonl": b'{"text": "hi"}\n'},
+     ["dataset", "{d}/d.jsonl", "--tokenizer", "org/name@" + "b" * 300], "not a revision", "--tokenizer")
+
+
 def _make(d: Path, files: dict) -> None:
     for name, body in files.items():
         p = d / name
@@ -357,3 +403,394 @@ def test_bad_input(tmp_path, capsys, cid, files, argv, needles):
     assert "\x1b[31m" not in err  # no terminal escape sequence from the input reaches the terminal
     assert _state(tmp_path) == before  # nothing written, nothing replaced
     assert elapsed < 10, elapsed
+
+
+# ---- second pass (issue #30): what a case table cannot say (valid input accepted, links and modes kept,
+# signals, the environment, the cache's trust, plugins)
+EST = ["estimate", "--model", "llama-2-7b", "--optim", "adamw_torch", "--precision", "bf16-mixed", "--format", "json"]
+
+
+def test_out_through_a_symlink_writes_the_target_and_keeps_its_mode(tmp_path, capsys):
+    target = tmp_path / "private.json"
+    target.write_bytes(b"old")
+    target.chmod(0o600)
+    (tmp_path / "link.json").symlink_to(target)
+    code, _, err = run_in_process([*EST, "--out", str(tmp_path / "link.json")], capsys)
+    assert code == 0, err
+    assert (tmp_path / "link.json").is_symlink() and os.readlink(tmp_path / "link.json") == str(target)
+    assert json.loads(target.read_bytes())["model"]["name"] == "llama-2-7b"
+    assert target.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "private.json"]  # no temporary left
+
+
+def test_a_new_report_gets_the_umask_mode(tmp_path, capsys):
+    old = os.umask(0o027)
+    try:
+        code, _, err = run_in_process([*EST, "--out", str(tmp_path / "r.json")], capsys)
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o640  # 0666 & ~0027
+
+
+def test_a_failed_rename_puts_back_the_files_already_replaced(tmp_path, monkeypatch):
+    from fitplan.output import files
+
+    (tmp_path / "a").write_bytes(b"old a")
+    real_replace = os.replace
+    calls = []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # the second file's rename fails (a full disk, a lost mount)
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", replace)
+    with pytest.raises(files.FitplanError, match="No space left"):
+        files.write_all([(tmp_path / "a", b"new a"), (tmp_path / "b", b"new b")])
+    assert (tmp_path / "a").read_bytes() == b"old a" and not (tmp_path / "b").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u202f"], ids=["nbsp", "narrow-nbsp"])
+def test_paths_with_unicode_spaces_are_read(tmp_path, capsys, space):
+    d = tmp_path / f"my{space}model"
+    d.mkdir()
+    (d / "config.json").write_bytes(cfg())
+    (d / "s.toml").write_text(f'[model]\nmodel = "{d / "config.json"}"\n', encoding="utf-8")
+    code, _, err = run_in_process(["estimate", str(d / "s.toml"), "--optim", "adamw_torch", "--precision", "bf16-mixed",
+                                   "--max-seq-length", "512", "--out", str(d / "r.json"), "--format", "json"], capsys)
+    assert code == 0, err
+    assert json.loads((d / "r.json").read_bytes())["model"]["name"] == f"my{space}model"
+
+
+def test_control_and_format_characters_are_still_refused():
+    from fitplan.inputs.scenario import printable
+
+    assert printable("a\u00a0b\u202fc d\u3000e")
+    assert not printable("a\u202eb")  # a right-to-left override
+    assert not printable("a\u2028b")  # a line separator
+    assert not printable("a\x1bb")
+
+
+@pytest.mark.parametrize("name,body", [("d.csv", b"\xef\xbb\xbftext\nhi\nhi hi\n"),
+                                       ("d.jsonl", b'\xef\xbb\xbf{"text": "hi"}\n{"text": "hi hi"}\n'),
+                                       ("d.json", b'\xef\xbb\xbf[{"text": "hi"}, {"text": "hi hi"}]')])
+def test_datasets_with_a_utf8_byte_order_mark_are_read(tmp_path, capsys, name, body):
+    _make(tmp_path, {name: body, **TOK})
+    code, out, err = run_in_process(["dataset", str(tmp_path / name), "--tokenizer", str(tmp_path / "tok"),
+                                     "--format", "json", "--no-cache"], capsys)
+    assert code == 0, err
+    assert '"examples": 2' in out.replace("\n", " ").replace("  ", " ") or json.loads(out)["examples"] == 2
+
+
+def test_a_line_longer_than_the_bound_is_an_error_not_a_read_to_its_end(tmp_path, capsys, monkeypatch):
+    from fitplan.data import readers
+
+    monkeypatch.setattr(readers, "MAX_LINE", 1000)
+    _make(tmp_path, {"d.jsonl": b'{"text": "hi"}\n{"text": "' + b"a" * 5000 + b'"}\n', **TOK})
+    code, _, err = run_in_process(["dataset", str(tmp_path / "d.jsonl"), "--tokenizer", str(tmp_path / "tok"),
+                                   "--no-cache"], capsys)
+    assert code == 2 and "line 2 is longer than 1,000 bytes" in err, err
+
+
+def test_ctrl_c_inside_a_command_exits_130(capsys, monkeypatch):
+    import signal
+
+    from fitplan.cli.commands import estimate
+
+    def interrupted(options):
+        os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, delivered inside the command
+        time.sleep(5)
+
+    monkeypatch.setattr(estimate, "estimate_from", interrupted)
+    code, _, err = run_in_process(EST, capsys)
+    assert code == 130 and "interrupted" in err, (code, err)
+
+
+def test_an_unwritable_stdout_exits_1_naming_it():
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "fitplan", *EST], stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "standard output: No space left on device" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_plugin_memory_quantity_of_nan_is_named():
+    import fitplan
+    from fitplan import PluginError, hookimpl, quantity
+    from fitplan.pluginmgr.registry import make_registry
+
+    class NanBytes:
+        @hookimpl
+        def fitplan_register_quantities(self, register):
+            @quantity("bytes", category="memory")
+            def lookup_table_bytes(param_count):
+                """NaN bytes by mistake."""
+                return float("nan")
+
+            register(lookup_table_bytes)
+
+    with pytest.raises(PluginError, match="plugin 'NanBytes': quantity 'lookup_table_bytes' returned float nan"):
+        fitplan.estimate(params="1B", registry=make_registry(entry_points=False, extra_plugins=[("NanBytes", NanBytes())]))
+
+
+# ---- the disk cache: special files, trust, no code from a planted entry
+def test_a_fifo_where_a_cache_entry_belongs_is_never_read(tmp_path, monkeypatch):
+    from fitplan import diskcache
+
+    monkeypatch.setenv("FITPLAN_CACHE_DIR", str(tmp_path / "c"))
+    diskcache.store("traces", "x.pickle", "key", [1, 2])
+    assert diskcache.load("traces", "x.pickle", "key") == [1, 2]
+    os.unlink(tmp_path / "c" / "traces" / "x.pickle")
+    os.mkfifo(tmp_path / "c" / "traces" / "x.pickle")
+    t0 = time.perf_counter()
+    assert diskcache.load("traces", "x.pickle", "key") is None
+    assert time.perf_counter() - t0 < 1
+
+
+def test_cache_folders_are_created_private(tmp_path, monkeypatch):
+    from fitplan import diskcache
+
+    monkeypatch.setenv("FITPLAN_CACHE_DIR", str(tmp_path / "a" / "b"))
+    diskcache.store("traces", "x.pickle", "key", 1)
+    for d in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "traces"):
+        assert d.stat().st_mode & 0o777 == 0o700, d
+
+
+def test_a_cache_folder_others_can_write_is_not_used(tmp_path, monkeypatch, capsys):
+    from fitplan import diskcache
+
+    monkeypatch.setenv("FITPLAN_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setattr(diskcache, "_WARNED", set())
+    diskcache.store("traces", "x.pickle", "key", 1)
+    (tmp_path / "c").chmod(0o777)
+    assert diskcache.load("traces", "x.pickle", "key") is None
+    assert "can be written by others (mode 0777)" in capsys.readouterr().err
+    diskcache.store("traces", "y.pickle", "key", 1)
+    assert not (tmp_path / "c" / "traces" / "y.pickle").exists()
+
+
+def test_a_planted_pickle_runs_no_code(tmp_path, monkeypatch):
+    import pickle
+
+    from fitplan import diskcache
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    monkeypatch.setenv("FITPLAN_CACHE_DIR", str(tmp_path / "c"))
+    diskcache.store("traces", "x.pickle", "key", 1)
+    (tmp_path / "c" / "traces" / "x.pickle").write_bytes(pickle.dumps(("key", Evil())))
+    assert diskcache.load("traces", "x.pickle", "key") is None
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_every_kept_entry_loads_through_the_allow_list(tmp_path):
+    """The allow-list holds every type the three kinds keep: after a command, each entry on disk loads."""
+    import io
+
+    from fitplan import diskcache
+
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FITPLAN_CACHE_DIR": str(tmp_path / "c")}  # a fresh process: nothing kept in memory
+    proc = subprocess.run([sys.executable, "-m", "fitplan", *EST, "--gpu", "a100-80gb", "--total-tokens", "1000000"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    entries = sorted((tmp_path / "c").rglob("*.pickle"))
+    assert {p.parent.name for p in entries} >= {"rulesets", "traces"}
+    for p in entries:
+        diskcache._Unpickler(io.BytesIO(p.read_bytes())).load()
+
+
+# ---- plugins: BaseException at import, printing at import, names that clash
+def _plugin(fitplan_entry_points, tmp_path, dist, eps: dict[str, str], modules: dict[str, str]):
+    src = tmp_path / f"src-{dist}"
+    src.mkdir()
+    for name, text in modules.items():
+        (src / f"{name}.py").write_text(text, encoding="utf-8")
+    return fitplan_entry_points(dist, eps, src=src)
+
+
+def _errors(**kw) -> list[str]:
+    from fitplan.pluginmgr.registry import make_registry
+
+    return [e.render() for e in make_registry(**kw).errors]
+
+
+def test_a_base_exception_at_a_plugins_import_is_its_error(fitplan_entry_points, tmp_path):
+    _plugin(fitplan_entry_points, tmp_path, "fitplan-boom", {"boom": "boom_plugin"},
+            {"boom_plugin": "class Boom(BaseException):\n    pass\n\nraise Boom('at import')\n"})
+    errors = _errors(entry_points=["boom"])
+    assert any("plugin 'boom' (boom_plugin) failed to load: Boom: at import" in e for e in errors), errors
+
+
+def test_a_plugin_printing_at_import_does_not_reach_stdout(fitplan_entry_points, tmp_path, capsys):
+    _plugin(fitplan_entry_points, tmp_path, "fitplan-noisy", {"noisy": "noisy_plugin"},
+            {"noisy_plugin": "print('hello from a plugin')\n"})
+    assert _errors(entry_points=["noisy"]) == []
+    out, err = capsys.readouterr()
+    assert out == "" and "hello from a plugin" in err
+
+
+def test_an_entry_point_named_like_a_builtin_is_refused(fitplan_entry_points, tmp_path):
+    _plugin(fitplan_entry_points, tmp_path, "fitplan-impostor", {"cost": "impostor_plugin"}, {"impostor_plugin": ""})
+    errors = _errors(entry_points=["cost"])
+    assert any("entry point 'cost' of distribution fitplan-impostor 0.0.0 has the name of a built-in plugin" in e
+               for e in errors), errors
+
+
+def test_two_distributions_with_one_entry_point_name_are_both_named(fitplan_entry_points, tmp_path):
+    _plugin(fitplan_entry_points, tmp_path, "fitplan-one", {"same": "same_one"}, {"same_one": ""})
+    _plugin(fitplan_entry_points, tmp_path, "fitplan-two", {"same": "same_two"}, {"same_two": ""})
+    errors = _errors(entry_points=["same"])
+    assert any("'same' is declared by distribution fitplan-" in e and "and again by fitplan-" in e
+               and "fitplan-one" in e and "fitplan-two" in e for e in errors), errors
+
+
+def test_a_base_exception_while_a_quantity_is_evaluated_names_the_plugin():
+    import fitplan
+    from fitplan import PluginError, hookimpl, quantity
+    from fitplan.pluginmgr.registry import make_registry
+
+    class Stop(BaseException):
+        pass
+
+    class Stops:
+        @hookimpl
+        def fitplan_register_quantities(self, register):
+            @quantity("bytes", category="memory")
+            def lookup_table_bytes(param_count):
+                """Raises a BaseException of its own."""
+                raise Stop("no")
+
+            register(lookup_table_bytes)
+
+    with pytest.raises(PluginError, match="plugin 'Stops': quantity 'lookup_table_bytes' raised Stop: no"):
+        fitplan.estimate(params="1B", registry=make_registry(entry_points=False, extra_plugins=[("Stops", Stops())]))
+
+
+def test_a_dangling_link_among_learned_architecture_files_is_no_internal_error(tmp_path, capsys, monkeypatch):
+    (tmp_path / "gone.json").symlink_to(tmp_path / "nowhere.json")
+    monkeypatch.setenv("FITPLAN_ARCH_DIR", str(tmp_path))
+    code, _, err = run_in_process([*EST, "--max-seq-length", "1024"], capsys)
+    assert code == 0, err
+
+
+def test_learn_architecture_on_a_model_type_transformers_does_not_know(tmp_path):
+    """Was an internal error (transformers' ValueError listing every model type); a fresh process: torch."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_bytes(cfg(model_type="lama"))
+    proc = subprocess.run([sys.executable, "-m", "fitplan", "learn-architecture", str(tmp_path / "config.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "transformers has no model_type 'lama'" in proc.stderr and "'llama'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_builtin_failing_on_accepted_input_is_not_a_plugin_to_block():
+    """Bad input that slipped past the checks must not be blamed on a built-in the user cannot block."""
+    import fitplan
+    from fitplan import PluginError, hookimpl, quantity
+    from fitplan.errors import FitplanError
+    from fitplan.pluginmgr.registry import make_registry
+
+    class Divides:
+        @hookimpl
+        def fitplan_register_quantities(self, register):
+            @quantity("bytes", category="memory")
+            def lookup_table_bytes(param_count):
+                """Divides by zero on this input."""
+                return param_count // 0
+
+            register(lookup_table_bytes)
+
+    reg = make_registry(entry_points=False, extra_plugins=[("fitplan.builtin.lookup", Divides())])
+    with pytest.raises(FitplanError) as e:
+        fitplan.estimate(params="1B", registry=reg)
+    assert not isinstance(e.value, PluginError)
+    assert "fitplan cannot compute quantity 'lookup_table_bytes' for these inputs: ZeroDivisionError" in e.value.render()
+    assert "FITPLAN_BLOCK_PLUGINS" not in e.value.render()
+
+
+def test_a_planted_pickle_cannot_use_a_class_a_fitplan_module_imported(tmp_path, monkeypatch):
+    """``fitplan.x.Popen`` (a module's ``from subprocess import Popen``) is not fitplan's class: refused."""
+    import pickle
+    import subprocess
+
+    from fitplan import diskcache
+
+    monkeypatch.setattr(diskcache, "Popen", subprocess.Popen, raising=False)
+    monkeypatch.setenv("FITPLAN_CACHE_DIR", str(tmp_path / "c"))
+    diskcache.store("traces", "x.pickle", "key", 1)
+    command = pickle.dumps(["touch", str(tmp_path / "pwned")], protocol=2)[2:-1]  # the list, without PROTO and STOP
+    blob = b"\x80\x02X\x03\x00\x00\x00key" + b"cfitplan.diskcache\nPopen\n" + command + b"\x85R\x86."
+    (tmp_path / "c" / "traces" / "x.pickle").write_bytes(blob)
+    assert diskcache.load("traces", "x.pickle", "key") is None
+    time.sleep(0.2)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_fifo_among_learned_architecture_files_hangs_nothing(tmp_path):
+    """A FIFO named like an architecture file in the user's folder: skipped, never opened (a fresh process
+    with a timeout, so that a regression fails instead of hanging the suite)."""
+    import subprocess
+    import sys
+
+    os.mkfifo(tmp_path / "llama.json")
+    os.mkfifo(tmp_path / "llama.graphs.json")
+    env = {**os.environ, "FITPLAN_ARCH_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "fitplan", *EST, "--max-seq-length", "1024"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_dataset_summary_cache_others_can_write_is_not_used(tmp_path, capsys, monkeypatch):
+    from fitplan import diskcache
+
+    monkeypatch.setenv("FITPLAN_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setattr(diskcache, "_WARNED", set())
+    monkeypatch.setattr(diskcache, "_TRUSTED", set())
+    _make(tmp_path, {"d.jsonl": b'{"text": "hi"}\n', **TOK})
+    argv = ["dataset", str(tmp_path / "d.jsonl"), "--tokenizer", str(tmp_path / "tok"), "--format", "json"]
+    assert run_in_process(argv, capsys)[0] == 0
+    assert len(list((tmp_path / "c" / "datasets").glob("*.toml"))) == 1
+    assert (tmp_path / "c" / "datasets").stat().st_mode & 0o777 == 0o700
+    (tmp_path / "c").chmod(0o777)
+    monkeypatch.setattr(diskcache, "_TRUSTED", set())
+    from fitplan.data import resolve
+
+    monkeypatch.setattr(resolve, "_MEMO", {})  # as a new process: the summary is looked up in the cache again
+    code, _, err = run_in_process(argv, capsys)
+    assert code == 0 and "can be written by others (mode 0777); the cache is not used" in err
+
+
+def test_a_plugin_quantity_of_nan_of_any_kind_is_named():
+    """Not only memory: a third-party float that is NaN would reach the JSON writer (an internal error)."""
+    import fitplan
+    from fitplan import PluginError, hookimpl, quantity
+    from fitplan.pluginmgr.registry import make_registry
+
+    class NanSeconds:
+        @hookimpl
+        def fitplan_register_quantities(self, register):
+            @quantity("s")
+            def warmup_seconds(param_count):
+                """NaN seconds by mistake."""
+                return float("nan")
+
+            register(warmup_seconds)
+
+    reg = make_registry(entry_points=False, extra_plugins=[("NanSeconds", NanSeconds())])
+    with pytest.raises(PluginError, match="plugin 'NanSeconds': quantity 'warmup_seconds' returned float nan, expected a finite number"):
+        fitplan.estimate(params="1B", registry=reg)

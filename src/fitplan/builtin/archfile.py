@@ -44,11 +44,27 @@ def user_dirs() -> list[Path]:
 
 
 def find(model_type: str) -> Path | None:
+    """The first regular file ``<model_type>.json`` of :func:`user_dirs` then the bundled folder (a folder
+    that cannot be read counts as empty)."""
     for d in (*user_dirs(), BUNDLED):
         p = d / f"{model_type}.json"
-        if p.is_file():
-            return p
+        try:
+            if p.is_file():
+                return p
+        except OSError:
+            continue
     return None
+
+
+def read_json(path: Path) -> Any:
+    """A learned file's JSON, read through the input boundary (a regular file of at most 64 MiB: a FIFO or a
+    device planted in the cache folder is refused, never read). :raises ValueError: unreadable or malformed."""
+    from fitplan.inputs.files import read_bytes
+
+    try:
+        return json.loads(read_bytes(path))
+    except FitplanError as e:
+        raise ValueError(e.message) from None
 
 
 SHARED_TABLES = ("autograd", "peft")
@@ -58,8 +74,10 @@ SHARED_TABLES = ("autograd", "peft")
 def known_model_types() -> list[str]:
     names = set()
     for d in (*user_dirs(), BUNDLED):
-        if d.is_dir():
+        try:
             names.update(p.stem for p in d.glob("*.json") if "." not in p.stem and p.stem not in SHARED_TABLES)
+        except OSError:
+            continue
     return sorted(names)
 
 
@@ -114,8 +132,8 @@ class ArchFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
+            data = read_json(path)
+        except (ValueError, RecursionError) as e:
             raise FitplanError(f"cannot read the architecture file: {e}", file=str(path)) from None
         if data.get("format") != FORMAT:
             raise FitplanError(f"architecture file format {data.get('format')!r} is not {FORMAT}", file=str(path),
@@ -144,8 +162,8 @@ class ArchFile:
         if self._graphs is None:
             gpath = self.path.with_name(self.path.stem + ".graphs.json")
             try:
-                self._graphs = json.loads(gpath.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as e:
+                self._graphs = read_json(gpath)
+            except (ValueError, RecursionError) as e:
                 raise FitplanError(f"cannot read the architecture's step graphs: {e}", file=str(gpath)) from None
         return self._graphs
 

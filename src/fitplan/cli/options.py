@@ -150,7 +150,7 @@ def format_option(kind: str, default: str = "table") -> Callable:
 
 
 def _check_out(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value:
+    if value is not None:
         from fitplan.output.files import check_target
 
         check_target(value)
@@ -197,16 +197,34 @@ def warn(text: str) -> None:
     console(err=True).print(f"[yellow]warning:[/] {escape(text)}", markup=True, highlight=False)
 
 
-def emit(kind: str, report: Any, fmt: str, out: str | None = None, units: str = "GB") -> None:
-    """Render ``report`` with format ``fmt`` and write it to ``out`` (atomically) or stdout."""
+def emit(kind: str, report: Any, fmt: str, out: str | None = None, units: str = "GB",
+         also: tuple[Any, ...] = ()) -> None:
+    """Render ``report`` with format ``fmt`` and write it to ``out`` or stdout. ``also``: more files of the
+    same command (:class:`fitplan.output.files.Batch`), committed together with ``out``: all or none."""
     from fitplan.output.console import options_for
     from fitplan.output.formats import RenderOptions
 
     f = registry().format(kind, fmt)
-    if out:
-        from fitplan.output.files import write_text
-
-        write_text(out, f.render(kind, report, RenderOptions(units=units)))
-        click.echo(f"wrote {out}", err=True)
+    files = []
+    if out is not None:
+        files.append((out, f.render(kind, report, RenderOptions(units=units)).encode("utf-8")))
+    else:
+        text = f.render(kind, report, options_for(sys.stdout, units))
+        try:
+            click.echo(text, nl=False)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:  # a full disk, /dev/full: the CLI's exit status 1
+            raise OSError(e.errno, e.strerror, "standard output") from None
+    if not files and not also:
         return
-    click.echo(f.render(kind, report, options_for(sys.stdout, units)), nl=False)
+    from fitplan.output.files import Batch  # only when writing
+
+    batch = Batch()
+    for path, data in files:
+        batch.add(path, data)
+    for more in also:
+        batch.extend(more)
+    for p in batch.commit():
+        click.echo(f"wrote {p}", err=True)

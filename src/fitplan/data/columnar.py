@@ -94,7 +94,7 @@ def table_count(file: Path, fmt: str) -> int:
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise FitplanError(f"cannot read the saved dataset's description: {e}", file=str(path), field="--dataset") from None
 
 

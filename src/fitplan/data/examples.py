@@ -111,7 +111,7 @@ class Renderer:
         if isinstance(tools, str):
             try:
                 tools = json.loads(tools)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise self._error(where, "field 'tools' is not JSON", "tools") from None
         template = self.tokenizer.template(tools)
         if template is None:

@@ -2,7 +2,8 @@
 comes from (``line 12``, ``row 5 (line 7)``).
 
 Files are read line by line (or, for a JSON array, a block at a time) from a binary stream, so memory stays
-bounded whatever the file's size. Bytes that are not UTF-8 are reported with the file, the line and the field
+bounded whatever the file's size: a line or an element over :data:`MAX_LINE` is an error. A UTF-8 byte-order
+mark at the start of a file is dropped (spreadsheets write one before a CSV's header). Bytes that are not UTF-8 are reported with the file, the line and the field
 that holds them. Parquet and Arrow are in :mod:`fitplan.data.columnar`; :mod:`fitplan.data.source` says which
 reader a path needs.
 """
@@ -20,7 +21,11 @@ from typing import Any
 from fitplan.errors import FitplanError
 
 CHUNK = 1 << 20
-_SURROGATE = re.compile("[\udc80-\udcff]")
+MAX_LINE = 64 << 20
+"""The longest line (JSON Lines, CSV) or JSON array element read (64 MiB): memory stays bounded by it whatever
+the file holds (a file of one endless line is an error naming the line, not a read to its end)."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 Located = tuple[int, str, dict]
 """A record with its index in the source (0-based) and where it is (``line 12``, ``row 5``)."""
 
@@ -53,6 +58,32 @@ def not_utf8(file: str | Path, where: str, field: str | None, raw: bytes | None 
                         suggestion="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
+def _why(e: BaseException) -> str:
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)
+
+
+# --------------------------------------------------------------------------- lines
+
+
+def lines(f, file: Path, first: int = 1) -> Iterator[bytes]:
+    """The lines of the binary stream ``f`` (``first``: the number of its first line), each at most
+    :data:`MAX_LINE` bytes, without the UTF-8 byte-order mark of a file's start.
+    :raises FitplanError: a longer line, naming it."""
+    at_start = f.tell() == 0
+    lineno = first
+    while True:
+        raw = f.readline(MAX_LINE + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE:
+            raise FitplanError(f"line {lineno} is longer than {MAX_LINE:,} bytes", file=str(file),
+                               suggestion="one record per line; split the file's records onto lines")
+        if at_start:
+            raw, at_start = raw.removeprefix(codecs.BOM_UTF8), False
+        yield raw
+        lineno += 1
+
+
 # --------------------------------------------------------------------------- JSON Lines
 
 
@@ -62,15 +93,26 @@ def _json_object(text: str, file: Path, where: str, raw: bytes) -> dict:
     except json.JSONDecodeError as e:
         raise FitplanError(f"{where}: malformed JSON: {e.msg} (column {e.colno})", file=str(file),
                            suggestion="each line must be one JSON object") from None
+    except (ValueError, RecursionError) as e:  # an integer of more than 4,300 digits, nesting beyond the stack
+        raise FitplanError(f"{where}: malformed JSON: {_why(e)}", file=str(file),
+                           suggestion="each line must be one JSON object") from None
     if not isinstance(record, dict):
         raise FitplanError(f"{where}: expected a JSON object, got {type(record).__name__}", file=str(file),
                            suggestion="each line must be one JSON object: {\"text\": ...}")
     return record
 
 
+def lone_surrogate(file: Path, where: str, record: Any) -> FitplanError:
+    return FitplanError(f"{where}: a lone surrogate escape (\\ud800-\\udfff without its pair): not Unicode text",
+                        file=str(file), field=bad_field(record), suggestion="write the character itself")
+
+
 def _decode_line(raw: bytes, file: Path, where: str) -> dict:
     try:
-        return _json_object(raw.decode("utf-8"), file, where, raw)
+        record = _json_object(raw.decode("utf-8"), file, where, raw)
+        if _ESCAPED_SURROGATE.search(raw) and bad_field(record):
+            raise lone_surrogate(file, where, record)
+        return record
     except UnicodeDecodeError:
         record = _json_object(raw.decode("utf-8", "surrogateescape"), file, where, raw)
         raise not_utf8(file, where, bad_field(record), raw) from None
@@ -99,7 +141,7 @@ def jsonl_records(file: Path, start: int = 0, end: int | None = None, select: An
     with open(file, "rb") as f:
         f.seek(start)
         pos = start
-        for lineno, raw in enumerate(f, base):
+        for lineno, raw in enumerate(lines(f, file, base), base):
             if end is not None and pos >= end:
                 break
             pos += len(raw)
@@ -112,7 +154,7 @@ def jsonl_records(file: Path, start: int = 0, end: int | None = None, select: An
 
 def jsonl_count(file: Path) -> int:
     with open(file, "rb") as f:
-        return sum(1 for raw in f if raw.strip())
+        return sum(1 for raw in lines(f, file) if raw.strip())
 
 
 def line_ranges(file: Path, size: int, parts: int) -> list[tuple[int, int]]:
@@ -121,7 +163,8 @@ def line_ranges(file: Path, size: int, parts: int) -> list[tuple[int, int]]:
     with open(file, "rb") as f:
         for i in range(1, parts):
             f.seek(max(cuts[-1], size * i // parts))
-            f.readline()
+            while (part := f.readline(CHUNK)) and not part.endswith(b"\n"):
+                pass  # to the next line start, a block at a time
             pos = f.tell()
             if pos >= size:
                 break
@@ -136,14 +179,13 @@ def line_ranges(file: Path, size: int, parts: int) -> list[tuple[int, int]]:
 
 class _JsonArray:
     """The elements of a top-level JSON array, decoded incrementally: the buffer holds one element and a
-    block at a time (an element over ``MAX_ELEMENT`` characters, or a malformed one, is an error)."""
+    block at a time (an element over :data:`MAX_LINE` characters, or a malformed one, is an error)."""
 
-    MAX_ELEMENT = 64 << 20
     _SPACE = re.compile(r"\s*")
 
     def __init__(self, file: Path) -> None:
         self.file, self.buf, self.pos, self.line, self.eof = file, "", 0, 1, False
-        self.decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+        self.decoder = codecs.getincrementaldecoder("utf-8-sig")("surrogateescape")
         self.raw = json.JSONDecoder()
 
     def _fill(self, f) -> bool:
@@ -178,9 +220,11 @@ class _JsonArray:
             try:
                 value, end = self.raw.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as e:
-                if len(self.buf) - self.pos < self.MAX_ELEMENT and self._fill(f):
+                if len(self.buf) - self.pos < MAX_LINE and self._fill(f):
                     continue
                 raise self._error(e.msg) from None
+            except (ValueError, RecursionError) as e:
+                raise self._error(_why(e)) from None
             text = self.buf[self.pos:end]
             self.pos = end
             return value, text
@@ -201,6 +245,8 @@ class _JsonArray:
                                        file=str(self.file))
                 if _SURROGATE.search(text):
                     raise not_utf8(self.file, where, bad_field(value))
+                if _ESCAPED_SURROGATE.search(text.encode("utf-8")) and bad_field(value):
+                    raise lone_surrogate(self.file, where, value)
                 if select is None or index in select:
                     yield index, where, value
                 index += 1
@@ -231,7 +277,7 @@ def is_json_array(file: Path) -> bool:
 
 
 def _csv_lines(f, file: Path, state: list[int]) -> Iterator[str]:
-    for raw in f:
+    for raw in lines(f, file):
         state[0] += 1
         try:
             yield raw.decode("utf-8")

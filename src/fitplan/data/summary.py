@@ -172,13 +172,18 @@ def _read_regular(path: Path) -> str | None:
 
 
 def cached(key: str) -> DatasetSummary | None:
-    """The cache entry for ``key`` if it is sound, else None."""
+    """The cache entry for ``key`` if it is sound (in a folder of this user no one else can write:
+    :func:`fitplan.diskcache.trusted`), else None."""
+    from fitplan.diskcache import trusted
+
+    if not trusted(cache_dir()):
+        return None
     text = _read_regular(cache_dir() / f"{key}.toml")
     if text is None:
         return None
     try:
         summary = check(tomllib.loads(text))
-    except (tomllib.TOMLDecodeError, ValueError, TypeError):
+    except (tomllib.TOMLDecodeError, ValueError, TypeError, RecursionError):
         return None
     return summary if summary.key == key else None
 
@@ -189,8 +194,12 @@ def store(summary: DatasetSummary) -> Path | None:
 
     directory = cache_dir()
     entry = directory / f"{summary.key}.toml"
+    from fitplan.diskcache import make_private, trusted
+
+    if not trusted(directory):
+        return None
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        make_private(directory)
         if entry.is_symlink() or entry.exists() and not entry.is_file():
             entry.unlink()  # a link, FIFO or device where the entry belongs: replaced
         return write_text(entry, summary.to_toml())

@@ -19,6 +19,7 @@ step): no hook calls, no graph walks.
 from __future__ import annotations
 
 import heapq
+import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -59,6 +60,9 @@ class CompiledGraph:
     """Quantities of category ``memory``: checked to be numbers after every evaluation."""
     roles: dict[str, str] = attrs.Factory(dict)
     """Role (:data:`fitplan.engine.declarations.ROLES`) -> the quantity that holds it."""
+    foreign: tuple[str, ...] = ()
+    """Quantities of third-party plugins: a float among them must be finite (NaN or infinity would otherwise
+    reach a report and the JSON writer, which refuses them)."""
     _graph: Any = None
     _straight: Any = None
     """The steps as one generated function (:func:`fitplan.engine.interpreter.straight_line`), made once the
@@ -106,19 +110,29 @@ class CompiledGraph:
                 v, applied = straight(inputs)
             except FitplanError:
                 raise
-            except (Exception, SystemExit):  # noqa: BLE001 - run again step by step, which names the plugin
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException:  # noqa: BLE001 - run again step by step, which names the plugin
                 straight = None
         if straight is None:
             v = dict(inputs)
             applied = {}
             run(self.steps, v, applied, self._step_error)
+        for name in self.foreign:
+            x = v.get(name)
+            if type(x) is float and not math.isfinite(x):
+                node = self.nodes[name]
+                raise PluginError(f"plugin {node.plugin!r}: quantity {name!r} returned float {x!r}, expected a finite number",
+                                  field=name, value=node.plugin, suggestion=f"block it with FITPLAN_BLOCK_PLUGINS={node.plugin}")
         for name in self.memory:
             x = v[name]
-            if type(x) is not int and type(x) is not float and (isinstance(x, bool) or not isinstance(x, numbers.Real)):
+            if type(x) is int:
+                continue
+            if type(x) is not float and (isinstance(x, bool) or not isinstance(x, numbers.Real)) or not math.isfinite(x):
                 raise self._type_error(name, v)
         return v, applied
 
-    def _step_error(self, step: tuple, values: dict[str, Any], e: Exception) -> PluginError:
+    def _step_error(self, step: tuple, values: dict[str, Any], e: Exception) -> FitplanError:
         for m in self.memory:  # a wrong type upstream is the real fault, not the quantity that tripped on it
             if m in values and (isinstance(values[m], bool) or not isinstance(values[m], numbers.Real)):
                 return self._type_error(m, values)
@@ -140,7 +154,12 @@ class CompiledGraph:
                                field=name.removesuffix(".raw"), value=e.args[0])
         others = [x for x in (values.get(d) for d in node.deps)
                   if attrs.has(type(x)) and isinstance(getattr(x, "plugin", None), str) and x.plugin not in ("", node.plugin)]
-        blame = [node.plugin, *dict.fromkeys(x.plugin for x in others)]
+        blame = [p for p in (node.plugin, *dict.fromkeys(x.plugin for x in others)) if not p.startswith("fitplan.builtin.")]
+        if not blame:  # fitplan's own quantity on inputs it accepted: not a plugin to block
+            return FitplanError(f"fitplan cannot compute {what} for these inputs: {type(e).__name__}: {e}",
+                                field=name.removesuffix(".raw"), value=None,
+                                suggestion="an input outside what fitplan checks; please report it with the command "
+                                           "(FITPLAN_DEBUG=1 shows where)")
         return PluginError(f"plugin {node.plugin!r}: {what} raised {type(e).__name__}: {e}"
                            + "".join(f" (input {type(x).__name__} {x.name!r} from plugin {x.plugin!r})" for x in others),
                            field=name.removesuffix(".raw"), value=node.plugin,
@@ -151,12 +170,13 @@ class CompiledGraph:
         chain = self.chains.get(name, [name])
         for n in chain:
             x = values.get(n)
-            if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
                 node = self.nodes[n]
                 what = (f"reducer {self.reducers[n].name!r} on quantity {name!r}" if node.kind == "reducer"
                         else f"quantity {name!r}")
                 return PluginError(f"plugin {node.plugin!r}: {what} returned {type(x).__name__} {x!r:.60}, "
-                                   "expected a number of bytes", field=name, value=node.plugin)
+                                   "expected a finite number of bytes", field=name, value=node.plugin,
+                                   suggestion=f"block it with FITPLAN_BLOCK_PLUGINS={node.plugin}")
         return PluginError(f"quantity {name!r} is not a number: {values.get(name)!r:.60}", field=name)
 
     def to_dot(self) -> str:
@@ -341,7 +361,8 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer], i
         raise GraphError(f"{len(problems)} problem(s) in the quantity graph", details=problems)
     steps = _steps(order, nodes, qs, reducer_by_node, ordered_chains)
     memory = tuple(sorted(n for n, q in qs.items() if q.category == "memory"))
-    return CompiledGraph(edges, nodes, steps, ordered_chains, qs, reducer_by_node, memory, roles)
+    foreign = tuple(sorted(n for n, q in qs.items() if not (q.plugin or "fitplan.builtin.").startswith("fitplan.builtin.")))
+    return CompiledGraph(edges, nodes, steps, ordered_chains, qs, reducer_by_node, memory, roles, foreign)
 
 
 def _steps(order: list[str], nodes: dict[str, Node], qs: dict[str, Quantity], reducer_by_node: dict[str, Reducer],

@@ -58,8 +58,8 @@ def run(steps: Iterable[tuple], v: dict[str, Any], applied: dict[str, bool] | No
                 v[step[1]] = v[step[2]]
     except FitplanError:
         raise
-    except (Exception, SystemExit) as e:  # noqa: BLE001 - the caller names the plugin and the quantity
-        if fail is None:
+    except BaseException as e:  # noqa: BLE001 - the caller names the plugin and the quantity
+        if fail is None or isinstance(e, (KeyboardInterrupt, GeneratorExit)):  # Ctrl-C stops fitplan
             raise
         raise fail(step, v, e) from e
 

@@ -98,7 +98,29 @@ def loads_json(text: str, *, file: str | None = None, field: str | None = None) 
     except (ValueError, RecursionError) as e:
         raise FitplanError(f"malformed JSON: {_why(e)}", file=file, field=field) from None
     check_depth(data, file=file, field=field)
+    if _ESCAPED_SURROGATE.search(text):
+        check_surrogates(data, file=file)
     return data
+
+
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_surrogates(data: Any, *, file: str | None = None, path: str = "$") -> None:
+    """:raises FitplanError: a string or key of ``data`` holds a lone surrogate (JSON's ``"\\ud800"`` escape
+    without its pair: no Unicode character, which no output can encode), naming its ``$.path``."""
+    if isinstance(data, str):
+        if _LONE_SURROGATE.search(data):
+            raise FitplanError("a string holds a lone surrogate escape (\\ud800-\\udfff without its pair): not "
+                               "Unicode text", file=file, field=path, suggestion="write the character itself")
+    elif isinstance(data, dict):
+        for k, v in data.items():
+            check_surrogates(k, file=file, path=path)
+            check_surrogates(v, file=file, path=f"{path}.{k}")
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            check_surrogates(v, file=file, path=f"{path}[{i}]")
 
 
 def read_json(path: str | Path, *, field: str | None = None) -> Any:

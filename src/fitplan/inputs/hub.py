@@ -18,6 +18,17 @@ from fitplan.errors import FitplanError
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 """``ORG/NAME`` as the Hub allows them."""
+REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+"""A branch, a tag (``refs/pr/1``) or a commit hash: at most 200 characters, no ``..`` (the revision becomes
+a path in the cache: ``refs/<revision>``, ``snapshots/<commit>``)."""
+
+
+def check_revision(revision: str, field: str) -> None:
+    """:raises FitplanError: ``revision`` is no branch, tag or commit name (too long, ``..``, odd characters)."""
+    if not REVISION.match(revision) or ".." in revision or revision.endswith("/"):
+        raise FitplanError(f"{revision!r:.80} is not a revision (a branch, tag or commit: at most 200 letters, digits, "
+                           "'.', '_', '-', '/'; no '..')", field=field, value=revision[:80],
+                           suggestion="e.g. ORG/NAME@main or ORG/NAME@<commit hash>")
 
 
 def split_revision(text: str) -> tuple[str, str]:
@@ -47,13 +58,18 @@ def offline() -> bool:
 def find_file(repo_id: str, filename: str, revision: str = "main") -> Path | None:
     """The cached ``filename`` of model repository ``repo_id`` at ``revision`` (a branch, a tag or a commit
     hash), or None when it is not in the cache."""
+    if not REVISION.match(revision) or ".." in revision:
+        return None
     folder = cache_dir() / ("models--" + repo_id.replace("/", "--"))
     commit = revision
     ref = folder / "refs" / revision
-    if ref.is_file():
-        commit = ref.read_text(encoding="ascii", errors="replace").strip()
-    path = folder / "snapshots" / commit / filename
-    return path if path.is_file() else None
+    try:
+        if ref.is_file():
+            commit = ref.read_bytes()[:256].decode("ascii", errors="replace").strip()
+        path = folder / "snapshots" / commit / filename
+        return path if REVISION.match(commit) and ".." not in commit and path.is_file() else None
+    except OSError:  # an unreadable cache: as if the file were not in it
+        return None
 
 
 def fetch_file(repo_id: str, filename: str, revision: str = "main", *, field: str = "--model") -> Path:
@@ -63,6 +79,7 @@ def fetch_file(repo_id: str, filename: str, revision: str = "main", *, field: st
     :raises FitplanError: not cached and offline, ``huggingface_hub`` missing, or the download failed (a
         private or gated repository without ``HF_TOKEN``, an unknown id or revision), naming the id.
     """
+    check_revision(revision, field)
     found = find_file(repo_id, filename, revision)
     if found is not None:
         return found

@@ -64,10 +64,26 @@ def _number(value: Any, p: Path, field: str) -> float:
     return float(value)
 
 
+def _ratio(a: float, b: float, p: Path, field: str) -> float:
+    """``a / b`` of two logged numbers, which must be a finite number > 0 (a run of 1e-300 s is no run)."""
+    value = a / b
+    if not (math.isfinite(value) and value > 0):
+        raise FitplanError(f"{field} gives {value!r}, not a speed: the logged numbers are out of range",
+                           file=str(p), field=field, value=value)
+    return value
+
+
 def _hf(data: Any, p: Path) -> RunMeasurement:
     if not isinstance(data, dict):
         raise FitplanError("expected a JSON object (trainer_state.json or train_results.json)", file=str(p))
+    batch = data.get("train_batch_size")
+    if batch is not None and (type(batch) is not int or not 0 < batch <= 2**20):
+        raise FitplanError(f"train_batch_size must be an integer from 1 to 2^20, got {batch!r:.60}", file=str(p),
+                           field="train_batch_size", value=batch)
     if "log_history" in data:  # trainer_state.json
+        if not isinstance(data["log_history"], list):
+            raise FitplanError(f"log_history must be a list of log entries, got {type(data['log_history']).__name__}",
+                               file=str(p), field="log_history")
         final = [e for e in data["log_history"] if isinstance(e, dict) and "train_runtime" in e]
         if not final:
             raise FitplanError("no final training entry (with train_runtime) in log_history: did the run finish?",
@@ -75,22 +91,22 @@ def _hf(data: Any, p: Path) -> RunMeasurement:
                                suggestion="use the trainer_state.json written at the end of training")
         entry = final[-1]
         runtime = _number(entry["train_runtime"], p, "log_history[].train_runtime")
-        batch = data.get("train_batch_size")
         tokens = entry.get("num_input_tokens_seen", data.get("num_input_tokens_seen"))
         if tokens:
             tokens = _number(tokens, p, "num_input_tokens_seen")
             return RunMeasurement("hf_trainer", f"{p.name}: {tokens:,.0f} input tokens in train_runtime {runtime:,.1f} s",
-                                  tokens_per_second=tokens / runtime, per_device_batch=batch)
+                                  tokens_per_second=_ratio(tokens, runtime, p, "num_input_tokens_seen / train_runtime"), per_device_batch=batch)
         steps = _number(entry.get("step", data.get("global_step")), p, "log_history[].step")
         return RunMeasurement("hf_trainer", f"{p.name}: {steps:,.0f} optimizer steps in train_runtime {runtime:,.1f} s",
-                              seconds_per_step=runtime / steps, per_device_batch=batch)
+                              seconds_per_step=_ratio(runtime, steps, p, "train_runtime / step"), per_device_batch=batch)
     if "train_runtime" in data:  # train_results.json / all_results.json
         if "train_steps_per_second" not in data:
             raise FitplanError("train_results.json without train_steps_per_second: no step count to measure",
                                file=str(p), field="train_steps_per_second", suggestion="use trainer_state.json")
         sps = _number(data["train_steps_per_second"], p, "train_steps_per_second")
+        runtime = _number(data["train_runtime"], p, "train_runtime")
         return RunMeasurement("hf_trainer", f"{p.name}: train_steps_per_second {sps:g} (train_runtime "
-                              f"{data['train_runtime']:,.1f} s)", seconds_per_step=1 / sps)
+                              f"{runtime:,.1f} s)", seconds_per_step=_ratio(1, sps, p, "train_steps_per_second"))
     raise FitplanError("not an HF Trainer file: neither log_history (trainer_state.json) nor train_runtime "
                        "(train_results.json)", file=str(p))
 

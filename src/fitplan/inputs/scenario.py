@@ -9,6 +9,7 @@ quantity functions draw their inputs from. Names follow the Hugging Face vocabul
 from __future__ import annotations
 
 import math
+import unicodedata
 
 from typing import Any
 
@@ -86,12 +87,18 @@ def _probability(inst: Any, att: attrs.Attribute, value: Any) -> None:
         raise _number_error(inst, att, value, "a probability in [0, 1)")
 
 
+def printable(text: str) -> bool:
+    """No control or format character (terminal escapes, bidirectional overrides, line separators); spaces of
+    any kind are fine (U+00A0 and U+202F are common in macOS file names, which ``str.isprintable`` refuses)."""
+    return text.isprintable() or all(c.isprintable() or unicodedata.category(c) == "Zs" for c in text)
+
+
 def _text(inst: Any, att: attrs.Attribute, value: Any) -> None:
     """A text of at most :data:`TEXT_LIMITS` characters, with no control character (None: not given)."""
     if value is None:
         return
     limit = TEXT_LIMITS.get(att.name, TEXT_LIMIT)
-    if not isinstance(value, str) or len(value) > limit or not value.isprintable():
+    if not isinstance(value, str) or len(value) > limit or not printable(value):
         what = f"a text of at most {limit:,} printable characters"
         raise FitplanError(f"{type(inst).__name__}.{att.name} must be {what}, got {value!r:.60}"
                            + (f" ({len(value):,} characters)" if isinstance(value, str) and len(value) > limit else ""),
@@ -101,7 +108,7 @@ def _text(inst: Any, att: attrs.Attribute, value: Any) -> None:
 def _module_names(inst: Any, att: attrs.Attribute, value: Any) -> None:
     """LoRA target modules: 1 to 256 names of at most 256 printable characters."""
     if not isinstance(value, tuple) or not 1 <= len(value) <= 256 or not all(
-            isinstance(v, str) and 0 < len(v) <= 256 and v.isprintable() for v in value):
+            isinstance(v, str) and 0 < len(v) <= 256 and printable(v) for v in value):
         raise _number_error(inst, att, value, "1 to 256 module names (or all-linear)")
 
 

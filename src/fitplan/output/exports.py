@@ -266,17 +266,21 @@ def render_exports(kind: str, s: sc.Scenario) -> tuple[list[tuple[str, str]], li
     return files, notes
 
 
-def write_exports(directory: str | Path, files: list[tuple[str, str]]) -> list[Path]:
-    """Write rendered export files into ``directory`` (created if needed), each file whole or not at all."""
-    from fitplan.errors import FitplanError
-    from fitplan.output.files import write_text
+def exports_batch(directory: str | Path, files: list[tuple[str, str]], batch=None):
+    """Add rendered export files (and their folder, created if needed) to a
+    :class:`~fitplan.output.files.Batch`, written with the command's other files: all or none."""
+    from fitplan.output.files import Batch
 
-    d = Path(directory)
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise FitplanError(f"cannot create the directory: {e.strerror or e}", file=str(d), field="--emit") from None
-    return [write_text(d / name, text) for name, text in files]
+    batch = batch if batch is not None else Batch()
+    d = batch.folder(directory, "--emit")
+    for name, text in files:
+        batch.add(d / name, text.encode("utf-8"), "--emit")
+    return batch
+
+
+def write_exports(directory: str | Path, files: list[tuple[str, str]]) -> list[Path]:
+    """Write rendered export files into ``directory`` (created if needed): all of them whole, or none."""
+    return exports_batch(directory, files).commit()
 
 
 def emit(kind: str, s: sc.Scenario, directory: str | Path) -> tuple[list[Path], list[str]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import numbers
 import os
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -61,8 +62,15 @@ The cost, the seed's assumptions and the derived condition names can be blocked;
 both lists."""
 ENTRY_POINT_GROUP = discovery.GROUP
 BLOCK_ENV = "FITPLAN_BLOCK_PLUGINS"
-_STOPS = (Exception, SystemExit)
-"""What a plugin may raise without stopping fitplan (KeyboardInterrupt does stop it)."""
+_STOPS = BaseException
+"""What a plugin may raise without stopping fitplan: anything (``SystemExit``, a ``BaseException`` subclass of
+its own) but ``KeyboardInterrupt``, which :func:`_interrupt` raises again so that Ctrl-C stops fitplan."""
+
+
+def _interrupt(e: BaseException) -> None:
+    """Ctrl-C (and ``GeneratorExit``) go on; anything else a plugin raises is recorded as its error."""
+    if isinstance(e, (KeyboardInterrupt, GeneratorExit)):
+        raise e
 
 
 def blocked_from_env() -> frozenset[str]:
@@ -109,6 +117,7 @@ class Registry:
                 self.add_error(e)
                 continue
             except _STOPS as e:  # isolate third-party failures
+                _interrupt(e)
                 self.add_error(_raised(name, e, hook_name))
                 continue
             yield name, result
@@ -138,6 +147,7 @@ class Registry:
                 try:
                     out = impl.function(*[{"register": register}[a] for a in impl.argnames])
                 except _STOPS as e:
+                    _interrupt(e)
                     self.add_error(_raised(plugin, e, hook))
                     continue
                 if out is not None:
@@ -233,6 +243,7 @@ class Registry:
             try:
                 impl.function(*[{"cli": mine}[a] for a in impl.argnames])
             except _STOPS as e:
+                _interrupt(e)
                 self.add_error(_raised(plugin, e, "fitplan_register_commands"))
                 continue
             deferred = getattr(mine, "deferred", {})
@@ -366,6 +377,7 @@ def make_registry(*, blocked: Iterable[str] | None = None, entry_points: bool | 
             try:
                 pm.register(plugin, name=name)
             except _STOPS as e:
+                _interrupt(e)
                 reg.add_error(PluginError(f"plugin {name!r} failed to register: {e}", value=name,
                                           suggestion=f"block it with {BLOCK_ENV}={name}"))
     for error in _unknown_hooks(pm):
@@ -391,27 +403,49 @@ def _block_problems(reg: Registry, blocked: frozenset[str], extra_plugins: Itera
 
 
 def _load_entry_points(reg: Registry, wanted: set[str] | None, known: set[str]) -> None:
+    """Import every wanted entry point (its stdout goes to stderr while it imports, so that a plugin printing
+    at import cannot corrupt ``--format json``). An entry point named like a built-in plugin, or declared by
+    two distributions, is not loaded: an error names the distributions."""
+    import contextlib
+
     pm = reg.pm
-    found: set[str] = set()
+    found: dict[str, discovery.EntryPoint] = {}
+    builtin = set(BUILTIN_PLUGINS) | {m.rsplit(".", 1)[1] for m in BUILTIN_PLUGINS}
     for ep in discovery.entry_points():
         if wanted is not None and ep.name not in wanted:
             continue
-        found.add(ep.name)
+        if ep.name in builtin:
+            reg.add_error(PluginError(f"the {ENTRY_POINT_GROUP!r} entry point {ep.name!r} of distribution {_dist(ep)} has "
+                                      "the name of a built-in plugin; it is not loaded", value=ep.name,
+                                      suggestion="rename the entry point in the distribution's metadata"))
+            continue
+        if ep.name in found:
+            reg.add_error(PluginError(f"the {ENTRY_POINT_GROUP!r} entry point {ep.name!r} is declared by distribution "
+                                      f"{_dist(found[ep.name])} and again by {_dist(ep)}; only the first is loaded",
+                                      value=ep.name, suggestion="uninstall one of them (pip uninstall NAME)"))
+            continue
+        found[ep.name] = ep
         if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
             continue
         try:
-            plugin = ep.load()
+            with contextlib.redirect_stdout(sys.stderr):
+                plugin = ep.load()
             pm.register(plugin, name=ep.name)
         except _STOPS as e:  # a broken third-party plugin must not take the rest down
+            _interrupt(e)
             what = f"exited (sys.exit({e.code!r}))" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
             reg.add_error(PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {what}",
                                       value=ep.name, suggestion=f"block it with {BLOCK_ENV}={ep.name}"))
             continue
         if ep.dist_name:
             reg.distributions[ep.name] = (ep.dist_name, ep.dist_version)
-    for name in sorted((wanted or set()) - found):
+    for name in sorted((wanted or set()) - set(found)):
         reg.add_error(PluginError(f"no installed distribution declares a {ENTRY_POINT_GROUP!r} entry point named {name!r}",
                                   value=name, suggestion="pip install the plugin's distribution (pip install -e path/to/it)"))
+
+
+def _dist(ep: "discovery.EntryPoint") -> str:
+    return f"{ep.dist_name or '?'} {ep.dist_version}".strip() if ep.dist_name else f"({ep.value})"
 
 
 _BUILD_HINT = {

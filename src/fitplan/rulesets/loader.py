@@ -98,6 +98,17 @@ def ruleset_files(directory: Path) -> list[Path]:
     return files
 
 
+def check_text(data: bytes, name: str = "ruleset.toml") -> list[str]:
+    """The problems ``fitplan rulesets check`` finds in ruleset file bytes ``data`` (checked before a command
+    writes them, so that fitplan never writes a file it would then refuse)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        probe = Path(d) / name
+        probe.write_bytes(data)
+        return [e.replace(str(probe), name) for e in check_paths([probe])]
+
+
 def check_paths(paths: Iterable[str | Path]) -> list[str]:
     """Validate ruleset files or directories; return every error at once (empty when all is well)."""
     errors: list[str] = []

@@ -30,6 +30,15 @@ MAXIMA: dict[str, float] = {
 }
 """The largest value of a ruleset number that makes physical sense (16 TiB of GPU memory, $100,000 an hour,
 a million TFLOPS): beyond it a value is a typo (a missing decimal point, bytes written as bits)."""
+MINIMA: dict[str, float] = {
+    "bandwidth_gbps": 1e-3, "interconnect_gbps": 1e-3, "inter_node_gbps": 1e-3, "network_gbps": 1e-3,
+    "peak_tflops": 1e-3, "tokens_per_second_per_gpu": 1e-3, "tokens_per_second": 1e-3, "mfu": 1e-4, "scale": 1e-3,
+    "measured_tokens_per_second_per_gpu": 1e-3, "predicted_tokens_per_second_per_gpu": 1e-3,
+}
+"""The smallest non-zero value of a rate (a megabyte a second, a gigaflop, a thousandth of a token a second, an
+MFU of 0.01 %, a calibration a thousand times faster): a time is a size over a rate, so a rate near zero would
+give an infinite time (1e-300 GB/s is a typo, never a GPU). Zero stays allowed where the field allows it."""
+MAXIMA["scale"] = 1e3
 ID = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,127}$")
 """Ids of GPUs, providers, models, rows and rules: lowercase, as ``--gpu`` / ``--model`` / ``--provider`` look
 them up (an uppercase id could never be selected)."""
@@ -43,6 +52,11 @@ def _check_number(inst: Any, att: attrs.Attribute, value: Any, positive: bool) -
         raise FitplanError(f"{where} must be a finite number, got {value!r}", field=att.name, value=value)
     if value <= 0 if positive else value < 0:
         raise FitplanError(f"{where} must be {'> 0' if positive else '>= 0'}, got {value!r}", field=att.name, value=value)
+    low = MINIMA.get(att.name)
+    if low is not None and 0 < value < low:
+        raise FitplanError(f"{where} must be 0 or at least {low:g}, got {value!r}" if not positive else
+                           f"{where} must be at least {low:g}, got {value!r}", field=att.name, value=value,
+                           suggestion="check the unit")
     limit = MAXIMA.get(att.name)
     if limit is not None and value > limit:
         raise FitplanError(f"{type(inst).__name__}.{att.name} must be at most {limit:,g}, got {value!r}", field=att.name,

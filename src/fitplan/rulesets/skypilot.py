@@ -322,7 +322,7 @@ def import_to_file(csv_file: str | Path, out: str | Path, *, provider: str | Non
     from fitplan.errors import FitplanError
     from fitplan.inputs.convert import CONVERTER, error_lines
     from fitplan.output.files import write_bytes
-    from fitplan.rulesets.loader import check_paths
+    from fitplan.rulesets.loader import check_text
     from fitplan.rulesets.schema import RulesetFile
 
     path = Path(csv_file)
@@ -344,12 +344,7 @@ def import_to_file(csv_file: str | Path, out: str | Path, *, provider: str | Non
                            details=error_lines(e)) from None
     text = (f"# Pricing ruleset imported from the SkyPilot catalog {path.name} by `fitplan rulesets import-skypilot`.\n"
             .encode() + tomli_w.dumps(result.data).encode())
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:  # check the exact bytes before they replace anything
-        probe = Path(d) / "probe.toml"
-        probe.write_bytes(text)
-        problems = check_paths([probe])
+    problems = check_text(text)  # the exact bytes, before they replace anything
     if problems:
         raise FitplanError("the converted ruleset does not pass `fitplan rulesets check`; nothing written",
                            details=problems)

@@ -8,6 +8,7 @@ the model and the method wins over one that names only the GPU. The estimate say
 from __future__ import annotations
 
 import json
+import math
 
 from fitplan.engine.declarations import quantity
 from fitplan.errors import FitplanError
@@ -75,6 +76,10 @@ def calibration_row(est, measurement, date: str) -> dict:
         measured = measurement.tokens_per_second / world
     else:
         measured = measurement.tokens_per_second_per_gpu
+    if not (math.isfinite(measured) and measured > 0 and math.isfinite(predicted / measured) and predicted / measured > 0):
+        raise FitplanError(f"the log gives {measured!r} tokens per second per GPU, which makes no calibration "
+                           f"(the model gives {predicted:,.0f})", field="RUN_LOG", value=measured,
+                           suggestion="check the log's runtime, steps and tokens")
     return {"gpu": v["gpu_spec"].id, "model": s.model.model or "", "method": s.model.method, "scale": predicted / measured,
             "measured_tokens_per_second_per_gpu": measured, "predicted_tokens_per_second_per_gpu": predicted,
             "source": f"fitplan calibrate: {measurement.basis} ({measurement.kind}); {world} GPU(s), micro-batch {batch} × "

@@ -35,13 +35,19 @@ def calibrate(run_log: str, out: str, date: str | None, **options: Any) -> None:
     from fitplan.errors import FitplanError
     from fitplan.inputs.runlogs import read_run_log
     from fitplan.output.files import write_text
+    from fitplan.rulesets.loader import check_text
 
     if not out.endswith(".toml"):
         raise FitplanError("the calibration file must end in .toml (fitplan reads *.toml from --ruleset-dir)",
                            field="--out", value=out)
     measurement = read_run_log(run_log)
     row = calibration_row(estimate_from(options), measurement, date or datetime.date.today().isoformat())
-    write_text(out, calibration_toml(row))
+    text = calibration_toml(row)
+    problems = check_text(text.encode("utf-8"), Path(out).name)
+    if problems:  # never write a file that later commands refuse
+        raise FitplanError("the measured run gives a calibration fitplan cannot use; nothing written", file=run_log,
+                           field="RUN_LOG", details=problems, suggestion="check the log's runtime, steps and tokens")
+    write_text(out, text)
     click.echo(f"measured {row['measured_tokens_per_second_per_gpu']:,.0f} tokens/s per GPU; the time model gave "
                f"{row['predicted_tokens_per_second_per_gpu']:,.0f}: scale {row['scale']:.3f} (step time × {row['scale']:.3f})")
     click.echo(f"wrote {out}: add --ruleset-dir {Path(out).parent} to later estimates on this GPU")

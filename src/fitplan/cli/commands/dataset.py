@@ -15,7 +15,7 @@ def add(cli: click.Group) -> None:
 
 def _check_out(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """``--out`` is checked before the dataset is read."""
-    if value:
+    if value is not None:
         from fitplan.output.files import check_target
 
         check_target(value)

@@ -7,7 +7,6 @@ from typing import Any
 import click
 
 from fitplan.cli.options import emit, estimate_from, format_option, out_option, scenario_options
-from fitplan.errors import FitplanError
 
 
 def add(cli: click.Group) -> None:
@@ -94,20 +93,16 @@ def quantity_name(name: str, est) -> str:
               help="Write both fitplan-graph.dot and fitplan-graph.mmd into this directory.")
 def graph(fmt: str, out_dir: str | None) -> None:
     """Print the quantity graph as Graphviz DOT or Mermaid."""
-    from pathlib import Path
-
     from fitplan.context import get_context
-    from fitplan.output.files import write_text
+    from fitplan.output.files import Batch
 
     compiled = get_context().registry.compiled()
     if out_dir:
-        d = Path(out_dir)
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise FitplanError(f"cannot create the directory: {e.strerror}", file=str(d), field="--out") from None
-        write_text(d / "fitplan-graph.dot", compiled.to_dot())
-        write_text(d / "fitplan-graph.mmd", compiled.to_mermaid())
+        batch = Batch()
+        d = batch.folder(out_dir, "--out")
+        batch.add(d / "fitplan-graph.dot", compiled.to_dot().encode("utf-8"))
+        batch.add(d / "fitplan-graph.mmd", compiled.to_mermaid().encode("utf-8"))
+        batch.commit()
         click.echo(f"wrote {d / 'fitplan-graph.dot'} and {d / 'fitplan-graph.mmd'}")
         return
     emit("graph", compiled, fmt)

@@ -169,11 +169,13 @@ def recommend(objective: str, effective_batch_size: int, headroom: str, top: int
                                          "max_gpus": max_gpus, "max_nodes": max_nodes}, policy_files, progress)
     elapsed = time.perf_counter() - t0
     exports = _exports(result, emits)
-    emit("recommend", result, fmt, out)
+    emit("recommend", result, fmt, out, also=tuple(_exports_batch(exports)))
     if sys.stderr.isatty() or fmt == "table":
         click.echo(f"searched {result.stats.candidates:,} candidate plans in {elapsed:.2f} s "
                    f"({result.stats.candidates / max(elapsed, 1e-9):,.0f} per second)", err=True)
-    _write_exports(exports)
+    for _, _, notes in exports:
+        for n in notes:
+            click.echo(f"note: {n}", err=True)
 
 
 def find_plans(built, ctx, opts: dict[str, Any], policy_files=(), progress=None):
@@ -223,14 +225,17 @@ def _exports(result, emits: tuple[tuple[str, str], ...]) -> list[tuple[str, list
     return [(directory, *render_exports(kind, s)) for kind, directory in emits]
 
 
-def _write_exports(exports) -> None:
-    from fitplan.output.exports import write_exports
+def _exports_batch(exports):
+    """The ``--emit`` files as one :class:`~fitplan.output.files.Batch` (empty list: none), committed with
+    the report's ``--out``."""
+    if not exports:
+        return []
+    from fitplan.output.exports import exports_batch
 
-    for directory, files, notes in exports:
-        for p in write_exports(directory, files):
-            click.echo(f"wrote {p}", err=True)
-        for n in notes:
-            click.echo(f"note: {n}", err=True)
+    batch = None
+    for directory, files, _ in exports:
+        batch = exports_batch(directory, files, batch)
+    return [batch]
 
 
 LARGEST = {"micro-batch": ("per_device_train_batch_size", 1 << 16), "seq-length": ("max_seq_length", 1 << 22)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -15,19 +14,32 @@ def _read_config(path: str) -> dict:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FitplanError("file not found", file=str(p), suggestion="give a Hugging Face config.json") from None
-    except json.JSONDecodeError as e:
-        raise FitplanError(f"malformed JSON: {e.msg} (line {e.lineno})", file=str(p)) from None
+    from fitplan.inputs.files import read_json
+
+    data = read_json(p, field="CONFIG")  # the input boundary: a regular file, bounded, no NaN, no lone surrogate
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise FitplanError("a config.json must name its model_type", file=str(p), field="$.model_type",
                            value=data.get("model_type") if isinstance(data, dict) else None)
     if isinstance(data.get("text_config"), dict) and "hidden_size" not in data:
         inner = data["text_config"]
         data = {**inner, "model_type": inner.get("model_type") or data["model_type"]}
+    _check_known(data["model_type"], p)
     return data
+
+
+def _check_known(model_type: str, p: Path) -> None:
+    """transformers knows ``model_type`` (``AutoConfig.for_model`` looks it up in ``CONFIG_MAPPING`` and raises
+    a ValueError listing every name otherwise: transformers/models/auto/configuration_auto.py, 5.24).
+    :raises FitplanError: naming the file and the closest known names."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        from fitplan.errors import did_you_mean
+
+        raise FitplanError(f"transformers has no model_type {model_type!r:.80}: nothing to learn from", file=str(p),
+                           field="$.model_type", value=model_type[:80],
+                           suggestion=did_you_mean(model_type, list(CONFIG_MAPPING.keys()))
+                           or "a model_type of the installed transformers (its auto classes list them)")
 
 
 def shrink(cfg: dict) -> dict:

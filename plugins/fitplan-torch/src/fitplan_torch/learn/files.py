@@ -25,14 +25,16 @@ def dumps(obj: Any, *, pretty: bool = False) -> str:
 
 
 def write(data: dict[str, Any], directory: str | Path) -> list[Path]:
+    from fitplan.diskcache import make_private
+    from fitplan.output.files import write_all
+
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    make_private(d)  # 0700, as fitplan's cache folders (docs/reliability.md "Caches")
     header, graphs = split(data)
     mt = data["model_type"]
     p1 = d / f"{mt}.json"
     p2 = d / f"{mt}.graphs.json"
-    p1.write_text(dumps(header, pretty=True), encoding="utf-8")
-    p2.write_text(dumps(graphs), encoding="utf-8")
+    write_all([(p1, dumps(header, pretty=True).encode("utf-8")), (p2, dumps(graphs).encode("utf-8"))])  # both or neither
     return [p1, p2]
 
 
