@@ -65,7 +65,8 @@ source = "test fixture"
 
 
 def est(rdir, **kw):
-    return fitplan.estimate(ruleset_dirs=[rdir], **kw)
+    """The derivations below are for foreach AdamW (``adamw_torch``) unless a test names another optimizer."""
+    return fitplan.estimate(ruleset_dirs=[rdir], **{"optim": "adamw_torch", **kw})
 
 
 # --------------------------------------------------------------------------- the optimizer step and the batch
@@ -108,7 +109,7 @@ def test_fused_adamw_moves_fewer_bytes(rdir):
 
 def test_optimizer_share_in_explain_and_json(cli, rdir):
     args = ("--params", "1B", "--gpu", "rooflinegpu", "--max-seq-length", "1000", "--total-tokens", "1000000",
-            "--ruleset-dir", rdir)
+            "--optim", "adamw_torch", "--ruleset-dir", rdir)
     p = cli("explain", "optimizer_share", *args, "--format", "json")
     assert p.returncode == 0, p.stderr
     tree = json.loads(p.stdout)["tree"]
@@ -237,13 +238,13 @@ def test_band_on_time_and_cost(rdir, cli):
     assert e["on_demand_cost_usd_low"] == pytest.approx(0.8 * 1.368, rel=1e-3)
     assert e["spot_cost_usd_high"] == pytest.approx(1.25 * 0.684, rel=1e-3)
     p = cli("estimate", "--params", "1B", "--gpu", "rooflinegpu", "--max-seq-length", "1000", "--total-tokens", "1000000",
-            "--provider", "testcloud", "--ruleset-dir", rdir, "--format", "json")
+            "--optim", "adamw_torch", "--provider", "testcloud", "--ruleset-dir", rdir, "--format", "json")
     out = json.loads(p.stdout)
     assert out["time"]["seconds_low"] == pytest.approx(0.8 * 1368, rel=1e-5)
     assert out["time"]["likely_range"]["low_factor"] == 0.8 and out["time"]["likely_range"]["runs"] == 10
     assert out["cost"]["on_demand_usd_high"] == pytest.approx(1.25 * 1.368, rel=1e-3)
     md = cli("estimate", "--params", "1B", "--gpu", "rooflinegpu", "--max-seq-length", "1000", "--total-tokens",
-             "1000000", "--ruleset-dir", rdir, "--format", "markdown").stdout
+             "1000000", "--optim", "adamw_torch", "--ruleset-dir", rdir, "--format", "markdown").stdout
     assert "likely 0.30-0.48 h" in md  # 1,094.4 s and 1,710 s
 
 
