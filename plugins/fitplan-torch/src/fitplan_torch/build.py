@@ -45,8 +45,8 @@ def autocast(precision: str, device_type: str):
     from fitplan.inputs.precision import HF_WORD, PRESETS
 
     torch = _deps.torch()
-    p = PRESETS[precision]
-    if not p.autocast:
+    p = PRESETS.get(precision)  # "none": the caller autocasts itself (accelerate's own mixed precision)
+    if p is None or not p.autocast:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=getattr(torch, HF_WORD[p.compute_dtype]))
 
