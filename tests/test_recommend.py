@@ -115,6 +115,8 @@ def brute_force(ctx, objective: str, policies: PolicySet, headroom: float = 0.05
                 if rented.host_memory_gib is not None and need > rented.host_memory_gib * 2**30:
                     not_fitting += len(markets)
                     continue
+                if need and rented.host_memory_gib is None:  # an offload nobody could check: not proposed
+                    continue
                 for market in markets:
                     ns = Namespace(v, market, None, policies.vocabulary)
                     fired, factor = policies.check(ns)
@@ -363,7 +365,8 @@ def test_done_criterion_ranked_plans_fit_with_memory_time_cost_and_front(done_js
     assert times == sorted(times) and fcosts == sorted(fcosts, reverse=True)
     assert min(fcosts) == costs[0]  # the cheapest plan is on the front
     s = done_json["search"]
-    assert s["candidates"] == s["too_big"] + s["pruned_monotone"] + s["unpriced"] + s["rejected"] + s["allowed"] + s["invalid"]
+    assert s["candidates"] == (s["too_big"] + s["pruned_monotone"] + s["unpriced"] + s["rejected"] + s["allowed"]
+                               + s["invalid"] + s["host_ram_unstated"])
 
 
 def test_a_plans_numbers_equal_fitplan_estimate_with_its_flags(done_json):
