@@ -147,13 +147,20 @@ def _chunked(seg_inst: "Segment", site: dict[str, Any]):
     return loss
 
 
-def _liger(seg_inst: "Segment", site: dict[str, Any]):
-    b, tr = seg_inst.b, seg_inst.b.tr
+def _head(seg_inst: "Segment", site: dict[str, Any]):
+    """The LM head call site's pieces a fused loss reads: builder, trace, the hidden states, the head weight, and
+    the token, hidden and vocabulary sizes."""
+    b = seg_inst.b
     h = seg_inst.ref(site["input"])
     weight = seg_inst.ref("p:" + site["module"] + ".weight")
     tokens = b.spec.batch * b.spec.seq
     hidden = h.numel // tokens
-    vocab = weight.numel // hidden
+    return b, b.tr, h, weight, tokens, hidden, weight.numel // hidden
+
+
+def _liger(seg_inst: "Segment", site: dict[str, Any]):
+    """Liger's fused linear cross-entropy (module doc)."""
+    b, tr, h, weight, tokens, hidden, vocab = _head(seg_inst, site)
     compute = b.compute if b.mixed else h.dtype
     rows = liger_chunk_rows(tokens, vocab, hidden)
     prev = tr.kind_default
@@ -179,12 +186,7 @@ def _liger(seg_inst: "Segment", site: dict[str, Any]):
 
 def _cce(seg_inst: "Segment", site: dict[str, Any]):
     """Apple's Cut Cross-Entropy (module doc)."""
-    b, tr = seg_inst.b, seg_inst.b.tr
-    h = seg_inst.ref(site["input"])
-    weight = seg_inst.ref("p:" + site["module"] + ".weight")
-    tokens = b.spec.batch * b.spec.seq
-    hidden = h.numel // tokens
-    vocab = weight.numel // hidden
+    b, tr, h, weight, tokens, hidden, vocab = _head(seg_inst, site)
     prev = tr.kind_default
     tr.kind_default = "logits"
     lse = tr.new(tokens, "f32", False, "cce.lse")
