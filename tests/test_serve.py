@@ -206,6 +206,62 @@ def test_search_work_is_bounded(served):
     quick.uploads.close()
 
 
+def test_the_view_gives_the_cheapest_cards_search(served):
+    """``/api/view``'s ``cheapest``: the page's scenario less the fields a plan chooses (GPU, count, nodes,
+    provider, region, micro-batch, accumulation, checkpointing, ZeRO, offload, attention), with the page's
+    effective batch (by hand: micro-batch 3 × accumulation 2 × (4 GPUs × 2 nodes / tensor-parallel 2) = 24), ranked
+    by cost with a dataset size, by GPUs without one; the reply waits for a running search (the server's limit)."""
+    keep = {"model": "llama-2-7b", "precision": "bf16-master", "optim": "adamw_torch_fused", "tensor-parallel": "2",
+            "max-seq-length": "1024"}
+    plan = {"gpu": "h100-sxm", "num-gpus": "4", "num-nodes": "2", "provider": "aws", "per-device-train-batch-size": "3",
+            "gradient-accumulation-steps": "2", "gradient-checkpointing": "true", "zero": "1",
+            "attn-implementation": "eager"}
+    sized = {"num-examples": "1000", "tokens-per-example": "256"}
+    status, body, _ = get(served, "/api/view", {**keep, **plan, **sized})
+    assert status == 200, body
+    card = json.loads(body)["cheapest"]
+    assert urllib.parse.parse_qsl(card["query"]) == [*keep.items(), *sized.items(), ("effective-batch-size", "24"),
+                                                     ("objective", "cost"), ("top", "1"), ("wait", "60")]
+    assert (card["effective_batch_size"], card["dataset_size"]) == (24, True)
+    assert set(plan) | {"instance", "region", "offload-optimizer", "offload-params"} == set(card["searched"])
+    card = json.loads(get(served, "/api/view", {**keep, **plan})[1])["cheapest"]
+    assert dict(urllib.parse.parse_qsl(card["query"]))["objective"] == "gpus" and card["dataset_size"] is False
+
+
+def test_a_search_may_wait_for_the_running_one(served):
+    """``wait=SECONDS``: a number within the server's search limit; a request waits that long for the search
+    slot, then 429, and gives up at once (429) when a newer request starts waiting (the page's abandoned one)."""
+    import threading
+    import time
+
+    from fitplan.web import api
+
+    base = [("model", "llama-2-7b"), ("objective", "gpus"), ("gpus", "h100-sxm"), ("top", "1")]
+    for bad in ("-1", "61", "nan", "soon"):
+        status, body, _ = get(served, "/api/recommend", [*base, ("wait", bad)])
+        assert status == 400 and "wait must be" in json.loads(body)["error"], (bad, body)
+    settings = api.Settings(search_seconds=30.0)
+    settings.search_lock.acquire()  # a search is running
+    t0 = time.monotonic()
+    assert api.answer(api.recommend, settings, [*base, ("wait", "0.5")]).status == 429
+    assert time.monotonic() - t0 >= 0.5
+    replies = {}
+    older = threading.Thread(target=lambda: replies.setdefault("older", api.answer(
+        api.recommend, settings, [*base, ("wait", "20")])))
+    older.start()
+    time.sleep(0.3)
+    newer = threading.Thread(target=lambda: replies.setdefault("newer", api.answer(
+        api.recommend, settings, [*base, ("wait", "20")])))
+    newer.start()
+    older.join(timeout=5)
+    assert not older.is_alive() and replies["older"].status == 429  # gave up long before its 20 s
+    settings.search_lock.release()  # the running search ends: the newest waiter searches
+    newer.join(timeout=60)
+    assert replies["newer"].status == 200 and json.loads(replies["newer"].body)["plans"]
+    assert settings.search_lock.acquire(blocking=False)  # and released the slot
+    settings.uploads.close()
+
+
 # --------------------------------------------------------------------------- a safe local server
 
 
@@ -243,7 +299,7 @@ def test_replies_carry_a_strict_content_security_policy(served):
 
 def test_the_page_needs_no_network(served):
     """Every asset is bundled: the page names no other host (no CDN, no web font)."""
-    for path in ("/", "/static/app.js", "/static/view.js", "/static/app.css"):
+    for path in ("/", "/static/app.js", "/static/view.js", "/static/cheapest.js", "/static/app.css"):
         text = get(served, path)[1].decode()
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
         assert not re.search(r"""(src|href)\s*=\s*["']?//|url\(\s*["']?//|@import""", text)  # protocol-relative

@@ -184,12 +184,18 @@ def _prepare(base: sc.Scenario, arch, flat: dict[str, Any], ctx, space: SearchSp
     return setup, st
 
 
+def has_dataset_size(flat: dict[str, Any]) -> bool:
+    """Whether the flat scenario says how much it trains on (examples, total tokens or a dataset file): the time
+    and cost objectives need it."""
+    return flat["num_examples"] is not None or flat["total_tokens"] is not None or bool(flat["dataset_path"])
+
+
 def _check_request(objective: str, needs_time: bool, roles: dict[str, str | None], flat: dict[str, Any]) -> None:
     missing = [r for r in ("seconds", "cost.on_demand", "cost.spot") if roles[r] is None]
     if needs_time and missing:
         raise FitplanError(f"--objective {objective} needs time and cost quantities (roles {', '.join(missing)}), which no "
                            "plugin declares", field="--objective", suggestion="use --objective gpus")
-    if needs_time and flat["num_examples"] is None and flat["total_tokens"] is None and not flat["dataset_path"]:
+    if needs_time and not has_dataset_size(flat):
         raise FitplanError(f"--objective {objective} needs the dataset size to compute time and cost",
                            field="--objective", suggestion="add --dataset PATH, or --num-examples N --tokens-per-example T (or --total-tokens), "
                            "or rank by --objective gpus")

@@ -69,6 +69,9 @@ class Settings:
     search_seconds: float = 30.0
     uploads: UploadStore = attrs.Factory(UploadStore)
     search_lock: threading.Lock = attrs.Factory(threading.Lock)
+    waiter: int = 0
+    """The newest request waiting for the search slot (:func:`acquire_search`)."""
+    waiter_lock: threading.Lock = attrs.Factory(threading.Lock)
     allow_hub: bool = False
 
     def context(self):
@@ -190,13 +193,52 @@ def _deadline(seconds: float) -> Callable[[int, int], None]:
     return check
 
 
+def wait_seconds(text: str | None, most: float) -> float:
+    """``wait=SECONDS`` of ``/api/recommend``: how long a search may wait for the one running to end (0, the
+    default: answer 429 at once), at most the server's search time limit ``most``.
+
+    :raises FitplanError: not a number, or outside ``[0, most]``.
+    """
+    if text is None or text == "":
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= most:  # NaN too
+        raise FitplanError(f"wait must be a number of seconds between 0 and {most:g} (this server's search limit), "
+                           f"got {text!r:.40}", field="wait", value=text[:40])
+    return value
+
+
+def acquire_search(settings: Settings, wait: float) -> bool:
+    """Take the server's one search slot: at once (``wait`` 0), or within ``wait`` seconds, unless a newer
+    request starts waiting meanwhile (the page abandons its previous search when the scenario changes, and the
+    server cannot tell: only the newest waiter goes on). True when taken; the caller releases it."""
+    if not wait:
+        return settings.search_lock.acquire(blocking=False)
+    with settings.waiter_lock:
+        settings.waiter += 1
+        mine = settings.waiter
+    end = time.monotonic() + wait
+    while settings.waiter == mine and time.monotonic() < end:
+        if settings.search_lock.acquire(timeout=0.05):
+            if settings.waiter == mine:
+                return True
+            settings.search_lock.release()
+    return False
+
+
 def recommend(settings: Settings, query: Query) -> Reply:
     """``GET /api/recommend``: ``fitplan recommend --format json`` (``max=micro-batch`` or ``seq-length``: the
-    ``--max`` report), one search at a time, bounded by :data:`SEARCH_LIMITS` and the server's time limit."""
+    ``--max`` report), one search at a time, bounded by :data:`SEARCH_LIMITS` and the server's time limit;
+    ``wait=SECONDS`` (:func:`wait_seconds`) waits that long for a running search to end instead of a 429."""
     from fitplan.cli.commands.recommend import find_plans, largest_report
     from fitplan.cli.commands.recommend import recommend as command
     from fitplan.cli.options import scenario_from
 
+    query, own = take(query, ("wait",))
+    wait = wait_seconds(own.get("wait"), settings.search_seconds)
     p = parse(command, query, extras=RECOMMEND_PARAMS)
     for name, most in SEARCH_LIMITS.items():
         if p[name] > most:
@@ -209,7 +251,7 @@ def recommend(settings: Settings, query: Query) -> Reply:
     ctx = settings.context()
     if p["max_of"] is not None:
         return json_reply(None, text=render("largest", largest_report(built.scenario, ctx, p["max_of"], p["headroom"])))
-    if not settings.search_lock.acquire(blocking=False):
+    if not acquire_search(settings, wait):
         return json_reply({"error": "a search is already running on this server: try again when it ends"}, 429)
     try:
         result = find_plans(built, ctx, p, settings.policy_files, _deadline(settings.search_seconds))

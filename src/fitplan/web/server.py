@@ -31,6 +31,7 @@ from fitplan.web.uploads import MAX_UPLOAD_BYTES
 STATIC = Path(__file__).parent / "static"
 PAGES = {"/": ("index.html", "text/html; charset=utf-8"), "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
          "/static/view.js": ("view.js", "text/javascript; charset=utf-8"),
+         "/static/cheapest.js": ("cheapest.js", "text/javascript; charset=utf-8"),
          "/static/app.css": ("app.css", "text/css; charset=utf-8")}
 MAX_QUERY_BYTES = 8192
 MAX_HEADER_BYTES = 32 * 1024

@@ -7,6 +7,8 @@ provider: :func:`~fitplan.search.sweep.across_providers`), and what the page nee
 (``rows``, ``explain``) and to offer the downloads (``exports``). Nothing here computes a number of its own.
 
 ``GET /api/prices`` answers separately, after the view: each GPU's cheapest provider (tens of estimates).
+``cheapest`` is the query of the page's "cheapest plan that fits" card (:mod:`fitplan.web.cheapest`), which
+the page sends to ``/api/recommend`` last, once the inputs are still.
 ``GET /api/largest`` answers separately (the page asks for it once the view is shown): the largest
 micro-batch and sequence that fit the GPU, as ``fitplan recommend --max ... --headroom 0`` (the ``fits``
 verdict's test). Those searches evaluate tens of new shapes, each with its own step trace (a few hundred
@@ -106,6 +108,9 @@ def view(settings: Settings, query: Query) -> Reply:
     from fitplan.output.estimate_report import to_json
     from fitplan.search.sweep import across_gpus
 
+    from fitplan.inputs.scenario import flatten
+    from fitplan.web import cheapest
+
     a, upload = assessment(settings, query)
     est, ctx = a.estimate, settings.context()
     return json_reply({
@@ -116,6 +121,7 @@ def view(settings: Settings, query: Query) -> Reply:
         "providers": provider_rows(est, ctx),
         "exports": exports(est, upload),
         "upload": upload,
+        "cheapest": cheapest.request(flatten(est.scenario), query, settings.search_seconds),
     })
 
 

@@ -1,5 +1,6 @@
 // fitplan serve's page: a form built from /api/options, re-estimated through /api/view on every change; then
-// /api/prices (each GPU's cheapest rental) and /api/largest once the inputs are still. The address holds the
+// /api/prices (each GPU's cheapest rental) and /api/largest once the inputs are still, then the cheapest plan's
+// search (cheapest.js). The address holds the
 // whole scenario (the CLI's long flag names as query parameters), so a link reproduces the view. Nothing here
 // computes a number: every figure shown is one of the API's (docs/serve.md). Rendering is in view.js.
 "use strict";
@@ -161,13 +162,14 @@ function changed(delay = DEBOUNCE_MS) {
   markStale(true);
   clearTimeout(timer);
   clearTimeout(laterTimer);
+  cancelCheapest();
   timer = setTimeout(() => load(qs), delay);
 }
 
 function markStale(on) {
-  for (const id of ["results", "largest", "gpus", "answer"]) $(id).classList.toggle("stale", on);
+  for (const id of ["results", "largest", "gpus", "answer", "cheapest"]) $(id).classList.toggle("stale", on);
   $("results").setAttribute("aria-busy", on ? "true" : "false");
-  if (on) { $("largest").dataset.state = "pending"; $("gpus").dataset.priced = "pending"; }
+  if (on) { $("largest").dataset.state = "pending"; $("gpus").dataset.priced = "pending"; $("cheapest").dataset.state = "pending"; }
 }
 
 // ------------------------------------------------------------------ fetching
@@ -197,7 +199,9 @@ async function load(qs) {
     $("results").setAttribute("aria-busy", "false");
     document.body.dataset.query = qs;
     document.body.dataset.state = "ready";
-    laterTimer = setTimeout(() => { loadLargest(qs, signal); loadPrices(qs, signal); }, LATER_DELAY_MS);
+    laterTimer = setTimeout(() => {
+      scheduleCheapest(data.cheapest, signal, Promise.allSettled([loadLargest(qs, signal), loadPrices(qs, signal)]));
+    }, LATER_DELAY_MS);
   } catch (e) {
     if (e.name === "AbortError") return;
     showError(e.message, e.download);
