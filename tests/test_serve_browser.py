@@ -325,9 +325,9 @@ def test_stale_panels_dim_as_soon_as_an_input_changes(page, served):
         const input = document.getElementById('f-per-device-train-batch-size');
         input.value = '3';
         input.dispatchEvent(new Event('input', {bubbles: true}));
-        return ['results', 'largest', 'gpus', 'answer'].map(id => document.getElementById(id).classList.contains('stale'));
+        return ['results', 'largest', 'gpus', 'answer', 'cheapest'].map(id => document.getElementById(id).classList.contains('stale'));
     }""")  # synchronously, before any reply
-    assert dimmed == [True, True, True, True]
+    assert dimmed == [True, True, True, True, True]
     page.wait_for_function("() => document.body.dataset.state === 'ready' && document.body.dataset.query.includes('batch-size=3')")
     page.wait_for_selector("#largest[data-state=ready]", timeout=30_000)
     assert page.evaluate("['results', 'largest', 'answer'].map(id => document.getElementById(id).classList.contains('stale'))") == [
@@ -406,3 +406,60 @@ def test_the_keyboard_reaches_a_number_and_opens_its_derivation(page, served):
     page.keyboard.press("Escape")
     assert page.is_hidden("#explain-pop") and page.evaluate("document.activeElement.dataset.explain") == quantity
     assert page.problems == []
+
+
+def test_the_cheapest_plan_card_shows_the_recommenders_plan_1_and_applies_it(page, served):
+    """The card searches the page's training with the plan's fields left free: ``fitplan recommend`` with the
+    scenario's model, precision, optimizer and dataset, and the page's effective batch (by hand: micro-batch 4 ×
+    accumulation 2 × 1 GPU = 8), ranked by cost. Its plan 1 (fields, cost, command line) is the CLI's; "apply"
+    puts the plan's GPU, provider and batch split into the address, and the page then estimates exactly the plan's
+    command line. Without a dataset size the card says so and ranks by GPUs."""
+    query = {**START, "precision": "bf16-mixed", "optim": "adamw_torch_fused", "per-device-train-batch-size": "4",
+             "gradient-accumulation-steps": "2"}
+    open_view(page, served, query)
+    page.wait_for_selector("#cheapest[data-state=ready]", timeout=90_000)
+    cli = json.loads(cli_output("recommend", "--model", "llama-2-7b", "--precision", "bf16-mixed", "--optim",
+                                "adamw_torch_fused", "--num-examples", "10000", "--tokens-per-example", "512",
+                                "--effective-batch-size", "8", "--objective", "cost", "--top", "1", "--format", "json"))
+    plan = cli["plans"][0]
+    assert json.loads(page.get_attribute("#cheapest table.plan", "data-plan")) == plan["plan"]
+    assert page.inner_text("#cheapest-command") == plan["command"]
+    assert page.inner_text("#cheapest [data-field=cost] td").startswith(f"${plan['cost_usd']:,.2f}")
+    p = plan["plan"]
+    assert page.inner_text("#cheapest [data-field=batch] td").startswith(
+        f"{p['per_device_train_batch_size']} × {p['gradient_accumulation_steps']} (effective batch 8)")
+    assert "stale" not in page.get_attribute("#cheapest", "class")
+    page.click("#cheapest-apply")
+    page.wait_for_function("() => document.body.dataset.state === 'ready' && document.body.dataset.query.includes('provider=')")
+    address = dict(urllib.parse.parse_qsl(page.evaluate("location.search.slice(1)")))
+    assert (address["gpu"], address["provider"]) == (p["gpu"], p["provider"]), address
+    cli_plan = json.loads(cli_output(*plan["command"].split()[1:], "--format", "json"))  # no quoting in this one
+    assert shown(page)["device_total"] == cli_plan["memory"]["per_gpu_bytes"]["device_total"]
+    page.wait_for_selector("#cheapest[data-state=ready]", timeout=90_000)  # the applied plan is its own plan 1
+    assert page.inner_text("#cheapest-command") == plan["command"]
+    page.evaluate("""() => {  // both at once: tokens per example alone is an error
+        for (const id of ['f-num-examples', 'f-tokens-per-example']) document.getElementById(id).value = '';
+        document.getElementById('f-tokens-per-example').dispatchEvent(new Event('input', {bubbles: true}));
+    }""")
+    page.wait_for_selector("#cheapest[data-state=ready]", timeout=90_000)
+    assert "No dataset size" in page.inner_text("#cheapest-status")
+    assert page.problems == []
+
+
+def test_the_cheapest_plan_card_says_when_nothing_fits_or_the_search_fails(page, served):
+    """A 70B model in fp32 at 32k tokens with an effective batch of 1 (one GPU, so no sharding): the recommender
+    finds no plan (``fitplan recommend`` says so for the same flags), and the card says it; an effective batch past
+    the server's bound (1 × 70,000 > 65,536) is the server's message on the card."""
+    query = {"model": "llama-2-70b", "gpu": "b200", "precision": "32-true", "optim": "adamw_torch",
+             "max-seq-length": "32768", "num-examples": "1000", "tokens-per-example": "512"}
+    cli = json.loads(cli_output("recommend", "--model", "llama-2-70b", "--precision", "32-true", "--optim", "adamw_torch",
+                                "--max-seq-length", "32768", "--num-examples", "1000", "--tokens-per-example", "512",
+                                "--effective-batch-size", "1", "--top", "1", "--format", "json"))
+    assert cli["plans"] == []
+    open_view(page, served, query)
+    page.wait_for_selector("#cheapest[data-state=none]", timeout=90_000)
+    assert page.inner_text("#cheapest-none").startswith(
+        f"No plan fits this training (effective batch 1): {cli['search']['candidates']} candidate plans searched")
+    open_view(page, served, {**START, "optim": "adamw_torch", "method": "qlora", "gradient-accumulation-steps": "70000"})
+    page.wait_for_selector("#cheapest[data-state=error]", timeout=90_000)
+    assert "effective-batch-size is at most 65536 on this server, got 70000" in page.inner_text("#cheapest")

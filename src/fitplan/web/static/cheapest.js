@@ -112,8 +112,9 @@ function noPlan(result, request) {
   return [el("p", {class: "nofit-reason", id: "cheapest-none", text: `No plan fits this training (effective batch ` +
       `${request.effective_batch_size}): ` +
       `${s.candidates ?? 0} candidate plans searched${dropped.length ? ", " + dropped.join(", ") : ""}.`}),
-    el("p", {class: "note", text: "Try LoRA or QLoRA, a shorter sequence, or a smaller effective batch."}),
-    ...(s.notes || []).map((n) => el("p", {class: "note", text: n}))];
+    el("p", {class: "note", text: "Try LoRA or QLoRA or a shorter sequence; see below what the search left out."}),
+    s.notes && s.notes.length ? el("details", {class: "note"}, el("summary", {text: "what the search left out"}),
+      ...s.notes.map((n) => el("p", {text: n}))) : null].filter(Boolean);
 }
 
 // The page's scenario becomes the plan's: the fields a plan chooses are reset to their defaults, then set to
