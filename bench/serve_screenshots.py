@@ -56,6 +56,7 @@ def main() -> int:
             page.wait_for_selector("body[data-state=ready]", timeout=30_000)
             page.wait_for_selector("#largest[data-state=ready]", timeout=30_000)
             page.wait_for_selector("#gpus[data-priced=true]", timeout=30_000)
+            page.wait_for_selector("#cheapest:is([data-state=ready], [data-state=none], [data-state=error])", timeout=90_000)
             path = out / f"fitplan-serve-{name}.png"
             page.screenshot(path=str(path), full_page=True)
             print(path)
