@@ -1,8 +1,8 @@
 // fitplan serve's page: a form built from /api/options, re-estimated through /api/view on every change; then
-// /api/prices (each GPU's cheapest rental) and /api/largest once the inputs are still, then the cheapest plan's
-// search (cheapest.js). The address holds the
-// whole scenario (the CLI's long flag names as query parameters), so a link reproduces the view. Nothing here
-// computes a number: every figure shown is one of the API's (docs/serve.md). Rendering is in view.js.
+// /api/prices (each GPU's cheapest rental) and /api/largest once the inputs are still, and last the cheapest
+// plan's search (cheapest.js). The address holds the whole scenario (the CLI's long flag names as query
+// parameters), so a link reproduces the view. Nothing here computes a number: every figure shown is one of the
+// API's (docs/serve.md). Rendering is in view.js.
 "use strict";
 
 const EXAMPLE = "model=llama-2-7b&gpu=a100-80gb&precision=bf16-mixed&per-device-train-batch-size=4" +
