@@ -1,0 +1,50 @@
+"""Why plan 1, as lines of text: the binding constraint, the runner-up per dimension, the price of twice the speed.
+
+One wording for every format: the terminal table and Markdown print these lines, the HTML report lists them, and
+the JSON report carries the same facts under ``why`` (:meth:`fitplan.search.why.Why.to_dict`).
+"""
+
+from __future__ import annotations
+
+from fitplan.search.why import DIMENSIONS, Alternative, Why
+
+_DIM_NAMES = dict(DIMENSIONS)
+
+
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:.2f} h"
+
+
+def _signed_usd(v: float | None) -> str:
+    return "-" if v is None else f"{'+' if v >= 0 else '-'}${abs(v):,.2f}"
+
+
+def _signed_hours(v: float | None) -> str:
+    return "-" if v is None else f"{'+' if v >= 0 else '-'}{abs(v) / 3600:.2f} h"
+
+
+def _usd(v: float | None) -> str:
+    return "-" if v is None else f"${v:,.2f}"
+
+
+def alternative_text(a: Alternative) -> str:
+    """``LABEL: $cost, time (Δ +$x, -y h)``."""
+    p = a.plan
+    return (f"{p.label}: {_usd(p.cost_usd)}, {_hours(p.train_seconds)} "
+            f"({_signed_usd(a.delta_cost_usd)}, {_signed_hours(a.delta_seconds)} against plan 1)")
+
+
+def why_lines(why: Why | None) -> list[str]:
+    """The lines that say why plan 1 (none without plans)."""
+    if why is None:
+        return []
+    lines = [f"binding: {why.reason}"]
+    for a in why.runner_ups:
+        lines.append(f"runner-up with another {_DIM_NAMES[a.dimension]} ({a.value}): {alternative_text(a)}")
+    ts = why.twice_speed
+    if ts is None:
+        lines.append("twice the speed: none found within the searched space")
+    else:
+        ratio = "" if ts.value is None else f", {ts.value:.2f}× plan 1's cost"
+        lines.append(f"twice the speed: {alternative_text(ts)}{ratio}")
+    return lines
