@@ -30,6 +30,8 @@ def _usd(v: float | None) -> str:
 def alternative_text(a: Alternative) -> str:
     """``LABEL: $cost, time (Δ +$x, -y h)``."""
     p = a.plan
+    if p.cost_usd is None and p.train_seconds is None:
+        return p.label  # no dataset or no price: nothing to compare but the plan
     return (f"{p.label}: {_usd(p.cost_usd)}, {_hours(p.train_seconds)} "
             f"({_signed_usd(a.delta_cost_usd)}, {_signed_hours(a.delta_seconds)} against plan 1)")
 

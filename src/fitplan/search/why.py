@@ -153,7 +153,7 @@ def _memory_gpus(misses: dict[tuple[str, int], int], first: Plan) -> tuple[str, 
         return None
     w = max(smaller)
     excess = min(v for (_, ww), v in misses.items() if ww == w)
-    return (f"memory: {w} GPUs fit nothing: the nearest candidate needs {excess / 1e9:.2f} GB more than its limit",
+    return (f"memory: {w} GPU{'s' if w > 1 else ''} fit{'' if w > 1 else 's'} nothing: the nearest candidate needs {excess / 1e9:.2f} GB more than its limit",
             {"gpus": w, "short_bytes": excess})
 
 
