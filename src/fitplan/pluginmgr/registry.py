@@ -44,6 +44,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.confidence",
     "fitplan.builtin.defaults",
     "fitplan.builtin.cost",
+    "fitplan.builtin.spot_risk",
     "fitplan.builtin.seed",
     "fitplan.builtin.names",
     "fitplan.builtin.report",
