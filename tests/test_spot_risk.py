@@ -94,3 +94,18 @@ def test_interruptions_faster_than_the_loss_leave_spot_unpriced(tmp_path):
     # λ = 3600/h: M = 1 s, τ = √24 ≈ 4.9 s, L ≈ 20.4 s ≥ M: the run would not finish in expectation
     est = _estimate(tmp_path, "spot_interruptions_per_hour = 3600", "checkpoint_gbps = 1.0")
     assert est.values["spot_time_factor"] is None and est.values["spot_cost_usd"] is None
+
+
+def test_the_estimate_report_gives_billed_hours_and_the_interval_or_says_unpriced(tmp_path):
+    from conftest import run_cli
+
+    for rate, expect in (("spot_interruptions_per_hour = 0.5", "checkpoint every 6.9 min"),  # τ = 415.69 s
+                         ("", "spot unpriced for risk")):
+        d = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        (d / "spot.toml").write_text(RULESET.format(rate=rate, bandwidth="checkpoint_gbps = 1.0"))
+        out = run_cli("estimate", "--ruleset-dir", str(d), "--params", "1B", "--method", "full", "--optim",
+                      "adamw_torch", "--precision", "32-true", "--total-tokens", "1000000", "--gpu", "spotgpu",
+                      "--provider", "spotco", "--per-device-train-batch-size", "1",
+                      "--gradient-accumulation-steps", "1").stdout
+        assert expect in " ".join(out.split()), out
