@@ -324,15 +324,13 @@ SECTIONS = (
 )
 
 
-def _spot_risk_json(v) -> dict | None:
-    """The spot interruption model's numbers (:mod:`fitplan.builtin.spot_risk`); None where it does not apply."""
-    if v.get("spot_checkpoint_interval_seconds") is None:
-        return None
-    return {"checkpoint_bytes": v["checkpoint_bytes"], "checkpoint_seconds": v["checkpoint_seconds"],
-            "mean_seconds_between_interruptions": v["spot_mtbi_seconds"],
-            "checkpoint_interval_seconds": v["spot_checkpoint_interval_seconds"],
-            "lost_seconds_per_interruption": v["spot_lost_seconds_per_interruption"],
-            "time_factor": v["spot_time_factor"]}
+def _spot_risk_json(v) -> dict:
+    """The spot interruption model's numbers (:mod:`fitplan.builtin.spot_risk`; None where it does not apply)."""
+    return {"checkpoint_bytes": v.get("checkpoint_bytes"), "checkpoint_seconds": v.get("checkpoint_seconds"),
+            "mean_seconds_between_interruptions": v.get("spot_mtbi_seconds"),
+            "checkpoint_interval_seconds": v.get("spot_checkpoint_interval_seconds"),
+            "lost_seconds_per_interruption": v.get("spot_lost_seconds_per_interruption"),
+            "time_factor": v.get("spot_time_factor")}
 
 
 def _spot_risk_text(v, plan) -> str:
@@ -342,6 +340,8 @@ def _spot_risk_text(v, plan) -> str:
         return ""
     tau = v.get("spot_checkpoint_interval_seconds")
     if tau is None:
+        if not plan.provider.spot_overhead:  # a reference table (the seed's) assumes no overhead
+            return ""
         return (f" (+{100 * plan.provider.spot_overhead:g} % assumed interruption overhead: no interruption rate "
                 "stated, spot unpriced for risk)")
     return (f" ({v['billed_seconds_spot'] / 3600:,.2f} h billed expected: checkpoint every {tau / 60:,.1f} min, "

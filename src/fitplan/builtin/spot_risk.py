@@ -24,7 +24,7 @@ from fitplan.engine.declarations import quantity
 from fitplan.pluginmgr.hookspecs import hookimpl
 
 
-@quantity("bytes", json_key="spot.checkpoint_bytes")
+@quantity("bytes", json_key="cost.spot_risk.checkpoint_bytes")
 def checkpoint_bytes(trainable_param_count, trainable_dtype_bytes, master_weight_dtype_bytes, optimizer_spec,
                      optimizer_context):
     """What a resumable checkpoint holds, over all GPUs (unsharded): the trainable weights in their dtype, their
@@ -34,7 +34,7 @@ def checkpoint_bytes(trainable_param_count, trainable_dtype_bytes, master_weight
     return int(trainable_param_count * (trainable_dtype_bytes + master_weight_dtype_bytes)) + states
 
 
-@quantity("s", json_key="spot.checkpoint_seconds")
+@quantity("s", json_key="cost.spot_risk.checkpoint_seconds")
 def checkpoint_seconds(checkpoint_bytes, instance_choice):
     """C = checkpoint bytes / the instance's ``checkpoint_gbps`` (GB/s, 10^9 bytes). None where it is not stated."""
     if instance_choice is None or instance_choice.instance.checkpoint_gbps is None:
@@ -42,7 +42,7 @@ def checkpoint_seconds(checkpoint_bytes, instance_choice):
     return checkpoint_bytes / (instance_choice.instance.checkpoint_gbps * 1e9)
 
 
-@quantity("s", json_key="spot.mean_seconds_between_interruptions")
+@quantity("s", json_key="cost.spot_risk.mean_seconds_between_interruptions")
 def spot_mtbi_seconds(instance_choice):
     """M = 3600 / λ, λ the provider's ``spot_interruptions_per_hour``. None without a spot price or a rate."""
     if instance_choice is None or instance_choice.spot_per_hour is None:
@@ -51,7 +51,7 @@ def spot_mtbi_seconds(instance_choice):
     return None if not rate else 3600 / rate
 
 
-@quantity("s", json_key="spot.checkpoint_interval_seconds")
+@quantity("s", json_key="cost.spot_risk.checkpoint_interval_seconds")
 def spot_checkpoint_interval_seconds(checkpoint_seconds, spot_mtbi_seconds):
     """τ = √(2 C M) (Young 1974): the checkpoint interval that minimises expected time, hence cost."""
     if checkpoint_seconds is None or spot_mtbi_seconds is None:
@@ -59,7 +59,7 @@ def spot_checkpoint_interval_seconds(checkpoint_seconds, spot_mtbi_seconds):
     return math.sqrt(2 * checkpoint_seconds * spot_mtbi_seconds)
 
 
-@quantity("s", json_key="spot.lost_seconds_per_interruption")
+@quantity("s", json_key="cost.spot_risk.lost_seconds_per_interruption")
 def spot_lost_seconds_per_interruption(checkpoint_seconds, spot_checkpoint_interval_seconds):
     """L = (τ + C)/2 + C: half an interval of work and its checkpoint, plus the reload on restart."""
     if spot_checkpoint_interval_seconds is None:
@@ -67,7 +67,7 @@ def spot_lost_seconds_per_interruption(checkpoint_seconds, spot_checkpoint_inter
     return (spot_checkpoint_interval_seconds + checkpoint_seconds) / 2 + checkpoint_seconds
 
 
-@quantity("ratio", json_key="spot.time_factor")
+@quantity("ratio", json_key="cost.spot_risk.time_factor")
 def spot_time_factor(instance_choice, checkpoint_seconds, spot_checkpoint_interval_seconds, spot_mtbi_seconds,
                      spot_lost_seconds_per_interruption):
     """Spot wall time / on-demand training time: (1 + C/τ) / (1 − L/M) with the interruption model, else
