@@ -109,3 +109,17 @@ def test_the_estimate_report_gives_billed_hours_and_the_interval_or_says_unprice
                       "--provider", "spotco", "--per-device-train-batch-size", "1",
                       "--gradient-accumulation-steps", "1").stdout
         assert expect in " ".join(out.split()), out
+
+
+def test_recommend_on_spot_says_the_billed_hours_and_the_interval(tmp_path):
+    from conftest import run_cli
+
+    d = tmp_path / "rules"
+    d.mkdir()
+    (d / "spot.toml").write_text(RULESET.format(rate="spot_interruptions_per_hour = 0.5",
+                                                bandwidth="checkpoint_gbps = 1.0"))
+    out = run_cli("recommend", "--ruleset-dir", str(d), "--params", "1B", "--method", "full", "--optim", "adamw_torch",
+                  "--precision", "32-true", "--total-tokens", "1000000", "--gpus", "spotgpu", "--num-gpus", "1",
+                  "--no-gradient-checkpointing", "--zero", "0", "--no-offload-optimizer", "--no-offload-params",
+                  "--effective-batch-size", "1", "--markets", "spot", "--format", "markdown").stdout
+    assert "checkpoint every 6.9 min" in out, out  # τ = 415.69 s (module docstring)

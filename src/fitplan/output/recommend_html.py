@@ -264,7 +264,7 @@ def _group(result: Result, suffix: str) -> list[str]:
                          f'{escape(v.reason)}</p>')
         parts += [f'<p class="note">plan {p.rank}: {escape(n)}</p>' for n in p.notes]
     if result.why is not None:
-        parts += [f"<h3>Why plan 1{sfx}</h3>", "<ul>" + "".join(f"<li>{escape(x)}</li>" for x in why_lines(result.why))
+        parts += [f"<h3>Why plan 1{sfx}</h3>", "<ul>" + "".join(f"<li>{escape(x)}</li>" for x in why_lines(result.why, result.plans[0]))
                   + "</ul>"]
     chart = memory_chart(result)
     if chart:

@@ -297,7 +297,7 @@ def _md_group(result: Result, suffix: str) -> list[str]:
     lines = ["", f"## Ranked plans{md(suffix)}", ""]
     lines += _md_table(result.plans) if result.plans else [f"_{no_plan_text(result)}_"]
     if result.why is not None:
-        lines += ["", f"## Why plan 1{md(suffix)}", ""] + [f"- {md(x)}" for x in why_lines(result.why)]
+        lines += ["", f"## Why plan 1{md(suffix)}", ""] + [f"- {md(x)}" for x in why_lines(result.why, result.plans[0])]
     lines += ["", f"## Cost versus time: the Pareto front{md(suffix)}", "",
               "Plans no other plan beats on both time and cost, fastest first.", ""]
     lines += _md_table(result.pareto) if result.pareto else ["_No plan has both a time and a cost._"]
@@ -372,7 +372,7 @@ def _print_group(result: Result, console, suffix: str) -> None:
         console.print(f"[bold red]{escape(no_plan_text(result))}{escape(suffix)}[/]")
     if result.why is not None:
         console.print(escape(f"Why plan 1{suffix}:"))
-        for line in why_lines(result.why):
+        for line in why_lines(result.why, result.plans[0]):
             console.print("  " + escape(line))
     if result.pareto:
         table(f"Cost versus time: the Pareto front (fastest first){suffix}", result.pareto)

@@ -6,6 +6,7 @@ the JSON report carries the same facts under ``why`` (:meth:`fitplan.search.why.
 
 from __future__ import annotations
 
+from fitplan.search.plans import Plan
 from fitplan.search.why import DIMENSIONS, Alternative, Why
 
 _DIM_NAMES = dict(DIMENSIONS)
@@ -36,11 +37,26 @@ def alternative_text(a: Alternative) -> str:
             f"({_signed_usd(a.delta_cost_usd)}, {_signed_hours(a.delta_seconds)} against plan 1)")
 
 
-def why_lines(why: Why | None) -> list[str]:
-    """The lines that say why plan 1 (none without plans)."""
+def spot_line(plan: Plan | None) -> list[str]:
+    """For plan 1 on spot: the expected billed hours and the checkpoint interval of the interruption model
+    (:mod:`fitplan.builtin.spot_risk`), or that spot is unpriced for risk (the provider states no rate)."""
+    if plan is None or plan.market != "spot" or plan.estimate is None:
+        return []
+    v = plan.estimate.values
+    tau = v.get("spot_checkpoint_interval_seconds")
+    if tau is None:
+        return ["spot: unpriced for risk (no interruption rate or checkpoint bandwidth stated): billed time is the "
+                f"training time × {v.get('spot_time_factor') or 0:.2f}, an assumed overhead"]
+    return [f"spot: {v['billed_seconds_spot'] / 3600:,.2f} h billed expected; checkpoint every {tau / 60:,.1f} min "
+            f"({v['spot_lost_seconds_per_interruption'] / 60:,.1f} min lost per interruption, one every "
+            f"{v['spot_mtbi_seconds'] / 3600:,.2f} h)"]
+
+
+def why_lines(why: Why | None, first: Plan | None = None) -> list[str]:
+    """The lines that say why plan 1 (``first``; none without plans)."""
     if why is None:
         return []
-    lines = [f"binding: {why.reason}"]
+    lines = [f"binding: {why.reason}", *spot_line(first)]
     for a in why.runner_ups:
         lines.append(f"runner-up with another {_DIM_NAMES[a.dimension]} ({a.value}): {alternative_text(a)}")
     ts = why.twice_speed
