@@ -39,17 +39,22 @@ def alternative_text(a: Alternative) -> str:
 
 def spot_line(plan: Plan | None) -> list[str]:
     """For plan 1 on spot: the expected billed hours and the checkpoint interval of the interruption model
-    (:mod:`fitplan.builtin.spot_risk`), or that spot is unpriced for risk (the provider states no rate)."""
+    (:mod:`fitplan.builtin.spot_risk`, read from the estimate's ``cost`` section), or that spot is unpriced for
+    risk (the provider states no rate, or the instance no checkpoint bandwidth)."""
     if plan is None or plan.market != "spot" or plan.estimate is None:
         return []
-    v = plan.estimate.values
-    tau = v.get("spot_checkpoint_interval_seconds")
+    from fitplan.output.estimate_report import sections_json
+
+    cost = sections_json(plan.estimate).get("cost") or {}
+    risk = cost.get("spot_risk") or {}
+    tau = risk.get("checkpoint_interval_seconds")
     if tau is None:
         return ["spot: unpriced for risk (no interruption rate or checkpoint bandwidth stated): billed time is the "
-                f"training time × {v.get('spot_time_factor') or 0:.2f}, an assumed overhead"]
-    return [f"spot: {v['billed_seconds_spot'] / 3600:,.2f} h billed expected; checkpoint every {tau / 60:,.1f} min "
-            f"({v['spot_lost_seconds_per_interruption'] / 60:,.1f} min lost per interruption, one every "
-            f"{v['spot_mtbi_seconds'] / 3600:,.2f} h)"]
+                f"training time × {risk.get('time_factor') or 0:.2f}, an assumed overhead"]
+    hours = cost["spot_usd_per_run"] / cost["spot_per_hour"]  # billed hours: cost per run / price per hour
+    return [f"spot: {hours:,.2f} h billed expected; checkpoint every {tau / 60:,.1f} min "
+            f"({risk['lost_seconds_per_interruption'] / 60:,.1f} min lost per interruption, one every "
+            f"{risk['mean_seconds_between_interruptions'] / 3600:,.2f} h)"]
 
 
 def why_lines(why: Why | None, first: Plan | None = None) -> list[str]:
