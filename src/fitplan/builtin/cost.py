@@ -12,6 +12,7 @@ cost's likely range is the cost of the likely training time's ends (``train_seco
 
 from __future__ import annotations
 
+from fitplan.builtin import spot_risk
 from fitplan.engine.declarations import quantity
 from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.rulesets.pricing import billed_seconds, choose_instance
@@ -116,5 +117,5 @@ def cost_currency(instance_choice):
 def fitplan_register_quantities(register):
     for q in (gpu_hours, instance_choice, billed_seconds_on_demand, billed_seconds_spot, on_demand_cost_usd,
               spot_cost_usd, on_demand_cost_usd_low, on_demand_cost_usd_high, spot_cost_usd_low, spot_cost_usd_high,
-              cost_currency):
+              cost_currency, *spot_risk.QUANTITIES):
         register(q)

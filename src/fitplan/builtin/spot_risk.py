@@ -13,7 +13,8 @@ report says spot is unpriced for risk. With C the checkpoint time, M = 3600/λ t
 * expected wall time T_spot = T (1 + C/τ) / (1 − L/M): the work and its checkpoints, stretched by the interruptions
   expected over the whole run (T_spot / M of them, each losing L). None when L ≥ M (the run would not finish).
 
-All are None (not an error) without a spot price, a rate or a checkpoint bandwidth.
+All are None (not an error) without a spot price, a rate or a checkpoint bandwidth. They are registered by the
+cost plugin (:mod:`fitplan.builtin.cost`), whose spot price needs them: blocking it removes both.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import math
 
 from fitplan.engine.declarations import quantity
-from fitplan.pluginmgr.hookspecs import hookimpl
 
 
 @quantity("bytes", json_key="cost.spot_risk.checkpoint_bytes")
@@ -82,8 +82,5 @@ def spot_time_factor(instance_choice, checkpoint_seconds, spot_checkpoint_interv
         1 - spot_lost_seconds_per_interruption / spot_mtbi_seconds)
 
 
-@hookimpl
-def fitplan_register_quantities(register):
-    for q in (checkpoint_bytes, checkpoint_seconds, spot_mtbi_seconds, spot_checkpoint_interval_seconds,
-              spot_lost_seconds_per_interruption, spot_time_factor):
-        register(q)
+QUANTITIES = (checkpoint_bytes, checkpoint_seconds, spot_mtbi_seconds, spot_checkpoint_interval_seconds,
+              spot_lost_seconds_per_interruption, spot_time_factor)

@@ -44,7 +44,6 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.confidence",
     "fitplan.builtin.defaults",
     "fitplan.builtin.cost",
-    "fitplan.builtin.spot_risk",
     "fitplan.builtin.seed",
     "fitplan.builtin.names",
     "fitplan.builtin.report",
