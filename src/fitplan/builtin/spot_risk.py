@@ -24,20 +24,30 @@ import math
 from fitplan.engine.declarations import quantity
 
 
+def _modelled(instance_choice) -> bool:
+    """Whether the interruption model applies: a spot price, the provider's rate and the instance's bandwidth."""
+    return (instance_choice is not None and instance_choice.spot_per_hour is not None
+            and bool(instance_choice.provider.spot_interruptions_per_hour)
+            and instance_choice.instance.checkpoint_gbps is not None)
+
+
 @quantity("bytes", json_key="cost.spot_risk.checkpoint_bytes")
-def checkpoint_bytes(trainable_param_count, trainable_dtype_bytes, master_weight_dtype_bytes, optimizer_spec,
-                     optimizer_context):
+def checkpoint_bytes(instance_choice, trainable_param_count, trainable_dtype_bytes, master_weight_dtype_bytes,
+                     optimizer_spec, optimizer_context):
     """What a resumable checkpoint holds, over all GPUs (unsharded): the trainable weights in their dtype, their
     fp32 master copy when the stack keeps one, and the optimizer states (the HF Trainer saves the model and the
-    optimizer: transformers/trainer.py ``_save_checkpoint``; frozen base weights are reloaded, not saved)."""
+    optimizer: transformers/trainer.py ``_save_checkpoint``; frozen base weights are reloaded, not saved).
+    None where the interruption model does not apply (it is computed only where it is used)."""
+    if not _modelled(instance_choice):
+        return None
     states = sum(int(optimizer_spec.state_bytes(part)) for part in optimizer_context.dtype_parts())
     return int(trainable_param_count * (trainable_dtype_bytes + master_weight_dtype_bytes)) + states
 
 
 @quantity("s", json_key="cost.spot_risk.checkpoint_seconds")
 def checkpoint_seconds(checkpoint_bytes, instance_choice):
-    """C = checkpoint bytes / the instance's ``checkpoint_gbps`` (GB/s, 10^9 bytes). None where it is not stated."""
-    if instance_choice is None or instance_choice.instance.checkpoint_gbps is None:
+    """C = checkpoint bytes / the instance's ``checkpoint_gbps`` (GB/s, 10^9 bytes). None where not modelled."""
+    if checkpoint_bytes is None:
         return None
     return checkpoint_bytes / (instance_choice.instance.checkpoint_gbps * 1e9)
 
