@@ -2,7 +2,7 @@
 
 ``on_demand_cost_usd = runs × instances × price per hour × billed hours``, where billed hours are the
 training time rounded up to the provider's billing unit (and minimum); spot time is first lengthened by
-the provider's ``spot_overhead``. The instance shape is chosen by :func:`fitplan.rulesets.pricing.choose_instance`
+``spot_time_factor`` (the interruption model of :mod:`fitplan.builtin.spot_risk`, or the provider's flat ``spot_overhead``). The instance shape is chosen by :func:`fitplan.rulesets.pricing.choose_instance`
 (cheapest whole instances covering the GPUs). Amounts are in the provider's ``currency`` (``cost_currency``):
 the ``_usd`` names are historical, the currency is always stated.
 
@@ -12,6 +12,7 @@ cost's likely range is the cost of the likely training time's ends (``train_seco
 
 from __future__ import annotations
 
+from fitplan.builtin import spot_risk
 from fitplan.engine.declarations import quantity
 from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.rulesets.pricing import billed_seconds, choose_instance
@@ -45,12 +46,13 @@ def billed_seconds_on_demand(train_seconds, instance_choice):
 
 
 @quantity("s", json_key="cost.billed_seconds_spot")
-def billed_seconds_spot(train_seconds, instance_choice):
-    """One run's spot time, ``train_seconds × (1 + spot_overhead)`` (interruptions, restarts and checkpoint
-    reloads; the provider's assumption), rounded like on-demand time. None without a spot price."""
-    if train_seconds is None or instance_choice is None or instance_choice.spot_per_hour is None:
+def billed_seconds_spot(train_seconds, instance_choice, spot_time_factor):
+    """One run's spot time, ``train_seconds × spot_time_factor`` (the interruption model where the provider states
+    a rate, else ``1 + spot_overhead``: :mod:`fitplan.builtin.spot_risk`), rounded like on-demand time. None
+    without a spot price."""
+    if train_seconds is None or spot_time_factor is None:
         return None
-    return billed_seconds(train_seconds * (1 + instance_choice.provider.spot_overhead), instance_choice.provider)
+    return billed_seconds(train_seconds * spot_time_factor, instance_choice.provider)
 
 
 @quantity("USD", json_key="cost.on_demand_usd", short="cost", role="cost.on_demand", label="on-demand cost")
@@ -71,38 +73,38 @@ def spot_cost_usd(billed_seconds_spot, instance_choice, runs):
     return runs * instance_choice.spot_per_hour * billed_seconds_spot / 3600
 
 
-def _priced(seconds, plan, runs, spot: bool):
-    """``runs × price per hour × billed hours`` of one run lasting ``seconds`` (spot: lengthened by the provider's
-    ``spot_overhead``); None without a time, an instance or (spot) a spot price."""
-    if seconds is None or plan is None or (spot and plan.spot_per_hour is None):
+def _priced(seconds, plan, runs, spot_factor: float | None = None):
+    """``runs × price per hour × billed hours`` of one run lasting ``seconds`` (spot: lengthened by
+    ``spot_factor``, the ``spot_time_factor``); None without a time, an instance or (spot) a spot price."""
+    if seconds is None or plan is None:
         return None
-    if spot:
-        return runs * plan.spot_per_hour * billed_seconds(seconds * (1 + plan.provider.spot_overhead), plan.provider) / 3600
+    if spot_factor is not None:
+        return runs * plan.spot_per_hour * billed_seconds(seconds * spot_factor, plan.provider) / 3600
     return runs * plan.on_demand_per_hour * billed_seconds(seconds, plan.provider) / 3600
 
 
 @quantity("USD", json_key="cost.on_demand_usd_low", role="cost.on_demand.low", label="on-demand cost, likely low")
 def on_demand_cost_usd_low(train_seconds_low, instance_choice, runs):
     """On-demand cost at the low end of the likely training time (``train_seconds_low``), billed the same way."""
-    return _priced(train_seconds_low, instance_choice, runs, spot=False)
+    return _priced(train_seconds_low, instance_choice, runs)
 
 
 @quantity("USD", json_key="cost.on_demand_usd_high", role="cost.on_demand.high", label="on-demand cost, likely high")
 def on_demand_cost_usd_high(train_seconds_high, instance_choice, runs):
     """On-demand cost at the high end of the likely training time (``train_seconds_high``)."""
-    return _priced(train_seconds_high, instance_choice, runs, spot=False)
+    return _priced(train_seconds_high, instance_choice, runs)
 
 
 @quantity("USD", json_key="cost.spot_usd_low", role="cost.spot.low", label="spot cost, likely low")
-def spot_cost_usd_low(train_seconds_low, instance_choice, runs):
-    """Spot cost at the low end of the likely training time (with the provider's spot overhead)."""
-    return _priced(train_seconds_low, instance_choice, runs, spot=True)
+def spot_cost_usd_low(train_seconds_low, instance_choice, runs, spot_time_factor):
+    """Spot cost at the low end of the likely training time (× ``spot_time_factor``)."""
+    return None if spot_time_factor is None else _priced(train_seconds_low, instance_choice, runs, spot_time_factor)
 
 
 @quantity("USD", json_key="cost.spot_usd_high", role="cost.spot.high", label="spot cost, likely high")
-def spot_cost_usd_high(train_seconds_high, instance_choice, runs):
-    """Spot cost at the high end of the likely training time (with the provider's spot overhead)."""
-    return _priced(train_seconds_high, instance_choice, runs, spot=True)
+def spot_cost_usd_high(train_seconds_high, instance_choice, runs, spot_time_factor):
+    """Spot cost at the high end of the likely training time (× ``spot_time_factor``)."""
+    return None if spot_time_factor is None else _priced(train_seconds_high, instance_choice, runs, spot_time_factor)
 
 
 @quantity("currency", json_key="cost.currency", role="currency", type="text")
@@ -115,5 +117,5 @@ def cost_currency(instance_choice):
 def fitplan_register_quantities(register):
     for q in (gpu_hours, instance_choice, billed_seconds_on_demand, billed_seconds_spot, on_demand_cost_usd,
               spot_cost_usd, on_demand_cost_usd_low, on_demand_cost_usd_high, spot_cost_usd_low, spot_cost_usd_high,
-              cost_currency):
+              cost_currency, *spot_risk.QUANTITIES):
         register(q)

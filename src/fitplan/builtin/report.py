@@ -196,6 +196,7 @@ def cost_json(est) -> dict[str, Any]:
         "billed_seconds_on_demand": v.get("billed_seconds_on_demand"),
         "billed_seconds_spot": v.get("billed_seconds_spot"),
         "spot_overhead": None if plan is None else plan.provider.spot_overhead,
+        "spot_risk": _spot_risk_json(v),
         "currency": v.get("cost_currency") or "USD",
     }
     return {"cost": out}
@@ -284,7 +285,7 @@ def cost_lines(est, units: str) -> list[tuple[str, str]]:
     money = lambda x: f"{x:,.2f}"  # noqa: E731
     spot = ("no spot price" if v.get("spot_cost_usd") is None else
             f"{v['spot_cost_usd']:,.2f} {cur} spot{_likely(v.get('spot_cost_usd_low'), v.get('spot_cost_usd_high'), money)}"
-            + (f" (+{100 * plan.provider.spot_overhead:g} % interruption overhead)" if plan.provider.spot_overhead else ""))
+            + _spot_risk_text(v, plan))
     od = _likely(v.get("on_demand_cost_usd_low"), v.get("on_demand_cost_usd_high"), money)
     lines.append(("cost", f"{v['on_demand_cost_usd']:,.2f} {cur} on demand{od}, {spot}{per}"))
     lines.append(("instances", f"{plan.count} × {plan.provider.id} {plan.instance.id} ({plan.instance.gpus} × {plan.instance.gpu}"
@@ -321,6 +322,31 @@ SECTIONS = (
     ReportSection("time", time_json, time_lines, order=20),
     ReportSection("cost", cost_json, cost_lines, order=30),
 )
+
+
+def _spot_risk_json(v) -> dict:
+    """The spot interruption model's numbers (:mod:`fitplan.builtin.spot_risk`; None where it does not apply)."""
+    return {"checkpoint_bytes": v.get("checkpoint_bytes"), "checkpoint_seconds": v.get("checkpoint_seconds"),
+            "mean_seconds_between_interruptions": v.get("spot_mtbi_seconds"),
+            "checkpoint_interval_seconds": v.get("spot_checkpoint_interval_seconds"),
+            "lost_seconds_per_interruption": v.get("spot_lost_seconds_per_interruption"),
+            "time_factor": v.get("spot_time_factor")}
+
+
+def _spot_risk_text(v, plan) -> str:
+    """How spot time is lengthened: the interruption model (billed hours, checkpoint interval), or the flat overhead,
+    which leaves spot unpriced for risk."""
+    if v.get("spot_cost_usd") is None:
+        return ""
+    tau = v.get("spot_checkpoint_interval_seconds")
+    if tau is None:
+        if not plan.provider.spot_overhead:  # a reference table (the seed's) assumes no overhead
+            return ""
+        return (f" (+{100 * plan.provider.spot_overhead:g} % assumed interruption overhead: no interruption rate "
+                "stated, spot unpriced for risk)")
+    return (f" ({v['billed_seconds_spot'] / 3600:,.2f} h billed expected: checkpoint every {tau / 60:,.1f} min, "
+            f"{v['spot_lost_seconds_per_interruption'] / 60:,.1f} min lost per interruption, one every "
+            f"{v['spot_mtbi_seconds'] / 3600:,.2f} h)")
 
 
 @hookimpl

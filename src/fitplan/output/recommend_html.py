@@ -12,6 +12,7 @@ import math
 from html import escape
 
 from fitplan import __version__
+from fitplan.output.why_text import why_lines
 from fitplan.search.plans import Plan, Result, command_line, describe_market, rejection_text
 from fitplan.output.recommend_report import (PLAN_COLUMNS, _header, cost_text, no_plan_text, plan_row, side_columns,
                                              side_rows, side_summary, stats_line, time_text)
@@ -262,6 +263,9 @@ def _group(result: Result, suffix: str) -> list[str]:
             parts.append(f'<p class="note">plan {p.rank} penalised by {escape(v.rule)} (× {1 + v.penalty:g}): '
                          f'{escape(v.reason)}</p>')
         parts += [f'<p class="note">plan {p.rank}: {escape(n)}</p>' for n in p.notes]
+    if result.why is not None:
+        parts += [f"<h3>Why plan 1{sfx}</h3>", "<ul>" + "".join(f"<li>{escape(x)}</li>" for x in why_lines(result.why, result.plans[0]))
+                  + "</ul>"]
     chart = memory_chart(result)
     if chart:
         parts += [f"<h2>Memory per GPU{sfx}</h2>",

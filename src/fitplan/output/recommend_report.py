@@ -13,6 +13,7 @@ from typing import Any
 from fitplan import __version__
 from fitplan.output.console import md, printable, render_rich
 from fitplan.output.formats import RenderOptions
+from fitplan.output.why_text import why_lines
 from fitplan.search.plans import Plan, Result, Side, command_line, describe_market, rejection_text
 from fitplan.units import format_bytes, format_count
 
@@ -59,7 +60,8 @@ def side_json(result: Result, side: Side) -> dict[str, Any]:
     return {"values": dict(side.values), "best": plan_json(result, side.plans[0]) if side.plans else None,
             "plans": [plan_json(result, p) for p in side.plans],
             "pareto_front": [plan_json(result, p) for p in side.pareto],
-            "rejected": [plan_json(result, p) for p in side.rejected]}
+            "rejected": [plan_json(result, p) for p in side.rejected],
+            "why": None if side.why is None else side.why.to_dict()}
 
 
 def to_json(result: Result) -> dict[str, Any]:
@@ -76,6 +78,7 @@ def to_json(result: Result) -> dict[str, Any]:
         "plans": [plan_json(result, p) for p in result.plans],
         "pareto_front": [plan_json(result, p) for p in result.pareto],
         "rejected": [plan_json(result, p) for p in result.rejected],
+        "why": None if result.why is None else result.why.to_dict(),
         "search": result.stats.to_dict(),
     }
     if result.vary:
@@ -293,6 +296,8 @@ def _md_group(result: Result, suffix: str) -> list[str]:
     """The ranked plans, the front and the rejected plans of one result (or one side: ``suffix`` names it)."""
     lines = ["", f"## Ranked plans{md(suffix)}", ""]
     lines += _md_table(result.plans) if result.plans else [f"_{no_plan_text(result)}_"]
+    if result.why is not None:
+        lines += ["", f"## Why plan 1{md(suffix)}", ""] + [f"- {md(x)}" for x in why_lines(result.why, result.plans[0])]
     lines += ["", f"## Cost versus time: the Pareto front{md(suffix)}", "",
               "Plans no other plan beats on both time and cost, fastest first.", ""]
     lines += _md_table(result.pareto) if result.pareto else ["_No plan has both a time and a cost._"]
@@ -365,6 +370,10 @@ def _print_group(result: Result, console, suffix: str) -> None:
         table(f"Ranked plans{suffix}", result.plans)
     else:
         console.print(f"[bold red]{escape(no_plan_text(result))}{escape(suffix)}[/]")
+    if result.why is not None:
+        console.print(escape(f"Why plan 1{suffix}:"))
+        for line in why_lines(result.why, result.plans[0]):
+            console.print("  " + escape(line))
     if result.pareto:
         table(f"Cost versus time: the Pareto front (fastest first){suffix}", result.pareto)
     if result.rejected:

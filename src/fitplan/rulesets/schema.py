@@ -24,7 +24,7 @@ from fitplan.rules.templates import template_names
 MAXIMA: dict[str, float] = {
     "memory_bytes": 2**44, "usable_bytes": 2**44, "bandwidth_gbps": 1e5, "interconnect_gbps": 1e5,
     "inter_node_gbps": 1e5, "host_memory_gib": 2**20, "gpus_per_node": 1024, "gpus": 1024, "on_demand_per_hour": 1e5, "spot_per_hour": 1e5,
-    "minimum_seconds": 86_400 * 31, "spot_overhead": 10, "cuda_context_bytes": 2**40, "cublas_workspace_bytes": 2**40,
+    "minimum_seconds": 86_400 * 31, "spot_overhead": 10, "spot_interruptions_per_hour": 3600, "checkpoint_gbps": 1e5, "cuda_context_bytes": 2**40, "cublas_workspace_bytes": 2**40,
     "allocator_reserve_ratio": 10, "allocator_block_bytes": 2**30, "param_count": 1e15, "max_seq_length": 2**24,
     "num_gpus": 1e6, "tokens_per_second_per_gpu": 1e9, "tokens_per_second": 1e12, "penalty": 1e6, "peak_tflops": 1e6,
 }
@@ -132,7 +132,11 @@ class Provider:
     minimum_seconds: int = field(default=60, validator=_nonneg)
     currency: str = "USD"
     spot_overhead: float = field(default=0.1, validator=_nonneg)
-    """Extra fraction of run time lost to spot interruptions and restarts (0.1 = +10 %)."""
+    """Extra fraction of run time lost to spot interruptions and restarts (0.1 = +10 %): the flat assumption used
+    where ``spot_interruptions_per_hour`` is not stated."""
+    spot_interruptions_per_hour: float | None = field(default=None, validator=_nonneg)
+    """Mean spot interruptions per instance-hour (λ), from a public dated source named in ``source``; None: not
+    published, spot is unpriced for risk (the flat ``spot_overhead`` is used). :mod:`fitplan.builtin.spot_risk`."""
     reference: bool = False
     """A reference table, not a market (the seed chapter's approximate, undated prices): priced when named
     (``--provider``, ``--providers``) but never chosen by ``fitplan recommend`` on its own."""
@@ -163,6 +167,9 @@ class Instance:
     host_memory_gib: float | None = field(default=None, validator=_nonneg)
     """GiB of host RAM of the whole instance (the provider's stated memory); None: not stated, so the
     recommender cannot check a CPU-offload plan's host memory against it (it says so)."""
+    checkpoint_gbps: float | None = field(default=None, validator=_nonneg)
+    """GB/s at which the instance writes (and reads back) a checkpoint to its disk or network storage; None: not
+    stated, so a spot run's checkpoint time and interruption cost are not modelled."""
 
 
 @frozen

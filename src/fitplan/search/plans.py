@@ -127,6 +127,8 @@ class Side:
     plans: list[Plan]
     pareto: list[Plan]
     rejected: list[Plan]
+    why: Any = None
+    """Why plan 1 (:class:`fitplan.search.why.Why`), None without plans."""
 
     @property
     def title(self) -> str:
@@ -156,6 +158,8 @@ class Result:
     sides: list[Side] = attrs.Factory(list)
     side: Side | None = None
     """Set on a view of one side (:meth:`side_view`): the search's counts are the whole search's."""
+    why: Any = None
+    """Why plan 1 (:class:`fitplan.search.why.Why`): None without plans, or with ``vary`` (each side has its own)."""
 
     def all_plans(self) -> list[Plan]:
         """Every plan a report shows (each once): the ranked, the front, the rejected, of every side."""
@@ -168,7 +172,7 @@ class Result:
     def side_view(self, side: Side) -> Result:
         """One side as a result of its own (its plans, front and rejected; the same search), for the renderers."""
         return attrs.evolve(self, plans=side.plans, pareto=side.pareto, rejected=side.rejected, vary=(), sides=[],
-                            side=side)
+                            side=side, why=side.why)
 
     def views(self) -> list[tuple[str, Result]]:
         """What a report shows section by section: ``[("", self)]``, or one ``(side title, view)`` per side."""
@@ -192,6 +196,35 @@ class Collector:
         self.rejected: list[tuple[tuple, Plan]] = []
         self.rejected_groups: dict[tuple, Plan] = {}
         self.worst_rejected = _INF
+        self.best_by: dict[tuple[str, Any], tuple[tuple, Plan]] = {}
+        """The best allowed plan (by ranking key) per ``("gpu", id)``, ``("gpus", world size)`` and
+        ``("provider", id)``: the runner-ups of :mod:`fitplan.search.why`, kept while searching."""
+        self.misses: dict[tuple[str, int], int] = {}
+        """Per (GPU id, world size): the smallest excess (bytes) of an evaluated candidate's device total over the
+        GPU's limit with the headroom, among those that did not fit."""
+
+    def miss(self, gpu: str, world: int, excess: int) -> None:
+        """Note a candidate that missed ``gpu``'s limit by ``excess`` bytes on ``world`` GPUs."""
+        k = (gpu, world)
+        if excess < self.misses.get(k, excess + 1):
+            self.misses[k] = excess
+
+    def beats_a_dimension(self, score: float, dims: tuple) -> bool:
+        """Whether a candidate of ``score`` may be the best of one of its ``dims`` (cheap: no key built)."""
+        by = self.best_by
+        for d in dims:
+            b = by.get(d)
+            if b is None or score <= b[0][0]:
+                return True
+        return False
+
+    def add_dimensions(self, key: tuple, plan: Plan, dims: tuple) -> None:
+        """Keep ``plan`` as the best of each of ``dims`` it beats."""
+        by = self.best_by
+        for d in dims:
+            b = by.get(d)
+            if b is None or key < b[0]:
+                by[d] = (key, plan)
 
     def add(self, key: tuple, plan: Plan) -> None:
         self.worst_score = _insert(self.best, self.groups, self.top, key, plan)

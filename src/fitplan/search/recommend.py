@@ -42,6 +42,7 @@ from fitplan.search.plans import (METHOD_RANK, Collector, Plan, Result, Side, St
                                   ranking_key)
 from fitplan.search.staged import (L_ATTN, L_BATCH, L_CKPT, L_METHOD, L_OPTIM, L_PRECISION, L_SHARD, L_WORLD, SEARCHED,
                                    PlanValues, Staged, staged, usable_memory)
+from fitplan.search.why import explain, gpu_hour_prices
 from fitplan.search.space import (OBJECTIVES, SearchSpace, batch_options, gpu_allows, hardware_options, narrowed,
                                   parse_headroom, precision_twins, semantics, shard_options)
 
@@ -121,7 +122,7 @@ def search(base: sc.Scenario, ctx, *, space: SearchSpace = SearchSpace(), object
                             _search_world(setup, st, n, m, (METHOD_RANK.get(method, 9), setup.optim_rank[optim],
                                                             precision_rank), flat)
     stats.seconds = time.perf_counter() - t0
-    return _result(setup, st, flat, given, headroom, arch)  # the scenario as given: its command line
+    return _result(setup, st, flat, given, headroom, arch, ctx.rulesets)  # the scenario as given: its command line
 
 
 def side_key(vary: tuple[str, ...], method: str, precision: str, optim: str) -> tuple[str, ...]:
@@ -306,6 +307,7 @@ def _search_batch(setup: _Search, st: Staged, hw: list[Any], per_ag: dict[tuple[
             stats.candidates += cnt
             if dt > setup.limit[g.id]:
                 stats.too_big += cnt
+                setup.collector.miss(g.id, world, dt - setup.limit[g.id])
                 if k > 1:
                     dead.add((a, g.id))
                 continue
@@ -387,10 +389,14 @@ def _collect(setup: _Search, cur, market, dt, usable, seconds, cost, od, spot, w
     t = _INF if seconds is None else seconds
     score = (c if objective == "cost" else t if objective == "time" else world) * factor
     on_front = seconds is not None and cost is not None and not collector.dominated(seconds, cost)
-    if score > collector.worst_score and not on_front:
+    dims = (("gpu", cur["gpu"]), ("gpus", world), ("provider", cur["provider"]))
+    runner = collector.beats_a_dimension(score, dims)
+    if score > collector.worst_score and not on_front and not runner:
         return
     key = ranking_key(objective, factor, cost, seconds, world, simplicity, headroom, order)
     plan = make_plan(cur, market, dt, usable, seconds, cost, od, spot, world, key[0], order)
+    if runner:
+        collector.add_dimensions(key, plan, dims)
     plan.notes = list(notes)
     if factor != 1.0:
         setup.ns.market = market
@@ -401,9 +407,11 @@ def _collect(setup: _Search, cur, market, dt, usable, seconds, cost, od, spot, w
         collector.add_front(seconds, cost, key, plan)
 
 
-def _result(setup: _Search, st: Staged, flat: dict[str, Any], base: sc.Scenario, headroom: str | float, arch) -> Result:
+def _result(setup: _Search, st: Staged, flat: dict[str, Any], base: sc.Scenario, headroom: str | float, arch,
+            rules) -> Result:
     stats = setup.stats
-    sides = [_side(setup.vary, key, c) for key, c in setup.collectors.items()]
+    prices = gpu_hour_prices(rules, setup.space.providers)
+    sides = [_side(setup, key, c, prices) for key, c in setup.collectors.items()]
     if (setup.objective == "gpus" and st.roles["seconds"] is not None and flat["num_examples"] is None
             and flat["total_tokens"] is None and not flat["dataset_path"]):
         stats.notes.append("no dataset given: plans have no time or cost (add --dataset, or --num-examples and "
@@ -424,14 +432,16 @@ def _result(setup: _Search, st: Staged, flat: dict[str, Any], base: sc.Scenario,
     model = {"name": arch.name, "params": arch.param_count}
     one = sides[0] if not setup.vary else Side({}, [], [], [])
     return Result(setup.objective, one.plans, one.pareto, one.rejected, stats, setup.space, base, str(headroom),
-                  setup.policies.describe(), model, setup.vary, sides if setup.vary else [])
+                  setup.policies.describe(), model, setup.vary, sides if setup.vary else [], why=one.why)
 
 
-def _side(vary: tuple[str, ...], key: tuple[str, ...], collector: Collector) -> Side:
+def _side(setup: _Search, key: tuple[str, ...], collector: Collector, prices: dict[str, float]) -> Side:
     plans = [p for _, p in collector.best]
     for i, p in enumerate(plans, 1):
         p.rank = i
-    return Side(dict(zip(vary, key)), plans, [p for _, _, _, p in collector.front], [p for _, p in collector.rejected])
+    pareto, rejected = [p for _, _, _, p in collector.front], [p for _, p in collector.rejected]
+    why = explain(setup.objective, plans, pareto, rejected, collector, prices)
+    return Side(dict(zip(setup.vary, key)), plans, pareto, rejected, why)
 
 
 # --------------------------------------------------------------------------- after the search
