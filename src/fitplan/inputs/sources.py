@@ -93,7 +93,7 @@ class FromOptions:
 def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> FromOptions:
     """Scenario file, then accelerate config YAML, then TrainingArguments JSON, then DeepSpeed JSON, then flags
     (flags win). ``options`` holds the CLI's scenario options by field name (None: not given) plus
-    ``scenario_file``, ``ruleset_dirs``, ``bf16``, ``fp16``, ``accelerate_config``, ``deepspeed`` and
+    ``scenario_file``, ``ruleset_dirs``, ``accelerate_config``, ``deepspeed`` and
     ``training_args``; it is not changed."""
     from fitplan.inputs.importers import deepspeed_fields, training_args_fields
 
@@ -104,8 +104,6 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
     if bf16 and fp16:
         raise FitplanError("--bf16 and --fp16 are mutually exclusive (TrainingArguments refuses both)",
                            field="--bf16/--fp16")
-    if bf16 or fp16:  # TrainingArguments' flags: the preset follows from them and the load dtype (estimation.with_precision)
-        flags["bf16" if bf16 else "fp16"] = True
     overrides: dict[str, Any] = {}
     warnings: list[str] = []
     checks: list[Any] = []
