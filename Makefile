@@ -10,8 +10,8 @@ TEST_EXTRAS := transformers==5.24.0 peft==0.21.2
 OPTIM_LIBS := bitsandbytes==0.50.2 torchao==0.18.0 galore-torch==1.0 apollo-torch==1.0.3 schedulefree==1.4.1 \
 	lomo-optim==0.1.1 grokadamw==0.1.2 torch-optimi==0.3.3
 # The stacks the referee runs on the CPU (docs/validation.md, tests/test_stack_referee.py): DeepSpeed ZeRO,
-# accelerate; bitsandbytes (QLoRA) is in OPTIM_LIBS.
-STACK_EXTRAS := deepspeed==0.19.8 accelerate==1.16.0
+# accelerate, TRL's trainers (preference and RL fine-tuning, docs/trl.md); bitsandbytes (QLoRA) is in OPTIM_LIBS.
+STACK_EXTRAS := deepspeed==0.19.8 accelerate==1.16.0 trl==1.16.0
 # The referee (fitplan-torch) is a real plugin: installed into .venv. The example plugins (a fictional
 # organisation's prices, third-party optimizers) never go into .venv, which `make demo` and a user's
 # `pip install` see: they are installed into $(TEST_PLUGINS), which tests/conftest.py puts on sys.path
