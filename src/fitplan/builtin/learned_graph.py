@@ -100,7 +100,7 @@ class Builder:
             else:
                 dtype = self.dt(code)
             numel = self.param_numel(template or name, name)
-            trainable = not self.lora and dtype in FLOAT
+            trainable = not self.lora and not self.spec.frozen and dtype in FLOAT
             t = self.tr.param(numel, dtype, trainable)
             t.name = name
             self.params[name] = t

@@ -45,6 +45,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import op_work
+from .trl import fused_head as trl_fused_head
 from .archfile import BYTES
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ RULES = {
     # them, the fp32 log-sum-exp and the logit average (given explicitly, ``sv``); its backward allocates both
     # gradients (``zeros_like``)
     "cce.linear_cross_entropy": {"d": ["self", "weight"], "s": [], "p": [0, 0], "o": [1]},
+    "trl.chunked_logprob": trl_fused_head.RULE,  # TRL's fused LM head (builtin/trl/fused_head.py)
 }
 
 
@@ -91,7 +93,8 @@ def head_site(seg_inst: "Segment") -> dict[str, Any] | None:
 
 def run(seg_inst: "Segment", site: dict[str, Any]) -> None:
     """Emit the replaced head from ``site`` on; sets the epilogue's loss reference."""
-    loss = {"chunked": _chunked, "liger": _liger, "cce": _cce}[seg_inst.b.spec.loss](seg_inst, site)
+    heads = {"chunked": _chunked, "liger": _liger, "cce": _cce, "trl": trl_fused_head.run, "trl_logp": trl_fused_head.run}
+    loss = heads[seg_inst.b.spec.loss](seg_inst, site)
     seg_inst.refs[seg_inst.seg["loss"]] = loss
 
 

@@ -91,7 +91,10 @@ class TraceSpec:
     """Every ``nn.Linear`` call site in the graph saves its input, frozen weight or not: DeepSpeed ZeRO-3 replaces
     ``F.linear`` (the rule and its source: ``builtin/sharding/deepspeed.py``, ``zero3_linear_saves_input``)."""
     loss: str = "hf"
-    """How the loss head runs: ``hf``, ``chunked``, ``liger`` (:mod:`.loss_heads`)."""
+    """How the loss head runs: ``hf``, ``chunked``, ``liger``, ``cce``, TRL's fused head ``trl`` / ``trl_logp``
+    (:mod:`.loss_heads`)."""
+    frozen: bool = False
+    """No parameter trains: a forward under ``torch.no_grad`` (TRL's reference model, builtin/trl/preference.py)."""
 
 
 @frozen
@@ -362,7 +365,7 @@ TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
 TRACE_MODULES = ("builtin/step_trace.py", "builtin/learned_graph.py", "builtin/learned_segment.py",
                  "builtin/kernels.py", "builtin/op_work.py", "builtin/archexpr.py", "builtin/archfile.py",
-                 "builtin/lora_targets.py", "builtin/loss_heads.py", "inputs/precision.py", "inputs/files.py", "errors.py")
+                 "builtin/lora_targets.py", "builtin/loss_heads.py", "builtin/trl/fused_head.py", "inputs/precision.py", "inputs/files.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
 KEEP_TRACES = 4000

@@ -38,6 +38,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.lora",
     "fitplan.builtin.sharding",
     "fitplan.builtin.peak",
+    "fitplan.builtin.trl.preference",
     "fitplan.builtin.overhead",
     "fitplan.builtin.time",
     "fitplan.builtin.dataset",

@@ -1,0 +1,153 @@
+"""TRL 1.16's DPO step: the policy over chosen and rejected sequences, the reference model, their phases.
+
+``DPOTrainer._compute_loss`` (trl/trainer/dpo_trainer.py) runs, per micro-batch:
+
+1. the policy's forward over the collated batch: ``DataCollatorForPreference`` puts the ``b`` chosen and the
+   ``b`` rejected sequences (prompt + completion, padded to the longest) in one ``(2b, s)`` batch with its
+   ``attention_mask`` and ``completion_mask`` (int64 each); ``labels`` (``input_ids`` with the prompt
+   masked to -100, int64) are made before the forward and live until the loss returns. The model is
+   called with ``fused_lm_head=True``: TRL's fused head (:mod:`.fused_head`) instead of logits and
+   cross-entropy. fitplan's step trace replays this forward at batch ``2b`` with that head;
+2. the reference forward, after the policy's and under ``torch.no_grad()``: a second full model
+   (``ref_model``, loaded in the policy's dtype, ``create_model_from_path``; its fused head asks for
+   log-probabilities only) for full fine-tuning, the policy itself with its adapters disabled
+   (``use_adapter``, peft's base model: no second copy) under LoRA, none with ``precompute_ref_log_probs``
+   (computed once before training, ``_precompute_ref_logps``). Everything the policy's forward saved for
+   backward is alive meanwhile: its peak is a phase of its own, ``reference_forward``: resident + the
+   reference weights + the policy's saved tensors + the most the no-grad forward holds (a trace of the same
+   model with no parameter training, :attr:`~fitplan.builtin.step_trace.TraceSpec.frozen`);
+3. the loss (``-logsigmoid(beta · ...)`` over ``2b`` sums: bytes), the backward, the optimizer step.
+
+The reference model's weights are resident for the whole step (row ``reference_model``).
+"""
+
+from __future__ import annotations
+
+from fitplan.builtin.activations import trace_for
+from fitplan.builtin.step_trace import PARTS, TraceSpec, build
+from fitplan.engine.declarations import quantity, reducer
+from fitplan.pluginmgr.hookspecs import hookimpl
+
+PREFERENCE = ("dpo",)
+"""The preference trainers modelled here (docs/trl.md)."""
+BETA = {"dpo": 0.1}
+"""TRL 1.16's default ``beta`` per trainer (trl/trainer/dpo_config.py)."""
+
+
+def _is_preference(trainer) -> bool:
+    return trainer in PREFERENCE
+
+
+def _policy_trace(arch, b, s, trace_setup, attn_implementation, ckpt, method, lora_r, lora_target_modules,
+                  lora_dropout, device, framework):
+    precision, adapter, quant, linear_input = trace_setup
+    return trace_for(arch, 2 * b, s, precision, attn_implementation, ckpt, method, lora_r, lora_target_modules,
+                     lora_dropout, device, framework, adapter, quant, linear_input, "trl")
+
+
+@reducer("step_trace_without_checkpointing", when=lambda trainer: _is_preference(trainer))
+def preference_policy_trace(value, arch, per_device_train_batch_size, realized_seq_length, trace_setup,
+                            attn_implementation, method, lora_r, lora_target_modules, lora_dropout, device, framework):
+    """DPO: the policy's step over ``2·b`` sequences (chosen then rejected, one batch) with TRL's fused LM head
+    (builtin/trl/fused_head.py) instead of the model's logits and cross-entropy."""
+    if value is None:
+        return None
+    return _policy_trace(arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
+                         False, method, lora_r, lora_target_modules, lora_dropout, device, framework)
+
+
+@reducer("step_trace", when=lambda trainer: _is_preference(trainer))
+def preference_policy_trace_checkpointed(value, arch, per_device_train_batch_size, realized_seq_length, trace_setup,
+                                         attn_implementation, gradient_checkpointing, method, lora_r,
+                                         lora_target_modules, lora_dropout, device, framework):
+    """DPO: the policy's step as configured (:func:`preference_policy_trace`, with checkpointing when on)."""
+    if value is None:
+        return None
+    return _policy_trace(arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
+                         bool(gradient_checkpointing), method, lora_r, lora_target_modules, lora_dropout, device,
+                         framework)
+
+
+@reducer("batch_bytes", when=lambda trainer: _is_preference(trainer))
+def preference_batch(value, arch, per_device_train_batch_size, realized_seq_length, device, framework):
+    """``DataCollatorForPreference``'s batch: ``input_ids``, ``attention_mask`` and ``completion_mask``, int64
+    ``2b × s`` each (trl/trainer/dpo_trainer.py ``torch_call``)."""
+    if arch.is_bare:
+        return value
+    n = 8 * 2 * per_device_train_batch_size * realized_seq_length
+    if device == "cuda" and n:
+        block = framework.allocator_block_bytes
+        n = -(-n // block) * block
+    return 3 * n
+
+
+@quantity("bytes", category="memory", label="reference model", short_label="reference",
+          json_key="memory.per_gpu_bytes.reference_model", short="reference", row="reference_model")
+def reference_model_bytes(trainer, method, precompute_ref_log_probs, weight_bytes, buffer_bytes):
+    """The reference model kept beside the policy: full fine-tuning without ``precompute_ref_log_probs``, a
+    second copy of the weights in the policy's dtype and its buffers (``DPOTrainer.__init__``: ``ref_model``
+    from ``create_model_from_path`` with ``dtype=self.model.dtype``, prepared for evaluation); 0 under LoRA
+    (the adapters are disabled for the reference forward) and with precomputed log-probabilities. 0 for the
+    other trainers."""
+    if not _is_preference(trainer) or method != "full" or precompute_ref_log_probs:
+        return 0
+    return int(weight_bytes + buffer_bytes)
+
+
+@quantity("bytes")
+def reference_forward_bytes(trainer, method, precompute_ref_log_probs, arch, per_device_train_batch_size,
+                            realized_seq_length, trace_setup, attn_implementation, device, framework):
+    """The most the reference forward adds over what was alive before it (``torch.no_grad()``: nothing saved):
+    a trace of the model at batch ``2·b`` with no parameter training; under LoRA the policy's base with its
+    adapters disabled (peft ``lora.Linear.forward`` calls ``base_layer`` alone) and the policy's fused head
+    (every output), for a separate reference model its own head (log-probabilities only). 0 without a
+    reference forward."""
+    if not _is_preference(trainer) or precompute_ref_log_probs or arch.is_bare:
+        return 0
+    precision = trace_setup[0]
+    block = framework.allocator_block_bytes if framework is not None else 512
+    attn = "sdpa" if attn_implementation == "flash_attention_2" else attn_implementation
+    spec = TraceSpec(arch, 2 * int(per_device_train_batch_size), int(realized_seq_length), precision, attn, False,
+                     device=device, block=int(block), loss="trl_logp" if method == "full" else "trl", frozen=True)
+    return int(build(spec).forward_peak_bytes)
+
+
+@quantity("bytes")
+def preference_loss_inputs_bytes(trainer, arch, per_device_train_batch_size, realized_seq_length):
+    """``labels`` (int64 ``2b × s``, made before the policy's forward) and the fused head's bool label mask
+    (``2b × (s-1)``, kept in its output): alive through both forwards until the loss returns."""
+    if not _is_preference(trainer) or arch.is_bare:
+        return 0
+    rows = 2 * per_device_train_batch_size
+    return 8 * rows * realized_seq_length + rows * (realized_seq_length - 1)
+
+
+@reducer("phase_rows", when=lambda trainer: _is_preference(trainer))
+def preference_phases(value, reference_model_bytes, reference_forward_bytes, preference_loss_inputs_bytes,
+                      activation_bytes, logits_bytes, autocast_weight_copy_bytes, precompute_ref_log_probs):
+    """DPO's phases (module doc): the reference weights in every phase, the labels in the forward, and the
+    ``reference_forward`` phase: the forward's resident rows + the policy's saved tensors + the reference
+    forward's peak and the labels (temporaries)."""
+    rows = {ph: dict(r) for ph, r in value.items()}
+    for r in rows.values():
+        r["reference_model"] = r.get("reference_model", 0) + reference_model_bytes
+    rows["forward"]["temporaries"] = rows["forward"].get("temporaries", 0) + preference_loss_inputs_bytes
+    if not precompute_ref_log_probs:
+        ref = {k: v for k, v in rows["forward"].items() if k not in PARTS}
+        ref.update(activations=activation_bytes, logits=logits_bytes, autocast_copies=autocast_weight_copy_bytes,
+                   temporaries=reference_forward_bytes + preference_loss_inputs_bytes)
+        rows = {"forward": rows["forward"], "reference_forward": ref,
+                **{k: v for k, v in rows.items() if k != "forward"}}
+    return rows
+
+
+@hookimpl
+def fitplan_register_quantities(register):
+    for q in (reference_model_bytes, reference_forward_bytes, preference_loss_inputs_bytes):
+        register(q)
+
+
+@hookimpl
+def fitplan_register_reducers(register):
+    for r in (preference_policy_trace, preference_policy_trace_checkpointed, preference_batch, preference_phases):
+        register(r)
