@@ -126,11 +126,14 @@ def _cast_bytes(rows: int, hidden: int, vocab: int, h_dtype: str, w_dtype: str, 
 
 def _backward_temp(rows: int, hidden: int, vocab: int, flat, weight, compute: str, device: str) -> int:
     """What the backward holds beyond the gradients fitplan's backward allocates (the hidden states' and, when
-    trained, the weight's, in their dtypes): ``mm_buf``, the fp32 accumulators when the gradients' dtype is not
-    fp32 (they are cast at the end, both alive), and the larger of the tile fold's tensors and, on the CPU
-    with a 16-bit compute dtype, ``_addmm_fp32``'s fp32 copies of a tile and a weight chunk."""
+    trained, the weight's, in their dtypes): ``mm_buf``, and the larger of the tile fold's tensors and, on the
+    CPU with a 16-bit compute dtype, ``_addmm_fp32``'s fp32 copies of a tile and a weight chunk. When a
+    gradient's dtype is not fp32, its fp32 accumulator is alive throughout and the cast result only at the end,
+    after the tiles: the peak is then the larger of the tiles' and the casts' instants."""
     buf = mm_buf_bytes(rows, compute)
-    acc = (4 * rows * hidden if flat.dtype != "f32" else 0) + (4 * weight.numel if weight.rg and weight.dtype != "f32" else 0)
+    trained = weight.rg
+    acc = (4 * rows * hidden if flat.dtype != "f32" else 0) + (4 * weight.numel if trained and weight.dtype != "f32" else 0)
+    cast = (flat.nbytes if flat.dtype != "f32" else 0) + (weight.nbytes if trained and weight.dtype != "f32" else 0)
     n, c = min(rows, TOKEN_CHUNK), min(vocab, VOCAB_CHUNK)
     copies = 4 * n * c + 4 * c * hidden if compute != "f32" and device != "cuda" else 0
-    return buf + acc + max(backward_fold_bytes(rows, vocab, device), copies)
+    return buf + acc + max(backward_fold_bytes(rows, vocab, device), copies, cast) - cast
