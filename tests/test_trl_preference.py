@@ -1,0 +1,113 @@
+"""TRL 1.16's DPO step (builtin/trl/): fitplan against TRL's own ``DPOTrainer`` on the CPU, phase by phase.
+
+The referee (``fitplan_torch.trl_referee``) runs ``trl.DPOTrainer.train()`` for two optimizer steps on a tiny
+random model and measures the second step's live bytes per phase: the policy's forward, the reference
+forward (no grad), the backward and the optimizer step. Each test states ``optim`` and ``precision``
+(the config's dtype: ``32-true`` for an fp32 checkpoint, ``bf16-true`` for a bf16 one; ``bf16=False`` in
+``DPOConfig``, so no autocast). Other numbers are derived by hand from TRL's source.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import fitplan
+from fitplan.errors import FitplanError
+
+from conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "tests" / "data" / "configs"
+LORA = ["q_proj", "v_proj"]
+
+
+def _config(name: str) -> dict:
+    return json.loads((CONFIGS / name / "config.json").read_text())
+
+
+def _estimate(name: str, method: str, **fields):
+    precision = "32-true" if _config(name).get("torch_dtype", "float32") == "float32" else "bf16-true"
+    base = dict(model=str(CONFIGS / name / "config.json"), precision=precision, optim="adamw_torch_fused",
+                per_device_train_batch_size=2, max_seq_length=16, trainer="dpo", method=method,
+                lora_target_modules=LORA, lora_r=8, device="cpu", gradient_checkpointing=False)
+    base.update(fields)
+    return fitplan.estimate(**base)
+
+
+# --------------------------------------------------------------------------- the referee: TRL's DPOTrainer
+
+
+@pytest.mark.parametrize(("name", "method", "ckpt"), [
+    ("tiny-llama", "full", False),      # dense, fp32, a second full model as reference
+    ("tiny-llama", "lora", False),      # dense, LoRA: the reference is the policy with adapters disabled
+    ("tiny-llama", "full", True),       # TRL's default gradient checkpointing
+    ("tiny-qwen2-moe", "full", False),  # MoE, bf16 weights
+    ("tiny-gemma", "lora", False),      # tied embeddings, bf16 weights
+])
+def test_dpo_phases_within_one_percent_of_trl(name, method, ckpt):
+    pytest.importorskip("trl")
+    sys.path.insert(0, str(ROOT / "plugins" / "fitplan-torch" / "src"))
+    from fitplan_torch.trl_referee import measure_dpo
+
+    measured = measure_dpo(_config(name), method=method, batch=2, prompt=4, completion=12,
+                           gradient_checkpointing=ckpt, lora_target_modules=tuple(LORA), optim="adamw_torch_fused")
+    predicted = _estimate(name, method, gradient_checkpointing=ckpt)["phase_bytes"]
+    assert set(predicted) == {"forward", "reference_forward", "backward", "optimizer_step"}
+    for phase, value in predicted.items():
+        assert abs(value - measured[phase]) / measured[phase] < 0.01, (phase, value, measured[phase])
+
+
+# --------------------------------------------------------------------------- by hand from TRL's source
+
+
+def _tiny_llama_params() -> int:
+    """tiny-llama's parameters: embedding and LM head V·h each, per layer q, k, v, o (h·h each, 4 heads of 16),
+    gate/up/down (h·I each) and two RMSNorms, and the final norm."""
+    V, h, inter, L = 1000, 64, 176, 2
+    return 2 * V * h + L * (4 * h * h + 3 * h * inter + 2 * h) + h
+
+
+def test_reference_model_is_a_second_copy_only_for_full_fine_tuning():
+    """DPOTrainer.__init__: ``ref_model`` loaded in the policy's dtype for full fine-tuning; none under LoRA
+    (adapters disabled) or with ``precompute_ref_log_probs``. tiny-llama is fp32; its rotary ``inv_freq`` and
+    ``original_inv_freq`` are head_dim/2 = 8 fp32 each."""
+    full = _estimate("tiny-llama", "full")
+    assert full["reference_model_bytes"] == 4 * _tiny_llama_params() + 2 * 8 * 4
+    assert _estimate("tiny-llama", "lora")["reference_model_bytes"] == 0
+    pre = _estimate("tiny-llama", "full", precompute_ref_log_probs=True)
+    assert pre["reference_model_bytes"] == 0
+    assert "reference_forward" not in pre["phase_bytes"]
+
+
+def test_dpo_batch_is_three_int64_tensors_of_two_b_rows():
+    """DataCollatorForPreference: input_ids, attention_mask, completion_mask, each (2b, s) int64."""
+    assert _estimate("tiny-llama", "full")["batch_bytes"] == 3 * 8 * (2 * 2) * 16
+
+
+def test_fused_head_buffer_has_the_chunk_width_whatever_the_vocabulary():
+    """``mm_buf = torch.empty((min(N, 4096), chunk_size))`` (trl/kernels/chunked_logprob.py) with chunk_size
+    32768 (trl/trainer/utils.py): N = 2b·(s-1) rows of fp32 for tiny-llama, 4096 rows of bf16 beyond."""
+    from fitplan.builtin.trl.fused_head import mm_buf_bytes, tile_sizes
+
+    assert mm_buf_bytes(4 * 15, "f32") == 60 * 32768 * 4
+    assert mm_buf_bytes(10_000, "bf16") == 4096 * 32768 * 2
+    assert tile_sizes(5000, 40000) == [(4096, 32768), (4096, 7232), (904, 32768), (904, 7232)]
+
+
+def test_sft_is_unchanged_by_the_trainer_field():
+    """``trainer = "sft"`` is the default: the same estimate with and without it."""
+    a = _estimate("tiny-llama", "full", trainer="sft")
+    b = fitplan.estimate(model=str(CONFIGS / "tiny-llama" / "config.json"), precision="32-true", optim="adamw_torch_fused",
+                         per_device_train_batch_size=2, max_seq_length=16, device="cpu", gradient_checkpointing=False)
+    assert a["phase_bytes"] == b["phase_bytes"] and "reference_forward" not in a["phase_bytes"]
+
+
+def test_unmodelled_trainer_is_refused_with_exit_2():
+    with pytest.raises(FitplanError, match="not modelled yet"):
+        _estimate("tiny-llama", "full", trainer="kto")
+    r = run_cli("estimate", "--model", str(CONFIGS / "tiny-llama" / "config.json"), "--trainer", "kto")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "kto" in r.stderr
