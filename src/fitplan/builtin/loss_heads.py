@@ -45,7 +45,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import op_work
-from .trl import fused_head as trl_fused_head
+from .trl.fused_head import RULE as TRL_RULE, run as trl_head
 from .archfile import BYTES
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ RULES = {
     # them, the fp32 log-sum-exp and the logit average (given explicitly, ``sv``); its backward allocates both
     # gradients (``zeros_like``)
     "cce.linear_cross_entropy": {"d": ["self", "weight"], "s": [], "p": [0, 0], "o": [1]},
-    "trl.chunked_logprob": trl_fused_head.RULE,  # TRL's fused LM head (builtin/trl/fused_head.py)
+    "trl.chunked_logprob": TRL_RULE,  # TRL's fused LM head (builtin/trl/fused_head.py)
 }
 
 
@@ -93,7 +93,7 @@ def head_site(seg_inst: "Segment") -> dict[str, Any] | None:
 
 def run(seg_inst: "Segment", site: dict[str, Any]) -> None:
     """Emit the replaced head from ``site`` on; sets the epilogue's loss reference."""
-    heads = {"chunked": _chunked, "liger": _liger, "cce": _cce, "trl": trl_fused_head.run, "trl_logp": trl_fused_head.run}
+    heads = {"chunked": _chunked, "liger": _liger, "cce": _cce, "trl": trl_head, "trl_logp": trl_head}
     loss = heads[seg_inst.b.spec.loss](seg_inst, site)
     seg_inst.refs[seg_inst.seg["loss"]] = loss
 
