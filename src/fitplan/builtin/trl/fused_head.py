@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .. import op_work
 from ..archfile import BYTES
 
 if TYPE_CHECKING:
@@ -110,10 +111,20 @@ def run(seg_inst: "Segment", site: dict[str, Any]):
     op = tr.ops[-1]
     if op.outs:
         op.bwd_temp = _backward_temp(rows, hidden, vocab, flat, weight, compute, b.spec.device)
+    op.work = head_work(rows, hidden, vocab, compute, flat, weight, bool(op.outs))
     loss = tr.new(1, "f32", False, "trl.loss")
     b.emit("sum.dim_IntList", [("self", outs[0])], [loss])
     seg_inst.refs[seg_inst.seg["loss"]] = loss
     return loss
+
+
+def head_work(rows: int, hidden: int, vocab: int, compute: str, flat, weight, backward: bool) -> op_work.Work:
+    """The head's kernels: the forward's tiled logits GEMM (``N × h × V``; the fold's elementwise passes read
+    the tiles); the backward recomputes every tile and runs the hidden states' and the weight's gradient GEMMs
+    (those that require grad), accumulated in fp32."""
+    mm = op_work.gemm(rows, hidden, vocab, compute, flat.nbytes, weight.nbytes, 0, input_grad=flat.rg,
+                      weight_grad=weight.rg)
+    return op_work.Work(mm.fwd, mm.fwd + mm.bwd if backward else ())
 
 
 def _cast_bytes(rows: int, hidden: int, vocab: int, h_dtype: str, w_dtype: str, compute: str) -> int:

@@ -94,22 +94,47 @@ def reference_model_bytes(trainer, method, precompute_ref_log_probs, weight_byte
     return int(weight_bytes + buffer_bytes)
 
 
-@quantity("bytes")
-def reference_forward_bytes(trainer, method, precompute_ref_log_probs, arch, per_device_train_batch_size,
-                            realized_seq_length, trace_setup, attn_implementation, device, framework):
-    """The most the reference forward adds over what was alive before it (``torch.no_grad()``: nothing saved):
-    a trace of the model at batch ``2·b`` with no parameter training; under LoRA the policy's base with its
-    adapters disabled (peft ``lora.Linear.forward`` calls ``base_layer`` alone) and the policy's fused head
-    (every output), for a separate reference model its own head (log-probabilities only). 0 without a
-    reference forward."""
+@quantity("trace", type="object")
+def reference_trace(trainer, method, precompute_ref_log_probs, arch, per_device_train_batch_size, realized_seq_length,
+                    trace_setup, attn_implementation, device, framework):
+    """The reference forward as a step trace (``torch.no_grad()``: nothing saved): the model at batch ``2·b``
+    with no parameter training; under LoRA the policy's base with its adapters disabled (peft
+    ``lora.Linear.forward`` calls ``base_layer`` alone) and the policy's fused head (every output), for a
+    separate reference model its own head (log-probabilities only). None without a reference forward."""
     if not _is_preference(trainer) or precompute_ref_log_probs or arch.is_bare:
-        return 0
+        return None
     precision = trace_setup[0]
     block = framework.allocator_block_bytes if framework is not None else 512
     attn = "sdpa" if attn_implementation == "flash_attention_2" else attn_implementation
     spec = TraceSpec(arch, 2 * int(per_device_train_batch_size), int(realized_seq_length), precision, attn, False,
                      device=device, block=int(block), loss="trl_logp" if method == "full" else "trl", frozen=True)
-    return int(build(spec).forward_peak_bytes)
+    return build(spec)
+
+
+@quantity("bytes")
+def reference_forward_bytes(reference_trace):
+    """The most the reference forward adds over what was alive before it (:func:`reference_trace`'s forward
+    peak; 0 without a reference forward)."""
+    return 0 if reference_trace is None else int(reference_trace.forward_peak_bytes)
+
+
+@reducer("micro_step_time", when=lambda trainer: _is_preference(trainer))
+def reference_forward_time(value, reference_trace, gpu_spec, kernel_efficiency, torch_compile, tf32, tensor_parallel):
+    """DPO's micro-step adds the reference forward: the roofline over :func:`reference_trace`'s kernels (a
+    forward of ``2·b`` sequences, nothing to differentiate), added by kernel class and phase, and kept as
+    ``reference_forward``. The policy's forward and backward are already over ``2·b`` sequences (its trace)."""
+    if value is None or reference_trace is None or kernel_efficiency is None or "gpu" not in value:
+        return value
+    from fitplan.builtin.time import roofline
+
+    ts = roofline.terms(reference_trace.work, gpu_spec.peak_tflops, gpu_spec.bandwidth_gbps,
+                        compiled=bool(torch_compile), tf32=bool(tf32), split=tensor_parallel)
+    ref = roofline.price(ts, kernel_efficiency)
+    out = dict(value)
+    for k, v in ref.items():
+        out[k] = out.get(k, 0.0) + v
+    out["reference_forward"] = ref["micro_step"]
+    return out
 
 
 @quantity("bytes")
@@ -143,11 +168,12 @@ def preference_phases(value, reference_model_bytes, reference_forward_bytes, pre
 
 @hookimpl
 def fitplan_register_quantities(register):
-    for q in (reference_model_bytes, reference_forward_bytes, preference_loss_inputs_bytes):
+    for q in (reference_model_bytes, reference_trace, reference_forward_bytes, preference_loss_inputs_bytes):
         register(q)
 
 
 @hookimpl
 def fitplan_register_reducers(register):
-    for r in (preference_policy_trace, preference_policy_trace_checkpointed, preference_batch, preference_phases):
+    for r in (preference_policy_trace, preference_policy_trace_checkpointed, preference_batch, preference_phases,
+              reference_forward_time):
         register(r)
