@@ -214,7 +214,8 @@ TRAINING_ARGS_FIELDS = {
 """TrainingArguments (and TRL SFTConfig) keys fitplan reads -> scenario fields. ``bf16``, ``fp16``,
 ``deepspeed`` and ``fsdp`` are read too (see :func:`training_args_fields`); every other key is ignored."""
 _TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "auto_find_batch_size", "bf16_full_eval",
-             "fp16_full_eval", "use_liger_kernel")
+             "fp16_full_eval", "use_liger_kernel", "beta", "precompute_ref_log_probs", "sync_ref_model", "loss_type",
+             "loss_weights", "padding_free")
 
 
 def training_args_fields(path: str | Path, known_optimizers: Any = None,
@@ -256,6 +257,7 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
         warnings.append(f"{p}: auto_find_batch_size is true: the Trainer may halve the batch after an OOM; "
                         "`fitplan recommend --max micro-batch` finds the largest that fits")
     out.update(_ta_liger(data, p, bad, warnings))
+    out.update(_ta_trl(data, p, bad, warnings))
     if data.get("fsdp"):
         out.update(_ta_fsdp(data["fsdp"], bad))
         out.update(_ta_fsdp_config(data.get("fsdp_config"), bad))
@@ -329,6 +331,40 @@ def _ta_liger(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> d
                     "(loss_implementation = \"liger\"); Liger's RMSNorm, SwiGLU and RoPE kernels are not modelled "
                     "(the model's own ops are)")
     return {"loss_implementation": "liger"}
+
+
+def _ta_trl(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dict[str, Any]:
+    """A TRL config (``DPOConfig.to_json_string()`` or a hand-written one; docs/trl.md): ``beta`` and
+    ``precompute_ref_log_probs`` -> the ``[trl]`` fields (the trainer itself is said by ``--trainer``: a TRL
+    config names no trainer). What TRL 1.16 refuses is refused with its message: ``loss_weights`` of another
+    length than ``loss_type`` (trl/trainer/dpo_config.py ``__post_init__``), ``sync_ref_model`` with
+    ``precompute_ref_log_probs`` (trl/trainer/dpo_trainer.py ``__init__``); ``padding_free: true`` is warned
+    (TRL 1.16's DPOTrainer falls back to padding)."""
+    out: dict[str, Any] = {}
+    beta = data.get("beta")
+    if beta is not None:
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta < 0:
+            raise bad("beta", f"beta must be a number >= 0, got {beta!r}")
+        out["beta"] = float(beta)
+    pre = data.get("precompute_ref_log_probs")
+    if pre is not None:
+        if not isinstance(pre, bool):
+            raise bad("precompute_ref_log_probs", f"precompute_ref_log_probs must be true or false, got {pre!r}")
+        out["precompute_ref_log_probs"] = pre
+    types, weights = data.get("loss_type"), data.get("loss_weights")
+    types = [types] if isinstance(types, str) else types
+    if isinstance(types, list) and isinstance(weights, list) and len(weights) != len(types):
+        raise bad("loss_weights", "`loss_weights` must have the same length as `loss_type` when combining multiple "
+                  f"losses. Got {len(weights)} weights for {len(types)} loss types.")
+    if data.get("sync_ref_model") and pre:
+        raise bad("sync_ref_model", "You cannot use `sync_ref_model=True` together with `precompute_ref_log_probs=True`. "
+                  "`precompute_ref_log_probs=True` assumes a fixed reference model, but with `sync_ref_model=True` the "
+                  "reference model is updated during training, making the precomputed log-probs stale.",
+                  "set precompute_ref_log_probs or sync_ref_model to false")
+    if data.get("padding_free"):
+        warnings.append(f"{p}: padding_free: TRL 1.16's DPOTrainer disables it (\"temporarily unavailable after a "
+                        "refactor\") and pads: estimated padded")
+    return out
 
 
 def _ta_fsdp(fsdp: Any, bad: Any) -> dict[str, Any]:

@@ -166,6 +166,33 @@ def preference_phases(value, reference_model_bytes, reference_forward_bytes, pre
     return rows
 
 
+@reducer("flops_per_token", when=lambda trainer: _is_preference(trainer))
+def preference_flops_per_token(value, flops_param_count, attention_flops_per_token, precompute_ref_log_probs):
+    """DPO's FLOPs per token of an example (a pair: its chosen and its rejected sequence, each ``s`` tokens):
+    the policy's training FLOPs twice, and the reference forward of both sequences, ``2·(2·N + 4·L·h·s)``
+    (the forward third of ``attention_flops_per_token``), unless precomputed."""
+    ref = 0 if precompute_ref_log_probs else 2 * (2 * flops_param_count + attention_flops_per_token / 3)
+    return 2 * value + ref
+
+
+@reducer("assumed_defaults", when=lambda trainer: _is_preference(trainer))
+def preference_defaults(value, trainer, beta, method, precompute_ref_log_probs):
+    """DPO's assumptions in the report: TRL's fused LM head for the loss (whatever ``loss_implementation``),
+    ``beta`` when not given (``DPOConfig.beta``, 0.1; it changes no byte or FLOP), and the reference model
+    (module doc)."""
+    out = [x for x in value if not x.startswith("loss ")]
+    out.append("loss TRL fused LM head (chunked log-probs, no logits)")
+    if beta is None:
+        out.append(f"beta {BETA[trainer]} (DPOConfig default)")
+    if precompute_ref_log_probs:
+        out.append("reference log-probs precomputed (no reference model in the step)")
+    elif method == "full":
+        out.append("reference model: a second copy of the weights (no ref_model given)")
+    else:
+        out.append("reference model: the policy with its adapters disabled")
+    return out
+
+
 @hookimpl
 def fitplan_register_quantities(register):
     for q in (reference_model_bytes, reference_trace, reference_forward_bytes, preference_loss_inputs_bytes):
@@ -175,5 +202,5 @@ def fitplan_register_quantities(register):
 @hookimpl
 def fitplan_register_reducers(register):
     for r in (preference_policy_trace, preference_policy_trace_checkpointed, preference_batch, preference_phases,
-              reference_forward_time):
+              reference_forward_time, preference_flops_per_token, preference_defaults):
         register(r)
