@@ -3,8 +3,8 @@
 The referee (``fitplan_torch.trl_referee``) runs ``trl.DPOTrainer.train()`` for two optimizer steps on a tiny
 random model and measures the second step's live bytes per phase: the policy's forward, the reference
 forward (no grad), the backward and the optimizer step. Each test states ``optim`` and ``precision``
-(the config's dtype: ``32-true`` for an fp32 checkpoint, ``bf16-true`` for a bf16 one; ``bf16=False`` in
-``DPOConfig``, so no autocast). Other numbers are derived by hand from TRL's source.
+(the config's dtype: ``32-true`` for an fp32 checkpoint, ``bf16-true`` for a bf16 one, with ``bf16=False`` in
+``DPOConfig``; ``bf16-mixed`` with ``bf16=True``, TRL's default, over fp32 weights). Other numbers are derived by hand from TRL's source.
 """
 
 from __future__ import annotations
@@ -41,21 +41,25 @@ def _estimate(name: str, method: str, **fields):
 # --------------------------------------------------------------------------- the referee: TRL's DPOTrainer
 
 
-@pytest.mark.parametrize(("name", "method", "ckpt"), [
-    ("tiny-llama", "full", False),      # dense, fp32, a second full model as reference
-    ("tiny-llama", "lora", False),      # dense, LoRA: the reference is the policy with adapters disabled
-    ("tiny-llama", "full", True),       # TRL's default gradient checkpointing
-    ("tiny-qwen2-moe", "full", False),  # MoE, bf16 weights
-    ("tiny-gemma", "lora", False),      # tied embeddings, bf16 weights
+@pytest.mark.parametrize(("name", "method", "ckpt", "bf16"), [
+    ("tiny-llama", "full", False, False),      # dense, fp32, a second full model as reference
+    ("tiny-llama", "lora", False, False),      # dense, LoRA: the reference is the policy with adapters disabled
+    ("tiny-llama", "full", True, False),       # TRL's default gradient checkpointing
+    ("tiny-llama", "full", False, True),       # TRL's default bf16 (autocast over fp32 weights): the
+                                               # reference model's cached 16-bit weight copies
+    ("tiny-qwen2-moe", "full", False, False),  # MoE, bf16 weights
+    ("tiny-gemma", "lora", False, False),      # tied embeddings, bf16 weights
 ])
-def test_dpo_phases_within_one_percent_of_trl(name, method, ckpt):
+def test_dpo_phases_within_one_percent_of_trl(name, method, ckpt, bf16):
     pytest.importorskip("trl")
     sys.path.insert(0, str(ROOT / "plugins" / "fitplan-torch" / "src"))
     from fitplan_torch.trl_referee import measure_dpo
 
     measured = measure_dpo(_config(name), method=method, batch=2, prompt=4, completion=12,
-                           gradient_checkpointing=ckpt, lora_target_modules=tuple(LORA), optim="adamw_torch_fused")
-    predicted = _estimate(name, method, gradient_checkpointing=ckpt)["phase_bytes"]
+                           gradient_checkpointing=ckpt, lora_target_modules=tuple(LORA), optim="adamw_torch_fused",
+                           bf16=bf16)
+    extra = {"precision": "bf16-mixed"} if bf16 else {}
+    predicted = _estimate(name, method, gradient_checkpointing=ckpt, **extra)["phase_bytes"]
     assert set(predicted) == {"forward", "reference_forward", "backward", "optimizer_step"}
     for phase, value in predicted.items():
         assert abs(value - measured[phase]) / measured[phase] < 0.01, (phase, value, measured[phase])

@@ -103,7 +103,7 @@ def run(seg_inst: "Segment", site: dict[str, Any]):
         outs = [outs[0], outs[4], outs[5]]
     fold = (mm_buf_bytes(rows, compute) + ACCUMULATORS * 4 * rows
             + forward_fold_bytes(rows, vocab, all_outputs, b.spec.device)
-            + _cast_bytes(rows, hidden, vocab, h.dtype, weight.dtype, compute))
+            + _cast_bytes(rows, hidden, h.dtype, compute))
     transient = tr.new(fold, "bool", False, "trl.fold")
     tr.kind_default = prev
     saved = [flat, *outs[-2:]] + ([outs[1]] if all_outputs else [])
@@ -127,12 +127,11 @@ def head_work(rows: int, hidden: int, vocab: int, compute: str, flat, weight, ba
     return op_work.Work(mm.fwd, mm.fwd + mm.bwd if backward else ())
 
 
-def _cast_bytes(rows: int, hidden: int, vocab: int, h_dtype: str, w_dtype: str, compute: str) -> int:
-    """``hidden[...].to(compute)`` and ``weight[...].to(compute)`` copies when the dtypes differ (autocast over
-    fp32 weights): one tile's rows and columns."""
-    e = BYTES[compute]
-    n, c = min(rows, TOKEN_CHUNK), min(vocab, VOCAB_CHUNK)
-    return (n * hidden * e if h_dtype != compute else 0) + (c * hidden * e if w_dtype != compute else 0)
+def _cast_bytes(rows: int, hidden: int, h_dtype: str, compute: str) -> int:
+    """``hidden_chunk = hidden[...].to(compute)``, a local alive through the tiles, when the dtypes differ
+    (autocast over fp32 weights). The weight chunk's cast is a temporary of the ``torch.mm`` call in the
+    forward, freed before the fold."""
+    return min(rows, TOKEN_CHUNK) * hidden * BYTES[compute] if h_dtype != compute else 0
 
 
 def _backward_temp(rows: int, hidden: int, vocab: int, flat, weight, compute: str, device: str) -> int:
@@ -140,11 +139,13 @@ def _backward_temp(rows: int, hidden: int, vocab: int, flat, weight, compute: st
     trained, the weight's, in their dtypes): ``mm_buf``, and the larger of the tile fold's tensors and, on the
     CPU with a 16-bit compute dtype, ``_addmm_fp32``'s fp32 copies of a tile and a weight chunk. When a
     gradient's dtype is not fp32, its fp32 accumulator is alive throughout and the cast result only at the end,
-    after the tiles: the peak is then the larger of the tiles' and the casts' instants."""
+    after the tiles: the peak is then the larger of the tiles' and the casts' instants. The hidden and weight
+    chunks cast to the compute dtype (``hidden_chunk``, ``w_chunk``: locals) stay alive to the end."""
     buf = mm_buf_bytes(rows, compute)
     trained = weight.rg
     acc = (4 * rows * hidden if flat.dtype != "f32" else 0) + (4 * weight.numel if trained and weight.dtype != "f32" else 0)
     cast = (flat.nbytes if flat.dtype != "f32" else 0) + (weight.nbytes if trained and weight.dtype != "f32" else 0)
     n, c = min(rows, TOKEN_CHUNK), min(vocab, VOCAB_CHUNK)
     copies = 4 * n * c + 4 * c * hidden if compute != "f32" and device != "cuda" else 0
-    return buf + acc + max(backward_fold_bytes(rows, vocab, device), copies, cast) - cast
+    chunks = _cast_bytes(rows, hidden, flat.dtype, compute) + (c * hidden * BYTES[compute] if weight.dtype != compute else 0)
+    return buf + acc + chunks + max(backward_fold_bytes(rows, vocab, device), copies, cast) - cast

@@ -112,10 +112,17 @@ def reference_trace(trainer, method, precompute_ref_log_probs, arch, per_device_
 
 
 @quantity("bytes")
-def reference_forward_bytes(reference_trace):
+def reference_forward_bytes(reference_trace, reference_model_bytes, step_trace_without_checkpointing):
     """The most the reference forward adds over what was alive before it (:func:`reference_trace`'s forward
-    peak; 0 without a reference forward)."""
-    return 0 if reference_trace is None else int(reference_trace.forward_peak_bytes)
+    peak; 0 without a reference forward). A separate reference model under autocast over fp32 weights adds
+    the 16-bit copies of its Linear weights: they require grad (``create_model_from_path`` leaves them so), so
+    autocast caches each cast (torch's ``cached_cast``: fp32 leaf that requires grad, whatever the grad mode)
+    until the autocast context that wraps the whole loss exits: as many bytes as the policy's own autocast
+    copies (the same Linears; the fused head casts the LM head explicitly, uncached)."""
+    if reference_trace is None:
+        return 0
+    cache = step_trace_without_checkpointing.autocast_copy_bytes if reference_model_bytes else 0
+    return int(reference_trace.forward_peak_bytes + cache)
 
 
 @reducer("micro_step_time", when=lambda trainer: _is_preference(trainer))
