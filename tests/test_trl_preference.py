@@ -115,3 +115,57 @@ def test_unmodelled_trainer_is_refused_with_exit_2():
         _estimate("tiny-llama", "full", trainer="kto")
     r = run_cli("estimate", "--model", str(CONFIGS / "tiny-llama" / "config.json"), "--trainer", "kto")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "kto" in r.stderr
+
+
+# --------------------------------------------------------------------------- time
+
+
+def test_dpo_flops_per_token_of_a_pair_by_hand():
+    """Per token of a pair: the policy's training FLOPs on both sequences, ``2·(6N + 12·L·h·s)``, and the
+    reference forward of both, ``2·(2N + 4·L·h·s)``. tiny-llama: N = its parameters less the input embedding
+    (a lookup), L = 2, h = 64, s = 16."""
+    n = _tiny_llama_params() - 1000 * 64
+    att = 12 * 2 * 64 * 16
+    assert _estimate("tiny-llama", "full")["flops_per_token"] == pytest.approx(2 * (6 * n + att) + 2 * (2 * n + att / 3))
+    pre = _estimate("tiny-llama", "full", precompute_ref_log_probs=True)
+    assert pre["flops_per_token"] == pytest.approx(2 * (6 * n + att))
+
+
+def test_reference_forward_is_priced_in_the_micro_step():
+    """The reference forward adds its own roofline time; precomputed log-probabilities remove it."""
+    kw = dict(gpu="h100-sxm", device="cuda", per_device_train_batch_size=4, max_seq_length=512)
+    with_ref = _estimate("tiny-llama", "full", **kw)["micro_step_time"]
+    without = _estimate("tiny-llama", "full", precompute_ref_log_probs=True, **kw)["micro_step_time"]
+    assert with_ref["reference_forward"] > 0 and "reference_forward" not in without
+    assert with_ref["micro_step"] == pytest.approx(without["micro_step"] + with_ref["reference_forward"])
+
+
+# --------------------------------------------------------------------------- a TRL config
+
+
+def test_a_dpo_config_json_fills_the_trl_fields(tmp_path):
+    """``beta`` and ``precompute_ref_log_probs`` of a DPOConfig dump become the [trl] fields; ``max_length`` the
+    sequence length; the trainer is said by --trainer."""
+    cfg = tmp_path / "dpo.json"
+    cfg.write_text(json.dumps({"per_device_train_batch_size": 2, "max_length": 16, "gradient_checkpointing": False,
+                               "bf16": False, "beta": 0.2, "precompute_ref_log_probs": True, "optim": "adamw_torch_fused"}))
+    r = run_cli("estimate", "--model", str(CONFIGS / "tiny-llama" / "config.json"), "--trainer", "dpo", "--device", "cpu",
+                "--training-args", str(cfg), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out["memory"]["phases_bytes"]) == {"forward", "backward", "optimizer_step"}  # no reference forward
+    assert not any(d.startswith("beta") for d in out["defaults"])
+    assert "reference log-probs precomputed (no reference model in the step)" in out["defaults"]
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"sync_ref_model": True, "precompute_ref_log_probs": True}, "You cannot use `sync_ref_model=True` together"),
+    ({"loss_type": ["sigmoid", "bco_pair"], "loss_weights": [1.0]}, "`loss_weights` must have the same length"),
+    ({"beta": -1}, "beta must be a number >= 0"),
+])
+def test_what_trl_refuses_in_a_config_exits_2(tmp_path, keys, message):
+    cfg = tmp_path / "dpo.json"
+    cfg.write_text(json.dumps(keys))
+    r = run_cli("estimate", "--model", str(CONFIGS / "tiny-llama" / "config.json"), "--trainer", "dpo",
+                "--training-args", str(cfg))
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
