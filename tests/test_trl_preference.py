@@ -1,6 +1,6 @@
-"""TRL 1.16's DPO step (builtin/trl/): fitplan against TRL's own ``DPOTrainer`` on the CPU, phase by phase.
+"""TRL 1.16's DPO and KTO steps (builtin/trl/): fitplan against TRL's own trainers on the CPU, phase by phase.
 
-The referee (``fitplan_torch.trl_referee``) runs ``trl.DPOTrainer.train()`` for two optimizer steps on a tiny
+The referee (``fitplan_torch.trl_referee``) runs ``trl.DPOTrainer.train()`` (or ``KTOTrainer``) for two optimizer steps on a tiny
 random model and measures the second step's live bytes per phase: the policy's forward, the reference
 forward (no grad), the backward and the optimizer step. Each test states ``optim`` and ``precision``
 (the config's dtype: ``32-true`` for an fp32 checkpoint, ``bf16-true`` for a bf16 one, with ``bf16=False`` in
@@ -41,25 +41,28 @@ def _estimate(name: str, method: str, **fields):
 # --------------------------------------------------------------------------- the referee: TRL's DPOTrainer
 
 
-@pytest.mark.parametrize(("name", "method", "ckpt", "bf16"), [
-    ("tiny-llama", "full", False, False),      # dense, fp32, a second full model as reference
-    ("tiny-llama", "lora", False, False),      # dense, LoRA: the reference is the policy with adapters disabled
-    ("tiny-llama", "full", True, False),       # TRL's default gradient checkpointing
-    ("tiny-llama", "full", False, True),       # TRL's default bf16 (autocast over fp32 weights): the
-                                               # reference model's cached 16-bit weight copies
-    ("tiny-qwen2-moe", "full", False, False),  # MoE, bf16 weights
-    ("tiny-gemma", "lora", False, False),      # tied embeddings, bf16 weights
+@pytest.mark.parametrize(("trainer", "name", "method", "ckpt", "bf16"), [
+    ("dpo", "tiny-llama", "full", False, False),      # dense, fp32, a second full model as reference
+    ("dpo", "tiny-llama", "lora", False, False),      # LoRA: the reference is the policy with adapters disabled
+    ("dpo", "tiny-llama", "full", True, False),       # TRL's default gradient checkpointing
+    ("dpo", "tiny-llama", "full", False, True),       # TRL's default bf16 (autocast over fp32 weights): the
+                                                      # reference model's cached 16-bit weight copies
+    ("dpo", "tiny-qwen2-moe", "full", False, False),  # MoE, bf16 weights
+    ("dpo", "tiny-gemma", "lora", False, False),      # tied embeddings, bf16 weights
+    ("kto", "tiny-llama", "full", False, False),      # KTO: b sequences, three no-grad forwards (KL ones)
+    ("kto", "tiny-qwen2-moe", "lora", False, False),
+    ("kto", "tiny-gemma", "full", False, False),
 ])
-def test_dpo_phases_within_one_percent_of_trl(name, method, ckpt, bf16):
+def test_preference_phases_within_one_percent_of_trl(trainer, name, method, ckpt, bf16):
     pytest.importorskip("trl")
     sys.path.insert(0, str(ROOT / "plugins" / "fitplan-torch" / "src"))
     from fitplan_torch.trl_referee import measure_dpo
 
-    measured = measure_dpo(_config(name), method=method, batch=2, prompt=4, completion=12,
+    measured = measure_dpo(_config(name), trainer=trainer, method=method, batch=2, prompt=4, completion=12,
                            gradient_checkpointing=ckpt, lora_target_modules=tuple(LORA), optim="adamw_torch_fused",
                            bf16=bf16)
     extra = {"precision": "bf16-mixed"} if bf16 else {}
-    predicted = _estimate(name, method, gradient_checkpointing=ckpt, **extra)["phase_bytes"]
+    predicted = _estimate(name, method, trainer=trainer, gradient_checkpointing=ckpt, **extra)["phase_bytes"]
     assert set(predicted) == {"forward", "reference_forward", "backward", "optimizer_step"}
     for phase, value in predicted.items():
         assert abs(value - measured[phase]) / measured[phase] < 0.01, (phase, value, measured[phase])
@@ -87,9 +90,11 @@ def test_reference_model_is_a_second_copy_only_for_full_fine_tuning():
     assert "reference_forward" not in pre["phase_bytes"]
 
 
-def test_dpo_batch_is_three_int64_tensors_of_two_b_rows():
-    """DataCollatorForPreference: input_ids, attention_mask, completion_mask, each (2b, s) int64."""
+def test_preference_batches_by_hand():
+    """DataCollatorForPreference: input_ids, attention_mask, completion_mask, each (2b, s) int64;
+    DataCollatorForUnpairedPreference: the same three and their KL_ twins, (b, s) int64, and b bool labels."""
     assert _estimate("tiny-llama", "full")["batch_bytes"] == 3 * 8 * (2 * 2) * 16
+    assert _estimate("tiny-llama", "full", trainer="kto")["batch_bytes"] == 6 * 8 * 2 * 16 + 2
 
 
 def test_fused_head_buffer_has_the_chunk_width_whatever_the_vocabulary():
@@ -112,9 +117,9 @@ def test_sft_is_unchanged_by_the_trainer_field():
 
 def test_unmodelled_trainer_is_refused_with_exit_2():
     with pytest.raises(FitplanError, match="not modelled yet"):
-        _estimate("tiny-llama", "full", trainer="kto")
-    r = run_cli("estimate", "--model", str(CONFIGS / "tiny-llama" / "config.json"), "--trainer", "kto")
-    assert r.returncode == 2 and "Traceback" not in r.stderr and "kto" in r.stderr
+        _estimate("tiny-llama", "full", trainer="reward")
+    r = run_cli("estimate", "--model", str(CONFIGS / "tiny-llama" / "config.json"), "--trainer", "reward")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "reward" in r.stderr
 
 
 # --------------------------------------------------------------------------- time
@@ -129,6 +134,9 @@ def test_dpo_flops_per_token_of_a_pair_by_hand():
     assert _estimate("tiny-llama", "full")["flops_per_token"] == pytest.approx(2 * (6 * n + att) + 2 * (2 * n + att / 3))
     pre = _estimate("tiny-llama", "full", precompute_ref_log_probs=True)
     assert pre["flops_per_token"] == pytest.approx(2 * (6 * n + att))
+    # KTO: one sequence, its training FLOPs and three forwards (policy KL, reference KL, reference)
+    kto = _estimate("tiny-llama", "full", trainer="kto")
+    assert kto["flops_per_token"] == pytest.approx(6 * n + att + 3 * (2 * n + att / 3))
 
 
 def test_reference_forward_is_priced_in_the_micro_step():

@@ -185,7 +185,7 @@ def check_optimizer(s: sc.Scenario, spec: Any, world: int) -> None:
                            value=s.training.optim)
 
 
-MODELLED_TRAINERS = ("sft", "dpo")
+MODELLED_TRAINERS = ("sft", "dpo", "kto")
 """The TRL trainers whose step the memory and time model computes (docs/trl.md); the others are refused."""
 
 

@@ -1,4 +1,5 @@
-"""The referee for TRL 1.16's preference trainers: TRL's own ``DPOTrainer`` on the CPU, measured phase by phase.
+"""The referee for TRL 1.16's preference trainers: TRL's own ``DPOTrainer`` and ``KTOTrainer`` on the CPU, measured
+phase by phase.
 
 A tiny model with random weights, a word-level tokenizer over its vocabulary (``<unk>``, ``<eos>``, ``<pad>``, ``t3`` ... ``t{V-1}``) and a
 dataset of ``b`` pairs per step whose chosen and rejected completions have one length, so that the collated
@@ -30,8 +31,9 @@ def _tokenizer(vocab: int):
                                                 unk_token="<unk>")
 
 
-def _pairs(n: int, prompt: int, completion: int, vocab: int):
-    """``n`` preference pairs of ``prompt`` + ``completion`` tokens (the completion ends with EOS)."""
+def _pairs(n: int, prompt: int, completion: int, vocab: int, unpaired: bool = False):
+    """``n`` preference pairs of ``prompt`` + ``completion`` tokens (the completion ends with EOS); unpaired
+    (KTO): one completion each and a bool label, alternately desirable and undesirable."""
     torch = _deps.torch()
     from datasets import Dataset
 
@@ -40,6 +42,9 @@ def _pairs(n: int, prompt: int, completion: int, vocab: int):
     def words(k: int) -> str:
         return " ".join(f"t{int(i)}" for i in torch.randint(3, vocab, (k,), generator=g))
 
+    if unpaired:
+        return Dataset.from_list([{"prompt": words(prompt), "completion": " " + words(completion - 1) + " <eos>",
+                                   "label": i % 2 == 0} for i in range(n)])
     return Dataset.from_list([{"prompt": words(prompt), "chosen": " " + words(completion - 1) + " <eos>",
                                "rejected": " " + words(completion - 1) + " <eos>"} for _ in range(n)])
 
@@ -126,12 +131,13 @@ def _instrument(trainer, phases: _Phases) -> None:
     trainer.accelerator.backward = marked_backward
 
 
-def measure_dpo(config: dict[str, Any], *, method: str = "full", batch: int = 1, prompt: int = 4,
+def measure_dpo(config: dict[str, Any], *, trainer: str = "dpo", method: str = "full", batch: int = 1, prompt: int = 4,
                 completion: int = 12, bf16: bool = False, gradient_checkpointing: bool = False,
                 lora_r: int = 8, lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
                 precompute_ref_log_probs: bool = False, beta: float = 0.1,
                 optim: str = "adamw_torch_fused") -> dict[str, int]:
-    """Phase peaks (live bytes) of the second optimizer step of TRL's ``DPOTrainer`` on the CPU (module doc).
+    """Phase peaks (live bytes) of the second optimizer step of TRL's ``DPOTrainer`` (``trainer="kto"``:
+    ``KTOTrainer``, whose no-grad KL forwards count as ``reference_forward``) on the CPU (module doc).
     ``config``: a model's config.json as a dict (weights loaded in its ``torch_dtype``); the reference model
     for full fine-tuning is a second model of the same config and dtype (what ``create_model_from_path`` loads)."""
     torch = _deps.torch()
@@ -152,14 +158,15 @@ def measure_dpo(config: dict[str, Any], *, method: str = "full", batch: int = 1,
         peft_config = peft.LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=list(lora_target_modules),
                                       lora_dropout=0.0, task_type="CAUSAL_LM")
     phases = _Phases()
-    args = trl.DPOConfig(output_dir="/tmp/fitplan-trl-referee", per_device_train_batch_size=batch, max_steps=2,
+    config_class, trainer_class = (trl.KTOConfig, trl.KTOTrainer) if trainer == "kto" else (trl.DPOConfig, trl.DPOTrainer)
+    args = config_class(output_dir="/tmp/fitplan-trl-referee", per_device_train_batch_size=batch, max_steps=2,
                          use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, max_grad_norm=0.0,
                          optim=optim, logging_steps=100, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
                          precompute_ref_log_probs=precompute_ref_log_probs, beta=beta, dataloader_num_workers=0)
-    trainer = trl.DPOTrainer(model=model, ref_model=ref, args=args, processing_class=_tokenizer(cfg.vocab_size),
-                             train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size),
-                             peft_config=peft_config, callbacks=[_callback(phases)])
-    phases.trainer = trainer
-    _instrument(trainer, phases)
-    trainer.train()
+    run = trainer_class(model=model, ref_model=ref, args=args, processing_class=_tokenizer(cfg.vocab_size),
+                        train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size, unpaired=trainer == "kto"),
+                        peft_config=peft_config, callbacks=[_callback(phases)])
+    phases.trainer = run
+    _instrument(run, phases)
+    run.train()
     return phases.steps[-1]

@@ -44,7 +44,13 @@ ACCUMULATORS = 7
 """fp32 per-row statistics the forward allocates (``running_max`` ... ``target_logit``)."""
 RULE = {"d": ["self", "weight"], "s": [], "p": [0, 0], "o": [1, 1, 0, 0, 0, 0, 0]}
 """``ChunkedLogProbFunction``: differentiable in the hidden states and the weight; its outputs: log-probs and
-entropy differentiable, the rest not (``mark_non_differentiable``); saves given explicitly."""
+entropy differentiable, the rest not (``mark_non_differentiable``); saves given explicitly. (The outputs
+after the log-probabilities are not differentiable when entropy is not asked for: every head that trains
+asks for it.)"""
+OUTPUTS = {"trl": ("log_probs", "entropy", "mean_logits", "is_top1"), "trl_kto": ("log_probs", "entropy", "mean_logits"),
+           "trl_logp": ("log_probs",)}
+"""The outputs each head asks for (``add_fused_lm_head(outputs=...)``): DPO's policy (dpo_trainer.py), KTO's
+policy (kto_trainer.py), a separate reference model (the default, log-probabilities only)."""
 
 
 def tile_sizes(rows: int, vocab: int) -> list[tuple[int, int]]:
@@ -56,12 +62,13 @@ def tile_sizes(rows: int, vocab: int) -> list[tuple[int, int]]:
     return out
 
 
-def forward_fold_bytes(rows: int, vocab: int, all_outputs: bool, device: str) -> int:
-    """The most ``_forward_tile`` holds at once over the tiles (module doc): ``13·n·c`` with entropy and
-    top-1 (the policy's head in DPO), ``12·n·c`` for log-probabilities alone; 0 on CUDA (Triton)."""
+def forward_fold_bytes(rows: int, vocab: int, top1: bool, device: str) -> int:
+    """The most ``_forward_tile`` holds at once over the tiles (module doc): ``13·n·c`` with top-1 (its bool
+    ``before_target`` mask beside three fp32 tiles: the policy's head in DPO), ``12·n·c`` without (KTO's
+    policy, a reference model's head); 0 on CUDA (Triton)."""
     if device == "cuda":
         return 0
-    per = 13 if all_outputs else 12
+    per = 13 if top1 else 12
     return max(per * n * c for n, c in tile_sizes(rows, vocab))
 
 
@@ -78,8 +85,7 @@ def mm_buf_bytes(rows: int, compute: str) -> int:
 
 
 def run(seg_inst: "Segment", site: dict[str, Any]):
-    """Emit the fused head from the LM head's call site (``seg_inst.b.spec.loss``: ``trl``, the policy's head
-    with every output DPO asks for; ``trl_logp``, log-probabilities alone, a separate reference model's head)."""
+    """Emit the fused head from the LM head's call site (``seg_inst.b.spec.loss``, :data:`OUTPUTS`)."""
     b = seg_inst.b
     tr = b.tr
     h = seg_inst.ref(site["input"])
@@ -88,7 +94,7 @@ def run(seg_inst: "Segment", site: dict[str, Any]):
     rows = b.spec.batch * (b.spec.seq - 1)
     vocab = weight.numel // hidden
     compute = b.compute if b.mixed else h.dtype
-    all_outputs = b.spec.loss == "trl"
+    asked = OUTPUTS[b.spec.loss]
     sliced = tr.view(h, rows * hidden)
     sliced.base = h.base if h.base is not None else h
     b.emit("slice.Tensor", [("self", h)], [sliced])
@@ -96,18 +102,19 @@ def run(seg_inst: "Segment", site: dict[str, Any]):
     b.emit("clone", [("self", sliced)], [flat])
     prev = tr.kind_default
     tr.kind_default = "logits"
-    outs = [tr.new(rows, "f32", False, "trl.log_probs"), tr.new(rows, "f32", False, "trl.entropy"),
-            tr.new(rows, "f32", False, "trl.mean_logits"), tr.new(rows, "bool", False, "trl.is_top1"),
-            tr.new(rows, "i64", False, "trl.targets"), tr.new(rows, "f32", False, "trl.log_z")]
-    if not all_outputs:
-        outs = [outs[0], outs[4], outs[5]]
+    made = {"log_probs": tr.new(rows, "f32", False, "trl.log_probs"), "entropy": tr.new(rows, "f32", False, "trl.entropy"),
+            "mean_logits": tr.new(rows, "f32", False, "trl.mean_logits"),
+            "is_top1": tr.new(rows, "bool", False, "trl.is_top1")}
+    outs = [made[k] for k in ("log_probs", "entropy", "mean_logits", "is_top1") if k in asked]
+    targets, log_z = tr.new(rows, "i64", False, "trl.targets"), tr.new(rows, "f32", False, "trl.log_z")
     fold = (mm_buf_bytes(rows, compute) + ACCUMULATORS * 4 * rows
-            + forward_fold_bytes(rows, vocab, all_outputs, b.spec.device)
+            + forward_fold_bytes(rows, vocab, "is_top1" in asked, b.spec.device)
             + _cast_bytes(rows, hidden, h.dtype, compute))
     transient = tr.new(fold, "bool", False, "trl.fold")
     tr.kind_default = prev
-    saved = [flat, *outs[-2:]] + ([outs[1]] if all_outputs else [])
-    b.emit("trl.chunked_logprob", [("self", flat), ("weight", weight)], [*outs, transient], extra={"sv": saved})
+    saved = [flat, targets, log_z] + ([made["entropy"]] if "entropy" in asked else [])
+    b.emit("trl.chunked_logprob", [("self", flat), ("weight", weight)], [*outs, targets, log_z, transient],
+           extra={"sv": saved})
     op = tr.ops[-1]
     if op.outs:
         op.bwd_temp = _backward_temp(rows, hidden, vocab, flat, weight, compute, b.spec.device)

@@ -28,57 +28,73 @@ from fitplan.builtin.step_trace import PARTS, TraceSpec, build
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.pluginmgr.hookspecs import hookimpl
 
-PREFERENCE = ("dpo",)
+PREFERENCE = ("dpo", "kto")
 """The preference trainers modelled here (docs/trl.md)."""
-BETA = {"dpo": 0.1}
-"""TRL 1.16's default ``beta`` per trainer (trl/trainer/dpo_config.py)."""
+BETA = {"dpo": 0.1, "kto": 0.1}
+"""TRL 1.16's default ``beta`` per trainer (trl/trainer/dpo_config.py, kto_config.py)."""
+ROWS = {"dpo": 2, "kto": 1}
+"""Sequences per example in the policy's batch: DPO's chosen and rejected, KTO's one completion."""
+HEAD = {"dpo": "trl", "kto": "trl_kto"}
+"""The policy's fused head (builtin/trl/fused_head.py ``OUTPUTS``)."""
+BATCH_TENSORS = {"dpo": 3, "kto": 6}
+"""int64 ``rows × s`` tensors of the collated batch: DPO's ``input_ids``, ``attention_mask``,
+``completion_mask``; KTO's the same three and their ``KL_`` twins (``DataCollatorForUnpairedPreference``)."""
+REFERENCE_FORWARDS = {"dpo": 1, "kto": 3}
+"""No-grad forwards of ``rows × s`` per micro-batch: DPO's reference forward; KTO's KL forward of the policy
+(``_compute_kl_logps``, before its forward), and the reference model's KL and main forwards."""
 
 
 def _is_preference(trainer) -> bool:
     return trainer in PREFERENCE
 
 
-def _policy_trace(arch, b, s, trace_setup, attn_implementation, ckpt, method, lora_r, lora_target_modules,
+def _policy_trace(trainer, arch, b, s, trace_setup, attn_implementation, ckpt, method, lora_r, lora_target_modules,
                   lora_dropout, device, framework):
     precision, adapter, quant, linear_input = trace_setup
-    return trace_for(arch, 2 * b, s, precision, attn_implementation, ckpt, method, lora_r, lora_target_modules,
-                     lora_dropout, device, framework, adapter, quant, linear_input, "trl")
+    return trace_for(arch, ROWS[trainer] * b, s, precision, attn_implementation, ckpt, method, lora_r,
+                     lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input, HEAD[trainer])
 
 
 @reducer("step_trace_without_checkpointing", when=lambda trainer: _is_preference(trainer))
-def preference_policy_trace(value, arch, per_device_train_batch_size, realized_seq_length, trace_setup,
+def preference_policy_trace(value, trainer, arch, per_device_train_batch_size, realized_seq_length, trace_setup,
                             attn_implementation, method, lora_r, lora_target_modules, lora_dropout, device, framework):
-    """DPO: the policy's step over ``2·b`` sequences (chosen then rejected, one batch) with TRL's fused LM head
-    (builtin/trl/fused_head.py) instead of the model's logits and cross-entropy."""
+    """DPO: the policy's step over ``2·b`` sequences (chosen then rejected, one batch), KTO: over ``b``, with
+    TRL's fused LM head (builtin/trl/fused_head.py) instead of the model's logits and cross-entropy."""
     if value is None:
         return None
-    return _policy_trace(arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
+    return _policy_trace(trainer, arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
                          False, method, lora_r, lora_target_modules, lora_dropout, device, framework)
 
 
 @reducer("step_trace", when=lambda trainer: _is_preference(trainer))
-def preference_policy_trace_checkpointed(value, arch, per_device_train_batch_size, realized_seq_length, trace_setup,
+def preference_policy_trace_checkpointed(value, trainer, arch, per_device_train_batch_size, realized_seq_length, trace_setup,
                                          attn_implementation, gradient_checkpointing, method, lora_r,
                                          lora_target_modules, lora_dropout, device, framework):
-    """DPO: the policy's step as configured (:func:`preference_policy_trace`, with checkpointing when on)."""
+    """The policy's step as configured (:func:`preference_policy_trace`, with checkpointing when on)."""
     if value is None:
         return None
-    return _policy_trace(arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
+    return _policy_trace(trainer, arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
                          bool(gradient_checkpointing), method, lora_r, lora_target_modules, lora_dropout, device,
                          framework)
 
 
 @reducer("batch_bytes", when=lambda trainer: _is_preference(trainer))
-def preference_batch(value, arch, per_device_train_batch_size, realized_seq_length, device, framework):
-    """``DataCollatorForPreference``'s batch: ``input_ids``, ``attention_mask`` and ``completion_mask``, int64
-    ``2b × s`` each (trl/trainer/dpo_trainer.py ``torch_call``)."""
+def preference_batch(value, trainer, arch, per_device_train_batch_size, realized_seq_length, device, framework):
+    """The collated batch (:data:`BATCH_TENSORS`): DPO's ``DataCollatorForPreference``, int64 ``2b × s`` each
+    (trl/trainer/dpo_trainer.py ``torch_call``); KTO's ``DataCollatorForUnpairedPreference``, int64 ``b × s``
+    each, and its ``label`` (one byte per example: bool labels) (trl/trainer/kto_trainer.py ``torch_call``)."""
     if arch.is_bare:
         return value
-    n = 8 * 2 * per_device_train_batch_size * realized_seq_length
-    if device == "cuda" and n:
-        block = framework.allocator_block_bytes
-        n = -(-n // block) * block
-    return 3 * n
+
+    def rounded(n: int) -> int:
+        if device == "cuda" and n:
+            block = framework.allocator_block_bytes
+            return -(-n // block) * block
+        return n
+
+    b = per_device_train_batch_size
+    out = BATCH_TENSORS[trainer] * rounded(8 * ROWS[trainer] * b * realized_seq_length)
+    return out + (rounded(b) if trainer == "kto" else 0)
 
 
 @quantity("bytes", category="memory", label="reference model", short_label="reference",
@@ -97,8 +113,8 @@ def reference_model_bytes(trainer, method, precompute_ref_log_probs, weight_byte
 @quantity("trace", type="object")
 def reference_trace(trainer, method, precompute_ref_log_probs, arch, per_device_train_batch_size, realized_seq_length,
                     trace_setup, attn_implementation, device, framework):
-    """The reference forward as a step trace (``torch.no_grad()``: nothing saved): the model at batch ``2·b``
-    with no parameter training; under LoRA the policy's base with its adapters disabled (peft
+    """The reference forward as a step trace (``torch.no_grad()``: nothing saved): the model at the policy's
+    batch (``2·b`` for DPO, ``b`` for KTO) with no parameter training; under LoRA the policy's base with its adapters disabled (peft
     ``lora.Linear.forward`` calls ``base_layer`` alone) and the policy's fused head (every output), for a
     separate reference model its own head (log-probabilities only). None without a reference forward."""
     if not _is_preference(trainer) or precompute_ref_log_probs or arch.is_bare:
@@ -106,8 +122,9 @@ def reference_trace(trainer, method, precompute_ref_log_probs, arch, per_device_
     precision = trace_setup[0]
     block = framework.allocator_block_bytes if framework is not None else 512
     attn = "sdpa" if attn_implementation == "flash_attention_2" else attn_implementation
-    spec = TraceSpec(arch, 2 * int(per_device_train_batch_size), int(realized_seq_length), precision, attn, False,
-                     device=device, block=int(block), loss="trl_logp" if method == "full" else "trl", frozen=True)
+    spec = TraceSpec(arch, ROWS[trainer] * int(per_device_train_batch_size), int(realized_seq_length), precision, attn,
+                     False, device=device, block=int(block), loss="trl_logp" if method == "full" else HEAD[trainer],
+                     frozen=True)
     return build(spec)
 
 
@@ -126,10 +143,12 @@ def reference_forward_bytes(reference_trace, reference_model_bytes, step_trace_w
 
 
 @reducer("micro_step_time", when=lambda trainer: _is_preference(trainer))
-def reference_forward_time(value, reference_trace, gpu_spec, kernel_efficiency, torch_compile, tf32, tensor_parallel):
-    """DPO's micro-step adds the reference forward: the roofline over :func:`reference_trace`'s kernels (a
-    forward of ``2·b`` sequences, nothing to differentiate), added by kernel class and phase, and kept as
-    ``reference_forward``. The policy's forward and backward are already over ``2·b`` sequences (its trace)."""
+def reference_forward_time(value, trainer, reference_trace, gpu_spec, kernel_efficiency, torch_compile, tf32,
+                           tensor_parallel):
+    """The micro-step adds the no-grad forwards (:data:`REFERENCE_FORWARDS`: DPO's reference forward, KTO's
+    three): the roofline over :func:`reference_trace`'s kernels (nothing to differentiate) times their count,
+    added by kernel class and phase, and kept as ``reference_forward``. The policy's forward and backward are
+    already over its batch (its trace)."""
     if value is None or reference_trace is None or kernel_efficiency is None or "gpu" not in value:
         return value
     from fitplan.builtin.time import roofline
@@ -138,25 +157,36 @@ def reference_forward_time(value, reference_trace, gpu_spec, kernel_efficiency, 
                         compiled=bool(torch_compile), tf32=bool(tf32), split=tensor_parallel)
     ref = roofline.price(ts, kernel_efficiency)
     out = dict(value)
+    n = REFERENCE_FORWARDS[trainer]
     for k, v in ref.items():
-        out[k] = out.get(k, 0.0) + v
-    out["reference_forward"] = ref["micro_step"]
+        out[k] = out.get(k, 0.0) + n * v
+    out["reference_forward"] = n * ref["micro_step"]
     return out
 
 
 @quantity("bytes")
 def preference_loss_inputs_bytes(trainer, arch, per_device_train_batch_size, realized_seq_length):
-    """``labels`` (int64 ``2b × s``, made before the policy's forward) and the fused head's bool label mask
-    (``2b × (s-1)``, kept in its output): alive through both forwards until the loss returns."""
+    """``labels`` (int64 ``rows × s``, made before the policy's forward) and the fused head's bool label mask
+    (``rows × (s-1)``, kept in its output): alive through the forwards until the loss returns."""
     if not _is_preference(trainer) or arch.is_bare:
         return 0
-    rows = 2 * per_device_train_batch_size
+    rows = ROWS[trainer] * per_device_train_batch_size
     return 8 * rows * realized_seq_length + rows * (realized_seq_length - 1)
+
+
+@quantity("bytes")
+def reference_phase_inputs_bytes(trainer, preference_loss_inputs_bytes):
+    """What the reference phase holds beside the reference forward's own peak: the labels and mask of
+    :func:`preference_loss_inputs_bytes`, and for KTO the KL forward's ``KL_labels`` and mask (same sizes:
+    ``_compute_kl_logps`` makes them, the reference model's KL forward runs with the completion's labels
+    alive)."""
+    return preference_loss_inputs_bytes * (2 if trainer == "kto" else 1)
 
 
 @reducer("phase_rows", when=lambda trainer: _is_preference(trainer))
 def preference_phases(value, reference_model_bytes, reference_forward_bytes, preference_loss_inputs_bytes,
-                      activation_bytes, logits_bytes, autocast_weight_copy_bytes, precompute_ref_log_probs):
+                      reference_phase_inputs_bytes, activation_bytes, logits_bytes, autocast_weight_copy_bytes,
+                      precompute_ref_log_probs):
     """DPO's phases (module doc): the reference weights in every phase, the labels in the forward, and the
     ``reference_forward`` phase: the forward's resident rows + the policy's saved tensors + the reference
     forward's peak and the labels (temporaries)."""
@@ -167,19 +197,22 @@ def preference_phases(value, reference_model_bytes, reference_forward_bytes, pre
     if not precompute_ref_log_probs:
         ref = {k: v for k, v in rows["forward"].items() if k not in PARTS}
         ref.update(activations=activation_bytes, logits=logits_bytes, autocast_copies=autocast_weight_copy_bytes,
-                   temporaries=reference_forward_bytes + preference_loss_inputs_bytes)
+                   temporaries=reference_forward_bytes + reference_phase_inputs_bytes)
         rows = {"forward": rows["forward"], "reference_forward": ref,
                 **{k: v for k, v in rows.items() if k != "forward"}}
     return rows
 
 
 @reducer("flops_per_token", when=lambda trainer: _is_preference(trainer))
-def preference_flops_per_token(value, flops_param_count, attention_flops_per_token, precompute_ref_log_probs):
-    """DPO's FLOPs per token of an example (a pair: its chosen and its rejected sequence, each ``s`` tokens):
+def preference_flops_per_token(value, trainer, flops_param_count, attention_flops_per_token, precompute_ref_log_probs):
+    """FLOPs per token of an example. DPO (a pair: its chosen and its rejected sequence, each ``s`` tokens):
     the policy's training FLOPs twice, and the reference forward of both sequences, ``2·(2·N + 4·L·h·s)``
-    (the forward third of ``attention_flops_per_token``), unless precomputed."""
-    ref = 0 if precompute_ref_log_probs else 2 * (2 * flops_param_count + attention_flops_per_token / 3)
-    return 2 * value + ref
+    (the forward third of ``attention_flops_per_token``). KTO: the policy's training FLOPs, and three
+    forwards (the policy's KL forward, the reference model's KL and main forwards), ``3·(2·N + 4·L·h·s)``.
+    Precomputed reference log-probabilities drop the reference model's forwards."""
+    fwd = 2 * flops_param_count + attention_flops_per_token / 3
+    n = REFERENCE_FORWARDS[trainer] - (0 if not precompute_ref_log_probs else 1 if trainer == "dpo" else 2)
+    return ROWS[trainer] * (value + n * fwd)
 
 
 @reducer("assumed_defaults", when=lambda trainer: _is_preference(trainer))
@@ -190,7 +223,7 @@ def preference_defaults(value, trainer, beta, method, precompute_ref_log_probs):
     out = [x for x in value if not x.startswith("loss ")]
     out.append("loss TRL fused LM head (chunked log-probs, no logits)")
     if beta is None:
-        out.append(f"beta {BETA[trainer]} (DPOConfig default)")
+        out.append(f"beta {BETA[trainer]} ({trainer.upper()}Config default)")
     if precompute_ref_log_probs:
         out.append("reference log-probs precomputed (no reference model in the step)")
     elif method == "full":
@@ -202,7 +235,8 @@ def preference_defaults(value, trainer, beta, method, precompute_ref_log_probs):
 
 @hookimpl
 def fitplan_register_quantities(register):
-    for q in (reference_model_bytes, reference_trace, reference_forward_bytes, preference_loss_inputs_bytes):
+    for q in (reference_model_bytes, reference_trace, reference_forward_bytes, preference_loss_inputs_bytes,
+              reference_phase_inputs_bytes):
         register(q)
 
 
