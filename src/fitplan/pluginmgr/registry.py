@@ -55,7 +55,7 @@ ESSENTIAL: frozenset[str] = frozenset({
     "fitplan.builtin.inputs", "fitplan.builtin.precision", "fitplan.builtin.model_states", "fitplan.builtin.optimizers",
     "fitplan.builtin.activations", "fitplan.builtin.lora", "fitplan.builtin.sharding", "fitplan.builtin.overhead",
     "fitplan.builtin.peak", "fitplan.builtin.time", "fitplan.builtin.dataset", "fitplan.builtin.report", "fitplan.builtin.formats",
-    "fitplan.builtin.commands",
+    "fitplan.builtin.commands", "fitplan.builtin.trl.preference",
 })
 """Built-in plugins that cannot be blocked: the terms of the memory model and of time (the others depend on
 them: sharding orders its reducers after LoRA's, cost prices time), the report, the formats and the commands.

@@ -215,13 +215,12 @@ def preference_flops_per_token(value, trainer, flops_param_count, attention_flop
     return ROWS[trainer] * (value + n * fwd)
 
 
-@reducer("assumed_defaults", when=lambda trainer: _is_preference(trainer))
-def preference_defaults(value, trainer, beta, method, precompute_ref_log_probs):
-    """DPO's assumptions in the report: TRL's fused LM head for the loss (whatever ``loss_implementation``),
-    ``beta`` when not given (``DPOConfig.beta``, 0.1; it changes no byte or FLOP), and the reference model
+def assumed_lines(trainer, beta, method, precompute_ref_log_probs) -> list[str]:
+    """The preference trainers' phrases for the report's assumed defaults (``builtin/defaults.py`` adds them in
+    place of the loss's): TRL's fused LM head for the loss (whatever ``loss_implementation``), ``beta`` when not
+    given (``DPOConfig.beta`` / ``KTOConfig.beta``, 0.1; it changes no byte or FLOP), and the reference model
     (module doc)."""
-    out = [x for x in value if not x.startswith("loss ")]
-    out.append("loss TRL fused LM head (chunked log-probs, no logits)")
+    out = ["loss TRL fused LM head (chunked log-probs, no logits)"]
     if beta is None:
         out.append(f"beta {BETA[trainer]} ({trainer.upper()}Config default)")
     if precompute_ref_log_probs:
@@ -243,5 +242,5 @@ def fitplan_register_quantities(register):
 @hookimpl
 def fitplan_register_reducers(register):
     for r in (preference_policy_trace, preference_policy_trace_checkpointed, preference_batch, preference_phases,
-              reference_forward_time, preference_flops_per_token, preference_defaults):
+              reference_forward_time, preference_flops_per_token):
         register(r)
