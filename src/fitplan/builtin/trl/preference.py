@@ -18,7 +18,8 @@
    model with no parameter training, :attr:`~fitplan.builtin.step_trace.TraceSpec.frozen`);
 3. the loss (``-logsigmoid(beta · ...)`` over ``2b`` sums: bytes), the backward, the optimizer step.
 
-The reference model's weights are resident for the whole step (row ``reference_model``).
+The reference model's weights are resident for the whole step (``reference_model_bytes``, shown in the
+breakdown's ``weights`` row).
 """
 
 from __future__ import annotations
@@ -97,8 +98,7 @@ def preference_batch(value, trainer, arch, per_device_train_batch_size, realized
     return out + (rounded(b) if trainer == "kto" else 0)
 
 
-@quantity("bytes", category="memory", label="reference model", short_label="reference",
-          json_key="memory.per_gpu_bytes.reference_model", short="reference", row="reference_model")
+@quantity("bytes", category="memory", label="reference model", short="reference")
 def reference_model_bytes(trainer, method, precompute_ref_log_probs, weight_bytes, buffer_bytes):
     """The reference model kept beside the policy: full fine-tuning without ``precompute_ref_log_probs``, a
     second copy of the weights in the policy's dtype and its buffers (``DPOTrainer.__init__``: ``ref_model``
@@ -187,12 +187,13 @@ def reference_phase_inputs_bytes(trainer, preference_loss_inputs_bytes):
 def preference_phases(value, reference_model_bytes, reference_forward_bytes, preference_loss_inputs_bytes,
                       reference_phase_inputs_bytes, activation_bytes, logits_bytes, autocast_weight_copy_bytes,
                       precompute_ref_log_probs):
-    """DPO's phases (module doc): the reference weights in every phase, the labels in the forward, and the
+    """The phases (module doc): the reference model's weights in every phase (in the ``weights`` row), the
+    labels in the forward, and the
     ``reference_forward`` phase: the forward's resident rows + the policy's saved tensors + the reference
     forward's peak and the labels (temporaries)."""
     rows = {ph: dict(r) for ph, r in value.items()}
-    for r in rows.values():
-        r["reference_model"] = r.get("reference_model", 0) + reference_model_bytes
+    for r in rows.values():  # the breakdown's weights row (a row of its own would recolour every SFT chart)
+        r["weights"] = r.get("weights", 0) + reference_model_bytes
     rows["forward"]["temporaries"] = rows["forward"].get("temporaries", 0) + preference_loss_inputs_bytes
     if not precompute_ref_log_probs:
         ref = {k: v for k, v in rows["forward"].items() if k not in PARTS}
