@@ -177,3 +177,13 @@ def test_what_trl_refuses_in_a_config_exits_2(tmp_path, keys, message):
     r = run_cli("estimate", "--model", str(CONFIGS / "tiny-llama" / "config.json"), "--trainer", "dpo",
                 "--training-args", str(cfg))
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_validate_refuses_a_trl_trainer_rather_than_measure_the_wrong_step():
+    """``fitplan validate`` runs the HF Trainer's step: comparing it with a DPO estimate would be meaningless."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "plugins" / "fitplan-torch" / "src"))
+    import fitplan_torch
+
+    with pytest.raises(FitplanError, match="not TRL's 'dpo' trainer"):
+        fitplan_torch.validate(_estimate("tiny-llama", "full"), mode="cpu")
