@@ -1,4 +1,9 @@
-"""TRL 1.16's DPO step: the policy over chosen and rejected sequences, the reference model, their phases.
+"""TRL 1.16's DPO and KTO steps: the policy over its batch of sequences, the reference model, their phases.
+
+KTO (``KTOTrainer._compute_loss``, trl/trainer/kto_trainer.py) is the same step over ``b`` unpaired sequences
+with three no-grad forwards instead of one (the policy's KL forward before its own, the reference model's KL
+and main forwards after it), and a batch with ``KL_`` twins: the tables below say what differs; docs/trl.md
+has both. DPO:
 
 ``DPOTrainer._compute_loss`` (trl/trainer/dpo_trainer.py) runs, per micro-batch:
 
