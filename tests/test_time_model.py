@@ -274,6 +274,42 @@ def test_no_band_when_the_throughput_is_given(rdir):
     assert e["train_seconds"] == 1000 and e["train_seconds_low"] is None and e["time_band"] is None
 
 
+def _bundled_fit():
+    import tomllib
+
+    return tomllib.loads((ROOT / "rulesets" / "throughput" / "fitted.toml").read_text())
+
+
+def test_band_widens_on_a_gpu_generation_without_published_runs():
+    # no published run on Blackwell: its efficiency is the run-weighted mean m of the fitted generations' GEMM
+    # efficiencies; time goes as 1 / efficiency, so the fitted extremes put it between m / max and m / min of m's
+    fit = _bundled_fit()
+    rows = fit["time_efficiency"]
+    assert "blackwell" not in {r["generation"] for r in rows}
+    m = sum(r["gemm"] * r["runs"] for r in rows) / sum(r["runs"] for r in rows)
+    low = fit["time_model"]["band_low"] * min(1.0, m / max(r["gemm"] for r in rows))
+    high = fit["time_model"]["band_high"] * max(1.0, m / min(r["gemm"] for r in rows))
+    common = dict(model="llama-2-7b", precision="bf16-true", optim="adamw_torch", total_tokens=10_000_000)
+    b200 = fitplan.estimate(gpu="b200", **common)
+    assert b200["time_band"][:2] == pytest.approx((low, high), rel=1e-12)
+    assert "no published run on blackwell" in b200["time_band"][2]
+    h100 = fitplan.estimate(gpu="h100-sxm", **common)  # a fitted generation keeps the leave-one-out band
+    assert h100["time_band"][:2] == (fit["time_model"]["band_low"], fit["time_model"]["band_high"])
+
+
+def test_band_after_calibrating_on_your_run(tmp_path):
+    # a [[time_calibration]] row for the GPU: the band becomes the one calibration leaves on the published runs
+    # (bench/time_loo.py: one run's measured / predicted time applied to another of the same GPU type and source)
+    fit = _bundled_fit()["time_model"]
+    (tmp_path / "calib.toml").write_text('[[time_calibration]]\ngpu = "a100-80gb"\nscale = 1.1\nsource = "test"\n')
+    e = fitplan.estimate(model="llama-2-7b", gpu="a100-80gb", precision="bf16-true", optim="adamw_torch",
+                         total_tokens=10_000_000, ruleset_dirs=[str(tmp_path)])
+    assert e["step_time_calibration"].scale == 1.1
+    assert e["time_band"][:2] == (fit["calibrated_band_low"], fit["calibrated_band_high"])
+    assert f"{fit['calibrated_pairs']} ordered pairs" in e["time_band"][2]
+    assert e["train_seconds_high"] == pytest.approx(e["train_seconds"] * fit["calibrated_band_high"])
+
+
 # --------------------------------------------------------------------------- the published runs
 
 

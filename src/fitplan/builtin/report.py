@@ -125,8 +125,7 @@ def likely_range(est) -> dict[str, Any] | None:
         return None
     return {"low_factor": band[0], "high_factor": band[1], "percentiles": list(model.band_percentiles),
             "runs": model.runs, "loo_median_error": model.loo_median, "loo_worst_error": model.loo_worst,
-            "basis": f"the {model.band_percentiles[0]:g}th and {model.band_percentiles[1]:g}th percentiles of measured / "
-                     f"predicted time over {model.runs} published fine-tuning runs, each predicted without itself"}
+            "basis": band[2]}
 
 
 def time_json(est) -> dict[str, Any]:
