@@ -202,6 +202,7 @@ TRAINING_ARGS_FIELDS = {
     "per_gpu_train_batch_size": "per_device_train_batch_size",
     "gradient_accumulation_steps": "gradient_accumulation_steps",
     "gradient_checkpointing": "gradient_checkpointing",
+    "activation_checkpointing": "gradient_checkpointing",  # transformers 5.24's name; read last, so it wins
     "optim": "optim",
     "num_train_epochs": "num_train_epochs",
     "tf32": "tf32",

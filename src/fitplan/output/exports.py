@@ -17,9 +17,12 @@ from fitplan.inputs import scenario as sc
 from fitplan.errors import FitplanError
 from fitplan.inputs.precision import HF_WORD, PRESETS
 
-KINDS = ("deepspeed", "accelerate", "training-args", "scenario")
+KINDS = ("deepspeed", "accelerate", "training-args", "skypilot", "scenario")
 FILENAMES = {"deepspeed": "ds_config.json", "accelerate": "accelerate_config.yaml",
-             "training-args": "training_args.json", "scenario": "fitplan-plan.toml"}
+             "training-args": "training_args.json", "skypilot": "sky_task.yaml", "scenario": "fitplan-plan.toml"}
+NEEDS = {"training-args": ("deepspeed",), "accelerate": ("deepspeed",),
+         "skypilot": ("deepspeed", "accelerate", "training-args")}
+"""The files a kind names (written with it): DeepSpeed's only for a DeepSpeed plan."""
 DS_KEYS = ("reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
            "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size")
 """The ``zero_optimization`` keys fitplan models, written when the plan sets them (absent: DeepSpeed's default)."""
@@ -118,9 +121,14 @@ def load_dtype_note(s: sc.Scenario) -> str | None:
             f"TrainingArguments has no key for it; fitplan reads it back with --dtype {word}")
 
 
-def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[dict[str, Any], list[str]]:
+def training_args(s: sc.Scenario, deepspeed_file: str | None = None,
+                  save_steps: int | None = None) -> tuple[dict[str, Any], list[str]]:
     """HF ``TrainingArguments`` keys for a plan, and notes on what they cannot carry (to pass as flags or
-    model-loading arguments)."""
+    model-loading arguments). ``save_steps``: the spot model's checkpoint interval in optimizer steps
+    (:func:`fitplan.output.skypilot_task.save_steps`), written with ``save_strategy`` and ``save_total_limit``.
+
+    Checkpointing is ``activation_checkpointing``: transformers 5.24 keeps ``gradient_checkpointing`` as a
+    deprecated alias (transformers/training_args.py, ``__post_init__``)."""
     t, p = s.training, s.parallel
     flag = hf_flag(s)
     notes: list[str] = []
@@ -128,7 +136,7 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
         "output_dir": "outputs",
         "per_device_train_batch_size": t.per_device_train_batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
-        "gradient_checkpointing": t.gradient_checkpointing,
+        "activation_checkpointing": t.gradient_checkpointing,
         "optim": t.optim,
         "bf16": flag == "bf16",
         "fp16": flag == "fp16",
@@ -136,6 +144,10 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
     }
     if t.tf32:
         out["tf32"] = True
+    if save_steps is not None:
+        from fitplan.output.skypilot_task import SAVE_TOTAL_LIMIT
+
+        out.update({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": SAVE_TOTAL_LIMIT})
     if t.optim not in HF_OPTIMIZERS:
         notes.append(f"optim {t.optim!r} is not a TrainingArguments optimizer name: pass it to the Trainer as a "
                      f"custom optimizer (fitplan reads it back with --optim {t.optim})")
@@ -195,13 +207,17 @@ def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
 
 
 def to_yaml(data: dict[str, Any], indent: int = 0) -> str:
-    """A tiny deterministic YAML writer for nested mappings of scalars (what accelerate configs hold)."""
+    """A tiny deterministic YAML writer for nested mappings of scalars (what accelerate configs hold); a string
+    of several lines is a literal block (``key: |``), as SkyPilot's ``run:`` is usually written."""
     lines = []
     pad = "  " * indent
     for key, value in data.items():
         if isinstance(value, dict):
             lines.append(f"{pad}{key}:")
             lines.append(to_yaml(value, indent + 1).rstrip("\n"))
+        elif isinstance(value, str) and "\n" in value.rstrip("\n") and value.endswith("\n"):
+            lines.append(f"{pad}{key}: |")
+            lines += [f"{pad}  {line}" if line else "" for line in value.rstrip("\n").split("\n")]
         else:
             lines.append(f"{pad}{key}: {_yaml_scalar(value)}")
     return "\n".join(lines) + "\n"
@@ -235,35 +251,54 @@ def scenario_toml(s: sc.Scenario) -> str:
     return "# fitplan scenario: `fitplan estimate THIS_FILE` reproduces the plan\n" + tomli_w.dumps(out)
 
 
-def render_exports(kind: str, s: sc.Scenario) -> tuple[list[tuple[str, str]], list[str]]:
+def render_exports(kind: str, s: sc.Scenario, est=None,
+                   market: str | None = None) -> tuple[list[tuple[str, str]], list[str]]:
     """The files of export ``kind`` (or ``all``) for scenario ``s``: ``[(file name, text)]`` and notes.
 
-    :raises FitplanError: an unknown kind; ``deepspeed`` for a plan without DeepSpeed.
+    :param est: the plan's estimate, which ``skypilot`` needs (the instance, the step time, the spot interval).
+    :param market: the plan's market (``spot``: the checkpoint interval goes into the TrainingArguments).
+    :raises FitplanError: an unknown kind; ``deepspeed`` for a plan without DeepSpeed; ``skypilot`` without an
+        estimate.
     """
     if kind != "all" and kind not in KINDS:
         from fitplan.errors import unknown
 
         raise unknown("export format", kind, [*KINDS, "all"], field="--emit")
-    kinds = list(KINDS) if kind == "all" else [kind]
-    if kind == "all" and not uses_deepspeed(s):
-        kinds.remove("deepspeed")
-    if kind in ("training-args", "accelerate") and uses_deepspeed(s):
-        kinds.insert(0, "deepspeed")  # they name it
+    kinds = _kinds(kind, s, est)
+    from fitplan.output.skypilot_task import save_steps, skypilot_task
+
+    steps = save_steps(est, market)
     files: list[tuple[str, str]] = []
     notes: list[str] = []
     for k in kinds:
         if k == "deepspeed":
             text = json.dumps(deepspeed_config(s), indent=2) + "\n"
         elif k == "training-args":
-            data, more = training_args(s)
+            data, more = training_args(s, save_steps=steps)
             notes += more
             text = json.dumps(data, indent=2) + "\n"
         elif k == "accelerate":
             text = accelerate_config(s)
+        elif k == "skypilot":
+            text, more = skypilot_task(s, est, market, FILENAMES)
+            notes += more
         else:
             text = scenario_toml(s)
         files.append((FILENAMES[k], text))
     return files, notes
+
+
+def _kinds(kind: str, s: sc.Scenario, est) -> list[str]:
+    """The kinds ``--emit KIND`` writes: the kind and the files it names, in :data:`KINDS` order."""
+    wanted = set(KINDS) if kind == "all" else {kind, *NEEDS.get(kind, ())}
+    if kind == "all" and est is None:
+        wanted.discard("skypilot")
+    if kind == "skypilot" and est is None:
+        raise FitplanError("a SkyPilot task needs the plan's estimate (its instance and step time)", field="--emit",
+                           value=kind)
+    if not uses_deepspeed(s) and kind != "deepspeed":
+        wanted.discard("deepspeed")
+    return [k for k in KINDS if k in wanted]
 
 
 def exports_batch(directory: str | Path, files: list[tuple[str, str]], batch=None):
@@ -283,7 +318,8 @@ def write_exports(directory: str | Path, files: list[tuple[str, str]]) -> list[P
     return exports_batch(directory, files).commit()
 
 
-def emit(kind: str, s: sc.Scenario, directory: str | Path) -> tuple[list[Path], list[str]]:
+def emit(kind: str, s: sc.Scenario, directory: str | Path, est=None,
+         market: str | None = None) -> tuple[list[Path], list[str]]:
     """Render and write export ``kind`` for ``s`` into ``directory``: the files written and the notes."""
-    files, notes = render_exports(kind, s)
+    files, notes = render_exports(kind, s, est, market)
     return write_exports(directory, files), notes

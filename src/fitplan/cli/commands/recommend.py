@@ -14,7 +14,8 @@ from fitplan.errors import FitplanError
 
 OBJECTIVES = ("cost", "time", "gpus")
 """== fitplan.search.space.OBJECTIVES (tests/test_graph.py checks); not imported: the search pulls in networkx."""
-EXPORTS = ("deepspeed", "accelerate", "training-args", "scenario", "all")
+EXPORTS = ("deepspeed", "accelerate", "training-args", "skypilot", "scenario", "all")
+"""== fitplan.output.exports.KINDS + all (tests/test_exports.py checks); not imported: the command starts lighter."""
 
 
 def add(cli: click.Group) -> None:
@@ -134,7 +135,7 @@ def _progress():
 @click.option("--max", "max_of", type=click.Choice(["micro-batch", "seq-length"]), default=None,
               help="Reverse question: the largest micro-batch or sequence length that fits --gpu (nothing else searched).")
 @click.option("--emit", "emits", multiple=True, nargs=2, type=(click.Choice(EXPORTS), click.Path(file_okay=False)),
-              metavar="KIND DIR", help="Write the top plan as KIND (deepspeed, accelerate, training-args, scenario, all) into DIR.")
+              metavar="KIND DIR", help="Write the top plan as KIND (deepspeed, accelerate, training-args, skypilot, scenario, all) into DIR.")
 @click.option("--force", is_flag=True, help="Let --emit write into a folder that already holds files.")
 @format_option("recommend")
 @out_option
@@ -221,8 +222,9 @@ def _exports(result, emits: tuple[tuple[str, str], ...]) -> list[tuple[str, list
     from fitplan.output.exports import render_exports
     from fitplan.search.plans import plan_scenario
 
-    s = plan_scenario(result.base, result.plans[0])
-    return [(directory, *render_exports(kind, s)) for kind, directory in emits]
+    first = result.plans[0]
+    s = plan_scenario(result.base, first)
+    return [(directory, *render_exports(kind, s, first.estimate, first.market)) for kind, directory in emits]
 
 
 def _exports_batch(exports):
