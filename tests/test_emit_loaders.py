@@ -235,3 +235,59 @@ def test_spot_plan_checkpoints_every_save_steps_of_the_interruption_model(tmp_pa
     assert (args.save_strategy.value, args.save_steps, args.save_total_limit) == ("steps", steps, 2)
     assert args.optim.value == "adamw_torch" and not args.bf16 and not args.fp16  # 32-true
     assert f"checkpoint every {steps} optimizer steps" in (d / "sky_task.yaml").read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- plans without DeepSpeed
+
+STACKS = {
+    # name: scenario, then what accelerate's launcher and the Trainer must make of it (from the scenario's words:
+    # FSDP2's reshard_after_forward is true for full_shard; FSDP1 names the strategy)
+    "ddp-lora": ({"method": "lora", "num_gpus": 4}, {"use_fsdp": False}),
+    "fsdp2-full": ({"fsdp": "full_shard", "stack": "fsdp2", "num_gpus": 8},
+                   {"use_fsdp": True, "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "true",
+                    "FSDP_OFFLOAD_PARAMS": "false"}),
+    "fsdp2-grad-op": ({"fsdp": "shard_grad_op", "stack": "fsdp2", "num_gpus": 8},
+                      {"use_fsdp": True, "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "false",
+                       "FSDP_OFFLOAD_PARAMS": "false"}),
+    "fsdp1-offload": ({"fsdp": "shard_grad_op", "stack": "fsdp1", "offload_params": True, "offload_optimizer": True,
+                       "num_gpus": 8},
+                      {"use_fsdp": True, "FSDP_VERSION": "1", "FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP",
+                       "FSDP_OFFLOAD_PARAMS": "true"}),
+}
+
+
+@pytest.mark.parametrize("name", list(STACKS))
+def test_accelerate_and_trainer_read_the_same_stack(name, tmp_path, monkeypatch):
+    """accelerate's launcher (the environment it gives each process: accelerate/utils/launch.py
+    ``prepare_multi_gpu_env``) and the Trainer (``fsdp_plugin_args``) both read the plan's stack."""
+    import fitplan
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    from fitplan.output import exports
+
+    scenario, expect = STACKS[name]
+    s = fitplan.scenario_from_dict({"model": "llama-2-7b", "optim": "adamw_torch", "precision": "bf16-mixed",
+                                    "gradient_checkpointing": True, "per_device_train_batch_size": 2, **scenario})
+    exports.emit("all", s, tmp_path)
+    assert not (tmp_path / "ds_config.json").exists() and not (tmp_path / "sky_task.yaml").exists()  # no estimate
+    monkeypatch.chdir(tmp_path)
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(
+        ["--config_file", "accelerate_config.yaml", "train.py", "training_args.json"]))
+    assert (args.num_processes, args.mixed_precision) == (scenario["num_gpus"], "bf16")  # bf16-mixed: autocast
+    assert bool(args.use_fsdp) == expect["use_fsdp"] and not args.use_deepspeed
+    env = prepare_multi_gpu_env(args)
+    assert {k: env[k] for k in expect if k.startswith("FSDP_")} == {k: v for k, v in expect.items() if k != "use_fsdp"}
+    ta = _training_args(tmp_path / "training_args.json", monkeypatch, scenario["num_gpus"])
+    assert ta.bf16 and ta.per_device_train_batch_size == 2 and ta.optim.value == "adamw_torch"
+    assert ta.activation_checkpointing is True
+    if not expect["use_fsdp"]:
+        assert ta.fsdp_plugin_args is None
+        return
+    plugin = ta.fsdp_plugin_args
+    assert plugin["fsdp_version"] == int(expect["FSDP_VERSION"])
+    assert plugin.get("cpu_offload", False) == (expect["FSDP_OFFLOAD_PARAMS"] == "true")
+    if plugin["fsdp_version"] == 2:
+        assert plugin["reshard_after_forward"] == (expect["FSDP_RESHARD_AFTER_FORWARD"] == "true")
+    else:
+        assert plugin["reshard_after_forward"] == expect["FSDP_SHARDING_STRATEGY"].lower()

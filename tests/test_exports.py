@@ -72,8 +72,8 @@ def test_training_args_and_their_notes():
     args, notes = exports.training_args(scenario(method="qlora", precision="bf16-true", optim="sgd_momentum",
                                                  gradient_checkpointing=True, num_train_epochs=3))
     assert args == {"output_dir": "outputs", "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
-                    "gradient_checkpointing": True, "optim": "sgd_momentum", "bf16": False, "fp16": False,
-                    "num_train_epochs": 3.0}
+                    "activation_checkpointing": True, "optim": "sgd_momentum", "bf16": False, "fp16": False,
+                    "num_train_epochs": 3.0}  # transformers 5.24's name (gradient_checkpointing: deprecated alias)
     text = "\n".join(notes)
     assert "optim 'sgd_momentum' is not a TrainingArguments optimizer name" in text
     assert "load the model with from_pretrained(..., dtype=torch.bfloat16)" in text  # transformers 5 names it dtype
@@ -205,3 +205,30 @@ def test_emit_deepspeed_for_a_plan_without_deepspeed(tmp_path):
                    "--precision", "bf16-true", "--objective", "gpus", "--emit", "deepspeed", str(tmp_path))
     assert proc.returncode == 2
     assert "this plan does not use DeepSpeed" in proc.stderr
+
+
+def test_emit_kinds_of_the_command_are_the_exporters():
+    from fitplan.cli.commands.recommend import EXPORTS
+
+    assert EXPORTS == (*exports.KINDS, "all")
+
+
+@pytest.mark.parametrize(("parallel", "expect"), [
+    ({"fsdp": "full_shard", "stack": "fsdp2"}, {"version": 2, "reshard_after_forward": True, "cpu_offload": False}),
+    ({"fsdp": "shard_grad_op", "stack": "fsdp2", "offload_params": True, "offload_optimizer": True},
+     {"version": 2, "reshard_after_forward": False, "cpu_offload": True}),
+    ({"fsdp": "hybrid_shard", "stack": "fsdp1"}, {"version": 1, "reshard_after_forward": "hybrid_shard",
+                                                   "cpu_offload": False}),
+])
+def test_fsdp_training_args_are_written_as_fsdp_true_and_read_back(tmp_path, parallel, expect):
+    """transformers 5.24 deprecates ``fsdp="full_shard offload"`` for ``fsdp=True`` with ``fsdp_config``
+    (training_args.py ``_apply_legacy_fsdp_to_config``: FSDP2's reshard_after_forward is a bool, FSDP1's the
+    strategy's name); the importer reads the new form back to the same fields."""
+    s = scenario(precision="bf16-mixed", optim="adamw_torch", num_gpus=8, **parallel)
+    args, _ = exports.training_args(s)
+    assert args["fsdp"] is True
+    assert args["fsdp_config"] == {**expect, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}
+    fields, _ = training_args_fields(write(tmp_path, args), KNOWN + ["adamw_torch"])
+    offload = parallel.get("offload_params", False)
+    assert (fields["fsdp"], fields["stack"], fields.get("offload_params", False)) == (
+        parallel["fsdp"], parallel["stack"], offload)

@@ -157,9 +157,12 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None,
     if uses_deepspeed(s):
         out["deepspeed"] = deepspeed_file or FILENAMES["deepspeed"]
     if p.fsdp:
-        out["fsdp"] = p.fsdp + (" offload" if p.offload_params or p.offload_optimizer else "") + " auto_wrap"
-        if p.stack == "fsdp1":
-            out["fsdp_config"] = {"version": 1}
+        out["fsdp"] = True
+        out["fsdp_config"] = fsdp_config(s)
+        if p.fsdp == "hybrid_shard" and p.stack != "fsdp1":
+            notes.append("hybrid_shard under FSDP2: TrainingArguments' fsdp_config has no key for it (transformers "
+                         "5.24 offers it under FSDP1 only); written as full_shard: shard within each node with a "
+                         "device mesh yourself")
     if s.model.method != "full":
         notes.append(f"method {s.model.method}: build the model with peft LoraConfig(r={s.lora.lora_r}, "
                      f"lora_alpha={s.lora.lora_alpha}, target_modules="
@@ -171,6 +174,18 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None,
         notes.append(f"attention: load the model with attn_implementation=\"{s.training.attn_implementation}\"")
     notes.append(f"sequence length {t.max_seq_length}: TRL SFTConfig(max_length={t.max_seq_length}) or your tokenizer's truncation")
     return out, notes
+
+
+def fsdp_config(s: sc.Scenario) -> dict[str, Any]:
+    """TrainingArguments' ``fsdp_config`` for ``fsdp: true`` (transformers 5.24 deprecates the string form:
+    training_args.py ``_apply_legacy_fsdp_to_config``): the version, ``reshard_after_forward`` (FSDP2: a bool,
+    true for full_shard; FSDP1: the strategy's name), ``cpu_offload``, and the transformer-layer wrap policy."""
+    p = s.parallel
+    v1 = p.stack == "fsdp1"
+    return {"version": 1 if v1 else 2,
+            "reshard_after_forward": p.fsdp if v1 else p.fsdp != "shard_grad_op",
+            "cpu_offload": bool(p.offload_params or p.offload_optimizer),
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}
 
 
 def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
