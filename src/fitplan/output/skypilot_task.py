@@ -5,7 +5,7 @@ The task follows SkyPilot's task schema (``sky/utils/schemas.py``, ``get_task_sc
 
 * ``resources``: ``accelerators`` as ``NAME:COUNT`` (SkyPilot's accelerator names: the inverse of
   :data:`fitplan.rulesets.skypilot.ACCELERATOR_GPU`), ``cloud`` for the providers SkyPilot drives,
-  ``region`` where the plan's instance names one, ``instance_type`` where the provider's instance ids are
+  ``region`` where the plan's instance names one SkyPilot knows, ``instance_type`` where the provider's instance ids are
   SkyPilot's catalog names (AWS, GCP: the pricing rulesets take them from SkyPilot's catalog), ``use_spot``,
   and ``disk_size`` (GB);
 * ``num_nodes``; ``workdir: .`` (the folder holding the emitted files and the training script is synced to
@@ -35,6 +35,10 @@ task then names no cloud and a note says so."""
 SKY_INSTANCE_TYPES = frozenset({"aws", "gcp"})
 """Providers whose instance ids in the pricing rulesets are SkyPilot's catalog instance types (the rulesets cite
 ``catalogs/v8/<cloud>/vms.csv``); the others' ids are fitplan's own labels, so no ``instance_type`` is written."""
+SKY_REGIONS = frozenset({"aws", "gcp", "nebius"})
+"""Providers whose instances' ``region`` in the pricing rulesets is a region name SkyPilot uses (AWS, GCP: from
+SkyPilot's catalog; Nebius: its own region ids, ``eu-north1``); the others' are fitplan's labels (``any``,
+``secure``, ``north-america``), so no ``region`` is written."""
 SKY_DEFAULT_DISK_GB = 256
 """SkyPilot's default ``disk_size`` (sky/resources.py ``DEFAULT_DISK_SIZE_GB``)."""
 DOWNLOAD_BYTES_PER_PARAM = 4
@@ -104,7 +108,7 @@ def _resources(s: sc.Scenario, est, market: str | None, notes: list[str]) -> dic
         notes.append(f"provider {provider} is not a SkyPilot cloud: the task names no cloud (SkyPilot picks one "
                      "that has the accelerators); set resources.cloud to a cloud you use")
     if choice is not None and cloud:
-        if choice.instance.region:
+        if choice.instance.region and provider in SKY_REGIONS:
             res["region"] = choice.instance.region
         if provider in SKY_INSTANCE_TYPES:
             res["instance_type"] = choice.instance.id
