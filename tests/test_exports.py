@@ -232,3 +232,38 @@ def test_fsdp_training_args_are_written_as_fsdp_true_and_read_back(tmp_path, par
     offload = parallel.get("offload_params", False)
     assert (fields["fsdp"], fields["stack"], fields.get("offload_params", False)) == (
         parallel["fsdp"], parallel["stack"], offload)
+
+
+def test_yaml_writer_writes_several_lines_as_a_literal_block():
+    assert exports.to_yaml({"run": "set -e\necho a  # b\n", "setup": "one line"}) == (
+        'run: |\n  set -e\n  echo a  # b\nsetup: "one line"\n')
+
+
+def test_skypilot_needs_the_estimate():
+    with pytest.raises(FitplanError, match="a SkyPilot task needs the plan's estimate"):
+        exports.render_exports("skypilot", scenario(precision="bf16-mixed", optim="adamw_torch"))
+
+
+def test_estimate_emits_through_the_same_writer(tmp_path):
+    """``fitplan estimate --emit skypilot DIR``: the task and the files it names (DeepSpeed's for a ZeRO plan),
+    on demand; the accelerators are what SkyPilot's catalog says p5.48xlarge (the plan's 8-H100 AWS instance) has."""
+    import csv
+    from pathlib import Path
+
+    rows = csv.DictReader((Path(__file__).parent / "data" / "skypilot" / "aws_vms.csv").open(encoding="utf-8"))
+    (name, count), = {(r["AcceleratorName"], int(float(r["AcceleratorCount"]))) for r in rows
+                      if r["InstanceType"] == "p5.48xlarge"}
+    d = tmp_path / "out"
+    flags = ["estimate", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--num-gpus", "8", "--provider", "aws",
+             "--zero", "3", "--precision", "bf16-master", "--optim", "adamw_torch", "--num-examples", "1000",
+             "--tokens-per-example", "512", "--emit", "skypilot", str(d)]
+    proc = run_cli(*flags)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in d.iterdir()) == ["accelerate_config.yaml", "ds_config.json", "sky_task.yaml",
+                                                     "training_args.json"]
+    task = (d / "sky_task.yaml").read_text(encoding="utf-8")
+    assert f'accelerators: "{name}:{count}"' in task and "use_spot: false" in task
+    assert "instance_type: p5.48xlarge" in task and "num_nodes: 1" in task
+    again = run_cli(*flags)
+    assert again.returncode == 2 and "the folder already holds files" in again.stderr
+    assert "Traceback" not in again.stderr
