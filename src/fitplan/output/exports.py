@@ -16,6 +16,7 @@ from typing import Any
 from fitplan.inputs import scenario as sc
 from fitplan.errors import FitplanError
 from fitplan.inputs.precision import HF_WORD, PRESETS
+from fitplan.output.yaml_text import to_yaml
 
 KINDS = ("deepspeed", "accelerate", "training-args", "skypilot", "scenario")
 FILENAMES = {"deepspeed": "ds_config.json", "accelerate": "accelerate_config.yaml",
@@ -219,36 +220,6 @@ def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
     cfg.update({"machine_rank": 0, "main_training_function": "main", "num_machines": m, "num_processes": n * m,
                 "rdzv_backend": "static", "same_network": True, "use_cpu": False})
     return to_yaml(cfg)
-
-
-def to_yaml(data: dict[str, Any], indent: int = 0) -> str:
-    """A tiny deterministic YAML writer for nested mappings of scalars (what accelerate configs hold); a string
-    of several lines is a literal block (``key: |``), as SkyPilot's ``run:`` is usually written."""
-    lines = []
-    pad = "  " * indent
-    for key, value in data.items():
-        if isinstance(value, dict):
-            lines.append(f"{pad}{key}:")
-            lines.append(to_yaml(value, indent + 1).rstrip("\n"))
-        elif isinstance(value, str) and "\n" in value.rstrip("\n") and value.endswith("\n"):
-            lines.append(f"{pad}{key}: |")
-            lines += [f"{pad}  {line}" if line else "" for line in value.rstrip("\n").split("\n")]
-        else:
-            lines.append(f"{pad}{key}: {_yaml_scalar(value)}")
-    return "\n".join(lines) + "\n"
-
-
-def _yaml_scalar(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    text = str(v)
-    plain = text and text[0].isalpha() and all(c.isalnum() or c in "_-./" for c in text) \
-        and text.lower() not in ("true", "false", "yes", "no", "null", "on", "off")
-    return text if plain else json.dumps(text)
 
 
 def scenario_toml(s: sc.Scenario) -> str:

@@ -66,7 +66,7 @@ def save_steps(est, market: str | None) -> int | None:
 
     data = sections_json(est)
     tau = ((data.get("cost") or {}).get("spot_risk") or {}).get("checkpoint_interval_seconds")
-    step = (data.get("time") or {}).get("step_seconds")
+    step = est.role("step")
     if tau is None or not step:
         return None
     return max(1, round(tau / step))
@@ -84,16 +84,12 @@ def disk_gb(est, spot: bool) -> int:
 
 
 def _param_count(est) -> int:
-    from fitplan.output.estimate_report import sections_json
-
-    return int((sections_json(est).get("model") or {}).get("param_count") or 0)
+    return int(est.role("params") or 0)
 
 
 def _bucket(s: sc.Scenario) -> str:
     """A bucket name derived from the plan (deterministic, lower case, at most 63 characters)."""
-    from fitplan.output.exports import scenario_toml
-
-    return "fitplan-ckpt-" + hashlib.sha256(scenario_toml(s).encode()).hexdigest()[:12]
+    return "fitplan-ckpt-" + hashlib.sha256(repr(sorted(sc.flatten(s).items())).encode()).hexdigest()[:12]
 
 
 def _resources(s: sc.Scenario, est, market: str | None, notes: list[str]) -> dict[str, Any]:
@@ -143,7 +139,7 @@ def skypilot_task(s: sc.Scenario, est, market: str | None, files: dict[str, str]
     :param market: ``spot`` or ``on_demand`` (None: on demand).
     :param files: the emitted file names by kind (``accelerate``, ``training-args``).
     """
-    from fitplan.output.exports import to_yaml
+    from fitplan.output.yaml_text import to_yaml
 
     notes: list[str] = []
     spot = market == "spot"
