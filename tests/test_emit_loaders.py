@@ -73,14 +73,30 @@ def test_accelerate_loads_the_config_and_launches_it_with_the_task_flags(emitted
     assert (cfg.num_machines, cfg.num_processes) == (NODES, WORLD)
     assert cfg.deepspeed_config["deepspeed_config_file"] == "ds_config.json"
     assert cfg.deepspeed_config["zero3_init_flag"] is True  # ZeRO-3: the model is built sharded
-    # the SkyPilot run line on node 1 of 2 (SKYPILOT_NUM_GPUS_PER_NODE × SKYPILOT_NUM_NODES processes)
-    args = launch_command_parser().parse_args(
-        ["--config_file", "accelerate_config.yaml", "--num_machines", str(NODES), "--machine_rank", "1",
-         "--num_processes", str(WORLD), "--main_process_ip", "10.0.0.1", "--main_process_port", "29500",
-         "train.py", "training_args.json"])
+    # the SkyPilot task's own run line, as node 1 of 2 runs it
+    args = launch_command_parser().parse_args(launch_flags(d / "sky_task.yaml", node_rank=1))
     args, defaults, _ = _validate_launch_command(args)
     assert args.use_deepspeed and args.deepspeed_config_file == "ds_config.json"
     assert (args.num_machines, args.machine_rank, args.num_processes) == (NODES, 1, WORLD)
+    assert (args.training_script, args.training_script_args) == ("train.py", ["training_args.json"])
+
+
+def launch_flags(task: Path, node_rank: int) -> list[str]:
+    """The arguments of ``accelerate launch`` in the task's ``run:`` (YAML read by PyYAML, as SkyPilot reads it),
+    with SkyPilot's variables as node ``node_rank`` of the task's nodes sees them."""
+    import shlex
+
+    import yaml
+
+    data = yaml.safe_load(task.read_text(encoding="utf-8"))
+    run = data["run"].replace("\\\n", " ")
+    (line,) = [x for x in run.splitlines() if x.strip().startswith("accelerate launch")]
+    env = {"SKYPILOT_NUM_NODES": str(data["num_nodes"]), "SKYPILOT_NODE_RANK": str(node_rank), "MAIN_IP": "10.0.0.1",
+           "TRAIN_SCRIPT": data["envs"]["TRAIN_SCRIPT"]}
+    for k, v in env.items():
+        line = line.replace("$" + k, v)
+    assert "$" not in line, line
+    return shlex.split(line)[2:]
 
 
 def test_deepspeed_config_loads_at_the_plan_world_size(emitted, monkeypatch):

@@ -267,3 +267,14 @@ def test_estimate_emits_through_the_same_writer(tmp_path):
     again = run_cli(*flags)
     assert again.returncode == 2 and "the folder already holds files" in again.stderr
     assert "Traceback" not in again.stderr
+
+
+def test_skypilot_rents_whole_instances_and_starts_the_plan_processes():
+    """4 of a p5.48xlarge's 8 H100s (aws.toml: gpus = 8): SkyPilot rents the whole instance (accelerators H100:8,
+    one node), accelerate starts 4 processes, and a note says 4 of 8 GPUs are used."""
+    est = fitplan.estimate(model="llama-2-7b", gpu="h100-sxm", num_gpus=4, provider="aws", num_examples=1000,
+                           tokens_per_example=512, precision="bf16-mixed", optim="adamw_torch")
+    files, notes = exports.render_exports("skypilot", est.scenario, est, "on_demand")
+    task = dict(files)["sky_task.yaml"]
+    assert 'accelerators: "H100:8"' in task and "num_nodes: 1" in task and "--num_processes 4 " in task
+    assert "the plan uses 4 of the 8 GPUs its 1 instance(s) have" in " ".join(notes)

@@ -8,9 +8,10 @@ The task follows SkyPilot's task schema (``sky/utils/schemas.py``, ``get_task_sc
   ``region`` where the plan's instance names one SkyPilot knows, ``instance_type`` where the provider's instance ids are
   SkyPilot's catalog names (AWS, GCP: the pricing rulesets take them from SkyPilot's catalog), ``use_spot``,
   and ``disk_size`` (GB);
-* ``num_nodes``; ``workdir: .`` (the folder holding the emitted files and the training script is synced to
-  every node); ``envs``; ``run``: ``accelerate launch`` on every node, ranked by SkyPilot's
-  ``SKYPILOT_NODE_RANK``, the first of ``SKYPILOT_NODE_IPS`` as the main process (sky/skylet/constants.py).
+* ``num_nodes``: the instances rented (a SkyPilot node is one instance, with all its GPUs); ``workdir: .`` (the
+  folder holding the emitted files and the training script is synced to every node); ``envs``; ``run``:
+  ``accelerate launch`` on every node with the plan's process count, ranked by SkyPilot's ``SKYPILOT_NODE_RANK``
+  among ``SKYPILOT_NUM_NODES``, the first of ``SKYPILOT_NODE_IPS`` as the main process (sky/skylet/constants.py).
 
 A spot plan priced with the interruption model (:mod:`fitplan.builtin.spot_risk`) checkpoints every
 ``save_steps`` optimizer steps (the TrainingArguments JSON carries it; the task's header says it), into a bucket
@@ -113,7 +114,8 @@ def _resources(s: sc.Scenario, est, market: str | None, notes: list[str]) -> dic
         accelerator = hw.gpu.upper()
         notes.append(f"GPU {hw.gpu} has no SkyPilot accelerator name in fitplan's table: the task says "
                      f"{accelerator}; check `sky show-gpus`")
-    res["accelerators"] = f"{accelerator}:{hw.num_gpus}"
+    per_node = choice.instance.gpus if choice is not None else hw.num_gpus  # SkyPilot rents whole instances
+    res["accelerators"] = f"{accelerator}:{per_node}"
     res["use_spot"] = market == "spot"
     res["disk_size"] = disk_gb(est, market == "spot") if est is not None else SKY_DEFAULT_DISK_GB
     return res
@@ -124,7 +126,7 @@ set -e
 {link}MAIN_IP=$(echo "$SKYPILOT_NODE_IPS" | head -n1)
 accelerate launch --config_file {accelerate} \\
   --num_machines $SKYPILOT_NUM_NODES --machine_rank $SKYPILOT_NODE_RANK \\
-  --num_processes $(($SKYPILOT_NUM_GPUS_PER_NODE * $SKYPILOT_NUM_NODES)) \\
+  --num_processes {world} \\
   --main_process_ip $MAIN_IP --main_process_port 29500 \\
   $TRAIN_SCRIPT {training_args}
 """
@@ -145,8 +147,14 @@ def skypilot_task(s: sc.Scenario, est, market: str | None, files: dict[str, str]
     spot = market == "spot"
     steps = save_steps(est, market)
     name = re.sub(r"[^a-z0-9]+", "-", (s.model.model or s.model.params or "plan").lower()).strip("-")
+    choice = est.role("instance") if est is not None else None
+    nodes = choice.count if choice is not None else s.hardware.num_nodes  # a SkyPilot node is one instance
+    world = s.hardware.num_gpus * s.hardware.num_nodes
+    if choice is not None and choice.gpus_paid > world:
+        notes.append(f"the plan uses {world} of the {choice.gpus_paid} GPUs its {nodes} instance(s) have: "
+                     f"accelerate starts {world} processes")
     task: dict[str, Any] = {"name": f"fitplan-{name}"[:63],
-                            "resources": _resources(s, est, market, notes), "num_nodes": s.hardware.num_nodes,
+                            "resources": _resources(s, est, market, notes), "num_nodes": nodes,
                             "workdir": ".", "envs": {"TRAIN_SCRIPT": "train.py"}}
     if spot:
         task["envs"]["CHECKPOINT_BUCKET"] = _bucket(s)
@@ -156,7 +164,7 @@ def skypilot_task(s: sc.Scenario, est, market: str | None, files: dict[str, str]
                      "(transformers.trainer_utils.get_last_checkpoint); bucket names are global: pass "
                      "--env CHECKPOINT_BUCKET=NAME if the derived one is taken")
     task["setup"] = "pip install accelerate deepspeed transformers peft"
-    task["run"] = RUN.format(link=LINK.format(mount=CHECKPOINT_MOUNT) if spot else "",
+    task["run"] = RUN.format(link=LINK.format(mount=CHECKPOINT_MOUNT) if spot else "", world=world,
                              accelerate=files["accelerate"], training_args=files["training-args"])
     notes.append("SkyPilot task: put your training script (it reads the TrainingArguments JSON given as its "
                  "argument, e.g. HfArgumentParser(TrainingArguments).parse_json_file) next to the emitted files "
