@@ -278,3 +278,13 @@ def test_skypilot_rents_whole_instances_and_starts_the_plan_processes():
     task = dict(files)["sky_task.yaml"]
     assert 'accelerators: "H100:8"' in task and "num_nodes: 1" in task and "--num_processes 4 " in task
     assert "the plan uses 4 of the 8 GPUs its 1 instance(s) have" in " ".join(notes)
+
+
+def test_the_skypilot_setup_installs_the_stack_fitplan_models():
+    """The task's pins are the versions installed here, which the memory model and these tests were checked on."""
+    from importlib.metadata import version
+
+    from fitplan.output.skypilot_task import STACK_PINS
+
+    assert {p.split("==")[0]: p.split("==")[1] for p in STACK_PINS} == {
+        n: version(n) for n in ("transformers", "accelerate", "deepspeed", "peft")}

@@ -48,6 +48,9 @@ SAVE_TOTAL_LIMIT = 2
 """Checkpoints kept on a spot run (TrainingArguments ``save_total_limit``): the disk holds one more while a new
 one is written, before the oldest is deleted."""
 CHECKPOINT_MOUNT = "/checkpoints"
+STACK_PINS = ("transformers==5.24.0", "accelerate==1.16.0", "deepspeed==0.19.8", "peft==0.21.2")
+"""The training stack whose allocations fitplan models (the Makefile's TEST_EXTRAS and STACK_EXTRAS), installed by
+the task's ``setup:``; torch is left to the image (its CUDA build)."""
 
 
 def sky_accelerator(gpu: str) -> str | None:
@@ -163,7 +166,7 @@ def skypilot_task(s: sc.Scenario, est, market: str | None, files: dict[str, str]
                      "your script resumes from the last checkpoint in outputs/ "
                      "(transformers.trainer_utils.get_last_checkpoint); bucket names are global: pass "
                      "--env CHECKPOINT_BUCKET=NAME if the derived one is taken")
-    task["setup"] = "pip install accelerate deepspeed transformers peft"
+    task["setup"] = "pip install " + " ".join(STACK_PINS)
     task["run"] = RUN.format(link=LINK.format(mount=CHECKPOINT_MOUNT) if spot else "", world=world,
                              accelerate=files["accelerate"], training_args=files["training-args"])
     notes.append("SkyPilot task: put your training script (it reads the TrainingArguments JSON given as its "
