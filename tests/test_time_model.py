@@ -182,6 +182,27 @@ def test_work_records_count_six_n_for_full_fine_tuning():
     assert att == 32 * 4 * 32 * 512 * 512 * 128 / 2
 
 
+def test_lora_adapter_gemms_and_the_frozen_base():
+    # llama-2-7b, LoRA r 16 on q_proj and v_proj (peft 0.21: lora_B(lora_A(x)) * scaling, two thin GEMMs per target),
+    # micro-batch 1 × 512. Forward: every base matmul weight (6,607,343,616 − 266,240 norm weights, test above) and
+    # per target 2·s·h·r (A) + 2·s·r·h (B). Backward: no weight gradient for the frozen base; its input gradient
+    # wherever the input needs one: not layer 0's q, k, v (their input, the norm of the frozen embeddings' output,
+    # needs none); for the adapters both weight gradients, B's input gradient (A's output trains) and A's input
+    # gradient except in layer 0.
+    s, h, r, L = 512, 4096, 16, 32
+    base = 6_607_343_616 - 266_240
+    adapter = 2 * s * h * r  # one thin GEMM of A or B
+    e = fitplan.estimate(model="llama-2-7b", method="lora", lora_r=r, lora_target_modules=["q_proj", "v_proj"],
+                         precision="bf16-true", optim="adamw_torch", per_device_train_batch_size=1, max_seq_length=s)
+    work = e["step_trace"].work
+    gemm = {ph: sum(w.flops * w.count for w in work if w.kind == "gemm" and w.phase == ph) for ph in ("forward", "backward")}
+    targets = 2 * L
+    assert gemm["forward"] == 2 * base * s + targets * 2 * adapter
+    base_input_grads = 2 * (base - 3 * h * h) * s
+    adapter_backward = targets * 3 * adapter + (targets - 2) * adapter
+    assert gemm["backward"] == base_input_grads + adapter_backward
+
+
 def test_aten_work_of_views_in_place_ops_and_products():
     from fitplan.builtin.op_work import aten
     from fitplan.builtin.step_trace import T

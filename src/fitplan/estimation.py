@@ -185,6 +185,10 @@ def check_optimizer(s: sc.Scenario, spec: Any, world: int) -> None:
                            value=s.training.optim)
 
 
+MODELLED_TRAINERS = ("sft",)
+"""The TRL trainers whose step the memory and time model computes (docs/trl.md); the others are refused."""
+
+
 def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any = None) -> None:
     """Errors that need the architecture (or the optimizer) to detect."""
     if s.model.method != "full":
@@ -197,6 +201,9 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any 
     if s.parallel.tensor_parallel > 1 and not arch.is_bare and arch.num_attention_heads % s.parallel.tensor_parallel:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide num_attention_heads ({arch.num_attention_heads})",
                            field="tensor_parallel", value=s.parallel.tensor_parallel)
+    if s.trl.trainer not in MODELLED_TRAINERS:
+        raise FitplanError(f"Trl.trainer {s.trl.trainer!r}: this trainer's step is not modelled yet", field="trainer",
+                           value=s.trl.trainer, suggestion="modelled: " + ", ".join(MODELLED_TRAINERS))
     world = s.hardware.num_gpus * s.hardware.num_nodes
     check_optimizer(s, optimizer, world)
     if world % s.parallel.tensor_parallel:

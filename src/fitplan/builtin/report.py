@@ -163,8 +163,9 @@ def time_json(est) -> dict[str, Any]:
 def _comm_json(v) -> dict[str, Any]:
     """Bytes per collective per step (``comm_volumes``) and where the GPUs sit (``topology``)."""
     vol = v.get("comm_volumes") or {}
-    return {"volumes_bytes": {k: _num(x) for k, x in vol.items() if k not in ("overlap", "ranks", "windows")},
-            "ranks": vol.get("ranks"), "overlap": vol.get("overlap"), "topology": v.get("topology")}
+    return {"volumes_bytes": {k: _num(x) for k, x in vol.items() if k not in ("overlap", "ranks", "windows", "calls")},
+            "calls": vol.get("calls"), "ranks": vol.get("ranks"), "overlap": vol.get("overlap"),
+            "topology": v.get("topology")}
 
 
 def cost_json(est) -> dict[str, Any]:
@@ -262,7 +263,7 @@ def network_line(v) -> str | None:
     if not topo or topo["instances"] <= 1 or topo["gpus"] <= 1:
         return None
     vol = v.get("comm_volumes") or {}
-    total = sum(x for k, x in vol.items() if k not in ("overlap", "ranks", "tp_all_reduce", "windows"))
+    total = sum(vol.get(c, 0.0) for c in ("all_gather", "reduce_scatter", "all_reduce"))  # data-parallel bytes
     inside = f"{topo['gpus_per_instance']} GPU(s) each" + (f" over {topo['intra']}" if topo["gpus_per_instance"] > 1 else "")
     secs = v.get("comm_seconds_per_step")
     t = f", {secs:.3g} s of collectives per step" if secs else ""

@@ -62,6 +62,20 @@ HELP = {
     "tokens_per_second": "Measured throughput of the whole run, overriding the time model.",
     "mfu": "Model FLOPs utilisation (0.4 = 40 %): price the step at this MFU instead of the roofline.",
     "throughput_source": "Use a [[throughput]] ruleset table of measured tokens/s (e.g. seed).",
+    "trainer": "TRL 1.16 trainer: sft (default; the HF Trainer's step) | dpo | kto | reward | grpo | rloo (docs/trl.md).",
+    "beta": "TRL beta, the KL coefficient (default: the trainer's: DPO/KTO 0.1, GRPO 0.0, RLOO 0.05); 0 drops GRPO's "
+            "reference model.",
+    "precompute_ref_log_probs": "TRL DPO/KTO: reference log-probabilities computed once before training.",
+    "num_generations": "TRL GRPO/RLOO: completions per prompt (default GRPO 8, RLOO 2).",
+    "max_completion_length": "TRL GRPO/RLOO: the longest completion in tokens (default 512).",
+    "prompt_length": "GRPO/RLOO: the longest prompt in tokens (TRL does not truncate prompts).",
+    "generation_batch_size": "TRL GRPO/RLOO: sequences per generation round, all processes.",
+    "steps_per_generation": "TRL GRPO/RLOO: micro-steps per generation round (default: gradient accumulation steps).",
+    "use_vllm": "TRL GRPO/RLOO: generate with vLLM.",
+    "vllm_mode": "TRL: colocate (default: vLLM on the training GPUs) | server (trl vllm-serve on its own GPUs).",
+    "vllm_gpu_memory_utilization": "TRL: the share of each GPU's memory vLLM reserves (default 0.3).",
+    "vllm_enable_sleep_mode": "TRL: vLLM's sleep mode (weights and KV cache off the GPU while training).",
+    "vllm_tensor_parallel_size": "TRL: vLLM's tensor-parallel degree in colocate mode (default 1).",
 }
 
 

@@ -35,13 +35,19 @@ PADDING = ("pad", "pack", "longest", "group_by_length", "padding_free")
 padded to the longest in each micro-batch (TRL's default; with group_by_length, batches grouped by length),
 padding-free. The last three need the examples' lengths (``dataset_path``)."""
 DEVICES = ("cuda", "cpu")
+TRAINERS = ("sft", "dpo", "kto", "reward", "grpo", "rloo")
+"""TRL 1.16's trainers fitplan models (docs/trl.md): supervised (SFTTrainer, the plain HF Trainer's step),
+preference (DPO, KTO, reward model) and online RL with generation (GRPO, RLOO)."""
+VLLM_MODES = ("colocate", "server")
 
 
 LIMITS: dict[str, float] = {
     "per_device_train_batch_size": 2**20, "gradient_accumulation_steps": 2**20, "max_seq_length": 2**24,
     "num_train_epochs": 10_000, "lora_r": 65_536, "lora_alpha": 1e6, "tensor_parallel": 4096, "num_gpus": 65_536,
     "num_nodes": 65_536, "num_examples": 1e13, "tokens_per_example": 1e9, "total_tokens": 1e16, "runs": 1e6,
-    "tokens_per_second": 1e12, "dataset_sample": 1e12,
+    "tokens_per_second": 1e12, "dataset_sample": 1e12, "num_generations": 65_536, "max_completion_length": 2**24,
+    "prompt_length": 2**24, "generation_batch_size": 2**24, "steps_per_generation": 2**20,
+    "vllm_tensor_parallel_size": 4096, "beta": 1e6,
 }
 """The largest value of a number that makes physical sense (a micro-batch of a million sequences, a sequence of
 16M tokens, 65,536 GPUs, 10^16 tokens): beyond it a value is a typo, and refusing it keeps the arithmetic finite."""
@@ -313,6 +319,61 @@ class Cost:
                                value=value, suggestion="write 40 % as 0.4")
 
 
+def _fraction(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    """A share of the GPU's memory: a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise _number_error(inst, att, value, "a fraction in (0, 1]")
+
+
+def _non_negative(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    """A finite number >= 0 and at most its :data:`LIMITS` (None: not given)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise _number_error(inst, att, value, "a finite number >= 0")
+    if value > LIMITS.get(att.name, math.inf):
+        raise _number_error(inst, att, value, f"at most {LIMITS[att.name]:,g}")
+
+
+def _optional_count(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    if value is not None:
+        _at_least_one(inst, att, value)
+
+
+@frozen
+class Trl:
+    """TRL 1.16's trainer and the fields of its config (``DPOConfig``, ``KTOConfig``, ``RewardConfig``,
+    ``GRPOConfig``, ``RLOOConfig``) that change memory or time, spelled as TRL spells them. ``None``: the
+    trainer's own default (``trl/trainer/*_config.py``), stated in the report's assumed defaults."""
+
+    trainer: str = field(default="sft", validator=_one_of(TRAINERS))
+    beta: float | None = field(default=None, validator=_non_negative)
+    """The KL coefficient; 0 skips the reference model in GRPO (TRL defaults: DPO/KTO 0.1, GRPO 0.0, RLOO 0.05)."""
+    precompute_ref_log_probs: bool = False
+    """DPO/KTO: the reference log-probabilities are computed once before training (no reference forward per step)."""
+    num_generations: int | None = field(default=None, validator=_optional_count)
+    """GRPO/RLOO: completions sampled per prompt (TRL defaults: GRPO 8, RLOO 2)."""
+    max_completion_length: int | None = field(default=None, validator=_optional_count)
+    """GRPO/RLOO: the longest completion generated, in tokens (TRL default 512)."""
+    prompt_length: int | None = field(default=None, validator=_optional_count)
+    """GRPO/RLOO: the longest prompt in tokens (fitplan's own field: TRL 1.16 does not truncate prompts)."""
+    generation_batch_size: int | None = field(default=None, validator=_optional_count)
+    """GRPO/RLOO: sequences generated per generation round, all processes (TRL: per-device batch x processes x
+    steps_per_generation)."""
+    steps_per_generation: int | None = field(default=None, validator=_optional_count)
+    """GRPO/RLOO: optimizer micro-steps per generation round (TRL default: gradient_accumulation_steps)."""
+    use_vllm: bool = False
+    """GRPO/RLOO: generate with vLLM instead of transformers' ``generate``."""
+    vllm_mode: str = field(default="colocate", validator=_one_of(VLLM_MODES))
+    """``colocate`` (vLLM shares the training GPUs) or ``server`` (``trl vllm-serve`` on GPUs of its own)."""
+    vllm_gpu_memory_utilization: float = field(default=0.3, validator=_fraction)
+    """The share of each GPU's memory vLLM takes (TRL default 0.3)."""
+    vllm_enable_sleep_mode: bool = False
+    """vLLM's sleep mode: its weights and KV cache leave the GPU while the policy trains."""
+    vllm_tensor_parallel_size: int = field(default=1, validator=_at_least_one)
+    """vLLM's tensor-parallel degree in colocate mode."""
+
+
 @frozen
 class Scenario:
     """Everything the user states. Build it with :func:`fitplan.scenario_from_dict`."""
@@ -324,6 +385,7 @@ class Scenario:
     hardware: Hardware = Hardware()
     dataset: Dataset = Dataset()
     cost: Cost = Cost()
+    trl: Trl = Trl()
 
     def replace(self, **flat: Any) -> Scenario:
         """A copy with flat field names changed: ``s.replace(zero_stage=2, per_device_train_batch_size=4)``."""
