@@ -288,3 +288,12 @@ def test_the_skypilot_setup_installs_the_stack_fitplan_models():
 
     assert {p.split("==")[0]: p.split("==")[1] for p in STACK_PINS} == {
         n: version(n) for n in ("transformers", "accelerate", "deepspeed", "peft")}
+
+
+def test_activation_checkpointing_is_read_and_wins_over_its_alias(tmp_path):
+    """transformers 5.24 uses the alias ``gradient_checkpointing`` only when ``activation_checkpointing`` is unset
+    (training_args.py ``__post_init__``)."""
+    both = write(tmp_path, {"activation_checkpointing": True, "gradient_checkpointing": False})
+    assert training_args_fields(both, KNOWN)[0] == {"gradient_checkpointing": True}
+    alias = write(tmp_path, {"gradient_checkpointing": True}, "alias.json")
+    assert training_args_fields(alias, KNOWN)[0] == {"gradient_checkpointing": True}
