@@ -352,8 +352,8 @@ def export_scenario(est, upload: str | None):
 
 
 def export(settings: Settings, query: Query) -> Reply:
-    """``GET /api/export?kind=deepspeed|accelerate|training-args|scenario&...``: the file ``fitplan recommend
-    --emit KIND`` writes for the scenario, as a download."""
+    """``GET /api/export?kind=deepspeed|accelerate|training-args|skypilot|scenario&...``: the file ``fitplan
+    estimate --emit KIND`` writes for the scenario (on demand), as a download."""
     from fitplan.output.exports import FILENAMES, render_exports
 
     rest, own = take(query, ("kind",))
@@ -363,7 +363,7 @@ def export(settings: Settings, query: Query) -> Reply:
 
         raise unknown("export kind", str(kind), FILENAMES, field="kind")
     est, upload = estimate_of(settings, rest)
-    files, _ = render_exports(kind, export_scenario(est, upload))
+    files, _ = render_exports(kind, export_scenario(est, upload), est, "on_demand")
     name = FILENAMES[kind]
     text = dict(files)[name]
     media = {"json": "application/json", "yaml": "application/yaml", "toml": "application/toml"}[name.rpartition(".")[2]]

@@ -93,7 +93,7 @@ def exports(est, upload: str | None) -> dict[str, Any]:
     kinds, notes = [], []
     for kind, name in FILENAMES.items():
         try:
-            _, more = render_exports(kind, s)
+            _, more = render_exports(kind, s, est, "on_demand")
             kinds.append({"kind": kind, "file": name})
             notes += [n for n in more if n not in notes]
         except FitplanError as e:

@@ -231,7 +231,7 @@ def exposed_transfer_seconds(comm_seconds_by_window, offload_seconds_per_step, o
     return w["last"] - last_hidden + max(0.0, micro - (hide - last_hidden)) + w["serial"]
 
 
-@quantity("s", json_key="time.step_seconds")
+@quantity("s", json_key="time.step_seconds", role="step")
 def step_seconds(compute_seconds_per_step, exposed_transfer_seconds, step_time_calibration):
     """One optimizer step: ``(compute + exposed transfers) × calibration`` (``exposed_transfer_seconds``: what
     the compute does not hide); ``calibration`` is a measured run's step time over the model's (``fitplan
