@@ -26,6 +26,7 @@ import re
 import types
 from typing import Any
 
+from fitplan.errors import FitplanError
 from fitplan.inputs import scenario as sc
 from fitplan.rulesets.skypilot import ACCELERATOR_GPU
 
@@ -98,6 +99,9 @@ def _bucket(s: sc.Scenario) -> str:
 
 def _resources(s: sc.Scenario, est, market: str | None, notes: list[str]) -> dict[str, Any]:
     hw = s.hardware
+    if hw.gpu is None:
+        raise FitplanError("a SkyPilot task rents the plan's GPUs: the scenario names none", field="--gpu",
+                           suggestion="add --gpu ID, or let `fitplan recommend --emit skypilot DIR` choose it")
     res: dict[str, Any] = {}
     choice = est.role("instance") if est is not None else None
     provider = choice.provider.id if choice is not None else s.cost.provider
