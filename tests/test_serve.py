@@ -297,9 +297,32 @@ def test_replies_carry_a_strict_content_security_policy(served):
     assert status == 404 and "error" in json.loads(body)
 
 
+def test_the_estimate_csv_is_a_download_of_the_estimates_figures(served):
+    """``/api/estimate.csv``: the rows at the peak add up to the peak and to the API's; the device total, usable
+    memory and fits are the API's; no time or cost without a dataset size; bad input is the CLI's 400."""
+    import csv
+
+    query = {"model": "llama-2-7b", "gpu": "l4", "method": "qlora", "optim": "adamw_torch", "precision": "bf16-mixed"}
+    status, body, headers = get(served, "/api/estimate.csv", query)
+    assert status == 200 and headers["content-type"].startswith("text/csv")
+    assert headers["content-disposition"] == 'attachment; filename="fitplan-estimate.csv"'
+    rows = list(csv.DictReader(body.decode().splitlines()))
+    memory = json.loads(get(served, "/api/estimate", query)[1])["memory"]
+    value = {(r["section"], r["name"]): r["value"] for r in rows}
+    assert sum(int(r["value"]) for r in rows if r["section"] == "peak") == int(value["memory", "peak"]) == \
+        memory["per_gpu_bytes"]["peak"]
+    assert int(value["memory", "device_total"]) == memory["per_gpu_bytes"]["device_total"]
+    assert int(value["memory", "usable"]) == memory["usable_bytes"]
+    assert value["memory", "fits"] == str(memory["fits"]).lower()
+    assert value["time", "seconds"] == ""  # no dataset size: no time, nothing priced
+    assert not [r for r in rows if r["section"] in ("cost", "provider")]
+    status, body, _ = get(served, "/api/estimate.csv", {"model": "llama-2-13"})
+    assert status == 400 and "llama-2-13" in json.loads(body)["error"]
+
+
 def test_the_page_needs_no_network(served):
     """Every asset is bundled: the page names no other host (no CDN, no web font)."""
-    for path in ("/", "/static/app.js", "/static/view.js", "/static/cheapest.js", "/static/app.css"):
+    for path in ("/", "/static/app.js", "/static/view.js", "/static/cheapest.js", "/static/compare.js", "/static/app.css"):
         text = get(served, path)[1].decode()
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
         assert not re.search(r"""(src|href)\s*=\s*["']?//|url\(\s*["']?//|@import""", text)  # protocol-relative
