@@ -157,7 +157,7 @@ function setField(name, value) {
 function changed(delay = DEBOUNCE_MS) {
   syncSliders();
   const qs = readForm();
-  history.replaceState(null, "", qs ? "?" + qs : location.pathname);
+  history.replaceState(null, "", addressOf(qs));  // the scenario, then the pinned one (compare.js)
   $("fs-lora")?.classList.toggle("inactive", form().elements["method"].value === "full");
   markStale(true);
   clearTimeout(timer);
@@ -418,9 +418,11 @@ async function main() {
   wireUploads();
   wireDerivations();
   wireControls();
-  const params = new URLSearchParams(location.search.length > 1 ? location.search : EXAMPLE);
-  writeForm(params);
+  wireCompare();
+  const params = takePin(new URLSearchParams(location.search));
+  writeForm(location.search.length > 1 ? params : new URLSearchParams(EXAMPLE));
   changed();
+  loadPinned();
 }
 
 main();
