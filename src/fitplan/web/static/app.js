@@ -33,6 +33,8 @@ const SLIDERS = {"per-device-train-batch-size": {min: 1, max: 64, log2: false},
 let FIELDS = [];            // /api/options fields
 let GPUS = {};              // id -> GPU row
 let extra = [];             // query pairs that are not form fields (kept, so the server can judge them)
+// This page instance, for the server: its newer view stops the later work of its older ones (api.py view_check).
+const PAGE_ID = Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16).padStart(2, "0")).join("");
 let timer = null, laterTimer = null, inflight = null, lastQuery = null, lastView = null, lastLargest = null;
 
 const $ = (id) => document.getElementById(id);
@@ -177,7 +179,7 @@ function markStale(on) {
 async function getJSON(url, signal) {
   const r = await fetch(url, {signal, headers: {Accept: "application/json"}});
   const data = await r.json();
-  if (!r.ok) { const e = new Error(data.error || r.statusText); e.download = data.download; throw e; }
+  if (!r.ok) { const e = new Error(data.error || r.statusText); e.download = data.download; e.status = r.status; throw e; }
   return data;
 }
 
@@ -188,7 +190,7 @@ async function load(qs) {
   document.body.dataset.state = "loading";
   try {
     const signal = inflight.signal;
-    const data = await getJSON("/api/view?" + qs, signal);
+    const data = await getJSON(`/api/view?${qs}&page=${PAGE_ID}`, signal);
     lastQuery = qs;
     lastView = data;
     lastLargest = null;
@@ -199,8 +201,12 @@ async function load(qs) {
     $("results").setAttribute("aria-busy", "false");
     document.body.dataset.query = qs;
     document.body.dataset.state = "ready";
+    // The later requests carry this page's id and the view's number: the server stops their work once this
+    // page asks for a newer view (its next change; aborting a request does not stop the server's work).
+    const view = `page=${PAGE_ID}&view=${data.view}`;
     laterTimer = setTimeout(() => {
-      scheduleCheapest(data.cheapest, signal, Promise.allSettled([loadLargest(qs, signal), loadPrices(qs, signal)]));
+      scheduleCheapest({...data.cheapest, view}, signal,
+        Promise.allSettled([loadLargest(qs, signal, view), loadPrices(qs, signal, view)]));
     }, LATER_DELAY_MS);
   } catch (e) {
     if (e.name === "AbortError") return;
@@ -209,11 +215,11 @@ async function load(qs) {
   }
 }
 
-async function loadLargest(qs, signal) {
+async function loadLargest(qs, signal, view) {
   const box = $("largest");
   box.dataset.state = "loading";
   try {
-    const data = await getJSON("/api/largest?" + qs, signal);
+    const data = await getJSON(`/api/largest?${qs}&${view}`, signal);
     lastLargest = data;
     renderLargest(data);
     if (lastView) renderAnswer(lastView, data);
@@ -227,10 +233,10 @@ async function loadLargest(qs, signal) {
   box.classList.remove("stale");
 }
 
-async function loadPrices(qs, signal) {
+async function loadPrices(qs, signal, view) {
   const box = $("gpus");
   try {
-    const prices = await getJSON("/api/prices?" + qs, signal);
+    const prices = await getJSON(`/api/prices?${qs}&${view}`, signal);
     if (lastView) renderGpus(lastView, prices);
     box.dataset.query = qs;
   } catch (e) {
