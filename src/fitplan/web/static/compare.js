@@ -95,10 +95,17 @@ function shown(v, kind) {
   return kind === "bytes" ? gb(v) : kind === "seconds" ? hours(v) : money(v);
 }
 
+// A small difference of bytes in MB or kB (MiB or KiB), where GB would read "0.00".
+function smallBytes(v) {
+  const k = unit === "GiB" ? 1024 : 1000, [mb, kb] = unit === "GiB" ? [" MiB", " KiB"] : [" MB", " kB"];
+  if (v >= UNITS[unit] / 100) return gb(v);
+  return v >= k * k ? (v / (k * k)).toFixed(2) + mb : (v / k).toFixed(1) + kb;
+}
+
 function signed(delta, kind) {
   if (delta === null) return "–";
   if (delta === 0) return "same";
-  return (delta > 0 ? "+" : "−") + shown(Math.abs(delta), kind);
+  return (delta > 0 ? "+" : "−") + (kind === "bytes" ? smallBytes(Math.abs(delta)) : shown(Math.abs(delta), kind));
 }
 
 // The flags that differ: "micro-batch 4 → 8".
@@ -109,15 +116,19 @@ function differences(a, b) {
     `${LABELS[n] || n} ${pa.has(n) ? pa.get(n) : "default"} → ${pb.has(n) ? pb.get(n) : "default"}`);
 }
 
-function verdictCell(d) {
-  const fits = d.estimate.memory.fits, gpu = d.estimate.gpu;
+// "fits" / "does not fit", with the GPU's name when the two scenarios' GPUs differ.
+function verdictCell(d, other) {
+  const fits = d.estimate.memory.fits, gpu = d.estimate.gpu, og = other.estimate.gpu;
+  const name = gpu && (!og || og.id !== gpu.id) ? " " + gpu.name : "";
   return el("td", {"data-fits": fits === null || fits === undefined ? "" : String(fits),
-    text: !gpu ? "no GPU" : fits ? `fits ${gpu.name}` : `does not fit ${gpu.name}`});
+    text: !gpu ? "no GPU" : (fits ? "fits" : "does not fit") + name});
 }
 
 function renderCompare(current) {
   const card = $("compare-card"), box = $("compare");
-  $("pin").textContent = pinned === null ? "Pin to compare" : "Pin this instead";
+  $("pin").textContent = pinned === null ? "Pin to compare" : "Pin this";
+  $("pin").title = pinned === null ? "Keep this scenario beside the next ones: two columns and their differences"
+    : "Pin this scenario instead of the pinned one";
   card.hidden = pinned === null;
   if (pinned === null || !current) { box.replaceChildren(); return; }
   if (pinnedError) { box.replaceChildren(el("p", {class: "error", text: "the pinned scenario: " + pinnedError})); return; }
@@ -127,7 +138,7 @@ function renderCompare(current) {
   const t = el("table", {class: "compare", id: "compare-table"},
     el("tr", {}, el("th", {text: ""}), el("th", {text: "pinned"}), el("th", {text: "current"}), el("th", {text: "current − pinned"})));
   const fa = a.estimate.memory.fits, fb = b.estimate.memory.fits;
-  t.append(el("tr", {"data-row": "fits"}, el("th", {scope: "row", text: "verdict"}), verdictCell(a), verdictCell(b),
+  t.append(el("tr", {"data-row": "fits"}, el("th", {scope: "row", text: "verdict"}), verdictCell(a, b), verdictCell(b, a),
     el("td", {class: fa === fb ? "same" : "changed", text: fa === fb ? "same" : "changed"})));
   for (const [label, va, vb, kind, key, notes] of compareRows(a, b)) {
     const delta = va === null || va === undefined || vb === null || vb === undefined ? null : vb - va;
