@@ -132,9 +132,16 @@ class Settings:
             raise HubNotCached(model)
 
 
-def json_reply(data: Any, status: int = 200, *, text: str | None = None) -> Reply:
+def json_reply(data: Any, status: int = 200, *, text: str | None = None, compact: bool = False) -> Reply:
+    """``data`` as the CLI's indented JSON (``text``: already rendered); ``compact``: without indentation, for the
+    page's own large replies (``/api/view``), which json's C encoder writes several times faster (an indented dump
+    runs in Python: a third of a view's time) and the browser parses sooner."""
+    import json
+
     from fitplan.output.console import dumps_json
 
+    if compact and text is None:
+        text = json.dumps(data, separators=(",", ":"), default=str, allow_nan=False)
     return Reply(status, (text if text is not None else dumps_json(data)).encode("utf-8"))
 
 

@@ -126,7 +126,7 @@ def view(settings: Settings, query: Query) -> Reply:
         "exports": exports(est, upload),
         "upload": upload,
         "cheapest": cheapest.request(flatten(est.scenario), query, settings.search_seconds),
-    })
+    }, compact=True)
 
 
 def gpu_prices(est, ctx, check=None) -> dict[str, Any]:
