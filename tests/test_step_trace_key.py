@@ -15,7 +15,8 @@ from fitplan.builtin.step_trace import TraceSpec, trace_precision
 from fitplan.inputs.architecture import load_config_json
 from fitplan.inputs.precision import PRESETS
 
-CONFIG = Path(__file__).parent / "data" / "configs" / "tiny-llama" / "config.json"
+CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIG = CONFIGS / "tiny-llama" / "config.json"
 MERGED = sorted(p for p in PRESETS if trace_precision(p) != p)
 
 
@@ -26,10 +27,11 @@ def test_the_merged_presets_are_those_the_weights_and_compute_dtypes_say():
     assert trace_precision("bf16-mixed") == "bf16-mixed" and trace_precision("16-mixed") == "16-mixed"
 
 
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gemma2", "tiny-qwen3-moe"])  # dense, soft-capped, MoE
 @pytest.mark.parametrize("precision", MERGED)
 @pytest.mark.parametrize(("method", "ckpt"), [("full", False), ("full", True), ("lora", True)])
-def test_a_merged_preset_builds_the_same_trace(precision, method, ckpt):
-    arch = load_config_json(CONFIG)
+def test_a_merged_preset_builds_the_same_trace(model, precision, method, ckpt):
+    arch = load_config_json(CONFIGS / model / "config.json")
     targets = ("q_proj", "v_proj") if method == "lora" else ()
 
     def fresh(p: str):
