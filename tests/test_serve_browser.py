@@ -560,16 +560,22 @@ def pathlib_text(download, tmp_path) -> str:
 
 
 def test_the_gib_switch_divides_by_2_30_and_long_runs_read_in_days(page, served):
-    """GiB: every byte figure over 2**30 (the peak in the table, the answer line's memory); a run over 48 hours
-    reads in days (the CLI's seconds / 86,400)."""
+    """GiB: every byte figure over 2**30 (the peak in the table, the answer line's memory, the GPU card, the form's
+    GPU choice), the GPU prices kept; a run over 48 hours reads in days (the CLI's seconds / 86,400)."""
     query = {**START, "optim": "adamw_torch", "num-examples": "2000000"}
     open_view(page, served, query)
     cli = cli_json(query)
     per, usable, seconds = cli["memory"]["per_gpu_bytes"], cli["memory"]["usable_bytes"], cli["time"]["seconds"]
     assert page.inner_text("#peak") == f"{per['peak'] / 1e9:,.2f} GB"
+    page.wait_for_selector("#gpus[data-priced=true]", timeout=30_000)
     page.select_option("#unit", "GiB")
     assert page.inner_text("#peak") == f"{per['peak'] / 2**30:,.2f} GiB"
     assert f"{per['device_total'] / 2**30:.1f} of {usable / 2**30:.1f} GiB" in page.inner_text("#headline")
+    card = page.inner_text("#gpus .gpu[data-gpu=a100-80gb] small")
+    assert card == f"{per['device_total'] / 2**30:,.2f} GiB of {usable / 2**30:,.2f} GiB"
+    assert page.get_attribute("#gpus", "data-priced") == "true"  # the prices stay through the switch
+    option = page.eval_on_selector("#f-gpu", "s => s.selectedOptions[0].textContent")
+    assert option.endswith(f"({usable / 2**30:,.2f} GiB)")  # the form's GPU choices too
     assert seconds > 48 * 3600  # by the dataset size chosen: 2M examples of 512 tokens
     assert page.inner_text("#time-value").startswith(f"{seconds / 86400:.1f} days")
     page.reload()

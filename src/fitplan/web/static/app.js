@@ -36,6 +36,7 @@ let extra = [];             // query pairs that are not form fields (kept, so th
 // This page instance, for the server: its newer view stops the later work of its older ones (api.py view_check).
 const PAGE_ID = Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16).padStart(2, "0")).join("");
 let timer = null, laterTimer = null, inflight = null, lastQuery = null, lastView = null, lastLargest = null;
+let lastPrices = null;      // /api/prices of the view shown (kept for a re-render in another unit)
 
 const $ = (id) => document.getElementById(id);
 const form = () => $("form");
@@ -193,7 +194,7 @@ async function load(qs) {
     const data = await getJSON(`/api/view?${qs}&page=${PAGE_ID}`, signal);
     lastQuery = qs;
     lastView = data;
-    lastLargest = null;
+    lastLargest = lastPrices = null;
     render(data);
     showError(null);
     $("results").classList.remove("stale");
@@ -237,6 +238,7 @@ async function loadPrices(qs, signal, view) {
   const box = $("gpus");
   try {
     const prices = await getJSON(`/api/prices?${qs}&${view}`, signal);
+    lastPrices = prices;
     if (lastView) renderGpus(lastView, prices);
     box.dataset.query = qs;
   } catch (e) {
@@ -378,6 +380,15 @@ function rerender() {
   render(lastView);
   renderAnswer(lastView, lastLargest);
   if (lastLargest) renderLargest(lastLargest);
+  if (lastPrices) renderGpus(lastView, lastPrices);
+}
+
+// The form's GPU choices name each GPU's usable memory in the chosen unit.
+function relabelGpus() {
+  for (const o of form().elements["gpu"]?.options || []) {
+    const g = GPUS[o.value];
+    if (g) o.textContent = `${g.name} (${gb(g.usable_bytes)})`;
+  }
 }
 
 function wireControls() {
@@ -393,9 +404,11 @@ function wireControls() {
   $("hub-download").addEventListener("click", downloadFromHub);
   try { unit = localStorage.getItem("fitplan-unit") === "GiB" ? "GiB" : "GB"; } catch (e) { /* storage off */ }
   $("unit").value = unit;
+  relabelGpus();
   $("unit").addEventListener("change", () => {
     unit = $("unit").value;
     try { localStorage.setItem("fitplan-unit", unit); } catch (e) { /* storage off */ }
+    relabelGpus();
     rerender();
   });
   let width = window.innerWidth, resized = null;
