@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.pluginmgr.hookspecs import hookimpl
-from fitplan.builtin.step_trace import StepTrace, TraceSpec, build
+from fitplan.builtin.step_trace import StepTrace, TraceSpec, build, trace_precision
 
 
 _TRACES: dict[tuple, tuple] = {}
@@ -50,6 +50,7 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
     if arch.is_bare:
         return None
     attn = "sdpa" if attn == "flash_attention_2" else attn
+    precision = trace_precision(precision)  # presets with the same trace share it
     targets = tuple(lora_target_modules or ()) if method != "full" else ()
     block = framework.allocator_block_bytes if framework is not None else 512
     key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_dtype,

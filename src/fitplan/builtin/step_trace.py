@@ -94,6 +94,23 @@ class TraceSpec:
     """How the loss head runs: ``hf``, ``chunked``, ``liger`` (:mod:`.loss_heads`)."""
 
 
+@functools.lru_cache(maxsize=None)
+def trace_precision(precision: str) -> str:
+    """The first preset of :data:`fitplan.inputs.precision.PRESETS` whose step trace is ``precision``'s. A trace
+    reads its preset only through the weight dtype, the compute dtype and whether autocast casts between them
+    (``learned_graph.dtype_map`` and ``Builder.__init__``, the only readers of ``TraceSpec.precision``), so
+    presets that differ in nothing else share one trace instead of building it twice: ``bf16-master`` and
+    ``bf16-true`` (master weights live outside the step's ops), ``bf16-autocast`` (autocast over bf16 weights
+    casts nothing). tests/test_step_trace_key.py builds each merged preset's trace afresh and compares."""
+    from fitplan.inputs.precision import PRESETS
+
+    def key(name: str) -> tuple:
+        q = PRESETS[name]
+        return q.autocast and q.weight_dtype != q.compute_dtype, q.weight_dtype, q.compute_dtype
+
+    return next(name for name in PRESETS if key(name) == key(precision))
+
+
 @frozen
 class StepTrace:
     """What :func:`build` returns. Byte counts are per GPU, before any sharding of model states.

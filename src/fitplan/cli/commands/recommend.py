@@ -210,12 +210,13 @@ LARGEST = {"micro-batch": ("per_device_train_batch_size", 1 << 16), "seq-length"
 """``--max WHAT``: the scenario field searched and the largest value probed."""
 
 
-def largest_report(base, ctx, what: str, headroom: str | float, arch=None) -> dict[str, Any]:
-    """``--max WHAT``'s report: the largest micro-batch or sequence length that fits ``base``'s GPU."""
+def largest_report(base, ctx, what: str, headroom: str | float, arch=None, check=None) -> dict[str, Any]:
+    """``--max WHAT``'s report: the largest micro-batch or sequence length that fits ``base``'s GPU (``check``:
+    :func:`fitplan.search.capacity.largest_fitting`'s)."""
     from fitplan.search.capacity import largest_fitting
 
     field, upper = LARGEST[what]
-    return largest_fitting(base, field, ctx, headroom=headroom, upper=upper, arch=arch)
+    return largest_fitting(base, field, ctx, headroom=headroom, upper=upper, arch=arch, check=check)
 
 
 def _largest(base, ctx, what: str, headroom: str, fmt: str, out: str | None) -> None:
