@@ -132,6 +132,11 @@ class Segment:
                 skip.update(range(site["start"] + 1, site["end"] + 1))
             elif k not in skip:
                 self.op(op)
+                if op[0] == "embedding":  # the hook below is on the base nn.Embedding: its output is the leaf
+                    if embed is not None and embed in self.refs:
+                        self._input_requires_grad(self.refs[embed])
+                        embed = None
+                    kernels.lora_embedding(self, op)
             for s in self.site_end.get(k, ()):
                 self._site_output(s)
                 kernels.lora_site(self, s)

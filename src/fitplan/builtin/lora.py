@@ -58,6 +58,10 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
             in_f, out_f = (shape[0], shape[1]) if len(entry) > 6 and entry[6] == "conv1d" else (shape[1], shape[0])
             for shape_ in ((lora_r, in_f), (out_f, lora_r)):
                 out[shape_] = out.get(shape_, 0) + 1
+    for path, shapes in head_and_embedding_adapters(af, dict(arch.symbols), targets, lora_r):
+        names.append(path)
+        for shape_ in shapes:
+            out[shape_] = out.get(shape_, 0) + 1
     param_targets = parameter_targets(af, targets)
     for g in groups:
         leaf = g.name.rsplit(".", 1)[-1]
@@ -85,6 +89,33 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
             suggestion="modules of this model: " + ", ".join(modules) + f", or {ALL_LINEAR}",
         )
     return tuple(out.items())
+
+
+def head_and_embedding_adapters(af, env, targets: tuple[str, ...], r: int):
+    """``(module, (A shape, B shape))`` for the LM head and the input embeddings when the targets name them
+    (peft 0.21 ``tuners/lora/model.py`` ``_create_new_module``): the output ``nn.Linear`` (``lm_head``: never
+    under ``all-linear``) gets a ``lora.Linear``, A (r, hidden) and B (vocab, r), whether or not its weight is
+    tied to the embedding's; an ``nn.Embedding`` gets a ``lora.Embedding`` (``tuners/lora/layer.py``
+    ``Embedding.update_layer``: ``lora_embedding_A`` (r, num_embeddings), ``lora_embedding_B``
+    (embedding_dim, r))."""
+    from .lora_targets import embedding_matches, lora_site_matches
+
+    shapes = {name: shape for name, shape, _, per_layer, _, _ in af.param_list(env) if not per_layer}
+    out = []
+    for name, shape, role, per_layer, _, _ in af.param_list(env):
+        if role == "embedding" and not per_layer and embedding_matches(name.rsplit(".", 1)[0], targets):
+            num, dim = shape
+            out.append((name.rsplit(".", 1)[0], ((r, num), (dim, r))))
+    head = af.output_module
+    if head and lora_site_matches(head, targets, af):
+        weight = shapes.get(head + ".weight")
+        if weight is None:  # tied: the head reads the embedding's weight
+            tied = next((t[1] for t in af.data.get("tied", ()) if t[0] == head + ".weight"), None)
+            weight = shapes.get(tied)
+        if weight is not None:
+            vocab, hidden = weight
+            out.append((head, ((r, hidden), (vocab, r))))
+    return out
 
 
 def _refuse_non_tensor_linears(af, targets: tuple[str, ...], arch) -> None:
