@@ -1,4 +1,4 @@
-"""An axolotl config (``examples/*/*.yml``) into scenario fields (:mod:`.recipes` holds the rule).
+"""An axolotl config (``examples/*/*.yml``) into scenario fields (:mod:`.recipe_reader` holds the rule).
 
 What axolotl does with its keys (axolotl-ai-cloud/axolotl @ 067b021, ``src/axolotl/utils/schemas/``,
 ``loaders/model.py``, ``loaders/adapter.py``):
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fitplan.inputs.recipes import Recipe
+from fitplan.inputs.recipe_reader import Recipe
 
 ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager"}
 ATTENTION_FLAGS = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager"}

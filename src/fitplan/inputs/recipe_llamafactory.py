@@ -1,4 +1,4 @@
-"""A LLaMA-Factory training config (``examples/train_lora/*.yaml``) into scenario fields (:mod:`.recipes` holds
+"""A LLaMA-Factory training config (``examples/train_lora/*.yaml``) into scenario fields (:mod:`.recipe_reader` holds
 the rule).
 
 What LLaMA-Factory does with its keys (hiyouga/LLaMA-Factory @ ff6d4d1, ``src/llamafactory/hparams/`` and
@@ -22,7 +22,7 @@ What LLaMA-Factory does with its keys (hiyouga/LLaMA-Factory @ ff6d4d1, ``src/ll
 
 from __future__ import annotations
 
-from fitplan.inputs.recipes import Recipe
+from fitplan.inputs.recipe_reader import Recipe
 
 ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash_attention_2", "disabled": "eager"}
 """``flash_attn``: ``auto`` lets transformers choose (SDPA in 5.24), ``disabled`` is eager attention."""

@@ -1,4 +1,4 @@
-"""A torchtune recipe config (``recipes/configs/*/*.yaml``) into scenario fields (:mod:`.recipes` holds the rule).
+"""A torchtune recipe config (``recipes/configs/*/*.yaml``) into scenario fields (:mod:`.recipe_reader` holds the rule).
 
 What the recipes do with their keys (torchtune @ 30b8519, the commit of its README's memory table):
 
@@ -22,7 +22,7 @@ What the recipes do with their keys (torchtune @ 30b8519, the commit of its READ
 
 from __future__ import annotations
 
-from fitplan.inputs.recipes import Recipe
+from fitplan.inputs.recipe_reader import Recipe
 
 BUILDERS = {
     "llama2_7b": "llama-2-7b", "llama2_13b": "llama-2-13b", "llama2_70b": "llama-2-70b", "code_llama2_7b": "codellama-7b",
