@@ -105,6 +105,17 @@ AXOLOTL = {
         "lora_dropout": 0.05, "lora_target_modules": ("all-linear",), "max_seq_length": 2048,
         "per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "num_train_epochs": 4.0,
         "optim": "adamw_bnb_8bit"},
+    "llama-3-lora-1b-ray.yml": {  # Ray Train: 4 workers, one GPU each; deepspeed_configs/zero3.json beside it
+        **AX, "model": "NousResearch/Llama-3.2-1B", "method": "lora", "lora_r": 16, "lora_alpha": 32,
+        "lora_dropout": 0.05, "lora_target_modules": SEVEN, "max_seq_length": 2048, "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 2, "num_train_epochs": 1.0, "optim": "adamw_8bit", "num_gpus": 4,
+        # zero3.json: stage 3, overlap_comm true, sub_group_size 0, the three "auto" sizes, max_live_parameters and
+        # max_reuse_distance 0 (DeepSpeed's aliases of the stage3_ names), no offload, bf16 "auto" -> true
+        "stack": "deepspeed", "zero_stage": 3, "overlap_comm": True, "sub_group_size": "0",
+        "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": "0",
+        "stage3_max_reuse_distance": "0", "offload_optimizer": False, "offload_params": False,
+        "precision": "bf16-master"},
     "llama-3-qlora.yml": {
         **AX, **AX_QLORA, "model": "NousResearch/Meta-Llama-3-8B", "lora_r": 32, "lora_alpha": 16,
         "lora_dropout": 0.05, "lora_target_modules": ("all-linear",), "max_seq_length": 4096,
@@ -143,6 +154,16 @@ LLAMAFACTORY = {
     "train_lora-qwen3_lora_sft.yaml": {
         **LF_LORA, "model": "Qwen/Qwen3-4B-Instruct-2507", "bf16": True, "padding": "pad",
         "gradient_accumulation_steps": 8},
+    "train_full-qwen3_full_sft.yaml": {
+        **LF, **DS3, "model": "Qwen/Qwen3-4B-Instruct-2507", "method": "full", "padding": "pad",
+        "gradient_accumulation_steps": 2},
+    "train_lora-qwen3_lora_pretrain.yaml": {
+        **LF_LORA, "model": "Qwen/Qwen3-4B-Instruct-2507", "bf16": True, "padding": "pack",
+        "gradient_accumulation_steps": 8},
+    "train_qlora-qwen3_lora_sft_otfq.yaml": {
+        **LF_LORA, "model": "Qwen/Qwen3-4B-Instruct-2507", "bf16": True, "method": "qlora", "padding": "pad",
+        "gradient_accumulation_steps": 8, "kbit_preparation": "none", "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16"},
     "train_lora-qwen3_lora_sft_ds3.yaml": {
         **LF_LORA, **DS3, "model": "Qwen/Qwen3-4B-Instruct-2507", "padding": "pad", "gradient_accumulation_steps": 2,
         "autocast_adapter_dtype": False},
@@ -286,6 +307,7 @@ def test_head_lora_under_a_fused_loss_is_refused():
 
 
 REFEREE = [
+    ("tiny-llama", ("q_proj", "v_proj", "lm_head", "embed_tokens"), "bf16-true", False, "qlora"),
     ("tiny-llama", ("q_proj", "v_proj", "lm_head"), "bf16-true", False, "hf"),
     ("tiny-llama", ("q_proj", "v_proj", "embed_tokens"), "bf16-true", False, "hf"),
     ("tiny-llama", ("q_proj", "v_proj", "embed_tokens"), "bf16-true", True, "hf"),
@@ -296,17 +318,19 @@ REFEREE = [
 ]
 
 
-@pytest.mark.parametrize(("name", "targets", "precision", "ckpt", "loss"), REFEREE)
+@pytest.mark.parametrize(("name", "targets", "precision", "ckpt", "loss"), REFEREE)  # loss "qlora": method qlora
 def test_head_and_embedding_lora_match_the_torch_referee(name, targets, precision, ckpt, loss):
-    """peft builds the adapters by name and fitplan-torch measures the step on the CPU: model states exact,
-    activations and the peak within 1 %."""
+    """peft builds the adapters by name and fitplan-torch measures the step on the CPU (QLoRA: bitsandbytes' CPU
+    backend; its LM head and embeddings stay 16-bit): model states exact, activations and the peak within 1 %."""
     pytest.importorskip("torch")
     pytest.importorskip("peft")
     fitplan_torch = pytest.importorskip("fitplan_torch")
     warnings.filterwarnings("ignore", module="(transformers|peft)")
-    est = fitplan.estimate(model=str(CONFIGS / name / "config.json"), method="lora", lora_target_modules=targets,
+    method = "qlora" if loss == "qlora" else "lora"
+    extra = {"bnb_4bit_compute_dtype": "bfloat16"} if method == "qlora" else {"loss_implementation": loss}
+    est = fitplan.estimate(model=str(CONFIGS / name / "config.json"), method=method, lora_target_modules=targets,
                            optim="adamw_torch_fused", precision=precision, gradient_checkpointing=ckpt,
-                           loss_implementation=loss, per_device_train_batch_size=2, max_seq_length=16)
+                           per_device_train_batch_size=2, max_seq_length=16, **extra)
     c = fitplan_torch.validate(est, mode="cpu")["components"]
     for k in ("parameters", "gradients", "optimizer_states"):
         assert c[k]["predicted"] == c[k]["measured"], k
