@@ -276,6 +276,22 @@ def test_estimating_a_recipe_is_estimating_its_scenario_and_flags_win():
     assert json.loads(r.stdout)["memory"]["per_gpu_bytes"]["peak"] == by_hand.role("peak")
 
 
+def test_recipe_option_sits_over_a_scenario_toml_and_under_flags(tmp_path):
+    """``--recipe`` beside a TOML scenario: the TOML's fields the recipe does not set stay (the GPU count), the
+    recipe's win over the TOML's (the batch), flags win over both (the accumulation)."""
+    from fitplan.inputs.sources import from_options
+
+    toml = tmp_path / "plan.toml"
+    toml.write_text('[hardware]\nnum_gpus = 2\n[training]\nper_device_train_batch_size = 8\n')
+    built = from_options({"scenario_file": str(toml), "recipe": str(RECIPES / "axolotl" / "llama-3-lora-1b.yml"),
+                          "gradient_accumulation_steps": 3})
+    s = built.scenario
+    # lora-1b.yml: micro_batch_size 2, gradient_accumulation_steps 2, base_model NousResearch/Llama-3.2-1B
+    assert (s.hardware.num_gpus, s.training.per_device_train_batch_size, s.training.gradient_accumulation_steps,
+            s.model.model) == (2, 2, 3, "NousResearch/Llama-3.2-1B")
+    assert {"num_gpus", "per_device_train_batch_size", "lora_r"} <= built.fixed
+
+
 # --------------------------------------------------------------------------- LoRA on the LM head and the embeddings
 
 

@@ -112,6 +112,9 @@ def scenario_options(func: Callable) -> Callable:
     func = click.option("--accelerate-config", "accelerate_config", type=click.Path(dir_okay=False), default=None,
                         help="An accelerate config YAML (what `accelerate config` writes: distributed type, mixed "
                              "precision, processes, machines, FSDP or DeepSpeed settings).")(func)
+    func = click.option("--recipe", "recipe", type=click.Path(dir_okay=False), default=None,
+                        help="A torchtune, axolotl or LLaMA-Factory recipe YAML (docs/recipes.md), over the scenario "
+                             "file and under the other files and the flags; a .yaml scenario file is one too.")(func)
     func = click.option("--deepspeed", "deepspeed", type=click.Path(dir_okay=False), default=None, help="A DeepSpeed config JSON (ZeRO stage, offload, bf16/fp16, micro-batch).")(func)
     func = click.option("--training-args", "training_args", type=click.Path(dir_okay=False), default=None,
                         help="An HF TrainingArguments JSON (batch, accumulation, checkpointing, optim, bf16/fp16, epochs, deepspeed, fsdp).")(func)

@@ -91,9 +91,9 @@ class FromOptions:
 
 
 def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> FromOptions:
-    """Scenario file (or recipe YAML), then accelerate config YAML, then TrainingArguments JSON, then DeepSpeed JSON, then flags
-    (flags win). ``options`` holds the CLI's scenario options by field name (None: not given) plus
-    ``scenario_file``, ``ruleset_dirs``, ``accelerate_config``, ``deepspeed`` and
+    """Scenario file (or recipe YAML), then ``--recipe``, then accelerate config YAML, then TrainingArguments JSON,
+    then DeepSpeed JSON, then flags (flags win). ``options`` holds the CLI's scenario options by field name (None:
+    not given) plus ``scenario_file``, ``recipe``, ``ruleset_dirs``, ``accelerate_config``, ``deepspeed`` and
     ``training_args``; it is not changed."""
     from fitplan.inputs.importers import deepspeed_fields, training_args_fields
 
@@ -107,6 +107,13 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
     warnings: list[str] = []
     checks: list[Any] = []
     base = _scenario_base(scenario_file, known_optimizers, warnings, checks)
+    if options.get("recipe") is not None:
+        from fitplan.inputs.recipes import recipe_fields
+
+        fields, recipe_warnings = recipe_fields(_path(options["recipe"], "--recipe"), known_optimizers=known_optimizers,
+                                                checks=checks)
+        overrides.update(fields)
+        warnings += recipe_warnings
     if options.get("accelerate_config") is not None:
         from fitplan.inputs.accelerate_config import accelerate_fields
 
@@ -152,7 +159,7 @@ def flags_given(options: dict[str, Any]) -> set[str]:
 
 def _path(text: str, flag: str) -> str:
     if not str(text).strip():
-        raise FitplanError(f"{flag} needs a path to a JSON file, got an empty one", field=flag, value=text)
+        raise FitplanError(f"{flag} needs a path to a file, got an empty one", field=flag, value=text)
     return text
 
 

@@ -70,7 +70,7 @@ def explanation_for(quantity: str, depth: int, options: dict[str, Any]):
     from fitplan.assess import assess
     from fitplan.output.explain import explain as explanation
 
-    if not any(options.get(k) for k in ("model", "params", "scenario_file")):
+    if not any(options.get(k) for k in ("model", "params", "scenario_file", "recipe")):
         options = {**options, **{k: options.get(k) or v for k, v in EXAMPLE.items()}}
     est = estimate_from(options)
     return explanation(assess(est, advice=False, seed=True), quantity_name(quantity, est), depth=depth)
