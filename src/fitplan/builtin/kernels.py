@@ -380,16 +380,23 @@ def lora_site(inst, site: dict[str, Any]) -> None:
     rank = site.get("rank", 3)
     a = _linear(inst, xd, A, rows, in_f, r, rank, label + ".lora_A")
     bb = _linear(inst, a, B, rows, r, out_f, rank, label + ".lora_B")
+    result = _scaled_sum(inst, base, bb, label)
+    if xa is not x:
+        tr.touch(xa)  # peft's local ``x`` (the cast input) lives until the forward returns
+    result.shape = getattr(base, "shape", None)
+    _replace_output(inst, site, result)
+
+
+def _scaled_sum(inst, base, bb, label: str):
+    """peft's ``result + adapter_output * scaling``, cast back to the base output's dtype: the product (a new
+    tensor in the adapter's dtype), the sum (type promotion: fp32 when either is) and the cast."""
+    b, tr = inst.b, inst.b.tr
     sc = tr.new(bb.numel, bb.dtype, False, label + ".lora_scaling")
     b.emit("mul.Tensor", [("self", bb)], [sc], label=label + ".lora_scaling")
     dt = base.dtype if base.dtype == sc.dtype else ("f32" if "f32" in (base.dtype, sc.dtype) else base.dtype)
     summed = tr.new(base.numel, dt, False, label + ".lora_add")
     b.emit("add.Tensor", [("self", base), ("other", sc)], [summed], label=label + ".lora_add")
-    result = _cast(inst, summed, base.dtype, label + ".lora_result_cast")
-    if xa is not x:
-        tr.touch(xa)  # peft's local ``x`` (the cast input) lives until the forward returns
-    result.shape = getattr(base, "shape", None)
-    _replace_output(inst, site, result)
+    return _cast(inst, summed, base.dtype, label + ".lora_result_cast")
 
 
 def lora_embedding(inst, op: list[Any]) -> None:
@@ -417,12 +424,7 @@ def lora_embedding(inst, op: list[Any]) -> None:
     after = tr.new(rows * r, adapter, False, module + ".lora_embedding_A")
     b.emit("embedding", [("weight", At), ("indices", idx)], [after], label=module + ".lora_embedding_A")
     bb = _linear(inst, after, B, rows, r, dim, 3, module + ".lora_embedding_B")
-    sc = tr.new(bb.numel, bb.dtype, False, module + ".lora_scaling")
-    b.emit("mul.Tensor", [("self", bb)], [sc], label=module + ".lora_scaling")
-    dt = base.dtype if base.dtype == sc.dtype else ("f32" if "f32" in (base.dtype, sc.dtype) else base.dtype)
-    summed = tr.new(base.numel, dt, False, module + ".lora_add")
-    b.emit("add.Tensor", [("self", base), ("other", sc)], [summed], label=module + ".lora_add")
-    result = _cast(inst, summed, base.dtype, module + ".lora_result_cast")
+    result = _scaled_sum(inst, base, bb, module)
     result.shape = getattr(base, "shape", None)
     inst.refs[op[2][0]] = result
 

@@ -126,11 +126,7 @@ def _method(r: Recipe, bf16: bool) -> None:
     r.set("method", method)
     r.set("lora_r", r.integer("lora_r"))
     r.set("lora_alpha", r.integer("lora_alpha"))
-    dropout = r.value("lora_dropout")
-    if dropout is not None:
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise r.bad("lora_dropout", f"lora_dropout must be a probability in [0, 1), got {dropout!r}")
-        r.set("lora_dropout", float(dropout))
+    r.set("lora_dropout", r.probability("lora_dropout"))
     r.set("lora_target_modules", _targets(r))
     if method == "qlora":
         r.set("kbit_preparation", "none")

@@ -96,11 +96,7 @@ def _method(r: Recipe, quantized: bool) -> None:
     rank = r.integer("lora_rank") or 8
     r.set("lora_r", rank)
     r.set("lora_alpha", r.integer("lora_alpha") or rank * 2)
-    dropout = r.value("lora_dropout")
-    if dropout is not None:
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise r.bad("lora_dropout", f"lora_dropout must be a probability in [0, 1), got {dropout!r}")
-        r.set("lora_dropout", float(dropout))
+    r.set("lora_dropout", r.probability("lora_dropout"))
     targets = r.names("lora_target") or ("all",)
     r.set("lora_target_modules", ("all-linear",) if targets == ("all",) else targets)
     if quantized:

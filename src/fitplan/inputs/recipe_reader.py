@@ -70,6 +70,15 @@ class Recipe:
             raise self.bad(key, f"{key} must be a number > 0, got {v!r}")
         return float(v)
 
+    def probability(self, key: str) -> float | None:
+        """A dropout probability in [0, 1) (None: absent)."""
+        v = self.value(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+            raise self.bad(key, f"{key} must be a probability in [0, 1), got {v!r}")
+        return float(v)
+
     def flag(self, key: str, default: bool | None = None) -> bool | None:
         """true / false (YAML's ``True``, ``true``); None: absent."""
         v = self.value(key)

@@ -87,11 +87,7 @@ def _model(r: Recipe) -> None:
     r.set("lora_r", r.integer("model.lora_rank"))
     alpha = r.number("model.lora_alpha")
     r.set("lora_alpha", int(alpha) if alpha is not None and alpha.is_integer() else alpha)
-    dropout = r.value("model.lora_dropout")
-    if dropout is not None:
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise r.bad("model.lora_dropout", f"lora_dropout must be a probability in [0, 1), got {dropout!r}")
-        r.set("lora_dropout", float(dropout))
+    r.set("lora_dropout", r.probability("model.lora_dropout"))
     r.set("lora_target_modules", _targets(r))
     r.set("autocast_adapter_dtype", False)
     if method == "qlora":

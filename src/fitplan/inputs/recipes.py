@@ -28,18 +28,9 @@ def is_recipe(path: str | Path) -> bool:
 
 def read_recipe(path: str | Path) -> dict[str, Any]:
     """The recipe as ``yaml.safe_load`` reads it (what the three frameworks use); a syntax error names its line."""
-    import yaml
+    from fitplan.inputs.files import loads_yaml, read_text
 
-    from fitplan.inputs.files import read_text
-
-    text = read_text(path, field="SCENARIO_FILE")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise FitplanError(f"not valid YAML{where}: {getattr(e, 'problem', None) or e}", file=str(path),
-                           field="SCENARIO_FILE") from None
+    data = loads_yaml(read_text(path, field="SCENARIO_FILE"), file=str(path), field="SCENARIO_FILE")
     if not isinstance(data, dict):
         raise FitplanError("a recipe must be a mapping of keys", file=str(path), field="$", value=type(data).__name__,
                            suggestion="a torchtune, axolotl or LLaMA-Factory YAML config")
