@@ -82,7 +82,10 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
     _refuse_non_tensor_linears(af, targets, arch)
     missing = unmatched_targets(targets, names + list(_converted_names(af)))
     if missing or not out:
-        modules = sorted({g.path.rsplit(".", 1)[-1] for g in linear} | set(_converted_names(af)))
+        extra = {n.rsplit(".", 2)[-2] for n, _, role, per_layer, _, _ in af.param_list(dict(arch.symbols))
+                 if role == "embedding" and not per_layer}  # peft wraps embeddings and the head by name too
+        extra |= {af.output_module} if af.output_module else set()
+        modules = sorted({g.path.rsplit(".", 1)[-1] for g in linear} | set(_converted_names(af)) | extra)
         raise FitplanError(
             f"LoRA target module(s) {', '.join(missing) or ', '.join(targets)} not found in {arch.name}",
             field="lora_target_modules", value=",".join(targets),
