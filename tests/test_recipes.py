@@ -229,8 +229,7 @@ TORCHTUNE_HEAD = ("model:\n  _component_: torchtune.models.llama3_2.lora_llama3_
      "$.loss.num_output_chunks", 16),
     ("base_model: x/y\nactivation_offloading: true\n", "$.activation_offloading", True),
     ("base_model: x/y\ngradient_checkpointing: offload\n", "$.gradient_checkpointing", "offload"),
-    ("base_model: x/y\nadapter: lora\nlora_modules_to_save: [embed_tokens]\n", "$.lora_modules_to_save",
-     ["embed_tokens"]),
+    ("base_model: x/y\nadapter: lora\npeft_use_dora: true\n", "$.peft_use_dora", True),
     ("model_name_or_path: x/y\nstage: sft\nquantization_bit: 8\n", "$.quantization_bit", 8),
     ("model_name_or_path: x/y\nstage: sft\nuse_dora: true\n", "$.use_dora", True),
     ("model_name_or_path: x/y\nstage: sft\nfinetuning_type: freeze\n", "$.finetuning_type", "freeze"),
@@ -309,9 +308,9 @@ def test_recipe_option_sits_over_a_scenario_toml_and_under_flags(tmp_path):
 # --------------------------------------------------------------------------- LoRA on the LM head and the embeddings
 
 
-def _tiny(name: str, targets: tuple[str, ...], **kw):
+def _tiny(name: str, targets: tuple[str, ...], precision_override: str = "bf16-true", **kw):
     return fitplan.estimate(model=str(CONFIGS / name / "config.json"), method="lora", lora_r=4,
-                            lora_target_modules=targets, optim="adamw_torch_fused", precision="bf16-true",
+                            lora_target_modules=targets, optim="adamw_torch_fused", precision=precision_override,
                             per_device_train_batch_size=2, max_seq_length=16, **kw)
 
 
@@ -361,6 +360,77 @@ def test_head_and_embedding_lora_match_the_torch_referee(name, targets, precisio
     est = fitplan.estimate(model=str(CONFIGS / name / "config.json"), method=method, lora_target_modules=targets,
                            optim="adamw_torch_fused", precision=precision, gradient_checkpointing=ckpt,
                            per_device_train_batch_size=2, max_seq_length=16, **extra)
+    c = fitplan_torch.validate(est, mode="cpu")["components"]
+    for k in ("parameters", "gradients", "optimizer_states"):
+        assert c[k]["predicted"] == c[k]["measured"], k
+    for k in ("activations", "peak"):
+        assert c[k]["predicted"] == pytest.approx(c[k]["measured"], rel=0.01), k
+
+
+# --------------------------------------------------------------------------- peft's modules_to_save
+
+
+def test_modules_to_save_train_a_whole_copy():
+    """tiny-llama (hidden 64, vocab 1000, untied): ModulesToSaveWrapper deep-copies the module and trains the copy:
+    lm_head adds its 1000×64 weight to the trainable parameters, embed_tokens its 1000×64 too."""
+    base = _tiny("tiny-llama", ("q_proj",), precision_override="32-true")
+    head = _tiny("tiny-llama", ("q_proj",), precision_override="32-true", lora_modules_to_save=("lm_head",))
+    both = _tiny("tiny-llama", ("q_proj",), precision_override="32-true", lora_modules_to_save=("lm_head", "embed_tokens"))
+    count = "adapter_param_count"
+    assert (head.values[count] - base.values[count], both.values[count] - base.values[count]) == (64_000, 128_000)
+    # the copy is a second weight beside the frozen original: fp32, 4 bytes per element
+    assert head.values["weight_bytes"] - base.values["weight_bytes"] == 4 * 64_000
+
+
+@pytest.mark.parametrize(("name", "kw", "why"), [
+    ("tiny-llama", {"lora_modules_to_save": ("lm_head",), "precision_override": "bf16-true"}, "one trainable dtype"),
+    ("tiny-gemma", {"lora_modules_to_save": ("lm_head",)}, "tied"),
+    ("tiny-llama", {"lora_modules_to_save": ("q_proj",)}, "inside the decoder layers"),
+    ("tiny-llama", {"lora_modules_to_save": ("lm_head",), "targets": ("q_proj", "lm_head")}, "LoRA also adapts"),
+    ("tiny-llama", {"lora_modules_to_save": ("foo",)}, "names no module"),
+    ("tiny-llama", {"lora_modules_to_save": ("lm_head",), "zero_stage": 3, "num_gpus": 2}, "ZeRO-3 or FSDP"),
+])
+def test_modules_to_save_fitplan_does_not_model_are_refused(name, kw, why):
+    targets = kw.pop("targets", ("q_proj",))
+    kw.setdefault("precision_override", "32-true")
+    with pytest.raises(FitplanError, match=why) as e:
+        _tiny(name, targets, **kw).role("peak")
+    assert e.value.field == "lora_modules_to_save"
+
+
+def test_recipes_name_modules_to_save(tmp_path):
+    ax = tmp_path / "ax.yml"
+    ax.write_text("base_model: x/y\nadapter: lora\nlora_target_modules: [q_proj]\nlora_modules_to_save: [embed_tokens, "
+                  "lm_head]\n")
+    lf = tmp_path / "lf.yaml"
+    lf.write_text("model_name_or_path: x/y\nstage: sft\nadditional_target: embed_tokens,lm_head\n")
+    assert recipe_fields(ax)[0]["lora_modules_to_save"] == recipe_fields(lf)[0]["lora_modules_to_save"] == (
+        "embed_tokens", "lm_head")
+
+
+SAVED_REFEREE = [
+    ("tiny-llama", "lora", ("lm_head",), "bf16-mixed", False),
+    ("tiny-llama", "lora", ("embed_tokens",), "bf16-mixed", False),
+    ("tiny-llama", "lora", ("embed_tokens", "lm_head"), "32-true", True),
+    ("tiny-qwen2", "lora", ("embed_tokens", "lm_head"), "bf16-mixed", True),
+    ("tiny-mistral", "lora", ("lm_head",), "32-true", False),
+    # prepare_model_for_kbit_training: the copies and the adapters fp32
+    ("tiny-llama", "qlora", ("embed_tokens", "lm_head"), "bf16-true", False),
+]
+
+
+@pytest.mark.parametrize(("name", "method", "saved", "precision", "ckpt"), SAVED_REFEREE)
+def test_modules_to_save_match_the_torch_referee(name, method, saved, precision, ckpt):
+    """peft's LoraConfig(modules_to_save=...) measured by fitplan-torch on the CPU: model states exact,
+    activations and the peak within 1 %."""
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    fitplan_torch = pytest.importorskip("fitplan_torch")
+    warnings.filterwarnings("ignore", module="(transformers|peft)")
+    extra = {"bnb_4bit_compute_dtype": "bfloat16"} if method == "qlora" else {}
+    est = fitplan.estimate(model=str(CONFIGS / name / "config.json"), method=method, lora_target_modules=("q_proj", "v_proj"),
+                           lora_modules_to_save=saved, optim="adamw_torch_fused", precision=precision,
+                           gradient_checkpointing=ckpt, per_device_train_batch_size=2, max_seq_length=16, **extra)
     c = fitplan_torch.validate(est, mode="cpu")["components"]
     for k in ("parameters", "gradients", "optimizer_states"):
         assert c[k]["predicted"] == c[k]["measured"], k

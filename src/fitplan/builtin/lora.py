@@ -147,9 +147,60 @@ def _converted_names(af) -> list[str]:
 
 
 @reducer("trainable_tensors", when=lambda method: method in ("lora", "qlora"))
-def lora(value, arch, lora_r, lora_target_modules):
-    """Only the adapters train: A (r × in) and B (out × r) per targeted Linear (peft LoraConfig)."""
-    return adapter_tensors(arch, lora_r, lora_target_modules)
+def lora(value, arch, lora_r, lora_target_modules, lora_modules_to_save, method, weight_dtype_bytes,
+         trainable_dtype_bytes, kbit_preparation, zero_stage, fsdp):
+    """Only the adapters train: A (r × in) and B (out × r) per targeted Linear (peft LoraConfig), and the copies
+    of the ``modules_to_save`` (:func:`saved_module_tensors`)."""
+    out = dict(adapter_tensors(arch, lora_r, lora_target_modules))
+    if lora_modules_to_save:
+        copy_bytes = 4 if method == "qlora" and kbit_preparation == "peft" else weight_dtype_bytes
+        for shape in saved_module_tensors(arch, tuple(lora_target_modules or ()), tuple(lora_modules_to_save),
+                                          copy_bytes, trainable_dtype_bytes, zero_stage, fsdp):
+            out[shape] = out.get(shape, 0) + 1
+    return tuple(out.items())
+
+
+def saved_module_tensors(arch, targets: tuple[str, ...], names: tuple[str, ...], copy_bytes: float,
+                         adapter_bytes: float, zero_stage: int, fsdp) -> list[tuple[int, ...]]:
+    """The parameter shapes of peft's ``modules_to_save`` copies (``utils/other.py`` ``_set_trainable``: a module
+    whose full name ends with a listed name is wrapped in a ``ModulesToSaveWrapper`` holding the frozen original and
+    a trainable ``deepcopy``, in the original's dtype: peft's ``cast_adapter_dtype`` upcasts only the LoRA layers'
+    parameters, tuners_utils.py). Modelled for modules outside the decoder layers whose weight is not tied, with
+    the copy in the adapters' dtype (one trainable dtype), without ZeRO-3 or FSDP; anything else is refused."""
+    from .archfile import load
+
+    af = load(arch.model_type)
+    env = dict(arch.symbols)
+    ties = af.tie(env)
+    tied = set(ties) | set(ties.values())
+    for m in names:
+        if any(t.rsplit(".", 1)[0].endswith(m) for t in tied):
+            raise FitplanError(f"lora_modules_to_save {m!r} is a module whose weight is tied to another: not modelled",
+                               field="lora_modules_to_save", value=",".join(names))
+    out, found = [], set()
+    for name, shape, _, per_layer, _, _ in af.param_list(env):
+        module = name.rsplit(".", 1)[0]
+        hit = [m for m in names if module.endswith(m)]
+        if not hit:
+            continue
+        found.update(hit)
+        why = ("a module inside the decoder layers" if per_layer else
+               "a module LoRA also adapts" if any(module == t or module.endswith("." + t) for t in targets) else None)
+        if why is None and copy_bytes != adapter_bytes:
+            why = (f"a copy in {copy_bytes:g}-byte weights beside {adapter_bytes:g}-byte adapters (fitplan prices one "
+                   "trainable dtype: set autocast_adapter_dtype = false, or use fp32 weights)")
+        if why is None and (zero_stage == 3 or fsdp):
+            why = "a trained module under ZeRO-3 or FSDP (not checked against a referee)"
+        if why:
+            raise FitplanError(f"lora_modules_to_save {hit[0]!r} is {why}: not modelled", field="lora_modules_to_save",
+                               value=",".join(names))
+        out.append(shape)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise FitplanError(f"lora_modules_to_save {', '.join(missing)} names no module of {arch.name}",
+                           field="lora_modules_to_save", value=",".join(names),
+                           suggestion="e.g. embed_tokens or lm_head (peft matches the end of the module's name)")
+    return out
 
 
 CODE_BYTES = 16 * 4

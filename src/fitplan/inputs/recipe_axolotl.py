@@ -13,6 +13,7 @@ What axolotl does with its keys (axolotl-ai-cloud/axolotl @ 067b021, ``src/axolo
   ``_configure_embedding_dtypes`` casts the norms and the embeddings back to the load dtype
   (``kbit_preparation = "none"``, the LoRA adapters fp32);
 * ``lora_target_linear: true`` is peft's ``all-linear``; ``lora_target_modules`` the names;
+  ``lora_modules_to_save`` peft's ``modules_to_save``;
 * ``sequence_len`` (default 512), ``sample_packing`` (-> ``pack``), ``micro_batch_size`` (default 1),
   ``gradient_accumulation_steps``, ``num_epochs``, ``optimizer`` (an HF ``optim`` name; default
   ``adamw_torch_fused``), ``gradient_checkpointing``, ``attn_implementation`` / ``flash_attention`` /
@@ -41,8 +42,7 @@ REFUSED = {
     "relora_steps": "ReLoRA's restarts", "lisa_n_layers": "LISA's layer sampling", "reward_model": "a reward model head",
     "gptq": "GPTQ-quantized weights", "tensor_parallel_size": "tensor parallelism", "context_parallel_size":
     "context parallelism", "sequence_parallel_degree": "sequence parallelism", "fp8": "FP8 training",
-    "qat": "quantization-aware training", "lora_modules_to_save": "full copies of modules trained beside LoRA "
-    "(peft modules_to_save)", "rl": "preference or RL training (a reference model, several forwards)",
+    "qat": "quantization-aware training", "rl": "preference or RL training (a reference model, several forwards)",
     "unfrozen_parameters": "a partially frozen full fine-tune",
 }
 """Keys that change memory or time and that fitplan does not model: refused when set (a true / non-empty value)."""
@@ -128,6 +128,7 @@ def _method(r: Recipe, bf16: bool) -> None:
     r.set("lora_alpha", r.integer("lora_alpha"))
     r.set("lora_dropout", r.probability("lora_dropout"))
     r.set("lora_target_modules", _targets(r))
+    r.set("lora_modules_to_save", r.names("lora_modules_to_save"))
     if method == "qlora":
         r.set("kbit_preparation", "none")
         r.set("bnb_4bit_use_double_quant", True)

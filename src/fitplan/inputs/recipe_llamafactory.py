@@ -7,7 +7,8 @@ What LLaMA-Factory does with its keys (hiyouga/LLaMA-Factory @ ff6d4d1, ``src/ll
 * ``model_name_or_path``: the Hub id; ``stage`` ``sft`` or ``pt`` (the others train reward models, PPO, DPO,
   KTO: refused); ``finetuning_type`` ``lora`` or ``full`` (``freeze`` and ``oft``: refused);
 * ``lora_rank`` (default 8), ``lora_alpha`` (default twice the rank: ``finetuning_args.py``), ``lora_dropout``
-  (default 0), ``lora_target`` (default ``all``: every linear layer but the output, peft's ``all-linear``);
+  (default 0), ``lora_target`` (default ``all``: every linear layer but the output, peft's ``all-linear``),
+  ``additional_target`` (peft's ``modules_to_save``);
 * ``quantization_bit: 4`` with bitsandbytes: QLoRA (``double_quantization`` default true, compute dtype the
   load dtype); LLaMA-Factory calls no ``prepare_model_for_kbit_training`` (``kbit_preparation = "none"``);
 * the load dtype is the compute dtype (``parser.py``: ``bf16`` or ``pure_bf16`` -> bfloat16, ``fp16`` -> float16,
@@ -27,7 +28,6 @@ from fitplan.inputs.recipe_reader import Recipe
 ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash_attention_2", "disabled": "eager"}
 """``flash_attn``: ``auto`` lets transformers choose (SDPA in 5.24), ``disabled`` is eager attention."""
 REFUSED = {
-    "additional_target": "full copies of modules trained beside LoRA (peft modules_to_save)",
     "use_dora": "DoRA's magnitude vectors and norms", "use_unsloth": "Unsloth's kernels",
     "use_unsloth_gc": "Unsloth's offloaded gradient checkpointing", "shift_attn": "LongLoRA's shifted attention",
     "mixture_of_depths": "mixture of depths", "upcast_layernorm": "fp32 layer norms",
@@ -99,6 +99,7 @@ def _method(r: Recipe, quantized: bool) -> None:
     r.set("lora_dropout", r.probability("lora_dropout"))
     targets = r.names("lora_target") or ("all",)
     r.set("lora_target_modules", ("all-linear",) if targets == ("all",) else targets)
+    r.set("lora_modules_to_save", r.names("additional_target"))  # adapter.py: modules_to_save
     if quantized:
         r.set("kbit_preparation", "none")
         r.set("bnb_4bit_use_double_quant", r.flag("double_quantization", True))
