@@ -413,16 +413,7 @@ def test_recipes_name_modules_to_save(tmp_path):
         "embed_tokens", "lm_head")
 
 
-SAVED_def _referee_agrees(fitplan_torch, est) -> None:
-    """Model states exact, activations and the peak within 1 % of what fitplan-torch measures on the CPU."""
-    c = fitplan_torch.validate(est, mode="cpu")["components"]
-    for k in ("parameters", "gradients", "optimizer_states"):
-        assert c[k]["predicted"] == c[k]["measured"], k
-    for k in ("activations", "peak"):
-        assert c[k]["predicted"] == pytest.approx(c[k]["measured"], rel=0.01), k
-
-
-REFEREE = [
+SAVED_REFEREE = [
     ("tiny-llama", "lora", ("lm_head",), "bf16-mixed", False),
     ("tiny-llama", "lora", ("embed_tokens",), "bf16-mixed", False),
     ("tiny-llama", "lora", ("embed_tokens", "lm_head"), "32-true", True),
