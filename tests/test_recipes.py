@@ -437,3 +437,16 @@ def test_modules_to_save_match_the_torch_referee(name, method, saved, precision,
                            lora_modules_to_save=saved, optim="adamw_torch_fused", precision=precision,
                            gradient_checkpointing=ckpt, per_device_train_batch_size=2, max_seq_length=16, **extra)
     _referee_agrees(fitplan_torch, est)
+
+
+def test_yaml_aliases_are_walked_once(tmp_path):
+    """A "billion laughs" file (9 levels of 9 aliases: 9⁹ leaves if expanded) and a self-referential alias are
+    read in linear time: the nesting check visits each shared node once."""
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, cur in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{cur}: &{cur} [{', '.join(['*' + prev] * 9)}]")
+    path = tmp_path / "laughs.yml"
+    path.write_text("\n".join(lines) + "\nloop: &loop [*loop]\nbase_model: x/y\n")
+    fields, warns = recipe_fields(path)
+    assert fields["model"] == "x/y"
+    assert any("not recognised" in w and "a, b, c, d, e, f, g, h, i, loop" in w for w in warns)

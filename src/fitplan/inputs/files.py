@@ -166,6 +166,7 @@ def loads_yaml(text: str, *, file: str | None = None, field: str | None = None, 
 def check_depth(data: Any, *, file: str | None = None, field: str | None = None, limit: int = MAX_DEPTH) -> None:
     """:raises FitplanError: ``data`` nests lists and tables deeper than ``limit``."""
     stack = [(data, 1)]
+    seen: set[int] = set()  # YAML aliases share a node: walk it once (a "billion laughs" file stays linear)
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict):
@@ -174,6 +175,9 @@ def check_depth(data: Any, *, file: str | None = None, field: str | None = None,
             children = node
         else:
             continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if depth > limit:
             raise FitplanError(f"nested more than {limit} levels deep", file=file, field=field)
         stack.extend((c, depth + 1) for c in children)
