@@ -92,6 +92,8 @@ class TraceSpec:
     ``F.linear`` (the rule and its source: ``builtin/sharding/deepspeed.py``, ``zero3_linear_saves_input``)."""
     loss: str = "hf"
     """How the loss head runs: ``hf``, ``chunked``, ``liger`` (:mod:`.loss_heads`)."""
+    lora_saved: tuple[str, ...] = ()
+    """peft's ``modules_to_save``: these modules' parameters train under LoRA (:mod:`.lora`)."""
 
 
 @functools.lru_cache(maxsize=None)

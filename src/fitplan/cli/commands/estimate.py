@@ -29,7 +29,8 @@ def estimate(fmt: str, out: str | None, units: str, policy_files: tuple[str, ...
     """Estimate memory per GPU (and time and cost, given a dataset and a GPU).
 
     SCENARIO_FILE is an optional TOML file with [model], [training], [lora], [parallel], [hardware],
-    [dataset] and [cost] sections; flags override it.
+    [dataset] and [cost] sections, or a torchtune, axolotl or LLaMA-Factory recipe (.yaml / .yml:
+    docs/recipes.md); flags override it.
 
     Exit status: 0; 2 for bad input; 3 (``POLICY_VIOLATION_EXIT``) when the policies in force forbid the
     scenario in every market it is priced in (docs/policies.md).
@@ -75,7 +76,7 @@ def explanation_for(quantity: str, depth: int, options: dict[str, Any]):
     from fitplan.assess import assess
     from fitplan.output.explain import explain as explanation
 
-    if not any(options.get(k) for k in ("model", "params", "scenario_file")):
+    if not any(options.get(k) for k in ("model", "params", "scenario_file", "recipe")):
         options = {**options, **{k: options.get(k) or v for k, v in EXAMPLE.items()}}
     est = estimate_from(options)
     return explanation(assess(est, advice=False, seed=True), quantity_name(quantity, est), depth=depth)
