@@ -464,9 +464,6 @@ def test_recommend_reads_a_torchtune_recipe():
     assert "--no-autocast-adapter-dtype" in command
 
 
-@pytest.mark.xfail(strict=True, reason="search/space.py semantics() maps the HF bf16 flag to bf16-mixed (fp32 weights), "
-                   "which contradicts the dtype bfloat16 the recipe states: `fitplan recommend --model llama-3.2-1b "
-                   "--dtype bfloat16 --bf16 ...` fails the same way without any recipe")
 def test_recommend_reads_an_axolotl_recipe():
     r = run_cli("recommend", str(RECIPES / "axolotl" / "llama-3-qlora-1b.yml"), "--num-examples", "20000",
                 "--tokens-per-example", "600", "--format", "json")
