@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from . import op_work
 from .trl.fused_head import RULE as TRL_RULE, run as trl_head
 from .archfile import BYTES
+from .lora_targets import lora_site_matches
 
 if TYPE_CHECKING:
     from .learned_segment import Segment
@@ -88,6 +89,13 @@ def head_site(seg_inst: "Segment") -> dict[str, Any] | None:
         raise FitplanError(f"loss_implementation {b.spec.loss!r} needs the LM head's call site in the learned file",
                            file=str(b.af.path), field="loss_implementation", value=b.spec.loss,
                            suggestion="use loss_implementation = \"hf\", or re-learn the architecture")
+    if b.lora and b.spec.loss in ("liger", "cce") and lora_site_matches(module, b.spec.lora_targets, b.af):
+        from ..errors import FitplanError
+
+        raise FitplanError(f"LoRA on the LM head ({module}) with loss_implementation {b.spec.loss!r}: the fused loss "
+                           "reads the head's weight alone (Liger's and Cut CE's patches take lm_head.weight), so the "
+                           "adapter would not train; fitplan does not estimate that run", field="loss_implementation",
+                           value=b.spec.loss, suggestion=f"drop {module} from lora_target_modules, or use hf or chunked")
     return site
 
 

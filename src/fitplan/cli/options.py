@@ -32,6 +32,8 @@ HELP = {
     "optim_target_modules": "HF optim_target_modules for GaLore/APOLLO: comma-separated module names, or all-linear.",
     "attn_implementation": "eager | sdpa | flash_attention_2.",
     "lora_target_modules": "Comma-separated module names, e.g. q_proj,v_proj (or all-linear). Default: what peft chooses without them (its list for the model type: q_proj,v_proj on Llama, c_attn on GPT-2).",
+    "lora_modules_to_save": "peft's modules_to_save: modules trained whole beside LoRA, e.g. embed_tokens,lm_head "
+                            "(outside the decoder layers, untied, with the copy in the adapters' dtype).",
     "zero_stage": "DeepSpeed ZeRO stage 0-3.",
     "fsdp": "full_shard | shard_grad_op | hybrid_shard.",
     "gpu": "GPU id or alias from the hardware ruleset (e.g. a100-80gb, h100-sxm).",
@@ -126,6 +128,9 @@ def scenario_options(func: Callable) -> Callable:
     func = click.option("--accelerate-config", "accelerate_config", type=click.Path(dir_okay=False), default=None,
                         help="An accelerate config YAML (what `accelerate config` writes: distributed type, mixed "
                              "precision, processes, machines, FSDP or DeepSpeed settings).")(func)
+    func = click.option("--recipe", "recipe", type=click.Path(dir_okay=False), default=None,
+                        help="A torchtune, axolotl or LLaMA-Factory recipe YAML (docs/recipes.md), over the scenario "
+                             "file and under the other files and the flags; a .yaml scenario file is one too.")(func)
     func = click.option("--deepspeed", "deepspeed", type=click.Path(dir_okay=False), default=None, help="A DeepSpeed config JSON (ZeRO stage, offload, bf16/fp16, micro-batch).")(func)
     func = click.option("--training-args", "training_args", type=click.Path(dir_okay=False), default=None,
                         help="An HF TrainingArguments JSON (batch, accumulation, checkpointing, optim, bf16/fp16, epochs, deepspeed, fsdp).")(func)

@@ -202,6 +202,7 @@ TRAINING_ARGS_FIELDS = {
     "per_gpu_train_batch_size": "per_device_train_batch_size",
     "gradient_accumulation_steps": "gradient_accumulation_steps",
     "gradient_checkpointing": "gradient_checkpointing",
+    "activation_checkpointing": "gradient_checkpointing",  # transformers 5.24's name; read last, so it wins
     "optim": "optim",
     "num_train_epochs": "num_train_epochs",
     "tf32": "tf32",
@@ -226,8 +227,9 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
     * ``bf16``/``fp16`` -> the scenario's ``bf16``/``fp16``: autocast over the weights ``from_pretrained`` loads
       (transformers 5.24: the checkpoint's dtype, ``fitplan.estimation.with_precision``); with a DeepSpeed config (``deepspeed``: a path, relative to this file, or an inline object)
       its ZeRO stage, offload and 16-bit optimizer (``bf16-master``) win;
-    * ``fsdp`` (``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list) -> ``--fsdp``
-      (and offload);
+    * ``fsdp`` (``true`` with ``fsdp_config``'s ``reshard_after_forward`` and ``cpu_offload``, or the deprecated
+      ``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list) -> ``--fsdp`` (and
+      offload);
     * keys fitplan does not model are ignored; a key that looks like a misspelt one it reads is a warning;
     * ``checks`` receives the DeepSpeed config's checks of the final scenario (its ``train_batch_size``).
 
@@ -258,7 +260,10 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
                         "`fitplan recommend --max micro-batch` finds the largest that fits")
     out.update(_ta_liger(data, p, bad, warnings))
     out.update(_ta_trl(data, p, bad, warnings))
-    if data.get("fsdp"):
+    if data.get("fsdp") is True:
+        out.update(_ta_fsdp_from_config(data.get("fsdp_config"), bad))
+        out.update(_ta_fsdp_config(data.get("fsdp_config"), bad))
+    elif data.get("fsdp"):
         out.update(_ta_fsdp(data["fsdp"], bad))
         out.update(_ta_fsdp_config(data.get("fsdp_config"), bad))
     ds = data.get("deepspeed")
@@ -378,6 +383,26 @@ def _ta_fsdp(fsdp: Any, bad: Any) -> dict[str, Any]:
                   "one of full_shard, shard_grad_op, hybrid_shard (with offload / auto_wrap)")
     out: dict[str, Any] = {"fsdp": modes[0]}
     if "offload" in words:
+        out.update(offload_params=True, offload_optimizer=True)
+    return out
+
+
+def _ta_fsdp_from_config(cfg: Any, bad: Any) -> dict[str, Any]:
+    """``fsdp: true`` with the strategy in ``fsdp_config`` (transformers 5.24's form; the string form is
+    deprecated: training_args.py ``_apply_legacy_fsdp_to_config``): ``reshard_after_forward`` is a bool under
+    FSDP2 (true: full_shard, the default; false: shard_grad_op) and the strategy's name under FSDP1 (default
+    full_shard); ``cpu_offload`` offloads parameters and optimizer states."""
+    cfg = {k.removeprefix("fsdp_"): v for k, v in (cfg or {}).items()} if isinstance(cfg, dict) else {}
+    reshard = cfg.get("reshard_after_forward", True)
+    if isinstance(reshard, str) and reshard.lower() in ("full_shard", "shard_grad_op", "hybrid_shard"):
+        mode = reshard.lower()
+    elif isinstance(reshard, bool) or str(reshard).lower() in ("true", "false"):
+        mode = "full_shard" if str(reshard).lower() == "true" else "shard_grad_op"
+    else:
+        raise bad("fsdp_config", f"fsdp_config.reshard_after_forward {reshard!r} is neither true/false nor a "
+                  "sharding strategy", "true (full_shard), false (shard_grad_op), or under FSDP1 a strategy name")
+    out: dict[str, Any] = {"fsdp": mode}
+    if str(cfg.get("cpu_offload", False)).lower() == "true":
         out.update(offload_params=True, offload_optimizer=True)
     return out
 

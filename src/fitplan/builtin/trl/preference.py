@@ -30,7 +30,7 @@ breakdown's ``weights`` row).
 from __future__ import annotations
 
 from fitplan.builtin.activations import trace_for
-from fitplan.builtin.step_trace import PARTS, TraceSpec, build
+from fitplan.builtin.step_trace import PARTS, TraceSpec, build, trace_precision
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.pluginmgr.hookspecs import hookimpl
 
@@ -55,33 +55,37 @@ def _is_preference(trainer) -> bool:
 
 
 def _policy_trace(trainer, arch, b, s, trace_setup, attn_implementation, ckpt, method, lora_r, lora_target_modules,
-                  lora_dropout, device, framework):
+                  lora_dropout, device, framework, lora_modules_to_save):
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, ROWS[trainer] * b, s, precision, attn_implementation, ckpt, method, lora_r,
-                     lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input, HEAD[trainer])
+                     lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input, HEAD[trainer],
+                     lora_modules_to_save)
 
 
 @reducer("step_trace_without_checkpointing", when=lambda trainer: _is_preference(trainer))
 def preference_policy_trace(value, trainer, arch, per_device_train_batch_size, realized_seq_length, trace_setup,
-                            attn_implementation, method, lora_r, lora_target_modules, lora_dropout, device, framework):
+                            attn_implementation, method, lora_r, lora_target_modules, lora_dropout, device, framework,
+                            lora_modules_to_save):
     """DPO: the policy's step over ``2·b`` sequences (chosen then rejected, one batch), KTO: over ``b``, with
     TRL's fused LM head (builtin/trl/fused_head.py) instead of the model's logits and cross-entropy."""
     if value is None:
         return None
     return _policy_trace(trainer, arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
-                         False, method, lora_r, lora_target_modules, lora_dropout, device, framework)
+                         False, method, lora_r, lora_target_modules, lora_dropout, device, framework,
+                         lora_modules_to_save)
 
 
 @reducer("step_trace", when=lambda trainer: _is_preference(trainer))
 def preference_policy_trace_checkpointed(value, trainer, arch, per_device_train_batch_size, realized_seq_length, trace_setup,
                                          attn_implementation, gradient_checkpointing, method, lora_r,
-                                         lora_target_modules, lora_dropout, device, framework):
+                                         lora_target_modules, lora_dropout, device, framework,
+                                         lora_modules_to_save):
     """The policy's step as configured (:func:`preference_policy_trace`, with checkpointing when on)."""
     if value is None:
         return None
     return _policy_trace(trainer, arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
                          bool(gradient_checkpointing), method, lora_r, lora_target_modules, lora_dropout, device,
-                         framework)
+                         framework, lora_modules_to_save)
 
 
 @reducer("batch_bytes", when=lambda trainer: _is_preference(trainer))
@@ -124,7 +128,7 @@ def reference_trace(trainer, method, precompute_ref_log_probs, arch, per_device_
     separate reference model its own head (log-probabilities only). None without a reference forward."""
     if not _is_preference(trainer) or precompute_ref_log_probs or arch.is_bare:
         return None
-    precision = trace_setup[0]
+    precision = trace_precision(trace_setup[0])  # presets with the same trace share it
     block = framework.allocator_block_bytes if framework is not None else 512
     attn = "sdpa" if attn_implementation == "flash_attention_2" else attn_implementation
     spec = TraceSpec(arch, ROWS[trainer] * int(per_device_train_batch_size), int(realized_seq_length), precision, attn,
