@@ -245,15 +245,10 @@ def loaded_dtype(s: sc.Scenario, arch: architecture.ModelSpec) -> str:
     """What ``from_pretrained`` loads the weights in (``fp32``/``bf16``/``fp16``): ``--dtype``, or with ``auto``
     (transformers 5.24's default) the dtype the model's config states, float32 when it states none or when the
     model is a bare parameter count."""
-    return load_dtype_of(s.training.dtype, arch)
-
-
-def load_dtype_of(dtype: str, arch: architecture.ModelSpec) -> str:
-    """:func:`loaded_dtype` for the scenario field ``dtype`` (``auto`` or a dtype word) and the architecture."""
     from fitplan.inputs.precision import dtype_code
 
-    if dtype != "auto":
-        return dtype_code(dtype)
+    if s.training.dtype != "auto":
+        return dtype_code(s.training.dtype)
     if arch.family != "learned":  # --params: no config, so no dtype (a typical shape's template says nothing)
         return "fp32"
     return arch.checkpoint_dtype or "fp32"

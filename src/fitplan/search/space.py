@@ -21,7 +21,7 @@ import attrs
 
 from fitplan.errors import FitplanError
 from fitplan.inputs import scenario as sc
-from fitplan.inputs.precision import MIXED_FOR_FLAG, PRESETS, deepspeed_twin, hf_precision
+from fitplan.inputs.precision import MIXED_FOR_FLAG, PRESETS, deepspeed_twin
 
 OBJECTIVES = ("cost", "time", "gpus")
 MARKETS = ("on_demand", "spot")
@@ -66,18 +66,13 @@ class SearchSpace:
         return tuple(d for d, attr in VARY_DIMENSIONS.items() if getattr(self, attr) is not None)
 
 
-def semantics(precision: str, loaded: str) -> str:
-    """The training semantics of a preset, as the HF Trainer's words state it for weights loaded in ``loaded``
-    (``fitplan.estimation.loaded_dtype``): a ``*-master`` preset is the ``bf16``/``fp16`` flag under DeepSpeed, so
-    elsewhere it is what that flag gives over the loaded weights (``inputs/precision.py`` ``hf_precision``:
-    ``bf16-autocast`` on a bf16 checkpoint, ``bf16-mixed`` on an fp32 one); every other preset is itself."""
+def semantics(precision: str) -> str:
+    """The training semantics of a preset: a ``*-master`` preset (DeepSpeed's 16-bit optimizer: 16-bit weights,
+    fp32 master weights) is the same flag's ``*-mixed`` twin elsewhere (fp32 weights, 16-bit autocast: the same
+    numbers are kept in fp32); every other preset is itself (``bf16-autocast``, the ``bf16`` flag over a bf16
+    checkpoint, keeps its bf16 weights: it is not ``bf16-mixed``)."""
     p = PRESETS[precision]
-    if not p.master:
-        return precision
-    try:
-        return hf_precision(p.hf_flag, loaded)
-    except FitplanError:  # fp16 autocast over fp16 weights: no run without DeepSpeed; its fp32-weight twin
-        return MIXED_FOR_FLAG[p.hf_flag]
+    return MIXED_FOR_FLAG[p.hf_flag] if p.master else precision
 
 
 def precision_twins(precision: str) -> tuple[str, ...]:
