@@ -175,11 +175,16 @@ def _strategy(v: Any, p: str, key: str) -> str:
 
 
 def _fsdp(cfg: dict[str, Any], p: str, mixed: str | None, unmodelled: list[str], warnings: list[str]) -> dict[str, Any]:
+    from fitplan.inputs import fsdp_keys
+
+    original = {(k if k.startswith("fsdp") else "fsdp_" + k): k for k in cfg}
     cfg = {(k if k.startswith("fsdp") else "fsdp_" + k): v for k, v in cfg.items()}
     version = cfg.get("fsdp_version", 1)
     if str(version) not in ("1", "2"):
         raise _bad(p, "$.fsdp_config.fsdp_version", version, f"fsdp_version must be 1 or 2, got {version!r}")
     version = int(version)
+    fsdp_keys.check_keys({k.removeprefix("fsdp_"): v for k, v in cfg.items()}, version, p,
+                         lambda key: f"$.fsdp_config.{original.get('fsdp_' + key, 'fsdp_' + key)}")
     if version == 1:
         mode = _strategy(cfg.get("fsdp_sharding_strategy", "FULL_SHARD"), p, "fsdp_sharding_strategy")
         if mode in ("NO_SHARD", "HYBRID_SHARD_ZERO2"):

@@ -128,6 +128,7 @@ def _one_of(choices: tuple[str, ...]):
                 suggestion=hint,
             )
 
+    check.choices = choices  # type: ignore[attr-defined]  # read by CHOICES (rule conditions)
     return check
 
 
@@ -402,6 +403,16 @@ FIELD_SECTION: dict[str, str] = {
     f.name: section for section, cls in SECTIONS.items() for f in attrs.fields(cls)
 }
 """Flat field name -> its section. Field names are unique across sections."""
+CHOICES: dict[str, tuple[Any, ...]] = {
+    f.name: tuple(c for c in f.validator.choices if c is not None)
+    for cls in SECTIONS.values() for f in attrs.fields(cls) if hasattr(f.validator, "choices")}
+"""Field -> the values it can take (``method``: full, lora, qlora): a rule condition comparing it with anything
+else can never match (``fitplan rulesets check``)."""
+FIELD_TYPES: dict[str, str] = {
+    f.name: "any" if f.validator is _ds_value else {"bool": "bool", "int": "number", "float": "number", "str": "text"}.get(
+        str(f.type).replace(" | None", ""), "any")
+    for cls in SECTIONS.values() for f in attrs.fields(cls)}
+"""Field -> its type as rule conditions name types (``number``, ``text``, ``bool``; ``any`` otherwise)."""
 
 
 def flatten(s: Scenario) -> dict[str, Any]:

@@ -98,8 +98,11 @@ class Vocabulary:
     """Every name a condition may use, its type and how to read it from a :class:`Namespace`: inputs,
     quantities (and their JSON keys), declared names, the market names, and the prefixed forms."""
 
-    def __init__(self, compiled: Any, names: Mapping[str, Any], inputs: Mapping[str, str]) -> None:
-        self.types: dict[str, str] = {n: "any" for n in inputs}
+    def __init__(self, compiled: Any, names: Mapping[str, Any], inputs: Mapping[str, str],
+                 input_types: Mapping[str, str] | None = None, choices: Mapping[str, tuple] | None = None) -> None:
+        self.types: dict[str, str] = {n: (input_types or {}).get(n, "any") for n in inputs}
+        self.choices: dict[str, tuple] = {**(choices or {}), "market": ("on_demand", "spot")}
+        """Names with a fixed set of values (scenario fields' choices, the market): a literal outside it never matches."""
         self.docs: dict[str, str] = dict(inputs)
         self._get: dict[str, Callable[[Namespace], Any]] = {}
         self._deps: dict[str, tuple[str, ...]] = {}
@@ -205,6 +208,21 @@ class Vocabulary:
                 out.append(f"{name!r} is a text, compared with {format_literal(literal)} using {op!r} @ {where}")
             elif typ == "bool" and any(not isinstance(x, bool) for x in literals):
                 out.append(f"{name!r} is true or false, compared with {format_literal(literal)} @ {where}")
+            elif op in ("eq", "ne", "in", "not_in"):
+                out += self._choice_problems(name, literals, where)
+        return out
+
+    def _choice_problems(self, name: str, literals: list[Any], where: str) -> list[str]:
+        """A literal a name with fixed values (:attr:`choices`) never takes: a wrong case, a misspelling, a type."""
+        allowed = self.choices.get(name.removeprefix("variant_"))
+        if allowed is None:
+            return []
+        out = []
+        for x in literals:
+            if isinstance(x, bool) or x not in allowed:
+                shown = [str(c) for c in allowed]
+                hint = (did_you_mean(x, shown) if isinstance(x, str) else None) or "one of " + ", ".join(shown)
+                out.append(f"{name!r} is one of {', '.join(shown)}: {format_literal(x)} can never match ({hint}) @ {where}")
         return out
 
 
@@ -235,7 +253,10 @@ def vocabulary(registry: Any) -> Vocabulary:
     if cached is None:
         from fitplan.inputs.names import input_names
 
-        cached = registry.derived["vocabulary"] = Vocabulary(registry.compiled(), registry.names, input_names())
+        from fitplan.inputs.names import input_choices, input_types
+
+        cached = registry.derived["vocabulary"] = Vocabulary(registry.compiled(), registry.names, input_names(),
+                                                             input_types(), input_choices())
     return cached
 
 
