@@ -356,6 +356,10 @@ case("hub-revision-dotdot", {}, ["estimate", "--model", "org/name@../../../etc"]
 case("hub-tokenizer-revision-long", {"d.jsonl": b'{"text": "hi"}\n'},
      ["dataset", "{d}/d.jsonl", "--tokenizer", "org/name@" + "b" * 300], "not a revision", "--tokenizer")
 
+from bad_input_cases import CASES as SECOND_PART  # noqa: E402 - issue #30's classes 1-2 on every channel, and more
+
+CASES += SECOND_PART
+
 
 def _make(d: Path, files: dict) -> None:
     for name, body in files.items():
@@ -385,7 +389,7 @@ def run_in_process(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def test_the_corpus_is_large():
-    assert len(CASES) >= 100
+    assert len(CASES) >= 350
     assert len({c[0] for c in CASES}) == len(CASES)
 
 

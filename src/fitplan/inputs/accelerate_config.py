@@ -58,25 +58,47 @@ def _bad(path: str, field: str, value: Any, message: str, suggestion: str | None
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The YAML as ``yaml.safe_load`` reads it (accelerate's loader); a syntax error names its line."""
+    """The YAML as ``yaml.safe_load`` reads it (accelerate's loader), through the input boundary
+    (``inputs/files.py``: a regular file, at most 64 MiB, UTF-8): a syntax error names its line; aliases (which
+    can expand exponentially), nesting beyond 64 levels and integers beyond 100 digits are refused."""
     import yaml
 
+    from fitplan.inputs import files
+
     p = Path(path)
+    text = files.read_text(p, field="--accelerate-config")
+    files._check_int_literals(text, file=str(p), field="--accelerate-config")
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise FitplanError(f"cannot read the accelerate config: {e.strerror or e}", file=str(p), field="--accelerate-config",
-                           value=str(path)) from None
-    try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_no_alias_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         raise FitplanError(f"not valid YAML{where}: {getattr(e, 'problem', None) or e}", file=str(p),
                            field="--accelerate-config", value=str(path)) from None
+    except (RecursionError, ValueError) as e:
+        raise FitplanError(f"not valid YAML: {files._why(e)}", file=str(p), field="--accelerate-config",
+                           value=str(path)) from None
     if not isinstance(data, dict):
         raise FitplanError("an accelerate config must be a mapping of keys", file=str(p), field="$", value=type(data).__name__)
+    files.check_depth(data, file=str(p), field="--accelerate-config")
+    files._check_ints(data, file=str(p), field="--accelerate-config")
     return data
+
+
+def _no_alias_loader() -> type:
+    """``yaml.SafeLoader`` without aliases (``*name``): an accelerate config has none, and nested aliases expand
+    exponentially (a "billion laughs")."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.events.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(None, None, "an alias (*name): accelerate configs have none",
+                                                  event.start_mark)
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
 
 
 def accelerate_fields(path: str | Path, warnings: list[str], checks: list[Any] | None = None) -> dict[str, Any]:
