@@ -30,7 +30,7 @@ TA_FSDP: list[tuple[str, dict, str]] = [
     ("ta-fsdp2-no-shard", {"fsdp": "no_shard auto_wrap"}, "only available with FSDP1"),
     ("ta-fsdp2-hybrid-zero2", {"fsdp": ["hybrid_shard_zero2"]}, "only available with FSDP1"),
     ("ta-fsdp2-upper-case", {"fsdp": "FULL_SHARD"}, "only available with FSDP1"),  # the comparison is exact
-    ("ta-fsdp-number", {"fsdp": 3}, "fsdp must be true, a string or a list of strings"),
+    ("ta-fsdp-list-object", {"fsdp": ["full_shard", {"offload": True}]}, "fsdp must be true, a string or a list"),
     ("ta-fsdp-list-number", {"fsdp": ["full_shard", 3]}, "fsdp must be true, a string or a list of strings"),
     ("ta-fsdp-version-3", {"fsdp": True, "fsdp_config": {"version": 3}}, "version must be 1 or 2"),
     ("ta-fsdp-version-text", {"fsdp": True, "fsdp_config": {"fsdp_version": "two"}}, "version must be 1 or 2"),
@@ -53,11 +53,7 @@ TA_FSDP: list[tuple[str, dict, str]] = [
      "FSDP2 does not support LOCAL_STATE_DICT"),  # dataclasses.py:1935
     ("ta-fsdp-ckpt-sometimes", {"fsdp": True, "fsdp_config": {"activation_checkpointing": "sometimes"}},
      "invalid truth value 'sometimes'"),
-    ("ta-fsdp-ckpt-offload-alone", {"fsdp": True, "fsdp_config": {"activation_checkpointing_offload": True}},
-     "requires `activation_checkpointing=True`"),  # dataclasses.py:1843
-    ("ta-fsdp1-ckpt-offload", {"fsdp": True, "fsdp_config": {"version": 1, "activation_checkpointing": True,
-                                                               "activation_checkpointing_offload": True}},
-     "requires `fsdp_version=2`"),  # dataclasses.py:1845
+    ("ta-fsdp-version-fraction", {"fsdp": True, "fsdp_config": {"version": "1.5"}}, "version must be 1 or 2"),
     ("ta-fsdp-cpu-offload-text", {"fsdp": True, "fsdp_config": {"cpu_offload": "false"}}, "cpu_offload must be true or false"),
     ("ta-fsdp-orig-params", {"fsdp": True, "fsdp_config": {"version": 1, "use_orig_params": "perhaps"}},
      "invalid truth value 'perhaps'"),

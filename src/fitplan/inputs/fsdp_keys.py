@@ -67,7 +67,9 @@ def _one_of(value: Any, allowed: tuple[str, ...], path: str, field: str, what: s
 
 def check_keys(cfg: dict[str, Any], version: int, path: str, field: Any) -> None:
     """The keys both channels share, checked as accelerate's FSDP plugin checks them (module doc). ``cfg`` has
-    its ``fsdp_`` prefixes stripped; ``field(key)`` is the key's location in the user's file."""
+    its ``fsdp_`` prefixes stripped; ``field(key)`` is the key's location in the user's file.
+    ``activation_checkpointing_offload`` reaches the plugin from ``accelerate launch`` only (the Trainer never
+    passes it: the caller leaves it out of ``cfg``)."""
     for key in BOOL_KEYS:
         if key in cfg and cfg[key] is not None:
             truth(cfg[key], path, field(key))
@@ -107,11 +109,12 @@ def _version(cfg: dict[str, Any], path: str, field: str) -> int:
 
 def _words(fsdp: Any, path: str) -> list[str]:
     """``fsdp`` as a list of words (``True``: none), refusing what ``_apply_legacy_fsdp_to_config`` refuses."""
-    if fsdp is True:
-        return []
-    words = fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, list) else None
+    if not isinstance(fsdp, (str, list)):
+        return []  # any other true value is fsdp=True (training_args.py:2790-2793)
+    words = fsdp.split() if isinstance(fsdp, str) else list(fsdp)
     if not words or not all(isinstance(w, str) for w in words):
-        raise _bad(path, "$.fsdp", fsdp, f"fsdp must be true, a string or a list of strings, got {fsdp!r}",
+        raise _bad(path, "$.fsdp", fsdp, f"fsdp must be true, a string or a list of strings, got {fsdp!r}: "
+                   "transformers reads each word with .upper() (training_args.py:2917)",
                    'true with fsdp_config, or "full_shard auto_wrap"')
     for w in words:
         if w.upper() not in SHARDING_STRATEGIES and w not in ("offload", "auto_wrap"):
@@ -152,6 +155,9 @@ def ta_fsdp(data: dict[str, Any], path: str, warnings: list[str]) -> dict[str, A
             cfg.setdefault("reshard_after_forward", w == "full_shard" if version == 2 else w)
         elif w == "offload":
             cfg.setdefault("cpu_offload", True)
+    if cfg.pop("activation_checkpointing_offload", None) is not None:
+        warnings.append(f"{path}: fsdp_config.activation_checkpointing_offload is not passed to accelerate by the "
+                        "Trainer (training_args.py:2825-2886): ignored")
     check_keys(cfg, version, path, field)
     mode = _ta_mode(cfg.get("reshard_after_forward"), version, path, field("reshard_after_forward"))
     offload = cfg.get("cpu_offload", False)
