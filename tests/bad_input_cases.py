@@ -181,6 +181,8 @@ for cid, changes, needle in [
     ("config-head-dim-negative", {"head_dim": -4}, "$.head_dim"),
     ("config-experts-text", {"model_type": "mixtral", "num_local_experts": "8", "num_experts_per_tok": 2},
      "$.num_local_experts"),
+    ("config-params-over-bound", {"hidden_size": 2**20, "num_attention_heads": 1024, "num_key_value_heads": 1024,
+                                  "intermediate_size": 2**22, "num_hidden_layers": 1000}, "at most 1e+15"),  # class 2
 ]:
     case(cid, {"config.json": json.dumps({**CONFIG, **changes}).encode()}, ["estimate", "--model", "{d}/config.json"],
          needle, "config.json")
