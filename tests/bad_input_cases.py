@@ -228,6 +228,8 @@ for cid, cond, needle in [
     ("never-checkpointing-text", '{ eq = { gradient_checkpointing = "true" } }', "is true or false"),
     ("never-gpus-text", '{ ge = { num_gpus = "8" } }', "compares 'num_gpus' with a number"),
     ("never-attention-case", '{ eq = { attn_implementation = "SDPA" } }', "can never match"),
+    ("never-gpu-id-case", '{ eq = { gpu = "H100-SXM" } }', "did you mean 'h100-sxm'?"),
+    ("never-provider-id-case", '{ in = { "cost.provider" = ["Lambda"] } }', "'Lambda' can never match"),
 ]:
     case(cid + "-policy", {"p.toml": POLICY.format(cond=cond).encode()}, [*EST, "--policy", "{d}/p.toml"], needle, "p.toml")
     case(cid + "-check", {"r/x.toml": ADVICE.format(cond=cond).encode()}, ["rulesets", "check", "{d}/r"], needle)

@@ -114,9 +114,13 @@ class Vocabulary:
                 self.docs[q.json_key] = f"the JSON report's {q.json_key} ({qname})"
                 self._get[q.json_key] = _value_of(qname)
                 self._deps[q.json_key] = (qname,)
+        self.ids: dict[str, str] = {}
+        """Names whose values are ruleset ids (lowercase) -> the table."""
         for n in names.values():
             for key in filter(None, (n.name, n.json_key)):
                 self.types[key], self.docs[key], self._get[key], self._deps[key] = n.type, n.doc, n.get, n.deps
+                if getattr(n, "id_of", ""):
+                    self.ids[key] = n.id_of
         costs = {m: compiled.role(f"cost.{m}") for m in ("on_demand", "spot")}
         self._deps["cost_usd"] = tuple(c for c in costs.values() if c is not None)
         self.peak = compiled.role("peak")
@@ -214,7 +218,11 @@ class Vocabulary:
 
     def _choice_problems(self, name: str, literals: list[Any], where: str) -> list[str]:
         """A literal a name with fixed values (:attr:`choices`) never takes: a wrong case, a misspelling, a type."""
-        allowed = self.choices.get(name.removeprefix("variant_"))
+        base = name.removeprefix("variant_")
+        if base in self.ids:
+            return [f"{name!r} is a {self.ids[base]} id, always lowercase: {format_literal(x)} can never match (did you "
+                    f"mean {x.lower()!r}?) @ {where}" for x in literals if isinstance(x, str) and x != x.lower()]
+        allowed = self.choices.get(base)
         if allowed is None:
             return []
         out = []
