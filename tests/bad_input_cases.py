@@ -87,8 +87,7 @@ TA_POST_INIT: list[tuple[str, dict, str]] = [
 ]
 for cid, data, needle in TA_FSDP + TA_POST_INIT:
     case(cid, {"ta.json": json.dumps(data).encode()},
-         ["estimate", "--model", "llama-2-7b", "--optim", "adamw_torch", "--num-gpus", "2", "--training-args", "{d}/ta.json"],
-         needle, "ta.json")
+         [*EST, "--num-gpus", "2", "--training-args", "{d}/ta.json"], needle, "ta.json")
 
 # ---- class 1: accelerate YAML (accelerate launch's FSDP and DeepSpeed arguments; the plugin's refusals)
 YAML_HEAD = "compute_environment: LOCAL_MACHINE\ndistributed_type: {dist}\nnum_machines: 1\nnum_processes: 2\n"
@@ -184,8 +183,8 @@ for cid, changes, needle in [
     ("config-params-over-bound", {"hidden_size": 2**20, "num_attention_heads": 1024, "num_key_value_heads": 1024,
                                   "intermediate_size": 2**22, "num_hidden_layers": 1000}, "at most 1e+15"),  # class 2
 ]:
-    case(cid, {"config.json": json.dumps({**CONFIG, **changes}).encode()}, ["estimate", "--model", "{d}/config.json"],
-         needle, "config.json")
+    case(cid, {"config.json": json.dumps({**CONFIG, **changes}).encode()},
+         ["estimate", "--model", "{d}/config.json", "--optim", "adamw_torch", "--precision", "bf16-mixed"], needle, "config.json")
 
 # ---- class 1: rulesets whose invariants break, references that resolve to nothing (estimate and rulesets check)
 GPU = ('[[gpu]]\nid = "lab-gpu"\nname = "Lab"\nmemory_bytes = {mem}\nusable_bytes = {usable}\n'
@@ -279,7 +278,8 @@ for cid, body, needle in [
     ("bound-toml-tp-huge", b'[parallel]\ntensor_parallel = 1000000\n', "tensor_parallel"),
     ("bound-toml-runs-huge", b'[cost]\nruns = 10000000\n', "runs"),
 ]:
-    case(cid, {"s.toml": b'[model]\nmodel = "llama-2-7b"\n' + body}, ["estimate", "{d}/s.toml"], needle, "s.toml")
+    case(cid, {"s.toml": b'[model]\nmodel = "llama-2-7b"\n' + body},
+         ["estimate", "{d}/s.toml", "--precision", "bf16-mixed"], needle, "s.toml")
 for cid, data, needle in [
     ("bound-ta-optim-args", {"optim": "galore_adamw", "optim_target_modules": ["q_proj"], "optim_args": "rank=0"}, "rank"),
     ("bound-ta-accumulation", {"gradient_accumulation_steps": 10**9}, "gradient_accumulation_steps"),
