@@ -163,20 +163,14 @@ def _fp32_param_count(spec: ModelSpec) -> int:
     return sum(g.total for g in spec.param_groups() if g.fp32)
 
 
+@functools.lru_cache(maxsize=256)
 def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
     if spec.bare_param_count is not None:
         return (ParamGroup("params", (spec.bare_param_count,), "params"),)
-    return _groups_of(spec.model_type, spec.symbols)
-
-
-@functools.lru_cache(maxsize=256)
-def _groups_of(model_type: str, symbols: tuple) -> tuple[ParamGroup, ...]:
-    """The parameter groups of a learned architecture for its symbols: specs that differ only in name, source or
-    defaults resolved later share them (a deep model's tensors are listed once per command, not once per spec)."""
     from fitplan.builtin.archfile import load
 
-    af = load(model_type)
-    env = dict(symbols)
+    af = load(spec.model_type)
+    env = dict(spec.symbols)
     groups: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
     for name, shape, role, per_layer, layer, entry in af.param_list(env):
         template = entry[0]
