@@ -356,6 +356,10 @@ case("hub-revision-dotdot", {}, ["estimate", "--model", "org/name@../../../etc"]
 case("hub-tokenizer-revision-long", {"d.jsonl": b'{"text": "hi"}\n'},
      ["dataset", "{d}/d.jsonl", "--tokenizer", "org/name@" + "b" * 300], "not a revision", "--tokenizer")
 
+from bad_input_cases import CASES as SECOND_PART  # noqa: E402 - issue #30's classes 1-2 on every channel, and more
+
+CASES += SECOND_PART
+
 
 def _make(d: Path, files: dict) -> None:
     for name, body in files.items():
@@ -385,7 +389,7 @@ def run_in_process(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def test_the_corpus_is_large():
-    assert len(CASES) >= 100
+    assert len(CASES) >= 350
     assert len({c[0] for c in CASES}) == len(CASES)
 
 
@@ -794,3 +798,161 @@ def test_a_plugin_quantity_of_nan_of_any_kind_is_named():
     reg = make_registry(entry_points=False, extra_plugins=[("NanSeconds", NanSeconds())])
     with pytest.raises(PluginError, match="plugin 'NanSeconds': quantity 'warmup_seconds' returned float nan, expected a finite number"):
         fitplan.estimate(params="1B", registry=reg)
+
+
+# ---- issue #30, classes 1-2: the library's own refusals, valid input accepted, the API, plugin values
+LIBRARY_ELSEWHERE = {
+    "ta-fsdp1-reshard-bool": "plugin", "ta-fsdp1-reshard-unknown": "plugin", "ta-fsdp-prefetch": "plugin",
+    "ta-fsdp-state-dict": "plugin", "ta-fsdp2-local-state-dict": "plugin",
+    "ta-fsdp-ckpt-and-gc": "Trainer.__init__ (transformers/trainer.py:879), after TrainingArguments",
+    "ta-fsdp-ckpt-and-ac": "Trainer.__init__ (transformers/trainer.py:879), after TrainingArguments",
+    "ta-fsdp-version-3": "fitplan: accelerate has FSDP1 and FSDP2 only (dataclasses.py tests fsdp_version == 1 or 2)",
+    "ta-fsdp-cpu-offload-text": "fitplan: transformers tests it for truth (training_args.py:2830), so \"false\" offloads",
+}
+"""The TrainingArguments rows that ``TrainingArguments(**row)`` itself does not refuse, and who does: accelerate's
+``FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)`` ("plugin"), the Trainer, or fitplan, with its reason."""
+
+
+def test_training_args_refusals_are_transformers_own():
+    """Every TrainingArguments row of the corpus, given to transformers 5.24 itself: TrainingArguments (or, where
+    stated, accelerate's FSDP plugin built from its fsdp_plugin_args) refuses it, so fitplan's refusals are the
+    library's, measured, not fitplan's idea of it."""
+    import warnings
+
+    pytest.importorskip("transformers")
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers import TrainingArguments
+
+    from bad_input_cases import TA_FSDP, TA_POST_INIT
+
+    wrong = []
+    for cid, data, _ in TA_FSDP + TA_POST_INIT:
+        where = LIBRARY_ELSEWHERE.get(cid, "TrainingArguments")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                args = TrainingArguments(output_dir="unused", use_cpu=True, **data)
+            except (ValueError, TypeError, AttributeError, OSError):
+                if where != "TrainingArguments":
+                    wrong.append((cid, "TrainingArguments refused it"))
+                continue
+        if where == "TrainingArguments":
+            wrong.append((cid, "TrainingArguments accepted it"))
+        elif where == "plugin":
+            with pytest.raises((ValueError, KeyError)):
+                FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
+    assert wrong == []
+
+
+ACCEPTED_TA = [
+    ({"fsdp": True}, {"stack": "fsdp2", "fsdp": "full_shard"}),  # training_args.py:2793: fsdp=True
+    ({"fsdp": 1}, {"stack": "fsdp2", "fsdp": "full_shard"}),  # any other true value is fsdp=True
+    ({"fsdp": "auto_wrap"}, {"stack": "fsdp2", "fsdp": "full_shard"}),  # no strategy: reshard_after_forward True
+    ({"fsdp": True, "fsdp_config": {"reshard_after_forward": "no"}}, {"fsdp": "shard_grad_op"}),  # str_to_bool
+    ({"fsdp": "full_shard shard_grad_op"}, {"fsdp": "full_shard"}),  # setdefault: the first word wins
+    ({"fsdp": "shard_grad_op", "fsdp_config": {"fsdp_reshard_after_forward": True}}, {"fsdp": "full_shard"}),
+    ({"fsdp": ["hybrid_shard"], "fsdp_config": {"version": "1"}}, {"stack": "fsdp1", "fsdp": "hybrid_shard"}),
+    ({"fsdp": True, "fsdp_config": {"version": 1, "reshard_after_forward": 2}}, {"stack": "fsdp1", "fsdp": "shard_grad_op"}),
+    ({"fsdp": "full_shard offload"}, {"offload_params": True, "offload_optimizer": True}),
+    ({"fsdp": True, "fsdp_config": {"activation_checkpointing": "yes"}}, {"gradient_checkpointing": True}),
+    ({"activation_checkpointing": True, "gradient_checkpointing": False}, {"gradient_checkpointing": True}),
+    ({"fsdp": "", "fsdp_config": {"version": 7}}, {}),  # no fsdp: fsdp_config is never read
+    ({"fsdp": True, "fsdp_config": {"activation_checkpointing_offload": True}}, {"stack": "fsdp2"}),  # not passed on
+    ({"save_strategy": "best", "load_best_model_at_end": True, "eval_strategy": "steps", "eval_steps": 10}, {}),
+]
+
+
+@pytest.mark.parametrize(("data", "expected"), ACCEPTED_TA, ids=[json.dumps(d)[:60] for d, _ in ACCEPTED_TA])
+def test_valid_training_args_are_read_as_transformers_reads_them(tmp_path, data, expected):
+    """Class 7: what transformers 5.24 accepts is accepted, and read as it reads it (the expected fields follow
+    ``_process_fsdp_args`` / ``_apply_legacy_fsdp_to_config`` by hand, lines cited beside each row)."""
+    from fitplan.inputs.importers import training_args_fields
+
+    (tmp_path / "ta.json").write_text(json.dumps(data), encoding="utf-8")
+    fields, _ = training_args_fields(tmp_path / "ta.json")
+    assert {k: fields.get(k) for k in expected} == expected
+
+
+WEB_CASES = [
+    ("estimate", [("model", "llama-2-7b"), ("num-gpus", "99999999")], "num_gpus"),
+    ("estimate", [("model", "llama-2-7b"), ("num-gpus", "65536"), ("num-nodes", "8")], "num_gpus x num_nodes"),
+    ("estimate", [("model", "llama-2-7b"), ("num-examples", "1000000000000"), ("tokens-per-example", "1000000")],
+     "num_examples x tokens_per_example"),
+    ("estimate", [("model", "llama-2-7b"), ("optim", "sgd"), ("optim-args", "momentum=nan")], "momentum"),
+    ("estimate", [("model", "llama-2-7b"), ("zero", "2"), ("precision", "bf16-master"), ("num-gpus", "2"),
+                  ("reduce-bucket-size", "1e300")], "reduce_bucket_size"),
+    ("estimate", [("model", "llama-2-7b"), ("reduce-bucket-size", "5e8")], "DeepSpeed zero_optimization key"),
+    ("estimate", [("model", "llama-2-7b"), ("num-gpus", "2"), ("stack", "ddp"), ("fsdp", "full_shard")],
+     "--stack ddp does not shard"),
+    ("estimate", [("model", "llama-2-7b"), ("total-tokens", "100000000000000000000")], "total_tokens"),
+    ("estimate", [("model", "llama-2-7b"), ("mfu", "40")], "mfu"),
+    ("estimate", [("model", "llama-2-7b"), ("tokens-per-second", "1e-300")], "tokens_per_second"),
+    ("estimate", [("params", "1e20")], "at most"),
+    ("estimate", [("model", "llama-2-7b"), ("max-seq-length", "999999999")], "max_seq_length"),
+    ("estimate", [("model", "llama-2-7b"), ("lora-dropout", "nan"), ("method", "lora")], "lora_dropout"),
+    ("estimate", [("model", "llama-2-7b"), ("training-args", "ta.json")], "training-args"),
+    ("recommend", [("model", "llama-2-7b"), ("top", "0")], "top"),
+    ("recommend", [("model", "llama-2-7b"), ("max-gpus", "100000")], "max-gpus"),
+    ("recommend", [("model", "llama-2-7b"), ("effective-batch-size", "1000000")], "effective"),
+    ("recommend", [("model", "llama-2-7b"), ("objective", "gpus"), ("headroom", "1e308GB")], "headroom"),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "query", "needle"), WEB_CASES, ids=[f"{e}-{q[-1][0]}-{i}" for i, (e, q, _)
+                                                                           in enumerate(WEB_CASES)])
+def test_the_api_applies_every_bound(endpoint, query, needle):
+    """Class 2, the web API channel (``fitplan serve``; docs/serve.md): the same bounds, as HTTP 400 with the
+    CLI's message, in-process through the endpoint functions."""
+    from fitplan.web import api
+
+    reply = api.answer(getattr(api, endpoint), api.Settings(search_seconds=5), query)
+    body = json.loads(reply.body)
+    assert reply.status == 400, body
+    assert needle in body["error"], body
+
+
+def _plugin_registry(unit: str, value, *, reducer_on: str | None = None):
+    from fitplan import hookimpl, quantity, reducer
+    from fitplan.pluginmgr.registry import make_registry
+
+    class Odd:
+        @hookimpl
+        def fitplan_register_quantities(self, register):
+            if reducer_on is None:
+                @quantity(unit, category="memory" if unit == "bytes" else "")
+                def lookup_table_bytes(param_count):
+                    """A plugin's quantity with a value out of range."""
+                    return value
+
+                register(lookup_table_bytes)
+
+        @hookimpl
+        def fitplan_register_reducers(self, register):
+            if reducer_on is not None:
+                @reducer(reducer_on, when=lambda param_count: True)
+                def odd(x):
+                    """A plugin's reducer with a value out of range."""
+                    return value
+
+                register(odd)
+
+    return make_registry(entry_points=False, extra_plugins=[("odd-plugin", Odd())])
+
+
+@pytest.mark.parametrize(("unit", "value", "reducer_on"), [
+    ("bytes", -1, None), ("bytes", -0.5, None), ("bytes", 1e300, None), ("bytes", 10**40, None),
+    ("s", -3.0, None), ("USD", 1e89, None), ("tokens", -1, None), ("bytes", float("inf"), None),
+    ("bytes", -(2**40), "weight_bytes"), ("bytes", 1e300, "optimizer_state_bytes"),
+])
+def test_a_plugin_amount_out_of_range_is_named(unit, value, reducer_on):
+    """Class 2, plugin return values: a third-party amount that is negative, above 1e30 or not finite is the
+    plugin's fault, named with the way to block it (it would otherwise report negative memory as "fits")."""
+    import fitplan
+    from fitplan import PluginError
+
+    with pytest.raises(PluginError) as e:
+        fitplan.estimate(params="1B", optim="adamw_torch", precision="bf16-mixed",
+                         registry=_plugin_registry(unit, value, reducer_on=reducer_on))
+    text = e.value.render()
+    assert "plugin 'odd-plugin'" in text and "FITPLAN_BLOCK_PLUGINS=odd-plugin" in text, text
+    assert ("reducer 'odd'" if reducer_on else "quantity 'lookup_table_bytes'") in text, text

@@ -122,7 +122,7 @@ def test_training_args_with_deepspeed_and_fsdp(tmp_path):
     ({"optim": "adamw_8bitt"}, "optim 'adamw_8bitt' is not an optimizer fitplan knows @ $.optim (did you mean 'adamw_8bit'"),
     ({"gradient_checkpointing": "yes"}, "gradient_checkpointing must be true or false, got 'yes'"),
     ({"num_train_epochs": -1}, "num_train_epochs must be a number > 0, got -1"),
-    ({"fsdp": "auto_wrap"}, "fsdp 'auto_wrap' names no sharding strategy"),
+    ({"fsdp": "auto_wrapp"}, "Unknown `fsdp` option: auto_wrapp"),  # transformers training_args.py:2938
     ({"deepspeed": 3}, "deepspeed must be a path or an object, got int"),
 ])
 def test_training_args_bad_values(tmp_path, data, message):

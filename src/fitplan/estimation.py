@@ -205,6 +205,13 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any 
         raise FitplanError(f"Trl.trainer {s.trl.trainer!r}: this trainer's step is not modelled yet", field="trainer",
                            value=s.trl.trainer, suggestion="modelled: " + ", ".join(MODELLED_TRAINERS))
     world = s.hardware.num_gpus * s.hardware.num_nodes
+    from fitplan.inputs import stacks
+    from fitplan.inputs.precision import PRESETS
+
+    stack = stacks.resolve(s.parallel.stack, s.parallel.zero_stage, s.parallel.fsdp, s.parallel.offload_optimizer,
+                           s.parallel.offload_params, s.training.precision if s.training.precision in PRESETS else None,
+                           max(1, world // s.parallel.tensor_parallel))
+    stacks.check_ds_only(stack, {n: getattr(s.parallel, n) for n in stacks.DS_ONLY_FIELDS})
     check_optimizer(s, optimizer, world)
     if world % s.parallel.tensor_parallel:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide the number of GPUs ({world})",

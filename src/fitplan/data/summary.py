@@ -89,7 +89,23 @@ def _lengths(data: Any, name: str) -> Lengths:
         raise ValueError(f"{name}.values and {name}.counts must hold integers")
     if any(b <= a for a, b in zip(values, values[1:])) or (values and values[0] < 0) or any(c < 1 for c in counts):
         raise ValueError(f"{name}.values must increase from 0 or more, and every count be at least 1")
+    _bounded(values, counts, name)
     return Lengths.from_counts(dict(zip(values, counts)))
+
+
+def _bounded(values: list[int], counts: list[int], name: str) -> None:
+    """The scenario's bounds (``inputs/scenario.py`` ``LIMITS``), so that a summary file cannot carry what a flag
+    cannot: an example of at most ``tokens_per_example`` tokens, at most ``num_examples`` examples and
+    ``total_tokens`` tokens in all."""
+    from fitplan.inputs.scenario import LIMITS
+
+    if values and values[-1] > LIMITS["tokens_per_example"]:
+        raise ValueError(f"{name}.values: an example of {values[-1]:,} tokens, at most {LIMITS['tokens_per_example']:,g}")
+    if sum(counts) > LIMITS["num_examples"]:
+        raise ValueError(f"{name}.counts: {sum(counts):,} examples, at most {LIMITS['num_examples']:,g}")
+    total = sum(v * c for v, c in zip(values, counts))
+    if total > LIMITS["total_tokens"]:
+        raise ValueError(f"{name}: {total:,} tokens in all, at most {LIMITS['total_tokens']:,g}")
 
 
 def check(data: dict[str, Any]) -> DatasetSummary:
@@ -108,8 +124,12 @@ def check(data: dict[str, Any]) -> DatasetSummary:
                          f"({examples!r}) be at least that")
     if prompts is not None and prompts.examples != read:
         raise ValueError(f"prompt_lengths counts {prompts.examples} examples, not {read}")
-    if not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
+    from fitplan.inputs.scenario import LIMITS
+
+    if examples > LIMITS["num_examples"]:
+        raise ValueError(f"examples ({examples:,}) must be at most {LIMITS['num_examples']:,g}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an integer from 0 to 2^63 - 1, got {seed!r}")
     for table in ("source", "tokenizer"):
         if not isinstance(data.get(table, {}), dict):
             raise ValueError(f"[{table}] must be a table")

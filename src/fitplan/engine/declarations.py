@@ -153,6 +153,9 @@ class Name:
     type: str = field(default="number", validator=_type)
     json_key: str = ""
     plugin: str = ""
+    id_of: str = ""
+    """The ruleset table whose ids the value is (``gpu``): ids are lowercase, so a condition comparing the name
+    with a literal of another case can never match (``fitplan rulesets check`` says so)."""
 
 
 def quantity(unit: str, *, name: str | None = None, category: str = "", label: str = "", short_label: str = "",

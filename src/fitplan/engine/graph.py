@@ -34,6 +34,15 @@ from fitplan.engine.interpreter import ALIAS, Q, R, run, straight_line
 from fitplan.errors import FitplanError, GraphError, PluginError, did_you_mean
 
 
+AMOUNT_UNITS = frozenset({"bytes", "s", "USD", "tokens", "params", "FLOP", "GPUs", "instances", "bytes/param",
+                          "bytes/elem", "FLOP/token", "FLOP/s", "tokens/s"})
+"""Units of amounts: a third-party quantity (or reducer) in one of them returns a number from 0 to
+:data:`MAX_AMOUNT`, or it is named as the plugin at fault (docs/reliability.md, "Plugins")."""
+MAX_AMOUNT = 1e30
+"""Beyond any amount the built-in rules give within the input bounds (the largest: 10^16 tokens × 10^4 epochs at
+10^-3 tokens/s, about 10^23 s): a plugin's 1e300 bytes or dollars is a fault, never a result."""
+
+
 @attrs.frozen
 class Node:
     name: str
@@ -61,8 +70,8 @@ class CompiledGraph:
     roles: dict[str, str] = attrs.Factory(dict)
     """Role (:data:`fitplan.engine.declarations.ROLES`) -> the quantity that holds it."""
     foreign: tuple[str, ...] = ()
-    """Quantities of third-party plugins: a float among them must be finite (NaN or infinity would otherwise
-    reach a report and the JSON writer, which refuses them)."""
+    """Quantities and reducer steps of third-party plugins: a float among them must be finite (NaN or infinity
+    would otherwise reach a report and the JSON writer, which refuses them), an amount within [0, MAX_AMOUNT]."""
     _graph: Any = None
     _straight: Any = None
     """The steps as one generated function (:func:`fitplan.engine.interpreter.straight_line`), made once the
@@ -118,12 +127,8 @@ class CompiledGraph:
             v = dict(inputs)
             applied = {}
             run(self.steps, v, applied, self._step_error)
-        for name in self.foreign:
-            x = v.get(name)
-            if type(x) is float and not math.isfinite(x):
-                node = self.nodes[name]
-                raise PluginError(f"plugin {node.plugin!r}: quantity {name!r} returned float {x!r}, expected a finite number",
-                                  field=name, value=node.plugin, suggestion=f"block it with FITPLAN_BLOCK_PLUGINS={node.plugin}")
+        if self.foreign:
+            self.check_foreign(v, self.foreign)
         for name in self.memory:
             x = v[name]
             if type(x) is int:
@@ -164,6 +169,26 @@ class CompiledGraph:
                            + "".join(f" (input {type(x).__name__} {x.name!r} from plugin {x.plugin!r})" for x in others),
                            field=name.removesuffix(".raw"), value=node.plugin,
                            suggestion="block the faulty plugin with FITPLAN_BLOCK_PLUGINS=" + " or ".join(blame))
+
+    def check_foreign(self, v: dict[str, Any], names: Iterable[str]) -> None:
+        """Third-party values (``names``, a subset of :attr:`foreign`): a float is finite, an amount (a unit of
+        :data:`AMOUNT_UNITS`) is from 0 to :data:`MAX_AMOUNT`; else the plugin is named (:class:`PluginError`)."""
+        for name in names:
+            x = v.get(name)
+            if type(x) is float and not math.isfinite(x):
+                raise self._range_error(name, x, "a finite number")
+            if self.nodes[name].unit in AMOUNT_UNITS and isinstance(x, numbers.Real) and not isinstance(x, bool) \
+                    and not 0 <= x <= MAX_AMOUNT:
+                raise self._range_error(name, x, f"a number from 0 to {MAX_AMOUNT:g} {self.nodes[name].unit}")
+
+    def _range_error(self, name: str, x: Any, want: str) -> PluginError:
+        """A third-party quantity's or reducer's value out of :data:`MAX_AMOUNT` (or not finite), named by plugin."""
+        node = self.nodes[name]
+        what = (f"reducer {self.reducers[name].name!r} on quantity {node.target!r}" if node.kind == "reducer"
+                else f"quantity {name!r}")
+        return PluginError(f"plugin {node.plugin!r}: {what} returned {type(x).__name__} {x!r:.60}, expected {want}",
+                           field=node.target or name, value=node.plugin,
+                           suggestion=f"block it with FITPLAN_BLOCK_PLUGINS={node.plugin}")
 
     def _type_error(self, name: str, values: dict[str, Any]) -> PluginError:
         """The first step of ``name``'s chain that produced a non-number, named by plugin."""
@@ -361,7 +386,8 @@ def compile_graph(quantities: Iterable[Quantity], reducers: Iterable[Reducer], i
         raise GraphError(f"{len(problems)} problem(s) in the quantity graph", details=problems)
     steps = _steps(order, nodes, qs, reducer_by_node, ordered_chains)
     memory = tuple(sorted(n for n, q in qs.items() if q.category == "memory"))
-    foreign = tuple(sorted(n for n, q in qs.items() if not (q.plugin or "fitplan.builtin.").startswith("fitplan.builtin.")))
+    foreign = tuple(sorted(n for n, node in nodes.items() if node.kind != "input"
+                           and not (node.plugin or "fitplan.builtin.").startswith("fitplan.builtin.")))
     return CompiledGraph(edges, nodes, steps, ordered_chains, qs, reducer_by_node, memory, roles, foreign)
 
 

@@ -54,6 +54,9 @@ class StagedGraph:
             level_of[name] = lvl
             self.by_level[lvl + 1].append(step)
         self.level_of = level_of
+        self.foreign: list[tuple[str, ...]] = [tuple(s[1] for s in steps if s[1] in compiled.foreign)
+                                              for steps in self.by_level]
+        """Third-party steps per level, checked as :meth:`CompiledGraph.evaluate` checks them."""
 
     def depends_on(self, name: str) -> bool:
         """Whether any target depends on the input ``name``."""
@@ -66,6 +69,8 @@ class StagedGraph:
     def run(self, v: dict[str, Any], level: int) -> None:
         """Compute, in ``v``, the steps of ``level`` (their inputs at that level and above must be set)."""
         run(self.by_level[level + 1], v, None, self.compiled._step_error)
+        if self.foreign[level + 1]:
+            self.compiled.check_foreign(v, self.foreign[level + 1])
 
     def steps_per_level(self) -> list[int]:
         return [len(s) for s in self.by_level]

@@ -58,18 +58,19 @@ def _bad(path: str, field: str, value: Any, message: str, suggestion: str | None
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The YAML as ``yaml.safe_load`` reads it (accelerate's loader); a syntax error names its line."""
-    from fitplan.inputs.files import loads_yaml
+    """The YAML as ``yaml.safe_load`` reads it (accelerate's loader), through the input boundary
+    (``inputs/files.py``: a regular file, at most 64 MiB, UTF-8): a syntax error names its line; aliases (an
+    accelerate config has none, and nested ones expand exponentially), nesting beyond 64 levels and integers beyond
+    100 digits are refused."""
+    from fitplan.inputs import files
 
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise FitplanError(f"cannot read the accelerate config: {e.strerror or e}", file=str(p), field="--accelerate-config",
-                           value=str(path)) from None
-    data = loads_yaml(text, file=str(p), field="--accelerate-config", value=str(path))
+    text = files.read_text(p, field="--accelerate-config")
+    files._check_int_literals(text, file=str(p), field="--accelerate-config")
+    data = files.loads_yaml(text, file=str(p), field="--accelerate-config", value=str(path), aliases=False)
     if not isinstance(data, dict):
         raise FitplanError("an accelerate config must be a mapping of keys", file=str(p), field="$", value=type(data).__name__)
+    files._check_ints(data, file=str(p), field="--accelerate-config")
     return data
 
 
@@ -169,11 +170,16 @@ def _strategy(v: Any, p: str, key: str) -> str:
 
 
 def _fsdp(cfg: dict[str, Any], p: str, mixed: str | None, unmodelled: list[str], warnings: list[str]) -> dict[str, Any]:
+    from fitplan.inputs import fsdp_keys
+
+    original = {(k if k.startswith("fsdp") else "fsdp_" + k): k for k in cfg}
     cfg = {(k if k.startswith("fsdp") else "fsdp_" + k): v for k, v in cfg.items()}
     version = cfg.get("fsdp_version", 1)
     if str(version) not in ("1", "2"):
         raise _bad(p, "$.fsdp_config.fsdp_version", version, f"fsdp_version must be 1 or 2, got {version!r}")
     version = int(version)
+    fsdp_keys.check_keys({k.removeprefix("fsdp_"): v for k, v in cfg.items()}, version, p,
+                         lambda key: f"$.fsdp_config.{original.get('fsdp_' + key, 'fsdp_' + key)}")
     if version == 1:
         mode = _strategy(cfg.get("fsdp_sharding_strategy", "FULL_SHARD"), p, "fsdp_sharding_strategy")
         if mode in ("NO_SHARD", "HYBRID_SHARD_ZERO2"):

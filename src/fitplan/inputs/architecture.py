@@ -290,7 +290,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
             field = field if isinstance(field, str) and field.isidentifier() else key
             raise FitplanError(f"{field} must be an integer, got {std.get(key)!r}", file=file, field=f"$.{field}",
                                value=std.get(key))
-    return ModelSpec(
+    spec = ModelSpec(
         name=name or c.get("_name_or_path") or model_type,
         model_type=model_type,
         family="learned",
@@ -311,6 +311,19 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         source=source,
         checkpoint_dtype=config_dtype(c, file),
     )
+    _check_size(spec, file)
+    return spec
+
+
+def _check_size(spec: ModelSpec, file: str | None) -> None:
+    """The parameter count a config gives is bounded as ``--params`` is (``units.MAX_COUNT``, 10^15), whatever
+    channel the config comes from (a file, a ruleset's inline config, an upload, the Hub)."""
+    from fitplan.units import MAX_COUNT
+
+    if spec.param_count > MAX_COUNT:
+        raise FitplanError(f"the config gives {spec.param_count:.3g} parameters, at most {MAX_COUNT:.0e} (the bound of "
+                           "--params)", file=file, field="$.hidden_size", value=spec.hidden_size,
+                           suggestion="check hidden_size, intermediate_size and num_hidden_layers")
 
 
 def config_dtype(c: dict[str, Any], file: str | None) -> str | None:

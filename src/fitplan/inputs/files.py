@@ -147,20 +147,39 @@ def read_toml(path: str | Path, *, field: str | None = None) -> dict[str, Any]:
     return loads_toml(read_text(path, field=field), file=str(path), field=field)
 
 
-def loads_yaml(text: str, *, file: str | None = None, field: str | None = None, value: Any = None) -> Any:
+def loads_yaml(text: str, *, file: str | None = None, field: str | None = None, value: Any = None,
+               aliases: bool = True) -> Any:
     """Parse YAML with ``yaml.safe_load`` (what accelerate, torchtune, axolotl and LLaMA-Factory use); a syntax
-    error names its line and column."""
+    error names its line and column; nesting beyond :data:`MAX_DEPTH` is refused (shared alias nodes are walked
+    once). ``aliases=False`` refuses any alias (``*name``), for formats that never use them."""
     import yaml
 
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=yaml.SafeLoader if aliases else _no_alias_loader())  # noqa: S506 - SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         raise FitplanError(f"not valid YAML{where}: {getattr(e, 'problem', None) or e}", file=file, field=field,
                            value=value) from None
+    except (RecursionError, ValueError) as e:
+        raise FitplanError(f"not valid YAML: {_why(e)}", file=file, field=field, value=value) from None
     check_depth(data, file=file, field=field)
     return data
+
+
+def _no_alias_loader() -> type:
+    """``yaml.SafeLoader`` without aliases (``*name``): nested aliases expand exponentially (a "billion laughs")."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.events.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(None, None, "an alias (*name): this format has none",
+                                                  event.start_mark)
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
 
 
 def check_depth(data: Any, *, file: str | None = None, field: str | None = None, limit: int = MAX_DEPTH) -> None:

@@ -227,15 +227,19 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
     * ``bf16``/``fp16`` -> the scenario's ``bf16``/``fp16``: autocast over the weights ``from_pretrained`` loads
       (transformers 5.24: the checkpoint's dtype, ``fitplan.estimation.with_precision``); with a DeepSpeed config (``deepspeed``: a path, relative to this file, or an inline object)
       its ZeRO stage, offload and 16-bit optimizer (``bf16-master``) win;
-    * ``fsdp`` (``true`` with ``fsdp_config``'s ``reshard_after_forward`` and ``cpu_offload``, or the deprecated
-      ``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list) -> ``--fsdp`` (and
-      offload);
+    * ``fsdp`` (``true``, ``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list) and
+      ``fsdp_config`` -> the FSDP stack, strategy, offload and checkpointing, checked as transformers and
+      accelerate check them (:mod:`fitplan.inputs.fsdp_keys`);
+    * what ``TrainingArguments.__post_init__`` refuses is refused (:mod:`fitplan.inputs.ta_checks`);
+    * ``activation_checkpointing`` (5.24's name) wins over ``gradient_checkpointing``, its deprecated alias;
     * keys fitplan does not model are ignored; a key that looks like a misspelt one it reads is a warning;
     * ``checks`` receives the DeepSpeed config's checks of the final scenario (its ``train_batch_size``).
 
     :raises FitplanError: known keys with bad values (a batch size of 0, bf16 and fp16 both true, an
         unknown optimizer with a suggestion, a malformed ``deepspeed`` value), naming the file and key.
     """
+    from fitplan.inputs import fsdp_keys, ta_checks
+
     p = Path(path)
     data = _read_json(p)
     warnings: list[str] = []
@@ -243,6 +247,7 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
     def bad(key: str, message: str, suggestion: str | None = None) -> FitplanError:
         return FitplanError(message, file=str(p), field=f"$.{key}", value=data.get(key), suggestion=suggestion)
 
+    ta_checks.check(data, str(p))
     out = _ta_plain_fields(data, bad, known_optimizers)
     bf16, fp16 = data.get("bf16"), data.get("fp16")
     for key, v in (("bf16", bf16), ("fp16", fp16)):
@@ -260,12 +265,7 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
                         "`fitplan recommend --max micro-batch` finds the largest that fits")
     out.update(_ta_liger(data, p, bad, warnings))
     out.update(_ta_trl(data, p, bad, warnings))
-    if data.get("fsdp") is True:
-        out.update(_ta_fsdp_from_config(data.get("fsdp_config"), bad))
-        out.update(_ta_fsdp_config(data.get("fsdp_config"), bad))
-    elif data.get("fsdp"):
-        out.update(_ta_fsdp(data["fsdp"], bad))
-        out.update(_ta_fsdp_config(data.get("fsdp_config"), bad))
+    out.update(fsdp_keys.ta_fsdp(data, str(p), warnings))
     ds = data.get("deepspeed")
     if ds is not None:
         # "auto" is filled with bf16 or bf16_full_eval (transformers/integrations/deepspeed.py)
@@ -369,59 +369,6 @@ def _ta_trl(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dic
     if data.get("padding_free"):
         warnings.append(f"{p}: padding_free: TRL 1.16's DPOTrainer disables it (\"temporarily unavailable after a "
                         "refactor\") and pads: estimated padded")
-    return out
-
-
-def _ta_fsdp(fsdp: Any, bad: Any) -> dict[str, Any]:
-    """``fsdp`` (``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list)."""
-    words = fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, list) else None
-    if not words or not all(isinstance(w, str) for w in words):
-        raise bad("fsdp", f"fsdp must be a string or a list of strings, got {fsdp!r}")
-    modes = [w for w in words if w in ("full_shard", "shard_grad_op", "hybrid_shard")]
-    if not modes:
-        raise bad("fsdp", f"fsdp {fsdp!r} names no sharding strategy",
-                  "one of full_shard, shard_grad_op, hybrid_shard (with offload / auto_wrap)")
-    out: dict[str, Any] = {"fsdp": modes[0]}
-    if "offload" in words:
-        out.update(offload_params=True, offload_optimizer=True)
-    return out
-
-
-def _ta_fsdp_from_config(cfg: Any, bad: Any) -> dict[str, Any]:
-    """``fsdp: true`` with the strategy in ``fsdp_config`` (transformers 5.24's form; the string form is
-    deprecated: training_args.py ``_apply_legacy_fsdp_to_config``): ``reshard_after_forward`` is a bool under
-    FSDP2 (true: full_shard, the default; false: shard_grad_op) and the strategy's name under FSDP1 (default
-    full_shard); ``cpu_offload`` offloads parameters and optimizer states."""
-    cfg = {k.removeprefix("fsdp_"): v for k, v in (cfg or {}).items()} if isinstance(cfg, dict) else {}
-    reshard = cfg.get("reshard_after_forward", True)
-    if isinstance(reshard, str) and reshard.lower() in ("full_shard", "shard_grad_op", "hybrid_shard"):
-        mode = reshard.lower()
-    elif isinstance(reshard, bool) or str(reshard).lower() in ("true", "false"):
-        mode = "full_shard" if str(reshard).lower() == "true" else "shard_grad_op"
-    else:
-        raise bad("fsdp_config", f"fsdp_config.reshard_after_forward {reshard!r} is neither true/false nor a "
-                  "sharding strategy", "true (full_shard), false (shard_grad_op), or under FSDP1 a strategy name")
-    out: dict[str, Any] = {"fsdp": mode}
-    if str(cfg.get("cpu_offload", False)).lower() == "true":
-        out.update(offload_params=True, offload_optimizer=True)
-    return out
-
-
-def _ta_fsdp_config(cfg: Any, bad: Any) -> dict[str, Any]:
-    """``fsdp_config``: ``version`` (the Trainer's default is 2: training_args.py:2826) and
-    ``activation_checkpointing`` (every wrapped layer checkpointed: accelerator.py:1944-1960, what
-    ``gradient_checkpointing`` models). ``fsdp_`` prefixes are accepted, as the Trainer strips them."""
-    if cfg is None:
-        return {"stack": "fsdp2"}
-    if not isinstance(cfg, dict):
-        raise bad("fsdp_config", f"fsdp_config must be an object, got {type(cfg).__name__}")
-    cfg = {k.removeprefix("fsdp_"): v for k, v in cfg.items()}
-    version = cfg.get("version", 2)
-    if version not in (1, 2, "1", "2"):
-        raise bad("fsdp_config", f"fsdp_config.version must be 1 or 2, got {version!r}")
-    out: dict[str, Any] = {"stack": f"fsdp{int(version)}"}
-    if cfg.get("activation_checkpointing") is True:
-        out["gradient_checkpointing"] = True
     return out
 
 

@@ -6,7 +6,7 @@ architecture, the GPU, the optimizer, the framework overheads, the rulesets in f
 
 from __future__ import annotations
 
-from fitplan.inputs.scenario import FIELD_SECTION
+from fitplan.inputs.scenario import CHOICES, FIELD_SECTION, FIELD_TYPES
 
 RESOLVED_INPUTS: dict[str, str] = {
     "arch": "the model's architecture (fitplan.inputs.architecture.ModelSpec) from the catalog, a config.json or --params",
@@ -23,3 +23,15 @@ def input_names() -> dict[str, str]:
     out = {name: f"scenario field {section}.{name}" for name, section in FIELD_SECTION.items()}
     out.update(RESOLVED_INPUTS)
     return out
+
+
+def input_types() -> dict[str, str]:
+    """Every scenario field -> its type for rule conditions (``number``, ``text``, ``bool``, ``any``); the
+    resolved inputs are objects (``any``: conditions do not compare them)."""
+    return dict(FIELD_TYPES)
+
+
+def input_choices() -> dict[str, tuple]:
+    """Scenario fields with a fixed set of values -> those values (a condition comparing one with another
+    value can never match)."""
+    return dict(CHOICES)

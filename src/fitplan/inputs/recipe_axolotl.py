@@ -213,8 +213,6 @@ def _sharding(r: Recipe, bf16: bool, fp16: bool) -> None:
     version = r.value("fsdp_version")
     if not fsdp and not cfg:
         return
-    from fitplan.inputs.importers import _ta_fsdp, _ta_fsdp_config
-
     def bad(key: str, message: str, suggestion: str | None = None):
         return r.bad(key, message, suggestion)
 
@@ -229,3 +227,36 @@ def _sharding(r: Recipe, bf16: bool, fp16: bool) -> None:
     if merged.get("reshard_after_forward") is False:
         r.set("fsdp", "shard_grad_op")
     r.fields.update(_ta_fsdp_config(merged, bad))
+
+
+def _ta_fsdp(fsdp: Any, bad: Any) -> dict[str, Any]:
+    """``fsdp`` (``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list)."""
+    words = fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, list) else None
+    if not words or not all(isinstance(w, str) for w in words):
+        raise bad("fsdp", f"fsdp must be a string or a list of strings, got {fsdp!r}")
+    modes = [w for w in words if w in ("full_shard", "shard_grad_op", "hybrid_shard")]
+    if not modes:
+        raise bad("fsdp", f"fsdp {fsdp!r} names no sharding strategy",
+                  "one of full_shard, shard_grad_op, hybrid_shard (with offload / auto_wrap)")
+    out: dict[str, Any] = {"fsdp": modes[0]}
+    if "offload" in words:
+        out.update(offload_params=True, offload_optimizer=True)
+    return out
+
+
+def _ta_fsdp_config(cfg: Any, bad: Any) -> dict[str, Any]:
+    """``fsdp_config``: ``version`` (the Trainer's default is 2: training_args.py:2826) and
+    ``activation_checkpointing`` (every wrapped layer checkpointed: accelerator.py:1944-1960, what
+    ``gradient_checkpointing`` models). ``fsdp_`` prefixes are accepted, as the Trainer strips them."""
+    if cfg is None:
+        return {"stack": "fsdp2"}
+    if not isinstance(cfg, dict):
+        raise bad("fsdp_config", f"fsdp_config must be an object, got {type(cfg).__name__}")
+    cfg = {k.removeprefix("fsdp_"): v for k, v in cfg.items()}
+    version = cfg.get("version", 2)
+    if version not in (1, 2, "1", "2"):
+        raise bad("fsdp_config", f"fsdp_config.version must be 1 or 2, got {version!r}")
+    out: dict[str, Any] = {"stack": f"fsdp{int(version)}"}
+    if cfg.get("activation_checkpointing") is True:
+        out["gradient_checkpointing"] = True
+    return out

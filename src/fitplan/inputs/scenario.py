@@ -134,7 +134,44 @@ def _one_of(choices: tuple[str, ...]):
                 suggestion=hint,
             )
 
+    check.choices = choices  # type: ignore[attr-defined]  # read by CHOICES (rule conditions)
     return check
+
+
+OPTIM_ARG_BOUNDS: dict[str, tuple[str, float, float]] = {
+    "rank": ("int", 1, 65_536), "block_size": ("int", 1, 2**20), "momentum": ("float", 0, 1), "centered": ("bool", 0, 0),
+}
+"""The ``optim_args`` keys fitplan reads (GaLore/APOLLO ``rank``, torchao ``block_size``, SGD/RMSprop ``momentum``
+and ``centered``) with their kind and range: the Trainer converts them with ``int()`` / ``float()`` (transformers
+trainer_optimizer.py), torch refuses a negative momentum (torch/optim/sgd.py), and a rank above 65,536 is wider
+than any layer; ``momentum`` NaN or above 1 diverges."""
+
+
+def _optim_args(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    """HF ``optim_args`` as the Trainer parses it (``key=value`` pairs split on ``,``, each with exactly one ``=``:
+    ``trainer_optimizer._parse_optim_args``), each key fitplan reads within :data:`OPTIM_ARG_BOUNDS`."""
+    _text(inst, att, value)
+    for mapping in filter(None, value.replace(" ", "").split(",")):
+        if mapping.count("=") != 1:
+            raise FitplanError(f"Training.optim_args: {mapping!r} is not key=value (the Trainer's "
+                               "_parse_optim_args splits each item on '=')", field="optim_args", value=value,
+                               suggestion="e.g. rank=64,momentum=0.9")
+        key, text = mapping.split("=")
+        if key not in OPTIM_ARG_BOUNDS:
+            continue
+        kind, low, high = OPTIM_ARG_BOUNDS[key]
+        if kind == "bool":
+            ok = text.lower() in ("true", "false", "1", "0")
+        else:
+            try:
+                x = int(text) if kind == "int" else float(text)
+                ok = low <= x <= high  # NaN compares false
+            except ValueError:
+                ok = False
+        if not ok:
+            want = "true or false" if kind == "bool" else f"{'an integer' if kind == 'int' else 'a number'} in [{low:g}, {high:g}]"
+            raise FitplanError(f"Training.optim_args: {key} must be {want}, got {text!r}", field="optim_args",
+                               value=value, suggestion=f"e.g. {key}={'true' if kind == 'bool' else int(max(low, 1))}")
 
 
 @frozen
@@ -158,7 +195,7 @@ class Training:
     optim: str = field(default="adamw_torch_fused", validator=_text)
     """HF ``TrainingArguments.optim``; the default is transformers 5.24's on torch >= 2.8 (training_args.py
     ``default_optim``: ``adamw_torch_fused``)."""
-    optim_args: str = field(default="", validator=_text)
+    optim_args: str = field(default="", validator=_optim_args)
     """HF ``optim_args``: ``"rank=64,momentum=0.9"`` (GaLore/APOLLO rank, SGD/RMSprop momentum, torchao block_size)."""
     optim_target_modules: tuple[str, ...] = field(default=(), validator=lambda i, a, v: v == () or _module_names(i, a, v))
     """HF ``optim_target_modules`` (GaLore, APOLLO): module names, ``all-linear``, or one regular expression."""
@@ -222,15 +259,27 @@ class Lora:
     (``get_peft_model`` alone: base in the load dtype, LoRA in fp32)."""
 
 
+MAX_ELEMENTS = 1e15
+"""The largest DeepSpeed size key in elements: the largest parameter count fitplan takes (10^15)."""
+
+
 def _ds_value(inst: Any, att: attrs.Attribute, value: Any) -> None:
+    """A DeepSpeed size key as its pydantic model takes it (``int``, ``ge=0``; ``reduce_bucket_size`` ``gt=0``:
+    deepspeed/runtime/zero/config.py): a whole number of elements, at most :data:`MAX_ELEMENTS`, or "auto"."""
     if value is None or value == "auto":
         return
     try:
-        ok = math.isfinite(float(value)) and float(value) >= 0
+        x = float(value)
+        ok = math.isfinite(x) and x >= 0 and x.is_integer() and x <= MAX_ELEMENTS
     except (TypeError, ValueError):
         ok = False
+    if ok and att.name == "reduce_bucket_size" and float(value) == 0:
+        ok = False
     if not ok or isinstance(value, bool):
-        raise FitplanError(f"{type(inst).__name__}.{att.name} must be a number of elements or \"auto\", got {value!r}",
+        low = "> 0" if att.name == "reduce_bucket_size" else ">= 0"
+        raise FitplanError(f"{type(inst).__name__}.{att.name} must be a whole number of elements {low} and at most "
+                           f"{MAX_ELEMENTS:g}, or \"auto\", got {value!r:.60} (DeepSpeed's config model takes an integer: "
+                           "deepspeed/runtime/zero/config.py)",
                            field=att.name, value=value, suggestion='e.g. 5e8, 200000000 or "auto" (hidden size squared)')
 
 
@@ -390,6 +439,20 @@ class Scenario:
     cost: Cost = Cost()
     trl: Trl = Trl()
 
+    def __attrs_post_init__(self) -> None:
+        """Bounds on products of fields of two sections, so that no channel (flags, a scenario file, an import,
+        the API) reaches a total beyond :data:`LIMITS` through two values that are each within theirs."""
+        gpus = self.hardware.num_gpus * self.hardware.num_nodes
+        if gpus > LIMITS["num_gpus"]:
+            raise FitplanError(f"Hardware.num_gpus x num_nodes is {gpus:,} GPUs, at most {LIMITS['num_gpus']:,g}",
+                               field="num_nodes", value=self.hardware.num_nodes, suggestion="num_gpus is per node")
+        d = self.dataset
+        if d.num_examples is not None and d.tokens_per_example is not None \
+                and d.num_examples * d.tokens_per_example > LIMITS["total_tokens"]:
+            raise FitplanError(f"Dataset.num_examples x tokens_per_example is {d.num_examples * d.tokens_per_example:,.3g} "
+                               f"tokens, at most {LIMITS['total_tokens']:,g} (the bound of total_tokens)",
+                               field="tokens_per_example", value=d.tokens_per_example)
+
     def replace(self, **flat: Any) -> Scenario:
         """A copy with flat field names changed: ``s.replace(zero_stage=2, per_device_train_batch_size=4)``."""
         return from_flat({**flatten(self), **flat})
@@ -405,6 +468,16 @@ FIELD_SECTION: dict[str, str] = {
     f.name: section for section, cls in SECTIONS.items() for f in attrs.fields(cls)
 }
 """Flat field name -> its section. Field names are unique across sections."""
+CHOICES: dict[str, tuple[Any, ...]] = {
+    f.name: tuple(c for c in f.validator.choices if c is not None)
+    for cls in SECTIONS.values() for f in attrs.fields(cls) if hasattr(f.validator, "choices")}
+"""Field -> the values it can take (``method``: full, lora, qlora): a rule condition comparing it with anything
+else can never match (``fitplan rulesets check``)."""
+FIELD_TYPES: dict[str, str] = {
+    f.name: "any" if f.validator is _ds_value else {"bool": "bool", "int": "number", "float": "number", "str": "text"}.get(
+        str(f.type).replace(" | None", ""), "any")
+    for cls in SECTIONS.values() for f in attrs.fields(cls)}
+"""Field -> its type as rule conditions name types (``number``, ``text``, ``bool``; ``any`` otherwise)."""
 
 
 def flatten(s: Scenario) -> dict[str, Any]:

@@ -117,18 +117,20 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
     if options.get("accelerate_config") is not None:
         from fitplan.inputs.accelerate_config import accelerate_fields
 
-        overrides.update(accelerate_fields(_path(options["accelerate_config"], "--accelerate-config"), warnings, checks))
+        path = _path(options["accelerate_config"], "--accelerate-config")
+        overrides.update(_named(accelerate_fields(path, warnings, checks), path))
     if options.get("training_args") is not None:
         fields, ta_warnings = training_args_fields(_path(options["training_args"], "--training-args"),
                                                    known_optimizers=known_optimizers, checks=checks)
-        overrides.update(fields)
+        overrides.update(_named(fields, options["training_args"]))
         warnings += ta_warnings
     if options.get("deepspeed") is not None:
         stated = bf16 or fp16 or options.get("training_args")
         ta_bf16 = bf16 or bool(overrides.get("bf16"))
         ta_fp16 = fp16 or bool(overrides.get("fp16"))
-        overrides.update(deepspeed_fields(_path(options["deepspeed"], "--deepspeed"), bf16=ta_bf16 if stated else None,
-                                          fp16=ta_fp16 if stated else None, warnings=warnings, checks=checks))
+        overrides.update(_named(deepspeed_fields(_path(options["deepspeed"], "--deepspeed"), bf16=ta_bf16 if stated else None,
+                                                 fp16=ta_fp16 if stated else None, warnings=warnings, checks=checks),
+                                options["deepspeed"]))
     overrides.update(flags)
     fixed = set(overrides)
     for key, value in base.items():
@@ -150,6 +152,18 @@ def _scenario_base(path: str | None, known_optimizers: Any, warnings: list[str],
         return load_scenario_file(path)
     fields, recipe_warnings = recipe_fields(path, known_optimizers=known_optimizers, checks=checks)
     warnings += recipe_warnings
+    return fields
+
+
+def _named(fields: dict[str, Any], path: str) -> dict[str, Any]:
+    """``fields`` (an importer's scenario fields) checked on their own, so that a value out of the scenario's
+    bounds (``inputs/scenario.py`` ``LIMITS``) is named with the file it came from, as a flag is with its flag."""
+    try:
+        sc.from_flat(fields)
+    except FitplanError as e:
+        if e.file is not None:
+            raise
+        raise FitplanError(e.message, file=str(path), field=e.field, value=e.value, suggestion=e.suggestion) from None
     return fields
 
 

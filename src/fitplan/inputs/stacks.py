@@ -98,6 +98,10 @@ def check(stack: str | None, zero_stage: int, fsdp: str | None, offload_optimize
             raise FitplanError(f"--precision {precision} (fp32 master weights beside 16-bit weights) is DeepSpeed's "
                                f"16-bit optimizer; --stack {s} has none", field="precision", value=precision,
                                suggestion="use --precision bf16-mixed (torch AMP) or bf16-true, or --stack deepspeed")
+        if s == "ddp" and fsdp:
+            raise FitplanError(f"--stack ddp does not shard: --fsdp {fsdp} is FSDP (--stack fsdp2 or fsdp1) or PyTorch-native "
+                               "fully_shard (--stack torch)", field="fsdp", value=fsdp,
+                               suggestion="drop --stack ddp, or drop --fsdp")
         if s == "ddp" and zero_stage:
             raise FitplanError(f"--stack ddp does not shard: --zero {zero_stage} needs DeepSpeed (--stack deepspeed) "
                                "or PyTorch-native ZeRO (--stack torch)", field="zero_stage", value=zero_stage)
@@ -144,6 +148,23 @@ def _check_fsdp(s, zero_stage, fsdp, offload_optimizer, offload_params, precisio
         raise FitplanError(f"--precision {precision} is DeepSpeed's 16-bit optimizer; FSDP keeps fp32 shards and gathers "
                            "them in bf16 (--precision bf16-mixed, HF bf16=True)", field="precision", value=precision,
                            suggestion="use --precision bf16-mixed")
+
+
+DS_ONLY_FIELDS = ("reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                  "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size")
+"""Scenario fields that are ``zero_optimization`` keys: they mean something under DeepSpeed only."""
+
+
+def check_ds_only(stack: str, values: dict[str, Any]) -> None:
+    """Refuse a DeepSpeed ``zero_optimization`` key (``values``: field -> value, None = not given) under another
+    stack: no other stack reads it, so the estimate would silently ignore it."""
+    if stack == "deepspeed":
+        return
+    for name in DS_ONLY_FIELDS:
+        if values.get(name) is not None:
+            raise FitplanError(f"--{name.replace('_', '-')} is a DeepSpeed zero_optimization key; the stack here is "
+                               f"{stack}, which has no such setting", field=name, value=values[name],
+                               suggestion="add --zero N (DeepSpeed), or drop the key")
 
 
 def ds_value(value: Any, key: str, hidden: int) -> int:

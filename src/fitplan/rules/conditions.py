@@ -98,8 +98,11 @@ class Vocabulary:
     """Every name a condition may use, its type and how to read it from a :class:`Namespace`: inputs,
     quantities (and their JSON keys), declared names, the market names, and the prefixed forms."""
 
-    def __init__(self, compiled: Any, names: Mapping[str, Any], inputs: Mapping[str, str]) -> None:
-        self.types: dict[str, str] = {n: "any" for n in inputs}
+    def __init__(self, compiled: Any, names: Mapping[str, Any], inputs: Mapping[str, str],
+                 input_types: Mapping[str, str] | None = None, choices: Mapping[str, tuple] | None = None) -> None:
+        self.types: dict[str, str] = {n: (input_types or {}).get(n, "any") for n in inputs}
+        self.choices: dict[str, tuple] = {**(choices or {}), "market": ("on_demand", "spot")}
+        """Names with a fixed set of values (scenario fields' choices, the market): a literal outside it never matches."""
         self.docs: dict[str, str] = dict(inputs)
         self._get: dict[str, Callable[[Namespace], Any]] = {}
         self._deps: dict[str, tuple[str, ...]] = {}
@@ -111,9 +114,13 @@ class Vocabulary:
                 self.docs[q.json_key] = f"the JSON report's {q.json_key} ({qname})"
                 self._get[q.json_key] = _value_of(qname)
                 self._deps[q.json_key] = (qname,)
+        self.ids: dict[str, str] = {}
+        """Names whose values are ruleset ids (lowercase) -> the table."""
         for n in names.values():
             for key in filter(None, (n.name, n.json_key)):
                 self.types[key], self.docs[key], self._get[key], self._deps[key] = n.type, n.doc, n.get, n.deps
+                if getattr(n, "id_of", ""):
+                    self.ids[key] = n.id_of
         costs = {m: compiled.role(f"cost.{m}") for m in ("on_demand", "spot")}
         self._deps["cost_usd"] = tuple(c for c in costs.values() if c is not None)
         self.peak = compiled.role("peak")
@@ -205,6 +212,25 @@ class Vocabulary:
                 out.append(f"{name!r} is a text, compared with {format_literal(literal)} using {op!r} @ {where}")
             elif typ == "bool" and any(not isinstance(x, bool) for x in literals):
                 out.append(f"{name!r} is true or false, compared with {format_literal(literal)} @ {where}")
+            elif op in ("eq", "ne", "in", "not_in"):
+                out += self._choice_problems(name, literals, where)
+        return out
+
+    def _choice_problems(self, name: str, literals: list[Any], where: str) -> list[str]:
+        """A literal a name with fixed values (:attr:`choices`) never takes: a wrong case, a misspelling, a type."""
+        base = name.removeprefix("variant_")
+        if base in self.ids:
+            return [f"{name!r} is a {self.ids[base]} id, always lowercase: {format_literal(x)} can never match (did you "
+                    f"mean {x.lower()!r}?) @ {where}" for x in literals if isinstance(x, str) and x != x.lower()]
+        allowed = self.choices.get(base)
+        if allowed is None:
+            return []
+        out = []
+        for x in literals:
+            if isinstance(x, bool) or x not in allowed:
+                shown = [str(c) for c in allowed]
+                hint = (did_you_mean(x, shown) if isinstance(x, str) else None) or "one of " + ", ".join(shown)
+                out.append(f"{name!r} is one of {', '.join(shown)}: {format_literal(x)} can never match ({hint}) @ {where}")
         return out
 
 
@@ -235,7 +261,10 @@ def vocabulary(registry: Any) -> Vocabulary:
     if cached is None:
         from fitplan.inputs.names import input_names
 
-        cached = registry.derived["vocabulary"] = Vocabulary(registry.compiled(), registry.names, input_names())
+        from fitplan.inputs.names import input_choices, input_types
+
+        cached = registry.derived["vocabulary"] = Vocabulary(registry.compiled(), registry.names, input_names(),
+                                                             input_types(), input_choices())
     return cached
 
 

@@ -120,9 +120,9 @@ def load_policy_files(paths: Iterable[str | Path]) -> tuple[list[PolicyRule], di
     rules: list[PolicyRule] = []
     origin: dict[str, str] = {}
     for p in map(Path, paths):
-        if not p.is_file():
-            raise FitplanError("policy file not found", file=str(p), field="--policy",
-                               suggestion="for an example see rulesets/examples/policy-example.toml")
+        if not p.exists() or p.is_dir():  # a FIFO or a device: refused by the input boundary, never read
+            raise FitplanError("is a directory, not a policy file" if p.is_dir() else "policy file not found", file=str(p),
+                               field="--policy", suggestion="for an example see rulesets/examples/policy-example.toml")
         errors = check_paths([p])
         if errors:
             raise FitplanError("invalid policy file", file=str(p), details=errors)

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from fitplan.errors import FitplanError, unknown
+from fitplan.errors import FitplanError, did_you_mean, unknown
 from fitplan.rulesets.schema import (GPU, AdviceRule, FinetuneRun, Framework, Instance, MfuCalibration, MfuRow, ModelEntry,
                                      PolicyRule, Provider, RulesetFile, ThroughputRow, TimeCalibration, TimeEfficiency,
                                      TimeModel)
@@ -314,7 +314,8 @@ class Rulesets:
 
 
 def load(extra_dirs: Sequence[str | Path] = (), plugin_dirs: Sequence[str | Path] = ()) -> Rulesets:
-    """Load bundled rulesets, then plugin directories, then ``extra_dirs`` (later wins)."""
+    """Load bundled rulesets, then plugin directories, then ``extra_dirs`` (later wins); every reference
+    between entries must resolve (:func:`reference_problems`)."""
     rs = Rulesets()
     rs.add_dir(bundled_dir())
     for d in [*plugin_dirs, *extra_dirs]:
@@ -322,4 +323,39 @@ def load(extra_dirs: Sequence[str | Path] = (), plugin_dirs: Sequence[str | Path
         if not p.is_dir():
             raise FitplanError("ruleset directory not found", file=str(p), field="--ruleset-dir", value=str(d))
         rs.add_dir(p)
+    problems = reference_problems(rs)
+    if problems:
+        raise FitplanError("invalid rulesets: an entry names one that no ruleset defines", details=problems)
     return rs
+
+
+def reference_problems(rs: Rulesets) -> list[str]:
+    """Entries naming a GPU or a provider no ruleset in force defines: an instance on an unknown GPU or of an
+    unknown provider could never be chosen or priced, a calibration for an unknown GPU never applies."""
+    out = []
+    for (provider, iid, region), inst in rs.instances.items():
+        f = rs.origin.get(f"instance:{provider}/{iid}/{region}", "?")
+        for what, ref, known in (("gpu", inst.gpu, rs.gpus), ("provider", inst.provider, rs.providers)):
+            if ref not in known:
+                hint = did_you_mean(ref, list(known)) or f"define [[{what}]] id = {ref!r}"
+                out.append(f"{f}: instance {iid!r} names {what} {ref!r}, which no ruleset defines ({hint}) @ $.instance.{what}")
+    for table, attr in (("mfu_calibration", "mfu_calibrations"), ("time_calibration", "time_calibrations")):
+        for key, entry in getattr(rs, attr).items():
+            if entry.gpu not in rs.gpus:
+                f = rs.origin.get(f"{table}:{'/'.join(key)}", "?")
+                hint = did_you_mean(entry.gpu, list(rs.gpus)) or "see `fitplan gpus`"
+                out.append(f"{f}: {table} names gpu {entry.gpu!r}, which no ruleset defines ({hint}) @ $.{table}.gpu")
+    return out
+
+
+def check_references(paths: Iterable[str | Path]) -> list[str]:
+    """:func:`reference_problems` of the bundled rulesets with ``paths`` (files or directories) added, for
+    ``fitplan rulesets check`` (run once every file parsed)."""
+    rs = Rulesets()
+    rs.add_dir(bundled_dir())
+    for p in map(Path, paths):
+        for f in ruleset_files(p) if p.is_dir() else [p]:
+            parsed, _ = parse_file(f)
+            if parsed is not None:
+                rs._merge(parsed, str(f))
+    return reference_problems(rs)

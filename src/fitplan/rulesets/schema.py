@@ -39,6 +39,11 @@ MINIMA: dict[str, float] = {
 MFU of 0.01 %, a calibration a thousand times faster): a time is a size over a rate, so a rate near zero would
 give an infinite time (1e-300 GB/s is a typo, never a GPU). Zero stays allowed where the field allows it."""
 MAXIMA["scale"] = 1e3
+MAXIMA.update({"network_gbps": 1e5, "measured_tokens_per_second_per_gpu": 1e9, "predicted_tokens_per_second_per_gpu": 1e9,
+               "host_seconds_per_kernel": 3600, "host_seconds_per_zero3_fetch": 3600, "band_low": 1e3, "band_high": 1e3,
+               "loo_median": 1e3, "runs": 1e6})
+"""Rates as the other rates; a host overhead of at most an hour per kernel or fetch; a likely range of at most a
+thousand times the estimate; at most a million fitted runs."""
 ID = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,127}$")
 """Ids of GPUs, providers, models, rows and rules: lowercase, as ``--gpu`` / ``--model`` / ``--provider`` look
 them up (an uppercase id could never be selected)."""

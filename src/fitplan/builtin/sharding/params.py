@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
-from attrs import frozen
 
-
-@frozen
-class P:
+class P(NamedTuple):
     """One parameter tensor: element count, shape, optimizer group (``decay``), whether it trains, its leaf
-    module (``layer.index/module`` or ``root/module``) and its dtype bytes before any stack casts it."""
+    module (``layer.index/module`` or ``root/module``) and its dtype bytes before any stack casts it. A named
+    tuple: a 100,000-layer model has about a million of them, made in a second rather than in ten."""
 
     numel: int
     shape: tuple[int, ...]
@@ -57,17 +56,20 @@ def ordered(arch, method: str, trainable_tensors, weight_dtype_bytes: float, tra
     adapters: list[tuple[tuple[int, ...], int]] = [] if full else list(trainable_tensors)
     out: list[P] = []
 
+    fixed = {id(g): (part(g.numel), g.shape, not _no_decay(g.name, g.module), g.name.rsplit(".", 1)[0]) for g in groups}
+
     def add(g, li: int) -> None:
-        mod = (f"layer.{li}/" if li >= 0 else "root/") + g.name.rsplit(".", 1)[0]
-        out.append(P(part(g.numel), g.shape, not _no_decay(g.name, g.module), full, mod, weight_dtype_bytes, li))
+        n, shape, decay, module = fixed[id(g)]
+        out.append(P(n, shape, decay, full, (f"layer.{li}/" if li >= 0 else "root/") + module, weight_dtype_bytes, li))
 
     for g in before:
         for _ in range(g.count):
             add(g, -1)
     per_layer_adapters = [(shape, max(1, count // L)) for shape, count in adapters]
+    per_layer = [(g, max(1, g.count // L)) for g in layer]
     for li in range(L):
-        for g in layer:
-            for _ in range(max(1, g.count // L)):
+        for g, reps in per_layer:
+            for _ in range(reps):
                 add(g, li)
         for k, (shape, reps) in enumerate(per_layer_adapters):
             for r in range(reps):

@@ -79,6 +79,10 @@ def rulesets_check(paths: tuple[str, ...]) -> None:
 
     errors = check_paths(paths)
     errors += rule_name_problems(paths, registry())  # the files that parsed: every error at once
+    if not errors:
+        from fitplan.rulesets.loader import check_references
+
+        errors += check_references(paths)
     for e in errors:
         click.echo(e, err=True)
     if errors:

@@ -103,8 +103,12 @@ def graph(fmt: str, out_dir: str | None) -> None:
     from fitplan.context import get_context
     from fitplan.output.files import Batch
 
+    if out_dir == "":
+        from fitplan.errors import FitplanError
+
+        raise FitplanError("is empty: name the folder to write", field="--out", value=out_dir)
     compiled = get_context().registry.compiled()
-    if out_dir:
+    if out_dir is not None:
         batch = Batch()
         d = batch.folder(out_dir, "--out")
         batch.add(d / "fitplan-graph.dot", compiled.to_dot().encode("utf-8"))
