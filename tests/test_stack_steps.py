@@ -91,3 +91,18 @@ def test_trainer_fsdp2_bf16_checkpointing():
     for c in ("parameters", "optimizer_states"):
         assert r["components"][c]["relative_error"] == 0, (c, r["components"][c])
     assert_highest_step_within(r, 0.01)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_deepspeed_zero2_auto_buckets_every_step():
+    # HF's "auto" reduce_bucket_size is hidden² = 4,096 elements (transformers/integrations/deepspeed.py:232), far
+    # below the tiny Llama's 98,624 parameters: the IPG bucket fills and is reduced many times per backward
+    import fitplan_torch
+
+    est = fitplan.estimate(**BASE, zero_stage=2, precision="bf16-master", reduce_bucket_size="auto")
+    assert est["deepspeed_config_values"]["reduce_bucket_size"] == 64 * 64
+    r = fitplan_torch.validate(est, mode="cpu")
+    assert r["measured"]["wrapper"] == "DeepSpeedZeroOptimizer"
+    for c in ("parameters", "gradients", "optimizer_states", "master_weights", "comm_buffers"):
+        assert r["components"][c]["relative_error"] == 0, (c, r["components"][c])
+    assert_highest_step_within(r, 0.01)

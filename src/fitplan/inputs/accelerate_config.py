@@ -197,7 +197,7 @@ def _fsdp(cfg: dict[str, Any], p: str, mixed: str | None, unmodelled: list[str],
     offload = _flag(cfg, "fsdp_offload_params", p)
     out: dict[str, Any] = {"stack": f"fsdp{version}", "fsdp": mode.lower(), "offload_params": offload,
                            "offload_optimizer": offload}
-    if version == 1:  # accelerate launch exports it as FSDP_SHARDING_STRATEGY, which FSDP1 runs
+    if version == 1 and mode != "FULL_SHARD":  # launch exports it as FSDP_SHARDING_STRATEGY, which FSDP1 runs
         out["fsdp_sharding_strategy"] = mode.lower()
     if _flag(cfg, "fsdp_activation_checkpointing", p):
         out["gradient_checkpointing"] = True
