@@ -267,7 +267,8 @@ def peak_bytes(phase_bytes, peak_phase):
     the second optimizer step and every later one. The first runs its forward and backward before the optimizer
     creates its states (torch.optim initialises them lazily in ``step()``), so its peak is lower whenever the peak
     falls in the forward or backward; fitplan-torch's referee runs at least four steps and reports the highest
-    (``peak_step``: 2 on every stack measured, docs/accuracy-stacks.md)."""
+    (``peak_step``): step 2 where the peak is in the forward or backward, every step alike where it is in the
+    optimizer step (DeepSpeed ZeRO-0 bf16), on every stack measured (docs/accuracy-stacks.md)."""
     return phase_bytes[peak_phase]
 
 
