@@ -71,6 +71,16 @@ def assert_highest_step_within(r, rel):
     assert abs(r["components"]["peak"]["relative_error"]) < rel, r["components"]["peak"]
 
 
+def test_trainer_driver_is_refused_outside_accelerate_fsdp():
+    import fitplan_torch
+    from fitplan.errors import FitplanError
+
+    est = fitplan.estimate(**BASE, zero_stage=2, precision="bf16-master")
+    with pytest.raises(FitplanError) as e:
+        fitplan_torch.validate(est, mode="cpu", driver="trainer")
+    assert "--driver" in e.value.render() and "deepspeed" in e.value.render()
+
+
 @pytest.mark.skipif(ACCELERATE, reason="accelerate is not installed")
 def test_trainer_fsdp1_shard_grad_op_from_the_environment():
     r = trainer_run(fsdp="shard_grad_op", stack="fsdp1", precision="bf16-mixed", fsdp_sharding_strategy="shard_grad_op")
