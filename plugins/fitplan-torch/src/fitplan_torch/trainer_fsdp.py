@@ -124,7 +124,6 @@ def _trainer_class(counter, record: dict[str, Any], plugin_mp: dict[str, Any]):
             counter.set_phase("setup")
             counter.reset_peak()
             record["start"] = counter.current
-            record["param_storages"] = None
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             counter.set_phase("optimizer_step")
@@ -228,7 +227,7 @@ def measure_trainer_fsdp(rc, steps: int = 1) -> dict[str, Any]:
         "gathered_params": record.get("gathered_params", 0), "stale_flat_grads": record.get("stale_flat_grads", 0),
         "peak": best["peak"], "peak_phase": best["peak_phase"], "phase_peaks": best["phase_peaks"],
         "start": best["start"], "step_peaks": peaks, "peak_step": peaks.index(best["peak"]) + 1, "step_seconds": 0.0,
-        "wrapper": type(wrapped).__name__, "driver": "trainer",
+        "wrapper": type(wrapped).__name__, "driver": "trainer", "host_batch_bytes": record.get("host_batches", 0),
         "sharding_strategy": str(getattr(plugin, "sharding_strategy", None) or getattr(plugin, "reshard_after_forward", "")),
     }
 
