@@ -2,7 +2,7 @@
 accelerate's FSDP1 / FSDP2 through the real HF ``Trainer.train()`` (fitplan_torch/trainer_fsdp.py); fitplan's peak
 is compared with the highest step (issue #31, docs/accuracy-stacks.md).
 
-The gloo cases take about 60-80 s each on 2 busy cores (two spawned ranks, the Trainer's imports); skipped without
+The gloo cases take about 30 s each on 2 quiet cores, 60-80 s on busy ones (two spawned ranks); skipped without
 accelerate / deepspeed.
 """
 
