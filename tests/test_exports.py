@@ -68,6 +68,23 @@ def test_accelerate_config_for_deepspeed_and_ddp():
     assert 'distributed_type: "NO"\nmixed_precision: "no"\n' in exports.accelerate_config(scenario())
 
 
+def test_accelerate_config_fsdp1_writes_the_strategy_that_was_modelled(tmp_path):
+    # FSDP1 runs FSDP_SHARDING_STRATEGY (accelerate launch exports the config's fsdp_sharding_strategy), not the
+    # Trainer's fsdp mode (accelerate/utils/dataclasses.py:1719-1728): the written config names what fitplan modelled
+    from fitplan.inputs.accelerate_config import accelerate_fields
+
+    trainer_only = exports.accelerate_config(scenario(precision="bf16-mixed", num_gpus=2, stack="fsdp1",
+                                                      fsdp="shard_grad_op"))
+    assert "  fsdp_sharding_strategy: FULL_SHARD\n" in trainer_only
+    env = exports.accelerate_config(scenario(precision="bf16-mixed", num_gpus=2, stack="fsdp1", fsdp="shard_grad_op",
+                                             fsdp_sharding_strategy="shard_grad_op"))
+    assert "  fsdp_sharding_strategy: SHARD_GRAD_OP\n" in env
+    f = tmp_path / "accelerate.yaml"
+    f.write_text(env)
+    back = accelerate_fields(f, [])
+    assert (back["stack"], back["fsdp"], back["fsdp_sharding_strategy"]) == ("fsdp1", "shard_grad_op", "shard_grad_op")
+
+
 def test_training_args_and_their_notes():
     args, notes = exports.training_args(scenario(method="qlora", precision="bf16-true", optim="sgd_momentum",
                                                  gradient_checkpointing=True, num_train_epochs=3))

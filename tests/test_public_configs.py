@@ -286,15 +286,16 @@ def test_accelerate_refusals(tmp_path, text, field):
 
 
 def test_accelerate_fsdp_numeric_strategy(tmp_path):
-    # FSDP1 accepts the numeric form: 2 = SHARD_GRAD_OP (FSDP_SHARDING_STRATEGY index + 1); fitplan's FSDP1 rules
-    # model FULL_SHARD, which the warning says
+    # FSDP1 accepts the numeric form: 2 = SHARD_GRAD_OP (FSDP_SHARDING_STRATEGY index + 1), which accelerate launch
+    # exports and FSDP1 runs (accelerate/utils/dataclasses.py:1719-1728): the scenario's fsdp_sharding_strategy
     f = tmp_path / "f.yaml"
     f.write_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: 2\n"
                  "  fsdp_activation_checkpointing: true\n  fsdp_forward_prefetch: true\n")
     warnings: list[str] = []
     out = accelerate_fields(f, warnings)
     assert (out["stack"], out["fsdp"], out["gradient_checkpointing"]) == ("fsdp1", "shard_grad_op", True)
-    assert any("SHARD_GRAD_OP" in w for w in warnings)
+    assert out["fsdp_sharding_strategy"] == "shard_grad_op"
+    assert not any("SHARD_GRAD_OP" in w for w in warnings)
     assert any("fsdp_config.fsdp_forward_prefetch=True" in w and "not modelled" in w for w in warnings)
 
 

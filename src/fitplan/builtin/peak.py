@@ -1,8 +1,8 @@
 """The step peak: the maximum of live tensor bytes over a training step, phase by phase.
 
-A steady-state step (the optimizer states exist; ``zero_grad(set_to_none=True)`` freed the gradients)
-as the HF Trainer and fitplan-torch run it: ``forward`` (``out = model(**batch); loss = out.loss;
-del out``), ``backward`` (``loss.backward()``), ``optimizer_step``. Resident throughout: weights,
+A steady-state step, the second or any later one (the optimizer states exist; ``zero_grad(set_to_none=True)``
+freed the gradients) as the HF Trainer and fitplan-torch run it: ``forward`` (``out = model(**batch);
+loss = out.loss; del out``), ``backward`` (``loss.backward()``), ``optimizer_step``. Resident throughout: weights,
 master weights, optimizer states, buffers, the batch and communication buffers (``resident_bytes``).
 
 * ``forward``: resident + FSDP's gathered parameters + the most the forward adds at any op (the step trace's forward timeline: saved
@@ -263,7 +263,12 @@ def peak_phase(phase_bytes):
 
 @quantity("bytes", category="memory", label="peak", json_key="memory.per_gpu_bytes.peak", short="peak", role="peak")
 def peak_bytes(phase_bytes, peak_phase):
-    """Peak of allocated tensor bytes in one step: the maximum over its phases."""
+    """Peak of allocated tensor bytes in one step: the maximum over its phases. The step is a steady-state one:
+    the second optimizer step and every later one. The first runs its forward and backward before the optimizer
+    creates its states (torch.optim initialises them lazily in ``step()``), so its peak is lower whenever the peak
+    falls in the forward or backward; fitplan-torch's referee runs at least four steps and reports the highest
+    (``peak_step``): step 2 where the peak is in the forward or backward, every step alike where it is in the
+    optimizer step (DeepSpeed ZeRO-0 bf16), on every stack measured (docs/accuracy-stacks.md)."""
     return phase_bytes[peak_phase]
 
 

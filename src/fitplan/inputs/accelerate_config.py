@@ -185,9 +185,6 @@ def _fsdp(cfg: dict[str, Any], p: str, mixed: str | None, unmodelled: list[str],
         if mode in ("NO_SHARD", "HYBRID_SHARD_ZERO2"):
             raise _bad(p, "$.fsdp_config.fsdp_sharding_strategy", cfg.get("fsdp_sharding_strategy"),
                        f"FSDP1 {mode} is not modelled", "FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD")
-        if mode != "FULL_SHARD":
-            warnings.append(f"{p}: FSDP1 {mode}: accelerate launch runs it (FSDP_SHARDING_STRATEGY), but fitplan's FSDP1 "
-                            "rules model FULL_SHARD (inputs/stacks.py effective_fsdp_mode)")
         if "fsdp_reshard_after_forward" in cfg:
             warnings.append(f"{p}: fsdp_reshard_after_forward is not read by FSDP1 (the sharding strategy decides)")
         if not _flag(cfg, "fsdp_use_orig_params", p):
@@ -200,6 +197,8 @@ def _fsdp(cfg: dict[str, Any], p: str, mixed: str | None, unmodelled: list[str],
     offload = _flag(cfg, "fsdp_offload_params", p)
     out: dict[str, Any] = {"stack": f"fsdp{version}", "fsdp": mode.lower(), "offload_params": offload,
                            "offload_optimizer": offload}
+    if version == 1 and mode != "FULL_SHARD":  # launch exports it as FSDP_SHARDING_STRATEGY, which FSDP1 runs
+        out["fsdp_sharding_strategy"] = mode.lower()
     if _flag(cfg, "fsdp_activation_checkpointing", p):
         out["gradient_checkpointing"] = True
     for key, default in FSDP_KEYS.items():

@@ -295,6 +295,9 @@ class Parallel:
     stack: str | None = field(default=None, validator=_one_of((None, *STACKS)))  # type: ignore[arg-type]
     """Which implementation shards (None: ``--zero``/offload/``*-master`` mean DeepSpeed, ``--fsdp`` means the HF
     Trainer's default FSDP2, several GPUs otherwise mean DDP): see ``inputs/stacks.py``."""
+    fsdp_sharding_strategy: str | None = field(default=None, validator=_one_of((None, *FSDP_MODES)))  # type: ignore[arg-type]
+    """FSDP1 only: the ``FSDP_SHARDING_STRATEGY`` that ``accelerate launch`` exports from an accelerate config's
+    ``fsdp_sharding_strategy`` (None: unset, FULL_SHARD). FSDP1 runs it, not the Trainer's ``fsdp`` mode."""
     reduce_bucket_size: str | None = field(default=None, validator=_ds_value)
     """DeepSpeed ``zero_optimization.reduce_bucket_size`` in elements: None = DeepSpeed's default (5e8), "auto" =
     HF's hidden²."""

@@ -55,20 +55,24 @@ def resolve(stack: str | None, zero_stage: int, fsdp: str | None, offload_optimi
     return "ddp" if data_parallel > 1 else "none"
 
 
-def effective_fsdp_mode(stack: str, fsdp: str | None) -> str | None:
-    """The FSDP strategy that runs: FSDP1 ignores the Trainer's ``shard_grad_op`` / ``hybrid_shard`` unless
-    ``FSDP_SHARDING_STRATEGY`` says so (module doc); fitplan models the default, FULL_SHARD."""
+def effective_fsdp_mode(stack: str, fsdp: str | None, env_strategy: str | None = None) -> str | None:
+    """The FSDP strategy that runs: FSDP1 ignores the Trainer's ``shard_grad_op`` / ``hybrid_shard`` and runs
+    ``FSDP_SHARDING_STRATEGY`` (``env_strategy``, the scenario's ``fsdp_sharding_strategy``), FULL_SHARD when it is
+    unset (module doc)."""
     if stack == "fsdp1" and fsdp:
-        return FSDP1_STRATEGY_ENV_DEFAULT
+        return env_strategy or FSDP1_STRATEGY_ENV_DEFAULT
     return fsdp
 
 
-def describe(stack: str, zero_stage: int, fsdp: str | None, offload_optimizer: bool, offload_params: bool) -> str:
+def describe(stack: str, zero_stage: int, fsdp: str | None, offload_optimizer: bool, offload_params: bool,
+             env_strategy: str | None = None) -> str:
     """The stack in words, for every output (``DeepSpeed ZeRO-2 + optimizer offload``)."""
-    mode = effective_fsdp_mode(stack, fsdp) or "full_shard"
+    mode = effective_fsdp_mode(stack, fsdp, env_strategy) or "full_shard"
     native = {0: "DDP", 1: "ZeRO-1 (DDP + ZeroRedundancyOptimizer)"}.get(zero_stage, f"FSDP2 fully_shard ({mode})")
     text = STACK_NAMES[stack].format(stage=zero_stage, mode=mode, native=native)
-    if stack == "fsdp1" and fsdp and fsdp != mode:
+    if stack == "fsdp1" and fsdp and env_strategy:
+        text += f" (FSDP_SHARDING_STRATEGY={env_strategy.upper()})"
+    elif stack == "fsdp1" and fsdp and fsdp != mode:
         text += f"; --fsdp {fsdp} runs FULL_SHARD under FSDP1 unless FSDP_SHARDING_STRATEGY is set"
     extras = [w for w, on in (("optimizer", offload_optimizer), ("parameter", offload_params)) if on]
     if extras:

@@ -207,9 +207,9 @@ def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
             "fsdp_version": 1 if v1 else 2,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_offload_params": bool(s.parallel.offload_params or s.parallel.offload_optimizer),
-            # FSDP1 reads the strategy, FSDP2 only reshard_after_forward (accelerate/utils/dataclasses.py:1719-1752)
-            **({"fsdp_sharding_strategy": {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP",
-                                           "hybrid_shard": "HYBRID_SHARD"}[s.parallel.fsdp]} if v1 else
+            # FSDP1 reads the strategy, FSDP2 only reshard_after_forward (accelerate/utils/dataclasses.py:1719-1752);
+            # FSDP1's is the one fitplan modelled: fsdp_sharding_strategy, else FULL_SHARD (inputs/stacks.py)
+            **({"fsdp_sharding_strategy": (s.parallel.fsdp_sharding_strategy or "full_shard").upper()} if v1 else
                {"fsdp_reshard_after_forward": s.parallel.fsdp != "shard_grad_op"}),
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         }

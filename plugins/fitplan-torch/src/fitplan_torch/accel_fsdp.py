@@ -52,6 +52,10 @@ def trainer_fsdp_args(rc) -> tuple[dict[str, Any], str]:
     cfg: dict[str, Any] = {"version": version}
     if rc.gradient_checkpointing:
         cfg["activation_checkpointing"] = True
+    if version == 1 and not rc.use_orig_params:
+        cfg["use_orig_params"] = False
+    if version == 1 and rc.fsdp1_strategy:  # what accelerate launch exports; the plugin reads it (trainer_fsdp doc)
+        os.environ["FSDP_SHARDING_STRATEGY"] = rc.fsdp1_strategy.upper()
     with tempfile.TemporaryDirectory(prefix="fitplan-ta-") as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = transformers.TrainingArguments(output_dir=out, fsdp=mode, fsdp_config=cfg, use_cpu=True, report_to=[],
@@ -64,21 +68,29 @@ def trainer_fsdp_args(rc) -> tuple[dict[str, Any], str]:
 
 def fsdp_accelerator(plugin_kwargs: dict[str, Any], mixed_precision: str):
     """An ``Accelerator`` whose state says FSDP with the plugin (module doc)."""
-    torch = _deps.torch()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # else accelerate resets the thread count on MULTI_CPU
     accelerate = _deps.need("accelerate")
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(**plugin_kwargs)
     acc = accelerate.Accelerator(mixed_precision=mixed_precision, cpu=True)
+    switch_to_fsdp(acc, plugin, mixed_precision)
+    return acc
+
+
+def switch_to_fsdp(acc, plugin, mixed_precision: str) -> None:
+    """Make ``acc``'s shared state say FSDP with ``plugin`` and an index-less ``cpu`` device, and set the plugin's
+    mixed precision as ``AcceleratorState`` would on GPUs (module doc)."""
+    torch = _deps.torch()
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
     for state in (PartialState._shared_state, acc.state.__dict__):
         state["distributed_type"] = DistributedType.FSDP
         state["device"] = torch.device("cpu")
     acc.state.fsdp_plugin = plugin
     if mixed_precision != "no":
         plugin.set_mixed_precision(mixed_precision)
-    return acc
 
 
 def _model_dtype_precision(precision: str) -> str:
@@ -138,8 +150,14 @@ def fsdp1_gathered(model) -> int:
     return storage_bytes(getattr(h.flat_param, "_full_param_padded", None) for h in _fsdp1_handles(model))
 
 
+STACK_STEPS = 4
+"""Optimizer steps the referee runs at least (the first included): step 2 is the first with what the Trainer leaves
+between steps (FSDP1's stale flat gradients, the optimizer's states); steps 3 and 4 show that the peak repeats."""
+
+
 def measure_accelerate_fsdp(rc, steps: int = 1) -> dict[str, Any]:
-    """Build under the live-storage counter, warm up, then measure one step on this rank."""
+    """Build under the live-storage counter, then run :data:`STACK_STEPS` optimizer steps (at least) on this rank:
+    the peak is the highest step's (``peak_step`` says which)."""
     import torch.distributed as dist
 
     from .build import make_batch
@@ -152,7 +170,8 @@ def measure_accelerate_fsdp(rc, steps: int = 1) -> dict[str, Any]:
         batch = make_batch(vocab, rc.batch, rc.seq, device="cpu", seed=rc.seed + dist.get_rank())
         # no autocast of the referee's own: FSDP1's forward carries accelerate's, FSDP2 runs on bf16 gathers
         v1 = plugin_kwargs["fsdp_version"] == 1
-        m = measure_step(model, opt, batch, precision="none", device_type="cpu", steps=steps, memtracker=False,
+        m = measure_step(model, opt, batch, precision="none", device_type="cpu", steps=max(steps, STACK_STEPS - 1),
+                         memtracker=False,
                          counter=counter, barrier=dist.barrier, accumulation=rc.accumulation,
                          gathered_fn=(lambda: fsdp1_gathered(model)) if v1 else None)
     out = m.asdict()

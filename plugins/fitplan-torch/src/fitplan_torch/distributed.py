@@ -141,8 +141,9 @@ def _rank_body(rc: RunConfig, steps: int, fake_tensors: bool, fake_pg: bool = Fa
         return out
     if rc.stack in ACCELERATE_FSDP:
         from .accel_fsdp import measure_accelerate_fsdp
+        from .trainer_fsdp import measure_trainer_fsdp
 
-        out = measure_accelerate_fsdp(rc, steps)
+        out = (measure_trainer_fsdp if rc.driver == "trainer" else measure_accelerate_fsdp)(rc, steps)
         out.update(rank=rank, strategy=strategy(rc))
         return out
     if device == "cuda":
@@ -260,7 +261,8 @@ def run_sharded(rc: RunConfig, *, steps: int, real_ranks: int) -> dict[str, Any]
             ranks = [_rank_body(rc, steps, fake_tensors=rc.fake, fake_pg=True)]
         device = "cpu (FakeTensorMode)" if rc.fake else ("cuda" if rc.device == "cuda" else "cpu")
         how = f"rank 0 of a {world}-rank fake process group"
-    keys = ("rank", "parameters", "master_weights", "gradients", "optimizer_states", "retained", "peak", "peak_phase")
+    keys = ("rank", "parameters", "master_weights", "gradients", "optimizer_states", "retained", "peak", "peak_phase",
+            "peak_step", "step_peaks")
     summary = [{k: r[k] for k in keys if k in r} for r in ranks]
     out: dict[str, Any] = {
         "measurement": ranks[0], "device": f"{device}, {how}", "world_size": world, "rank": 0, "ranks": summary,

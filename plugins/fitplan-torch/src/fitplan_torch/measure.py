@@ -111,6 +111,22 @@ class _LiveBytesImpl:
             self._add_storage(st)
         self._note()
 
+    def live_ids(self) -> set[int]:
+        """Identities of the storages counted now (for :meth:`forget_new`)."""
+        return {id(st) for st in self._live.keys()}
+
+    def forget_new(self, before: set[int], keep: Iterable[Any]) -> int:
+        """Stop counting the storages that appeared since ``before`` (a :meth:`live_ids`), except those of
+        ``keep``; returns the bytes no longer counted (host-side work a GPU run keeps off the device)."""
+        kept = set(storages(keep))
+        gone = 0
+        for st in [st for st in self._live.keys() if id(st) not in before and id(st) not in kept]:
+            entry = self._live.pop(st)
+            entry[1] = None  # its weakref (and the callback that would subtract it again) goes with it
+            self.current -= entry[0]
+            gone += entry[0]
+        return gone
+
     def set_phase(self, phase: str) -> None:
         self.phase = phase
         self.phase_peaks.setdefault(phase, self.current)

@@ -226,6 +226,10 @@ def run_validation(scenario, estimate, options: dict[str, Any]) -> dict[str, Any
                            "reserve), which does not exist on the CPU or under FakeTensorMode",
                            field="--calibrate-out", value=options["calibrate_out"],
                            suggestion="run it on a GPU machine with --mode cuda")
+    if (options.get("driver") or "accelerate") != "accelerate" and estimate["stack_name"] not in ("fsdp1", "fsdp2"):
+        raise FitplanError("--driver trainer runs accelerate's FSDP through the HF Trainer; this scenario's stack is "
+                           f"{estimate['stack_name']}", field="--driver", value=options.get("driver"),
+                           suggestion="add --fsdp full_shard (or shard_grad_op), or leave --driver out")
     from .estimation_bridge import run_config
 
     cuda_estimate = estimate

@@ -47,6 +47,10 @@ class StepMeasurement:
     memtracker_breakdown: dict[str, int] | None = None
     memtracker_error: str | None = None
     cuda: dict[str, Any] | None = None
+    step_peaks: list[int] = attrs.field(factory=list)
+    """The peak of every optimizer step, the first (warm-up) step included when a shared counter saw it (0 if not)."""
+    peak_step: int = 0
+    """Which optimizer step (1 = the first) holds ``peak``: the highest of ``step_peaks``."""
 
     def asdict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -120,7 +124,8 @@ class _Null:
 def measure_step(model, optimizer, batch, *, precision: str, device_type: str, steps: int = 1,
                  warmup: int = 1, memtracker: bool = True, counter=None, barrier=None,
                  accumulation: int = 1, gathered_fn=None, loss_implementation: str = "hf") -> StepMeasurement:
-    """Warm up, then measure ``steps`` steps (the last one's numbers are reported).
+    """Warm up, then measure ``steps`` steps: the categories are the last step's, ``peak`` (with its phase and
+    the phase peaks) the highest step's, ``peak_step`` which step that is and ``step_peaks`` every step's peak.
 
     ``counter``: a :class:`LiveBytes` the caller entered before building anything (sharded runs: it
     then also sees DDP's buckets and FSDP's buffers); by default a fresh counter per measured step,
@@ -129,9 +134,17 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
     """
     torch = _deps.torch()
     cuda = device_type == "cuda"
+    step_peaks: list[int] = []
+    first: list[tuple[int, str, dict[str, int]]] = []
     for _ in range(warmup):
+        if counter is not None:  # a shared counter sees the first step too (its optimizer states appear in it)
+            counter.set_phase("setup")
+            counter.reset_peak()
         train_step(model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation,
-                   loss_implementation=loss_implementation)
+                   loss_implementation=loss_implementation, counter=counter)
+        if counter is not None:
+            first.append((counter.peak, counter.peak_phase, {k: v for k, v in counter.phase_peaks.items() if k != "setup"}))
+        step_peaks.append(counter.peak if counter is not None else 0)
     timed = None
     if cuda:  # throughput from a step without the instruments (the dispatch mode costs Python time per op)
         torch.cuda.synchronize()
@@ -142,6 +155,7 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
     params, buffers = _params_and_buffers(model)
     states = optimizer_state_tensors(optimizer)
     m: StepMeasurement | None = None
+    highest: StepMeasurement | None = None
     for _ in range(max(1, steps)):
         if barrier is not None:
             barrier()
@@ -183,6 +197,15 @@ def measure_step(model, optimizer, batch, *, precision: str, device_type: str, s
             m.cuda = {"max_memory_allocated": torch.cuda.max_memory_allocated(),
                       "max_memory_reserved": torch.cuda.max_memory_reserved(),
                       "memory_allocated_at_start": cuda_start, "uninstrumented_step_seconds": timed}
+        step_peaks.append(m.peak)
+        if highest is None or m.peak > highest.peak:
+            highest = m
+    m.peak, m.peak_phase, m.phase_peaks = highest.peak, highest.peak_phase, highest.phase_peaks
+    for peak, phase, phases in first:
+        if peak > m.peak:
+            m.peak, m.peak_phase, m.phase_peaks = peak, phase, phases
+    m.step_peaks = step_peaks
+    m.peak_step = step_peaks.index(m.peak) + 1
     if memtracker:
         m.memtracker_peak, m.memtracker_breakdown, m.memtracker_error = memtracker_step(
             model, optimizer, batch, precision=precision, device_type=device_type, accumulation=accumulation,

@@ -18,16 +18,18 @@ def stack_name(stack, zero_stage, fsdp, offload_optimizer, offload_params, preci
 
 
 @quantity("stack", json_key="parallel.stack_description", label="stack", type="text")
-def stack_description(stack_name, shard_stage, fsdp, offload_optimizer, offload_params):
+def stack_description(stack_name, shard_stage, fsdp, offload_optimizer, offload_params, fsdp_sharding_strategy):
     """The stack in words, as every output names it (``DeepSpeed ZeRO-2 + optimizer offload``); the stage is the
     ZeRO-equivalent one (``--stack torch --fsdp full_shard`` is PyTorch-native FSDP2, stage 3)."""
-    return stacks.describe(stack_name, shard_stage, fsdp, offload_optimizer, offload_params)
+    return stacks.describe(stack_name, shard_stage, fsdp, offload_optimizer, offload_params, fsdp_sharding_strategy)
 
 
 @quantity("mode", type="text")
-def effective_fsdp(stack_name, fsdp):
-    """The FSDP strategy that runs: FSDP1 runs FULL_SHARD unless ``FSDP_SHARDING_STRATEGY`` says otherwise."""
-    return stacks.effective_fsdp_mode(stack_name, fsdp)
+def effective_fsdp(stack_name, fsdp, fsdp_sharding_strategy):
+    """The FSDP strategy that runs: FSDP1 runs ``FSDP_SHARDING_STRATEGY`` (``fsdp_sharding_strategy``), FULL_SHARD
+    when it is unset, whatever the Trainer's ``fsdp`` says (accelerate/utils/dataclasses.py:1719-1728,
+    accelerator.py:1919)."""
+    return stacks.effective_fsdp_mode(stack_name, fsdp, fsdp_sharding_strategy)
 
 
 @quantity("stage")

@@ -17,7 +17,7 @@
   each parameter starts at a multiple of 16 bytes of the compute dtype (_flat_param.py:566, 609-719) and the
   flat parameter is padded to a multiple of N (759-776): rank 0 keeps ``U/N`` elements of each unit, the
   optimizer states of the parameters that have elements there (views of the shard). FSDP1 runs FULL_SHARD
-  unless ``FSDP_SHARDING_STRATEGY`` says otherwise (``inputs/stacks.py``).
+  unless ``FSDP_SHARDING_STRATEGY`` (the scenario's ``fsdp_sharding_strategy``) says otherwise (``inputs/stacks.py``).
 * **CPU offload** (``--fsdp "full_shard offload"``): shards, gradients and the optimizer step live in (pinned)
   CPU memory; the GPU keeps what is gathered.
 """
@@ -179,7 +179,10 @@ def fsdp_terms(sharding_kind, stack_name, effective_fsdp, arch, method, trainabl
       backward prefetch; FSDP1 under the Trainer's ``NO_PREFETCH`` none), FSDP1's root, and the layer's
       unsharded 16-bit gradients beyond what the sharded timeline counts.
 
-    FSDP1 gathers straight into its padded flat buffer (no copy-out)."""
+    FSDP1 gathers straight into its padded flat buffer (no copy-out). FSDP1 ``SHARD_GRAD_OP`` (what
+    ``FSDP_SHARDING_STRATEGY`` selects) keeps every unit's flat buffer from its forward until its post-backward
+    frees it (torch/distributed/fsdp/_runtime_utils.py ``_should_free_in_backward``; no free after the forward: it is
+    not in ``RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES``): the root and every layer from the last layer's forward on."""
     g = fsdp_rank["gather_b"]
     n = shard_degree
     if arch.is_bare:
@@ -190,9 +193,9 @@ def fsdp_terms(sharding_kind, stack_name, effective_fsdp, arch, method, trainabl
     L = max(1, arch.num_hidden_layers)
     flat = u["layer"] if v2 else 0.0
     kept_fwd = u["kept"] * (2 if v2 else 1)
-    if effective_fsdp == "shard_grad_op" and v2:
+    if effective_fsdp == "shard_grad_op":
         everything = u["embed"] + L * u["layer"]
-        out = {"forward": kept_fwd + everything, "forward_spike": everything + flat,
+        out = {"forward": kept_fwd + everything, "forward_spike": everything + flat + (0 if v2 else u["kept"]),
                "backward": u["kept"] + everything, "backward_in_layer": 0}
     else:
         kept_bwd = u["kept"]

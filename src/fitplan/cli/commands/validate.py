@@ -24,10 +24,12 @@ def add(cli: click.Group) -> None:
 @click.option("--random-seed", type=int, default=0, show_default=True, help="Seed for the random weights and tokens.")
 @click.option("--memtracker/--no-memtracker", default=True, show_default=True,
               help="Also measure the peak with torch's MemTracker (per-category breakdown).")
+@click.option("--driver", type=click.Choice(["accelerate", "trainer"]), default="accelerate", show_default=True,
+              help="accelerate FSDP: Accelerator.prepare and a bare step, or the real HF Trainer.train().")
 @click.option("--max-cpu-memory", default=None, help="Refuse real CPU runs whose peak exceeds this (e.g. 16G; "
               "default: a fraction of the available RAM).")
 @format_option("validate")
-def validate(mode: str, steps: int, calibrate_out: str | None, random_seed: int, memtracker: bool,
+def validate(mode: str, steps: int, calibrate_out: str | None, random_seed: int, memtracker: bool, driver: str,
              max_cpu_memory: str | None, fmt: str, **options: Any) -> None:
     """Run the scenario for real with PyTorch and compare with the estimate (needs the fitplan-torch plugin)."""
     est = estimate_from(options)
@@ -38,7 +40,7 @@ def validate(mode: str, steps: int, calibrate_out: str | None, random_seed: int,
     if steps < 1:
         raise FitplanError(f"--steps must be >= 1, got {steps}", field="--steps", value=steps)
     run: dict[str, Any] = {"mode": mode, "steps": steps, "calibrate_out": calibrate_out, "seed": random_seed,
-                           "memtracker": memtracker}
+                           "memtracker": memtracker, "driver": driver}
     if max_cpu_memory is not None:
         from fitplan.units import parse_count
 
