@@ -185,7 +185,7 @@ def check_optimizer(s: sc.Scenario, spec: Any, world: int) -> None:
                            value=s.training.optim)
 
 
-MODELLED_TRAINERS = ("sft",)
+MODELLED_TRAINERS = ("sft", "grpo", "rloo")
 """The TRL trainers whose step the memory and time model computes (docs/trl.md); the others are refused."""
 
 
@@ -205,6 +205,7 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any 
         raise FitplanError(f"Trl.trainer {s.trl.trainer!r}: this trainer's step is not modelled yet", field="trainer",
                            value=s.trl.trainer, suggestion="modelled: " + ", ".join(MODELLED_TRAINERS))
     world = s.hardware.num_gpus * s.hardware.num_nodes
+    online_settings(s)  # TRL's GRPO/RLOO config checks
     check_optimizer(s, optimizer, world)
     if world % s.parallel.tensor_parallel:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide the number of GPUs ({world})",
@@ -291,10 +292,35 @@ def hf_preset(s: sc.Scenario, arch: architecture.ModelSpec, *, deepspeed: bool =
     return hf_precision(flag, loaded_dtype(s, arch), deepspeed=deepspeed)
 
 
+def online_settings(s: sc.Scenario) -> Any:
+    """GRPO/RLOO's generation round as TRL resolves it (:mod:`fitplan.inputs.trl_online`), None for the other
+    trainers; raises TRL's config errors."""
+    from fitplan.inputs import trl_online
+
+    t, tr, hw = s.trl, s.training, s.hardware
+    if t.trainer not in trl_online.ONLINE:
+        return None
+    gpus = trl_online.training_gpus(hw.num_gpus, t.trainer, t.use_vllm, t.vllm_mode, t.vllm_tensor_parallel_size)
+    return trl_online.resolve(
+        trainer=t.trainer, num_generations=t.num_generations, max_completion_length=t.max_completion_length,
+        prompt_length=t.prompt_length, generation_batch_size=t.generation_batch_size,
+        steps_per_generation=t.steps_per_generation, beta=t.beta, use_vllm=t.use_vllm, method=s.model.method,
+        per_device_train_batch_size=tr.per_device_train_batch_size,
+        gradient_accumulation_steps=tr.gradient_accumulation_steps, processes=gpus * hw.num_nodes)
+
+
+def with_online_sequence(s: sc.Scenario) -> sc.Scenario:
+    """GRPO/RLOO: the training step's sequence is prompt + completion (``max_seq_length`` plays no part in
+    TRL's online trainers); other trainers unchanged."""
+    o = online_settings(s)
+    return s if o is None else s.replace(max_seq_length=o.sequence_length)
+
+
 def resolve_defaults(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Scenario:
     """``s`` with what the pinned stack decides when the user says nothing: peft's default LoRA targets
-    (:func:`with_default_targets`) and the precision preset (:func:`with_precision`)."""
-    return with_precision(with_default_targets(s, arch), arch)
+    (:func:`with_default_targets`), the precision preset (:func:`with_precision`) and GRPO/RLOO's training
+    sequence (:func:`with_online_sequence`)."""
+    return with_online_sequence(with_precision(with_default_targets(s, arch), arch))
 
 
 def build_inputs(s: sc.Scenario, registry: Registry, rules: Rulesets, arch: architecture.ModelSpec | None = None) -> dict[str, Any]:
@@ -304,6 +330,7 @@ def build_inputs(s: sc.Scenario, registry: Registry, rules: Rulesets, arch: arch
     check_scenario(s, arch, optimizer)
     flat = sc.flatten(s)
     flat.update(
+        online_settings=online_settings(s),
         arch=arch,
         gpu_spec=rules.gpu(s.hardware.gpu) if s.hardware.gpu else None,
         optimizer_spec=optimizer,

@@ -38,6 +38,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.lora",
     "fitplan.builtin.sharding",
     "fitplan.builtin.peak",
+    "fitplan.builtin.trl.grpo",
     "fitplan.builtin.overhead",
     "fitplan.builtin.time",
     "fitplan.builtin.dataset",
@@ -53,7 +54,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 ESSENTIAL: frozenset[str] = frozenset({
     "fitplan.builtin.inputs", "fitplan.builtin.precision", "fitplan.builtin.model_states", "fitplan.builtin.optimizers",
     "fitplan.builtin.activations", "fitplan.builtin.lora", "fitplan.builtin.sharding", "fitplan.builtin.overhead",
-    "fitplan.builtin.peak", "fitplan.builtin.time", "fitplan.builtin.dataset", "fitplan.builtin.report", "fitplan.builtin.formats",
+    "fitplan.builtin.peak", "fitplan.builtin.trl.grpo", "fitplan.builtin.time", "fitplan.builtin.dataset", "fitplan.builtin.report", "fitplan.builtin.formats",
     "fitplan.builtin.commands",
 })
 """Built-in plugins that cannot be blocked: the terms of the memory model and of time (the others depend on

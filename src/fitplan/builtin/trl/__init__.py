@@ -1,0 +1,1 @@
+"""TRL 1.16's preference and online RL trainers (docs/trl.md)."""

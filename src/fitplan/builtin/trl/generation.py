@@ -1,0 +1,83 @@
+"""GRPO/RLOO's generation with transformers' ``generate`` (``use_vllm = False``): the KV cache, the sampling
+logits and the prefill's transients of one round, per training process.
+
+TRL 1.16 (trl/trainer/grpo_trainer.py ``_generate_single_turn``) generates the process's whole share of the
+round at once: ``unwrapped_model.generate(prompt_ids)`` under ``torch.no_grad()`` inside
+``unwrap_model_for_generation`` (ZeRO-3: every parameter gathered first, ``ds3_gather_for_generation = True``),
+``B = generation_batch_size / processes`` sequences of ``P`` prompt tokens (left-padded) and at most ``C =
+max_completion_length`` new tokens. transformers 5.24 (generation/utils.py ``_sample``):
+
+* the cache is a ``DynamicCache`` (cache_utils.py ``DynamicLayer.update``: ``torch.cat`` of the old keys/values
+  and the new token's, per layer): after the prefill it holds ``P`` positions per layer; decode step ``k`` feeds
+  token ``k`` and leaves ``P + k``; the last of the ``C − 1`` decode forwards leaves ``n = P + C − 1``. While the
+  last layer concatenates its values, the old tensor (``n − 1`` positions) is still alive: the cache's peak is
+  ``L·2·B·kv·n·e + B·kv·(n − 1)·e`` (``kv = num_key_value_heads × head_dim``, ``e`` the weights' bytes: generate
+  runs outside autocast, so the cache has the weights' dtype);
+* ``logits_to_keep = 1`` (``_prepare_generation_config``: the model computes the last position's logits only):
+  ``B·V`` in the weights' dtype, copied to fp32 (``outputs.logits[:, -1].to(copy=True, dtype=float32)``), the
+  logits processors' output (fp32) and ``softmax`` (fp32) before ``multinomial``: ``B·V·(e + 3·4)``;
+* the prefill runs the layers over ``B·P`` tokens with a padding mask, so SDPA repeats the key/value heads
+  (integrations/sdpa_attention.py ``repeat_kv``: ``2·B·P·q_dim·e``) and the MLP holds its gate, up and product
+  (``3·B·P·I·e``, the active experts' width for MoE); the residual stream and the layer's output (``2·B·P·h·e``).
+
+The completion and prompt ids (int64, ``B·(P + C)``, with the mask) stay alive through the round.
+A completion that ends early still costs its padding here: every figure assumes every completion reaches ``C``.
+"""
+
+from __future__ import annotations
+
+from fitplan.engine.declarations import quantity
+
+SAMPLING_FP32_COPIES = 3
+"""fp32 ``B·V`` tensors alive while sampling: the upcast logits, the processors' scores, the probabilities."""
+
+
+def kv_cache_bytes(layers: int, batch: int, kv_dim: int, positions: int, dtype_bytes: float) -> int:
+    """Keys and values of ``positions`` tokens for ``batch`` sequences: ``L·2·B·kv·n·e``."""
+    return int(layers * 2 * batch * kv_dim * positions * dtype_bytes)
+
+
+def decode_cache_peak_bytes(layers: int, batch: int, kv_dim: int, prompt: int, completion: int,
+                            dtype_bytes: float) -> int:
+    """The cache at the last decode step, with the last layer's old value tensor still alive (module doc)."""
+    n = prompt + completion - 1
+    return kv_cache_bytes(layers, batch, kv_dim, n, dtype_bytes) + int(batch * kv_dim * (n - 1) * dtype_bytes)
+
+
+def sampling_bytes(batch: int, vocab: int, dtype_bytes: float) -> int:
+    """The last position's logits and their fp32 copies while sampling: ``B·V·(e + 3·4)``."""
+    return int(batch * vocab * (dtype_bytes + 4 * SAMPLING_FP32_COPIES))
+
+
+def prefill_transient_bytes(arch, batch: int, prompt: int, dtype_bytes: float) -> int:
+    """One layer's largest transients in the prefill plus the residual stream (module doc)."""
+    tokens = batch * prompt
+    width = arch.moe_intermediate_size * arch.num_experts_per_tok if arch.is_moe else arch.intermediate_size
+    attention = 2 * tokens * arch.q_dim * dtype_bytes
+    mlp = 3 * tokens * width * dtype_bytes
+    return int(max(attention, mlp) + 2 * tokens * arch.hidden_size * dtype_bytes)
+
+
+def ids_bytes(batch: int, prompt: int, completion: int) -> int:
+    """Prompt + completion ids and their attention mask, int64: ``2·8·B·(P + C)``."""
+    return 16 * batch * (prompt + completion)
+
+
+@quantity("bytes", type="object")
+def generation_rows(online_settings, arch, weight_dtype_bytes, use_vllm):
+    """What ``generate`` adds to the resident bytes at its peak, per training process (module doc): ``kv_cache``
+    and ``temporaries`` (the sampling logits or the prefill's transients, whichever instant is higher, and the
+    round's ids). None when no transformers generation runs (not GRPO/RLOO, or vLLM generates)."""
+    o = online_settings
+    if o is None or use_vllm or arch.is_bare:
+        return None
+    e, b, p, c = weight_dtype_bytes, o.local_generation_batch, o.prompt_length, o.max_completion_length
+    ids = ids_bytes(b, p, c)
+    decode = {"kv_cache": decode_cache_peak_bytes(arch.num_hidden_layers, b, arch.kv_dim, p, c, e),
+              "temporaries": sampling_bytes(b, arch.vocab_size, e) + ids}
+    prefill = {"kv_cache": kv_cache_bytes(arch.num_hidden_layers, b, arch.kv_dim, p, e),
+               "temporaries": prefill_transient_bytes(arch, b, p, e) + sampling_bytes(b, arch.vocab_size, e) + ids}
+    return max(decode, prefill, key=lambda r: sum(r.values()))
+
+
+QUANTITIES = (generation_rows,)

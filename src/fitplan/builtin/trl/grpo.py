@@ -1,0 +1,168 @@
+"""GRPO and RLOO's step as TRL 1.16 runs it: the phases of a generation round and their peaks.
+
+One round (trl/trainer/grpo_trainer.py ``_prepare_inputs``: every ``steps_per_generation`` micro-steps) is, per
+training process:
+
+1. ``generation``: the completions of ``generation_batch_size / processes`` sequences, with transformers'
+   ``generate`` (builtin/trl/generation.py; ZeRO-3 gathers every parameter first) or vLLM (builtin/trl/vllm.py:
+   colocated, its reserve on the GPU; served, on GPUs of its own). The optimizer step has freed the
+   gradients (``zero_grad(set_to_none=True)``): weights, master weights, optimizer states, buffers stay.
+2. ``scoring``: under ``no_grad``, per micro-batch of ``per_device_train_batch_size`` sequences
+   (``_get_per_token_logps_and_entropies(batch_size=...)``), the old policy's log-probabilities (when
+   generation and optimizer steps are misaligned, with vLLM's importance sampling, always for RLOO) and the
+   reference's (``beta != 0``): a second model (``ref_model``, resident for the whole run) or, with LoRA, the
+   policy with its adapter disabled (``use_adapter``). The forward uses TRL's fused LM head
+   (trl/trainer/utils.py ``add_fused_lm_head``, ``model(..., fused_lm_head=True)``: trl/kernels/
+   chunked_logprob.py ``ChunkedLogProbFunction``, tiles of ``4096 × 32768`` logits, never the whole logits).
+   Not run with the defaults (``beta = 0``, aligned steps, no vLLM): no phase then.
+3. ``forward``, ``backward``, ``optimizer_step``: the training step over ``prompt + completion`` tokens
+   (fitplan's step trace at ``max_seq_length = prompt_length + max_completion_length``), the round's buffered
+   batch (its ids and masks) alive beside it.
+
+The peak is the highest phase (builtin/peak.py). Rows added here: ``kv_cache`` (the generation's cache),
+``vllm_reserve`` (colocated vLLM: every phase, or the generation phase only with sleep mode) and
+``ref_model`` (the reference copy, every phase).
+"""
+
+from __future__ import annotations
+
+from fitplan.builtin.trl import generation, vllm
+from fitplan.engine.declarations import quantity, reducer
+from fitplan.pluginmgr.hookspecs import hookimpl
+
+RESIDENT = ("weights", "master_weights", "optimizer_states", "comm_buffers", "other")
+
+
+@quantity("bytes")
+def ref_model_bytes(online_settings, arch, weight_dtype_bytes, stack_name, zero_stage, world_size):
+    """The reference model TRL loads when ``beta != 0`` and the policy is fully fine-tuned
+    (grpo_trainer.py: ``create_model_from_path`` with the policy's ``model_init_kwargs``, so the load dtype):
+    ``N × e``, sharded over the ranks under ZeRO-3 (``prepare_deepspeed``). 0 otherwise (LoRA disables the
+    adapter instead; beta 0 loads none)."""
+    o = online_settings
+    if o is None or o.reference != "copy" or arch.is_bare:
+        return 0
+    full = arch.param_count * weight_dtype_bytes
+    return int(full // world_size if stack_name == "deepspeed" and zero_stage == 3 else full)
+
+
+@quantity("bytes")
+def round_batch_bytes(online_settings):
+    """The round's buffered batch on the device (``_buffered_inputs``): prompt and completion ids and masks,
+    int64, ``16 · B · (P + C)`` for the process's ``B`` sequences; the per-token log-probabilities and
+    advantages (fp32, ``B · C``) beside them."""
+    o = online_settings
+    if o is None:
+        return 0
+    b, p, c = o.local_generation_batch, o.prompt_length, o.max_completion_length
+    return generation.ids_bytes(b, p, c) + 4 * b * c * (1 + int(o.old_logps) + int(o.reference != "none"))
+
+
+@quantity("bytes")
+def generation_gathered_bytes(online_settings, use_vllm, arch, weight_dtype_bytes, weight_bytes, stack_name,
+                              zero_stage):
+    """ZeRO-3: ``unwrap_model_for_generation(gather_deepspeed3_params=True)`` gathers the whole model for
+    ``generate``: the full weights less the rank's shard. 0 otherwise (FSDP's ``summon_full_params(recurse=False)``
+    gathers the root module only: not counted)."""
+    if online_settings is None or use_vllm or stack_name != "deepspeed" or zero_stage != 3 or arch.is_bare:
+        return 0
+    return max(0, int(arch.param_count * weight_dtype_bytes) - int(weight_bytes))
+
+
+@quantity("bytes", type="object")
+def scoring_rows(online_settings, arch, per_device_train_batch_size, weight_dtype_bytes, activation_dtype_bytes,
+                 device):
+    """What the scoring forward adds at its peak (module doc, 2.), None when none runs: one layer's transients
+    over ``b·(P+C)`` tokens (as the prefill's, builtin/trl/generation.py) and the fused head's buffers: the
+    final hidden state, its shifted copy, the ``min(N, 4096) × 32768`` tile in the compute dtype and seven fp32
+    per-token statistics; without Triton (the CPU) the tile's fp32 transform, exponent and target gather
+    (three fp32 tiles) on top."""
+    o = online_settings
+    if o is None or (not o.old_logps and o.reference == "none") or arch.is_bare:
+        return None
+    b, s = per_device_train_batch_size, o.sequence_length
+    n = b * (s - 1)
+    layer = generation.prefill_transient_bytes(arch, b, s, weight_dtype_bytes)
+    tile = min(n, 4096) * min(arch.vocab_size, 32768)
+    head = 2 * b * s * arch.hidden_size * activation_dtype_bytes + tile * activation_dtype_bytes + 7 * 4 * n
+    if device != "cuda":
+        head += 3 * 4 * tile
+    return {"temporaries": max(layer, head)}
+
+
+def _resident(rows: dict[str, int]) -> dict[str, int]:
+    return {k: rows.get(k, 0) for k in RESIDENT}
+
+
+def _with(rows: dict[str, int], **extra: int) -> dict[str, int]:
+    out = dict(rows)
+    for k, v in extra.items():
+        if v:
+            out[k] = out.get(k, 0) + int(v)
+    return out
+
+
+def _generation_phase(base, online_settings, generation_rows, vllm_memory, gathered, ref, batch):
+    """The generation phase's rows (module doc, 1.)."""
+    rows = _with(base, ref_model=ref, other=batch)
+    if vllm_memory is not None:
+        reserve = vllm_memory["reserve_bytes"] if vllm_memory["mode"] == "colocate" else 0
+        return _with(rows, vllm_reserve=reserve)
+    gen = generation_rows or {}
+    return _with(rows, gathered_params=gathered, kv_cache=gen.get("kv_cache", 0),
+                 temporaries=gen.get("temporaries", 0))
+
+
+@reducer("phase_rows", when=lambda online_settings: online_settings is not None)
+def online_phases(phase_rows, online_settings, generation_rows, scoring_rows, vllm_memory, ref_model_bytes,
+                  round_batch_bytes, generation_gathered_bytes):
+    """GRPO/RLOO: the training step's phases with the round's batch, the reference copy and a colocated vLLM's
+    reserve (unless it sleeps) added, and the ``generation`` and ``scoring`` phases in front (module doc)."""
+    awake = vllm_memory is not None and vllm_memory["mode"] == "colocate" and not vllm_memory["sleep"]
+    reserve = vllm_memory["reserve_bytes"] if awake else 0
+    out = {}
+    base = _resident(phase_rows["optimizer_step"])
+    out["generation"] = _generation_phase(base, online_settings, generation_rows, vllm_memory,
+                                          generation_gathered_bytes, ref_model_bytes, round_batch_bytes)
+    if scoring_rows is not None:
+        out["scoring"] = _with(base, ref_model=ref_model_bytes, other=round_batch_bytes, vllm_reserve=reserve,
+                               temporaries=scoring_rows["temporaries"])
+    for phase, rows in phase_rows.items():
+        out[phase] = _with(rows, ref_model=ref_model_bytes, other=round_batch_bytes, vllm_reserve=reserve)
+    return out
+
+
+@reducer("world_size", when=lambda online_settings, use_vllm, vllm_mode: online_settings is not None and use_vllm
+         and vllm_mode == "server")
+def vllm_server_gpus(world_size, online_settings):
+    """``vllm_mode = "server"``: the server's GPUs do not train (inputs/trl_online.py ``training_gpus``)."""
+    return online_settings.processes
+
+
+def _row(name: str, label: str, short: str):
+    def at_peak(peak_breakdown):
+        return peak_breakdown.get(name, 0)
+
+    at_peak.__doc__ = f"{label}: its bytes in the peak phase's rows (GRPO/RLOO; 0 otherwise)."
+    return quantity("bytes", name=f"{name}_at_peak_bytes", category="memory", label=label, short_label=short,
+                    row=name)(at_peak)
+
+
+ROWS = (_row("kv_cache", "KV cache (generation)", "KV cache"),
+        _row("vllm_reserve", "vLLM reserve (colocated)", "vLLM"),
+        _row("ref_model", "reference model", "ref model"))
+
+QUANTITIES = (ref_model_bytes, round_batch_bytes, generation_gathered_bytes, scoring_rows, *ROWS)
+REDUCERS = (online_phases, vllm_server_gpus)
+
+
+@hookimpl
+def fitplan_register_quantities(register):
+    for q in (*generation.QUANTITIES, *vllm.QUANTITIES, *QUANTITIES):
+        register(q)
+
+
+@hookimpl
+def fitplan_register_reducers(register):
+    for r in REDUCERS:
+        register(r)
