@@ -311,9 +311,15 @@ def online_settings(s: sc.Scenario) -> Any:
 
 def with_online_sequence(s: sc.Scenario) -> sc.Scenario:
     """GRPO/RLOO: the training step's sequence is prompt + completion (``max_seq_length`` plays no part in
-    TRL's online trainers); other trainers unchanged."""
+    TRL's online trainers) and a dataset of ``num_examples`` prompts holds ``prompt_length`` tokens each unless
+    stated; other trainers unchanged."""
     o = online_settings(s)
-    return s if o is None else s.replace(max_seq_length=o.sequence_length)
+    if o is None:
+        return s
+    d = s.dataset
+    if d.num_examples is not None and d.tokens_per_example is None and d.total_tokens is None:
+        s = s.replace(tokens_per_example=o.prompt_length)
+    return s.replace(max_seq_length=o.sequence_length)
 
 
 def resolve_defaults(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Scenario:

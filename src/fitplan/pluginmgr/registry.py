@@ -48,6 +48,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.seed",
     "fitplan.builtin.names",
     "fitplan.builtin.report",
+    "fitplan.builtin.trl.report",
     "fitplan.builtin.formats",
     "fitplan.builtin.commands",
 )

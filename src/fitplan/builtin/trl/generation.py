@@ -14,8 +14,8 @@ max_completion_length`` new tokens. transformers 5.24 (generation/utils.py ``_sa
   ``L·2·B·kv·n·e + B·kv·(n − 1)·e`` (``kv = num_key_value_heads × head_dim``, ``e`` the weights' bytes: generate
   runs outside autocast, so the cache has the weights' dtype);
 * ``logits_to_keep = 1`` (``_prepare_generation_config``: the model computes the last position's logits only):
-  ``B·V`` in the weights' dtype, copied to fp32 (``outputs.logits[:, -1].to(copy=True, dtype=float32)``), the
-  logits processors' output (fp32) and ``softmax`` (fp32) before ``multinomial``: ``B·V·(e + 3·4)``;
+  ``B·V`` in the weights' dtype, copied to fp32 (``outputs.logits[:, -1].to(copy=True, dtype=float32)``) and
+  ``softmax`` (fp32) before ``multinomial`` (no logits processor with TRL's defaults): ``B·V·(e + 2·4)``;
 * the prefill runs the layers over ``B·P`` tokens with a padding mask, so SDPA repeats the key/value heads
   (integrations/sdpa_attention.py ``repeat_kv``: ``2·B·P·q_dim·e``) and the MLP holds its gate, up and product
   (``3·B·P·I·e``, the active experts' width for MoE); the residual stream and the layer's output (``2·B·P·h·e``).
@@ -28,8 +28,10 @@ from __future__ import annotations
 
 from fitplan.engine.declarations import quantity
 
-SAMPLING_FP32_COPIES = 3
-"""fp32 ``B·V`` tensors alive while sampling: the upcast logits, the processors' scores, the probabilities."""
+SAMPLING_FP32_COPIES = 2
+"""fp32 ``B·V`` tensors alive while sampling: the upcast logits and the probabilities. TRL's generation config
+(temperature 1.0, top_p 1.0, top_k 0, no repetition penalty: grpo_config.py defaults) gives ``generate`` no
+logits processor, so the scores are the upcast logits themselves."""
 
 
 def kv_cache_bytes(layers: int, batch: int, kv_dim: int, positions: int, dtype_bytes: float) -> int:
@@ -45,7 +47,7 @@ def decode_cache_peak_bytes(layers: int, batch: int, kv_dim: int, prompt: int, c
 
 
 def sampling_bytes(batch: int, vocab: int, dtype_bytes: float) -> int:
-    """The last position's logits and their fp32 copies while sampling: ``B·V·(e + 3·4)``."""
+    """The last position's logits and their fp32 copies while sampling: ``B·V·(e + 2·4)``."""
     return int(batch * vocab * (dtype_bytes + 4 * SAMPLING_FP32_COPIES))
 
 

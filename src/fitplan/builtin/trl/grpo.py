@@ -139,6 +139,27 @@ def vllm_server_gpus(world_size, online_settings):
     return online_settings.processes
 
 
+@reducer("assumed_defaults", when=lambda online_settings, assumptions: online_settings is not None
+         and assumptions != "seed")
+def online_defaults(assumed_defaults, online_settings, trainer, num_generations, max_completion_length, beta,
+                    steps_per_generation, generation_batch_size):
+    """GRPO/RLOO: the TRL defaults the round took (inputs/trl_online.py) and fitplan's prompt length."""
+    o, name = online_settings, trainer.upper()
+    out = list(assumed_defaults)
+    if num_generations is None:
+        out.append(f"num_generations {o.num_generations} ({name}Config default)")
+    if max_completion_length is None:
+        out.append(f"max_completion_length {o.max_completion_length} ({name}Config default)")
+    if beta is None:
+        out.append(f"beta {o.beta:g} ({name}Config default)")
+    if steps_per_generation is None and generation_batch_size is None:
+        out.append(f"steps_per_generation = gradient_accumulation_steps ({o.steps_per_generation}, {name}Config)")
+    if not o.prompt_length_given:
+        out.append(f"prompt_length {o.prompt_length} (fitplan's assumption: TRL does not truncate prompts; "
+                   "give --prompt-length)")
+    return out
+
+
 def _row(name: str, label: str, short: str):
     def at_peak(peak_breakdown):
         return peak_breakdown.get(name, 0)
@@ -153,7 +174,7 @@ ROWS = (_row("kv_cache", "KV cache (generation)", "KV cache"),
         _row("ref_model", "reference model", "ref model"))
 
 QUANTITIES = (ref_model_bytes, round_batch_bytes, generation_gathered_bytes, scoring_rows, *ROWS)
-REDUCERS = (online_phases, vllm_server_gpus)
+REDUCERS = (online_phases, vllm_server_gpus, online_defaults)
 
 
 @hookimpl
