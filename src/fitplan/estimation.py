@@ -311,7 +311,8 @@ def online_settings(s: sc.Scenario) -> Any:
 
 def with_online_sequence(s: sc.Scenario) -> sc.Scenario:
     """GRPO/RLOO: the training step's sequence is prompt + completion (``max_seq_length`` plays no part in
-    TRL's online trainers) and a dataset of ``num_examples`` prompts holds ``prompt_length`` tokens each unless
+    TRL's online trainers), the loss head is TRL's fused log-probability head (``loss_implementation = "trl"``,
+    builtin/loss_heads.py) and a dataset of ``num_examples`` prompts holds ``prompt_length`` tokens each unless
     stated; other trainers unchanged."""
     o = online_settings(s)
     if o is None:
@@ -319,6 +320,8 @@ def with_online_sequence(s: sc.Scenario) -> sc.Scenario:
     d = s.dataset
     if d.num_examples is not None and d.tokens_per_example is None and d.total_tokens is None:
         s = s.replace(tokens_per_example=o.prompt_length)
+    if s.training.loss_implementation == "hf":  # GRPO/RLOO always score through TRL's fused head
+        s = s.replace(loss_implementation="trl")
     return s.replace(max_seq_length=o.sequence_length)
 
 

@@ -105,17 +105,28 @@ def _phases(trainer, counter, steps: int):
 
 def measure_grpo(cfg: dict[str, Any], *, prompt_length: int, max_completion_length: int, num_generations: int,
                  per_device_train_batch_size: int, gradient_accumulation_steps: int = 1, beta: float = 0.0,
-                 lora: dict[str, Any] | None = None, steps: int = 2, seed: int = 0) -> dict[str, Any]:
-    """Train ``steps`` GRPO steps on the CPU in fp32 (``adamw_torch``); the last step's peak per phase
-    (``{phase: bytes}``) and what the trainer resolved (``generation_batch_size``, ``steps_per_generation``)."""
+                 lora: dict[str, Any] | None = None, gradient_checkpointing: bool = False, steps: int = 2,
+                 seed: int = 0) -> dict[str, Any]:
+    """Train ``steps`` GRPO steps on the CPU in fp32; the last step's peak per phase (``{phase: bytes}``) and
+    what the trainer resolved (``generation_batch_size``, ``steps_per_generation``).
+
+    The optimizer is ``torch.optim.AdamW(foreach=True)``, the implementation CUDA picks for ``adamw_torch`` (the
+    CPU would pick the per-tensor loop), as the SFT referee does (build.py ``build_optimizer``).
+    ``gradient_checkpointing`` is passed explicitly: GRPOConfig's default is True, TrainingArguments' False."""
     torch = _deps.torch()
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from .measure import LiveBytes, optimizer_state_tensors
+    from .measure import LiveBytes
 
     tok = _tokenizer(cfg["vocab_size"])
     model = _model(cfg, torch.float32, seed)
+    if beta != 0.0:  # TRL loads the reference from the policy's path (create_model_from_path): save it there
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix="fitplan-grpo-")
+        model.save_pretrained(path)
+        model = path
     prompts = [" ".join(WORD.format((i * 7 + j) % (cfg["vocab_size"] - 1)) for j in range(prompt_length))
                for i in range(64)]
     peft_config = None
@@ -130,10 +141,12 @@ def measure_grpo(cfg: dict[str, Any], *, prompt_length: int, max_completion_leng
                       gradient_accumulation_steps=gradient_accumulation_steps, num_generations=num_generations,
                       max_completion_length=max_completion_length, beta=beta, max_steps=steps, optim="adamw_torch",
                       logging_steps=1000, save_strategy="no", report_to=[], seed=seed, dataloader_num_workers=0,
-                      disable_tqdm=True, log_completions=False)
+                      disable_tqdm=True, log_completions=False, gradient_checkpointing=gradient_checkpointing, model_init_kwargs={"dtype": torch.float32})
     trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [1.0] * len(completions),
                           args=args, train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tok,
                           peft_config=peft_config)
+    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+    trainer.optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, foreach=True)
     counter = LiveBytes()
     _phases(trainer, counter, steps)
     counter.track([*trainer.model.parameters(), *trainer.model.buffers()])
@@ -141,7 +154,6 @@ def measure_grpo(cfg: dict[str, Any], *, prompt_length: int, max_completion_leng
         counter.track([*trainer.ref_model.parameters(), *trainer.ref_model.buffers()])
     with counter:
         trainer.train()
-    del optimizer_state_tensors  # the optimizer is created inside train(): the counter sees its states appear
     peaks = {k: v for k, v in counter.phase_peaks.items() if k not in ("setup", "after_backward")}
     return {"phases": peaks, "generation_batch_size": args.generation_batch_size,
             "steps_per_generation": args.steps_per_generation}
