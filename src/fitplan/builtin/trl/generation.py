@@ -10,15 +10,18 @@ max_completion_length`` new tokens. transformers 5.24 (generation/utils.py ``_sa
 * the cache is a ``DynamicCache`` (cache_utils.py ``DynamicLayer.update``: ``torch.cat`` of the old keys/values
   and the new token's, per layer): after the prefill it holds ``P`` positions per layer; decode step ``k`` feeds
   token ``k`` and leaves ``P + k``; the last of the ``C − 1`` decode forwards leaves ``n = P + C − 1``. While the
-  last layer concatenates its values, the old tensor (``n − 1`` positions) is still alive: the cache's peak is
+  last layer concatenates its values, the old tensor (``n − 1`` positions) is still alive:
   ``L·2·B·kv·n·e + B·kv·(n − 1)·e`` (``kv = num_key_value_heads × head_dim``, ``e`` the weights' bytes: generate
   runs outside autocast, so the cache has the weights' dtype);
 * ``logits_to_keep = 1`` (``_prepare_generation_config``: the model computes the last position's logits only):
-  ``B·V`` in the weights' dtype, copied to fp32 (``outputs.logits[:, -1].to(copy=True, dtype=float32)``) and
-  ``softmax`` (fp32) before ``multinomial`` (no logits processor with TRL's defaults): ``B·V·(e + 2·4)``;
+  ``B·V`` in the weights' dtype, copied to fp32 (``outputs.logits[:, -1].to(copy=True, dtype=float32)``) while
+  the previous step's copy and ``softmax`` output (fp32) are still bound to their variables: ``B·V·(e + 3·4)``
+  at sampling; during the forward (the last layer's concatenation) only the previous step's two fp32 tensors;
 * the prefill runs the layers over ``B·P`` tokens with a padding mask, so SDPA repeats the key/value heads
-  (integrations/sdpa_attention.py ``repeat_kv``: ``2·B·P·q_dim·e``) and the MLP holds its gate, up and product
-  (``3·B·P·I·e``, the active experts' width for MoE); the residual stream and the layer's output (``2·B·P·h·e``).
+  (integrations/sdpa_attention.py ``repeat_kv``: ``2·B·P·q_dim·e``) and the MLP holds its activation, up
+  projection and product (``3·B·P·I·e``, the active experts' width for MoE), whichever is more; beside them the
+  input embeddings, the residual stream, the attention block's sum and the norm's output (``4·B·P·h·e``) and the
+  rotary ``cos``/``sin`` (``2·B·P·d_head·4``). Its logits are one position's (no previous step's copies).
 
 The completion and prompt ids (int64, ``B·(P + C)``, with the mask) stay alive through the round.
 A completion that ends early still costs its padding here: every figure assumes every completion reaches ``C``.
@@ -28,8 +31,9 @@ from __future__ import annotations
 
 from fitplan.engine.declarations import quantity
 
-SAMPLING_FP32_COPIES = 2
-"""fp32 ``B·V`` tensors alive while sampling: the upcast logits and the probabilities. TRL's generation config
+SAMPLING_FP32_COPIES = 3
+"""fp32 ``B·V`` tensors alive while sampling: the new upcast logits, and the previous step's upcast logits and
+probabilities, still bound to ``next_token_logits`` and ``probs`` until reassigned. TRL's generation config
 (temperature 1.0, top_p 1.0, top_k 0, no repetition penalty: grpo_config.py defaults) gives ``generate`` no
 logits processor, so the scores are the upcast logits themselves."""
 
@@ -39,25 +43,25 @@ def kv_cache_bytes(layers: int, batch: int, kv_dim: int, positions: int, dtype_b
     return int(layers * 2 * batch * kv_dim * positions * dtype_bytes)
 
 
-def decode_cache_peak_bytes(layers: int, batch: int, kv_dim: int, prompt: int, completion: int,
-                            dtype_bytes: float) -> int:
-    """The cache at the last decode step, with the last layer's old value tensor still alive (module doc)."""
-    n = prompt + completion - 1
-    return kv_cache_bytes(layers, batch, kv_dim, n, dtype_bytes) + int(batch * kv_dim * (n - 1) * dtype_bytes)
+def decode_extra_bytes(batch: int, kv_dim: int, vocab: int, prompt: int, completion: int, dtype_bytes: float) -> int:
+    """Beyond the full cache at the last decode step: the last layer's old value tensor with the previous
+    step's two fp32 ``B·V`` tensors, or the sampling's tensors, whichever is more (module doc)."""
+    old = int(batch * kv_dim * (prompt + completion - 2) * dtype_bytes) + 2 * 4 * batch * vocab
+    return max(old, sampling_bytes(batch, vocab, dtype_bytes))
 
 
 def sampling_bytes(batch: int, vocab: int, dtype_bytes: float) -> int:
-    """The last position's logits and their fp32 copies while sampling: ``B·V·(e + 2·4)``."""
+    """The last position's logits and the fp32 copies alive while sampling: ``B·V·(e + 3·4)``."""
     return int(batch * vocab * (dtype_bytes + 4 * SAMPLING_FP32_COPIES))
 
 
 def prefill_transient_bytes(arch, batch: int, prompt: int, dtype_bytes: float) -> int:
-    """One layer's largest transients in the prefill plus the residual stream (module doc)."""
+    """One layer's largest transients in the prefill, the residual stream and the rotary tables (module doc)."""
     tokens = batch * prompt
     width = arch.moe_intermediate_size * arch.num_experts_per_tok if arch.is_moe else arch.intermediate_size
     attention = 2 * tokens * arch.q_dim * dtype_bytes
     mlp = 3 * tokens * width * dtype_bytes
-    return int(max(attention, mlp) + 2 * tokens * arch.hidden_size * dtype_bytes)
+    return int(max(attention, mlp) + 4 * tokens * arch.hidden_size * dtype_bytes + 2 * tokens * arch.head_dim * 4)
 
 
 def ids_bytes(batch: int, prompt: int, completion: int) -> int:
@@ -75,10 +79,10 @@ def generation_rows(online_settings, arch, weight_dtype_bytes, use_vllm):
         return None
     e, b, p, c = weight_dtype_bytes, o.local_generation_batch, o.prompt_length, o.max_completion_length
     ids = ids_bytes(b, p, c)
-    decode = {"kv_cache": decode_cache_peak_bytes(arch.num_hidden_layers, b, arch.kv_dim, p, c, e),
-              "temporaries": sampling_bytes(b, arch.vocab_size, e) + ids}
+    decode = {"kv_cache": kv_cache_bytes(arch.num_hidden_layers, b, arch.kv_dim, p + c - 1, e),
+              "temporaries": decode_extra_bytes(b, arch.kv_dim, arch.vocab_size, p, c, e) + ids}
     prefill = {"kv_cache": kv_cache_bytes(arch.num_hidden_layers, b, arch.kv_dim, p, e),
-               "temporaries": prefill_transient_bytes(arch, b, p, e) + sampling_bytes(b, arch.vocab_size, e) + ids}
+               "temporaries": prefill_transient_bytes(arch, b, p, e) + ids}
     return max(decode, prefill, key=lambda r: sum(r.values()))
 
 

@@ -26,6 +26,7 @@ The peak is the highest phase (builtin/peak.py). Rows added here: ``kv_cache`` (
 
 from __future__ import annotations
 
+from fitplan.builtin.loss_heads import TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK
 from fitplan.builtin.trl import generation, vllm
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.pluginmgr.hookspecs import hookimpl
@@ -74,19 +75,21 @@ def scoring_rows(online_settings, arch, per_device_train_batch_size, weight_dtyp
                  device):
     """What the scoring forward adds at its peak (module doc, 2.), None when none runs: one layer's transients
     over ``b·(P+C)`` tokens (as the prefill's, builtin/trl/generation.py) and the fused head's buffers: the
-    final hidden state, its shifted copy, the ``min(N, 4096) × 32768`` tile in the compute dtype and seven fp32
-    per-token statistics; without Triton (the CPU) the tile's fp32 transform, exponent and target gather
-    (three fp32 tiles) on top."""
+    final hidden state, its shifted copy (``N = b·(P+C−1)`` rows), the ``min(N, 4096) × 32768`` tile buffer in
+    the compute dtype (32768 columns whatever the vocabulary) and seven fp32 per-token statistics; without
+    Triton (the CPU) three fp32 ``min(N, 4096) × min(V, 32768)`` tiles of the fold on top (builtin/loss_heads.py,
+    ``trl``)."""
     o = online_settings
     if o is None or (not o.old_logps and o.reference == "none") or arch.is_bare:
         return None
     b, s = per_device_train_batch_size, o.sequence_length
     n = b * (s - 1)
     layer = generation.prefill_transient_bytes(arch, b, s, weight_dtype_bytes)
-    tile = min(n, 4096) * min(arch.vocab_size, 32768)
-    head = 2 * b * s * arch.hidden_size * activation_dtype_bytes + tile * activation_dtype_bytes + 7 * 4 * n
+    rows = min(n, TRL_TOKEN_CHUNK)
+    head = (b * s + n) * arch.hidden_size * activation_dtype_bytes + rows * TRL_VOCAB_CHUNK * activation_dtype_bytes \
+        + 7 * 4 * n
     if device != "cuda":
-        head += 3 * 4 * tile
+        head += 3 * 4 * rows * min(arch.vocab_size, TRL_VOCAB_CHUNK)
     return {"temporaries": max(layer, head)}
 
 
