@@ -19,7 +19,9 @@ max_completion_length`` new tokens. transformers 5.24 (generation/utils.py ``_sa
   at sampling; during the forward (the last layer's concatenation) only the previous step's two fp32 tensors;
 * the prefill runs the layers over ``B·P`` tokens with a padding mask, so SDPA repeats the key/value heads
   (integrations/sdpa_attention.py ``repeat_kv``: ``2·B·P·q_dim·e``) and the MLP holds its activation, up
-  projection and product (``3·B·P·I·e``, the active experts' width for MoE), whichever is more; beside them the
+  projection and product (``3·B·P·I·e``; MoE, transformers 5's grouped experts: the ``R = B·P·k`` routed rows
+  gathered (``R·h``), the fused gate-up projection (``2·R·I``), its activation and the product: ``(4·R·I + R·h)·e``),
+  whichever is more; beside them the
   input embeddings, the residual stream, the attention block's sum and the norm's output (``4·B·P·h·e``) and the
   rotary ``cos``/``sin`` (``2·B·P·d_head·4``). Its logits are one position's (no previous step's copies).
 
@@ -58,9 +60,13 @@ def sampling_bytes(batch: int, vocab: int, dtype_bytes: float) -> int:
 def prefill_transient_bytes(arch, batch: int, prompt: int, dtype_bytes: float) -> int:
     """One layer's largest transients in the prefill, the residual stream and the rotary tables (module doc)."""
     tokens = batch * prompt
-    width = arch.moe_intermediate_size * arch.num_experts_per_tok if arch.is_moe else arch.intermediate_size
     attention = 2 * tokens * arch.q_dim * dtype_bytes
-    mlp = 3 * tokens * width * dtype_bytes
+    if arch.is_moe:  # transformers 5's grouped experts: T·k routed rows, gathered, fused gate_up, act, product
+        rows = tokens * arch.num_experts_per_tok
+        width = arch.moe_intermediate_size or arch.intermediate_size
+        mlp = (4 * rows * width + rows * arch.hidden_size) * dtype_bytes
+    else:
+        mlp = 3 * tokens * arch.intermediate_size * dtype_bytes
     return int(max(attention, mlp) + 4 * tokens * arch.hidden_size * dtype_bytes + 2 * tokens * arch.head_dim * 4)
 
 

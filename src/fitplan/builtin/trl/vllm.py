@@ -50,7 +50,8 @@ def page_bytes(arch, tp: int) -> int:
 
 def profiled_activation_bytes(arch, tp: int) -> int:
     """The profile run's peak activations (module doc; an approximation)."""
-    width = arch.moe_intermediate_size * arch.num_experts_per_tok if arch.is_moe else arch.intermediate_size
+    width = ((arch.moe_intermediate_size or arch.intermediate_size) * arch.num_experts_per_tok if arch.is_moe
+             else arch.intermediate_size)
     layer = MAX_NUM_BATCHED_TOKENS * (3 * width // tp + 2 * arch.hidden_size) * SERVED_DTYPE_BYTES
     return int(layer + 2 * MAX_NUM_SEQS * arch.vocab_size * 4)
 
