@@ -115,8 +115,10 @@ def test_kv_cache_is_transformers_dynamic_cache():
                          do_sample=True, return_dict_in_generate=True, pad_token_id=0)
     cache = out.past_key_values
     measured = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-    est = _tiny("tiny-qwen2", per_device_train_batch_size=G)  # one round = 4 sequences on the one process
-    assert est["generation_rows"]["kv_cache"] == measured
+    from fitplan.builtin.trl.generation import kv_cache_bytes
+
+    arch = _tiny("tiny-qwen2").arch  # the cache after the last decode step, as fitplan sizes it
+    assert kv_cache_bytes(arch.num_hidden_layers, G, arch.kv_dim, P + C - 1, 4) == measured
     # by hand: 2 layers × (K, V) × 4 sequences × (2 kv heads × 16) × (8 + 16 − 1) positions × 4 bytes
     assert measured == 2 * 2 * 4 * 32 * 23 * 4
 

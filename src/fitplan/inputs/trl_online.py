@@ -84,7 +84,8 @@ def _rounds(b: int, processes: int, gas: int, gen_batch: int | None, steps: int 
     if gen_batch is not None and steps is None:
         if gen_batch % global_batch:
             raise _err(f"generation_batch_size ({gen_batch}) must be divisible by the global batch size "
-                       f"({b} * {processes} = {global_batch})", "generation_batch_size", gen_batch)
+                       f"({global_batch}) = per_device_train_batch_size {b} × {processes} process(es)",
+                       "generation_batch_size", gen_batch)
         return gen_batch // global_batch, gen_batch
     if gen_batch is None:
         return steps, global_batch * steps

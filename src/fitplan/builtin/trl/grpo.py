@@ -145,10 +145,13 @@ def vllm_server_gpus(world_size, online_settings):
 @reducer("assumed_defaults", when=lambda online_settings, assumptions: online_settings is not None
          and assumptions != "seed")
 def online_defaults(assumed_defaults, online_settings, trainer, num_generations, max_completion_length, beta,
-                    steps_per_generation, generation_batch_size):
-    """GRPO/RLOO: the TRL defaults the round took (inputs/trl_online.py) and fitplan's prompt length."""
+                    steps_per_generation, generation_batch_size, gradient_checkpointing, loss_implementation):
+    """GRPO/RLOO: the TRL defaults the round took (inputs/trl_online.py), the loss head TRL scores with, and
+    fitplan's prompt length."""
     o, name = online_settings, trainer.upper()
     out = list(assumed_defaults)
+    if loss_implementation == "trl":
+        out.append("loss TRL's fused log-prob head (add_fused_lm_head: no full logits)")
     if num_generations is None:
         out.append(f"num_generations {o.num_generations} ({name}Config default)")
     if max_completion_length is None:
@@ -157,6 +160,9 @@ def online_defaults(assumed_defaults, online_settings, trainer, num_generations,
         out.append(f"beta {o.beta:g} ({name}Config default)")
     if steps_per_generation is None and generation_batch_size is None:
         out.append(f"steps_per_generation = gradient_accumulation_steps ({o.steps_per_generation}, {name}Config)")
+    if not gradient_checkpointing:
+        out.append(f"gradient_checkpointing off as stated or left out ({name}Config's own default is on: pass "
+                   "--gradient-checkpointing to match it)")
     if not o.prompt_length_given:
         out.append(f"prompt_length {o.prompt_length} (fitplan's assumption: TRL does not truncate prompts; "
                    "give --prompt-length)")
