@@ -19,9 +19,9 @@ training process:
    (fitplan's step trace at ``max_seq_length = prompt_length + max_completion_length``), the round's buffered
    batch (its ids and masks) alive beside it.
 
-The peak is the highest phase (builtin/peak.py). Rows added here: ``kv_cache`` (the generation's cache),
-``vllm_reserve`` (colocated vLLM: every phase, or the generation phase only with sleep mode) and
-``ref_model`` (the reference copy, every phase).
+The peak is the highest phase (builtin/peak.py): the training process's own bytes. Rows added here:
+``kv_cache`` (the generation's cache) and ``ref_model`` (the reference copy, every phase). A colocated vLLM's
+reserve is taken from the GPU's usable memory instead (``vllm_colocated_reserve``).
 """
 
 from __future__ import annotations
@@ -105,34 +105,46 @@ def _with(rows: dict[str, int], **extra: int) -> dict[str, int]:
     return out
 
 
-def _generation_phase(base, online_settings, generation_rows, vllm_memory, gathered, ref, batch):
+def _generation_phase(base, online_settings, generation_rows, use_vllm, gathered, ref, batch):
     """The generation phase's rows (module doc, 1.)."""
     rows = _with(base, ref_model=ref, other=batch)
-    if vllm_memory is not None:
-        reserve = vllm_memory["reserve_bytes"] if vllm_memory["mode"] == "colocate" else 0
-        return _with(rows, vllm_reserve=reserve)
+    if use_vllm:  # vLLM generates in its own memory: its reserve (usable_bytes, below)
+        return rows
     gen = generation_rows or {}
     return _with(rows, gathered_params=gathered, kv_cache=gen.get("kv_cache", 0),
                  temporaries=gen.get("temporaries", 0))
 
 
 @reducer("phase_rows", when=lambda online_settings: online_settings is not None)
-def online_phases(phase_rows, online_settings, generation_rows, scoring_rows, vllm_memory, ref_model_bytes,
+def online_phases(phase_rows, online_settings, use_vllm, generation_rows, scoring_rows, ref_model_bytes,
                   round_batch_bytes, generation_gathered_bytes):
-    """GRPO/RLOO: the training step's phases with the round's batch, the reference copy and a colocated vLLM's
-    reserve (unless it sleeps) added, and the ``generation`` and ``scoring`` phases in front (module doc)."""
-    awake = vllm_memory is not None and vllm_memory["mode"] == "colocate" and not vllm_memory["sleep"]
-    reserve = vllm_memory["reserve_bytes"] if awake else 0
+    """GRPO/RLOO: the training step's phases with the round's batch and the reference copy added, and the
+    ``generation`` and ``scoring`` phases in front (module doc). The training process's bytes only: a colocated
+    vLLM's reserve is taken from the usable memory (:func:`vllm_colocated_reserve`)."""
     out = {}
     base = _resident(phase_rows["optimizer_step"])
-    out["generation"] = _generation_phase(base, online_settings, generation_rows, vllm_memory,
+    out["generation"] = _generation_phase(base, online_settings, generation_rows, use_vllm,
                                           generation_gathered_bytes, ref_model_bytes, round_batch_bytes)
     if scoring_rows is not None:
-        out["scoring"] = _with(base, ref_model=ref_model_bytes, other=round_batch_bytes, vllm_reserve=reserve,
+        out["scoring"] = _with(base, ref_model=ref_model_bytes, other=round_batch_bytes,
                                temporaries=scoring_rows["temporaries"])
     for phase, rows in phase_rows.items():
-        out[phase] = _with(rows, ref_model=ref_model_bytes, other=round_batch_bytes, vllm_reserve=reserve)
+        out[phase] = _with(rows, ref_model=ref_model_bytes, other=round_batch_bytes)
     return out
+
+
+@reducer("usable_bytes", when=lambda vllm_memory: vllm_memory is not None and vllm_memory["mode"] == "colocate")
+def vllm_colocated_reserve(usable_bytes, vllm_memory, phase_bytes, peak_bytes):
+    """A colocated vLLM holds ``gpu_memory_utilization × total`` of each training GPU (builtin/trl/vllm.py):
+    awake for the whole run, the training process has the rest; with sleep mode, vLLM holds it in the
+    generation phase only, so the training process must leave room for it then: the usable memory loses the
+    part of the reserve that the generation phase plus the reserve exceeds the step's peak by. (A reserve
+    depends on the GPU, so it is taken from the usable memory, not added to the phases: the recommender sets
+    the usable memory per GPU itself and does not see it.)"""
+    reserve = vllm_memory["reserve_bytes"]
+    if not vllm_memory["sleep"]:
+        return usable_bytes - reserve
+    return usable_bytes - max(0, reserve + phase_bytes["generation"] - peak_bytes)
 
 
 @reducer("world_size", when=lambda online_settings, use_vllm, vllm_mode: online_settings is not None and use_vllm
@@ -179,11 +191,10 @@ def _row(name: str, label: str, short: str):
 
 
 ROWS = (_row("kv_cache", "KV cache (generation)", "KV cache"),
-        _row("vllm_reserve", "vLLM reserve (colocated)", "vLLM"),
         _row("ref_model", "reference model", "ref model"))
 
 QUANTITIES = (ref_model_bytes, round_batch_bytes, generation_gathered_bytes, scoring_rows, *ROWS)
-REDUCERS = (online_phases, vllm_server_gpus, online_defaults)
+REDUCERS = (online_phases, vllm_colocated_reserve, vllm_server_gpus, online_defaults)
 
 
 @hookimpl

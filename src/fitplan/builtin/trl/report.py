@@ -75,11 +75,11 @@ def online_lines(est, units: str) -> list[tuple[str, str]]:
     lines = [("round", _round_line(o)), ("phases", phases)]
     if v.get("vllm_memory") is not None:
         lines.append(("vLLM", _vllm_line(v["vllm_memory"], units)))
-        if v["vllm_memory"]["mode"] == "colocate" and v.get("gpu_spec") is not None:
-            left = v["usable_bytes"] - (0 if v["vllm_memory"]["sleep"] else v["vllm_memory"]["reserve_bytes"])
-            lines.append(("for training", f"{format_bytes(left, units)} per GPU while vLLM holds its reserve"
-                          if not v["vllm_memory"]["sleep"] else
-                          f"{format_bytes(left, units)} per GPU outside generation (vLLM asleep)"))
+        if v["vllm_memory"]["mode"] == "colocate" and v.get("usable_bytes") is not None:
+            left = format_bytes(v["usable_bytes"], units)
+            lines.append(("for training", f"{left} per GPU usable by the training process, vLLM's reserve taken "
+                          + ("(asleep outside generation: the generation phase leaves room for it)"
+                             if v["vllm_memory"]["sleep"] else "(awake for the whole run)")))
     if v.get("online_round_seconds") is not None:
         lines.append(("round time", _time_line(v["online_round_seconds"], v.get("online_rounds"), v)))
     return lines
