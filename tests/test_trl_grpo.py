@@ -205,11 +205,10 @@ def test_vllm_sleep_mode_needs_room_in_the_generation_phase_only():
     asleep = _qwen7b(use_vllm=True, vllm_enable_sleep_mode=True)
     usable, reserve = 85_027_979_264, int(85_027_979_264 * 0.3)
     assert awake["phase_bytes"] == asleep["phase_bytes"]
-    gen, peak = asleep["phase_bytes"]["generation"], asleep["peak_bytes"]
-    # fits iff max(peak, generation + reserve) + overhead <= usable: the usable memory loses what the generation
-    # phase plus the reserve exceeds the peak by
-    assert asleep["usable_bytes"] == usable - max(0, reserve + gen - peak)
-    assert awake["usable_bytes"] == usable - reserve
+    assert awake["usable_bytes"] == usable - reserve and asleep["usable_bytes"] == usable
+    gen, overhead = asleep["phase_bytes"]["generation"], asleep["framework_overhead_bytes"]
+    assert asleep["vllm_sleep_headroom"] == usable - (gen + overhead + reserve)
+    assert awake["vllm_sleep_headroom"] is None
 
 
 # --------------------------------------------------------------------------- time, by hand

@@ -19,9 +19,11 @@ training process:
    (fitplan's step trace at ``max_seq_length = prompt_length + max_completion_length``), the round's buffered
    batch (its ids and masks) alive beside it.
 
-The peak is the highest phase (builtin/peak.py): the training process's own bytes. Rows added here:
-``kv_cache`` (the generation's cache) and ``ref_model`` (the reference copy, every phase). A colocated vLLM's
-reserve is taken from the GPU's usable memory instead (``vllm_colocated_reserve``).
+The peak is the highest phase (builtin/peak.py): the training process's own bytes. The breakdown keeps the
+step's rows (so that other trainers' reports are unchanged): the generation's KV cache is in ``activations``,
+the reference copy in ``weights`` (every phase); the report's ``trl`` section names both. A colocated vLLM's
+reserve is taken from the GPU's usable memory instead (``vllm_colocated_reserve``; with sleep mode,
+``vllm_sleep_headroom`` checks the generation phase beside it).
 """
 
 from __future__ import annotations
@@ -107,11 +109,11 @@ def _with(rows: dict[str, int], **extra: int) -> dict[str, int]:
 
 def _generation_phase(base, online_settings, generation_rows, use_vllm, gathered, ref, batch):
     """The generation phase's rows (module doc, 1.)."""
-    rows = _with(base, ref_model=ref, other=batch)
+    rows = _with(base, weights=ref, other=batch)
     if use_vllm:  # vLLM generates in its own memory: its reserve (usable_bytes, below)
         return rows
     gen = generation_rows or {}
-    return _with(rows, gathered_params=gathered, kv_cache=gen.get("kv_cache", 0),
+    return _with(rows, gathered_params=gathered, activations=gen.get("kv_cache", 0),
                  temporaries=gen.get("temporaries", 0))
 
 
@@ -126,25 +128,31 @@ def online_phases(phase_rows, online_settings, use_vllm, generation_rows, scorin
     out["generation"] = _generation_phase(base, online_settings, generation_rows, use_vllm,
                                           generation_gathered_bytes, ref_model_bytes, round_batch_bytes)
     if scoring_rows is not None:
-        out["scoring"] = _with(base, ref_model=ref_model_bytes, other=round_batch_bytes,
+        out["scoring"] = _with(base, weights=ref_model_bytes, other=round_batch_bytes,
                                temporaries=scoring_rows["temporaries"])
     for phase, rows in phase_rows.items():
-        out[phase] = _with(rows, ref_model=ref_model_bytes, other=round_batch_bytes)
+        out[phase] = _with(rows, weights=ref_model_bytes, other=round_batch_bytes)
     return out
 
 
-@reducer("usable_bytes", when=lambda vllm_memory: vllm_memory is not None and vllm_memory["mode"] == "colocate")
-def vllm_colocated_reserve(usable_bytes, vllm_memory, phase_bytes, peak_bytes):
-    """A colocated vLLM holds ``gpu_memory_utilization × total`` of each training GPU (builtin/trl/vllm.py):
-    awake for the whole run, the training process has the rest; with sleep mode, vLLM holds it in the
-    generation phase only, so the training process must leave room for it then: the usable memory loses the
-    part of the reserve that the generation phase plus the reserve exceeds the step's peak by. (A reserve
-    depends on the GPU, so it is taken from the usable memory, not added to the phases: the recommender sets
-    the usable memory per GPU itself and does not see it.)"""
-    reserve = vllm_memory["reserve_bytes"]
-    if not vllm_memory["sleep"]:
-        return usable_bytes - reserve
-    return usable_bytes - max(0, reserve + phase_bytes["generation"] - peak_bytes)
+@reducer("usable_bytes", when=lambda vllm_memory: vllm_memory is not None and vllm_memory["mode"] == "colocate"
+         and not vllm_memory["sleep"])
+def vllm_colocated_reserve(usable_bytes, vllm_memory):
+    """A colocated vLLM holds ``gpu_memory_utilization × total`` of each training GPU for the whole run
+    (builtin/trl/vllm.py): the training process has the rest. (A reserve depends on the GPU, so it is taken from
+    the usable memory, not added to the phases; the recommender sets the usable memory per GPU itself and does
+    not see it.) With sleep mode the reserve is on the GPU in the generation phase only: ``vllm_sleep_headroom``."""
+    return usable_bytes - vllm_memory["reserve_bytes"]
+
+
+@quantity("bytes")
+def vllm_sleep_headroom(vllm_memory, phase_bytes, framework_overhead_bytes, usable_bytes):
+    """Colocated vLLM with sleep mode: what is left of the usable memory in the generation phase, when vLLM is
+    awake beside the training process: ``usable − (generation phase + overhead + reserve)`` (negative: the
+    generation phase does not fit, whatever the training phases do). None otherwise."""
+    if vllm_memory is None or not vllm_memory["sleep"] or usable_bytes is None:
+        return None
+    return usable_bytes - (phase_bytes["generation"] + framework_overhead_bytes + vllm_memory["reserve_bytes"])
 
 
 @reducer("world_size", when=lambda online_settings, use_vllm, vllm_mode: online_settings is not None and use_vllm
@@ -181,20 +189,9 @@ def online_defaults(assumed_defaults, online_settings, trainer, num_generations,
     return out
 
 
-def _row(name: str, label: str, short: str):
-    def at_peak(peak_breakdown):
-        return peak_breakdown.get(name, 0)
-
-    at_peak.__doc__ = f"{label}: its bytes in the peak phase's rows (GRPO/RLOO; 0 otherwise)."
-    return quantity("bytes", name=f"{name}_at_peak_bytes", category="memory", label=label, short_label=short,
-                    row=name)(at_peak)
-
-
-ROWS = (_row("kv_cache", "KV cache (generation)", "KV cache"),
-        _row("ref_model", "reference model", "ref model"))
-
-QUANTITIES = (ref_model_bytes, round_batch_bytes, generation_gathered_bytes, scoring_rows, *ROWS)
-REDUCERS = (online_phases, vllm_colocated_reserve, vllm_server_gpus, online_defaults)
+QUANTITIES = (ref_model_bytes, round_batch_bytes, generation_gathered_bytes, scoring_rows, vllm_sleep_headroom)
+REDUCERS = (online_phases, vllm_colocated_reserve, vllm_server_gpus)
+"""``online_defaults`` is registered by builtin/defaults.py (blocking that plugin removes its target)."""
 
 
 @hookimpl

@@ -30,7 +30,7 @@ def online_json(est) -> dict[str, Any] | None:
     gen = None if rs is None or rounds is None else rounds * (rs["generation"] + rs["scoring"])
     total = v.get("train_seconds")
     return {"settings": _settings(o), "phases_bytes": {k: int(x) for k, x in v["phase_bytes"].items()},
-            "vllm": v.get("vllm_memory"), "round_seconds": rs, "rounds": rounds,
+            "vllm": v.get("vllm_memory"), "vllm_sleep_headroom_bytes": v.get("vllm_sleep_headroom"), "round_seconds": rs, "rounds": rounds,
             "generation_seconds": gen, "training_seconds": None if gen is None or total is None else total - gen}
 
 
@@ -73,13 +73,25 @@ def online_lines(est, units: str) -> list[tuple[str, str]]:
         return []
     phases = ", ".join(f"{k} {format_bytes(x, units)}" for k, x in v["phase_bytes"].items())
     lines = [("round", _round_line(o)), ("phases", phases)]
+    gen = v.get("generation_rows")
+    if gen is not None:
+        lines.append(("generation", f"KV cache {format_bytes(gen['kv_cache'], units)} (in the activations row), "
+                                    f"sampling / prefill {format_bytes(gen['temporaries'], units)}"))
+    if v.get("ref_model_bytes"):
+        lines.append(("reference", f"{format_bytes(v['ref_model_bytes'], units)} (a second model, in the weights "
+                                   "row of every phase)"))
     if v.get("vllm_memory") is not None:
         lines.append(("vLLM", _vllm_line(v["vllm_memory"], units)))
         if v["vllm_memory"]["mode"] == "colocate" and v.get("usable_bytes") is not None:
             left = format_bytes(v["usable_bytes"], units)
-            lines.append(("for training", f"{left} per GPU usable by the training process, vLLM's reserve taken "
-                          + ("(asleep outside generation: the generation phase leaves room for it)"
-                             if v["vllm_memory"]["sleep"] else "(awake for the whole run)")))
+            if not v["vllm_memory"]["sleep"]:
+                lines.append(("for training", f"{left} per GPU usable by the training process, vLLM's reserve "
+                              "taken (awake for the whole run)"))
+            else:
+                room = v["vllm_sleep_headroom"]
+                lines.append(("for training", f"{left} per GPU outside generation (vLLM asleep); in the generation "
+                              f"phase, beside vLLM's reserve: {format_bytes(room, units)} left"
+                              + ("" if room >= 0 else " (does NOT fit)")))
     if v.get("online_round_seconds") is not None:
         lines.append(("round time", _time_line(v["online_round_seconds"], v.get("online_rounds"), v)))
     return lines
