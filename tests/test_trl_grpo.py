@@ -1,5 +1,5 @@
-"""GRPO with TRL 1.16 (``trainer = "grpo"``): the round TRL resolves, its config checks, each phase's peak
-against TRL's own ``GRPOTrainer`` on the CPU (fitplan-torch's GRPO referee), the KV cache against transformers'
+"""GRPO and RLOO with TRL 1.16 (``trainer = "grpo"``, ``"rloo"``): the round TRL resolves, its config checks, each
+phase's peak against TRL's own ``GRPOTrainer`` / ``RLOOTrainer`` on the CPU (fitplan-torch's GRPO referee), the KV cache against transformers'
 ``DynamicCache``, vLLM's allocation and a round's time derived by hand from the cited formulas.
 
 Every expected number is measured by torch / computed by TRL, or derived here by hand; every scenario states
@@ -28,8 +28,8 @@ P, C, G, B = 8, 16, 4, 4
 """prompt tokens, completion tokens, num_generations, per_device_train_batch_size of the referee's runs."""
 
 
-def _tiny(name: str, **extra):
-    return fitplan.estimate(model=str(CONFIGS / name / "config.json"), trainer="grpo", num_generations=G,
+def _tiny(name: str, trainer: str = "grpo", **extra):
+    return fitplan.estimate(model=str(CONFIGS / name / "config.json"), trainer=trainer, num_generations=G,
                             max_completion_length=C, prompt_length=P, per_device_train_batch_size=B,
                             optim="adamw_torch", precision="32-true", device="cpu", **extra)
 
@@ -125,11 +125,14 @@ def test_kv_cache_is_transformers_dynamic_cache():
 
 # --------------------------------------------------------------------------- the referee: each phase within 1 %
 
+LORA = {"lora_r": 8, "lora_target_modules": ("q_proj", "v_proj")}
 REFEREE = {
     "dense-full-beta": ("tiny-llama", dict(beta=0.04), None),  # a reference copy: the scoring phase runs
-    "dense-lora": ("tiny-qwen2", {}, {"lora_r": 8, "lora_target_modules": ("q_proj", "v_proj")}),
+    "dense-lora": ("tiny-qwen2", {}, LORA),
     "tied-full": ("tiny-gemma", {}, None),
     "moe-full": ("tiny-mixtral", {}, None),
+    # RLOOTrainer: old log-probs always, beta 0.05 by default: with LoRA the reference is the adapter disabled
+    "rloo-lora": ("tiny-qwen2", dict(trainer="rloo", beta=0.05), LORA),
 }
 
 
@@ -147,14 +150,15 @@ def referee():
             name, kw, lora = REFEREE[case]
             cfg = json.loads((CONFIGS / name / "config.json").read_text())
             cache[case] = measure_grpo(cfg, prompt_length=P, max_completion_length=C, num_generations=G,
-                                       per_device_train_batch_size=B, lora=lora, **kw)["phases"]
+                                       per_device_train_batch_size=B, gradient_checkpointing=False, lora=lora,
+                                       **kw)["phases"]
         return cache[case]
 
     return measure
 
 
 @pytest.mark.parametrize("case", list(REFEREE))
-def test_each_phase_within_one_percent_of_grpo_trainer(referee, case):
+def test_each_phase_within_one_percent_of_the_trainer(referee, case):
     name, kw, lora = REFEREE[case]
     extra = dict(method="lora", lora_r=lora["lora_r"], lora_target_modules=lora["lora_target_modules"]) if lora else {}
     est = _tiny(name, **kw, **extra)

@@ -106,22 +106,25 @@ def _phases(trainer, counter, steps: int):
 def measure_grpo(cfg: dict[str, Any], *, prompt_length: int, max_completion_length: int, num_generations: int,
                  per_device_train_batch_size: int, gradient_accumulation_steps: int = 1, beta: float = 0.0,
                  lora: dict[str, Any] | None = None, gradient_checkpointing: bool = False, steps: int = 2,
-                 seed: int = 0) -> dict[str, Any]:
+                 seed: int = 0, trainer: str = "grpo") -> dict[str, Any]:
     """Train ``steps`` GRPO steps on the CPU in fp32; the last step's peak per phase (``{phase: bytes}``) and
     what the trainer resolved (``generation_batch_size``, ``steps_per_generation``).
 
     The optimizer is ``torch.optim.AdamW(foreach=True)``, the implementation CUDA picks for ``adamw_torch`` (the
     CPU would pick the per-tensor loop), as the SFT referee does (build.py ``build_optimizer``).
-    ``gradient_checkpointing`` is passed explicitly: GRPOConfig's default is True, TrainingArguments' False."""
+    ``gradient_checkpointing`` is passed explicitly: GRPOConfig's default is True, TrainingArguments' False.
+    ``trainer = "rloo"`` runs ``RLOOTrainer`` (the same method names, trl/trainer/rloo_trainer.py)."""
     torch = _deps.torch()
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    import trl
+
+    config_cls, trainer_cls = {"grpo": (trl.GRPOConfig, trl.GRPOTrainer), "rloo": (trl.RLOOConfig, trl.RLOOTrainer)}[trainer]
 
     from .measure import LiveBytes
 
     tok = _tokenizer(cfg["vocab_size"])
     model = _model(cfg, torch.float32, seed)
-    if beta != 0.0:  # TRL loads the reference from the policy's path (create_model_from_path): save it there
+    if beta != 0.0 and not lora:  # TRL loads the reference from the policy's path (create_model_from_path)
         import tempfile
 
         path = tempfile.mkdtemp(prefix="fitplan-grpo-")
@@ -136,13 +139,13 @@ def measure_grpo(cfg: dict[str, Any], *, prompt_length: int, max_completion_leng
         peft_config = peft.LoraConfig(r=lora.get("lora_r", 8), lora_alpha=lora.get("lora_alpha", 16),
                                       target_modules=list(lora["lora_target_modules"]), lora_dropout=0.0,
                                       task_type="CAUSAL_LM")
-    args = GRPOConfig(output_dir="/tmp/fitplan-grpo-referee", use_cpu=True, bf16=False, fp16=False,
+    args = config_cls(output_dir="/tmp/fitplan-grpo-referee", use_cpu=True, bf16=False, fp16=False,
                       per_device_train_batch_size=per_device_train_batch_size,
                       gradient_accumulation_steps=gradient_accumulation_steps, num_generations=num_generations,
                       max_completion_length=max_completion_length, beta=beta, max_steps=steps, optim="adamw_torch",
                       logging_steps=1000, save_strategy="no", report_to=[], seed=seed, dataloader_num_workers=0,
                       disable_tqdm=True, log_completions=False, gradient_checkpointing=gradient_checkpointing, model_init_kwargs={"dtype": torch.float32})
-    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [1.0] * len(completions),
+    trainer = trainer_cls(model=model, reward_funcs=lambda completions, **kw: [1.0] * len(completions),
                           args=args, train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tok,
                           peft_config=peft_config)
     trainable = [p for p in trainer.model.parameters() if p.requires_grad]
