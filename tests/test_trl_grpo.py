@@ -28,10 +28,10 @@ P, C, G, B = 8, 16, 4, 4
 """prompt tokens, completion tokens, num_generations, per_device_train_batch_size of the referee's runs."""
 
 
-def _tiny(name: str, trainer: str = "grpo", **extra):
+def _tiny(name: str, trainer: str = "grpo", precision: str = "32-true", **extra):
     return fitplan.estimate(model=str(CONFIGS / name / "config.json"), trainer=trainer, num_generations=G,
                             max_completion_length=C, prompt_length=P, per_device_train_batch_size=B,
-                            optim="adamw_torch", precision="32-true", device="cpu", **extra)
+                            optim="adamw_torch", precision=precision, device="cpu", **extra)
 
 
 def _qwen7b(**extra):
@@ -133,6 +133,8 @@ REFEREE = {
     "moe-full": ("tiny-mixtral", {}, None),
     # RLOOTrainer: old log-probs always, beta 0.05 by default: with LoRA the reference is the adapter disabled
     "rloo-lora": ("tiny-qwen2", dict(trainer="rloo", beta=0.05), LORA),
+    # GRPOConfig's own defaults: bf16 autocast over the fp32 weights, gradient checkpointing
+    "dense-bf16-checkpointing": ("tiny-llama", dict(bf16=True, gradient_checkpointing=True), None),
 }
 
 
@@ -149,9 +151,9 @@ def referee():
         if case not in cache:
             name, kw, lora = REFEREE[case]
             cfg = json.loads((CONFIGS / name / "config.json").read_text())
+            kw = {"gradient_checkpointing": False, **kw}
             cache[case] = measure_grpo(cfg, prompt_length=P, max_completion_length=C, num_generations=G,
-                                       per_device_train_batch_size=B, gradient_checkpointing=False, lora=lora,
-                                       **kw)["phases"]
+                                       per_device_train_batch_size=B, lora=lora, **kw)["phases"]
         return cache[case]
 
     return measure
@@ -161,6 +163,9 @@ def referee():
 def test_each_phase_within_one_percent_of_the_trainer(referee, case):
     name, kw, lora = REFEREE[case]
     extra = dict(method="lora", lora_r=lora["lora_r"], lora_target_modules=lora["lora_target_modules"]) if lora else {}
+    kw = dict(kw)
+    if kw.pop("bf16", False):
+        extra["precision"] = "bf16-mixed"  # TrainingArguments bf16=True over fp32 weights
     est = _tiny(name, **kw, **extra)
     measured = referee(case)
     assert set(measured) == set(est["phase_bytes"]), (measured, est["phase_bytes"])

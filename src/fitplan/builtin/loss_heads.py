@@ -44,7 +44,8 @@ dtype, their fp32 copy (``.float()``), ``log_softmax`` (fp32, saved for backward
   ``N = b·(s − 1)``, saved), the clamped targets (int64 ``N``, saved) and the label mask; the forward allocates
   seven fp32 per-token statistics and one ``min(N, 4096) × 32768`` tile buffer in the compute dtype (32768
   columns whatever the vocabulary), projects the hidden state onto the vocabulary in tiles and folds each
-  tile into online log-sum-exp statistics; without Triton (the CPU) the fold is torch ops over an fp32 copy
+  tile into online log-sum-exp statistics (under autocast over a copy of the hidden state's chunk in the
+  compute dtype; the backward also keeps the weight chunk's); without Triton (the CPU) the fold is torch ops over an fp32 copy
   of the tile: three ``rows × min(V, 32768)`` fp32 tiles at its widest. It saves ``log_z`` and the entropy
   (both fp32 ``N``) and returns the log-probabilities and the entropy (GRPO asks for both), which the caller
   masks (``masked_fill``, fp32 ``N`` each). The backward allocates the tile buffer again and fp32 accumulators
@@ -248,11 +249,14 @@ def _trl(seg_inst: "Segment", site: dict[str, Any]):
     stats = [tr.new(n, "f32", False, "trl.stats") for _ in range(7)]
     buf = tr.new(rows * TRL_VOCAB_CHUNK, compute, False, "trl.tile_buffer")
     fold = [] if b.spec.device == "cuda" else [tr.new(rows * cols, "f32", False, "trl.fold") for _ in range(3)]
+    fold += _trl_chunk_copies(tr, rows, cols, hidden, compute, h.dtype, weight.dtype)[:1 if h.dtype != compute else 0]
     b.emit("trl.chunked_logprob", [("self", flat), ("weight", weight)], [logps, entropy, log_z, *stats, buf, *fold],
            extra={"sv": [flat, targets, log_z, entropy]})
     op = tr.ops[-1]
     op.bwd_temp = _trl_backward_bytes(n, hidden, vocab, rows, cols, compute, h.dtype, weight.rg,
                                       b.spec.device) if op.outs else 0
+    op.bwd_temp += sum(t.nbytes for t in _trl_chunk_copies(tr, rows, cols, hidden, compute, h.dtype, weight.dtype)) \
+        if op.outs else 0
     op.work = _cce_work(n, hidden, vocab, compute, h, weight)
     outs = []
     for t in (logps, entropy):
@@ -267,6 +271,19 @@ def _trl(seg_inst: "Segment", site: dict[str, Any]):
     loss = tr.new(1, "f32", False, "trl.loss")
     b.emit("div.Tensor", [("self", outs[0]), ("other", count)], [loss])
     return loss
+
+
+def _trl_chunk_copies(tr, rows: int, cols: int, hidden: int, compute: str, dtype: str, weight_dtype: str) -> list:
+    """Under autocast the tiles are computed in the compute dtype: ``hidden[chunk].to(compute)`` and
+    ``weight[chunk].to(compute)`` copy the chunks when their dtype differs. The forward keeps only the hidden
+    chunk across the fold (the weight chunk's copy is a temporary of the ``torch.mm`` call); the backward keeps
+    both (``w_chunk``)."""
+    out = []
+    if dtype != compute:
+        out.append(tr.new(rows * hidden, compute, False, "trl.hidden_chunk"))
+    if weight_dtype != compute:
+        out.append(tr.new(cols * hidden, compute, False, "trl.weight_chunk"))
+    return out
 
 
 def _trl_backward_bytes(n: int, hidden: int, vocab: int, rows: int, cols: int, compute: str, dtype: str,

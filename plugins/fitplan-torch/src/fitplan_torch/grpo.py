@@ -106,14 +106,15 @@ def _phases(trainer, counter, steps: int):
 def measure_grpo(cfg: dict[str, Any], *, prompt_length: int, max_completion_length: int, num_generations: int,
                  per_device_train_batch_size: int, gradient_accumulation_steps: int = 1, beta: float = 0.0,
                  lora: dict[str, Any] | None = None, gradient_checkpointing: bool = False, steps: int = 2,
-                 seed: int = 0, trainer: str = "grpo") -> dict[str, Any]:
+                 seed: int = 0, trainer: str = "grpo", bf16: bool = False) -> dict[str, Any]:
     """Train ``steps`` GRPO steps on the CPU in fp32; the last step's peak per phase (``{phase: bytes}``) and
     what the trainer resolved (``generation_batch_size``, ``steps_per_generation``).
 
     The optimizer is ``torch.optim.AdamW(foreach=True)``, the implementation CUDA picks for ``adamw_torch`` (the
     CPU would pick the per-tensor loop), as the SFT referee does (build.py ``build_optimizer``).
     ``gradient_checkpointing`` is passed explicitly: GRPOConfig's default is True, TrainingArguments' False.
-    ``trainer = "rloo"`` runs ``RLOOTrainer`` (the same method names, trl/trainer/rloo_trainer.py)."""
+    ``trainer = "rloo"`` runs ``RLOOTrainer`` (the same method names, trl/trainer/rloo_trainer.py); ``bf16``:
+    TrainingArguments' bf16 autocast over the fp32 weights (fitplan's ``bf16-mixed``)."""
     torch = _deps.torch()
     from datasets import Dataset
     import trl
@@ -139,7 +140,7 @@ def measure_grpo(cfg: dict[str, Any], *, prompt_length: int, max_completion_leng
         peft_config = peft.LoraConfig(r=lora.get("lora_r", 8), lora_alpha=lora.get("lora_alpha", 16),
                                       target_modules=list(lora["lora_target_modules"]), lora_dropout=0.0,
                                       task_type="CAUSAL_LM")
-    args = config_cls(output_dir="/tmp/fitplan-grpo-referee", use_cpu=True, bf16=False, fp16=False,
+    args = config_cls(output_dir="/tmp/fitplan-grpo-referee", use_cpu=True, bf16=bf16, fp16=False,
                       per_device_train_batch_size=per_device_train_batch_size,
                       gradient_accumulation_steps=gradient_accumulation_steps, num_generations=num_generations,
                       max_completion_length=max_completion_length, beta=beta, max_steps=steps, optim="adamw_torch",

@@ -25,11 +25,16 @@ max_completion_length`` new tokens. transformers 5.24 (generation/utils.py ``_sa
   input embeddings, the residual stream, the attention block's sum and the norm's output (``4·B·P·h·e``) and the
   rotary ``cos``/``sin`` (``2·B·P·d_head·4``). Its logits are one position's (no previous step's copies).
 
-The completion and prompt ids (int64, ``B·(P + C)``, with the mask) stay alive through the round.
+The completion and prompt ids (int64, ``B·(P + C)``, with the mask) stay alive through the round. Under
+autocast (``bf16-mixed``: fp32 weights) the accelerate-wrapped forward runs in autocast: its weight cache
+holds compute-dtype copies of the trainable weights (:func:`autocast_copy_bytes`), the keys are fp32 (the
+rotary tables promote them) and the values, logits and activations 16-bit.
 A completion that ends early still costs its padding here: every figure assumes every completion reaches ``C``.
 """
 
 from __future__ import annotations
+
+import math
 
 from fitplan.engine.declarations import quantity
 
@@ -75,20 +80,37 @@ def ids_bytes(batch: int, prompt: int, completion: int) -> int:
     return 16 * batch * (prompt + completion)
 
 
+def autocast_copy_bytes(arch, method: str, adapter_param_count: int, compute_bytes: float) -> int:
+    """Under autocast (fp32 weights, 16-bit compute) ``generate`` runs inside the accelerate-wrapped forward's
+    autocast, whose cache keeps a compute-dtype copy of every weight that requires grad for the forward's
+    duration: full fine-tuning, every Linear weight and the LM head (tied or not: ``F.linear`` casts it);
+    LoRA, the adapters only (the frozen base is cast op by op, never cached)."""
+    if method != "full":
+        return int(adapter_param_count * compute_bytes)
+    linear = sum(math.prod(g.shape) * g.count for g in arch.param_groups() if g.linear is not None)
+    return int((linear + arch.vocab_size * arch.hidden_size) * compute_bytes)
+
+
 @quantity("bytes", type="object")
-def generation_rows(online_settings, arch, weight_dtype_bytes, use_vllm):
+def generation_rows(online_settings, arch, weight_dtype_bytes, activation_dtype_bytes, method, adapter_param_count,
+                    use_vllm):
     """What ``generate`` adds to the resident bytes at its peak, per training process (module doc): ``kv_cache``
-    and ``temporaries`` (the sampling logits or the prefill's transients, whichever instant is higher, and the
-    round's ids). None when no transformers generation runs (not GRPO/RLOO, or vLLM generates)."""
+    and ``temporaries`` (the sampling logits or the prefill's transients, whichever instant is higher, the
+    round's ids and, under autocast, the cached weight copies). None when no transformers generation runs (not
+    GRPO/RLOO, or vLLM generates)."""
     o = online_settings
     if o is None or use_vllm or arch.is_bare:
         return None
     e, b, p, c = weight_dtype_bytes, o.local_generation_batch, o.prompt_length, o.max_completion_length
-    ids = ids_bytes(b, p, c)
-    decode = {"kv_cache": kv_cache_bytes(arch.num_hidden_layers, b, arch.kv_dim, p + c - 1, e),
-              "temporaries": decode_extra_bytes(b, arch.kv_dim, arch.vocab_size, p, c, e) + ids}
-    prefill = {"kv_cache": kv_cache_bytes(arch.num_hidden_layers, b, arch.kv_dim, p, e),
-               "temporaries": prefill_transient_bytes(arch, b, p, e) + ids}
+    mixed = activation_dtype_bytes != weight_dtype_bytes
+    ec = activation_dtype_bytes if mixed else e
+    ids = ids_bytes(b, p, c) + (autocast_copy_bytes(arch, method, adapter_param_count, ec) if mixed else 0)
+    # under autocast the keys are fp32 (rotary's fp32 cos/sin promote the 16-bit projection), the values 16-bit
+    kv_e = (4 + ec) / 2 if mixed else e
+    decode = {"kv_cache": kv_cache_bytes(arch.num_hidden_layers, b, arch.kv_dim, p + c - 1, kv_e),
+              "temporaries": decode_extra_bytes(b, arch.kv_dim, arch.vocab_size, p, c, ec) + ids}
+    prefill = {"kv_cache": kv_cache_bytes(arch.num_hidden_layers, b, arch.kv_dim, p, kv_e),
+               "temporaries": prefill_transient_bytes(arch, b, p, ec) + ids}
     return max(decode, prefill, key=lambda r: sum(r.values()))
 
 
