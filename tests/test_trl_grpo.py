@@ -247,3 +247,14 @@ def test_done_when_command_shows_phases_reserve_and_time():
     assert r.returncode == 0, r.stderr
     for word in ("phases", "generation", "vLLM", "for training", "round time", "decode"):
         assert word in r.stdout
+
+
+def test_recommend_searches_grpo_plans():
+    # the recommender varies batch, GPUs and method: the round is a quantity re-derived per plan, and its own
+    # check (search vs estimate, search/recommend.py) holds for every ranked plan
+    r = subprocess.run([sys.executable, "-m", "fitplan", "recommend", "--trainer", "grpo", "--model", "qwen2.5-7b",
+                        "--num-examples", "1000", "--optim", "adamw_torch_fused", "--num-generations", "2",
+                        "--per-device-train-batch-size", "2", "--format", "json"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["plans"]

@@ -339,7 +339,6 @@ def build_inputs(s: sc.Scenario, registry: Registry, rules: Rulesets, arch: arch
     check_scenario(s, arch, optimizer)
     flat = sc.flatten(s)
     flat.update(
-        online_settings=online_settings(s),
         arch=arch,
         gpu_spec=rules.gpu(s.hardware.gpu) if s.hardware.gpu else None,
         optimizer_spec=optimizer,

@@ -15,8 +15,6 @@ RESOLVED_INPUTS: dict[str, str] = {
     "framework": "framework overheads from the rulesets (fitplan.rulesets.schema.Framework)",
     "rulesets": "every ruleset entry in force (fitplan.rulesets.loader.Rulesets)",
     "dataset_summary": "the token lengths of --dataset (fitplan.data.summary.DatasetSummary), or None without one",
-    "online_settings": "GRPO/RLOO's generation round as TRL resolves it (fitplan.inputs.trl_online.OnlineSettings), "
-                       "or None for the other trainers",
 }
 
 

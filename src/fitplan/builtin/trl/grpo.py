@@ -31,9 +31,29 @@ from __future__ import annotations
 from fitplan.builtin.loss_heads import TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK
 from fitplan.builtin.trl import generation, vllm
 from fitplan.engine.declarations import quantity, reducer
+from fitplan.inputs import trl_online
 from fitplan.pluginmgr.hookspecs import hookimpl
 
 RESIDENT = ("weights", "master_weights", "optimizer_states", "comm_buffers", "other")
+
+
+@quantity("settings", type="object")
+def online_settings(trainer, num_generations, max_completion_length, prompt_length, generation_batch_size,
+                    steps_per_generation, beta, use_vllm, vllm_mode, vllm_tensor_parallel_size, method,
+                    per_device_train_batch_size, gradient_accumulation_steps, num_gpus, num_nodes):
+    """GRPO/RLOO's round as TRL 1.16 resolves it (inputs/trl_online.py: ``generation_batch_size``,
+    ``steps_per_generation``, the process's share, whether old and reference log-probabilities are scored),
+    None for the other trainers. A quantity, not an input, so that a search varying the batch or the GPUs
+    re-derives it."""
+    if trainer not in trl_online.ONLINE:
+        return None
+    gpus = trl_online.training_gpus(num_gpus, trainer, use_vllm, vllm_mode, vllm_tensor_parallel_size)
+    return trl_online.resolve(
+        trainer=trainer, num_generations=num_generations, max_completion_length=max_completion_length,
+        prompt_length=prompt_length, generation_batch_size=generation_batch_size,
+        steps_per_generation=steps_per_generation, beta=beta, use_vllm=use_vllm, method=method,
+        per_device_train_batch_size=per_device_train_batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps, processes=gpus * num_nodes)
 
 
 @quantity("bytes")
@@ -155,11 +175,11 @@ def vllm_sleep_headroom(vllm_memory, phase_bytes, framework_overhead_bytes, usab
     return usable_bytes - (phase_bytes["generation"] + framework_overhead_bytes + vllm_memory["reserve_bytes"])
 
 
-@reducer("world_size", when=lambda online_settings, use_vllm, vllm_mode: online_settings is not None and use_vllm
+@reducer("world_size", when=lambda trainer, use_vllm, vllm_mode: trainer in trl_online.ONLINE and use_vllm
          and vllm_mode == "server")
-def vllm_server_gpus(world_size, online_settings):
+def vllm_server_gpus(world_size, trainer, use_vllm, vllm_mode, vllm_tensor_parallel_size, num_gpus, num_nodes):
     """``vllm_mode = "server"``: the server's GPUs do not train (inputs/trl_online.py ``training_gpus``)."""
-    return online_settings.processes
+    return trl_online.training_gpus(num_gpus, trainer, use_vllm, vllm_mode, vllm_tensor_parallel_size) * num_nodes
 
 
 @reducer("assumed_defaults", when=lambda online_settings, assumptions: online_settings is not None
@@ -189,7 +209,7 @@ def online_defaults(assumed_defaults, online_settings, trainer, num_generations,
     return out
 
 
-QUANTITIES = (ref_model_bytes, round_batch_bytes, generation_gathered_bytes, scoring_rows, vllm_sleep_headroom)
+QUANTITIES = (online_settings, ref_model_bytes, round_batch_bytes, generation_gathered_bytes, scoring_rows, vllm_sleep_headroom)
 REDUCERS = (online_phases, vllm_colocated_reserve, vllm_server_gpus)
 """``online_defaults`` is registered by builtin/defaults.py (blocking that plugin removes its target)."""
 

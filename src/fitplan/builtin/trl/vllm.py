@@ -30,6 +30,7 @@ logits for ``max_num_seqs`` (256) sequences twice (logits and probabilities): an
 from __future__ import annotations
 
 from fitplan.engine.declarations import quantity
+from fitplan.inputs import trl_online
 
 BLOCK_SIZE = 16
 """vLLM's default KV block size on CUDA (tokens per block)."""
@@ -63,15 +64,16 @@ def kv_blocks(total_bytes: int, utilization: float, weights: int, activations: i
 
 
 @quantity("bytes", type="object")
-def vllm_memory(online_settings, use_vllm, vllm_mode, vllm_gpu_memory_utilization, vllm_enable_sleep_mode,
-                vllm_tensor_parallel_size, arch, gpu_spec):
+def vllm_memory(trainer, prompt_length, max_completion_length, use_vllm, vllm_mode, vllm_gpu_memory_utilization,
+                vllm_enable_sleep_mode, vllm_tensor_parallel_size, arch, gpu_spec):
     """vLLM's share of a GPU (module doc): ``reserve_bytes`` (``utilization × total``), its ``weights_bytes``,
     ``activation_bytes`` (profiled, approximate), ``kv_cache_bytes``, ``kv_blocks``, ``kv_tokens`` and how many
     whole prompt + completion sequences they hold at once; ``mode``, ``sleep`` and, in server mode, the
-    ``server_gpus``. None without vLLM, without a GPU or without an architecture."""
-    o = online_settings
-    if o is None or not use_vllm or gpu_spec is None or arch.is_bare:
+    ``server_gpus``. None without vLLM, without a GPU or without an architecture. (It reads the scenario's
+    fields, not the resolved round, so that the usable memory it reduces stays independent of the batch.)"""
+    if trainer not in trl_online.ONLINE or not use_vllm or gpu_spec is None or arch.is_bare:
         return None
+    sequence = (prompt_length or trl_online.PROMPT_LENGTH) + (max_completion_length or trl_online.MAX_COMPLETION_LENGTH)
     tp = vllm_tensor_parallel_size
     util = vllm_gpu_memory_utilization if vllm_mode == "colocate" else SERVER_UTILIZATION
     total = gpu_spec.usable_bytes  # torch.cuda.mem_get_info()'s total
@@ -83,7 +85,7 @@ def vllm_memory(online_settings, use_vllm, vllm_mode, vllm_gpu_memory_utilizatio
     return {"mode": vllm_mode, "utilization": util, "sleep": bool(vllm_enable_sleep_mode and vllm_mode == "colocate"),
             "reserve_bytes": reserve, "weights_bytes": weights, "activation_bytes": acts,
             "kv_cache_bytes": blocks * page * arch.num_hidden_layers, "kv_blocks": blocks,
-            "kv_tokens": blocks * BLOCK_SIZE, "sequences_at_once": blocks * BLOCK_SIZE // o.sequence_length,
+            "kv_tokens": blocks * BLOCK_SIZE, "sequences_at_once": blocks * BLOCK_SIZE // sequence,
             "server_gpus": tp if vllm_mode == "server" else 0, "tensor_parallel_size": tp}
 
 
