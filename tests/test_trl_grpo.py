@@ -258,3 +258,13 @@ def test_recommend_searches_grpo_plans():
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["plans"]
+
+
+def test_zero3_gathers_the_whole_model_for_generate():
+    # unwrap_model_for_generation(gather_deepspeed3_params=True): the generation phase holds the full bf16 weights
+    # (rulesets/models/qwen.toml: 7,615,616,512 parameters), the rank's shard plus the gathered rest
+    est = _qwen7b(zero_stage=3, stack="deepspeed", precision="bf16-master")
+    gathered = est["generation_gathered_bytes"]
+    assert gathered + est["weight_bytes"] == 7_615_616_512 * 2
+    assert est["phase_rows"]["generation"]["gathered_params"] == gathered
+    assert _qwen7b()["generation_gathered_bytes"] == 0  # DDP: every rank holds the whole model already

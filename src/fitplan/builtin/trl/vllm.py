@@ -63,7 +63,7 @@ def kv_blocks(total_bytes: int, utilization: float, weights: int, activations: i
     return max(0, available // page // layers)
 
 
-@quantity("bytes", type="object")
+@quantity("fields", type="object")
 def vllm_memory(trainer, prompt_length, max_completion_length, use_vllm, vllm_mode, vllm_gpu_memory_utilization,
                 vllm_enable_sleep_mode, vllm_tensor_parallel_size, arch, gpu_spec):
     """vLLM's share of a GPU (module doc): ``reserve_bytes`` (``utilization × total``), its ``weights_bytes``,
