@@ -1,5 +1,5 @@
 """Screenshots of ``fitplan serve``'s page for review: a scenario that fits and one that does not, at 1400 px and
-at 390 px (a phone), light and dark. Starts its own server on a free port; drives Debian's ``chromium`` through
+at 390 px (a phone), light and dark; a comparison (a pinned scenario beside another); the print view. Starts its own server on a free port; drives Debian's ``chromium`` through
 playwright (``make install-test``; ``apt-get install -y chromium``).
 
     python bench/serve_screenshots.py [OUT_DIR]     # default /tmp/fitplan-screenshots; `make screenshots DIR=...`
@@ -21,8 +21,11 @@ FITS = {"model": "llama-2-7b", "gpu": "a100-80gb", "precision": "bf16-true", "op
         "tokens-per-example": "512"}
 NOT_FITS = {"model": "llama-2-70b", "gpu": "a100-80gb", "method": "full", "precision": "bf16-mixed", "optim": "adamw_torch",
             "num-examples": "10000", "tokens-per-example": "512"}
+COMPARE = {**FITS, "per-device-train-batch-size": "6", "pin": urllib.parse.urlencode(FITS)}
+"""A comparison: the pinned scenario (``pin``, its query) is FITS, the current one FITS at micro-batch 6."""
 SHOTS = [("fits-1400", FITS, 1400, "light"), ("fits-390", FITS, 390, "light"), ("not-fits-1400", NOT_FITS, 1400, "light"),
-         ("not-fits-390-dark", NOT_FITS, 390, "dark"), ("fits-1400-dark", FITS, 1400, "dark")]
+         ("not-fits-390-dark", NOT_FITS, 390, "dark"), ("fits-1400-dark", FITS, 1400, "dark"),
+         ("compare-1400", COMPARE, 1400, "light"), ("compare-390-dark", COMPARE, 390, "dark")]
 
 
 def serve():
@@ -57,6 +60,8 @@ def main() -> int:
             page.wait_for_selector("#largest[data-state=ready]", timeout=30_000)
             page.wait_for_selector("#gpus[data-priced=true]", timeout=30_000)
             page.wait_for_selector("#cheapest:is([data-state=ready], [data-state=none], [data-state=error])", timeout=90_000)
+            if "pin" in query:
+                page.wait_for_selector("#compare-table", timeout=30_000)
             path = out / f"fitplan-serve-{name}.png"
             page.screenshot(path=str(path), full_page=True)
             print(path)
@@ -70,6 +75,11 @@ def main() -> int:
                 top = out / f"fitplan-serve-{name}-top.png"
                 page.screenshot(path=str(top))
                 print(top)
+            if name == "fits-1400":  # the print view (the print stylesheet) as a PDF-like screenshot
+                page.emulate_media(media="print")
+                shot = out / "fitplan-serve-print.png"
+                page.screenshot(path=str(shot), full_page=True)
+                print(shot)
             page.close()
         browser.close()
     server.should_exit = True

@@ -73,7 +73,7 @@ def parts(run, est) -> dict:
     world = v["world_size"]
     return {
         "id": run.id, "gen": gpu.generation, "k": v["gradient_accumulation_steps"], "gpu": gpu.id,
-        "gpus": world, "method": v["method"],
+        "gpus": world, "method": v["method"], "publisher": run.source.split(" @")[0].split(",")[0].strip(),
         "kind": [0 if t.kind == "gemm" else 1 if t.kind == "attention" else 2 for t in ts],
         "phase": [PHASES.index(t.phase) for t in ts], "fetches": v["zero3_fetches_per_pass"],
         "f": [t.flop_seconds for t in ts], "b": [t.byte_seconds for t in ts], "n": [t.kernels for t in ts],
@@ -202,9 +202,22 @@ def factors(d: Data, theta: np.ndarray) -> dict:
     return {"generations": gens, "host": p[5], "fetch": p[6]}
 
 
+def calibrated_ratios(d: Data, theta: np.ndarray) -> np.ndarray:
+    """What calibrating on one's own run leaves: for every ordered pair of distinct runs on the same GPU type
+    published by the same source (one team's stack, as a user's own runs are), run i's measured / predicted time
+    once the model (fitted on all runs, as users get it) is scaled by run j's measured / predicted time
+    (``fitplan calibrate`` on j, then an estimate of i)."""
+    q = predict(d, theta) / d.measured  # measured time / predicted time
+    key = [(r["gpu"], r["publisher"]) for r in d.rows]
+    return np.array([q[i] / q[j] for i in range(len(q)) for j in range(len(q)) if i != j and key[i] == key[j]])
+
+
 def fitted_toml(d: Data, theta: np.ndarray, loo_ratio: np.ndarray, err: np.ndarray) -> str:
+    """``loo_ratio``: each run's measured / leave-one-out predicted time."""
     f = factors(d, theta)
     low, high = np.percentile(loo_ratio, BAND)
+    pairs = calibrated_ratios(d, theta)
+    clow, chigh = np.percentile(pairs, BAND)
     worst = err[np.argmax(np.abs(err))]
     src = ("bench/time_loo.py: fitted on the %d used [[finetune_run]] rows of rulesets/throughput/published.toml "
            "(mean absolute log error of time)" % len(d.rows))
@@ -216,6 +229,9 @@ def fitted_toml(d: Data, theta: np.ndarray, loo_ratio: np.ndarray, err: np.ndarr
              f"band_low = {low:.4f}",
              f"band_high = {high:.4f}",
              f"band_percentiles = [{BAND[0]:g}, {BAND[1]:g}]",
+             f"calibrated_band_low = {clow:.4f}",
+             f"calibrated_band_high = {chigh:.4f}",
+             f"calibrated_pairs = {len(pairs)}",
              f"loo_median = {np.median(np.abs(err)):.4f}",
              f"loo_worst = {worst:.4f}",
              f"runs = {len(d.rows)}",
@@ -245,10 +261,13 @@ def report(d: Data, theta: np.ndarray, loo: np.ndarray, rules) -> str:
              "| GPU generation | runs | GEMM | attention | memory |", "|---|---:|---:|---:|---:|"]
     for gen, g in f["generations"].items():
         lines.append(f"| {gen} | {g['runs']} | {100 * g['gemm']:.1f} % | {100 * g['attention']:.1f} % | {100 * g['memory']:.1f} % |")
-    low, high = np.percentile(d.measured / loo, BAND)
+    low, high = np.percentile(loo / d.measured, BAND)
+    pairs = calibrated_ratios(d, theta)
+    clow, chigh = np.percentile(pairs, BAND)
     lines += ["", f"Host: {1e6 * f['host']:.1f} µs per kernel launch, {1e6 * f['fetch']:.0f} µs per DeepSpeed ZeRO-3 "
               f"parameter fetch. Band (the {BAND[0]:g}th and {BAND[1]:g}th percentiles of measured / predicted time): "
-              f"× {low:.2f} to × {high:.2f}.", "",
+              f"× {low:.2f} to × {high:.2f}; after `fitplan calibrate` on another run on the same GPU type from the same "
+              f"source ({len(pairs)} ordered pairs of these runs): × {clow:.2f} to × {chigh:.2f}.", "",
               "| run | GPU | method | measured tokens/s/GPU | predicted (leave-one-out) | time error |",
               "|---|---|---|---:|---:|---:|"]
     for i in np.argsort(-np.abs(err)):
@@ -295,7 +314,7 @@ def main(argv: list[str]) -> int:
         mask[i] = False
         loo[i] = predict(d, fit(d, mask, (theta, *STARTS[1:])))[i]
     err = d.measured / loo - 1
-    fitted = fitted_toml(d, theta, d.measured / loo, err)
+    fitted = fitted_toml(d, theta, loo / d.measured, err)
     check_against_fitplan(runs, d, theta, fitted)
     block = report(d, theta, loo, rules)
     print(block)

@@ -56,6 +56,24 @@ def test_a_capped_kind_removes_its_oldest_entries(cache):
     assert len(left) == 4 and "e8.pickle" in left and "e0.pickle" not in left
 
 
+def test_a_capped_kind_lists_its_directory_only_to_count_and_prune(cache, monkeypatch):
+    """A store does not list the directory each time (thousands of entries: milliseconds): once to count, then
+    again only when the count passes the cap; entries another process left are counted at the first listing."""
+    (cache / "k").mkdir(parents=True)
+    for i in range(5):
+        (cache / "k" / f"other{i}.pickle").write_bytes(b"x")
+    listed = []
+    real = os.scandir
+    monkeypatch.setattr(diskcache.os, "scandir", lambda d: listed.append(d) or real(d))
+    for i in range(3):
+        diskcache.store("k", f"e{i}.pickle", i, i, keep=8)
+    assert len(listed) == 1
+    assert len(list((cache / "k").glob("*.pickle"))) == 8  # 5 + 3 entries: not over 8 (glob lists too)
+    del listed[:]
+    diskcache.store("k", "e3.pickle", 3, 3, keep=8)
+    assert len(listed) == 1 and len(list((cache / "k").glob("*.pickle"))) == 4  # 9 > 8: pruned to half of 8
+
+
 def _closure(module: str, graph: dict[str, set[str]]) -> set[str]:
     seen, todo = set(), [module]
     while todo:

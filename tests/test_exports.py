@@ -72,8 +72,8 @@ def test_training_args_and_their_notes():
     args, notes = exports.training_args(scenario(method="qlora", precision="bf16-true", optim="sgd_momentum",
                                                  gradient_checkpointing=True, num_train_epochs=3))
     assert args == {"output_dir": "outputs", "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
-                    "gradient_checkpointing": True, "optim": "sgd_momentum", "bf16": False, "fp16": False,
-                    "num_train_epochs": 3.0}
+                    "activation_checkpointing": True, "optim": "sgd_momentum", "bf16": False, "fp16": False,
+                    "num_train_epochs": 3.0}  # transformers 5.24's name (gradient_checkpointing: deprecated alias)
     text = "\n".join(notes)
     assert "optim 'sgd_momentum' is not a TrainingArguments optimizer name" in text
     assert "load the model with from_pretrained(..., dtype=torch.bfloat16)" in text  # transformers 5 names it dtype
@@ -205,3 +205,95 @@ def test_emit_deepspeed_for_a_plan_without_deepspeed(tmp_path):
                    "--precision", "bf16-true", "--objective", "gpus", "--emit", "deepspeed", str(tmp_path))
     assert proc.returncode == 2
     assert "this plan does not use DeepSpeed" in proc.stderr
+
+
+def test_emit_kinds_of_the_command_are_the_exporters():
+    from fitplan.cli.emit_files import EMIT_KINDS
+
+    assert EMIT_KINDS == (*exports.KINDS, "all")
+
+
+@pytest.mark.parametrize(("parallel", "expect"), [
+    ({"fsdp": "full_shard", "stack": "fsdp2"}, {"version": 2, "reshard_after_forward": True, "cpu_offload": False}),
+    ({"fsdp": "shard_grad_op", "stack": "fsdp2", "offload_params": True, "offload_optimizer": True},
+     {"version": 2, "reshard_after_forward": False, "cpu_offload": True}),
+    ({"fsdp": "hybrid_shard", "stack": "fsdp1"}, {"version": 1, "reshard_after_forward": "hybrid_shard",
+                                                   "cpu_offload": False}),
+])
+def test_fsdp_training_args_are_written_as_fsdp_true_and_read_back(tmp_path, parallel, expect):
+    """transformers 5.24 deprecates ``fsdp="full_shard offload"`` for ``fsdp=True`` with ``fsdp_config``
+    (training_args.py ``_apply_legacy_fsdp_to_config``: FSDP2's reshard_after_forward is a bool, FSDP1's the
+    strategy's name); the importer reads the new form back to the same fields."""
+    s = scenario(precision="bf16-mixed", optim="adamw_torch", num_gpus=8, **parallel)
+    args, _ = exports.training_args(s)
+    assert args["fsdp"] is True
+    assert args["fsdp_config"] == {**expect, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}
+    fields, _ = training_args_fields(write(tmp_path, args), KNOWN + ["adamw_torch"])
+    offload = parallel.get("offload_params", False)
+    assert (fields["fsdp"], fields["stack"], fields.get("offload_params", False)) == (
+        parallel["fsdp"], parallel["stack"], offload)
+
+
+def test_yaml_writer_writes_several_lines_as_a_literal_block():
+    assert exports.to_yaml({"run": "set -e\necho a  # b\n", "setup": "one line"}) == (
+        'run: |\n  set -e\n  echo a  # b\nsetup: "one line"\n')
+
+
+def test_skypilot_needs_the_estimate():
+    with pytest.raises(FitplanError, match="a SkyPilot task needs the plan's estimate"):
+        exports.render_exports("skypilot", scenario(precision="bf16-mixed", optim="adamw_torch"))
+
+
+def test_estimate_emits_through_the_same_writer(tmp_path):
+    """``fitplan estimate --emit skypilot DIR``: the task and the files it names (DeepSpeed's for a ZeRO plan),
+    on demand; the accelerators are what SkyPilot's catalog says p5.48xlarge (the plan's 8-H100 AWS instance) has."""
+    import csv
+    from pathlib import Path
+
+    rows = csv.DictReader((Path(__file__).parent / "data" / "skypilot" / "aws_vms.csv").open(encoding="utf-8"))
+    (name, count), = {(r["AcceleratorName"], int(float(r["AcceleratorCount"]))) for r in rows
+                      if r["InstanceType"] == "p5.48xlarge"}
+    d = tmp_path / "out"
+    flags = ["estimate", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--num-gpus", "8", "--provider", "aws",
+             "--zero", "3", "--precision", "bf16-master", "--optim", "adamw_torch", "--num-examples", "1000",
+             "--tokens-per-example", "512", "--emit", "skypilot", str(d)]
+    proc = run_cli(*flags)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in d.iterdir()) == ["accelerate_config.yaml", "ds_config.json", "sky_task.yaml",
+                                                     "training_args.json"]
+    task = (d / "sky_task.yaml").read_text(encoding="utf-8")
+    assert f'accelerators: "{name}:{count}"' in task and "use_spot: false" in task
+    assert "instance_type: p5.48xlarge" in task and "num_nodes: 1" in task
+    again = run_cli(*flags)
+    assert again.returncode == 2 and "the folder already holds files" in again.stderr
+    assert "Traceback" not in again.stderr
+
+
+def test_skypilot_rents_whole_instances_and_starts_the_plan_processes():
+    """4 of a p5.48xlarge's 8 H100s (aws.toml: gpus = 8): SkyPilot rents the whole instance (accelerators H100:8,
+    one node), accelerate starts 4 processes, and a note says 4 of 8 GPUs are used."""
+    est = fitplan.estimate(model="llama-2-7b", gpu="h100-sxm", num_gpus=4, provider="aws", num_examples=1000,
+                           tokens_per_example=512, precision="bf16-mixed", optim="adamw_torch")
+    files, notes = exports.render_exports("skypilot", est.scenario, est, "on_demand")
+    task = dict(files)["sky_task.yaml"]
+    assert 'accelerators: "H100:8"' in task and "num_nodes: 1" in task and "--num_processes 4 " in task
+    assert "the plan uses 4 of the 8 GPUs its 1 instance(s) have" in " ".join(notes)
+
+
+def test_the_skypilot_setup_installs_the_stack_fitplan_models():
+    """The task's pins are the versions installed here, which the memory model and these tests were checked on."""
+    from importlib.metadata import version
+
+    from fitplan.output.skypilot_task import STACK_PINS
+
+    assert {p.split("==")[0]: p.split("==")[1] for p in STACK_PINS} == {
+        n: version(n) for n in ("transformers", "accelerate", "deepspeed", "peft")}
+
+
+def test_activation_checkpointing_is_read_and_wins_over_its_alias(tmp_path):
+    """transformers 5.24 uses the alias ``gradient_checkpointing`` only when ``activation_checkpointing`` is unset
+    (training_args.py ``__post_init__``)."""
+    both = write(tmp_path, {"activation_checkpointing": True, "gradient_checkpointing": False})
+    assert training_args_fields(both, KNOWN)[0] == {"gradient_checkpointing": True}
+    alias = write(tmp_path, {"gradient_checkpointing": True}, "alias.json")
+    assert training_args_fields(alias, KNOWN)[0] == {"gradient_checkpointing": True}

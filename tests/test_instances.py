@@ -92,20 +92,23 @@ def est(rdir, **kw):
 
 def test_eight_one_gpu_vms_talk_over_their_network(rdir):
     # DDP, 8 GPUs, bf16 gradients G = 2e9 B: the all-reduce moves 2 × 7/8 × 2e9 = 3.5e9 B per GPU, all of it
-    # between instances; each VM has 1.25 GB/s for its one GPU: 3.5e9 / (1.25e9 × 0.8) = 3.5 s per step
+    # between instances; each VM has 1.25 GB/s for its one GPU: 3.5e9 / (1.25e9 × 0.8) = 3.5 s per step, in DDP's
+    # 78 buckets (1 MiB, then 25 MiB), each paying NCCL's ring Simple latency: 8.4 µs + 14 steps × 14.0 µs (network)
     e = est(rdir, num_gpus=8, instance="one")
     assert e["topology"]["instances"] == 8 and e["topology"]["intra"] == "none"
     assert e["comm_bytes_per_step"] == {"intra": 0, "inter": pytest.approx(3.5e9)}
-    assert e["comm_seconds_per_step"] == pytest.approx(3.5)
+    assert 1 + math.ceil((2e9 - 2**20) / (25 * 2**20)) == 78
+    assert e["comm_seconds_per_step"] == pytest.approx(3.5 + 78 * (8.4 + 14 * 14.0) * 1e-6)
     line = network_line(e.values)
     assert line is not None and "8 instances" in line and "1.25 GB/s per GPU" in line
 
 
 def test_eight_gpus_in_one_instance_talk_over_nvlink(rdir):
-    # the same 3.5e9 B inside one instance at 200 GB/s: 0.0175 s, nothing on the network
+    # the same 3.5e9 B inside one instance at 200 GB/s: 0.0175 s, nothing on the network; 78 calls at NCCL's NVLink
+    # ring Simple latency, 8.4 µs + 14 steps × 3.4 µs (its fastest protocol for 45 MB calls)
     e = est(rdir, num_gpus=8, instance="eight")
     assert e["comm_bytes_per_step"] == {"intra": pytest.approx(3.5e9), "inter": 0}
-    assert e["comm_seconds_per_step"] == pytest.approx(0.0175)
+    assert e["comm_seconds_per_step"] == pytest.approx(0.0175 + 78 * (8.4 + 14 * 3.4) * 1e-6)
     assert network_line(e.values) is None
 
 
@@ -152,19 +155,21 @@ def best_plan(rdir, provider):
 
 
 def test_the_cheaper_per_hour_shape_loses_on_the_whole_job(rdir):
-    # 8 × "one" cost 12.00/h, one "eight" 16.00/h: by the hour, eight VMs. But DDP sends 3.5 s of gradients per step
-    # over their network (test above) and 0.0175 s over NVLink in "eight". With C the step's compute seconds, M its
-    # micro-step's (what DDP's all-reduce in the last backward runs beside: not the optimizer update or clipping)
-    # and step = C + max(0, comm − M/2) (docs/time-and-cost.md), for 0.035 s ≤ M ≤ 7 s the job costs, per step,
-    # one: 12 × (C − M/2 + 3.5), eight: 16 × C; eight is cheaper whenever 4C + 6M < 42.
+    # 8 × "one" cost 12.00/h, one "eight" 16.00/h: by the hour, eight VMs. But DDP sends X = 3.5 s of gradients per
+    # step over their network plus NCCL's latency of its 78 calls (test above) and Y = 0.0175 s + 78 NVLink call
+    # latencies in "eight". With C the step's compute seconds, M its micro-step's (what DDP's all-reduce in the last
+    # backward runs beside: not the optimizer update or clipping) and step = C + max(0, comm − M/2)
+    # (docs/time-and-cost.md), for 2Y ≤ M ≤ 2X the job costs, per step, one: 12 × (C − M/2 + X), eight: 16 × C;
+    # eight is cheaper whenever 4C + 6M < 12X.
     by_hour = est(rdir, num_gpus=8, provider="persec")
     assert by_hour["instance_choice"].instance.id == "one"  # the estimate alone still takes the cheapest per hour
     C = by_hour["compute_seconds_per_step"]
     M = by_hour["micro_step_time"]["micro_step"]
+    X, Y = 3.5 + 78 * (8.4 + 14 * 14.0) * 1e-6, 0.0175 + 78 * (8.4 + 14 * 3.4) * 1e-6
     # the band the derivation holds for (the compute model's values, not expectations)
-    assert 0.035 <= M <= C and 4 * C + 6 * M < 42
+    assert 2 * Y <= M <= C and 4 * C + 6 * M < 12 * X
     steps = 1_000_000 / (1 * 2048 * 8)  # tokens / (micro-batch × sequence × GPUs)
-    one = 12.0 * math.ceil(steps * (C - M / 2 + 3.5)) / 3600  # billed by the second
+    one = 12.0 * math.ceil(steps * (C - M / 2 + X)) / 3600  # billed by the second
     eight = 16.0 * math.ceil(steps * C) / 3600
     assert eight < one
     assert est(rdir, num_gpus=8, provider="persec", instance="one")["on_demand_cost_usd"] == pytest.approx(one)

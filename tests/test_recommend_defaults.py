@@ -296,3 +296,15 @@ def test_plans_fit_the_host_use_stated_networks_and_keep_what_the_user_fixed(ctx
             assert first[field] == given_[field], field
     dp = first["num_gpus"] * first["num_nodes"] // first["tensor_parallel"]
     assert first["per_device_train_batch_size"] * first["gradient_accumulation_steps"] * dp == space.effective_batch_size
+
+
+def test_bf16_flag_on_a_bf16_checkpoint_keeps_its_weights():
+    """TrainingArguments(bf16=True) over Llama-3.2-1B's bf16 checkpoint (from_pretrained dtype="auto") is bf16
+    autocast over bf16 weights (hf_precision: bf16-autocast), or DeepSpeed's bf16 optimizer (bf16-master) under
+    DeepSpeed: the recommender keeps that, never bf16-mixed (fp32 weights), with the flag alone or with
+    --dtype bfloat16 stated too."""
+    for extra in ((), ("--dtype", "bfloat16")):
+        out = _json("--model", "llama-3.2-1b", "--bf16", *extra, "--num-examples", "1000", "--tokens-per-example",
+                    "512", "--top", "5")
+        precisions = {p["plan"]["precision"] for p in out["plans"] + out["pareto_front"]}
+        assert precisions and precisions <= {"bf16-autocast", "bf16-master"}, precisions

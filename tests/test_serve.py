@@ -228,6 +228,34 @@ def test_the_view_gives_the_cheapest_cards_search(served):
     assert dict(urllib.parse.parse_qsl(card["query"]))["objective"] == "gpus" and card["dataset_size"] is False
 
 
+def test_the_later_work_of_an_older_view_is_stopped(served):
+    """``page=ID&view=N`` on a page's later requests (prices, largest values, the cheapest plan's search): once
+    that page has asked for a newer ``/api/view``, the server stops that work (409) instead of spending the next
+    view's CPU on work the page abandoned; another page's views, a view without ``page`` and a request without
+    ``view`` stop nothing, and the newest view's requests are answered as before."""
+    q = {"model": "llama-2-7b", "gpu": "a100-80gb", "precision": "bf16-true", "optim": "adamw_torch",
+         "num-examples": "1000", "tokens-per-example": "512"}
+    old = json.loads(get(served, "/api/view", {**q, "page": "p1"})[1])["view"]
+    other = json.loads(get(served, "/api/view", {**q, "page": "p2"})[1])["view"]  # another page: stops nothing of p1
+    assert get(served, "/api/largest", {**q, "page": "p1", "view": str(old)})[0] == 200 and other > old
+    assert json.loads(get(served, "/api/view", q)[1])["view"] is None  # no page (the pinned scenario's): counts not
+    new = json.loads(get(served, "/api/view", {**q, "per-device-train-batch-size": "2", "page": "p1"})[1])["view"]
+    assert new > other
+    search = {"model": "llama-2-7b", "precision": "bf16-true", "optim": "adamw_torch", "gpus": "a100-80gb",
+              "objective": "gpus", "top": "1", "max-gpus": "1"}
+    for path, query in [("/api/prices", q), ("/api/largest", q), ("/api/recommend", {**q, "max": "micro-batch"}),
+                        ("/api/recommend", search)]:
+        status, body, _ = get(served, path, {**query, "page": "p1", "view": str(old)})
+        assert status == 409 and "newer view" in json.loads(body)["error"], (path, body)
+    assert get(served, "/api/largest", {**q, "page": "p1", "view": str(new)})[1] == get(served, "/api/largest", q)[1]
+    status, body, _ = get(served, "/api/prices", {**q, "page": "p1", "view": str(new)})
+    assert status == 200 and json.loads(body)["a100-80gb"]["provider"]
+    status, body, _ = get(served, "/api/prices", {**q, "page": "p1", "view": "x1"})
+    assert status == 400 and json.loads(body)["error"].startswith("view must be a view's number")
+    status, body, _ = get(served, "/api/view", {**q, "page": "../x"})
+    assert status == 400 and json.loads(body)["error"].startswith("page must be a page's id")
+
+
 def test_a_search_may_wait_for_the_running_one(served):
     """``wait=SECONDS``: a number within the server's search limit; a request waits that long for the search
     slot, then 429, and gives up at once (429) when a newer request starts waiting (the page's abandoned one)."""
@@ -297,9 +325,32 @@ def test_replies_carry_a_strict_content_security_policy(served):
     assert status == 404 and "error" in json.loads(body)
 
 
+def test_the_estimate_csv_is_a_download_of_the_estimates_figures(served):
+    """``/api/estimate.csv``: the rows at the peak add up to the peak and to the API's; the device total, usable
+    memory and fits are the API's; no time or cost without a dataset size; bad input is the CLI's 400."""
+    import csv
+
+    query = {"model": "llama-2-7b", "gpu": "l4", "method": "qlora", "optim": "adamw_torch", "precision": "bf16-mixed"}
+    status, body, headers = get(served, "/api/estimate.csv", query)
+    assert status == 200 and headers["content-type"].startswith("text/csv")
+    assert headers["content-disposition"] == 'attachment; filename="fitplan-estimate.csv"'
+    rows = list(csv.DictReader(body.decode().splitlines()))
+    memory = json.loads(get(served, "/api/estimate", query)[1])["memory"]
+    value = {(r["section"], r["name"]): r["value"] for r in rows}
+    assert sum(int(r["value"]) for r in rows if r["section"] == "peak") == int(value["memory", "peak"]) == \
+        memory["per_gpu_bytes"]["peak"]
+    assert int(value["memory", "device_total"]) == memory["per_gpu_bytes"]["device_total"]
+    assert int(value["memory", "usable"]) == memory["usable_bytes"]
+    assert value["memory", "fits"] == str(memory["fits"]).lower()
+    assert value["time", "seconds"] == ""  # no dataset size: no time, nothing priced
+    assert not [r for r in rows if r["section"] in ("cost", "provider")]
+    status, body, _ = get(served, "/api/estimate.csv", {"model": "llama-2-13"})
+    assert status == 400 and "llama-2-13" in json.loads(body)["error"]
+
+
 def test_the_page_needs_no_network(served):
     """Every asset is bundled: the page names no other host (no CDN, no web font)."""
-    for path in ("/", "/static/app.js", "/static/view.js", "/static/cheapest.js", "/static/app.css"):
+    for path in ("/", "/static/app.js", "/static/view.js", "/static/cheapest.js", "/static/compare.js", "/static/app.css"):
         text = get(served, path)[1].decode()
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
         assert not re.search(r"""(src|href)\s*=\s*["']?//|url\(\s*["']?//|@import""", text)  # protocol-relative
@@ -469,7 +520,9 @@ def test_the_view_is_the_estimate_and_its_variants(served):
     n = largest["micro-batch"]["largest"]
     at = lambda b: json.loads(get(served, "/api/estimate", {**q, "per-device-train-batch-size": str(b)})[1])["memory"]["fits"]
     assert n >= 1 and at(n) is True and at(n + 1) is False  # the boundary of the fits verdict
-    assert {k["kind"] for k in view["exports"]["kinds"] if "error" not in k} == {"accelerate", "training-args", "scenario"}
+    # bf16-true on one GPU: no DeepSpeed file; the SkyPilot task is written from the estimate (on demand)
+    assert {k["kind"] for k in view["exports"]["kinds"] if "error" not in k} == {"accelerate", "training-args",
+                                                                                 "skypilot", "scenario"}
 
 
 # --------------------------------------------------------------------------- the extra stays optional

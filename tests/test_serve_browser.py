@@ -2,8 +2,9 @@
 playwright's own browser download is not used). Skipped without Chromium, except under ``.ci/run``
 (``FITPLAN_REQUIRE_BROWSER=1``), where a missing browser fails.
 
-The page is loaded, the micro-batch changed across the fits boundary (the chart and the verdict must follow,
-within 200 ms of the input event in the median of five changes, measured in the page), a shared link must
+The page is loaded, the micro-batch changed across the fits boundary (the chart and the verdict must follow;
+each change is timed in the page and printed, but not asserted: timings belong in bench/bench_serve.py, which
+measures the input-to-verdict time in Chromium), a shared link must
 reproduce the view, an export is downloaded and read back by the CLI, a number's derivation is opened, a
 config.json is uploaded, and a screenshot is kept (under pytest's tmp dir; also in ``$FITPLAN_ARTIFACTS`` when
 set). Then the answer line (against the CLI, the cheapest provider found by running it once per provider), a run
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import urllib.parse
 
 import pytest
@@ -26,8 +26,6 @@ from click.testing import CliRunner
 from conftest import ROOT, chromium_path, require_modules
 from test_serve import cli_output, flags
 
-SLIDER_MS = 200
-"""A micro-batch change must be on the page within this long (the issue's goal), in the median of five changes."""
 START = {"model": "llama-2-7b", "gpu": "a100-80gb", "precision": "bf16-true", "gradient-checkpointing": "true",
          "num-examples": "10000", "tokens-per-example": "512"}
 
@@ -129,9 +127,7 @@ def test_the_page_shows_the_cli_numbers_and_follows_the_micro_batch(page, served
     assert shown(page)["fits"] == "true"
     times += [change_micro_batch(page, b) for b in (largest - 1, largest + 2, 2)]  # 1 is the default: not in the link
     (tmp_path / "slider-ms.json").write_text(json.dumps(times))
-    print(f"micro-batch change on the page: {', '.join(f'{t:.0f}' for t in times)} ms")
-    # the median of five changes: a loaded machine (CI shares its two cores with the browser) delays single ones
-    assert statistics.median(times) < SLIDER_MS, times
+    print(f"micro-batch change on the page: {', '.join(f'{t:.0f}' for t in times)} ms")  # bench/bench_serve.py: goals
     page.wait_for_selector("#largest[data-state=ready]")
     assert page.get_attribute("#largest-micro-batch .num", "data-value") == str(largest)  # back at 2: same answer
     assert page.problems == []
@@ -463,3 +459,127 @@ def test_the_cheapest_plan_card_says_when_nothing_fits_or_the_search_fails(page,
     open_view(page, served, {**START, "optim": "adamw_torch", "method": "qlora", "gradient-accumulation-steps": "70000"})
     page.wait_for_selector("#cheapest[data-state=error]", timeout=90_000)
     assert "effective-batch-size is at most 65536 on this server, got 70000" in page.inner_text("#cheapest")
+
+
+# --------------------------------------------------------------------------- compare, exports, units
+
+
+def test_compare_shows_the_differences_of_the_two_estimates_and_the_pin_round_trips(page, browser, served):
+    """Pin a scenario, change the micro-batch: the comparison's columns are the two estimates of the API (the CLI's
+    JSON for the same flags, byte for byte the API's) and each difference is theirs, current − pinned: the peak,
+    the device total, every component at the peak, the time and the cost (provider aws in both, so the cost shown
+    is that provider's). The pinned scenario is in the address: the link opens the same comparison."""
+    first = {**START, "optim": "adamw_torch", "precision": "bf16-true", "provider": "aws", "per-device-train-batch-size": "2"}
+    open_view(page, served, first)
+    page.click("#pin")
+    assert page.is_visible("#compare-card")
+    pinned = dict(urllib.parse.parse_qsl(urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)["pin"][0]))
+    assert pinned == first
+    change_micro_batch(page, 6)
+    page.wait_for_selector("#compare-table")
+    second = {**first, "per-device-train-batch-size": "6"}
+    a, b = cli_json(first), cli_json(second)
+    got = compare_table(page)
+    ma, mb = a["memory"], b["memory"]
+    for row, va, vb in [("peak", ma["per_gpu_bytes"]["peak"], mb["per_gpu_bytes"]["peak"]),
+                        ("device_total", ma["per_gpu_bytes"]["device_total"], mb["per_gpu_bytes"]["device_total"]),
+                        ("usable", ma["usable_bytes"], mb["usable_bytes"])]:
+        assert got[row] == [va, vb, vb - va], row
+    assert got["peak"][2] > 0  # a larger micro-batch: more memory
+    rows = {k: [ma["peak_breakdown_bytes"].get(k, 0), mb["peak_breakdown_bytes"].get(k, 0)]
+            for k in {*ma["peak_breakdown_bytes"], *mb["peak_breakdown_bytes"]}}
+    shown_rows = {k[4:]: v for k, v in got.items() if k.startswith("row:")}
+    assert shown_rows == {k: [x, y, y - x] for k, (x, y) in rows.items() if x or y}
+    assert sum(v[2] for v in shown_rows.values()) == got["peak"][2]  # the rows' differences add up to the peak's
+    ta, tb = a["time"]["seconds"], b["time"]["seconds"]
+    assert got["seconds"][:2] == [ta, tb] and got["seconds"][2] == pytest.approx(tb - ta, rel=1e-12)
+    ca, cb = a["cost"]["on_demand_usd"], b["cost"]["on_demand_usd"]
+    assert got["cost"][:2] == [ca, cb] and got["cost"][2] == pytest.approx(cb - ca, rel=1e-12)
+    assert "micro-batch 2 → 6" in page.inner_text("#compare-diff")
+    link = page.url
+    other = browser.new_page()
+    try:
+        other.goto(link)
+        other.wait_for_selector("#compare-table", timeout=20_000)
+        assert compare_table(other) == got and other.evaluate("document.body.dataset.query") == page_query_text(page)
+    finally:
+        other.close()
+    page.click("#unpin")
+    assert page.is_hidden("#compare-card") and "pin=" not in page.url
+    assert page.problems == []
+
+
+def compare_table(page) -> dict[str, list]:
+    """The comparison's rows: ``{row: [pinned, current, difference]}`` (the exact numbers, from data attributes)."""
+    return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#compare-table tr[data-row]')]
+        .filter(tr => tr.dataset.row !== 'fits').map(tr => [tr.dataset.row,
+            [...tr.querySelectorAll('td')].map(td => Number(td.dataset.value ?? td.dataset.delta))]))""")
+
+
+def page_query_text(page) -> str:
+    return page.evaluate("document.body.dataset.query")
+
+
+def test_the_estimate_exports_as_json_and_csv_and_prints_the_verdict_and_breakdown(page, served, tmp_path):
+    """The JSON download is ``fitplan estimate --format json``'s text; the CSV's rows at the peak add up to the peak
+    (and to the CLI's), its time is the CLI's; the print view shows the answer, the memory and time cards and hides
+    the form, the GPU cards and the buttons."""
+    import csv
+
+    query = {**START, "optim": "adamw_torch", "provider": "lambda"}
+    open_view(page, served, query)
+    with page.expect_download() as info:
+        page.click("#estimate-exports a[data-export=json]")
+    assert info.value.suggested_filename == "fitplan-estimate.json"
+    assert pathlib_text(info.value, tmp_path) == cli_output("estimate", *flags(query), "--format", "json")
+    with page.expect_download() as info:
+        page.click("#estimate-exports a[data-export=csv]")
+    assert info.value.suggested_filename == "fitplan-estimate.csv"
+    rows = list(csv.DictReader(pathlib_text(info.value, tmp_path).splitlines()))
+    cli = cli_json(query)
+    peak = next(int(r["value"]) for r in rows if (r["section"], r["name"]) == ("memory", "peak"))
+    at_peak = [int(r["value"]) for r in rows if r["section"] == "peak"]
+    assert sum(at_peak) == peak == cli["memory"]["per_gpu_bytes"]["peak"] and len(at_peak) >= 4
+    assert next(float(r["value"]) for r in rows if (r["section"], r["name"]) == ("time", "seconds")) == cli["time"]["seconds"]
+    assert next(float(r["value"]) for r in rows if r["name"] == "lambda.on_demand_usd") == cli["cost"]["on_demand_usd"]
+    page.emulate_media(media="print")
+    try:
+        for shown_ in ("#answer", "#memory-card", "#chart svg", "#components", "#time-card"):
+            assert page.is_visible(shown_), shown_
+        for hidden in ("#form", "#gpus-card", "#cheapest-card", "#downloads-card", "#copy-link"):
+            assert page.is_hidden(hidden), hidden
+    finally:
+        page.emulate_media(media="screen")
+    assert page.is_visible("#form") and page.problems == []
+
+
+def pathlib_text(download, tmp_path) -> str:
+    path = tmp_path / download.suggested_filename
+    download.save_as(path)
+    return path.read_text(encoding="utf-8")
+
+
+def test_the_gib_switch_divides_by_2_30_and_long_runs_read_in_days(page, served):
+    """GiB: every byte figure over 2**30 (the peak in the table, the answer line's memory, the GPU card, the form's
+    GPU choice), the GPU prices kept; a run over 48 hours reads in days (the CLI's seconds / 86,400)."""
+    query = {**START, "optim": "adamw_torch", "num-examples": "2000000"}
+    open_view(page, served, query)
+    cli = cli_json(query)
+    per, usable, seconds = cli["memory"]["per_gpu_bytes"], cli["memory"]["usable_bytes"], cli["time"]["seconds"]
+    assert page.inner_text("#peak") == f"{per['peak'] / 1e9:,.2f} GB"
+    page.wait_for_selector("#gpus[data-priced=true]", timeout=30_000)
+    page.select_option("#unit", "GiB")
+    assert page.inner_text("#peak") == f"{per['peak'] / 2**30:,.2f} GiB"
+    assert f"{per['device_total'] / 2**30:.1f} of {usable / 2**30:.1f} GiB" in page.inner_text("#headline")
+    card = page.inner_text("#gpus .gpu[data-gpu=a100-80gb] small")
+    assert card == f"{per['device_total'] / 2**30:,.2f} GiB of {usable / 2**30:,.2f} GiB"
+    assert page.get_attribute("#gpus", "data-priced") == "true"  # the prices stay through the switch
+    option = page.eval_on_selector("#f-gpu", "s => s.selectedOptions[0].textContent")
+    assert option.endswith(f"({usable / 2**30:,.2f} GiB)")  # the form's GPU choices too
+    assert seconds > 48 * 3600  # by the dataset size chosen: 2M examples of 512 tokens
+    assert page.inner_text("#time-value").startswith(f"{seconds / 86400:.1f} days")
+    page.reload()
+    page.wait_for_selector("body[data-state=ready]", timeout=20_000)
+    assert page.inner_text("#peak").endswith(" GiB")  # kept in the browser's storage
+    page.select_option("#unit", "GB")
+    assert page.problems == []

@@ -174,13 +174,44 @@ def test_sharded_update_leaves_memory_as_it_was():
 
 F = (N - 1) / N  # a ring moves (N−1)/N of an all-gather or reduce-scatter per rank, twice that of an all-reduce
 G16 = P * 2  # DeepSpeed's bf16 gradients / 16-bit parameters of the trainable (all) parameters
+DS_CALLS = math.ceil(P / 5e8)  # ZeRO-1/2 buckets: reduce_bucket_size and allgather_bucket_size default 5e8 elements
+UNITS = L + 1  # FSDP units: one per decoder layer (the Trainer's transformer-layer auto-wrap) and the root
+
+
+def nccl(sent: float, calls: int, steps: int) -> float:
+    """``calls`` ring collectives of ``steps`` ring steps on one H100 node (NVLink) sending ``sent`` bytes per GPU in
+    all, each in NCCL's fastest protocol (NCCL 2.30 src/graph/tuning.cc: ring base latency LL 6.6, LL128 14.0,
+    Simple 8.4 µs; NVLink hop latency 0.6, 1.9, 3.4 µs per step; bandwidth: Simple the link, LL128 0.92 of it,
+    LL half of it capped at Hopper's 141 GB/s)."""
+    size = sent / calls
+    simple = 8.4e-6 + steps * 3.4e-6 + size / LINK
+    ll128 = 14.0e-6 + steps * 1.9e-6 + size / (0.92 * LINK)
+    ll = 6.6e-6 + steps * 0.6e-6 + size / min(141e9, 0.5 * LINK)
+    return calls * min(simple, ll128, ll)
+
+
+def test_nccl_all_reduce_by_message_size():
+    """One all-reduce on 8 H100s (2·7 = 14 ring steps) by size: a small message is latency-bound and runs in LL,
+    a medium one in LL128, a large one in Simple at the link's bandwidth (hand-derived from tuning.cc's model)."""
+    from fitplan.builtin.time.comm import collective_seconds
+
+    for size, protocol_seconds in ((64 * 1024, 6.6e-6 + 14 * 0.6e-6 + 2 * F * 64 * 1024 / min(141e9, 0.5 * LINK)),
+                                   (8 * 2**20, 14.0e-6 + 14 * 1.9e-6 + 2 * F * 8 * 2**20 / (0.92 * LINK)),
+                                   (2**30, 8.4e-6 + 14 * 3.4e-6 + 2 * F * 2**30 / LINK)):
+        got = collective_seconds(2 * F * size, 1, "all_reduce", N, 1, "nvlink", LINK, "hopper")
+        assert got == pytest.approx(protocol_seconds, rel=1e-12)
+        assert got == pytest.approx(nccl(2 * F * size, 1, 14), rel=1e-12)
+    # the effective bus bandwidth grows with the message: 64 KiB at under a tenth of the link, 1 GiB within 2 %
+    small = 2 * F * 64 * 1024 / collective_seconds(2 * F * 64 * 1024, 1, "all_reduce", N, 1, "nvlink", LINK, "hopper")
+    large = 2 * F * 2**30 / collective_seconds(2 * F * 2**30, 1, "all_reduce", N, 1, "nvlink", LINK, "hopper")
+    assert small < 0.1 * LINK and large > 0.98 * LINK
 
 
 def test_zero1_reduces_once_per_step_whatever_the_accumulation():
     # engine.py:3084-3093: ZeRO-1 reduces at the accumulation boundary only, after the backward (no overlap_comm:
     # nothing beside it); step() then all-gathers the updated bf16 partitions (stage_1_and_2.py:3155): one
     # reduce-scatter + one all-gather of G, all exposed
-    expected = (F * G16 + F * G16) / LINK
+    expected = nccl(F * G16, DS_CALLS, N - 1) + nccl(F * G16, DS_CALLS, N - 1)
     for k in (1, 4):
         e = est(num_gpus=8, zero_stage=1, precision="bf16-master", gradient_accumulation_steps=k)
         assert e["comm_seconds_per_step"] == pytest.approx(expected, rel=1e-9)
@@ -193,7 +224,7 @@ def test_zero2_with_accumulation_keeps_its_collectives():
     # ZeRO-2 reduce-scatters in every micro-step's gradient hooks ("ZeRO stage >= 2 communicates during non
     # gradient accumulation boundaries as well", engine.py:3084; stage_1_and_2.py:2294) and all-gathers the
     # parameters once after step(): k = 4 moves 4 reduce-scatters + 1 all-gather, k = 1 one of each
-    rs, ag = F * G16 / LINK, F * G16 / LINK
+    rs, ag = nccl(F * G16, DS_CALLS, N - 1), nccl(F * G16, DS_CALLS, N - 1)
     one = est(num_gpus=8, zero_stage=2, precision="bf16-master")
     four = est(num_gpus=8, zero_stage=2, precision="bf16-master", gradient_accumulation_steps=4)
     assert one["comm_seconds_per_step"] == pytest.approx(rs + ag, rel=1e-9)
@@ -212,7 +243,9 @@ def test_zero2_with_accumulation_keeps_its_collectives():
 def test_ddp_all_reduces_once_per_step_under_no_sync():
     # the HF Trainer runs all micro-steps but the last under accelerator.no_sync (trainer.py:1904-1916): one
     # all-reduce of the fp32 gradients (bf16-mixed) per optimizer step, 2·f·G
-    expected = 2 * F * P * 4 / LINK
+    # in DDP's buckets: 1 MiB first, then 25 MiB (torch/nn/parallel/distributed.py _BucketCapacityConfig)
+    buckets = 1 + math.ceil((P * 4 - 2**20) / (25 * 2**20))
+    expected = nccl(2 * F * P * 4, buckets, 2 * (N - 1))
     for k in (1, 4):
         e = est(num_gpus=8, stack="ddp", precision="bf16-mixed", gradient_accumulation_steps=k)
         assert e["comm_seconds_per_step"] == pytest.approx(expected, rel=1e-9)
@@ -224,4 +257,5 @@ def test_hf_fsdp_reduce_scatters_once_per_step():
     # gradients reduce-scattered once (f·G, bf16)
     for k in (1, 4):
         e = est(num_gpus=8, fsdp="full_shard", precision="bf16-mixed", gradient_accumulation_steps=k)
-        assert e["comm_seconds_per_step"] == pytest.approx((k * 2 * F * P * 2 + F * P * 2) / LINK, rel=1e-9)
+        expected = nccl(k * 2 * F * P * 2, k * 2 * UNITS, N - 1) + nccl(F * P * 2, UNITS, N - 1)
+        assert e["comm_seconds_per_step"] == pytest.approx(expected, rel=1e-9)

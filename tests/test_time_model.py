@@ -182,6 +182,27 @@ def test_work_records_count_six_n_for_full_fine_tuning():
     assert att == 32 * 4 * 32 * 512 * 512 * 128 / 2
 
 
+def test_lora_adapter_gemms_and_the_frozen_base():
+    # llama-2-7b, LoRA r 16 on q_proj and v_proj (peft 0.21: lora_B(lora_A(x)) * scaling, two thin GEMMs per target),
+    # micro-batch 1 × 512. Forward: every base matmul weight (6,607,343,616 − 266,240 norm weights, test above) and
+    # per target 2·s·h·r (A) + 2·s·r·h (B). Backward: no weight gradient for the frozen base; its input gradient
+    # wherever the input needs one: not layer 0's q, k, v (their input, the norm of the frozen embeddings' output,
+    # needs none); for the adapters both weight gradients, B's input gradient (A's output trains) and A's input
+    # gradient except in layer 0.
+    s, h, r, L = 512, 4096, 16, 32
+    base = 6_607_343_616 - 266_240
+    adapter = 2 * s * h * r  # one thin GEMM of A or B
+    e = fitplan.estimate(model="llama-2-7b", method="lora", lora_r=r, lora_target_modules=["q_proj", "v_proj"],
+                         precision="bf16-true", optim="adamw_torch", per_device_train_batch_size=1, max_seq_length=s)
+    work = e["step_trace"].work
+    gemm = {ph: sum(w.flops * w.count for w in work if w.kind == "gemm" and w.phase == ph) for ph in ("forward", "backward")}
+    targets = 2 * L
+    assert gemm["forward"] == 2 * base * s + targets * 2 * adapter
+    base_input_grads = 2 * (base - 3 * h * h) * s
+    adapter_backward = targets * 3 * adapter + (targets - 2) * adapter
+    assert gemm["backward"] == base_input_grads + adapter_backward
+
+
 def test_aten_work_of_views_in_place_ops_and_products():
     from fitplan.builtin.op_work import aten
     from fitplan.builtin.step_trace import T
@@ -251,6 +272,42 @@ def test_band_on_time_and_cost(rdir, cli):
 def test_no_band_when_the_throughput_is_given(rdir):
     e = est(rdir, params="1B", gpu="rooflinegpu", total_tokens=1_000_000, tokens_per_second=1000)
     assert e["train_seconds"] == 1000 and e["train_seconds_low"] is None and e["time_band"] is None
+
+
+def _bundled_fit():
+    import tomllib
+
+    return tomllib.loads((ROOT / "rulesets" / "throughput" / "fitted.toml").read_text())
+
+
+def test_band_widens_on_a_gpu_generation_without_published_runs():
+    # no published run on Blackwell: its efficiency is the run-weighted mean m of the fitted generations' GEMM
+    # efficiencies; time goes as 1 / efficiency, so the fitted extremes put it between m / max and m / min of m's
+    fit = _bundled_fit()
+    rows = fit["time_efficiency"]
+    assert "blackwell" not in {r["generation"] for r in rows}
+    m = sum(r["gemm"] * r["runs"] for r in rows) / sum(r["runs"] for r in rows)
+    low = fit["time_model"]["band_low"] * min(1.0, m / max(r["gemm"] for r in rows))
+    high = fit["time_model"]["band_high"] * max(1.0, m / min(r["gemm"] for r in rows))
+    common = dict(model="llama-2-7b", precision="bf16-true", optim="adamw_torch", total_tokens=10_000_000)
+    b200 = fitplan.estimate(gpu="b200", **common)
+    assert b200["time_band"][:2] == pytest.approx((low, high), rel=1e-12)
+    assert "no published run on blackwell" in b200["time_band"][2]
+    h100 = fitplan.estimate(gpu="h100-sxm", **common)  # a fitted generation keeps the leave-one-out band
+    assert h100["time_band"][:2] == (fit["time_model"]["band_low"], fit["time_model"]["band_high"])
+
+
+def test_band_after_calibrating_on_your_run(tmp_path):
+    # a [[time_calibration]] row for the GPU: the band becomes the one calibration leaves on the published runs
+    # (bench/time_loo.py: one run's measured / predicted time applied to another of the same GPU type and source)
+    fit = _bundled_fit()["time_model"]
+    (tmp_path / "calib.toml").write_text('[[time_calibration]]\ngpu = "a100-80gb"\nscale = 1.1\nsource = "test"\n')
+    e = fitplan.estimate(model="llama-2-7b", gpu="a100-80gb", precision="bf16-true", optim="adamw_torch",
+                         total_tokens=10_000_000, ruleset_dirs=[str(tmp_path)])
+    assert e["step_time_calibration"].scale == 1.1
+    assert e["time_band"][:2] == (fit["calibrated_band_low"], fit["calibrated_band_high"])
+    assert f"{fit['calibrated_pairs']} ordered pairs" in e["time_band"][2]
+    assert e["train_seconds_high"] == pytest.approx(e["train_seconds"] * fit["calibrated_band_high"])
 
 
 # --------------------------------------------------------------------------- the published runs

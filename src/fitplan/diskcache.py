@@ -189,7 +189,7 @@ def store(kind: str, name: str, key: Any, value: Any, *, keep: int | None = None
             f.write(blob)
         os.replace(tmp, d / name)
         tmp = None
-        if keep is not None:
+        if keep is not None and _count(d) > keep:
             _prune(d, keep)
     except Exception:  # noqa: BLE001 - a read-only or full cache directory, an unpicklable value: nothing kept
         pass
@@ -211,14 +211,34 @@ def make_private(d: Path) -> None:
             pass
 
 
+_COUNTS: dict[Path, int] = {}
+"""Entries per capped directory, as this process counts them: listed once, then one more per store (a
+replaced entry counts too, so the count only errs high), listed again when it passes the cap. Listing a
+directory of thousands of entries on every store cost ~3 ms (a new shape on ``fitplan serve`` stores eight
+traces); another process's entries are seen at the next listing."""
+
+
+def _count(d: Path) -> int:
+    n = _COUNTS.get(d)
+    n = len(_entries(d)) if n is None else n + 1
+    _COUNTS[d] = n
+    return n
+
+
+def _entries(d: Path) -> list[os.DirEntry]:
+    return [e for e in os.scandir(d) if e.name.endswith(".pickle") and not e.name.startswith(".tmp-")]
+
+
 def _prune(d: Path, keep: int) -> None:
-    entries = [e for e in os.scandir(d) if e.name.endswith(".pickle") and not e.name.startswith(".tmp-")]
+    entries = _entries(d)
+    _COUNTS[d] = len(entries)
     if len(entries) <= keep:
         return
     entries.sort(key=lambda e: e.stat().st_mtime_ns)
     for e in entries[: len(entries) - keep // 2]:  # down to half: pruning stays rare
         try:
             os.unlink(e.path)
+            _COUNTS[d] -= 1
         except OSError:
             pass
 

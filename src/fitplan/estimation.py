@@ -185,7 +185,7 @@ def check_optimizer(s: sc.Scenario, spec: Any, world: int) -> None:
                            value=s.training.optim)
 
 
-MODELLED_TRAINERS = ("sft", "grpo", "rloo")
+MODELLED_TRAINERS = ("sft", "dpo", "kto", "grpo", "rloo")
 """The TRL trainers whose step the memory and time model computes (docs/trl.md); the others are refused."""
 
 
@@ -246,10 +246,15 @@ def loaded_dtype(s: sc.Scenario, arch: architecture.ModelSpec) -> str:
     """What ``from_pretrained`` loads the weights in (``fp32``/``bf16``/``fp16``): ``--dtype``, or with ``auto``
     (transformers 5.24's default) the dtype the model's config states, float32 when it states none or when the
     model is a bare parameter count."""
+    return load_dtype_of(s.training.dtype, arch)
+
+
+def load_dtype_of(dtype: str, arch: architecture.ModelSpec) -> str:
+    """:func:`loaded_dtype` for the scenario field ``dtype`` (``auto`` or a dtype word) and the architecture."""
     from fitplan.inputs.precision import dtype_code
 
-    if s.training.dtype != "auto":
-        return dtype_code(s.training.dtype)
+    if dtype != "auto":
+        return dtype_code(dtype)
     if arch.family != "learned":  # --params: no config, so no dtype (a typical shape's template says nothing)
         return "fp32"
     return arch.checkpoint_dtype or "fp32"
@@ -311,8 +316,8 @@ def online_settings(s: sc.Scenario) -> Any:
 
 def with_online_sequence(s: sc.Scenario) -> sc.Scenario:
     """GRPO/RLOO: the training step's sequence is prompt + completion (``max_seq_length`` plays no part in
-    TRL's online trainers), the loss head is TRL's fused log-probability head (``loss_implementation = "trl"``,
-    builtin/loss_heads.py) and a dataset of ``num_examples`` prompts holds ``prompt_length`` tokens each unless
+    TRL's online trainers), the loss head is TRL's fused log-probability head (``loss_implementation =
+    "trl_grpo"``, builtin/trl/fused_head.py) and a dataset of ``num_examples`` prompts holds ``prompt_length`` tokens each unless
     stated; other trainers unchanged."""
     o = online_settings(s)
     if o is None:
@@ -321,7 +326,7 @@ def with_online_sequence(s: sc.Scenario) -> sc.Scenario:
     if d.num_examples is not None and d.tokens_per_example is None and d.total_tokens is None:
         s = s.replace(tokens_per_example=o.prompt_length)
     if s.training.loss_implementation == "hf":  # GRPO/RLOO always score through TRL's fused head
-        s = s.replace(loss_implementation="trl")
+        s = s.replace(loss_implementation="trl_grpo")
     return s.replace(max_seq_length=o.sequence_length)
 
 

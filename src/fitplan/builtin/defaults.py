@@ -47,9 +47,10 @@ def _load_line(dtype, precision, bf16, fp16, arch, stack_name) -> str | None:
 
 @quantity("text", type="object", json_key="defaults")
 def assumed_defaults(dtype, precision, bf16, fp16, optim, attn_implementation, arch, stack_name, assumptions,
-                     loss_implementation):
+                     loss_implementation, trainer, beta, method, precompute_ref_log_probs):
     """The defaults of the pinned stack this estimate assumed (module doc), one phrase each; empty under
-    ``--assumptions seed`` (the tutorial chapter's own simplifications apply)."""
+    ``--assumptions seed`` (the tutorial chapter's own simplifications apply). TRL's preference trainers
+    replace the loss's phrase by theirs (builtin/trl/preference.py ``assumed_lines``)."""
     if assumptions == "seed":
         return []
     out = []
@@ -60,7 +61,11 @@ def assumed_defaults(dtype, precision, bf16, fp16, optim, attn_implementation, a
         out.append(f"optim {optim} (HF default)")
     if attn_implementation == _TRAINING["attn_implementation"]:
         out.append(f"attention {attn_implementation} (HF default)")
-    if loss_implementation == _TRAINING["loss_implementation"]:
+    from fitplan.builtin.trl import preference
+
+    if trainer in preference.PREFERENCE:
+        out += preference.assumed_lines(trainer, beta, method, precompute_ref_log_probs)
+    elif loss_implementation == _TRAINING["loss_implementation"]:
         out.append("loss ForCausalLMLoss (fp32 logits)")
     return out
 

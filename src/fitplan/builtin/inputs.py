@@ -6,7 +6,7 @@ from fitplan.engine.declarations import quantity
 from fitplan.pluginmgr.hookspecs import hookimpl
 
 
-@quantity("params")
+@quantity("params", role="params")
 def param_count(arch):
     """Total parameters of the model (exact, from the parameter tensors of its HF config)."""
     return arch.param_count

@@ -37,7 +37,7 @@ from typing import Any
 
 from .archexpr import compile_expr
 from .archfile import BYTES
-from .lora_targets import lora_site_matches
+from .lora_targets import embedding_matches, lora_site_matches
 
 HALF = ("bf16", "f16")
 CUDA_OUTPUT_DTYPES = {
@@ -380,16 +380,53 @@ def lora_site(inst, site: dict[str, Any]) -> None:
     rank = site.get("rank", 3)
     a = _linear(inst, xd, A, rows, in_f, r, rank, label + ".lora_A")
     bb = _linear(inst, a, B, rows, r, out_f, rank, label + ".lora_B")
+    result = _scaled_sum(inst, base, bb, label)
+    if xa is not x:
+        tr.touch(xa)  # peft's local ``x`` (the cast input) lives until the forward returns
+    result.shape = getattr(base, "shape", None)
+    _replace_output(inst, site, result)
+
+
+def _scaled_sum(inst, base, bb, label: str):
+    """peft's ``result + adapter_output * scaling``, cast back to the base output's dtype: the product (a new
+    tensor in the adapter's dtype), the sum (type promotion: fp32 when either is) and the cast."""
+    b, tr = inst.b, inst.b.tr
     sc = tr.new(bb.numel, bb.dtype, False, label + ".lora_scaling")
     b.emit("mul.Tensor", [("self", bb)], [sc], label=label + ".lora_scaling")
     dt = base.dtype if base.dtype == sc.dtype else ("f32" if "f32" in (base.dtype, sc.dtype) else base.dtype)
     summed = tr.new(base.numel, dt, False, label + ".lora_add")
     b.emit("add.Tensor", [("self", base), ("other", sc)], [summed], label=label + ".lora_add")
-    result = _cast(inst, summed, base.dtype, label + ".lora_result_cast")
-    if xa is not x:
-        tr.touch(xa)  # peft's local ``x`` (the cast input) lives until the forward returns
+    return _cast(inst, summed, base.dtype, label + ".lora_result_cast")
+
+
+def lora_embedding(inst, op: list[Any]) -> None:
+    """After an ``embedding`` op of a targeted ``nn.Embedding``: peft 0.21's ``lora.Embedding.forward``
+    (tuners/lora/layer.py): ``after_A = F.embedding(x, lora_embedding_A.T)`` (the transpose a view, the rows in
+    the adapter's dtype), ``(after_A @ lora_embedding_B.T) * scaling`` (``F.linear``'s aten ops), added to the
+    base output and cast back to its dtype (no input cast, unlike ``lora.Linear``)."""
+    b = inst.b
+    args = dict(op[1])
+    if not b.lora or not str(args.get("weight", "")).startswith("p:"):
+        return
+    module = args["weight"][2:].rsplit(".", 1)[0]
+    if not embedding_matches(module, b.spec.lora_targets):
+        return
+    tr = b.tr
+    idx, weight, base = inst.ref(args["indices"]), inst.ref(args["weight"]), inst.refs[op[2][0]]
+    rows = idx.numel
+    dim = base.numel // rows
+    num, r, adapter = weight.numel // dim, b.spec.lora_r, b.adapter
+    A, B = tr.param(r * num, adapter, True), tr.param(dim * r, adapter, True)
+    A.name, B.name = module + ".lora_embedding_A", module + ".lora_embedding_B"
+    At = tr.view(A)
+    At.param = False
+    b.emit("t", [("self", A)], [At], label=module + ".lora_embedding_A.t")
+    after = tr.new(rows * r, adapter, False, module + ".lora_embedding_A")
+    b.emit("embedding", [("weight", At), ("indices", idx)], [after], label=module + ".lora_embedding_A")
+    bb = _linear(inst, after, B, rows, r, dim, 3, module + ".lora_embedding_B")
+    result = _scaled_sum(inst, base, bb, module)
     result.shape = getattr(base, "shape", None)
-    _replace_output(inst, site, result)
+    inst.refs[op[2][0]] = result
 
 
 def _replace_output(inst, site: dict[str, Any], t) -> None:

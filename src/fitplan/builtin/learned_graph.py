@@ -100,11 +100,17 @@ class Builder:
             else:
                 dtype = self.dt(code)
             numel = self.param_numel(template or name, name)
-            trainable = not self.lora and dtype in FLOAT
+            trainable = (not self.lora or self.saved(name)) and not self.spec.frozen and dtype in FLOAT
             t = self.tr.param(numel, dtype, trainable)
             t.name = name
             self.params[name] = t
         return t
+
+    def saved(self, name: str) -> bool:
+        """Is parameter ``name`` in a module of peft's ``modules_to_save`` (the trained copy's parameter)?
+        peft's rule: the module's full name ends with a listed name (utils/other.py ``_set_trainable``)."""
+        module = name.rsplit(".", 1)[0]
+        return any(module.endswith(m) for m in self.spec.lora_saved)
 
     def tied_param(self, name: str):
         """A tied parameter: the tensor it is tied to under its own name (the ops that read it stay its module's),

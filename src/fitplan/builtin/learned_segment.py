@@ -110,6 +110,8 @@ class Segment:
                 if "{i}" in site["module"] and not site.get("custom"):
                     quantized[site["start"]] = site
         embed = seg.get("embed_out") if b.lora and b.spec.checkpointing else None
+        if embed is not None and self._embedding_trains():
+            embed = None
         head = loss_heads.head_site(self) if first == 0 else None
         for k, op in enumerate(seg["ops"]):
             if k < first:
@@ -132,6 +134,11 @@ class Segment:
                 skip.update(range(site["start"] + 1, site["end"] + 1))
             elif k not in skip:
                 self.op(op)
+                if op[0] == "embedding":  # the hook below is on the base nn.Embedding: its output is the leaf
+                    if embed is not None and embed in self.refs:
+                        self._input_requires_grad(self.refs[embed])
+                        embed = None
+                    kernels.lora_embedding(self, op)
             for s in self.site_end.get(k, ()):
                 self._site_output(s)
                 kernels.lora_site(self, s)
@@ -147,6 +154,13 @@ class Segment:
                 t = self.refs.get(r) if r.startswith(("t", "a")) else self.ref(r)
                 if t is not None and t.sid >= 0 and t.sid not in tr.uncached:
                     tr.pinned.add(t.sid)
+
+    def _embedding_trains(self) -> bool:
+        """The input embedding is in ``modules_to_save``: its output already requires grad, and peft's
+        ``enable_input_require_grads`` hook leaves it as it is (``requires_grad_`` on a non-leaf that requires grad)."""
+        ops = self.seg.get("ops", ())
+        weight = next((dict(op[1]).get("weight") for op in ops if op[0] == "embedding"), None)
+        return isinstance(weight, str) and weight.startswith("p:") and self.b.saved(weight[2:])
 
     def _input_requires_grad(self, t) -> None:
         """peft + checkpointing: ``enable_input_require_grads()`` hooks the input embedding so that its output

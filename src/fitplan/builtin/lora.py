@@ -58,6 +58,10 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
             in_f, out_f = (shape[0], shape[1]) if len(entry) > 6 and entry[6] == "conv1d" else (shape[1], shape[0])
             for shape_ in ((lora_r, in_f), (out_f, lora_r)):
                 out[shape_] = out.get(shape_, 0) + 1
+    for path, shapes in head_and_embedding_adapters(af, dict(arch.symbols), targets, lora_r):
+        names.append(path)
+        for shape_ in shapes:
+            out[shape_] = out.get(shape_, 0) + 1
     param_targets = parameter_targets(af, targets)
     for g in groups:
         leaf = g.name.rsplit(".", 1)[-1]
@@ -78,13 +82,43 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
     _refuse_non_tensor_linears(af, targets, arch)
     missing = unmatched_targets(targets, names + list(_converted_names(af)))
     if missing or not out:
-        modules = sorted({g.path.rsplit(".", 1)[-1] for g in linear} | set(_converted_names(af)))
+        extra = {n.rsplit(".", 2)[-2] for n, _, role, per_layer, _, _ in af.param_list(dict(arch.symbols))
+                 if role == "embedding" and not per_layer}  # peft wraps embeddings and the head by name too
+        extra |= {af.output_module} if af.output_module else set()
+        modules = sorted({g.path.rsplit(".", 1)[-1] for g in linear} | set(_converted_names(af)) | extra)
         raise FitplanError(
             f"LoRA target module(s) {', '.join(missing) or ', '.join(targets)} not found in {arch.name}",
             field="lora_target_modules", value=",".join(targets),
             suggestion="modules of this model: " + ", ".join(modules) + f", or {ALL_LINEAR}",
         )
     return tuple(out.items())
+
+
+def head_and_embedding_adapters(af, env, targets: tuple[str, ...], r: int):
+    """``(module, (A shape, B shape))`` for the LM head and the input embeddings when the targets name them
+    (peft 0.21 ``tuners/lora/model.py`` ``_create_new_module``): the output ``nn.Linear`` (``lm_head``: never
+    under ``all-linear``) gets a ``lora.Linear``, A (r, hidden) and B (vocab, r), whether or not its weight is
+    tied to the embedding's; an ``nn.Embedding`` gets a ``lora.Embedding`` (``tuners/lora/layer.py``
+    ``Embedding.update_layer``: ``lora_embedding_A`` (r, num_embeddings), ``lora_embedding_B``
+    (embedding_dim, r))."""
+    from .lora_targets import embedding_matches, lora_site_matches
+
+    shapes = {name: shape for name, shape, _, per_layer, _, _ in af.param_list(env) if not per_layer}
+    out = []
+    for name, shape, role, per_layer, _, _ in af.param_list(env):
+        if role == "embedding" and not per_layer and embedding_matches(name.rsplit(".", 1)[0], targets):
+            num, dim = shape
+            out.append((name.rsplit(".", 1)[0], ((r, num), (dim, r))))
+    head = af.output_module
+    if head and lora_site_matches(head, targets, af):
+        weight = shapes.get(head + ".weight")
+        if weight is None:  # tied: the head reads the embedding's weight
+            tied = next((t[1] for t in af.data.get("tied", ()) if t[0] == head + ".weight"), None)
+            weight = shapes.get(tied)
+        if weight is not None:
+            vocab, hidden = weight
+            out.append((head, ((r, hidden), (vocab, r))))
+    return out
 
 
 def _refuse_non_tensor_linears(af, targets: tuple[str, ...], arch) -> None:
@@ -113,9 +147,60 @@ def _converted_names(af) -> list[str]:
 
 
 @reducer("trainable_tensors", when=lambda method: method in ("lora", "qlora"))
-def lora(value, arch, lora_r, lora_target_modules):
-    """Only the adapters train: A (r × in) and B (out × r) per targeted Linear (peft LoraConfig)."""
-    return adapter_tensors(arch, lora_r, lora_target_modules)
+def lora(value, arch, lora_r, lora_target_modules, lora_modules_to_save, method, weight_dtype_bytes,
+         trainable_dtype_bytes, kbit_preparation, zero_stage, fsdp):
+    """Only the adapters train: A (r × in) and B (out × r) per targeted Linear (peft LoraConfig), and the copies
+    of the ``modules_to_save`` (:func:`saved_module_tensors`)."""
+    out = dict(adapter_tensors(arch, lora_r, lora_target_modules))
+    if lora_modules_to_save:
+        copy_bytes = 4 if method == "qlora" and kbit_preparation == "peft" else weight_dtype_bytes
+        for shape in saved_module_tensors(arch, tuple(lora_target_modules or ()), tuple(lora_modules_to_save),
+                                          copy_bytes, trainable_dtype_bytes, zero_stage, fsdp):
+            out[shape] = out.get(shape, 0) + 1
+    return tuple(out.items())
+
+
+def saved_module_tensors(arch, targets: tuple[str, ...], names: tuple[str, ...], copy_bytes: float,
+                         adapter_bytes: float, zero_stage: int, fsdp) -> list[tuple[int, ...]]:
+    """The parameter shapes of peft's ``modules_to_save`` copies (``utils/other.py`` ``_set_trainable``: a module
+    whose full name ends with a listed name is wrapped in a ``ModulesToSaveWrapper`` holding the frozen original and
+    a trainable ``deepcopy``, in the original's dtype: peft's ``cast_adapter_dtype`` upcasts only the LoRA layers'
+    parameters, tuners_utils.py). Modelled for modules outside the decoder layers whose weight is not tied, with
+    the copy in the adapters' dtype (one trainable dtype), without ZeRO-3 or FSDP; anything else is refused."""
+    from .archfile import load
+
+    af = load(arch.model_type)
+    env = dict(arch.symbols)
+    ties = af.tie(env)
+    tied = set(ties) | set(ties.values())
+    for m in names:
+        if any(t.rsplit(".", 1)[0].endswith(m) for t in tied):
+            raise FitplanError(f"lora_modules_to_save {m!r} is a module whose weight is tied to another: not modelled",
+                               field="lora_modules_to_save", value=",".join(names))
+    out, found = [], set()
+    for name, shape, _, per_layer, _, _ in af.param_list(env):
+        module = name.rsplit(".", 1)[0]
+        hit = [m for m in names if module.endswith(m)]
+        if not hit:
+            continue
+        found.update(hit)
+        why = ("a module inside the decoder layers" if per_layer else
+               "a module LoRA also adapts" if any(module == t or module.endswith("." + t) for t in targets) else None)
+        if why is None and copy_bytes != adapter_bytes:
+            why = (f"a copy in {copy_bytes:g}-byte weights beside {adapter_bytes:g}-byte adapters (fitplan prices one "
+                   "trainable dtype: set autocast_adapter_dtype = false, or use fp32 weights)")
+        if why is None and (zero_stage == 3 or fsdp):
+            why = "a trained module under ZeRO-3 or FSDP (not checked against a referee)"
+        if why:
+            raise FitplanError(f"lora_modules_to_save {hit[0]!r} is {why}: not modelled", field="lora_modules_to_save",
+                               value=",".join(names))
+        out.append(shape)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise FitplanError(f"lora_modules_to_save {', '.join(missing)} names no module of {arch.name}",
+                           field="lora_modules_to_save", value=",".join(names),
+                           suggestion="e.g. embed_tokens or lm_head (peft matches the end of the module's name)")
+    return out
 
 
 CODE_BYTES = 16 * 4

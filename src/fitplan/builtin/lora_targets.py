@@ -62,6 +62,15 @@ def lora_site_matches(module: str, targets: tuple[str, ...], af: Any) -> bool:
     return module_matches(module, targets, output_module=getattr(af, "output_module", None))
 
 
+def embedding_matches(module: str, targets: tuple[str, ...]) -> bool:
+    """Does peft wrap the ``nn.Embedding`` named ``module`` in a ``lora.Embedding``? By name or regular
+    expression only: ``all-linear`` selects ``nn.Linear`` and ``Conv1D`` modules, never an embedding
+    (peft ``tuners_utils.py`` ``_maybe_include_all_linear_layers``)."""
+    if not targets or (len(targets) == 1 and targets[0].lower() == ALL_LINEAR):
+        return False
+    return module_matches(module, targets)
+
+
 def unmatched_targets(targets: tuple[str, ...], modules: list[str]) -> list[str]:
     """Targets that match none of ``modules`` (peft raises for a list target that matches nothing)."""
     if not targets or (len(targets) == 1 and (targets[0].lower() == ALL_LINEAR or is_regex(targets))):

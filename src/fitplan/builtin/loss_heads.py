@@ -38,21 +38,6 @@ dtype, their fp32 copy (``.float()``), ``log_softmax`` (fp32, saved for backward
   trains, ``zeros_like(c)`` (``accum_e_fp32``/``accum_c_fp32`` off by default), plus the argsort of
   ``logit_avg`` (``sort_logit_avg``: int64 then int32 per vocabulary entry). Its ``valids`` indices (int64 per
   labelled token, when labels are ignored or shifted) are not counted. Triton, CUDA only: derived by hand.
-* ``trl``: TRL 1.16's fused LM head (trl/trainer/utils.py ``add_fused_lm_head``, trl/kernels/chunked_logprob.py
-  ``ChunkedLogProbFunction``), what GRPO, RLOO, DPO and KTO call (``model(..., fused_lm_head=True)``): the final
-  hidden state without its last position (a non-contiguous view, so ``reshape(-1, h)`` copies it: ``N·h`` with
-  ``N = b·(s − 1)``, saved), the clamped targets (int64 ``N``, saved) and the label mask; the forward allocates
-  seven fp32 per-token statistics and one ``min(N, 4096) × 32768`` tile buffer in the compute dtype (32768
-  columns whatever the vocabulary), projects the hidden state onto the vocabulary in tiles and folds each
-  tile into online log-sum-exp statistics (under autocast over a copy of the hidden state's chunk in the
-  compute dtype; the backward also keeps the weight chunk's); without Triton (the CPU) the fold is torch ops over an fp32 copy
-  of the tile: three ``rows × min(V, 32768)`` fp32 tiles at its widest. It saves ``log_z`` and the entropy
-  (both fp32 ``N``) and returns the log-probabilities and the entropy (GRPO asks for both), which the caller
-  masks (``masked_fill``, fp32 ``N`` each). The backward allocates the tile buffer again and fp32 accumulators
-  for the hidden state's and the head weight's gradients (the gradients themselves when the model is fp32;
-  beside their ``.to(dtype)`` copies otherwise), and without Triton seven fp32 tiles of temporaries and a
-  boolean one at its widest (``_backward_tile``). On CUDA only the completion positions are scored
-  (``hidden_states[mask]``); fitplan sizes the buffers for every position: an upper bound there.
 """
 
 from __future__ import annotations
@@ -60,7 +45,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import op_work
+from .trl.fused_head import RULE as TRL_RULE, run as trl_head
 from .archfile import BYTES
+from .lora_targets import lora_site_matches
 
 if TYPE_CHECKING:
     from .learned_segment import Segment
@@ -76,15 +63,8 @@ RULES = {
     # them, the fp32 log-sum-exp and the logit average (given explicitly, ``sv``); its backward allocates both
     # gradients (``zeros_like``)
     "cce.linear_cross_entropy": {"d": ["self", "weight"], "s": [], "p": [0, 0], "o": [1]},
-    # trl's ChunkedLogProbFunction: differentiable in the hidden state and the head weight; saves the hidden
-    # state, the weight, the targets, log_z and the entropy (given explicitly, ``sv``); the log-probabilities and
-    # the entropy are its differentiable outputs
-    "trl.chunked_logprob": {"d": ["self", "weight"], "s": [], "p": [0, 0], "o": [1, 1]},
+    "trl.chunked_logprob": TRL_RULE,  # TRL's fused LM head (builtin/trl/fused_head.py)
 }
-TRL_TOKEN_CHUNK = 4096
-"""trl/kernels/chunked_logprob.py ``TOKEN_CHUNK_SIZE``: rows of the tile buffer."""
-TRL_VOCAB_CHUNK = 32768
-"""trl/trainer/utils.py ``_CHUNKED_LOGPROB_CHUNK_SIZE``: columns of the tile buffer."""
 
 
 def liger_chunk_rows(tokens: int, vocab: int, hidden: int) -> int:
@@ -109,12 +89,21 @@ def head_site(seg_inst: "Segment") -> dict[str, Any] | None:
         raise FitplanError(f"loss_implementation {b.spec.loss!r} needs the LM head's call site in the learned file",
                            file=str(b.af.path), field="loss_implementation", value=b.spec.loss,
                            suggestion="use loss_implementation = \"hf\", or re-learn the architecture")
+    if b.lora and b.spec.loss in ("liger", "cce") and lora_site_matches(module, b.spec.lora_targets, b.af):
+        from ..errors import FitplanError
+
+        raise FitplanError(f"LoRA on the LM head ({module}) with loss_implementation {b.spec.loss!r}: the fused loss "
+                           "reads the head's weight alone (Liger's and Cut CE's patches take lm_head.weight), so the "
+                           "adapter would not train; fitplan does not estimate that run", field="loss_implementation",
+                           value=b.spec.loss, suggestion=f"drop {module} from lora_target_modules, or use hf or chunked")
     return site
 
 
 def run(seg_inst: "Segment", site: dict[str, Any]) -> None:
     """Emit the replaced head from ``site`` on; sets the epilogue's loss reference."""
-    loss = {"chunked": _chunked, "liger": _liger, "cce": _cce, "trl": _trl}[seg_inst.b.spec.loss](seg_inst, site)
+    heads = {"chunked": _chunked, "liger": _liger, "cce": _cce, "trl": trl_head, "trl_kto": trl_head,
+             "trl_logp": trl_head, "trl_grpo": trl_head}
+    loss = heads[seg_inst.b.spec.loss](seg_inst, site)
     seg_inst.refs[seg_inst.seg["loss"]] = loss
 
 
@@ -225,77 +214,6 @@ def _cce(seg_inst: "Segment", site: dict[str, Any]):
     op.bwd_temp = 12 * vocab if op.outs else 0
     op.work = _cce_work(tokens, hidden, vocab, b.compute if b.mixed else h.dtype, h, weight)
     return loss
-
-
-def _trl(seg_inst: "Segment", site: dict[str, Any]):
-    """TRL's fused log-probability head (module doc)."""
-    b, tr, h, weight, tokens, hidden, vocab = _head(seg_inst, site)
-    n = b.spec.batch * (b.spec.seq - 1)
-    compute = b.compute if b.mixed else h.dtype
-    rows, cols = min(n, TRL_TOKEN_CHUNK), min(vocab, TRL_VOCAB_CHUNK)
-    piece = tr.view(h, n * hidden)  # last_hidden_state[:, :-1]
-    piece.base = h.base if h.base is not None else h
-    b.emit("slice.Tensor", [("self", h)], [piece])
-    flat = tr.new(n * hidden, h.dtype, False, "trl.hidden")  # .reshape(-1, h) of the non-contiguous view
-    b.emit("clone", [("self", piece)], [flat], label="trl.hidden")
-    prev = tr.kind_default
-    tr.kind_default = "logits"
-    labels = b.externals["labels"]
-    mask = tr.new(n, "bool", False, "trl.mask")
-    b.emit("ne.Scalar", [("self", labels)], [mask], label="trl.mask")
-    targets = tr.new(n, "i64", False, "trl.targets")
-    b.emit("ne.Scalar", [("self", labels)], [targets], label="trl.targets")
-    logps, entropy, log_z = (tr.new(n, "f32", False, f"trl.{x}") for x in ("log_probs", "entropy", "log_z"))
-    stats = [tr.new(n, "f32", False, "trl.stats") for _ in range(7)]
-    buf = tr.new(rows * TRL_VOCAB_CHUNK, compute, False, "trl.tile_buffer")
-    fold = [] if b.spec.device == "cuda" else [tr.new(rows * cols, "f32", False, "trl.fold") for _ in range(3)]
-    fold += _trl_chunk_copies(tr, rows, cols, hidden, compute, h.dtype, weight.dtype)[:1 if h.dtype != compute else 0]
-    b.emit("trl.chunked_logprob", [("self", flat), ("weight", weight)], [logps, entropy, log_z, *stats, buf, *fold],
-           extra={"sv": [flat, targets, log_z, entropy]})
-    op = tr.ops[-1]
-    op.bwd_temp = _trl_backward_bytes(n, hidden, vocab, rows, cols, compute, h.dtype, weight.rg,
-                                      b.spec.device) if op.outs else 0
-    op.bwd_temp += sum(t.nbytes for t in _trl_chunk_copies(tr, rows, cols, hidden, compute, h.dtype, weight.dtype)) \
-        if op.outs else 0
-    op.work = _cce_work(n, hidden, vocab, compute, h, weight)
-    outs = []
-    for t in (logps, entropy):
-        keep = tr.new(n, "bool", False, "trl.not_mask")
-        b.emit("ne.Scalar", [("self", mask)], [keep], label="trl.not_mask")
-        masked = tr.new(n, "f32", False, "trl.masked")
-        b.emit("masked_fill.Scalar", [("self", t), ("mask", keep)], [masked])
-        outs.append(masked)
-    count = tr.new(1, "i64", False, "trl.count")
-    b.emit("ne.Scalar", [("self", mask)], [count], label="trl.count")
-    tr.kind_default = prev
-    loss = tr.new(1, "f32", False, "trl.loss")
-    b.emit("div.Tensor", [("self", outs[0]), ("other", count)], [loss])
-    return loss
-
-
-def _trl_chunk_copies(tr, rows: int, cols: int, hidden: int, compute: str, dtype: str, weight_dtype: str) -> list:
-    """Under autocast the tiles are computed in the compute dtype: ``hidden[chunk].to(compute)`` and
-    ``weight[chunk].to(compute)`` copy the chunks when their dtype differs. The forward keeps only the hidden
-    chunk across the fold (the weight chunk's copy is a temporary of the ``torch.mm`` call); the backward keeps
-    both (``w_chunk``)."""
-    out = []
-    if dtype != compute:
-        out.append(tr.new(rows * hidden, compute, False, "trl.hidden_chunk"))
-    if weight_dtype != compute:
-        out.append(tr.new(cols * hidden, compute, False, "trl.weight_chunk"))
-    return out
-
-
-def _trl_backward_bytes(n: int, hidden: int, vocab: int, rows: int, cols: int, compute: str, dtype: str,
-                        weight_grad: bool, device: str) -> int:
-    """What TRL's head's backward allocates beyond the gradients fitplan's backward allocates (module doc): the
-    tile buffer, the fp32 accumulators when the model is not fp32, the CPU's fold temporaries."""
-    out = rows * TRL_VOCAB_CHUNK * BYTES[compute]
-    if BYTES[dtype] != 4:
-        out += 4 * n * hidden + (4 * vocab * hidden if weight_grad else 0)
-    if device != "cuda":
-        out += 7 * 4 * rows * cols + rows * cols + 8 * cols
-    return out
 
 
 def _cce_work(tokens: int, hidden: int, vocab: int, compute: str, h, weight) -> op_work.Work:

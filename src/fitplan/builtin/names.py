@@ -67,6 +67,17 @@ def _batch_per_gpu(view: Any) -> int | None:
     return None if b is None or k is None else b * k
 
 
+_CHECKPOINT_INPUTS = ("trainable_param_count", "trainable_dtype_bytes", "master_weight_dtype_bytes", "optimizer_spec",
+                      "optimizer_context")
+
+
+def _checkpoint_bytes(view: Any) -> int | None:
+    from fitplan.builtin.spot_risk import resumable_checkpoint_bytes
+
+    args = [view.values.get(k) for k in _CHECKPOINT_INPUTS]
+    return None if any(a is None for a in args) else resumable_checkpoint_bytes(*args)
+
+
 NAMES = (
     Name("train_hours", _hours, "training time in hours (train_seconds / 3600)", ("train_seconds",), json_key="time.hours"),
     Name("headroom_fraction", _headroom_fraction, "free memory left on the GPU as a fraction of its usable memory",
@@ -82,6 +93,8 @@ NAMES = (
     Name("spot_saving_fraction", _spot_saving, "1 − spot cost / on-demand cost", ("on_demand_cost_usd", "spot_cost_usd")),
     Name("gpu_supports_bf16", _gpu_has("bf16"), "whether the GPU has bf16 tensor cores", ("gpu_spec",), type="bool"),
     Name("gpu_supports_fp8", _gpu_has("fp8"), "whether the GPU has fp8 tensor cores", ("gpu_spec",), type="bool"),
+    Name("checkpoint_bytes_resumable", _checkpoint_bytes, "bytes of a resumable checkpoint (trainable weights, "
+         "master copy, optimizer states), whatever the market", _CHECKPOINT_INPUTS),
     Name("batch_per_gpu", _batch_per_gpu, "sequences per GPU per optimizer step: micro-batch × accumulation steps",
          ("per_device_train_batch_size", "gradient_accumulation_steps")),
 )

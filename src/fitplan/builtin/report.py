@@ -125,8 +125,7 @@ def likely_range(est) -> dict[str, Any] | None:
         return None
     return {"low_factor": band[0], "high_factor": band[1], "percentiles": list(model.band_percentiles),
             "runs": model.runs, "loo_median_error": model.loo_median, "loo_worst_error": model.loo_worst,
-            "basis": f"the {model.band_percentiles[0]:g}th and {model.band_percentiles[1]:g}th percentiles of measured / "
-                     f"predicted time over {model.runs} published fine-tuning runs, each predicted without itself"}
+            "basis": band[2]}
 
 
 def time_json(est) -> dict[str, Any]:
@@ -163,8 +162,9 @@ def time_json(est) -> dict[str, Any]:
 def _comm_json(v) -> dict[str, Any]:
     """Bytes per collective per step (``comm_volumes``) and where the GPUs sit (``topology``)."""
     vol = v.get("comm_volumes") or {}
-    return {"volumes_bytes": {k: _num(x) for k, x in vol.items() if k not in ("overlap", "ranks", "windows")},
-            "ranks": vol.get("ranks"), "overlap": vol.get("overlap"), "topology": v.get("topology")}
+    return {"volumes_bytes": {k: _num(x) for k, x in vol.items() if k not in ("overlap", "ranks", "windows", "calls")},
+            "calls": vol.get("calls"), "ranks": vol.get("ranks"), "overlap": vol.get("overlap"),
+            "topology": v.get("topology")}
 
 
 def cost_json(est) -> dict[str, Any]:
@@ -264,7 +264,7 @@ def network_line(v) -> str | None:
     if not topo or topo["instances"] <= 1 or topo["gpus"] <= 1:
         return None
     vol = v.get("comm_volumes") or {}
-    total = sum(x for k, x in vol.items() if k not in ("overlap", "ranks", "tp_all_reduce", "windows"))
+    total = sum(vol.get(c, 0.0) for c in ("all_gather", "reduce_scatter", "all_reduce"))  # data-parallel bytes
     inside = f"{topo['gpus_per_instance']} GPU(s) each" + (f" over {topo['intra']}" if topo["gpus_per_instance"] > 1 else "")
     secs = v.get("comm_seconds_per_step")
     t = f", {secs:.3g} s of collectives per step" if secs else ""

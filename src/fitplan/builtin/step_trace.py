@@ -91,7 +91,29 @@ class TraceSpec:
     """Every ``nn.Linear`` call site in the graph saves its input, frozen weight or not: DeepSpeed ZeRO-3 replaces
     ``F.linear`` (the rule and its source: ``builtin/sharding/deepspeed.py``, ``zero3_linear_saves_input``)."""
     loss: str = "hf"
-    """How the loss head runs: ``hf``, ``chunked``, ``liger`` (:mod:`.loss_heads`)."""
+    """How the loss head runs: ``hf``, ``chunked``, ``liger``, ``cce``, TRL's fused heads ``trl``, ``trl_kto``,
+    ``trl_logp`` (:mod:`.loss_heads`)."""
+    lora_saved: tuple[str, ...] = ()
+    """peft's ``modules_to_save``: these modules' parameters train under LoRA (:mod:`.lora`)."""
+    frozen: bool = False
+    """No parameter trains: a forward under ``torch.no_grad`` (TRL's reference model, builtin/trl/preference.py)."""
+
+
+@functools.lru_cache(maxsize=None)
+def trace_precision(precision: str) -> str:
+    """The first preset of :data:`fitplan.inputs.precision.PRESETS` whose step trace is ``precision``'s. A trace
+    reads its preset only through the weight dtype, the compute dtype and whether autocast casts between them
+    (``learned_graph.dtype_map`` and ``Builder.__init__``, the only readers of ``TraceSpec.precision``), so
+    presets that differ in nothing else share one trace instead of building it twice: ``bf16-master`` and
+    ``bf16-true`` (master weights live outside the step's ops), ``bf16-autocast`` (autocast over bf16 weights
+    casts nothing). tests/test_step_trace_key.py builds each merged preset's trace afresh and compares."""
+    from fitplan.inputs.precision import PRESETS
+
+    def key(name: str) -> tuple:
+        q = PRESETS[name]
+        return q.autocast and q.weight_dtype != q.compute_dtype, q.weight_dtype, q.compute_dtype
+
+    return next(name for name in PRESETS if key(name) == key(precision))
 
 
 @frozen
@@ -362,7 +384,7 @@ TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
 TRACE_MODULES = ("builtin/step_trace.py", "builtin/learned_graph.py", "builtin/learned_segment.py",
                  "builtin/kernels.py", "builtin/op_work.py", "builtin/archexpr.py", "builtin/archfile.py",
-                 "builtin/lora_targets.py", "builtin/loss_heads.py", "inputs/precision.py", "inputs/files.py", "errors.py")
+                 "builtin/lora_targets.py", "builtin/loss_heads.py", "builtin/trl/fused_head.py", "inputs/precision.py", "inputs/files.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
 KEEP_TRACES = 4000

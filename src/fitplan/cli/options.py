@@ -32,6 +32,8 @@ HELP = {
     "optim_target_modules": "HF optim_target_modules for GaLore/APOLLO: comma-separated module names, or all-linear.",
     "attn_implementation": "eager | sdpa | flash_attention_2.",
     "lora_target_modules": "Comma-separated module names, e.g. q_proj,v_proj (or all-linear). Default: what peft chooses without them (its list for the model type: q_proj,v_proj on Llama, c_attn on GPT-2).",
+    "lora_modules_to_save": "peft's modules_to_save: modules trained whole beside LoRA, e.g. embed_tokens,lm_head "
+                            "(outside the decoder layers, untied, with the copy in the adapters' dtype).",
     "zero_stage": "DeepSpeed ZeRO stage 0-3.",
     "fsdp": "full_shard | shard_grad_op | hybrid_shard.",
     "gpu": "GPU id or alias from the hardware ruleset (e.g. a100-80gb, h100-sxm).",
@@ -53,8 +55,8 @@ HELP = {
     "loss_implementation": "hf (default: the model's loss over the whole fp32 logits) | chunked (torchtune's "
                            "CEWithChunkedOutputLoss: LM head and fp32 cross-entropy per chunk of 8) | liger (Liger-Kernel's "
                            "fused linear cross-entropy, TrainingArguments use_liger_kernel; the logits never whole) | cce "
-                           "(Apple's Cut Cross-Entropy: only a log-sum-exp per token is kept) | trl (TRL 1.16's fused log-prob "
-                           "head, GRPO/RLOO's default).",
+                           "(Apple's Cut Cross-Entropy: only a log-sum-exp per token is kept) | trl_grpo (TRL 1.16's fused "
+                           "log-prob head as GRPO/RLOO run it: their default).",
     "torch_compile": "HF torch_compile: the model runs under torch.compile (fused elementwise kernels; changes time only).",
     "provider": "Pricing provider id (aws, gcp, lambda, runpod, seed, ...) to price the run.",
     "instance": "Force an instance type of the provider (default: the cheapest shape covering the GPUs).",
@@ -127,6 +129,9 @@ def scenario_options(func: Callable) -> Callable:
     func = click.option("--accelerate-config", "accelerate_config", type=click.Path(dir_okay=False), default=None,
                         help="An accelerate config YAML (what `accelerate config` writes: distributed type, mixed "
                              "precision, processes, machines, FSDP or DeepSpeed settings).")(func)
+    func = click.option("--recipe", "recipe", type=click.Path(dir_okay=False), default=None,
+                        help="A torchtune, axolotl or LLaMA-Factory recipe YAML (docs/recipes.md), over the scenario "
+                             "file and under the other files and the flags; a .yaml scenario file is one too.")(func)
     func = click.option("--deepspeed", "deepspeed", type=click.Path(dir_okay=False), default=None, help="A DeepSpeed config JSON (ZeRO stage, offload, bf16/fp16, micro-batch).")(func)
     func = click.option("--training-args", "training_args", type=click.Path(dir_okay=False), default=None,
                         help="An HF TrainingArguments JSON (batch, accumulation, checkpointing, optim, bf16/fp16, epochs, deepspeed, fsdp).")(func)

@@ -55,6 +55,8 @@ ROLES: dict[str, str] = {
     "cost.spot.high": "the high end of the spot cost's likely range",
     "currency": "the currency of the costs",
     "instance": "the instances rented (fitplan.rulesets.pricing.InstancePlan)",
+    "params": "the model's parameter count (sizes the model download of an emitted SkyPilot task)",
+    "step": "seconds of one optimizer step (an emitted spot plan's save_steps is the checkpoint interval over it)",
     "cpu_offload": "host RAM per node for CPU offload, in bytes: GPUs per node × each rank's (the recommender checks "
                    "it against the instance's stated RAM)",
 }

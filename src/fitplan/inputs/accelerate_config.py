@@ -59,7 +59,7 @@ def _bad(path: str, field: str, value: Any, message: str, suggestion: str | None
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """The YAML as ``yaml.safe_load`` reads it (accelerate's loader); a syntax error names its line."""
-    import yaml
+    from fitplan.inputs.files import loads_yaml
 
     p = Path(path)
     try:
@@ -67,13 +67,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except OSError as e:
         raise FitplanError(f"cannot read the accelerate config: {e.strerror or e}", file=str(p), field="--accelerate-config",
                            value=str(path)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise FitplanError(f"not valid YAML{where}: {getattr(e, 'problem', None) or e}", file=str(p),
-                           field="--accelerate-config", value=str(path)) from None
+    data = loads_yaml(text, file=str(p), field="--accelerate-config", value=str(path))
     if not isinstance(data, dict):
         raise FitplanError("an accelerate config must be a mapping of keys", file=str(p), field="$", value=type(data).__name__)
     return data

@@ -3,7 +3,7 @@
 A file must be a regular file (not a directory, a FIFO or a device: reading those would hang or never end)
 under a size limit, and decode as UTF-8 (a UTF-8 byte-order mark is dropped; UTF-16 and UTF-32, recognised by
 their byte-order marks, are decoded too; anything else is an error naming the byte offset, line and column).
-JSON and TOML are parsed with their nesting and number sizes bounded, and non-finite numbers (NaN, infinity:
+JSON, TOML and YAML are parsed with their nesting and number sizes bounded, and non-finite numbers (NaN, infinity:
 JSON's ``NaN``/``Infinity`` extensions, TOML's ``nan``/``inf``) are refused: every error is a
 :class:`~fitplan.errors.FitplanError` naming the file and, where the parser says, the line.
 """
@@ -147,9 +147,26 @@ def read_toml(path: str | Path, *, field: str | None = None) -> dict[str, Any]:
     return loads_toml(read_text(path, field=field), file=str(path), field=field)
 
 
+def loads_yaml(text: str, *, file: str | None = None, field: str | None = None, value: Any = None) -> Any:
+    """Parse YAML with ``yaml.safe_load`` (what accelerate, torchtune, axolotl and LLaMA-Factory use); a syntax
+    error names its line and column."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise FitplanError(f"not valid YAML{where}: {getattr(e, 'problem', None) or e}", file=file, field=field,
+                           value=value) from None
+    check_depth(data, file=file, field=field)
+    return data
+
+
 def check_depth(data: Any, *, file: str | None = None, field: str | None = None, limit: int = MAX_DEPTH) -> None:
     """:raises FitplanError: ``data`` nests lists and tables deeper than ``limit``."""
     stack = [(data, 1)]
+    seen: set[int] = set()  # YAML aliases share a node: walk it once (a "billion laughs" file stays linear)
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict):
@@ -158,6 +175,9 @@ def check_depth(data: Any, *, file: str | None = None, field: str | None = None,
             children = node
         else:
             continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if depth > limit:
             raise FitplanError(f"nested more than {limit} levels deep", file=file, field=field)
         stack.extend((c, depth + 1) for c in children)

@@ -202,6 +202,7 @@ TRAINING_ARGS_FIELDS = {
     "per_gpu_train_batch_size": "per_device_train_batch_size",
     "gradient_accumulation_steps": "gradient_accumulation_steps",
     "gradient_checkpointing": "gradient_checkpointing",
+    "activation_checkpointing": "gradient_checkpointing",  # transformers 5.24's name; read last, so it wins
     "optim": "optim",
     "num_train_epochs": "num_train_epochs",
     "tf32": "tf32",
@@ -214,7 +215,8 @@ TRAINING_ARGS_FIELDS = {
 """TrainingArguments (and TRL SFTConfig) keys fitplan reads -> scenario fields. ``bf16``, ``fp16``,
 ``deepspeed`` and ``fsdp`` are read too (see :func:`training_args_fields`); every other key is ignored."""
 _TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "auto_find_batch_size", "bf16_full_eval",
-             "fp16_full_eval", "use_liger_kernel")
+             "fp16_full_eval", "use_liger_kernel", "beta", "precompute_ref_log_probs", "sync_ref_model", "loss_type",
+             "loss_weights", "padding_free")
 
 
 def training_args_fields(path: str | Path, known_optimizers: Any = None,
@@ -225,8 +227,9 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
     * ``bf16``/``fp16`` -> the scenario's ``bf16``/``fp16``: autocast over the weights ``from_pretrained`` loads
       (transformers 5.24: the checkpoint's dtype, ``fitplan.estimation.with_precision``); with a DeepSpeed config (``deepspeed``: a path, relative to this file, or an inline object)
       its ZeRO stage, offload and 16-bit optimizer (``bf16-master``) win;
-    * ``fsdp`` (``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list) -> ``--fsdp``
-      (and offload);
+    * ``fsdp`` (``true`` with ``fsdp_config``'s ``reshard_after_forward`` and ``cpu_offload``, or the deprecated
+      ``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list) -> ``--fsdp`` (and
+      offload);
     * keys fitplan does not model are ignored; a key that looks like a misspelt one it reads is a warning;
     * ``checks`` receives the DeepSpeed config's checks of the final scenario (its ``train_batch_size``).
 
@@ -256,7 +259,11 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
         warnings.append(f"{p}: auto_find_batch_size is true: the Trainer may halve the batch after an OOM; "
                         "`fitplan recommend --max micro-batch` finds the largest that fits")
     out.update(_ta_liger(data, p, bad, warnings))
-    if data.get("fsdp"):
+    out.update(_ta_trl(data, p, bad, warnings))
+    if data.get("fsdp") is True:
+        out.update(_ta_fsdp_from_config(data.get("fsdp_config"), bad))
+        out.update(_ta_fsdp_config(data.get("fsdp_config"), bad))
+    elif data.get("fsdp"):
         out.update(_ta_fsdp(data["fsdp"], bad))
         out.update(_ta_fsdp_config(data.get("fsdp_config"), bad))
     ds = data.get("deepspeed")
@@ -331,6 +338,40 @@ def _ta_liger(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> d
     return {"loss_implementation": "liger"}
 
 
+def _ta_trl(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dict[str, Any]:
+    """A TRL config (``DPOConfig.to_json_string()`` or a hand-written one; docs/trl.md): ``beta`` and
+    ``precompute_ref_log_probs`` -> the ``[trl]`` fields (the trainer itself is said by ``--trainer``: a TRL
+    config names no trainer). What TRL 1.16 refuses is refused with its message: ``loss_weights`` of another
+    length than ``loss_type`` (trl/trainer/dpo_config.py ``__post_init__``), ``sync_ref_model`` with
+    ``precompute_ref_log_probs`` (trl/trainer/dpo_trainer.py ``__init__``); ``padding_free: true`` is warned
+    (TRL 1.16's DPOTrainer falls back to padding)."""
+    out: dict[str, Any] = {}
+    beta = data.get("beta")
+    if beta is not None:
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta < 0:
+            raise bad("beta", f"beta must be a number >= 0, got {beta!r}")
+        out["beta"] = float(beta)
+    pre = data.get("precompute_ref_log_probs")
+    if pre is not None:
+        if not isinstance(pre, bool):
+            raise bad("precompute_ref_log_probs", f"precompute_ref_log_probs must be true or false, got {pre!r}")
+        out["precompute_ref_log_probs"] = pre
+    types, weights = data.get("loss_type"), data.get("loss_weights")
+    types = [types] if isinstance(types, str) else types
+    if isinstance(types, list) and isinstance(weights, list) and len(weights) != len(types):
+        raise bad("loss_weights", "`loss_weights` must have the same length as `loss_type` when combining multiple "
+                  f"losses. Got {len(weights)} weights for {len(types)} loss types.")
+    if data.get("sync_ref_model") and pre:
+        raise bad("sync_ref_model", "You cannot use `sync_ref_model=True` together with `precompute_ref_log_probs=True`. "
+                  "`precompute_ref_log_probs=True` assumes a fixed reference model, but with `sync_ref_model=True` the "
+                  "reference model is updated during training, making the precomputed log-probs stale.",
+                  "set precompute_ref_log_probs or sync_ref_model to false")
+    if data.get("padding_free"):
+        warnings.append(f"{p}: padding_free: TRL 1.16's DPOTrainer disables it (\"temporarily unavailable after a "
+                        "refactor\") and pads: estimated padded")
+    return out
+
+
 def _ta_fsdp(fsdp: Any, bad: Any) -> dict[str, Any]:
     """``fsdp`` (``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list)."""
     words = fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, list) else None
@@ -342,6 +383,26 @@ def _ta_fsdp(fsdp: Any, bad: Any) -> dict[str, Any]:
                   "one of full_shard, shard_grad_op, hybrid_shard (with offload / auto_wrap)")
     out: dict[str, Any] = {"fsdp": modes[0]}
     if "offload" in words:
+        out.update(offload_params=True, offload_optimizer=True)
+    return out
+
+
+def _ta_fsdp_from_config(cfg: Any, bad: Any) -> dict[str, Any]:
+    """``fsdp: true`` with the strategy in ``fsdp_config`` (transformers 5.24's form; the string form is
+    deprecated: training_args.py ``_apply_legacy_fsdp_to_config``): ``reshard_after_forward`` is a bool under
+    FSDP2 (true: full_shard, the default; false: shard_grad_op) and the strategy's name under FSDP1 (default
+    full_shard); ``cpu_offload`` offloads parameters and optimizer states."""
+    cfg = {k.removeprefix("fsdp_"): v for k, v in (cfg or {}).items()} if isinstance(cfg, dict) else {}
+    reshard = cfg.get("reshard_after_forward", True)
+    if isinstance(reshard, str) and reshard.lower() in ("full_shard", "shard_grad_op", "hybrid_shard"):
+        mode = reshard.lower()
+    elif isinstance(reshard, bool) or str(reshard).lower() in ("true", "false"):
+        mode = "full_shard" if str(reshard).lower() == "true" else "shard_grad_op"
+    else:
+        raise bad("fsdp_config", f"fsdp_config.reshard_after_forward {reshard!r} is neither true/false nor a "
+                  "sharding strategy", "true (full_shard), false (shard_grad_op), or under FSDP1 a strategy name")
+    out: dict[str, Any] = {"fsdp": mode}
+    if str(cfg.get("cpu_offload", False)).lower() == "true":
         out.update(offload_params=True, offload_optimizer=True)
     return out
 

@@ -22,7 +22,7 @@ from fitplan.inputs.precision import PRECISIONS, dtype_code, load_dtype_word
 
 METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
-LOSS_IMPLEMENTATIONS = ("hf", "chunked", "liger", "cce", "trl")
+LOSS_IMPLEMENTATIONS = ("hf", "chunked", "liger", "cce", "trl_grpo")
 """How the loss head runs (builtin/loss_heads.py, docs/memory-model.md "Loss implementations")."""
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
 STACKS = ("deepspeed", "fsdp1", "fsdp2", "ddp", "torch")
@@ -202,6 +202,9 @@ class Lora:
     peft chooses without it, its default for the model type (``fitplan.estimation.with_default_targets``); an
     empty list is an error, as in peft."""
     lora_dropout: float = field(default=0.0, validator=_probability)
+    lora_modules_to_save: tuple[str, ...] = field(default=(), validator=lambda i, a, v: v == () or _module_names(i, a, v))
+    """peft's ``modules_to_save``: modules outside the decoder layers (``embed_tokens``, ``lm_head``) trained whole,
+    as a copy beside the frozen original (``ModulesToSaveWrapper``); builtin/lora.py says where fitplan models it."""
     bnb_4bit_use_double_quant: bool = True
     autocast_adapter_dtype: bool = True
     """peft's ``get_peft_model(..., autocast_adapter_dtype=True)``: 16-bit adapters are upcast to fp32 (their

@@ -91,15 +91,14 @@ class FromOptions:
 
 
 def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> FromOptions:
-    """Scenario file, then accelerate config YAML, then TrainingArguments JSON, then DeepSpeed JSON, then flags
-    (flags win). ``options`` holds the CLI's scenario options by field name (None: not given) plus
-    ``scenario_file``, ``ruleset_dirs``, ``accelerate_config``, ``deepspeed`` and
+    """Scenario file (or recipe YAML), then ``--recipe``, then accelerate config YAML, then TrainingArguments JSON,
+    then DeepSpeed JSON, then flags (flags win). ``options`` holds the CLI's scenario options by field name (None:
+    not given) plus ``scenario_file``, ``recipe``, ``ruleset_dirs``, ``accelerate_config``, ``deepspeed`` and
     ``training_args``; it is not changed."""
     from fitplan.inputs.importers import deepspeed_fields, training_args_fields
 
     scenario_file = options.get("scenario_file")
     bf16, fp16 = options.get("bf16") or False, options.get("fp16") or False
-    base: dict[str, Any] = load_scenario_file(scenario_file) if scenario_file else {}
     flags = {k: v for k, v in options.items() if v is not None and k in sc.FIELD_SECTION}
     if bf16 and fp16:
         raise FitplanError("--bf16 and --fp16 are mutually exclusive (TrainingArguments refuses both)",
@@ -107,6 +106,14 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
     overrides: dict[str, Any] = {}
     warnings: list[str] = []
     checks: list[Any] = []
+    base = _scenario_base(scenario_file, known_optimizers, warnings, checks)
+    if options.get("recipe") is not None:
+        from fitplan.inputs.recipes import recipe_fields
+
+        fields, recipe_warnings = recipe_fields(_path(options["recipe"], "--recipe"), known_optimizers=known_optimizers,
+                                                checks=checks)
+        overrides.update(fields)
+        warnings += recipe_warnings
     if options.get("accelerate_config") is not None:
         from fitplan.inputs.accelerate_config import accelerate_fields
 
@@ -132,13 +139,27 @@ def from_options(options: dict[str, Any], *, known_optimizers: Any = None) -> Fr
     return FromOptions(s, tuple(options.get("ruleset_dirs") or ()), frozenset(fixed), tuple(warnings))
 
 
+def _scenario_base(path: str | None, known_optimizers: Any, warnings: list[str], checks: list[Any]) -> dict[str, Any]:
+    """The scenario file: a TOML scenario, or a recipe YAML (torchtune, axolotl, LLaMA-Factory:
+    :mod:`fitplan.inputs.recipes`) read into flat fields."""
+    if not path:
+        return {}
+    from fitplan.inputs.recipes import is_recipe, recipe_fields
+
+    if not is_recipe(path):
+        return load_scenario_file(path)
+    fields, recipe_warnings = recipe_fields(path, known_optimizers=known_optimizers, checks=checks)
+    warnings += recipe_warnings
+    return fields
+
+
 def flags_given(options: dict[str, Any]) -> set[str]:
     return {k for k, v in options.items() if v is not None and k in sc.FIELD_SECTION}
 
 
 def _path(text: str, flag: str) -> str:
     if not str(text).strip():
-        raise FitplanError(f"{flag} needs a path to a JSON file, got an empty one", field=flag, value=text)
+        raise FitplanError(f"{flag} needs a path to a file, got an empty one", field=flag, value=text)
     return text
 
 

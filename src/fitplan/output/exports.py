@@ -16,10 +16,14 @@ from typing import Any
 from fitplan.inputs import scenario as sc
 from fitplan.errors import FitplanError
 from fitplan.inputs.precision import HF_WORD, PRESETS
+from fitplan.output.yaml_text import to_yaml
 
-KINDS = ("deepspeed", "accelerate", "training-args", "scenario")
+KINDS = ("deepspeed", "accelerate", "training-args", "skypilot", "scenario")
 FILENAMES = {"deepspeed": "ds_config.json", "accelerate": "accelerate_config.yaml",
-             "training-args": "training_args.json", "scenario": "fitplan-plan.toml"}
+             "training-args": "training_args.json", "skypilot": "sky_task.yaml", "scenario": "fitplan-plan.toml"}
+NEEDS = {"training-args": ("deepspeed",), "accelerate": ("deepspeed",),
+         "skypilot": ("deepspeed", "accelerate", "training-args")}
+"""The files a kind names (written with it): DeepSpeed's only for a DeepSpeed plan."""
 DS_KEYS = ("reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
            "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size")
 """The ``zero_optimization`` keys fitplan models, written when the plan sets them (absent: DeepSpeed's default)."""
@@ -118,9 +122,14 @@ def load_dtype_note(s: sc.Scenario) -> str | None:
             f"TrainingArguments has no key for it; fitplan reads it back with --dtype {word}")
 
 
-def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[dict[str, Any], list[str]]:
+def training_args(s: sc.Scenario, deepspeed_file: str | None = None,
+                  save_steps: int | None = None) -> tuple[dict[str, Any], list[str]]:
     """HF ``TrainingArguments`` keys for a plan, and notes on what they cannot carry (to pass as flags or
-    model-loading arguments)."""
+    model-loading arguments). ``save_steps``: the spot model's checkpoint interval in optimizer steps
+    (:func:`fitplan.output.skypilot_task.save_steps`), written with ``save_strategy`` and ``save_total_limit``.
+
+    Checkpointing is ``activation_checkpointing``: transformers 5.24 keeps ``gradient_checkpointing`` as a
+    deprecated alias (transformers/training_args.py, ``__post_init__``)."""
     t, p = s.training, s.parallel
     flag = hf_flag(s)
     notes: list[str] = []
@@ -128,7 +137,7 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
         "output_dir": "outputs",
         "per_device_train_batch_size": t.per_device_train_batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
-        "gradient_checkpointing": t.gradient_checkpointing,
+        "activation_checkpointing": t.gradient_checkpointing,
         "optim": t.optim,
         "bf16": flag == "bf16",
         "fp16": flag == "fp16",
@@ -136,6 +145,10 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
     }
     if t.tf32:
         out["tf32"] = True
+    if save_steps is not None:
+        from fitplan.output.skypilot_task import SAVE_TOTAL_LIMIT
+
+        out.update({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": SAVE_TOTAL_LIMIT})
     if t.optim not in HF_OPTIMIZERS:
         notes.append(f"optim {t.optim!r} is not a TrainingArguments optimizer name: pass it to the Trainer as a "
                      f"custom optimizer (fitplan reads it back with --optim {t.optim})")
@@ -145,9 +158,12 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
     if uses_deepspeed(s):
         out["deepspeed"] = deepspeed_file or FILENAMES["deepspeed"]
     if p.fsdp:
-        out["fsdp"] = p.fsdp + (" offload" if p.offload_params or p.offload_optimizer else "") + " auto_wrap"
-        if p.stack == "fsdp1":
-            out["fsdp_config"] = {"version": 1}
+        out["fsdp"] = True
+        out["fsdp_config"] = fsdp_config(s)
+        if p.fsdp == "hybrid_shard" and p.stack != "fsdp1":
+            notes.append("hybrid_shard under FSDP2: TrainingArguments' fsdp_config has no key for it (transformers "
+                         "5.24 offers it under FSDP1 only); written as full_shard: shard within each node with a "
+                         "device mesh yourself")
     if s.model.method != "full":
         notes.append(f"method {s.model.method}: build the model with peft LoraConfig(r={s.lora.lora_r}, "
                      f"lora_alpha={s.lora.lora_alpha}, target_modules="
@@ -159,6 +175,18 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None) -> tuple[di
         notes.append(f"attention: load the model with attn_implementation=\"{s.training.attn_implementation}\"")
     notes.append(f"sequence length {t.max_seq_length}: TRL SFTConfig(max_length={t.max_seq_length}) or your tokenizer's truncation")
     return out, notes
+
+
+def fsdp_config(s: sc.Scenario) -> dict[str, Any]:
+    """TrainingArguments' ``fsdp_config`` for ``fsdp: true`` (transformers 5.24 deprecates the string form:
+    training_args.py ``_apply_legacy_fsdp_to_config``): the version, ``reshard_after_forward`` (FSDP2: a bool,
+    true for full_shard; FSDP1: the strategy's name), ``cpu_offload``, and the transformer-layer wrap policy."""
+    p = s.parallel
+    v1 = p.stack == "fsdp1"
+    return {"version": 1 if v1 else 2,
+            "reshard_after_forward": p.fsdp if v1 else p.fsdp != "shard_grad_op",
+            "cpu_offload": bool(p.offload_params or p.offload_optimizer),
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}
 
 
 def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
@@ -194,32 +222,6 @@ def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
     return to_yaml(cfg)
 
 
-def to_yaml(data: dict[str, Any], indent: int = 0) -> str:
-    """A tiny deterministic YAML writer for nested mappings of scalars (what accelerate configs hold)."""
-    lines = []
-    pad = "  " * indent
-    for key, value in data.items():
-        if isinstance(value, dict):
-            lines.append(f"{pad}{key}:")
-            lines.append(to_yaml(value, indent + 1).rstrip("\n"))
-        else:
-            lines.append(f"{pad}{key}: {_yaml_scalar(value)}")
-    return "\n".join(lines) + "\n"
-
-
-def _yaml_scalar(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    text = str(v)
-    plain = text and text[0].isalpha() and all(c.isalnum() or c in "_-./" for c in text) \
-        and text.lower() not in ("true", "false", "yes", "no", "null", "on", "off")
-    return text if plain else json.dumps(text)
-
-
 def scenario_toml(s: sc.Scenario) -> str:
     """The scenario as a fitplan scenario TOML file: every field that differs from its default, by section."""
     import attrs
@@ -235,35 +237,54 @@ def scenario_toml(s: sc.Scenario) -> str:
     return "# fitplan scenario: `fitplan estimate THIS_FILE` reproduces the plan\n" + tomli_w.dumps(out)
 
 
-def render_exports(kind: str, s: sc.Scenario) -> tuple[list[tuple[str, str]], list[str]]:
+def render_exports(kind: str, s: sc.Scenario, est=None,
+                   market: str | None = None) -> tuple[list[tuple[str, str]], list[str]]:
     """The files of export ``kind`` (or ``all``) for scenario ``s``: ``[(file name, text)]`` and notes.
 
-    :raises FitplanError: an unknown kind; ``deepspeed`` for a plan without DeepSpeed.
+    :param est: the plan's estimate, which ``skypilot`` needs (the instance, the step time, the spot interval).
+    :param market: the plan's market (``spot``: the checkpoint interval goes into the TrainingArguments).
+    :raises FitplanError: an unknown kind; ``deepspeed`` for a plan without DeepSpeed; ``skypilot`` without an
+        estimate.
     """
     if kind != "all" and kind not in KINDS:
         from fitplan.errors import unknown
 
         raise unknown("export format", kind, [*KINDS, "all"], field="--emit")
-    kinds = list(KINDS) if kind == "all" else [kind]
-    if kind == "all" and not uses_deepspeed(s):
-        kinds.remove("deepspeed")
-    if kind in ("training-args", "accelerate") and uses_deepspeed(s):
-        kinds.insert(0, "deepspeed")  # they name it
+    kinds = _kinds(kind, s, est)
+    from fitplan.output.skypilot_task import save_steps, skypilot_task
+
+    steps = save_steps(est, market)
     files: list[tuple[str, str]] = []
     notes: list[str] = []
     for k in kinds:
         if k == "deepspeed":
             text = json.dumps(deepspeed_config(s), indent=2) + "\n"
         elif k == "training-args":
-            data, more = training_args(s)
+            data, more = training_args(s, save_steps=steps)
             notes += more
             text = json.dumps(data, indent=2) + "\n"
         elif k == "accelerate":
             text = accelerate_config(s)
+        elif k == "skypilot":
+            text, more = skypilot_task(s, est, market, FILENAMES)
+            notes += more
         else:
             text = scenario_toml(s)
         files.append((FILENAMES[k], text))
     return files, notes
+
+
+def _kinds(kind: str, s: sc.Scenario, est) -> list[str]:
+    """The kinds ``--emit KIND`` writes: the kind and the files it names, in :data:`KINDS` order."""
+    wanted = set(KINDS) if kind == "all" else {kind, *NEEDS.get(kind, ())}
+    if kind == "all" and est is None:
+        wanted.discard("skypilot")
+    if kind == "skypilot" and est is None:
+        raise FitplanError("a SkyPilot task needs the plan's estimate (its instance and step time)", field="--emit",
+                           value=kind)
+    if not uses_deepspeed(s) and kind != "deepspeed":
+        wanted.discard("deepspeed")
+    return [k for k in KINDS if k in wanted]
 
 
 def exports_batch(directory: str | Path, files: list[tuple[str, str]], batch=None):
@@ -283,7 +304,8 @@ def write_exports(directory: str | Path, files: list[tuple[str, str]]) -> list[P
     return exports_batch(directory, files).commit()
 
 
-def emit(kind: str, s: sc.Scenario, directory: str | Path) -> tuple[list[Path], list[str]]:
+def emit(kind: str, s: sc.Scenario, directory: str | Path, est=None,
+         market: str | None = None) -> tuple[list[Path], list[str]]:
     """Render and write export ``kind`` for ``s`` into ``directory``: the files written and the notes."""
-    files, notes = render_exports(kind, s)
+    files, notes = render_exports(kind, s, est, market)
     return write_exports(directory, files), notes

@@ -39,6 +39,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.sharding",
     "fitplan.builtin.peak",
     "fitplan.builtin.overhead",
+    "fitplan.builtin.trl.preference",
     "fitplan.builtin.trl.grpo",
     "fitplan.builtin.time",
     "fitplan.builtin.dataset",
@@ -55,8 +56,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 ESSENTIAL: frozenset[str] = frozenset({
     "fitplan.builtin.inputs", "fitplan.builtin.precision", "fitplan.builtin.model_states", "fitplan.builtin.optimizers",
     "fitplan.builtin.activations", "fitplan.builtin.lora", "fitplan.builtin.sharding", "fitplan.builtin.overhead",
-    "fitplan.builtin.peak", "fitplan.builtin.trl.grpo", "fitplan.builtin.time", "fitplan.builtin.dataset", "fitplan.builtin.report", "fitplan.builtin.formats",
-    "fitplan.builtin.commands",
+    "fitplan.builtin.peak", "fitplan.builtin.time", "fitplan.builtin.dataset", "fitplan.builtin.report", "fitplan.builtin.formats",
+    "fitplan.builtin.commands", "fitplan.builtin.trl.preference", "fitplan.builtin.trl.grpo",
 })
 """Built-in plugins that cannot be blocked: the terms of the memory model and of time (the others depend on
 them: sharding orders its reducers after LoRA's, cost prices time), the report, the formats and the commands.
@@ -111,7 +112,7 @@ class Registry:
 
     def _call_each(self, hook_name: str, kwargs: dict[str, Any]) -> Iterable[tuple[str, Any]]:
         hook = getattr(self.pm.hook, hook_name)
-        for impl in hook.get_hookimpls():  # registration order (pluggy calls them last-registered first)
+        for impl in _plain(hook.get_hookimpls()):  # registration order (pluggy calls them last-registered first)
             name = self.pm.get_name(impl.plugin) or repr(impl.plugin)
             try:
                 result = impl.function(*[kwargs[a] for a in impl.argnames])
@@ -140,7 +141,7 @@ class Registry:
             "fitplan_register_report_sections": (ReportSection, lambda s, p: self.sections.append(attrs.evolve(s, plugin=p))),
         }
         for hook, (kind, sink) in sinks.items():
-            impls = getattr(self.pm.hook, hook).get_hookimpls()  # registration order: entry points, then built-ins
+            impls = _plain(getattr(self.pm.hook, hook).get_hookimpls())  # registration order: entry points, then built-ins
             if hook in ("fitplan_register_names", "fitplan_register_formats"):
                 impls = self._builtins_first(impls)  # where the first declaration wins, the built-in one does
             for impl in impls:
@@ -239,7 +240,7 @@ class Registry:
         import click
 
         owner: dict[str, str] = {}
-        for impl in self._builtins_first(self.pm.hook.fitplan_register_commands.get_hookimpls()):
+        for impl in self._builtins_first(_plain(self.pm.hook.fitplan_register_commands.get_hookimpls())):
             plugin = self.pm.get_name(impl.plugin) or repr(impl.plugin)
             mine = type(group)() if hasattr(group, "defer") else click.Group()  # can defer when ``group`` can
             try:
@@ -382,7 +383,7 @@ def make_registry(*, blocked: Iterable[str] | None = None, entry_points: bool | 
                 _interrupt(e)
                 reg.add_error(PluginError(f"plugin {name!r} failed to register: {e}", value=name,
                                           suggestion=f"block it with {BLOCK_ENV}={name}"))
-    for error in _unknown_hooks(pm):
+    for error in [*_unknown_hooks(pm), *_call_options(pm)]:
         reg.add_error(error)
     reg.collect()
     reg.ruleset_dirs_by_plugin()
@@ -502,6 +503,33 @@ def _unknown_hooks(pm: pluggy.PluginManager) -> list[PluginError]:
             out.append(PluginError(f"plugin {impl.plugin_name!r} implements unknown hook {hook_name!r}",
                                    field=hook_name, value=impl.plugin_name,
                                    suggestion=did_you_mean(hook_name, known) or "see fitplan.pluginmgr.hookspecs"))
+    return out
+
+
+def _plain(impls: list[Any]) -> list[Any]:
+    """The implementations fitplan calls: every one but wrappers (``_call_options`` names those)."""
+    return [i for i in impls if not (i.hookwrapper or i.wrapper)]
+
+
+def _call_options(pm: pluggy.PluginManager) -> list[PluginError]:
+    """An error per hook implementation marked ``hookwrapper``, ``wrapper``, ``tryfirst`` or ``trylast``: fitplan
+    calls each plugin's implementation on its own, in registration order (built-ins first where the first
+    declaration wins), so that a failing plugin is named and isolated; pluggy's call options would be silently
+    ignored, so a plugin relying on them is refused instead (docs/writing-plugins.md)."""
+    out = []
+    for hook_name in sorted(vars(pm.hook)):
+        caller = getattr(pm.hook, hook_name)
+        if hook_name.startswith("_") or not caller.has_spec():
+            continue
+        for impl in caller.get_hookimpls():
+            used = [o for o in ("hookwrapper", "wrapper", "tryfirst", "trylast") if getattr(impl, o)]
+            if used:
+                out.append(PluginError(
+                    f"plugin {impl.plugin_name!r} marks its {hook_name} with {', '.join(used)}, which fitplan does not "
+                    "apply: each plugin's declarations are collected on their own, in registration order",
+                    field=hook_name, value=impl.plugin_name,
+                    suggestion="drop the marker; to change a built-in quantity, declare a Reducer on it "
+                               "(docs/writing-plugins.md)"))
     return out
 
 

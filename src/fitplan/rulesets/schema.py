@@ -312,6 +312,13 @@ class TimeModel:
     """Host time of one DeepSpeed ZeRO-3 parameter fetch (per parameter tensor per pass), not overlapped."""
     source: str = ""
     band_percentiles: tuple[float, float] = (10.0, 90.0)
+    calibrated_band_low: float = field(default=0.0, validator=_nonneg)
+    """After ``fitplan calibrate`` on a run on the same GPU type: the 10th percentile of another published run's
+    measured / predicted time (same GPU type, same source) once the model is scaled by the first run's (0: not
+    fitted, the band stays)."""
+    calibrated_band_high: float = field(default=0.0, validator=_nonneg)
+    calibrated_pairs: int = field(default=0, validator=_nonneg)
+    """Ordered pairs of published runs on one GPU type behind the calibrated band."""
 
 
 @frozen

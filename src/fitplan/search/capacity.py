@@ -24,7 +24,7 @@ The capacity table's method (docs/recommend.md, "capacity"):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -45,9 +45,10 @@ REVERSE_LABELS = {"per_device_train_batch_size": "micro-batch", "max_seq_length"
 
 
 def largest_fitting(base: sc.Scenario, field: str, ctx, *, headroom: str | float = "0.05", upper: int = MAX_PROBE,
-                    arch=None) -> dict[str, Any]:
+                    arch=None, check: Callable[[], None] | None = None) -> dict[str, Any]:
     """The largest value of ``field`` (an integer scenario field memory does not decrease in) that fits
-    ``base``'s GPU with the required headroom.
+    ``base``'s GPU with the required headroom. ``check`` is called before each probe is evaluated (it may raise
+    to stop the search: ``fitplan serve`` stops one a newer page view has made useless).
 
     :returns: ``{"field", "largest", "device_total_bytes" (at the largest), "next_device_total_bytes" (at
         largest + 1), "limit_bytes", "usable", "gpu"}``; ``largest`` is 0 when even 1 does not fit.
@@ -65,6 +66,8 @@ def largest_fitting(base: sc.Scenario, field: str, ctx, *, headroom: str | float
 
     def est(x: int):
         if x not in cache:
+            if check is not None:
+                check()
             cache[x] = evaluate(base.replace(**{field: x}), ctx.registry, ctx.rulesets, arch=arch)
         return cache[x]
 

@@ -205,6 +205,8 @@ def _check_request(objective: str, needs_time: bool, roles: dict[str, str | None
 def _choices(flat: dict[str, Any], fixed: set[str], space: SearchSpace, registry, arch) -> dict[str, tuple[Any, ...]]:
     """The values of each loop: the scenario's own for a fixed field or a dimension the space does not open
     (None), else the space's; precisions by their semantics (:func:`fitplan.search.space.semantics`)."""
+    from fitplan.estimation import load_dtype_of
+
     def choices(name: str, options: Iterable[Any] | None) -> tuple[Any, ...]:
         return (flat[name],) if name in fixed or options is None else tuple(options)
 
@@ -213,7 +215,8 @@ def _choices(flat: dict[str, Any], fixed: set[str], space: SearchSpace, registry
         methods = tuple(m for m in methods if m == "full")
     return {
         "method": methods,
-        "precision": tuple(dict.fromkeys(semantics(p) for p in choices("precision", space.precisions))),
+        "precision": tuple(dict.fromkeys(semantics(p, load_dtype_of(flat["dtype"], arch))
+                                         for p in choices("precision", space.precisions))),
         "optim": choices("optim", space.optimizers),
         "gradient_checkpointing": choices("gradient_checkpointing", space.checkpointing),
         "attn_implementation": choices("attn_implementation", space.attn_implementations),

@@ -21,7 +21,7 @@ import attrs
 
 from fitplan.errors import FitplanError
 from fitplan.inputs import scenario as sc
-from fitplan.inputs.precision import MIXED_FOR_FLAG, PRESETS, deepspeed_twin
+from fitplan.inputs.precision import MIXED_FOR_FLAG, PRESETS, deepspeed_twin, hf_precision
 
 OBJECTIVES = ("cost", "time", "gpus")
 MARKETS = ("on_demand", "spot")
@@ -66,16 +66,22 @@ class SearchSpace:
         return tuple(d for d, attr in VARY_DIMENSIONS.items() if getattr(self, attr) is not None)
 
 
-def semantics(precision: str) -> str:
-    """The training semantics of a preset, as the HF Trainer's flag states it: a ``*-master`` preset is the
-    ``bf16``/``fp16`` flag under DeepSpeed (its 16-bit optimizer, fp32 master weights), the same flag's
-    ``*-mixed`` twin elsewhere (``inputs/sources.py`` ``_hf_flag_under_stack``); other presets are themselves."""
-    flag = PRESETS[precision].hf_flag
-    return MIXED_FOR_FLAG[flag] if flag else precision
+def semantics(precision: str, loaded: str) -> str:
+    """The training semantics of a preset, as the HF Trainer's words state it for weights loaded in ``loaded``
+    (``fitplan.estimation.loaded_dtype``): a ``*-master`` preset is the ``bf16``/``fp16`` flag under DeepSpeed, so
+    elsewhere it is what that flag gives over the loaded weights (``inputs/precision.py`` ``hf_precision``:
+    ``bf16-autocast`` on a bf16 checkpoint, ``bf16-mixed`` on an fp32 one); every other preset is itself."""
+    p = PRESETS[precision]
+    if not p.master:
+        return precision
+    try:
+        return hf_precision(p.hf_flag, loaded)
+    except FitplanError:  # fp16 autocast over fp16 weights: no run without DeepSpeed; its fp32-weight twin
+        return MIXED_FOR_FLAG[p.hf_flag]
 
 
 def precision_twins(precision: str) -> tuple[str, ...]:
-    """The presets a plan of ``precision``'s semantics runs: the preset and its DeepSpeed twin
+    """The presets a plan of semantics ``precision`` (:func:`semantics`) runs: the preset and its DeepSpeed twin
     (:func:`fitplan.inputs.precision.deepspeed_twin`: ``bf16-autocast`` and ``bf16-master``; the stack picks one:
     :func:`shard_options`), ``(mixed, master)`` for a ``*-master`` preset, else ``(precision,)``."""
     p = PRESETS[precision]

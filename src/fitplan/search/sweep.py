@@ -8,6 +8,7 @@ says why. ``fitplan serve``'s page shows these next to the scenario's own estima
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fitplan.errors import FitplanError
@@ -44,11 +45,18 @@ def across_providers(base: sc.Scenario, ctx, *, arch: Any = None) -> list[tuple[
     return out
 
 
-def across_gpus_and_providers(base: sc.Scenario, ctx, *, arch: Any = None) -> list[tuple[str, str, Any]]:
+def across_gpus_and_providers(base: sc.Scenario, ctx, *, arch: Any = None,
+                              check: Callable[[], None] | None = None) -> list[tuple[str, str, Any]]:
     """``(gpu id, provider id, Estimate or FitplanError)`` for every GPU and every provider (``--instance`` and
-    ``--region`` dropped), GPUs in ruleset order: what each GPU costs wherever it is rented."""
-    return [(gid, pid, _variant(base, ctx, arch, gpu=gid, provider=pid, instance=None, region=None))
-            for gid in ctx.rulesets.gpus for pid in ctx.rulesets.providers]
+    ``--region`` dropped), GPUs in ruleset order: what each GPU costs wherever it is rented. ``check`` is called
+    before each GPU's variants (it may raise to stop: ``fitplan serve`` stops work a newer page view made useless)."""
+    out = []
+    for gid in ctx.rulesets.gpus:
+        if check is not None:
+            check()
+        out += [(gid, pid, _variant(base, ctx, arch, gpu=gid, provider=pid, instance=None, region=None))
+                for pid in ctx.rulesets.providers]
+    return out
 
 
 def cheapest(base: sc.Scenario, ctx, *, arch: Any = None) -> dict[str, Any]:

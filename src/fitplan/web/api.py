@@ -33,6 +33,11 @@ class SearchTimeout(Exception):
     """Raised by the search's progress callback past the server's time limit."""
 
 
+class Superseded(Exception):
+    """Raised by the check of a request tagged ``page=ID&view=N`` once that page has asked for a newer
+    ``/api/view``: it has moved on (:func:`view_check`); answered 409."""
+
+
 class HubNotCached(FitplanError):
     """A Hub id whose ``config.json`` is not in the local Hugging Face cache, on a server without
     ``--allow-hub``: the reply names the id (``"download"``), so that the page can offer an explicit download
@@ -73,6 +78,24 @@ class Settings:
     """The newest request waiting for the search slot (:func:`acquire_search`)."""
     waiter_lock: threading.Lock = attrs.Factory(threading.Lock)
     allow_hub: bool = False
+    views: int = 0
+    """How many ``/api/view`` requests of a page (``page=ID``) this server has had."""
+    newest: dict[str, int] = attrs.Factory(dict)
+    """Each page's newest view number (the last :data:`PAGES_KEPT` pages): :func:`view_check`."""
+    views_lock: threading.Lock = attrs.Factory(threading.Lock)
+
+    def new_view(self, page: str | None) -> int | None:
+        """A page's new ``/api/view``: its number, which that page's later requests carry as ``view=N``
+        (None without ``page``: a view of no page, such as the page's pinned scenario, supersedes nothing)."""
+        if page is None:
+            return None
+        with self.views_lock:
+            self.views += 1
+            self.newest.pop(page, None)
+            self.newest[page] = self.views
+            while len(self.newest) > PAGES_KEPT:
+                del self.newest[next(iter(self.newest))]
+            return self.views
 
     def context(self):
         from fitplan.context import get_context
@@ -109,9 +132,16 @@ class Settings:
             raise HubNotCached(model)
 
 
-def json_reply(data: Any, status: int = 200, *, text: str | None = None) -> Reply:
+def json_reply(data: Any, status: int = 200, *, text: str | None = None, compact: bool = False) -> Reply:
+    """``data`` as the CLI's indented JSON (``text``: already rendered); ``compact``: without indentation, for the
+    page's own large replies (``/api/view``), which json's C encoder writes several times faster (an indented dump
+    runs in Python: a third of a view's time) and the browser parses sooner."""
+    import json
+
     from fitplan.output.console import dumps_json
 
+    if compact and text is None:
+        text = json.dumps(data, separators=(",", ":"), default=str, allow_nan=False)
     return Reply(status, (text if text is not None else dumps_json(data)).encode("utf-8"))
 
 
@@ -125,11 +155,53 @@ def error_reply(e: BaseException) -> Reply:
 
 
 def answer(endpoint: Callable[..., Reply], *args: Any) -> Reply:
-    """Call ``endpoint``; a :class:`FitplanError` becomes its error reply."""
+    """Call ``endpoint``; a :class:`FitplanError` becomes its error reply, :class:`Superseded` a 409."""
     try:
         return endpoint(*args)
     except FitplanError as e:
         return error_reply(e)
+    except Superseded:
+        return json_reply({"error": "a newer view was asked for: this request's work was stopped"}, 409)
+
+
+PAGES_KEPT = 256
+"""Pages whose newest view number the server keeps (the oldest is forgotten first)."""
+
+
+def page_id(text: str | None) -> str | None:
+    """``page=ID``: the page instance's random id (letters, digits, ``-`` and ``_``, at most 64), or None.
+
+    :raises FitplanError: anything else.
+    """
+    if text is None or text == "":
+        return None
+    if len(text) > 64 or not text.replace("-", "").replace("_", "").isalnum() or not text.isascii():
+        raise FitplanError(f"page must be a page's id (letters, digits, - and _, at most 64), got {text!r:.40}",
+                           field="page", value=text[:40])
+    return text
+
+
+def view_check(settings: Settings, own: dict[str, str]) -> Callable[[], None] | None:
+    """``page=ID&view=N`` of ``/api/prices``, ``/api/largest`` and ``/api/recommend`` (a page's requests after
+    its view numbered N): a check that raises :class:`Superseded` once that page has asked for a newer view, so
+    that the server stops work the page has abandoned (it aborts those requests, which the server cannot see) and
+    its next view gets the CPU. Another page's views, or a request without both, never stop it.
+
+    :raises FitplanError: a malformed ``page`` or ``view``.
+    """
+    page, text = page_id(own.get("page")), own.get("view") or ""
+    if not text:
+        return None
+    if not text.isdigit() or len(text) > 18:
+        raise FitplanError(f"view must be a view's number (a whole number), got {text!r:.40}", field="view",
+                           value=text[:40])
+    mine = int(text)
+
+    def check() -> None:
+        if page is not None and settings.newest.get(page, 0) > mine:
+            raise Superseded
+
+    return check
 
 
 def render(kind: str, report: Any) -> str:
@@ -183,12 +255,14 @@ def explain(settings: Settings, query: Query) -> Reply:
     return json_reply(None, text=render("explain", explanation_for(p["quantity"], p["depth"], options)))
 
 
-def _deadline(seconds: float) -> Callable[[int, int], None]:
+def _deadline(seconds: float, superseded: Callable[[], None] | None = None) -> Callable[[int, int], None]:
     end = time.monotonic() + seconds
 
     def check(done: int, total: int) -> None:
         if time.monotonic() > end:
             raise SearchTimeout
+        if superseded is not None:
+            superseded()
 
     return check
 
@@ -237,8 +311,9 @@ def recommend(settings: Settings, query: Query) -> Reply:
     from fitplan.cli.commands.recommend import recommend as command
     from fitplan.cli.options import scenario_from
 
-    query, own = take(query, ("wait",))
+    query, own = take(query, ("wait", "page", "view"))
     wait = wait_seconds(own.get("wait"), settings.search_seconds)
+    superseded = view_check(settings, own)
     p = parse(command, query, extras=RECOMMEND_PARAMS)
     for name, most in SEARCH_LIMITS.items():
         if p[name] > most:
@@ -250,11 +325,14 @@ def recommend(settings: Settings, query: Query) -> Reply:
     built = scenario_from(options)
     ctx = settings.context()
     if p["max_of"] is not None:
-        return json_reply(None, text=render("largest", largest_report(built.scenario, ctx, p["max_of"], p["headroom"])))
+        return json_reply(None, text=render("largest", largest_report(built.scenario, ctx, p["max_of"], p["headroom"],
+                                                                      check=superseded)))
     if not acquire_search(settings, wait):
+        if superseded is not None:
+            superseded()  # it waited for a search, and its page has moved on meanwhile: 409, not 429
         return json_reply({"error": "a search is already running on this server: try again when it ends"}, 429)
     try:
-        result = find_plans(built, ctx, p, settings.policy_files, _deadline(settings.search_seconds))
+        result = find_plans(built, ctx, p, settings.policy_files, _deadline(settings.search_seconds, superseded))
     except SearchTimeout:
         raise FitplanError(f"the search ran past this server's limit of {settings.search_seconds:g} s", field="query",
                            suggestion="narrow it (gpus=, providers=, fewer vary= dimensions, max-gpus=) "
@@ -352,8 +430,8 @@ def export_scenario(est, upload: str | None):
 
 
 def export(settings: Settings, query: Query) -> Reply:
-    """``GET /api/export?kind=deepspeed|accelerate|training-args|scenario&...``: the file ``fitplan recommend
-    --emit KIND`` writes for the scenario, as a download."""
+    """``GET /api/export?kind=deepspeed|accelerate|training-args|skypilot|scenario&...``: the file ``fitplan
+    estimate --emit KIND`` writes for the scenario (on demand), as a download."""
     from fitplan.output.exports import FILENAMES, render_exports
 
     rest, own = take(query, ("kind",))
@@ -363,7 +441,7 @@ def export(settings: Settings, query: Query) -> Reply:
 
         raise unknown("export kind", str(kind), FILENAMES, field="kind")
     est, upload = estimate_of(settings, rest)
-    files, _ = render_exports(kind, export_scenario(est, upload))
+    files, _ = render_exports(kind, export_scenario(est, upload), est, "on_demand")
     name = FILENAMES[kind]
     text = dict(files)[name]
     media = {"json": "application/json", "yaml": "application/yaml", "toml": "application/toml"}[name.rpartition(".")[2]]

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from fitplan.web import api, view
+from fitplan.web import api, estimate_csv, view
 from fitplan.web.limits import MAX_CONNECTIONS, READ_TIMEOUT_S, limited_protocol
 from fitplan.web.uploads import MAX_UPLOAD_BYTES
 
@@ -32,6 +32,7 @@ STATIC = Path(__file__).parent / "static"
 PAGES = {"/": ("index.html", "text/html; charset=utf-8"), "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
          "/static/view.js": ("view.js", "text/javascript; charset=utf-8"),
          "/static/cheapest.js": ("cheapest.js", "text/javascript; charset=utf-8"),
+         "/static/compare.js": ("compare.js", "text/javascript; charset=utf-8"),
          "/static/app.css": ("app.css", "text/css; charset=utf-8")}
 MAX_QUERY_BYTES = 8192
 MAX_HEADER_BYTES = 32 * 1024
@@ -200,7 +201,7 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 ENDPOINTS = {"estimate": api.estimate, "explain": api.explain, "recommend": api.recommend, "models": api.models,
              "gpus": api.gpus, "options": api.options, "export": api.export, "view": view.view,
-             "largest": view.largest_view, "prices": view.prices_view}
+             "largest": view.largest_view, "prices": view.prices_view, "estimate.csv": estimate_csv.csv_view}
 
 
 def make_app(settings: api.Settings, hosts: set[str]) -> Any:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from fitplan.errors import FitplanError
-from fitplan.web.api import Query, Reply, Settings, assessment, estimate_of, export_scenario, gpu_rows, json_reply
+from fitplan.web.api import (Query, Reply, Settings, assessment, estimate_of, export_scenario, gpu_rows, json_reply, page_id,
+                             take, view_check)
 
 PAGE_HEADROOM = "0"
 """The page's largest micro-batch and sequence fit with no headroom: the ``fits`` verdict's test."""
@@ -69,9 +70,9 @@ def provider_rows(est, ctx) -> list[dict[str, Any]]:
     return rows
 
 
-def largest(est, ctx) -> dict[str, Any] | None:
+def largest(est, ctx, check=None) -> dict[str, Any] | None:
     """``fitplan recommend --max micro-batch`` and ``--max seq-length`` reports (headroom 0), or None without
-    a GPU; a report that cannot be computed is ``{"error": ...}``."""
+    a GPU; a report that cannot be computed is ``{"error": ...}``. ``check``: :func:`~fitplan.web.api.view_check`'s."""
     from fitplan.cli.commands.recommend import LARGEST, largest_report
 
     if est.scenario.hardware.gpu is None:
@@ -79,7 +80,7 @@ def largest(est, ctx) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     for what in LARGEST:
         try:
-            out[what] = largest_report(est.scenario, ctx, what, PAGE_HEADROOM, arch=est.arch)
+            out[what] = largest_report(est.scenario, ctx, what, PAGE_HEADROOM, arch=est.arch, check=check)
         except FitplanError as e:
             out[what] = {"error": e.render()}
     return out
@@ -93,7 +94,7 @@ def exports(est, upload: str | None) -> dict[str, Any]:
     kinds, notes = [], []
     for kind, name in FILENAMES.items():
         try:
-            _, more = render_exports(kind, s)
+            _, more = render_exports(kind, s, est, "on_demand")
             kinds.append({"kind": kind, "file": name})
             notes += [n for n in more if n not in notes]
         except FitplanError as e:
@@ -111,9 +112,12 @@ def view(settings: Settings, query: Query) -> Reply:
     from fitplan.inputs.scenario import flatten
     from fitplan.web import cheapest
 
+    query, own = take(query, ("page",))
+    number = settings.new_view(page_id(own.get("page")))  # the page's later requests carry it (view=N)
     a, upload = assessment(settings, query)
     est, ctx = a.estimate, settings.context()
     return json_reply({
+        "view": number,
         "estimate": to_json(a),
         "rows": breakdown_rows(est),
         "explain": explain_names(est),
@@ -122,20 +126,21 @@ def view(settings: Settings, query: Query) -> Reply:
         "exports": exports(est, upload),
         "upload": upload,
         "cheapest": cheapest.request(flatten(est.scenario), query, settings.search_seconds),
-    })
+    }, compact=True)
 
 
-def gpu_prices(est, ctx) -> dict[str, Any]:
+def gpu_prices(est, ctx, check=None) -> dict[str, Any]:
     """Each GPU's cheapest rental for the scenario: ``{gpu id: {"provider", "time", "cost"}}`` (the ``time`` and
     ``cost`` sections of ``fitplan estimate --gpu ID --provider P``, P the provider whose on-demand cost is
-    lowest), ``{"error": ...}`` when no provider rents it; empty without a dataset size (nothing to price)."""
+    lowest), ``{"error": ...}`` when no provider rents it; empty without a dataset size (nothing to price).
+    ``check``: :func:`~fitplan.web.api.view_check`'s."""
     from fitplan.output.estimate_report import sections_json
     from fitplan.search.sweep import across_gpus_and_providers
 
     if est.role("seconds") is None:
         return {}
     best: dict[str, Any] = {}
-    for gid, pid, got in across_gpus_and_providers(est.scenario, ctx, arch=est.arch):
+    for gid, pid, got in across_gpus_and_providers(est.scenario, ctx, arch=est.arch, check=check):
         if isinstance(got, FitplanError):
             best.setdefault(gid, {"error": got.render()})
             continue
@@ -151,13 +156,19 @@ def gpu_prices(est, ctx) -> dict[str, Any]:
 
 
 def prices_view(settings: Settings, query: Query) -> Reply:
-    """``GET /api/prices``: :func:`gpu_prices` of the query's scenario."""
+    """``GET /api/prices[?page=ID&view=N]``: :func:`gpu_prices` of the query's scenario (stopped, 409, once page ID
+    has asked for a view newer than N: :func:`~fitplan.web.api.view_check`)."""
+    query, own = take(query, ("page", "view"))
+    check = view_check(settings, own)
     est, _ = estimate_of(settings, query)
-    return json_reply(gpu_prices(est, settings.context()))
+    return json_reply(gpu_prices(est, settings.context(), check))
 
 
 def largest_view(settings: Settings, query: Query) -> Reply:
     """``GET /api/largest``: ``{"micro-batch": report, "seq-length": report}`` for the query's scenario (each the
-    ``fitplan recommend --max WHAT --headroom 0 --format json`` report), or null without a GPU."""
+    ``fitplan recommend --max WHAT --headroom 0 --format json`` report), or null without a GPU; ``page=ID&view=N``
+    as for :func:`prices_view`."""
+    query, own = take(query, ("page", "view"))
+    check = view_check(settings, own)
     est, _ = estimate_of(settings, query)
-    return json_reply(largest(est, settings.context()))
+    return json_reply(largest(est, settings.context(), check))

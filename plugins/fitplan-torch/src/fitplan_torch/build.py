@@ -117,7 +117,8 @@ def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str
         targets = tuple(lcfg.get("lora_target_modules") or ())
         lc = peft.LoraConfig(r=lcfg.get("lora_r", 8), lora_alpha=lcfg.get("lora_alpha", 16),
                              target_modules=peft_target_modules(targets) if targets else None,
-                             lora_dropout=lcfg.get("lora_dropout", 0.0), task_type="CAUSAL_LM")
+                             lora_dropout=lcfg.get("lora_dropout", 0.0), task_type="CAUSAL_LM",
+                             modules_to_save=list(lcfg.get("lora_modules_to_save") or ()) or None)
         try:
             with fake_safe_module_to() if fake else contextlib.nullcontext(), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", category=FutureWarning)  # peft reads a deprecated transformers flag

@@ -56,7 +56,8 @@ def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
     lora = {"lora_r": s.lora.lora_r, "lora_alpha": s.lora.lora_alpha, "lora_target_modules": tuple(s.lora.lora_target_modules or ()),
             "lora_dropout": s.lora.lora_dropout, "bnb_4bit_use_double_quant": s.lora.bnb_4bit_use_double_quant,
             "bnb_4bit_compute_dtype": getattr(s.lora, "bnb_4bit_compute_dtype", None),
-            "kbit_preparation": getattr(s.lora, "kbit_preparation", "peft")}
+            "kbit_preparation": getattr(s.lora, "kbit_preparation", "peft"),
+            "lora_modules_to_save": tuple(getattr(s.lora, "lora_modules_to_save", ()) or ())}
     return RunConfig(
         model_name=str(estimate.arch.name), config=model_config(estimate), precision=s.training.precision,
         attn_implementation=s.training.attn_implementation, method=s.model.method, lora=lora,

@@ -157,6 +157,11 @@ def engine_stack(estimate) -> bool:
 def check_supported(estimate) -> None:
     """What the referee cannot run, refused with a reason."""
     s = estimate.scenario
+    trainer = getattr(getattr(s, "trl", None), "trainer", "sft")
+    if trainer != "sft":
+        raise FitplanError(f"fitplan validate runs the HF Trainer's step, not TRL's {trainer!r} trainer", field="trainer",
+                           value=trainer, suggestion="TRL's DPO and KTO are measured by fitplan_torch.trl_referee."
+                           "measure_dpo (tests/test_trl_preference.py, docs/trl.md)")
     loss = getattr(s.training, "loss_implementation", "hf")
     from .loss_heads import check
 

@@ -30,6 +30,8 @@ where they travel (``topology``): inside an instance (NVLink / PCIe) or between 
 
 from __future__ import annotations
 
+import math
+
 from fitplan.engine.declarations import quantity
 
 INSTANCE_DEFAULT_NETWORK = "the GPU ruleset's inter_node_gbps per GPU"
@@ -62,9 +64,38 @@ every micro-step's forward and backward (prefetched gathers, bucketed reductions
 ``serial`` with nothing to overlap (after the backward, or after the optimizer step)."""
 
 
-def _put(out: dict, window: str, name: str, nbytes: float) -> None:
+DDP_BUCKET_BYTES = 25 * 2**20
+"""DDP's gradient bucket cap (``bucket_cap_mb`` default 25 MiB, torch/nn/parallel/distributed.py
+``_BucketCapacityConfig``); the first bucket is 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``) when the cap is the
+default, so that the last layers' gradients start reducing early."""
+DDP_FIRST_BUCKET_BYTES = 2**20
+DS_ALLREDUCE_ELEMENTS = 500_000_000
+"""DeepSpeed ZeRO-0 reduces gradients in flat buffers of this many elements (engine.py
+``MEMORY_OPT_ALLREDUCE_SIZE``, ``buffered_allreduce_fallback``)."""
+DS_ALLGATHER_ELEMENTS = 500_000_000
+"""DeepSpeed ZeRO-1/2 all-gather the updated partitions in buckets of ``allgather_bucket_size`` elements (default
+5e8, zero/config.py; HF's "auto" leaves it alone)."""
+
+
+def _put(out: dict, window: str, name: str, nbytes: float, calls: float = 1) -> None:
+    """Add ``nbytes`` over ``calls`` collectives of kind ``name`` in ``window`` (the calls price each one's
+    latency: builtin/time/comm.py)."""
     out[name] += nbytes
     out["windows"][window][name] += nbytes
+    out["calls"][window][name] += calls if nbytes else 0
+
+
+def _buckets(total: float, cap: float) -> int:
+    """Collectives over ``total`` (bytes or elements) in buckets of at most ``cap``."""
+    return max(1, math.ceil(total / cap)) if total > 0 else 0
+
+
+def ddp_buckets(grad_bytes: float) -> int:
+    """DDP's all-reduces per reduction: a 1 MiB first bucket, then buckets of 25 MiB (a tensor larger than the
+    cap gets a bucket of its own: counted here by bytes)."""
+    if grad_bytes <= 0:
+        return 0
+    return 1 + _buckets(max(0.0, grad_bytes - DDP_FIRST_BUCKET_BYTES), DDP_BUCKET_BYTES)
 
 
 @quantity("bytes", type="object")
@@ -78,20 +109,43 @@ def comm_volumes(sharding_kind, data_parallel_degree, param_count, trainable_par
     the same bytes by when they run (``WINDOWS``)."""
     n, k, t = data_parallel_degree, gradient_accumulation_steps, tensor_parallel
     out = {c: 0.0 for c in COLLECTIVES}
-    out.update(ranks=n, overlap="none", windows={w: {c: 0.0 for c in COLLECTIVES} for w in WINDOWS})
+    out.update(ranks=n, overlap="none", windows={w: {c: 0.0 for c in COLLECTIVES} for w in WINDOWS},
+               calls={w: {c: 0 for c in COLLECTIVES} for w in WINDOWS})
     if n > 1:
         _data_parallel(out, sharding_kind, k, t, param_count, trainable_param_count, weight_dtype_bytes,
-                       trainable_dtype_bytes, effective_fsdp, deepspeed_rank, fsdp_rank,
-                       bool(deepspeed_config_values["overlap_comm"]))
+                       trainable_dtype_bytes, effective_fsdp, deepspeed_rank, fsdp_rank, deepspeed_config_values,
+                       _layers(arch), _tensors(arch))
     if t > 1 and not arch.count_only:
         act = per_device_train_batch_size * max_seq_length * arch.hidden_size * activation_dtype_bytes
-        _put(out, "micro", "tp_all_reduce", k * arch.num_hidden_layers * 4 * act)
+        # Megatron-style tensor parallelism: two all-reduces per layer in the forward, two in the backward
+        _put(out, "micro", "tp_all_reduce", k * arch.num_hidden_layers * 4 * act, k * arch.num_hidden_layers * 4)
     return out
 
 
+def _layers(arch) -> int:
+    """The FSDP units of a model wrapped per decoder layer (the HF Trainer's transformer-layer auto-wrap) plus the
+    root (embeddings, final norm, head); one unit per billion parameters for a bare parameter count."""
+    if arch.is_bare or arch.count_only:
+        return max(1, round(arch.param_count / 1e9)) + 1
+    return arch.num_hidden_layers + 1
+
+
+def _tensors(arch) -> int:
+    """Parameter tensors: DeepSpeed ZeRO-3 fetches each in every pass (``zero3_fetches_per_pass``)."""
+    if arch.is_bare or arch.count_only:
+        return 9 * _layers(arch)
+    return sum(g.count for g in arch.param_groups())
+
+
 def _data_parallel(out, kind, k, t, param_count, trainable_param_count, weight_dtype_bytes, trainable_dtype_bytes,
-                   effective_fsdp, deepspeed_rank, fsdp_rank, overlap_comm) -> None:
-    """The data-parallel collectives of one optimizer step, by stack (module table), into ``out``."""
+                   effective_fsdp, deepspeed_rank, fsdp_rank, ds_values, units, tensors) -> None:
+    """The data-parallel collectives of one optimizer step, by stack (module table), into ``out``, with how many
+    calls carry them: DDP's buckets, DeepSpeed's buckets of ``reduce_bucket_size`` / ``allgather_bucket_size``
+    elements, ZeRO-3's per-tensor fetches, FSDP's per-unit gathers and reduce-scatters (``units``)."""
+    overlap_comm = bool(ds_values["overlap_comm"])
+    trainable = trainable_param_count / t
+    reduce_calls = _buckets(trainable, float(ds_values["reduce_bucket_size"]))
+    gather_calls = _buckets(trainable, DS_ALLGATHER_ELEMENTS)
     if kind.startswith("ds"):
         b = weight_dtype_bytes
         P, G = param_count * b / t, trainable_param_count * b / t
@@ -104,16 +158,16 @@ def _data_parallel(out, kind, k, t, param_count, trainable_param_count, weight_d
         # 3155-3180): G bytes, not overlapped (the next forward needs them)
         reduce_window = "last" if overlap_comm else "serial"
         if stage == 0:
-            _put(out, "serial", "all_reduce", G)
+            _put(out, "serial", "all_reduce", G, _buckets(trainable, DS_ALLREDUCE_ELEMENTS))
             out["overlap"] = "none (reduced after the backward)"
         elif stage == 1:
-            _put(out, reduce_window, "reduce_scatter", G)
-            _put(out, "serial", "all_gather", G)
+            _put(out, reduce_window, "reduce_scatter", G, reduce_calls)
+            _put(out, "serial", "all_gather", G, gather_calls)
             out["overlap"] = ("reduce-scatter in the last backward (overlap_comm)" if overlap_comm
                               else "none (reduced after the last backward)") + "; all-gather after the step"
         elif stage == 2:
-            _put(out, "micro" if overlap_comm else "serial", "reduce_scatter", k * G)
-            _put(out, "serial", "all_gather", G)
+            _put(out, "micro" if overlap_comm else "serial", "reduce_scatter", k * G, k * reduce_calls)
+            _put(out, "serial", "all_gather", G, gather_calls)
             out["overlap"] = ("reduce-scatter during every backward (overlap_comm)" if overlap_comm
                               else "none (reduce-scatter on the compute stream)") + "; all-gather after the step"
         else:
@@ -121,30 +175,33 @@ def _data_parallel(out, kind, k, t, param_count, trainable_param_count, weight_d
             # the modules with no backward (a LoRA base before the first adapter)
             r = deepspeed_rank
             kept = (r.gathered_kept + r.gathered_once) if r is not None else 0
-            _put(out, "micro", "all_gather", k * (2 * P - min(kept, P)))
-            _put(out, "micro", "reduce_scatter", k * G)
+            gathered = 2 * P - min(kept, P)
+            _put(out, "micro", "all_gather", k * gathered, k * round(2 * tensors * gathered / (2 * P)) if P else 0)
+            _put(out, "micro", "reduce_scatter", k * G, k * reduce_calls)
             out["overlap"] = "prefetched gathers and bucketed reduce-scatter (overlap_comm)"
     elif kind.startswith("hf_fsdp") or kind in ("fsdp_zero2", "fsdp_zero3"):
         gb = fsdp_rank["gather_b"] if fsdp_rank is not None else weight_dtype_bytes
         P, G = param_count * gb / t, trainable_param_count * gb / t
         passes = 1 if effective_fsdp == "shard_grad_op" or kind == "fsdp_zero2" else 2
-        _put(out, "micro", "all_gather", k * passes * P)
+        _put(out, "micro", "all_gather", k * passes * P, k * passes * units)
         if kind.startswith("hf_fsdp"):
             # the HF Trainer runs every micro-step but the last under accelerator.no_sync (trainer.py:1904-1916):
             # FSDP2 set_requires_gradient_sync(False), FSDP1 FullyShardedDataParallel.no_sync
             # (accelerator.py:1126-1139): gradients are reduce-scattered once, in the last backward
-            _put(out, "last", "reduce_scatter", G)
+            _put(out, "last", "reduce_scatter", G, units)
         else:
-            _put(out, "micro", "reduce_scatter", k * G)
+            _put(out, "micro", "reduce_scatter", k * G, k * units)
         out["overlap"] = "prefetched unit gathers, per-unit reduce-scatter"
     elif kind == "zero1":
         G = trainable_param_count * trainable_dtype_bytes / t
-        _put(out, "last", "all_reduce", G)
-        _put(out, "serial", "all_gather", G)  # ZeroRedundancyOptimizer.step's broadcasts (_sync_params)
+        _put(out, "last", "all_reduce", G, ddp_buckets(G))
+        # ZeroRedundancyOptimizer.step's broadcasts (_sync_params): one per rank's partition
+        _put(out, "serial", "all_gather", G, out["ranks"])
         out["overlap"] = "gradient buckets during the backward; broadcasts after the step"
     else:
         # DDP under the HF Trainer: no_sync until the last micro-step, whose backward reduces the buckets
-        _put(out, "last", "all_reduce", trainable_param_count * trainable_dtype_bytes / t)
+        G = trainable_param_count * trainable_dtype_bytes / t
+        _put(out, "last", "all_reduce", G, ddp_buckets(G))
         out["overlap"] = "gradient buckets during the last backward"
 
 

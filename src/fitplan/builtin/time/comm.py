@@ -68,42 +68,113 @@ def comm_bytes_per_step(comm_volumes, topology, data_parallel_degree, tensor_par
     return link_bytes(comm_volumes, data_parallel_degree, tensor_parallel, _spans(topology, num_nodes), hybrid)
 
 
-def _intra_bandwidth(gpu_spec) -> float:
-    factor = NVLINK_DIRECTION_FACTOR if not gpu_spec.interconnect.startswith("pcie") else 1.0
-    return gpu_spec.interconnect_gbps * 1e9 * factor * NCCL_EFFICIENCY
+def _intra_bandwidth(gpu_spec, topology=None) -> float:
+    link = topology["intra"] if topology and topology["intra"] != "none" else gpu_spec.interconnect
+    gbps = topology["intra_gbps"] if topology and topology["intra_gbps"] else gpu_spec.interconnect_gbps
+    factor = NVLINK_DIRECTION_FACTOR if not link.startswith("pcie") else 1.0
+    return gbps * 1e9 * factor * NCCL_EFFICIENCY
 
 
-def _seconds(nbytes: dict, gpu_spec, topology) -> float:
+# NCCL's cost model for one ring collective (src/graph/tuning.cc, NCCL 2.30: ``ncclTunerConstantsDefaults``,
+# ``ncclTopoTuneModel``, ``ncclTopoGetAlgoTime``): time = latency + message / algorithm bandwidth, where the
+# latency is a base per protocol plus one hop latency per ring step (2(n-1) steps for an all-reduce, n-1 for an
+# all-gather or reduce-scatter; steps between nodes at the network's hop latency), and NCCL runs each call in the
+# protocol that is fastest for its size. fitplan prices the ring only (NCCL may pick a tree or NVLS for large
+# all-reduces, which is faster: a stated simplification).
+NCCL_BASE_LATENCY_US = {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}
+"""Ring base latency per protocol, microseconds (tuning.cc ``baseLatencies``, Ring row)."""
+NCCL_HOP_LATENCY_US = {"nvlink": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
+                       "pcie": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7},
+                       "net": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}}
+"""Ring latency per step and link, microseconds (tuning.cc ``hwLatencies``: NVLINK, PCI, NET rows, Ring)."""
+NCCL_LL_MAX_GBPS = {"volta": 39.0, "turing": 39.0, "ampere": 87.7, "ada": 87.7, "hopper": 141.0, "blackwell": 282.0}
+"""LL protocol's bus bandwidth cap on one node by GPU generation (tuning.cc ``llMaxBws``, N1 column); between
+nodes 39.0 (two nodes) and 20.4 GB/s (more), the Intel rows."""
+NCCL_LL_BANDWIDTH_FACTOR = 0.5
+NCCL_LL128_BANDWIDTH_FACTOR = 0.92
+"""LL moves 8 bytes per 16 (half the bus bandwidth), LL128 120 per 128 (tuning.cc "Various model refinements");
+LL128 runs only over NVLink inside a node (tuning.cc: enabled up to ``PATH_NVB`` inside and ``PATH_PXB`` /
+``PATH_PXN`` between GPUs, never over the network)."""
+RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "tp_all_reduce": 2}
+"""Ring steps per rank: n-1 for an all-gather or reduce-scatter, 2(n-1) for an all-reduce."""
+
+
+def collective_seconds(sent_bytes: float, calls: float, kind: str, ranks: int, instances: int, intra_link: str,
+                       bus_bps: float, generation: str) -> float:
+    """Seconds of ``calls`` ring collectives of kind ``kind`` over ``ranks`` GPUs on ``instances`` instances that
+    send ``sent_bytes`` per GPU in all (``link_bytes``: the ring's (n-1)/n share already applied), each at the bus
+    bandwidth ``bus_bps`` of its slowest link (NVLink/PCIe inside one instance, the network across them): per call
+    the fastest of NCCL's LL, LL128 and Simple protocols, latency + bytes / bandwidth (module constants)."""
+    if sent_bytes <= 0 or ranks <= 1:
+        return 0.0
+    calls = max(1.0, calls)
+    per = RING_STEPS[kind]
+    steps = per * (ranks - 1)
+    inter = per * (instances - 1) if instances > 1 else 0
+    hop = "pcie" if intra_link.startswith("pcie") else "nvlink"
+    ll_cap = (NCCL_LL_MAX_GBPS.get(generation, 87.7) if instances <= 1 else 39.0 if instances == 2 else 20.4) * 1e9
+    protocols = {"Simple": bus_bps, "LL": min(ll_cap, NCCL_LL_BANDWIDTH_FACTOR * bus_bps)}
+    if instances <= 1 and hop == "nvlink":
+        protocols["LL128"] = NCCL_LL128_BANDWIDTH_FACTOR * bus_bps
+    size = sent_bytes / calls
+    best = min(1e-6 * (NCCL_BASE_LATENCY_US[p] + (steps - inter) * NCCL_HOP_LATENCY_US[hop][p]
+                       + inter * NCCL_HOP_LATENCY_US["net"][p]) + size / bw for p, bw in protocols.items())
+    return calls * best
+
+
+def window_seconds(v: dict, calls: dict, n: int, tensor_parallel: int, spans: bool, hybrid_nodes: int, gpu_spec,
+                   topology) -> float:
+    """Seconds of one window's collectives (``v`` bytes and ``calls`` by collective, as ``comm_volumes`` gives
+    them): each collective's bytes per GPU as ``link_bytes`` counts them, priced call by call
+    (``collective_seconds``) on the link it crosses; FSDP ``hybrid_shard`` splits into the in-node sharding and
+    the cross-node all-reduce of each GPU's shard."""
+    gen = gpu_spec.generation or ""
+    instances = topology["instances"] if topology else 1
+    intra_link = topology["intra"] if topology and topology["intra"] != "none" else gpu_spec.interconnect
+    intra_bw, inter_bw = _intra_bandwidth(gpu_spec, topology), network_gbps(gpu_spec, topology) * 1e9 * NCCL_EFFICIENCY
     t = 0.0
-    if nbytes["intra"]:
-        t += nbytes["intra"] / _intra_bandwidth(gpu_spec)
-    if nbytes["inter"]:
-        t += nbytes["inter"] / (network_gbps(gpu_spec, topology) * 1e9 * NCCL_EFFICIENCY)
+    for kind in RING_STEPS:
+        one = {c: (v[c] if c == kind else 0.0) for c in RING_STEPS}
+        if not one[kind]:
+            continue
+        b = link_bytes(one, n, tensor_parallel, spans, hybrid_nodes)
+        k = calls.get(kind, 1)
+        if kind == "tp_all_reduce":
+            t += collective_seconds(b["intra"], k, kind, tensor_parallel, 1, intra_link, intra_bw, gen)
+        elif hybrid_nodes > 1:
+            per_node = max(1, n // hybrid_nodes)
+            t += collective_seconds(b["intra"], k, kind, per_node, 1, intra_link, intra_bw, gen)
+            t += collective_seconds(b["inter"], k, "all_reduce", hybrid_nodes, hybrid_nodes, intra_link, inter_bw, gen)
+        elif b["inter"]:
+            t += collective_seconds(b["inter"], k, kind, n, max(2, instances), intra_link, inter_bw, gen)
+        else:
+            t += collective_seconds(b["intra"], k, kind, n, 1, intra_link, intra_bw, gen)
     return t
 
 
 @quantity("s")
-def comm_seconds_per_step(comm_bytes_per_step, gpu_spec, topology):
-    """Collective time per step: intra-node bytes at the hardware ruleset's ``interconnect_gbps`` (NVLink
-    figures halved: a ring uses one direction) and inter-instance bytes at the network's GB/s per GPU (the
-    instance's ``network_gbps``, else the GPU's ``inter_node_gbps``), both × the NCCL efficiency (0.8). None
-    without a GPU."""
-    if gpu_spec is None:
+def comm_seconds_per_step(comm_seconds_by_window):
+    """Collective time per step: the windows' sum (``comm_seconds_by_window``). Inside an instance at the hardware
+    ruleset's ``interconnect_gbps`` (NVLink figures halved: a ring uses one direction), between instances at the
+    network's GB/s per GPU (the instance's ``network_gbps``, else the GPU's ``inter_node_gbps``), both × the NCCL
+    efficiency (0.8), plus NCCL's latency per call (``collective_seconds``). None without a GPU."""
+    if comm_seconds_by_window is None:
         return None
-    return _seconds(comm_bytes_per_step, gpu_spec, topology)
+    return sum(comm_seconds_by_window.values())
 
 
 @quantity("s", type="object")
 def comm_seconds_by_window(comm_volumes, gpu_spec, topology, data_parallel_degree, tensor_parallel, effective_fsdp,
                            num_nodes):
-    """``comm_seconds_per_step`` split by when the collectives run (``comm_volumes["windows"]``: ``micro``,
-    ``last``, ``serial``), each priced as ``comm_seconds_per_step`` prices the whole. None without a GPU."""
+    """Collective seconds by when they run (``comm_volumes["windows"]``: ``micro``, ``last``, ``serial``), each
+    window's collectives priced call by call as NCCL runs them (``window_seconds``). None without a GPU."""
     if gpu_spec is None:
         return None
     hybrid = num_nodes if effective_fsdp == "hybrid_shard" else 1
     spans = _spans(topology, num_nodes)
-    return {w: _seconds(link_bytes(v, data_parallel_degree, tensor_parallel,
-                                   spans, hybrid), gpu_spec, topology)
+    calls = comm_volumes.get("calls") or {}
+    return {w: window_seconds(v, calls.get(w, {}), data_parallel_degree, tensor_parallel, spans, hybrid, gpu_spec,
+                              topology)
             for w, v in comm_volumes["windows"].items()}
 
 
@@ -160,7 +231,7 @@ def exposed_transfer_seconds(comm_seconds_by_window, offload_seconds_per_step, o
     return w["last"] - last_hidden + max(0.0, micro - (hide - last_hidden)) + w["serial"]
 
 
-@quantity("s", json_key="time.step_seconds")
+@quantity("s", json_key="time.step_seconds", role="step")
 def step_seconds(compute_seconds_per_step, exposed_transfer_seconds, step_time_calibration):
     """One optimizer step: ``(compute + exposed transfers) × calibration`` (``exposed_transfer_seconds``: what
     the compute does not hide); ``calibration`` is a measured run's step time over the model's (``fitplan

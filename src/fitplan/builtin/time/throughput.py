@@ -106,16 +106,47 @@ def train_seconds(train_tokens, train_tokens_per_second):
 
 
 @quantity("factors", type="object")
-def time_band(tokens_per_second, measured_tokens_per_second, assumed_mfu, step_seconds, rulesets):
-    """The likely range of the modelled time as factors ``(low, high)`` on it: the ``[time_model]`` band, the 10th
-    and 90th percentiles of measured / predicted time over the published runs, each predicted with the
-    efficiency factors fitted without it (leave-one-out, ``bench/time_loo.py``). None when the throughput is
-    given, measured or priced at a stated MFU (no model error to show) or there is no step model."""
+def time_band(tokens_per_second, measured_tokens_per_second, assumed_mfu, step_seconds, rulesets, gpu_spec,
+              step_time_calibration):
+    """The likely range of the modelled time as factors ``(low, high, basis)`` on it: the ``[time_model]`` band,
+    the 10th and 90th percentiles of measured / predicted time over the published runs, each predicted with the
+    efficiency factors fitted without it (leave-one-out, ``bench/time_loo.py``). It says what it knows: on a GPU
+    generation no published run was fitted on, widened by how far the fitted generations' GEMM efficiencies lie
+    from the run-weighted mean the estimate uses (``generation_spread``); after ``fitplan calibrate`` on a run on
+    this GPU, the narrower band calibration leaves on the published runs (one run's ratio applied to another on the
+    same GPU type from the same source). None when the throughput is given, measured or priced at a stated MFU (no model error to show)
+    or there is no step model."""
     model = rulesets.time_model
     if tokens_per_second is not None or measured_tokens_per_second is not None or assumed_mfu or step_seconds is None \
             or model is None:
         return None
-    return (model.band_low, model.band_high)
+    if step_time_calibration is not None and model.calibrated_band_low > 0:
+        return (model.calibrated_band_low, model.calibrated_band_high,
+                f"calibrated on your run: the {model.band_percentiles[0]:g}th and {model.band_percentiles[1]:g}th "
+                f"percentiles of measured / predicted time over {model.calibrated_pairs} ordered pairs of published runs "
+                "on one GPU type from one source, each predicted with the other's calibration")
+    basis = (f"the {model.band_percentiles[0]:g}th and {model.band_percentiles[1]:g}th percentiles of measured / "
+             f"predicted time over {model.runs} published fine-tuning runs, each predicted without itself")
+    spread = generation_spread(rulesets, gpu_spec)
+    if spread is None:
+        return (model.band_low, model.band_high, basis)
+    return (model.band_low * spread[0], model.band_high * spread[1],
+            basis + f"; widened × {spread[0]:.2f} / × {spread[1]:.2f}: no published run on {gpu_spec.generation or 'this'} "
+                    "GPUs, whose efficiency is the fitted generations' mean, and they differ by that much")
+
+
+def generation_spread(rulesets, gpu_spec) -> tuple[float, float] | None:
+    """For a GPU whose generation has no fitted ``[[time_efficiency]]`` row (its GEMM efficiency is the run-weighted
+    mean m of the fitted ones, builtin/time/step.py): time scales as 1 / efficiency, so the fitted generations'
+    extremes put its time between ``m / max`` and ``m / min`` of the mean's (with ``min(1, ·)`` and ``max(1, ·)``).
+    None when the generation was fitted, without a GPU or without fitted rows."""
+    effs = rulesets.time_efficiencies
+    if gpu_spec is None or not effs or gpu_spec.generation in effs:
+        return None
+    total = sum(max(x.runs, 1) for x in effs.values())
+    mean = sum(x.gemm * max(x.runs, 1) for x in effs.values()) / total
+    gemms = [x.gemm for x in effs.values()]
+    return (min(1.0, mean / max(gemms)), max(1.0, mean / min(gemms)))
 
 
 @quantity("s", json_key="time.seconds_low", role="seconds.low", label="training time, likely low")

@@ -28,7 +28,7 @@ reserve is taken from the GPU's usable memory instead (``vllm_colocated_reserve`
 
 from __future__ import annotations
 
-from fitplan.builtin.loss_heads import TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK
+from fitplan.builtin.trl.fused_head import TOKEN_CHUNK as TRL_TOKEN_CHUNK, VOCAB_CHUNK as TRL_VOCAB_CHUNK
 from fitplan.builtin.trl import generation, vllm
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.inputs import trl_online
@@ -99,8 +99,8 @@ def scoring_rows(online_settings, arch, per_device_train_batch_size, weight_dtyp
     over ``b·(P+C)`` tokens (as the prefill's, builtin/trl/generation.py) and the fused head's buffers: the
     final hidden state, its shifted copy (``N = b·(P+C−1)`` rows), the ``min(N, 4096) × 32768`` tile buffer in
     the compute dtype (32768 columns whatever the vocabulary) and seven fp32 per-token statistics; without
-    Triton (the CPU) three fp32 ``min(N, 4096) × min(V, 32768)`` tiles of the fold on top (builtin/loss_heads.py,
-    ``trl``)."""
+    Triton (the CPU) three fp32 ``min(N, 4096) × min(V, 32768)`` tiles of the fold on top (builtin/trl/
+    fused_head.py)."""
     o = online_settings
     if o is None or (not o.old_logps and o.reference == "none") or arch.is_bare:
         return None
@@ -190,7 +190,7 @@ def online_defaults(assumed_defaults, online_settings, trainer, num_generations,
     fitplan's prompt length."""
     o, name = online_settings, trainer.upper()
     out = list(assumed_defaults)
-    if loss_implementation == "trl":
+    if loss_implementation == "trl_grpo":
         out.append("loss TRL's fused log-prob head (add_fused_lm_head: no full logits)")
     if num_generations is None:
         out.append(f"num_generations {o.num_generations} ({name}Config default)")

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from fitplan.cli.emit_files import batches, check_emit_dirs, echo_notes, emit_options, render
 from fitplan.cli.options import emit, estimate_from, format_option, out_option, scenario_options
 
 
@@ -22,11 +23,14 @@ def add(cli: click.Group) -> None:
 @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", help="GB = 10^9 bytes (default), GiB = 2^30.")
 @click.option("--policy", "policy_files", multiple=True, type=click.Path(dir_okay=False),
               help="Check the scenario against a policy file of [[policy]] rules (repeatable; docs/policies.md).")
-def estimate(fmt: str, out: str | None, units: str, policy_files: tuple[str, ...], **options: Any) -> None:
+@emit_options("the scenario (on demand)")
+def estimate(fmt: str, out: str | None, units: str, policy_files: tuple[str, ...], emits: tuple[tuple[str, str], ...],
+             force: bool, **options: Any) -> None:
     """Estimate memory per GPU (and time and cost, given a dataset and a GPU).
 
     SCENARIO_FILE is an optional TOML file with [model], [training], [lora], [parallel], [hardware],
-    [dataset] and [cost] sections; flags override it.
+    [dataset] and [cost] sections, or a torchtune, axolotl or LLaMA-Factory recipe (.yaml / .yml:
+    docs/recipes.md); flags override it.
 
     Exit status: 0; 2 for bad input; 3 (``POLICY_VIOLATION_EXIT``) when the policies in force forbid the
     scenario in every market it is priced in (docs/policies.md).
@@ -36,8 +40,11 @@ def estimate(fmt: str, out: str | None, units: str, policy_files: tuple[str, ...
     from fitplan.assess import assess
     from fitplan.rules.policy import POLICY_VIOLATION_EXIT, forbidding_rules
 
+    check_emit_dirs(emits, force)
     a = assess(estimate_from(options), policy_files=policy_files, cheapest=True)  # cheapest: without --gpu only
-    emit("estimate", a, fmt, out, units)
+    exports = render(emits, a.estimate.scenario, a.estimate, "on_demand") if emits else []
+    emit("estimate", a, fmt, out, units, also=tuple(batches(exports)))
+    echo_notes(exports)
     rules = forbidding_rules(a.estimate, a.verdicts)
     if rules:
         click.echo(f"policy: forbidden by {', '.join(rules)} (exit status {POLICY_VIOLATION_EXIT})", err=True)
@@ -69,7 +76,7 @@ def explanation_for(quantity: str, depth: int, options: dict[str, Any]):
     from fitplan.assess import assess
     from fitplan.output.explain import explain as explanation
 
-    if not any(options.get(k) for k in ("model", "params", "scenario_file")):
+    if not any(options.get(k) for k in ("model", "params", "scenario_file", "recipe")):
         options = {**options, **{k: options.get(k) or v for k, v in EXAMPLE.items()}}
     est = estimate_from(options)
     return explanation(assess(est, advice=False, seed=True), quantity_name(quantity, est), depth=depth)

@@ -9,12 +9,12 @@ from typing import Any
 
 import click
 
+from fitplan.cli.emit_files import batches, check_emit_dirs, echo_notes, emit_options
 from fitplan.cli.options import emit, format_option, out_option, scenario_from, scenario_options
 from fitplan.errors import FitplanError
 
 OBJECTIVES = ("cost", "time", "gpus")
 """== fitplan.search.space.OBJECTIVES (tests/test_graph.py checks); not imported: the search pulls in networkx."""
-EXPORTS = ("deepspeed", "accelerate", "training-args", "scenario", "all")
 
 
 def add(cli: click.Group) -> None:
@@ -133,9 +133,7 @@ def _progress():
 @click.option("--max-nodes", type=int, default=2, show_default=True, help="At most this many nodes (whole instances).")
 @click.option("--max", "max_of", type=click.Choice(["micro-batch", "seq-length"]), default=None,
               help="Reverse question: the largest micro-batch or sequence length that fits --gpu (nothing else searched).")
-@click.option("--emit", "emits", multiple=True, nargs=2, type=(click.Choice(EXPORTS), click.Path(file_okay=False)),
-              metavar="KIND DIR", help="Write the top plan as KIND (deepspeed, accelerate, training-args, scenario, all) into DIR.")
-@click.option("--force", is_flag=True, help="Let --emit write into a folder that already holds files.")
+@emit_options("the top plan")
 @format_option("recommend")
 @out_option
 def recommend(objective: str, effective_batch_size: int, headroom: str, top: int, policy_files: tuple[str, ...],
@@ -156,7 +154,7 @@ def recommend(objective: str, effective_batch_size: int, headroom: str, top: int
     ctx = get_context(built.ruleset_dirs)
     if not 1 <= top <= 1000:
         raise FitplanError(f"--top must be between 1 and 1,000, got {top:,}", field="--top", value=top)
-    _check_emit_dirs(emits, force)
+    check_emit_dirs(emits, force)
     if max_of is not None:
         _largest(built.scenario, ctx, max_of, headroom, fmt, out)
         return
@@ -169,13 +167,11 @@ def recommend(objective: str, effective_batch_size: int, headroom: str, top: int
                                          "max_gpus": max_gpus, "max_nodes": max_nodes}, policy_files, progress)
     elapsed = time.perf_counter() - t0
     exports = _exports(result, emits)
-    emit("recommend", result, fmt, out, also=tuple(_exports_batch(exports)))
+    emit("recommend", result, fmt, out, also=tuple(batches(exports)))
     if sys.stderr.isatty() or fmt == "table":
         click.echo(f"searched {result.stats.candidates:,} candidate plans in {elapsed:.2f} s "
                    f"({result.stats.candidates / max(elapsed, 1e-9):,.0f} per second)", err=True)
-    for _, _, notes in exports:
-        for n in notes:
-            click.echo(f"note: {n}", err=True)
+    echo_notes(exports)
 
 
 def find_plans(built, ctx, opts: dict[str, Any], policy_files=(), progress=None):
@@ -193,23 +189,8 @@ def find_plans(built, ctx, opts: dict[str, Any], policy_files=(), progress=None)
     return result
 
 
-def _check_emit_dirs(emits: tuple[tuple[str, str], ...], force: bool) -> None:
-    """``--emit`` never replaces files silently: a folder that already holds files needs ``--force`` (checked
-    before the search, so that nothing is computed for nothing)."""
-    from pathlib import Path
-
-    for _, directory in emits:
-        d = Path(directory)
-        if d.exists() and not d.is_dir():
-            raise FitplanError("is not a folder", file=str(d), field="--emit")
-        if d.is_dir() and any(d.iterdir()) and not force:
-            raise FitplanError("the folder already holds files; --emit would replace them", file=str(d), field="--emit",
-                               suggestion="choose an empty folder, or pass --force")
-
-
-def _exports(result, emits: tuple[tuple[str, str], ...]) -> list[tuple[str, list[tuple[str, str]], list[str]]]:
-    """The files ``--emit`` writes (rendered before anything is written, so that a failing export leaves every
-    file as it was): ``(directory, [(name, text)], notes)`` per ``--emit``."""
+def _exports(result, emits: tuple[tuple[str, str], ...]):
+    """The files ``--emit`` writes for the top plan (:func:`fitplan.cli.emit_files.render`)."""
     if not emits:
         return []
     if result.vary:
@@ -218,36 +199,24 @@ def _exports(result, emits: tuple[tuple[str, str], ...]) -> list[tuple[str, list
     if not result.plans:
         raise FitplanError("no plan to emit: none fits with the required headroom", field="--emit",
                            suggestion="lower --headroom, allow more GPUs (--max-gpus) or methods")
-    from fitplan.output.exports import render_exports
+    from fitplan.cli.emit_files import render
     from fitplan.search.plans import plan_scenario
 
-    s = plan_scenario(result.base, result.plans[0])
-    return [(directory, *render_exports(kind, s)) for kind, directory in emits]
-
-
-def _exports_batch(exports):
-    """The ``--emit`` files as one :class:`~fitplan.output.files.Batch` (empty list: none), committed with
-    the report's ``--out``."""
-    if not exports:
-        return []
-    from fitplan.output.exports import exports_batch
-
-    batch = None
-    for directory, files, _ in exports:
-        batch = exports_batch(directory, files, batch)
-    return [batch]
+    first = result.plans[0]
+    return render(emits, plan_scenario(result.base, first), first.estimate, first.market)
 
 
 LARGEST = {"micro-batch": ("per_device_train_batch_size", 1 << 16), "seq-length": ("max_seq_length", 1 << 22)}
 """``--max WHAT``: the scenario field searched and the largest value probed."""
 
 
-def largest_report(base, ctx, what: str, headroom: str | float, arch=None) -> dict[str, Any]:
-    """``--max WHAT``'s report: the largest micro-batch or sequence length that fits ``base``'s GPU."""
+def largest_report(base, ctx, what: str, headroom: str | float, arch=None, check=None) -> dict[str, Any]:
+    """``--max WHAT``'s report: the largest micro-batch or sequence length that fits ``base``'s GPU (``check``:
+    :func:`fitplan.search.capacity.largest_fitting`'s)."""
     from fitplan.search.capacity import largest_fitting
 
     field, upper = LARGEST[what]
-    return largest_fitting(base, field, ctx, headroom=headroom, upper=upper, arch=arch)
+    return largest_fitting(base, field, ctx, headroom=headroom, upper=upper, arch=arch, check=check)
 
 
 def _largest(base, ctx, what: str, headroom: str, fmt: str, out: str | None) -> None:

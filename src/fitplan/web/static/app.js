@@ -33,7 +33,10 @@ const SLIDERS = {"per-device-train-batch-size": {min: 1, max: 64, log2: false},
 let FIELDS = [];            // /api/options fields
 let GPUS = {};              // id -> GPU row
 let extra = [];             // query pairs that are not form fields (kept, so the server can judge them)
+// This page instance, for the server: its newer view stops the later work of its older ones (api.py view_check).
+const PAGE_ID = Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16).padStart(2, "0")).join("");
 let timer = null, laterTimer = null, inflight = null, lastQuery = null, lastView = null, lastLargest = null;
+let lastPrices = null;      // /api/prices of the view shown (kept for a re-render in another unit)
 
 const $ = (id) => document.getElementById(id);
 const form = () => $("form");
@@ -157,7 +160,7 @@ function setField(name, value) {
 function changed(delay = DEBOUNCE_MS) {
   syncSliders();
   const qs = readForm();
-  history.replaceState(null, "", qs ? "?" + qs : location.pathname);
+  history.replaceState(null, "", addressOf(qs));  // the scenario, then the pinned one (compare.js)
   $("fs-lora")?.classList.toggle("inactive", form().elements["method"].value === "full");
   markStale(true);
   clearTimeout(timer);
@@ -177,7 +180,7 @@ function markStale(on) {
 async function getJSON(url, signal) {
   const r = await fetch(url, {signal, headers: {Accept: "application/json"}});
   const data = await r.json();
-  if (!r.ok) { const e = new Error(data.error || r.statusText); e.download = data.download; throw e; }
+  if (!r.ok) { const e = new Error(data.error || r.statusText); e.download = data.download; e.status = r.status; throw e; }
   return data;
 }
 
@@ -188,10 +191,10 @@ async function load(qs) {
   document.body.dataset.state = "loading";
   try {
     const signal = inflight.signal;
-    const data = await getJSON("/api/view?" + qs, signal);
+    const data = await getJSON(`/api/view?${qs}&page=${PAGE_ID}`, signal);
     lastQuery = qs;
     lastView = data;
-    lastLargest = null;
+    lastLargest = lastPrices = null;
     render(data);
     showError(null);
     $("results").classList.remove("stale");
@@ -199,8 +202,12 @@ async function load(qs) {
     $("results").setAttribute("aria-busy", "false");
     document.body.dataset.query = qs;
     document.body.dataset.state = "ready";
+    // The later requests carry this page's id and the view's number: the server stops their work once this
+    // page asks for a newer view (its next change; aborting a request does not stop the server's work).
+    const view = `page=${PAGE_ID}&view=${data.view}`;
     laterTimer = setTimeout(() => {
-      scheduleCheapest(data.cheapest, signal, Promise.allSettled([loadLargest(qs, signal), loadPrices(qs, signal)]));
+      scheduleCheapest({...data.cheapest, view}, signal,
+        Promise.allSettled([loadLargest(qs, signal, view), loadPrices(qs, signal, view)]));
     }, LATER_DELAY_MS);
   } catch (e) {
     if (e.name === "AbortError") return;
@@ -209,11 +216,11 @@ async function load(qs) {
   }
 }
 
-async function loadLargest(qs, signal) {
+async function loadLargest(qs, signal, view) {
   const box = $("largest");
   box.dataset.state = "loading";
   try {
-    const data = await getJSON("/api/largest?" + qs, signal);
+    const data = await getJSON(`/api/largest?${qs}&${view}`, signal);
     lastLargest = data;
     renderLargest(data);
     if (lastView) renderAnswer(lastView, data);
@@ -227,10 +234,11 @@ async function loadLargest(qs, signal) {
   box.classList.remove("stale");
 }
 
-async function loadPrices(qs, signal) {
+async function loadPrices(qs, signal, view) {
   const box = $("gpus");
   try {
-    const prices = await getJSON("/api/prices?" + qs, signal);
+    const prices = await getJSON(`/api/prices?${qs}&${view}`, signal);
+    lastPrices = prices;
     if (lastView) renderGpus(lastView, prices);
     box.dataset.query = qs;
   } catch (e) {
@@ -372,6 +380,15 @@ function rerender() {
   render(lastView);
   renderAnswer(lastView, lastLargest);
   if (lastLargest) renderLargest(lastLargest);
+  if (lastPrices) renderGpus(lastView, lastPrices);
+}
+
+// The form's GPU choices name each GPU's usable memory in the chosen unit.
+function relabelGpus() {
+  for (const o of form().elements["gpu"]?.options || []) {
+    const g = GPUS[o.value];
+    if (g) o.textContent = `${g.name} (${gb(g.usable_bytes)})`;
+  }
 }
 
 function wireControls() {
@@ -387,9 +404,11 @@ function wireControls() {
   $("hub-download").addEventListener("click", downloadFromHub);
   try { unit = localStorage.getItem("fitplan-unit") === "GiB" ? "GiB" : "GB"; } catch (e) { /* storage off */ }
   $("unit").value = unit;
+  relabelGpus();
   $("unit").addEventListener("change", () => {
     unit = $("unit").value;
     try { localStorage.setItem("fitplan-unit", unit); } catch (e) { /* storage off */ }
+    relabelGpus();
     rerender();
   });
   let width = window.innerWidth, resized = null;
@@ -418,9 +437,11 @@ async function main() {
   wireUploads();
   wireDerivations();
   wireControls();
-  const params = new URLSearchParams(location.search.length > 1 ? location.search : EXAMPLE);
-  writeForm(params);
+  wireCompare();
+  const params = takePin(new URLSearchParams(location.search));
+  writeForm(location.search.length > 1 ? params : new URLSearchParams(EXAMPLE));
   changed();
+  loadPinned();
 }
 
 main();

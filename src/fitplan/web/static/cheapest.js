@@ -36,7 +36,8 @@ async function loadCheapest(request, signal) {
   box.dataset.state = "loading";
   status.textContent = `searching plans for this training (effective batch ${request.effective_batch_size})…`;
   try {
-    const result = await getJSON("/api/recommend?" + request.query, mine.signal);
+    const result = await getJSON("/api/recommend?" + request.query + (request.view ? "&" + request.view : ""),
+      mine.signal);  // page and view: the server stops the search once this page asks a newer view (app.js)
     renderCheapest(result, request);
     box.dataset.state = result.plans.length ? "ready" : "none";
     box.dataset.query = request.query;

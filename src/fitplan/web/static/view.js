@@ -158,6 +158,7 @@ function render(d) {
   renderTime(d);
   renderAdvice(d.estimate);
   renderExports(d);
+  renderCompare(d);
 }
 
 // ------------------------------------------------------------------ memory
@@ -355,6 +356,12 @@ function renderAdvice(est) {
 // Downloads: each file the scenario has; none while the run does not fit (greyed, with the reason).
 function renderExports(d) {
   const qs = lastQuery, est = d.estimate, fits = est.memory.fits !== false;
+  const q = qs ? "?" + qs : "";  // the estimate's exports: also for a run that does not fit (it says so)
+  $("estimate-exports").replaceChildren(
+    el("a", {class: "button", href: "/api/estimate" + q, download: "fitplan-estimate.json", "data-export": "json",
+      text: "fitplan-estimate.json"}),
+    el("a", {class: "button", href: "/api/estimate.csv" + q, download: "fitplan-estimate.csv", "data-export": "csv",
+      text: "fitplan-estimate.csv"}));
   $("exports").replaceChildren(...d.exports.kinds.map((k) => {
     const why = [fits ? null : noFitReason(est), k.error].filter(Boolean).join("; ");
     return why ? el("span", {class: "button disabled", role: "link", "aria-disabled": "true", title: why,

@@ -1,0 +1,172 @@
+"""The referee for TRL 1.16's preference trainers: TRL's own ``DPOTrainer`` and ``KTOTrainer`` on the CPU, measured
+phase by phase.
+
+A tiny model with random weights, a word-level tokenizer over its vocabulary (``<unk>``, ``<eos>``, ``<pad>``, ``t3`` ... ``t{V-1}``) and a
+dataset of ``b`` pairs per step whose chosen and rejected completions have one length, so that the collated
+batch is exactly ``(2b, prompt + completion)``. ``trainer.train()`` runs two optimizer steps; the second (the
+steady state: the optimizer states exist) is measured by a live-storage counter (:class:`.measure.LiveBytes`)
+with phase marks: ``forward`` (the policy's forward and the loss), ``reference_forward`` (a forward called
+with grad disabled: the reference model's, or the policy's with its adapters disabled), ``backward``
+(``accelerator.backward``), ``optimizer_step`` (``on_pre_optimizer_step`` to ``on_optimizer_step``).
+Tracked from the step's start: the policy's and the reference model's parameters and buffers, the optimizer
+states, and the batch (when ``training_step`` receives it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _deps
+from .measure import LiveBytes, optimizer_state_tensors
+
+
+def _tokenizer(vocab: int):
+    transformers = _deps.transformers()
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {"<unk>": 0, "<eos>": 1, "<pad>": 2, **{f"t{i}": i for i in range(3, vocab)}}
+    tk = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>",
+                                                unk_token="<unk>")
+
+
+def _pairs(n: int, prompt: int, completion: int, vocab: int, unpaired: bool = False):
+    """``n`` preference pairs of ``prompt`` + ``completion`` tokens (the completion ends with EOS); unpaired
+    (KTO): one completion each and a bool label, alternately desirable and undesirable."""
+    torch = _deps.torch()
+    from datasets import Dataset
+
+    g = torch.Generator().manual_seed(0)
+
+    def words(k: int) -> str:
+        return " ".join(f"t{int(i)}" for i in torch.randint(3, vocab, (k,), generator=g))
+
+    if unpaired:
+        return Dataset.from_list([{"prompt": words(prompt), "completion": " " + words(completion - 1) + " <eos>",
+                                   "label": i % 2 == 0} for i in range(n)])
+    return Dataset.from_list([{"prompt": words(prompt), "chosen": " " + words(completion - 1) + " <eos>",
+                               "rejected": " " + words(completion - 1) + " <eos>"} for _ in range(n)])
+
+
+class _Phases:
+    """The counter of the measured step, and the phase marks (module doc)."""
+
+    def __init__(self) -> None:
+        self.counter = None
+        self.steps: list[dict[str, int]] = []
+        self.trainer = None
+
+    def begin(self) -> None:
+        t = self.trainer
+        tensors = [*t.model.parameters(), *t.model.buffers(), *optimizer_state_tensors(t.optimizer)]
+        if getattr(t, "ref_model", None) is not None:
+            tensors += [*t.ref_model.parameters(), *t.ref_model.buffers()]
+        self.counter = LiveBytes()
+        self.counter.track(tensors)
+        self.counter.set_phase("setup")
+        self.counter.reset_peak()
+        self.counter.__enter__()
+
+    def mark(self, phase: str) -> None:
+        if self.counter is not None:
+            self.counter.set_phase(phase)
+
+    def end(self) -> None:
+        c, self.counter = self.counter, None
+        if c is not None:
+            c.__exit__(None, None, None)
+            peaks = dict(c.phase_peaks)
+            peaks.pop("setup", None)
+            self.steps.append(peaks)
+
+
+def _callback(phases: _Phases):
+    transformers = _deps.transformers()
+
+    class PhaseMarks(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            phases.begin()
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            phases.mark("optimizer_step")
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            phases.mark("zero_grad")
+
+        def on_step_end(self, args, state, control, **kwargs):
+            phases.end()
+
+    return PhaseMarks()
+
+
+def _instrument(trainer, phases: _Phases) -> None:
+    """Forward hooks (grad enabled: the policy's forward; disabled: the reference forward), the batch tracked
+    when ``training_step`` receives it, ``backward`` marked in ``accelerator.backward``."""
+    torch = _deps.torch()
+
+    def pre(module, args, kwargs):
+        phases.mark("forward" if torch.is_grad_enabled() else "reference_forward")
+
+    def post(module, args, kwargs, out):
+        phases.mark("forward")
+
+    models = [trainer.model] + ([trainer.ref_model] if getattr(trainer, "ref_model", None) is not None else [])
+    for m in models:
+        m.register_forward_pre_hook(pre, with_kwargs=True)
+        m.register_forward_hook(post, with_kwargs=True)
+    step, backward = trainer.training_step, trainer.accelerator.backward
+
+    def training_step(model, inputs, *args, **kwargs):
+        if phases.counter is not None:
+            phases.counter.track([v for v in inputs.values() if isinstance(v, torch.Tensor)])
+            phases.mark("forward")
+        return step(model, inputs, *args, **kwargs)
+
+    def marked_backward(loss, **kwargs):
+        phases.mark("backward")
+        return backward(loss, **kwargs)
+
+    trainer.training_step = training_step
+    trainer.accelerator.backward = marked_backward
+
+
+def measure_dpo(config: dict[str, Any], *, trainer: str = "dpo", method: str = "full", batch: int = 1, prompt: int = 4,
+                completion: int = 12, bf16: bool = False, gradient_checkpointing: bool = False,
+                lora_r: int = 8, lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
+                precompute_ref_log_probs: bool = False, beta: float = 0.1,
+                optim: str = "adamw_torch_fused") -> dict[str, int]:
+    """Phase peaks (live bytes) of the second optimizer step of TRL's ``DPOTrainer`` (``trainer="kto"``:
+    ``KTOTrainer``, whose no-grad KL forwards count as ``reference_forward``) on the CPU (module doc).
+    ``config``: a model's config.json as a dict (weights loaded in its ``torch_dtype``); the reference model
+    for full fine-tuning is a second model of the same config and dtype (what ``create_model_from_path`` loads)."""
+    torch = _deps.torch()
+    transformers = _deps.transformers()
+    import trl
+
+    cfg = transformers.AutoConfig.for_model(**config)
+    dtype = getattr(torch, str(config.get("torch_dtype", "float32")).removeprefix("torch."))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    ref = None
+    if method == "full" and not precompute_ref_log_probs:
+        ref = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    peft_config = None
+    if method == "lora":
+        import peft
+
+        peft_config = peft.LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=list(lora_target_modules),
+                                      lora_dropout=0.0, task_type="CAUSAL_LM")
+    phases = _Phases()
+    config_class, trainer_class = (trl.KTOConfig, trl.KTOTrainer) if trainer == "kto" else (trl.DPOConfig, trl.DPOTrainer)
+    args = config_class(output_dir="/tmp/fitplan-trl-referee", per_device_train_batch_size=batch, max_steps=2,
+                         use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, max_grad_norm=0.0,
+                         optim=optim, logging_steps=100, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
+                         precompute_ref_log_probs=precompute_ref_log_probs, beta=beta, dataloader_num_workers=0)
+    run = trainer_class(model=model, ref_model=ref, args=args, processing_class=_tokenizer(cfg.vocab_size),
+                        train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size, unpaired=trainer == "kto"),
+                        peft_config=peft_config, callbacks=[_callback(phases)])
+    phases.trainer = run
+    _instrument(run, phases)
+    run.train()
+    return phases.steps[-1]
