@@ -185,7 +185,7 @@ def check_optimizer(s: sc.Scenario, spec: Any, world: int) -> None:
                            value=s.training.optim)
 
 
-MODELLED_TRAINERS = ("sft", "dpo", "kto")
+MODELLED_TRAINERS = ("sft", "dpo", "kto", "grpo", "rloo")
 """The TRL trainers whose step the memory and time model computes (docs/trl.md); the others are refused."""
 
 
@@ -212,6 +212,7 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any 
                            s.parallel.offload_params, s.training.precision if s.training.precision in PRESETS else None,
                            max(1, world // s.parallel.tensor_parallel))
     stacks.check_ds_only(stack, {n: getattr(s.parallel, n) for n in stacks.DS_ONLY_FIELDS})
+    online_settings(s)  # TRL's GRPO/RLOO config checks
     check_optimizer(s, optimizer, world)
     if world % s.parallel.tensor_parallel:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide the number of GPUs ({world})",
@@ -298,10 +299,44 @@ def hf_preset(s: sc.Scenario, arch: architecture.ModelSpec, *, deepspeed: bool =
     return hf_precision(flag, loaded_dtype(s, arch), deepspeed=deepspeed)
 
 
+def online_settings(s: sc.Scenario) -> Any:
+    """GRPO/RLOO's generation round as TRL resolves it (:mod:`fitplan.inputs.trl_online`), None for the other
+    trainers; raises TRL's config errors."""
+    from fitplan.inputs import trl_online
+
+    t, tr, hw = s.trl, s.training, s.hardware
+    if t.trainer not in trl_online.ONLINE:
+        return None
+    gpus = trl_online.training_gpus(hw.num_gpus, t.trainer, t.use_vllm, t.vllm_mode, t.vllm_tensor_parallel_size)
+    return trl_online.resolve(
+        trainer=t.trainer, num_generations=t.num_generations, max_completion_length=t.max_completion_length,
+        prompt_length=t.prompt_length, generation_batch_size=t.generation_batch_size,
+        steps_per_generation=t.steps_per_generation, beta=t.beta, use_vllm=t.use_vllm, method=s.model.method,
+        per_device_train_batch_size=tr.per_device_train_batch_size,
+        gradient_accumulation_steps=tr.gradient_accumulation_steps, processes=gpus * hw.num_nodes)
+
+
+def with_online_sequence(s: sc.Scenario) -> sc.Scenario:
+    """GRPO/RLOO: the training step's sequence is prompt + completion (``max_seq_length`` plays no part in
+    TRL's online trainers), the loss head is TRL's fused log-probability head (``loss_implementation =
+    "trl_grpo"``, builtin/trl/fused_head.py) and a dataset of ``num_examples`` prompts holds ``prompt_length`` tokens each unless
+    stated; other trainers unchanged."""
+    o = online_settings(s)
+    if o is None:
+        return s
+    d = s.dataset
+    if d.num_examples is not None and d.tokens_per_example is None and d.total_tokens is None:
+        s = s.replace(tokens_per_example=o.prompt_length)
+    if s.training.loss_implementation == "hf":  # GRPO/RLOO always score through TRL's fused head
+        s = s.replace(loss_implementation="trl_grpo")
+    return s.replace(max_seq_length=o.sequence_length)
+
+
 def resolve_defaults(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Scenario:
     """``s`` with what the pinned stack decides when the user says nothing: peft's default LoRA targets
-    (:func:`with_default_targets`) and the precision preset (:func:`with_precision`)."""
-    return with_precision(with_default_targets(s, arch), arch)
+    (:func:`with_default_targets`), the precision preset (:func:`with_precision`) and GRPO/RLOO's training
+    sequence (:func:`with_online_sequence`)."""
+    return with_online_sequence(with_precision(with_default_targets(s, arch), arch))
 
 
 def build_inputs(s: sc.Scenario, registry: Registry, rules: Rulesets, arch: architecture.ModelSpec | None = None) -> dict[str, Any]:

@@ -73,3 +73,10 @@ def assumed_defaults(dtype, precision, bf16, fp16, optim, attn_implementation, a
 @hookimpl
 def fitplan_register_quantities(register):
     register(assumed_defaults)
+
+
+@hookimpl
+def fitplan_register_reducers(register):
+    from fitplan.builtin.trl.grpo import online_defaults  # GRPO/RLOO's TRL defaults, on this plugin's quantity
+
+    register(online_defaults)

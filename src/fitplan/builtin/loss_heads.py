@@ -102,7 +102,7 @@ def head_site(seg_inst: "Segment") -> dict[str, Any] | None:
 def run(seg_inst: "Segment", site: dict[str, Any]) -> None:
     """Emit the replaced head from ``site`` on; sets the epilogue's loss reference."""
     heads = {"chunked": _chunked, "liger": _liger, "cce": _cce, "trl": trl_head, "trl_kto": trl_head,
-             "trl_logp": trl_head}
+             "trl_logp": trl_head, "trl_grpo": trl_head}
     loss = heads[seg_inst.b.spec.loss](seg_inst, site)
     seg_inst.refs[seg_inst.seg["loss"]] = loss
 

@@ -213,6 +213,8 @@ def _likely(low: float | None, high: float | None, fmt) -> str:
 def time_lines(est, units: str) -> list[tuple[str, str]]:
     v = est.values
     if v.get("train_tokens") is None:
+        if v.get("online_settings") is not None:  # GRPO/RLOO: the dataset is its prompts (builtin/time/generation.py)
+            return [("time", "give --num-examples (the prompts) to estimate the run's time and cost")]
         return [("time", "give --num-examples and --tokens-per-example (or --total-tokens) to estimate time and cost")]
     s = est.scenario
     d = s.dataset

@@ -55,7 +55,8 @@ HELP = {
     "loss_implementation": "hf (default: the model's loss over the whole fp32 logits) | chunked (torchtune's "
                            "CEWithChunkedOutputLoss: LM head and fp32 cross-entropy per chunk of 8) | liger (Liger-Kernel's "
                            "fused linear cross-entropy, TrainingArguments use_liger_kernel; the logits never whole) | cce "
-                           "(Apple's Cut Cross-Entropy: only a log-sum-exp per token is kept).",
+                           "(Apple's Cut Cross-Entropy: only a log-sum-exp per token is kept) | trl_grpo (TRL 1.16's fused "
+                           "log-prob head as GRPO/RLOO run it: their default).",
     "torch_compile": "HF torch_compile: the model runs under torch.compile (fused elementwise kernels; changes time only).",
     "provider": "Pricing provider id (aws, gcp, lambda, runpod, seed, ...) to price the run.",
     "instance": "Force an instance type of the provider (default: the cheapest shape covering the GPUs).",

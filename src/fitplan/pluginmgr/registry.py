@@ -40,6 +40,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.peak",
     "fitplan.builtin.overhead",
     "fitplan.builtin.trl.preference",
+    "fitplan.builtin.trl.grpo",
     "fitplan.builtin.time",
     "fitplan.builtin.dataset",
     "fitplan.builtin.confidence",
@@ -48,6 +49,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.seed",
     "fitplan.builtin.names",
     "fitplan.builtin.report",
+    "fitplan.builtin.trl.report",
     "fitplan.builtin.formats",
     "fitplan.builtin.commands",
 )
@@ -55,7 +57,7 @@ ESSENTIAL: frozenset[str] = frozenset({
     "fitplan.builtin.inputs", "fitplan.builtin.precision", "fitplan.builtin.model_states", "fitplan.builtin.optimizers",
     "fitplan.builtin.activations", "fitplan.builtin.lora", "fitplan.builtin.sharding", "fitplan.builtin.overhead",
     "fitplan.builtin.peak", "fitplan.builtin.time", "fitplan.builtin.dataset", "fitplan.builtin.report", "fitplan.builtin.formats",
-    "fitplan.builtin.commands", "fitplan.builtin.trl.preference",
+    "fitplan.builtin.commands", "fitplan.builtin.trl.preference", "fitplan.builtin.trl.grpo",
 })
 """Built-in plugins that cannot be blocked: the terms of the memory model and of time (the others depend on
 them: sharding orders its reducers after LoRA's, cost prices time), the report, the formats and the commands.

@@ -10,7 +10,8 @@
   divided by the number of labelled tokens. Eager (the recipes' ``compile: False``).
 
 Liger-Kernel's fused linear cross-entropy and Apple's Cut Cross-Entropy run Triton kernels (CUDA only): refused
-by :func:`check`.
+by :func:`check`; so is TRL's fused log-prob head as GRPO runs it (``trl_grpo``), which :mod:`.grpo` measures
+inside TRL's trainer.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ CHUNKS = 8
 
 def check(loss_implementation: str) -> None:
     """Refuse what the referee cannot run."""
+    if loss_implementation == "trl_grpo":
+        raise FitplanError("the SFT referee does not run TRL's fused log-prob head: GRPO/RLOO's step is measured by "
+                           "fitplan_torch.grpo.measure_grpo (TRL's own GRPOTrainer)", field="loss_implementation",
+                           value=loss_implementation, suggestion="validate hf or chunked here")
     if loss_implementation not in ("hf", "chunked"):
         raise FitplanError(f"the torch referee cannot run loss_implementation {loss_implementation!r}: Liger-Kernel's "
                            "and Cut Cross-Entropy's kernels are Triton (CUDA) code", field="loss_implementation",

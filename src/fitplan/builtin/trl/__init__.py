@@ -4,5 +4,7 @@
   ``ChunkedLogProbFunction``, trl/kernels/chunked_logprob.py) in the step trace, replacing the model's own
   logits and loss (no torch);
 * :mod:`.preference`: the plugin for the preference trainers (DPO): the chosen and rejected sequences in
-  one batch, the reference model and its no-grad forward as a phase of its own.
+  one batch, the reference model and its no-grad forward as a phase of its own;
+* :mod:`.grpo` (with :mod:`.generation`, :mod:`.vllm`, :mod:`.report`): the online trainers (GRPO, RLOO): a
+  generation round's phases (generation with transformers or vLLM, scoring, training), vLLM's reserve.
 """

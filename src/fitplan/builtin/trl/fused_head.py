@@ -48,9 +48,10 @@ entropy differentiable, the rest not (``mark_non_differentiable``); saves given 
 after the log-probabilities are not differentiable when entropy is not asked for: every head that trains
 asks for it.)"""
 OUTPUTS = {"trl": ("log_probs", "entropy", "mean_logits", "is_top1"), "trl_kto": ("log_probs", "entropy", "mean_logits"),
-           "trl_logp": ("log_probs",)}
+           "trl_logp": ("log_probs",), "trl_grpo": ("log_probs", "entropy")}
 """The outputs each head asks for (``add_fused_lm_head(outputs=...)``): DPO's policy (dpo_trainer.py), KTO's
-policy (kto_trainer.py), a separate reference model (the default, log-probabilities only)."""
+policy (kto_trainer.py), a separate reference model (the default, log-probabilities only), GRPO's and RLOO's
+policy (grpo_trainer.py, rloo_trainer.py: ``outputs=("log_probs", "entropy")``)."""
 
 
 def tile_sizes(rows: int, vocab: int) -> list[tuple[int, int]]:
