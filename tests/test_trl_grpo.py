@@ -268,3 +268,78 @@ def test_zero3_gathers_the_whole_model_for_generate():
     assert gathered + est["weight_bytes"] == 7_615_616_512 * 2
     assert est["phase_rows"]["generation"]["gathered_params"] == gathered
     assert _qwen7b()["generation_gathered_bytes"] == 0  # DDP: every rank holds the whole model already
+
+
+# --------------------------------------------------------------------------- the done-when command: time and cost
+
+DONE_WHEN = ["estimate", "--trainer", "grpo", "--model", "qwen2.5-7b", "--num-generations", "8",
+             "--max-completion-length", "1024", "--use-vllm", "--vllm-mode", "colocate", "--num-gpus", "8",
+             "--gpu", "h100-sxm", "--optim", "adamw_torch_fused", "--precision", "bf16-true"]
+
+
+def _cli(*args: str) -> dict[str, str]:
+    """The report's lines as {label: text} (the first line of each label)."""
+    r = subprocess.run([sys.executable, "-m", "fitplan", *args], capture_output=True, text=True, cwd=ROOT,
+                       env={**__import__("os").environ, "COLUMNS": "400"})
+    assert r.returncode == 0, r.stderr
+    lines: dict[str, str] = {}
+    for line in r.stdout.splitlines():
+        label, _, text = line.strip().partition("  ")
+        if text and label not in lines:
+            lines[label] = text.strip()
+    return lines
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def test_done_when_command_without_prompts_asks_for_them():
+    # TRL's GRPO dataset is prompts: the only thing missing for time and cost is how many
+    assert _cli(*DONE_WHEN)["time"] == "give --num-examples (the prompts) to estimate the run's time and cost"
+
+
+def test_done_when_command_with_prompts_splits_time_and_prices_it():
+    import math
+    import re
+    import tomllib
+    out = _cli(*DONE_WHEN, "--num-examples", "1000", "--provider", "lambda")
+    # 1000 prompts × 8 completions × (256 assumed prompt + 1024 completion) tokens
+    assert out["tokens"].startswith(f"{1000 * 8 * (256 + 1024):,} trained")
+    seconds = _number(re.search(r"\(([\d,]+) s\)", out["time"]).group(1))
+    gen, train = (float(x) for x in re.search(r"generation ([\d.]+) h \+ training ([\d.]+) h", out["round time"]).groups())
+    assert gen + train == pytest.approx(seconds / 3600, abs=0.011)  # two rounded figures
+    assert gen > 10 * train  # 1023 memory-bound decode steps per round against one training step
+    # rulesets/pricing/lambda.toml: gpu_8x_h100_sxm5 at 31.92 USD/h, billed per minute; one instance holds 8 GPUs
+    lam = tomllib.loads((ROOT / "rulesets" / "pricing" / "lambda.toml").read_text())
+    inst = next(i for i in lam["instance"] if i["id"] == "gpu_8x_h100_sxm5")
+    billed_hours = math.ceil(seconds / 60) / 60  # `seconds` is rounded to 1 s: at most one minute off
+    cost = _number(re.match(r"([\d,.]+) USD on demand", out["cost"]).group(1))
+    assert cost == pytest.approx(inst["on_demand_per_hour"] * billed_hours, abs=inst["on_demand_per_hour"] / 60)
+    assert "lambda gpu_8x_h100_sxm5" in out["instances"]
+
+
+def test_cost_without_provider_lists_who_rents_the_gpu():
+    # as for SFT: no provider, no price; the line names the bundled providers renting the GPU, cheapest per GPU-hour
+    # first (read here from rulesets/pricing/*.toml, the seed's reference table left out)
+    import tomllib
+    best: dict[str, float] = {}
+    for path in (ROOT / "rulesets" / "pricing").glob("*.toml"):
+        data = tomllib.loads(path.read_text())
+        if any(p.get("reference") for p in data.get("provider", [])):
+            continue
+        for i in data.get("instance", []):
+            if i["gpu"] == "h100-sxm":
+                best[i["provider"]] = min(best.get(i["provider"], float("inf")), i["on_demand_per_hour"] / i["gpus"])
+    for args in (DONE_WHEN, ["estimate", "--model", "qwen2.5-7b", "--num-gpus", "8", "--gpu", "h100-sxm",
+                             "--optim", "adamw_torch_fused", "--precision", "bf16-true", "--tokens-per-example", "512"]):
+        text = _cli(*args, "--num-examples", "1000")["cost"]
+        head = "give --provider to price it (NVIDIA H100 SXM 80GB per GPU-hour on demand: "
+        assert text.startswith(head)
+        pairs = [item.rsplit(" ", 2) for item in text[len(head):].rstrip(")").split(", ") if "more" not in item]
+        prices = [float(price) for _, price, _ in pairs]
+        assert prices == sorted(prices) and len(pairs) == 4
+        # a plugin's ruleset (tests' .test-plugins) may add providers; each bundled one shows its own cheapest price
+        bundled = [(name, float(price)) for name, price, _ in pairs if name in best]
+        assert bundled and all(price == pytest.approx(best[name], abs=0.005) for name, price in bundled)
+        assert min(best, key=best.get) in [name for name, _ in bundled]  # the cheapest bundled one is listed

@@ -13,6 +13,7 @@ from fitplan.builtin.lora import qlora_line
 from fitplan.output.formats import ReportSection
 from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.units import format_bytes, format_count
+from fitplan.rulesets.pricing import gpu_offers
 
 
 def memory_json(est) -> dict[str, Any]:
@@ -218,6 +219,8 @@ def time_lines(est, units: str) -> list[tuple[str, str]]:
         return [("time", "give --num-examples and --tokens-per-example (or --total-tokens) to estimate time and cost")]
     s = est.scenario
     d = s.dataset
+    if v.get("online_settings") is not None:
+        return _online_tokens(est) + _timed_lines(est, v)
     how = (f"dataset {d.dataset_path}" if d.dataset_path else
            f"{d.num_examples:,} examples × {d.tokens_per_example:,.0f} tokens" if d.total_tokens is None
            else f"{d.total_tokens:,} tokens") + f" × {s.training.num_train_epochs:g} epoch(s)"
@@ -231,10 +234,29 @@ def time_lines(est, units: str) -> list[tuple[str, str]]:
         tokens += f"; {v['truncated_tokens']:,.0f} tokens truncated"
     lines = [("tokens", tokens),
              ("FLOPs", f"{v['flops_per_token']:.3g} per token, {v['train_flops']:.3g} in all")]
+    return lines + _timed_lines(est, v)
+
+
+def _online_tokens(est) -> list[tuple[str, str]]:
+    """GRPO/RLOO's training tokens: prompts × completions per prompt × (prompt + completion) × epochs
+    (builtin/time/generation.py ``online_train_tokens``; the dataset's padding plays no part)."""
+    v, o = est.values, est.values["online_settings"]
+    how = (f"{est.scenario.dataset.num_examples:,} prompts × {o.num_generations} completions × "
+           f"({o.prompt_length} + {o.max_completion_length}) tokens × {est.scenario.training.num_train_epochs:g} epoch(s)")
+    return [("tokens", f"{v['train_tokens']:,.0f} trained ({how})"),
+            ("FLOPs", f"{v['flops_per_token']:.3g} per token, {v['train_flops']:.3g} in all")]
+
+
+def _timed_lines(est, v) -> list[tuple[str, str]]:
+    """The time, its likely range, the optimizer step's share and the network (needs a time)."""
+    lines: list[tuple[str, str]] = []
     if v.get("train_seconds") is None:
         lines.append(("time", "needs --gpu (or --tokens-per-second / --throughput-source)"))
         return lines
     tps = f"{v['train_tokens_per_second']:,.0f} tokens/s, {v['throughput_basis']}"
+    if v.get("online_settings") is not None:  # the tokens/s and MFU are the training step's; the time adds generation
+        tps = f"{v['train_tokens_per_second']:,.0f} tokens/s while training (plus each round's generation and " \
+              f"scoring: the round time line), {v['throughput_basis']}"
     if v.get("train_mfu") is not None:
         tps += f"; achieved MFU {100 * v['train_mfu']:.1f} %"
         if v["train_mfu"] > 1:
@@ -272,6 +294,20 @@ def network_line(v) -> str | None:
             f"{topo['network_gbps']:g} GB/s per GPU ({format_bytes(total, 'GB')} per step{t}; {topo['source']})")
 
 
+def missing_provider(est, shown: int = 4) -> str:
+    """The cost line without ``--provider``: which providers rent this GPU, cheapest per GPU-hour first
+    (:func:`fitplan.rulesets.pricing.gpu_offers`), so the user can pick one; no cost is guessed."""
+    spec = est.values.get("gpu_spec")
+    if spec is None:
+        return "give --provider (and --gpu) to price it"
+    offers = gpu_offers(est.rulesets, spec.id)
+    if not offers:
+        return f"give --provider to price it (no bundled provider rents {spec.name})"
+    listed = ", ".join(f"{p.id} {price:,.2f} {p.currency}" for p, price in offers[:shown])
+    more = f", {len(offers) - shown} more" if len(offers) > shown else ""
+    return f"give --provider to price it ({spec.name} per GPU-hour on demand: {listed}{more})"
+
+
 def cost_lines(est, units: str) -> list[tuple[str, str]]:
     v = est.values
     if v.get("gpu_hours") is None:
@@ -280,7 +316,7 @@ def cost_lines(est, units: str) -> list[tuple[str, str]]:
     plan = v.get("instance_choice")
     lines = [("GPU-hours", f"{v['gpu_hours']:,.2f}" + (f" ({runs} runs)" if runs > 1 else ""))]
     if plan is None:
-        lines.append(("cost", "give --provider (and --gpu) to price it"))
+        lines.append(("cost", missing_provider(est)))
         return lines
     cur = v.get("cost_currency") or "USD"
     per = f" for {runs} runs" if runs > 1 else ""

@@ -154,3 +154,15 @@ def instance_shapes(rules: Rulesets, provider_id: str, gpu_id: str, num_gpus: in
             best[key] = plan
     shapes = sorted(best.values(), key=lambda p: (p.gpus_paid, p.count, *_per_hour(p)))
     return [(None if p is default or p.instance == default.instance else p.instance.id, p) for p in shapes]
+
+
+def gpu_offers(rules: Rulesets, gpu_id: str) -> list[tuple[Provider, float]]:
+    """Every market provider renting ``gpu_id``, with its lowest on-demand price per GPU-hour (in the provider's
+    currency), cheapest first within a currency. Reference tables (``Provider.reference``) are left out, as
+    ``fitplan recommend`` leaves them out: they are priced only when named."""
+    best: dict[str, float] = {}
+    for (prov, _, _), inst in rules.instances.items():
+        if inst.gpu == gpu_id and prov in rules.providers and not rules.providers[prov].reference:
+            best[prov] = min(best.get(prov, math.inf), inst.on_demand_per_hour / inst.gpus)
+    offers = [(rules.providers[p], price) for p, price in best.items()]
+    return sorted(offers, key=lambda o: (o[0].currency, o[1], o[0].id))
