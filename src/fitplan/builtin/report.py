@@ -12,8 +12,8 @@ from typing import Any
 from fitplan.builtin.lora import qlora_line
 from fitplan.output.formats import ReportSection
 from fitplan.pluginmgr.hookspecs import hookimpl
-from fitplan.units import format_bytes, format_count
 from fitplan.rulesets.pricing import gpu_offers
+from fitplan.units import format_bytes, format_count
 
 
 def memory_json(est) -> dict[str, Any]:
@@ -219,7 +219,7 @@ def time_lines(est, units: str) -> list[tuple[str, str]]:
         return [("time", "give --num-examples and --tokens-per-example (or --total-tokens) to estimate time and cost")]
     s = est.scenario
     d = s.dataset
-    if v.get("online_settings") is not None:
+    if v.get("online_settings") is not None and d.num_examples is not None:  # the prompts: online_train_tokens
         return _online_tokens(est) + _timed_lines(est, v)
     how = (f"dataset {d.dataset_path}" if d.dataset_path else
            f"{d.num_examples:,} examples × {d.tokens_per_example:,.0f} tokens" if d.total_tokens is None
