@@ -265,8 +265,10 @@ STACKS = {
     "fsdp2-grad-op": ({"fsdp": "shard_grad_op", "stack": "fsdp2", "num_gpus": 8},
                       {"use_fsdp": True, "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "false",
                        "FSDP_OFFLOAD_PARAMS": "false"}),
-    "fsdp1-offload": ({"fsdp": "shard_grad_op", "stack": "fsdp1", "offload_params": True, "offload_optimizer": True,
-                       "num_gpus": 8},
+    # FSDP1 runs accelerate's FSDP_SHARDING_STRATEGY, whatever the Trainer's fsdp word says (accelerator.py: the
+    # plugin's sharding_strategy goes ahead of reshard_after_forward): the plan states it
+    "fsdp1-offload": ({"fsdp": "shard_grad_op", "stack": "fsdp1", "fsdp_sharding_strategy": "shard_grad_op",
+                       "offload_params": True, "offload_optimizer": True, "num_gpus": 8},
                       {"use_fsdp": True, "FSDP_VERSION": "1", "FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP",
                        "FSDP_OFFLOAD_PARAMS": "true"}),
 }

@@ -329,6 +329,15 @@ def load(extra_dirs: Sequence[str | Path] = (), plugin_dirs: Sequence[str | Path
     return rs
 
 
+def _names_gpu(rs: Rulesets, name: str) -> bool:
+    """Whether ``name`` is a GPU id or alias of the rulesets in force (``Rulesets.gpu``'s lookup)."""
+    try:
+        rs.gpu(name)
+    except FitplanError:
+        return False
+    return True
+
+
 def reference_problems(rs: Rulesets) -> list[str]:
     """Entries naming a GPU or a provider no ruleset in force defines: an instance on an unknown GPU or of an
     unknown provider could never be chosen or priced, a calibration for an unknown GPU never applies."""
@@ -341,7 +350,7 @@ def reference_problems(rs: Rulesets) -> list[str]:
                 out.append(f"{f}: instance {iid!r} names {what} {ref!r}, which no ruleset defines ({hint}) @ $.instance.{what}")
     for table, attr in (("mfu_calibration", "mfu_calibrations"), ("time_calibration", "time_calibrations")):
         for key, entry in getattr(rs, attr).items():
-            if entry.gpu not in rs.gpus:
+            if not _names_gpu(rs, entry.gpu):  # an id or an alias: calibrations keep the user's --gpu
                 f = rs.origin.get(f"{table}:{'/'.join(key)}", "?")
                 hint = did_you_mean(entry.gpu, list(rs.gpus)) or "see `fitplan gpus`"
                 out.append(f"{f}: {table} names gpu {entry.gpu!r}, which no ruleset defines ({hint}) @ $.{table}.gpu")

@@ -12,13 +12,17 @@ const DEBOUNCE_MS = 30, TYPING_MS = 400;  // typing a name waits for a pause
 // until the inputs have been still this long, so that they never hold up the next re-estimate.
 const LATER_DELAY_MS = 250;
 const SECTIONS = {model: "Model", training: "Training", lora: "LoRA (method lora or qlora)",
-  parallel: "Sharding and parallelism", hardware: "Hardware", dataset: "Dataset", cost: "Time and cost"};
+  parallel: "Sharding and parallelism", hardware: "Hardware", dataset: "Dataset", cost: "Time and cost",
+  trl: "TRL trainer (preference and RL fine-tuning)"};
 const MORE = new Set(["params", "assumptions", "tf32", "num-train-epochs", "lora-dropout", "bnb-4bit-use-double-quant",
   "tensor-parallel", "device", "padding", "total-tokens", "instance", "region", "runs", "tokens-per-second", "mfu",
   "throughput-source", "optim-args", "optim-target-modules", "torch-compile", "autocast-adapter-dtype",
   "bnb-4bit-compute-dtype", "kbit-preparation", "stack", "reduce-bucket-size", "overlap-comm",
   "stage3-prefetch-bucket-size", "stage3-param-persistence-threshold", "stage3-max-live-parameters",
-  "stage3-max-reuse-distance", "sub-group-size", "dataset", "text-field", "tokenizer", "chat-template", "split", "sample"]);
+  "stage3-max-reuse-distance", "sub-group-size", "dataset", "text-field", "tokenizer", "chat-template", "split", "sample",
+  "fsdp-sharding-strategy", "lora-modules-to-save", "precompute-ref-log-probs",
+  "generation-batch-size", "steps-per-generation", "vllm-mode", "vllm-gpu-memory-utilization", "vllm-enable-sleep-mode",
+  "vllm-tensor-parallel-size"]);
 const LABELS = {"model": "model", "per-device-train-batch-size": "micro-batch", "max-seq-length": "sequence length",
   "gradient-accumulation-steps": "accumulation steps", "attn-implementation": "attention kernel", "optim": "optimizer",
   "zero": "ZeRO stage", "fsdp": "FSDP", "num-gpus": "GPUs per node", "num-nodes": "nodes", "gpu": "GPU",
@@ -143,6 +147,7 @@ function readForm() {
   const q = new URLSearchParams();
   for (const f of FIELDS) {
     const e = form().elements[f.name];
+    if (!e) continue;  // a section the page does not show: its fields keep the CLI's defaults
     const v = e.type === "checkbox" ? String(e.checked) : e.value.trim();
     if (v !== "" && v !== defaultText(f)) q.append(f.name, v);
   }
