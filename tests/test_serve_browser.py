@@ -299,7 +299,9 @@ def test_a_run_that_does_not_fit_says_what_to_change_and_offers_no_download(page
     assert headline.startswith("does not fit · ") and headline.endswith(f"largest micro-batch that fits: {largest}")
     assert page.query_selector_all("#exports a[data-export]") == []
     disabled = page.eval_on_selector_all("#exports span.button.disabled", "es => es.map(e => e.getAttribute('title'))")
-    assert len(disabled) == 4 and all("does not fit" in t for t in disabled)
+    from fitplan.output.exports import FILENAMES  # every export the page offers: each one disabled, with the reason
+
+    assert len(disabled) == len(FILENAMES) and all("does not fit" in t for t in disabled)
     assert "nofit" in page.get_attribute("#providers", "class") and "does not fit" in page.inner_text("#nofit-cost")
 
 
