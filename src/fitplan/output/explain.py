@@ -65,7 +65,7 @@ def format_value(value: Any, unit: str, units: str = "GB") -> str:
 
 def explain_tree(est: Estimate, name: str, *, depth: int = 4, units: str = "GB") -> dict[str, Any]:
     """A nested dict: the quantity, its value, rule, plugin, and its dependencies' trees."""
-    seen: set[str] = set()
+    seen: dict[str, int] = {}  # quantity -> the depth left when it was expanded
     chains = est.registry.compiled().chains
 
     def walk(n: str, d: int) -> dict[str, Any]:
@@ -76,10 +76,10 @@ def explain_tree(est: Estimate, name: str, *, depth: int = 4, units: str = "GB")
             node["applied"] = p["applied"]
         if "ruleset" in p:
             node["ruleset"] = p["ruleset"]
-        if n in seen or d <= 0:
+        if seen.get(n, 0) >= d or d <= 0:  # shown above at least this deep, or the depth is spent
             node["elided"] = bool(p["deps"])
             return node
-        seen.add(n)
+        seen[n] = d
         chain = chains.get(n)
         if chain:
             # a reduced quantity: its raw contributor, then each reducer (applied or not) with its own inputs
