@@ -187,6 +187,14 @@ def check_optimizer(s: sc.Scenario, spec: Any, world: int) -> None:
 
 MODELLED_TRAINERS = ("sft", "dpo", "kto", "grpo", "rloo")
 """The TRL trainers whose step the memory and time model computes (docs/trl.md); the others are refused."""
+UNMODELLED_REASONS = {
+    "reward": "TRL's RewardTrainer trains AutoModelForSequenceClassification with num_labels=1 "
+              "(trl/trainer/reward_trainer.py): a `score` Linear hidden -> 1 in place of the LM head (transformers "
+              "GenericForSequenceClassification), so the parameters, gradients and optimizer states lose the "
+              "untied LM head and gain `score`, which fitplan's learned architectures (causal LMs) cannot describe "
+              "yet (docs/trl.md)",
+}
+"""Why a trainer of :data:`~fitplan.inputs.scenario.TRAINERS` outside :data:`MODELLED_TRAINERS` is refused."""
 
 
 def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any = None) -> None:
@@ -202,7 +210,9 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any 
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide num_attention_heads ({arch.num_attention_heads})",
                            field="tensor_parallel", value=s.parallel.tensor_parallel)
     if s.trl.trainer not in MODELLED_TRAINERS:
-        raise FitplanError(f"Trl.trainer {s.trl.trainer!r}: this trainer's step is not modelled yet", field="trainer",
+        why = UNMODELLED_REASONS.get(s.trl.trainer)
+        raise FitplanError(f"Trl.trainer {s.trl.trainer!r}: this trainer's step is not modelled yet"
+                           + (f": {why}" if why else ""), field="trainer",
                            value=s.trl.trainer, suggestion="modelled: " + ", ".join(MODELLED_TRAINERS))
     world = s.hardware.num_gpus * s.hardware.num_nodes
     from fitplan.inputs import stacks
