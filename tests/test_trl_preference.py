@@ -115,19 +115,6 @@ def test_sft_is_unchanged_by_the_trainer_field():
     assert a["phase_bytes"] == b["phase_bytes"] and "reference_forward" not in a["phase_bytes"]
 
 
-@pytest.mark.parametrize("method", ["full", "lora"])
-def test_reward_trainer_is_refused_with_its_reason_and_exit_2(method):
-    """RewardTrainer trains a sequence classifier (a ``score`` head, no LM head): refused, saying so, rather than
-    estimated as the causal LM (docs/trl.md, "Reward model")."""
-    with pytest.raises(FitplanError, match="not modelled yet: TRL's RewardTrainer") as e:
-        _estimate("tiny-llama", method, trainer="reward")
-    assert e.value.field == "trainer" and e.value.value == "reward" and "`score` Linear" in str(e.value)
-    r = run_cli("estimate", "--model", str(CONFIGS / "tiny-llama" / "config.json"), "--trainer", "reward",
-                "--optim", "adamw_torch_fused", "--precision", "32-true")
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "RewardTrainer" in r.stderr and "AutoModelForSequenceClassification" in r.stderr
-
-
 # --------------------------------------------------------------------------- time
 
 

@@ -65,7 +65,7 @@ HELP = {
     "tokens_per_second": "Measured throughput of the whole run, overriding the time model.",
     "mfu": "Model FLOPs utilisation (0.4 = 40 %): price the step at this MFU instead of the roofline.",
     "throughput_source": "Use a [[throughput]] ruleset table of measured tokens/s (e.g. seed).",
-    "trainer": "TRL 1.16 trainer: sft (default; the HF Trainer's step) | dpo | kto | grpo | rloo | reward (refused: not modelled yet) (docs/trl.md).",
+    "trainer": "TRL 1.16 trainer: sft (default; the HF Trainer's step) | dpo | kto | reward | grpo | rloo (docs/trl.md).",
     "beta": "TRL beta, the KL coefficient (default: the trainer's: DPO/KTO 0.1, GRPO 0.0, RLOO 0.05); 0 drops GRPO's "
             "reference model.",
     "precompute_ref_log_probs": "TRL DPO/KTO: reference log-probabilities computed once before training.",
