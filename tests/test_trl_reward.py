@@ -4,7 +4,7 @@ CPU, phase by phase, and the parameters, batch and FLOPs by hand.
 The referee (``fitplan_torch.trl_referee.measure_reward``) runs ``trl.RewardTrainer.train()`` for two optimizer steps
 on a tiny random ``AutoModelForSequenceClassification`` (``num_labels=1``) and measures the second step's live bytes
 per phase. Each test states ``optim`` and ``precision`` (``32-true``: the weights in fp32, ``bf16=False`` in
-``RewardConfig``). The tied-embeddings and MoE cases load their config with ``torch_dtype`` float32: with 16-bit
+``RewardConfig``; ``bf16-mixed``: ``bf16=True``, autocast over fp32 weights). The tied-embeddings and MoE cases load their config with ``torch_dtype`` float32: with 16-bit
 weights the final RMSNorm's fp32 backward is ~1 % above fitplan's trace (docs/trl.md, "Reward model").
 """
 
@@ -46,23 +46,25 @@ def _estimate(tmp_path: Path, name: str, method: str, fp32: bool = False, **fiel
     return fitplan.estimate(**base)
 
 
-@pytest.mark.parametrize(("name", "method", "fp32", "ckpt"), [
-    ("tiny-llama", "full", False, False),     # dense, fp32 checkpoint: the LM head gone, score (1, h) trains
-    ("tiny-llama", "lora", False, False),     # LoRA (SEQ_CLS): score's trainable copy beside the adapters
-    ("tiny-llama", "full", False, True),      # RewardConfig's default gradient checkpointing
-    ("tiny-gemma", "full", True, False),      # tied embeddings: the embedding stays, score is added
-    ("tiny-gemma", "lora", True, False),
-    ("tiny-qwen2-moe", "full", True, False),  # MoE
+@pytest.mark.parametrize(("name", "method", "fp32", "ckpt", "bf16"), [
+    ("tiny-llama", "full", False, False, False),     # dense, fp32 checkpoint: the LM head gone, score (1, h) trains
+    ("tiny-llama", "lora", False, False, False),     # LoRA (SEQ_CLS): score's trainable copy beside the adapters
+    ("tiny-llama", "full", False, True, True),       # RewardConfig's defaults: gradient checkpointing, bf16=True
+                                                     # (autocast over fp32 weights: score's cached 16-bit copy)
+    ("tiny-gemma", "full", True, False, False),      # tied embeddings: the embedding stays, score is added
+    ("tiny-gemma", "lora", True, False, False),
+    ("tiny-qwen2-moe", "full", True, False, False),  # MoE
 ])
-def test_reward_phases_within_one_percent_of_trl(tmp_path, name, method, fp32, ckpt):
+def test_reward_phases_within_one_percent_of_trl(tmp_path, name, method, fp32, ckpt, bf16):
     pytest.importorskip("trl")
     sys.path.insert(0, str(ROOT / "plugins" / "fitplan-torch" / "src"))
     from fitplan_torch.trl_referee import measure_reward
 
     measured = measure_reward(_config(name, fp32), method=method, batch=2, prompt=4, completion=12,
-                              lora_target_modules=tuple(LORA), optim="adamw_torch_fused", bf16=False,
+                              lora_target_modules=tuple(LORA), optim="adamw_torch_fused", bf16=bf16,
                               gradient_checkpointing=ckpt)
-    predicted = _estimate(tmp_path, name, method, fp32, gradient_checkpointing=ckpt)["phase_bytes"]
+    predicted = _estimate(tmp_path, name, method, fp32, gradient_checkpointing=ckpt,
+                          precision="bf16-mixed" if bf16 else "32-true")["phase_bytes"]
     assert set(predicted) == {"forward", "backward", "optimizer_step"}  # no reference model
     for phase, value in predicted.items():
         assert abs(value - measured[phase]) / measured[phase] < 0.01, (phase, value, measured[phase])
@@ -105,11 +107,20 @@ def test_reward_batch_and_flops_by_hand(tmp_path):
     assert e["flops_per_token"] == pytest.approx(2 * (6 * n + 12 * 2 * H * 16))
 
 
-def test_reward_needs_an_architecture_and_refuses_autocast(tmp_path):
-    """A bare parameter count cannot say which parameters are the LM head's; autocast over fp32 weights (TRL's
-    bf16=True) is not modelled: both exit 2 naming the field."""
-    with pytest.raises(FitplanError, match="needs the model's architecture"):
+def test_reward_needs_an_architecture(tmp_path):
+    """A bare parameter count cannot say which parameters are the LM head's: exit 2 naming the field."""
+    with pytest.raises(FitplanError, match="needs the model's architecture") as e:
         fitplan.estimate(params="7B", trainer="reward", precision="bf16-true", optim="adamw_torch_fused")
-    r = run_cli("estimate", "--model", str(CONFIGS / "tiny-llama" / "config.json"), "--trainer", "reward",
-                "--optim", "adamw_torch_fused", "--precision", "bf16-mixed", "--device", "cpu")
-    assert r.returncode == 2 and "Traceback" not in r.stderr and "autocast" in r.stderr
+    assert e.value.field == "trainer"
+    r = run_cli("estimate", "--params", "7B", "--trainer", "reward", "--optim", "adamw_torch_fused",
+                "--precision", "bf16-true")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "architecture" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-granite"])
+def test_reward_refuses_models_without_the_generic_classifier(name):
+    """transformers 5.24: GPT-2 has its own GPT2ForSequenceClassification, Granite no sequence classifier at all
+    (models/auto/modeling_auto.py): exit 2 rather than the generic score head's numbers."""
+    r = run_cli("estimate", "--model", str(CONFIGS / name / "config.json"), "--trainer", "reward",
+                "--optim", "adamw_torch_fused", "--precision", "32-true", "--device", "cpu")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "GenericForSequenceClassification" in r.stderr

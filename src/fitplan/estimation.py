@@ -358,6 +358,12 @@ def trainer_arch(s: sc.Scenario, arch: architecture.ModelSpec) -> architecture.M
         raise FitplanError("trainer 'reward' needs the model's architecture: the reward model replaces the LM head by "
                            "a score head", field="trainer", value="reward",
                            suggestion="use --model NAME or a config.json instead of --params")
+    from fitplan.builtin.archfile import SEQUENCE_CLASSIFIERS
+
+    if arch.model_type not in SEQUENCE_CLASSIFIERS:
+        raise FitplanError(f"trainer 'reward' on model_type {arch.model_type!r}: its sequence classifier is not "
+                           "transformers' GenericForSequenceClassification (or it has none), which is what fitplan models",
+                           field="trainer", value="reward", suggestion="modelled: " + ", ".join(SEQUENCE_CLASSIFIERS))
     return architecture.sequence_classifier(arch)
 
 

@@ -101,6 +101,13 @@ SCORE_HEAD = "fitplan_score_head"
 (TRL's reward model, builtin/trl/reward.py): transformers' ``GenericForSequenceClassification``
 (transformers/modeling_layers.py) keeps the bare decoder and adds ``score = nn.Linear(hidden, 1, bias=False)``;
 there is no LM head (a tied one never was a tensor of its own)."""
+SEQUENCE_CLASSIFIERS = ("deepseek_v2", "deepseek_v3", "exaone4", "gemma", "gemma2", "gemma3_text", "glm4", "gpt_oss",
+                        "llama", "mistral", "mixtral", "olmo", "olmo2", "phi", "phi3", "qwen2", "qwen2_moe", "qwen3",
+                        "qwen3_moe", "smollm3", "stablelm", "starcoder2")
+"""The model types whose ``AutoModelForSequenceClassification`` class in transformers 5.24 is a
+``GenericForSequenceClassification`` (models/auto/modeling_auto.py ``MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES``,
+each class's bases): :data:`SCORE_HEAD` describes these. Falcon, GPT-2, GPTBigCode and GPT-NeoX have classes of
+their own; Cohere, ERNIE 4.5, Granite and Llama-4 have none (``from_pretrained`` fails)."""
 SCORE = ["score.weight", ["1", "hidden_size"], "linear:score", None, None, "bf16"]
 """The ``score`` Linear's weight entry (the checkpoint's dtype, as every 16-bit parameter)."""
 

@@ -65,7 +65,7 @@ RULES = {
     # gradients (``zeros_like``)
     "cce.linear_cross_entropy": {"d": ["self", "weight"], "s": [], "p": [0, 0], "o": [1]},
     "trl.chunked_logprob": TRL_RULE,  # TRL's fused LM head (builtin/trl/fused_head.py)
-    "reward.score": REWARD_RULE,  # the reward model's score head (builtin/trl/score_head.py)
+    "reward.pool": REWARD_RULE,  # the reward model's score head (builtin/trl/score_head.py)
 }
 
 
