@@ -124,3 +124,18 @@ def test_reward_refuses_models_without_the_generic_classifier(name):
     r = run_cli("estimate", "--model", str(CONFIGS / name / "config.json"), "--trainer", "reward",
                 "--optim", "adamw_torch_fused", "--precision", "32-true", "--device", "cpu")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "GenericForSequenceClassification" in r.stderr
+
+
+def test_a_reward_config_json_fills_the_run(tmp_path):
+    """A RewardConfig dump read like --training-args: ``max_length`` is the sequence length, the batch and the
+    dtype follow. By hand: the weights are the classifier's fp32 parameters (4 bytes each, no LM head), the three
+    phases have no reference forward."""
+    cfg = tmp_path / "reward.json"
+    cfg.write_text(json.dumps({"per_device_train_batch_size": 2, "max_length": 16, "gradient_checkpointing": False,
+                               "bf16": False, "optim": "adamw_torch_fused", "center_rewards_coefficient": 0.01}))
+    r = run_cli("estimate", "--model", str(CONFIGS / "tiny-llama" / "config.json"), "--trainer", "reward",
+                "--device", "cpu", "--training-args", str(cfg), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out["memory"]["phases_bytes"]) == {"forward", "backward", "optimizer_step"}
+    assert out["memory"]["per_gpu_bytes"]["weights"] == 4 * (V * H + _tiny_llama_decoder() + H)
