@@ -14,10 +14,10 @@ under LoRA peft's ``SEQ_CLS`` task trains ``score`` whole: ``estimation.with_rew
    scalars and ``b``-sized tensors;
 3. the backward and the optimizer step, as SFT's. No reference model.
 
-The phases are SFT's over ``2b`` sequences. The score head's tensors of ``2b·s`` or ``2b`` elements (the
-``(2b, s, 1)`` scores, the pooling's int32 masks and indices, the loss's ``b``-sized terms) are counted as
-one op's transient and outputs (:mod:`.score_head`); the final norm's output, which the score GEMM saves, and its
-gradient are the head's bytes that scale with the hidden size.
+The phases are SFT's over ``2b`` sequences. :mod:`.score_head` emits ``score`` as a Linear call site (the GEMM
+saves the final norm's output: with its gradient, the head's bytes that scale with the hidden size) and the
+pooling and loss as one op over ``2b`` elements; the pooling's ``2b·s`` int32 mask and indices are not counted
+(``8·2b·s`` bytes at most, beside the ``2b·s × h`` hidden states).
 """
 
 from __future__ import annotations
