@@ -115,13 +115,6 @@ def test_sft_is_unchanged_by_the_trainer_field():
     assert a["phase_bytes"] == b["phase_bytes"] and "reference_forward" not in a["phase_bytes"]
 
 
-def test_unmodelled_trainer_is_refused_with_exit_2():
-    with pytest.raises(FitplanError, match="not modelled yet"):
-        _estimate("tiny-llama", "full", trainer="reward")
-    r = run_cli("estimate", "--model", str(CONFIGS / "tiny-llama" / "config.json"), "--trainer", "reward")
-    assert r.returncode == 2 and "Traceback" not in r.stderr and "reward" in r.stderr
-
-
 # --------------------------------------------------------------------------- time
 
 

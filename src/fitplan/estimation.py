@@ -185,7 +185,7 @@ def check_optimizer(s: sc.Scenario, spec: Any, world: int) -> None:
                            value=s.training.optim)
 
 
-MODELLED_TRAINERS = ("sft", "dpo", "kto", "grpo", "rloo")
+MODELLED_TRAINERS = ("sft", "dpo", "kto", "reward", "grpo", "rloo")
 """The TRL trainers whose step the memory and time model computes (docs/trl.md); the others are refused."""
 
 
@@ -336,12 +336,41 @@ def resolve_defaults(s: sc.Scenario, arch: architecture.ModelSpec) -> sc.Scenari
     """``s`` with what the pinned stack decides when the user says nothing: peft's default LoRA targets
     (:func:`with_default_targets`), the precision preset (:func:`with_precision`) and GRPO/RLOO's training
     sequence (:func:`with_online_sequence`)."""
-    return with_online_sequence(with_precision(with_default_targets(s, arch), arch))
+    return with_reward_head(with_online_sequence(with_precision(with_default_targets(s, arch), arch)))
+
+
+def with_reward_head(s: sc.Scenario) -> sc.Scenario:
+    """TRL's reward model under LoRA: peft's ``PeftModelForSequenceClassification.__init__`` (peft/peft_model.py)
+    appends ``classifier`` and ``score`` to ``modules_to_save``; the model has a ``score`` (no ``classifier``), so
+    ``score`` trains whole as a copy beside the adapters. Other trainers, and full fine-tuning, unchanged."""
+    if s.trl.trainer != "reward" or s.model.method == "full" or "score" in s.lora.lora_modules_to_save:
+        return s
+    return s.replace(lora_modules_to_save=(*s.lora.lora_modules_to_save, "score"))
+
+
+def trainer_arch(s: sc.Scenario, arch: architecture.ModelSpec) -> architecture.ModelSpec:
+    """The model the trainer trains: for TRL's reward model the sequence classifier
+    (:func:`~fitplan.inputs.architecture.sequence_classifier`); a bare parameter count cannot say which
+    parameters are the LM head's, so it is refused."""
+    if s.trl.trainer != "reward":
+        return arch
+    if arch.is_bare or arch.family == "approximate":
+        raise FitplanError("trainer 'reward' needs the model's architecture: the reward model replaces the LM head by "
+                           "a score head", field="trainer", value="reward",
+                           suggestion="use --model NAME or a config.json instead of --params")
+    from fitplan.builtin.archfile import SEQUENCE_CLASSIFIERS
+
+    if arch.model_type not in SEQUENCE_CLASSIFIERS:
+        raise FitplanError(f"trainer 'reward' on model_type {arch.model_type!r}: its sequence classifier is not "
+                           "transformers' GenericForSequenceClassification (or it has none), which is what fitplan models",
+                           field="trainer", value="reward", suggestion="modelled: " + ", ".join(SEQUENCE_CLASSIFIERS))
+    return architecture.sequence_classifier(arch)
 
 
 def build_inputs(s: sc.Scenario, registry: Registry, rules: Rulesets, arch: architecture.ModelSpec | None = None) -> dict[str, Any]:
     arch = arch or resolve_arch(s, rules)
     s = resolve_defaults(s, arch)
+    arch = trainer_arch(s, arch)
     optimizer = registry.resolve_optimizer(s.training.optim)
     check_scenario(s, arch, optimizer)
     flat = sc.flatten(s)

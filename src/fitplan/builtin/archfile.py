@@ -96,6 +96,22 @@ def peft_table() -> dict[str, Any]:
         raise FitplanError(f"cannot read peft's table: {e}", file=str(path)) from None
 
 
+SCORE_HEAD = "fitplan_score_head"
+"""The symbol that makes a learned file describe ``AutoModelForSequenceClassification`` with ``num_labels=1``
+(TRL's reward model, builtin/trl/reward.py): transformers' ``GenericForSequenceClassification``
+(transformers/modeling_layers.py) keeps the bare decoder and adds ``score = nn.Linear(hidden, 1, bias=False)``;
+there is no LM head (a tied one never was a tensor of its own)."""
+SEQUENCE_CLASSIFIERS = ("deepseek_v2", "deepseek_v3", "exaone4", "gemma", "gemma2", "gemma3_text", "glm4", "gpt_oss",
+                        "llama", "mistral", "mixtral", "olmo", "olmo2", "phi", "phi3", "qwen2", "qwen2_moe", "qwen3",
+                        "qwen3_moe", "smollm3", "stablelm", "starcoder2")
+"""The model types whose ``AutoModelForSequenceClassification`` class in transformers 5.24 is a
+``GenericForSequenceClassification`` (models/auto/modeling_auto.py ``MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES``,
+each class's bases): :data:`SCORE_HEAD` describes these. Falcon, GPT-2, GPTBigCode and GPT-NeoX have classes of
+their own; Cohere, ERNIE 4.5, Granite and Llama-4 have none (``from_pretrained`` fails)."""
+SCORE = ["score.weight", ["1", "hidden_size"], "linear:score", None, None, "bf16"]
+"""The ``score`` Linear's weight entry (the checkpoint's dtype, as every 16-bit parameter)."""
+
+
 @functools.lru_cache(maxsize=64)
 def load(model_type: str) -> "ArchFile":
     path = find(model_type)
@@ -239,12 +255,26 @@ class ArchFile:
     def n_layers(self, env: dict[str, Any]) -> int:
         return int(compile_expr(self.spec_map["num_hidden_layers"])(env))
 
+    def entries(self, env: dict[str, Any]) -> list[list[Any]]:
+        """The parameter entries of the model ``env`` describes: the file's, or with :data:`SCORE_HEAD` set the
+        sequence classifier's (no output module, a ``score`` Linear ``hidden -> 1``)."""
+        if not env.get(SCORE_HEAD):
+            return self.params
+        return [p for p in self.params if p[2] != "output"] + [self.score_entry()]
+
+    def score_entry(self) -> list[Any]:
+        """``score.weight``: ``(1, hidden)``, the hidden size as the LM head's (else the input embedding's) entry
+        spells it, in its dtype code."""
+        head = next((p for p in self.params if p[2] == "output"), None) or \
+            next(p for p in self.params if p[2] == "embedding")
+        return [SCORE[0], ["1", head[1][1]], *SCORE[2:5], head[5] if len(head) > 5 else SCORE[5]]
+
     def param_list(self, env: dict[str, Any]) -> list[tuple[str, tuple[int, ...], str, bool, int | None, list[Any]]]:
         """``(name, shape, role, per_layer, layer, entry)`` of every parameter tensor (tied ones once)."""
         out = []
         L = self.n_layers(env)
         kinds = self.layer_kinds(env)
-        for entry in self.params:
+        for entry in self.entries(env):
             name, dims, role, where, cond = entry[:5]
             if cond is not None and not compile_expr(cond)(env):
                 continue
@@ -267,6 +297,11 @@ class ArchFile:
 
     def param_entry(self, name: str, env: dict[str, Any]) -> list[Any] | None:
         """The parameter entry of ``name`` whose switch condition holds for ``env``."""
+        if env.get(SCORE_HEAD):
+            if name == SCORE[0]:
+                return self.score_entry()
+            if any(p[2] == "output" for p in self.param_index.get(name, ())):
+                return None
         for p in self.param_index.get(name, ()):
             if p[4] is None or compile_expr(p[4])(env):
                 return p

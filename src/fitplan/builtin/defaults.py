@@ -65,6 +65,8 @@ def assumed_defaults(dtype, precision, bf16, fp16, optim, attn_implementation, a
 
     if trainer in preference.PREFERENCE:
         out += preference.assumed_lines(trainer, beta, method, precompute_ref_log_probs)
+    elif trainer == "reward":
+        out.append("loss RewardTrainer's -logsigmoid(chosen - rejected) on the score head (no LM head, no logits)")
     elif loss_implementation == _TRAINING["loss_implementation"]:
         out.append("loss ForCausalLMLoss (fp32 logits)")
     return out

@@ -342,6 +342,10 @@ def _linear(inst, x, w, rows: int, in_f: int, out_f: int, rank: int, label: str)
     return o
 
 
+linear = _linear
+"""``F.linear`` for a head emitted outside a recorded call site (builtin/trl/score_head.py)."""
+
+
 def zero3_linear_input(inst, site: dict[str, Any]) -> None:
     """DeepSpeed ZeRO-3's ``F.linear`` (``LinearFunctionForZeroStage3``, runtime/zero/linear.py:100-105) saves the
     call site's input whenever its node exists, frozen weight or not: a save of the input recorded just before the

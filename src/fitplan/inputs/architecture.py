@@ -188,6 +188,14 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
                  for t, shape, count, per_layer, module, path, linear, custom, fp32 in groups.values())
 
 
+def sequence_classifier(spec: ModelSpec) -> ModelSpec:
+    """``spec`` as ``AutoModelForSequenceClassification`` with ``num_labels=1`` loads it (TRL's reward model):
+    the learned file's parameters with ``score`` in place of the LM head (builtin/archfile.py ``SCORE_HEAD``)."""
+    from fitplan.builtin.archfile import SCORE_HEAD
+
+    return attrs.evolve(spec, symbols=tuple(spec.symbols) + ((SCORE_HEAD, True),))
+
+
 def _module(role: str, name: str) -> str:
     kind, _, short = role.partition(":")
     if kind == "linear":

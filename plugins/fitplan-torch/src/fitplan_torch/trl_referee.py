@@ -1,5 +1,5 @@
-"""The referee for TRL 1.16's preference trainers: TRL's own ``DPOTrainer`` and ``KTOTrainer`` on the CPU, measured
-phase by phase.
+"""The referee for TRL 1.16's preference trainers: TRL's own ``DPOTrainer``, ``KTOTrainer`` and ``RewardTrainer``
+on the CPU, measured phase by phase.
 
 A tiny model with random weights, a word-level tokenizer over its vocabulary (``<unk>``, ``<eos>``, ``<pad>``, ``t3`` ... ``t{V-1}``) and a
 dataset of ``b`` pairs per step whose chosen and rejected completions have one length, so that the collated
@@ -166,6 +166,43 @@ def measure_dpo(config: dict[str, Any], *, trainer: str = "dpo", method: str = "
     run = trainer_class(model=model, ref_model=ref, args=args, processing_class=_tokenizer(cfg.vocab_size),
                         train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size, unpaired=trainer == "kto"),
                         peft_config=peft_config, callbacks=[_callback(phases)])
+    phases.trainer = run
+    _instrument(run, phases)
+    run.train()
+    return phases.steps[-1]
+
+
+def measure_reward(config: dict[str, Any], *, method: str = "full", batch: int = 1, prompt: int = 4,
+                   completion: int = 12, bf16: bool = False, gradient_checkpointing: bool = False, lora_r: int = 8,
+                   lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
+                   optim: str = "adamw_torch_fused") -> dict[str, int]:
+    """Phase peaks (live bytes) of the second optimizer step of TRL's ``RewardTrainer`` on the CPU (module doc):
+    ``AutoModelForSequenceClassification`` with ``num_labels=1`` (what ``RewardTrainer`` loads), in the config's
+    ``torch_dtype``; LoRA with peft's ``SEQ_CLS`` task (which trains ``score`` whole). No reference forward:
+    the phases are ``forward``, ``backward`` and ``optimizer_step``."""
+    torch = _deps.torch()
+    transformers = _deps.transformers()
+    import trl
+
+    cfg = transformers.AutoConfig.for_model(**config)
+    cfg.num_labels = 1
+    dtype = getattr(torch, str(config.get("torch_dtype", "float32")).removeprefix("torch."))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSequenceClassification.from_config(cfg, dtype=dtype)
+    peft_config = None
+    if method == "lora":
+        import peft
+
+        peft_config = peft.LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=list(lora_target_modules),
+                                      lora_dropout=0.0, task_type="SEQ_CLS")
+    phases = _Phases()
+    args = trl.RewardConfig(output_dir="/tmp/fitplan-trl-referee", per_device_train_batch_size=batch, max_steps=2,
+                            use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, max_grad_norm=0.0,
+                            optim=optim, logging_steps=100, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
+                            dataloader_num_workers=0)
+    run = trl.RewardTrainer(model=model, args=args, processing_class=_tokenizer(cfg.vocab_size),
+                            train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size),
+                            peft_config=peft_config, callbacks=[_callback(phases)])
     phases.trainer = run
     _instrument(run, phases)
     run.train()

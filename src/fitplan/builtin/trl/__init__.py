@@ -5,6 +5,8 @@
   logits and loss (no torch);
 * :mod:`.preference`: the plugin for the preference trainers (DPO): the chosen and rejected sequences in
   one batch, the reference model and its no-grad forward as a phase of its own;
+* :mod:`.reward` (with :mod:`.score_head`): the reward model (``RewardTrainer``): the sequence classifier's
+  ``score`` head in place of the LM head, chosen and rejected in one batch, no reference model;
 * :mod:`.grpo` (with :mod:`.generation`, :mod:`.vllm`, :mod:`.report`): the online trainers (GRPO, RLOO): a
   generation round's phases (generation with transformers or vLLM, scoring, training), vLLM's reserve.
 """
