@@ -98,6 +98,9 @@ class ModelSpec:
     """The dtype the config states (``dtype``, or ``torch_dtype`` before transformers 4.56) as fitplan's short
     name (``bf16``), or None when it states none (``from_pretrained(dtype="auto")`` then loads the weights' own
     dtype, which fitplan assumes is float32: :func:`config_dtype`)."""
+    unverified: str | None = None
+    """The learned file, when it was written with ``fitplan learn-architecture --no-verify`` (its ``verified`` is
+    false): no fresh torch run checked it, so the figures it gives are not known exactly (builtin/confidence.py)."""
 
     @property
     def is_bare(self) -> bool:
@@ -310,6 +313,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         attn_implementations=tuple(af.data.get("attn_implementations") or ()),
         source=source,
         checkpoint_dtype=config_dtype(c, file),
+        unverified=str(af.path) if af.data.get("verified") is False else None,
     )
 
 
