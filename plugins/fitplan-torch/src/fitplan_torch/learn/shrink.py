@@ -54,6 +54,7 @@ def shrink(cfg: dict[str, Any], log=lambda msg: None) -> dict[str, Any]:
     if layers_key is not None:
         out = _cut_layers(cfg, out, full, layers_key, log)
     _resize_factor_lists(out, full)
+    _token_ids(out, full)
     try:
         hf_config(out)
         return out
@@ -201,6 +202,17 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return {str(k): v for k, v in a.items()} == {str(k): v for k, v in b.items()}
     return a == b
+
+
+def _token_ids(out: dict[str, Any], full: dict[str, Any]) -> None:
+    """Token ids, given or the class's defaults (Phi3Config's ``pad_token_id`` 32000), inside the tiny vocabulary:
+    ``nn.Embedding`` asserts ``padding_idx < num_embeddings`` (torch/nn/modules/sparse.py)."""
+    vocab = out.get("vocab_size")
+    if not isinstance(vocab, int):
+        return
+    for k, v in {**full, **out}.items():
+        if k.endswith("_token_id") and (isinstance(v, list) or type(v) is int and v >= vocab):
+            out[k] = 0 if k == "pad_token_id" else None
 
 
 # --------------------------------------------------------------------------- per-dimension lists

@@ -1,0 +1,282 @@
+"""``fitplan learn-architecture`` on types nobody bundled (issue #32): shrinking as the config class allows,
+verification that verifies, and files written with ``--no-verify`` marked so in every format.
+
+Expected values are derived by hand from the transformers 5.24 config classes cited at each test, never from
+fitplan's output; where a learned file is checked, the learner's own verification (a fresh torch recording at
+sizes no probe used) is the referee.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import fitplan
+from fitplan import FitplanError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_LLAMA = str(ROOT / "tests" / "data" / "configs" / "tiny-llama" / "config.json")
+
+
+def _defaults(model_type: str) -> dict:
+    """The config class's defaults, as a published config.json states them (``layer_types`` included)."""
+    from transformers import AutoConfig
+
+    return {**AutoConfig.for_model(model_type).to_dict(), "model_type": model_type}
+
+
+def _class_accepts(cfg: dict):
+    from fitplan_torch.learn.derive import hf_config
+
+    return hf_config(cfg)
+
+
+# --------------------------------------------------------------------------- shrinking (config classes only)
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["layer_types-given", "layer_types-derived"])
+def test_shrink_keeps_every_layer_kind_of_olmo3(given):
+    """Olmo3Config (configuration_olmo3.py ``__post_init__``): ``layer_types[i]`` is "full_attention" when
+    ``(i + 1) % 4 == 0``, else "sliding_attention". Shrinking the 32-layer default used to keep 32 layer_types
+    for 2 layers (the class refused it); the shortest prefix holding both kinds is 4 layers: 3 sliding, 1 full."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn.shrink import shrink
+
+    cfg = _defaults("olmo3")
+    assert len(cfg["layer_types"]) == 32
+    if not given:  # a published-style config that omits layer_types: the class derives it
+        del cfg["layer_types"]
+    small = shrink(cfg)
+    resolved = _class_accepts(small).to_dict()
+    assert resolved["num_hidden_layers"] == 4
+    assert resolved["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
+    assert ("layer_types" in small) == given  # derived lists stay derived: the class derives the cut at 4 layers
+    assert (resolved["hidden_size"], resolved["num_attention_heads"], resolved["num_key_value_heads"]) == (64, 4, 2)
+
+
+def test_shrink_keeps_smollm3_nope_layers():
+    """SmolLM3Config (configuration_smollm3.py): ``no_rope_layers[i] = int((i + 1) % no_rope_layer_interval != 0)``
+    with interval 4, so layer 3 is the first NoPE layer: 4 layers, [1, 1, 1, 0]."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn.shrink import shrink
+
+    small = shrink(_defaults("smollm3"))
+    resolved = _class_accepts(small).to_dict()
+    assert resolved["num_hidden_layers"] == 4
+    assert resolved["no_rope_layers"] == [1, 1, 1, 0]
+    assert resolved["layer_types"] == ["full_attention"] * 4
+
+
+def test_shrink_cuts_lists_of_layer_indices():
+    """Llama4TextConfig's ``moe_layers`` lists every layer index by default (interleave_moe_layer_step 1) and
+    ``no_rope_layers`` is 0 every 4th layer (configuration_llama4.py): cut to 4 layers, indices 0..3."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn.shrink import shrink
+
+    small = shrink(_defaults("llama4_text"))
+    resolved = _class_accepts(small).to_dict()
+    assert resolved["num_hidden_layers"] == 4
+    assert resolved["moe_layers"] == [0, 1, 2, 3]
+    assert resolved["no_rope_layers"] == [1, 1, 1, 0]
+
+
+LONGROPE_PHI3 = {
+    # Phi-3-mini-128k-instruct's config.json (microsoft/Phi-3-mini-128k-instruct), the fields that matter here: a
+    # 96-wide head (3072 / 32), so longrope's factor lists hold 48 numbers each
+    "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "num_hidden_layers": 32, "vocab_size": 32064, "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096, "hidden_act": "silu", "rms_norm_eps": 1e-5, "sliding_window": 262144,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0 + j / 100 for j in range(48)],
+                     "long_factor": [2.0 + j / 10 for j in range(48)]},
+}
+
+
+def test_shrink_resizes_longrope_factor_lists_and_the_model_runs():
+    """Phi3Config.validate_rope (configuration_phi3.py) wants ``int(hidden_size // num_attention_heads *
+    partial_rotary_factor) // 2`` factors: 64 // 4 * 1.0 // 2 = 8 after shrinking (48 before). The 48-long lists
+    used to reach the rotary embedding of the tiny model, which failed; the shrunk model now runs a step."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.shrink import shrink
+
+    small = shrink(json.loads(json.dumps(LONGROPE_PHI3)))
+    rp = _class_accepts(small).rope_parameters
+    assert rp["rope_type"] == "longrope"
+    assert len(rp["short_factor"]) == len(rp["long_factor"]) == 8
+    assert rp["short_factor"][0] == 1.0 and rp["long_factor"][0] == 2.0  # resampled from the given lists
+    rec = derive.run(small, "16", "sdpa", 2, 16)
+    assert rec.ops
+
+
+def test_shrink_repairs_a_width_relation_of_the_class():
+    """BambaConfig checks ``mamba_n_heads * mamba_d_head == mamba_expand * hidden_size`` (configuration_bamba.py,
+    "dimensions for the Mamba head state"): 8 heads of 16 for 2 × 64."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn.shrink import shrink
+
+    resolved = _class_accepts(shrink(_defaults("bamba"))).to_dict()
+    assert resolved["mamba_n_heads"] * resolved["mamba_d_head"] == resolved["mamba_expand"] * resolved["hidden_size"]
+    assert resolved["hidden_size"] == 64
+
+
+def test_shrink_refuses_by_name_what_the_class_will_not_take():
+    """Laguna's defaults give ``num_attention_heads_per_layer`` per layer; a config whose per-layer list has more
+    distinct layers than the learner records is refused naming the field, not passed on to fail later."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn.shrink import MAX_KINDS, shrink
+
+    cfg = _defaults("olmo3")
+    kinds = ["sliding_attention", "full_attention"]
+    cfg["layer_types"] = kinds * 16
+    cfg["num_hidden_layers"] = 32
+    small = shrink(cfg)  # two kinds: fine
+    assert _class_accepts(small).to_dict()["layer_types"] == kinds
+    laguna = _defaults("laguna")
+    laguna["num_attention_heads_per_layer"] = [4 + 2 * i for i in range(laguna["num_hidden_layers"])]
+    with pytest.raises(FitplanError) as e:
+        shrink(laguna)
+    assert "num_attention_heads_per_layer" in str(e.value) and f"more than {MAX_KINDS}" in str(e.value)
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def test_heldout_configs_keep_heads_even():
+    """The GQA regime widens the tiny model to 12 heads of 16 (hidden 192, derive.toggles); scaling the hidden
+    size by 5/2 (480) and the heads by 3 (36) gave 13-wide heads, whose rotary halves do not pair up: OLMo-3's
+    held-out config failed in ``apply_rotary_pos_emb`` ("size of tensor a (13) must match ... (14)"). Every
+    held-out config keeps a head width that is even and divides the hidden size."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn import configrules, derive
+    from fitplan_torch.learn.verify import heldout
+
+    base = derive.hf_config(_defaults("llama") | {"hidden_size": 64, "num_attention_heads": 4,
+                                                  "num_key_value_heads": 2, "num_hidden_layers": 2,
+                                                  "intermediate_size": 128, "vocab_size": 512}).to_dict()
+    gqa = derive.toggles(base, configrules.config_class("llama"))[0][0]
+    variables = ["vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"]
+    cfg, b, s = heldout(base, variables, gqa, 2, 16)
+    h, a, g = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    assert h % a == 0 and (h // a) % 2 == 0 and a % g == 0 and g not in (1, a)
+    assert (h, a) != (192, 12)  # the sizes moved off the probes' (else the check checks nothing new)
+    rec = derive.run(cfg, "16", "sdpa", b, s)  # and the model runs there
+    assert rec.ops
+
+
+def test_a_graph_problem_names_the_op_and_the_tensor():
+    """A file whose q_proj output shape is wrong (``hidden_size`` + 1 wide) against a fresh recording of tiny
+    Llama: the problem names the segment, the tensor, the aten op that makes it and both shapes."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive, files
+    from fitplan_torch.learn.verify import _compare, installed
+
+    from fitplan.builtin.archfile import load
+
+    data = files.read(ROOT / "rulesets" / "architectures", "llama")
+    cfg = json.loads(Path(TINY_LLAMA).read_text())
+    cfg.update({"num_key_value_heads": 2, "num_attention_heads": 4})
+    rec = derive.run(cfg, "16", "sdpa", 2, 16)
+    with installed(data):
+        assert _compare(load("llama"), cfg, rec, 2, 16, "16/sdpa [gqa+b>1]") == []
+    seg_id = next(iter(data["segments"]))
+    for sid, seg in data["segments"].items():  # a layer segment: its first mm's output
+        mm = next((o for o in seg["ops"] if o[0] == "mm"), None)
+        if mm is not None:
+            seg_id, out = sid, int(mm[2][0][1:])
+            break
+    seg = data["segments"][seg_id]
+    seg["t"][out][0] = [seg["t"][out][0][0], f"({seg['t'][out][0][1]})+1"] + seg["t"][out][0][2:]
+    with installed(data):
+        problems = _compare(load("llama"), cfg, rec, 2, 16, "16/sdpa [gqa+b>1]")
+    assert len(problems) == 1
+    assert f"t{out} (made by mm)" in problems[0] and "the file says" in problems[0] and "the model made" in problems[0]
+
+
+# --------------------------------------------------------------------------- unverified files
+
+
+@pytest.fixture
+def unverified_llama(tmp_path, monkeypatch):
+    """The bundled Llama file as ``fitplan learn-architecture --no-verify`` writes it (``"verified": false``)."""
+    d = tmp_path / "arch"
+    d.mkdir()
+    header = json.loads((ROOT / "rulesets" / "architectures" / "llama.json").read_text())
+    header["verified"] = False
+    (d / "llama.json").write_text(json.dumps(header))
+    shutil.copy(ROOT / "rulesets" / "architectures" / "llama.graphs.json", d / "llama.graphs.json")
+    monkeypatch.setenv("FITPLAN_ARCH_DIR", str(d))
+    monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
+    from fitplan.builtin import archfile, step_trace
+    from fitplan.inputs import architecture
+
+    def clear():
+        for f in (archfile.load, step_trace.build, architecture._param_groups, architecture._param_count):
+            f.cache_clear()
+
+    clear()
+    yield d
+    clear()
+
+
+KW = dict(model=TINY_LLAMA, precision="bf16-mixed", optim="adamw_torch_fused", per_device_train_batch_size=2,
+          max_seq_length=32, device="cpu")
+FLAGS = ["--model", TINY_LLAMA, "--precision", "bf16-mixed", "--optim", "adamw_torch_fused",
+         "--per-device-train-batch-size", "2", "--max-seq-length", "32", "--device", "cpu"]
+
+
+def test_an_unverified_file_is_not_exact_in_any_format(unverified_llama, cli):
+    """On the CPU the bundled file's rows are exact (the referee reproduces them); the same file marked
+    unverified gives the same bytes, but its weights, gradients, activations and the peak are approximate, and
+    a warning names the file, in the table, the JSON and ``explain``."""
+    conf = fitplan.estimate(**KW)["memory_confidence"]
+    assert conf["activations"]["level"] == "approximate" and conf["peak"]["level"] == "approximate"
+    assert conf["optimizer_states"]["level"] == "exact"  # the optimizer's formula does not come from the file
+    assert "--no-verify" in conf["peak"]["basis"] or "--no-verify" in conf["activations"]["basis"]
+    js = json.loads(cli("estimate", *FLAGS, "--format", "json").stdout)
+    assert js["memory"]["confidence"]["peak"]["level"] == "approximate"
+    assert any("--no-verify" in w and "llama.json" in w for w in js["warnings"])
+    table = cli("estimate", *FLAGS).stdout
+    assert "[approx.]" in table and "exact" in table  # the peak approx., the optimizer row still exact
+    ex = json.loads(cli("explain", "activations", *FLAGS, "--format", "json").stdout)
+    assert ex["confidence"]["level"] == "approximate" and "--no-verify" in ex["confidence"]["basis"]
+    assert "known: approx." in cli("explain", "peak", *FLAGS).stdout
+
+
+def test_a_verified_or_bundled_file_stays_exact():
+    conf = fitplan.estimate(**KW)["memory_confidence"]
+    assert conf["activations"]["level"] == "exact" and conf["peak"]["level"] == "exact"
+    assert not any("--no-verify" in w for w in fitplan.estimate(**KW).warnings)
+
+
+def test_no_verify_marks_the_written_file(tmp_path, monkeypatch):
+    """``learn_and_check(verify=False)`` writes ``"verified": false`` into the header (the learning itself is
+    replaced by the bundled Llama file's content: this checks the marking, not the learner)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive, files, learner
+
+    data = files.read(ROOT / "rulesets" / "architectures", "llama")
+    monkeypatch.setattr(derive, "learn_full", lambda cfg, log=print: (dict(data), {}, []))
+    learner.learn_and_check({"model_type": "llama"}, tmp_path, verify=False, log=lambda m: None)
+    assert json.loads((tmp_path / "llama.json").read_text())["verified"] is False
+
+
+# --------------------------------------------------------------------------- a learned type, refereed
+
+
+def test_olmo3_learns_and_reproduces_a_fresh_run():
+    """OLMo-3 (never bundled) from its class defaults: shrunk to 4 layers (3 sliding, 1 full), one variant learned
+    (bf16, SDPA, its most general regime), and the learner's graph check at held-out sizes finds nothing: the file
+    reproduces a fresh torch recording op for op, shape for shape. Before issue #32 the shrunk config was
+    refused by the class, and the held-out config did not run."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn import verify as V
+    from fitplan_torch.learn.shrink import shrink
+
+    cfg = shrink(_defaults("olmo3"))
+    data, results, specs = derive.learn_full(cfg, log=lambda *a: None, variants=(("16", "sdpa"),), first_only=True)
+    assert data["layers"]["kinds"] and len(data["layers"]["kinds"]) == 2  # sliding and full layers
+    assert V.check_graph(data, results, specs, lambda *a: None) == []
