@@ -30,9 +30,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = r"""
 import json, sys
+from fitplan import FitplanError
 from fitplan_torch.learn.command import _read_config, shrink
 from fitplan_torch.learn import derive
-cfg = shrink(_read_config(sys.argv[1]))
+try:
+    cfg = shrink(_read_config(sys.argv[1]))
+except FitplanError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 derive.run(cfg, "16", "sdpa", 2, 16)
 print("recorded")
 """
@@ -165,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(list(done.values()), indent=1))
     bundled = {p.name[:-5] for p in (ROOT / "rulesets/architectures").glob("*.json") if not p.name.endswith(".graphs.json")}
     if a.md:
-        Path(a.md).write_text(table([r for r in done.values() if r["model_type"] in types], bundled))
+        rows = [done.get(t) or {"model_type": t, "result": "not run", "reason": "time box (--deadline)", "seconds": "",
+                                "rss_mb": ""} for t in types]
+        Path(a.md).write_text(table(rows, bundled))
     return 0
 
 

@@ -280,3 +280,57 @@ def test_olmo3_learns_and_reproduces_a_fresh_run():
     data, results, specs = derive.learn_full(cfg, log=lambda *a: None, variants=(("16", "sdpa"),), first_only=True)
     assert data["layers"]["kinds"] and len(data["layers"]["kinds"]) == 2  # sliding and full layers
     assert V.check_graph(data, results, specs, lambda *a: None) == []
+
+
+# --------------------------------------------------------------------------- what the learner assumes
+
+
+def test_layerdrop_is_recorded_off_not_as_a_dropout_site():
+    """OPTConfig's ``layerdrop`` skips whole decoder layers in training (modeling_opt.py: ``if self.training and
+    self.layerdrop > 0.0``): recorded at a distinct non-zero value like a dropout probability, it made the ops
+    change from run to run. It is recorded off; ``dropout`` and ``attention_dropout`` still name their sites."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn.limits import dropout_fields
+    from transformers import AutoConfig
+
+    drops, skipping = dropout_fields(AutoConfig.for_model("opt", layerdrop=0.1).to_dict())
+    assert skipping == ["layerdrop"]
+    assert "layerdrop" not in drops and {"dropout", "attention_dropout"} <= set(drops)
+
+
+def test_a_file_s_assumption_is_said_when_the_config_differs(tmp_path, monkeypatch):
+    """A learned file that assumes ``layerdrop`` 0 (``assumed``): a config stating 0.1 gets the estimate with a
+    warning naming the field, both values and why; a config stating 0 or nothing gets none."""
+    d = tmp_path / "arch"
+    d.mkdir()
+    header = json.loads((ROOT / "rulesets" / "architectures" / "llama.json").read_text())
+    header["assumed"] = {"layerdrop": {"value": 0.0, "why": "every decoder layer runs (the upper bound)"}}
+    (d / "llama.json").write_text(json.dumps(header))
+    shutil.copy(ROOT / "rulesets" / "architectures" / "llama.graphs.json", d / "llama.graphs.json")
+    monkeypatch.setenv("FITPLAN_ARCH_DIR", str(d))
+    monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
+    from fitplan.builtin import archfile
+
+    archfile.load.cache_clear()
+    try:
+        cfg = json.loads(Path(TINY_LLAMA).read_text())
+        warned = []
+        for value in (0.1, 0.0, None):
+            p = tmp_path / f"c{value}.json"
+            p.write_text(json.dumps(cfg if value is None else {**cfg, "layerdrop": value}))
+            e = fitplan.estimate(**{**KW, "model": str(p)})
+            warned.append([w for w in e.warnings if w.startswith("layerdrop")])
+    finally:
+        archfile.load.cache_clear()
+    assert warned[0] == ["layerdrop = 0.1: the figures assume layerdrop = 0.0, every decoder layer runs (the upper bound)"]
+    assert warned[1:] == [[], []]
+
+
+def test_a_size_from_a_data_dependent_op_is_named():
+    """When no expression over the config fits a size, a segment that ran ``aten.nonzero`` (MoE routing's
+    ``torch.where(expert_mask)``) says so: the size depends on the data."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.limits import data_dependent_note
+
+    assert "aten.nonzero" in data_dependent_note({"ops": [["mm"], ["nonzero"], ["index_add_"]]})
+    assert data_dependent_note({"ops": [["mm"], ["add.Tensor"]]}) == ""

@@ -98,6 +98,9 @@ class ModelSpec:
     """The dtype the config states (``dtype``, or ``torch_dtype`` before transformers 4.56) as fitplan's short
     name (``bf16``), or None when it states none (``from_pretrained(dtype="auto")`` then loads the weights' own
     dtype, which fitplan assumes is float32: :func:`config_dtype`)."""
+    assumed: tuple[str, ...] = ()
+    """What the learned file assumes about a switch this config sets otherwise (its ``assumed``: layerdrop 0, every
+    layer runs), one sentence each, said with the estimate."""
     unverified: str | None = None
     """The learned file, when it was written with ``fitplan learn-architecture --no-verify`` (its ``verified`` is
     false): no fresh torch run checked it, so the figures it gives are not known exactly (builtin/confidence.py)."""
@@ -314,7 +317,19 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         source=source,
         checkpoint_dtype=config_dtype(c, file),
         unverified=str(af.path) if af.data.get("verified") is False else None,
+        assumed=assumed_statements(af, c),
     )
+
+
+def assumed_statements(af, c: dict[str, Any]) -> tuple[str, ...]:
+    """One sentence per field of the file's ``assumed`` that the config states at another value (a config that
+    states none, or the assumed value, is what was learned)."""
+    out = []
+    for name, a in (af.data.get("assumed") or {}).items():
+        v = c.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v != a.get("value"):
+            out.append(f"{name} = {v!r}: the figures assume {name} = {a.get('value')!r}, {a.get('why', '')}")
+    return tuple(out)
 
 
 def config_dtype(c: dict[str, Any], file: str | None) -> str | None:

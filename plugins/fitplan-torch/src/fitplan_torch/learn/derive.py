@@ -19,6 +19,7 @@ from typing import Any
 
 from . import files
 from .fit import FitError, Fitter
+from .limits import LAYERDROP_WHY, data_dependent_note, dropout_fields
 from .record import Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
 from .segments import Cut
 
@@ -310,7 +311,8 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
     if ref_sig is None:
         ref_sig = signature(rec0)
     elif signature(rec0) != ref_sig:
-        raise LearnError("the base probe records different ops than the reference")
+        raise LearnError("the base probe records different ops than the reference"
+                         + data_dependent_note({"ops": [[o["name"]] for o in rec0.ops]}))
     env0 = env_of(base, b, s)
     probes.append(Probe(base, b, s, env0))
     recs.append(rec0)
@@ -420,7 +422,7 @@ def symbolize(cuts: list[Cut], fitter: Fitter, log, skip: set[int] = frozenset()
                     dims.append(fitter.fit(vals))
                 except FitError as e:
                     raise LearnError(f"segment {seg['kind']} {seg['layer']} tensor t{k} {entry[1]} dim {d} "
-                                     f"(op {_creator(seg, k)}): {e}") from None
+                                     f"(op {_creator(seg, k)}): {e}{data_dependent_note(seg)}") from None
             tensors.append([dims, entry[1], entry[2]])
         out.append({**seg, "sym_tensors": tensors})
     return out
@@ -602,7 +604,8 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
         sym[n] = {**sym[n], "sym_tensors": ref["sym"][m]["sym_tensors"]}
     base_rec = run(probes[0].cfg, precision, attn, probes[0].b, probes[0].s, backward=True)
     if signature(base_rec) != signature(recs[0]):
-        raise LearnError("a second recording of the base probe differs from the first")
+        raise LearnError("a second recording of the base probe differs from the first"
+                         + data_dependent_note({"ops": [[o["name"]] for o in base_rec.ops]}))
     cut0 = cuts[0]
     sites = []
     def site_keys(site_list):
@@ -965,6 +968,8 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         elif k.endswith("_token_id") and isinstance(v, list):
             base[k] = None
     cls = configrules.config_class(model_type)
+    _, skipping = dropout_fields(base)
+    base.update({k: 0.0 for k in skipping})  # every layer runs: a stated assumption of the file (``assumed``)
     NESTED.clear()
     FOLLOWERS.clear()
     NESTED.update(nested_variables(base))
@@ -981,7 +986,7 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
     switches = toggles(base, cls) if regimes else []
     results = {}
     entries_spec = []
-    drops = [k for k, v in base.items() if isinstance(v, float) and not isinstance(v, bool) and "drop" in k.lower()]
+    drops, _ = dropout_fields(base)
     distinct = {f: DISTINCT_P[i] for i, f in enumerate(drops)}
     supported = []
     for precision, attn in variants:
@@ -1134,6 +1139,7 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         "lora": {**peft_parameter_targets(model_type),
                  **_non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix)},
         "attn_implementations": sorted({a for _, a in supported}),
+        **({"assumed": {k: {"value": 0.0, "why": LAYERDROP_WHY} for k in skipping}} if skipping else {}),
     }, results, entries_spec)
 
 
