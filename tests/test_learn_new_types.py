@@ -334,3 +334,26 @@ def test_a_size_from_a_data_dependent_op_is_named():
 
     assert "aten.nonzero" in data_dependent_note({"ops": [["mm"], ["nonzero"], ["index_add_"]]})
     assert data_dependent_note({"ops": [["mm"], ["add.Tensor"]]}) == ""
+
+
+# --------------------------------------------------------------------------- autograd Functions
+
+
+def test_a_custom_autograd_function_is_recorded_at_its_boundary():
+    """BLOOM's GELU is a ``torch.autograd.Function`` (modeling_bloom.py ``GeLUFunction``: ``ctx.save_for_backward(
+    input)``, its forward's nine ops run with grad mode off). Replayed with the saves of the ops inside it, the file
+    over-counted (measured here before the fix: activations +81 %, peak +25 % in bf16 full fine-tuning); at its
+    boundary it saves its input alone. The referee (fitplan validate's CPU run) is the judge: exact."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn import verify as V
+    from fitplan_torch.learn.shrink import shrink
+
+    cfg = shrink(_defaults("bloom"))
+    data, _, _ = derive.learn_full(cfg, log=lambda *a: None, variants=(("16", "eager"),), first_only=True)
+    fn_ops = [o for seg in data["segments"].values() for o in seg["ops"] if o[0] == "autograd.Function"]
+    assert fn_ops and all(o[3]["fn"] == "GeLUFunction" and len(o[3]["fsv"]) == 1 for o in fn_ops)
+    cases = [("bf16-true", "eager", False, "full"), ("bf16-true", "eager", False, "lora")]
+    problems, rows = V.check_memory(data, cfg, lambda *a: None, cases=cases)
+    assert problems == []
+    assert all(r["activations"] == 0 for r in rows)

@@ -20,7 +20,7 @@ from typing import Any
 from . import files
 from .fit import FitError, Fitter
 from .limits import LAYERDROP_WHY, data_dependent_note, dropout_fields
-from .record import Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
+from .record import FUNCTION_OP, Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
 from .segments import Cut
 
 DISTINCT_P = (0.11, 0.13, 0.17, 0.19, 0.23, 0.29, 0.31, 0.37, 0.41, 0.43)
@@ -996,6 +996,8 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
             log(f"  {precision}/{attn}: not supported by this model ({str(e).splitlines()[0][:90]})")
             continue
         supported.append((precision, attn))
+    if not supported:
+        raise LearnError(f"the model runs none of the variants {', '.join('/'.join(v) for v in variants)}")
     others = tuple(v for v in supported if v[1] != supported[0][1])[:1]
     flags = structural_flags(base, supported[0], b, s, log, cls, known, others,
                              skip=set(variables) | {n for sw in switches for r in sw for n in _names(r.when)})
@@ -1155,6 +1157,7 @@ def _missing_rules(segments: dict[str, Any]) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - no shared table yet (while regenerating the bundle)
         known = set()
     ops = {op[0] for seg in segments.values() for op in seg["ops"] if not (len(op) > 3 and op[3].get("pseudo"))}
+    ops.discard(FUNCTION_OP)  # the core's rule (builtin/kernels.py EXTRA_RULES)
     return table(ops - known)
 
 
