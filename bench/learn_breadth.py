@@ -5,8 +5,8 @@ config class's defaults (``AutoConfig.for_model(model_type)``, its ``text_config
 CLI reads it) are written to a ``config.json`` and one child process runs, under ``nice -n 10``, with a wall-clock
 timeout and a resident-memory cap (polled from ``/proc/<pid>/status``: ``VmRSS`` of the child and its children):
 
-* ``--stage record`` (cheap): shrink the config as the learner does and record one bf16 SDPA training step
-  with the learner's recorder (what every learning starts with);
+* ``--stage record`` (cheap): shrink the config as the learner does and record one bf16 training step (SDPA,
+  or eager where the model has no SDPA) with the learner's recorder (what every learning starts with);
 * ``--stage learn`` (heavy): the README command, ``fitplan learn-architecture config.json --out DIR``
   (learning and verification; exit 0: the file verified and was written, 2: refused with a reason).
 
@@ -38,7 +38,12 @@ try:
 except FitplanError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-derive.run(cfg, "16", "sdpa", 2, 16)
+try:
+    derive.run(cfg, "16", "sdpa", 2, 16)
+except ValueError as e:  # no SDPA in its transformers code: the learner then records eager only
+    if "does not support an attention implementation" not in str(e):
+        raise
+    derive.run(cfg, "16", "eager", 2, 16)
 print("recorded")
 """
 
