@@ -46,11 +46,12 @@ def explain(a: Assessment, name: str, *, depth: int = 3, units: str = "GB") -> E
 
 
 def row_confidence(est: Estimate, name: str) -> dict[str, Any] | None:
-    """The confidence entry of the peak or of the breakdown row ``name`` computes (``memory_confidence``)."""
+    """The confidence entry of the peak or of the breakdown row ``name`` computes (the quantity of role
+    ``confidence``)."""
     compiled = est.registry.compiled()
     meta = compiled.quantities.get(name)
     row = "peak" if name == compiled.role("peak") else getattr(meta, "row", None)
-    conf = est.values.get("memory_confidence") if row else None
+    conf = est.values.get(compiled.role("confidence")) if row else None
     return conf.get(row) if isinstance(conf, dict) else None
 
 
