@@ -272,6 +272,9 @@ def _repair(cfg: dict[str, Any], out: dict[str, Any], first: Exception, log) -> 
     for k in out:
         if k in SMALL and k in cfg and out[k] != cfg[k]:
             tries.append((f"{k} kept at {cfg[k]}", {**out, k: cfg[k]}))
+    ids = {k: 0 for k, v in out.items() if k.endswith("_token_id") and v is None and cfg.get(k, 0) is not None}
+    if ids:  # a class that types its token ids as int (CwmConfig: "Field 'bos_token_id' expected int")
+        tries.insert(0, ("token ids inside the vocabulary set to 0", {**out, **ids}))
     small = sorted({v for k, v in out.items() if k in SMALL and type(v) is int})
     for k in out:  # a relation of two shrunk widths (DotsNote: num_key_value_heads == num_attention_heads)
         if k in SMALL and k in cfg and out[k] != cfg[k]:
