@@ -54,7 +54,9 @@ def test_shrink_keeps_every_layer_kind_of_olmo3(given):
     assert resolved["num_hidden_layers"] == 4
     assert resolved["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
     assert ("layer_types" in small) == given  # derived lists stay derived: the class derives the cut at 4 layers
-    assert (resolved["hidden_size"], resolved["num_attention_heads"], resolved["num_key_value_heads"]) == (64, 4, 2)
+    # the defaults are multi-head (``num_key_value_heads`` None -> ``num_attention_heads``, __post_init__): the tiny
+    # model stays multi-head, 4 heads of 16
+    assert (resolved["hidden_size"], resolved["num_attention_heads"], resolved["num_key_value_heads"]) == (64, 4, 4)
 
 
 def test_shrink_keeps_smollm3_nope_layers():
@@ -109,6 +111,23 @@ def test_shrink_resizes_longrope_factor_lists_and_the_model_runs():
     assert rp["short_factor"][0] == 1.0 and rp["long_factor"][0] == 2.0  # resampled from the given lists
     rec = derive.run(small, "16", "sdpa", 2, 16)
     assert rec.ops
+
+
+def test_shrink_keeps_deepseek_v3_mla_widths_consistent():
+    """DeepseekV3Config's defaults: 128 heads and 128 key/value heads (its attention runs only so), ``head_dim``
+    derived from ``qk_rope_head_dim`` (64), 256 routed experts in 8 groups. Shrunk: 4 heads and 4 key/value heads,
+    head_dim = qk_rope_head_dim = 16, 4 experts in 2 groups; the tiny model runs a step (it failed in SDPA on
+    4 query heads against 8 key heads, then on 8 expert groups over 4 experts)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.shrink import shrink
+
+    small = shrink(_defaults("deepseek_v3"))
+    r = _class_accepts(small).to_dict()
+    assert (r["num_attention_heads"], r["num_key_value_heads"]) == (4, 4)
+    assert r["head_dim"] == r["qk_rope_head_dim"] == 16
+    assert (r["n_routed_experts"], r["n_group"], r["topk_group"]) == (4, 2, 1)
+    assert derive.run(small, "16", "sdpa", 2, 16).ops
 
 
 def test_shrink_repairs_a_width_relation_of_the_class():

@@ -31,9 +31,12 @@ SMALL = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 12
          "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "vocab_size": 512,
          "max_position_embeddings": 256, "n_positions": 256, "num_attention_heads": 4, "n_head": 4,
          "num_key_value_heads": 2, "head_dim": 16, "d_head": 16, "num_local_experts": 4, "num_experts": 4,
-         "n_routed_experts": 4, "num_experts_per_tok": 2, "num_heads": 8, "mamba_n_heads": 8, "mamba_d_head": 16}
+         "n_routed_experts": 4, "num_experts_per_tok": 2, "num_heads": 8, "mamba_n_heads": 8, "mamba_d_head": 16,
+         "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 32, "q_lora_rank": 32,
+         "n_group": 2, "topk_group": 1}
 """The tiny widths (a field is only ever made smaller). ``num_heads`` / ``mamba_n_heads`` with ``head_dim`` 16:
-Mamba-2 heads of a 64-wide model expanded twice (8 × 16 = 2 × 64)."""
+Mamba-2 heads of a 64-wide model expanded twice (8 × 16 = 2 × 64); DeepSeek-style MLA widths and expert groups (2
+groups of the 4 experts, 1 of them routed to)."""
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 MAX_KINDS = 8
 """More distinct layers than this: refused (the learner records one layer of each kind; patterns.N_LAYERS)."""
@@ -48,8 +51,10 @@ def shrink(cfg: dict[str, Any], log=lambda msg: None) -> dict[str, Any]:
     :raises FitplanError: naming the field when a per-layer field cannot be cut or the class rejects every repair."""
     from .derive import hf_config
 
-    out = _widths(cfg)
     full = _resolved(cfg)
+    out = _widths(cfg)
+    for k in derived_widths(cfg, full):
+        del out[k]  # the class derives it from the shrunk widths, as it did from the given ones
     layers_key = next((k for k in LAYER_KEYS if isinstance(full.get(k), int)), None)
     if layers_key is not None:
         out = _cut_layers(cfg, out, full, layers_key, log)
@@ -79,10 +84,45 @@ def _widths(cfg: dict[str, Any]) -> dict[str, Any]:
     for k, v in SMALL.items():
         if isinstance(out.get(k), int) and not isinstance(out[k], bool) and out[k] > v:
             out[k] = v
+    heads, kv = out.get("num_attention_heads"), out.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv, int) and cfg.get("num_key_value_heads") == cfg.get("num_attention_heads"):
+        out["num_key_value_heads"] = heads  # multi-head stays multi-head (DeepSeek's MLA runs only so)
     for k, v in out.items():
         if "layer" in k and isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()):
             out[k] = {key: _widths(x) for key, x in v.items()}
     return out
+
+
+def derived_widths(cfg: dict[str, Any], full: dict[str, Any]) -> list[str]:
+    """The widths of :data:`SMALL` whose class default is None and that ``cfg`` states at the value the class's
+    ``__post_init__`` derives without them (``head_dim``
+    = ``hidden_size // num_attention_heads`` for Llama, = ``qk_rope_head_dim`` for DeepSeek-V3): left to the
+    class, so they follow the shrunk widths they derive from instead of breaking the relation."""
+    from .configrules import class_defaults, config_class
+    from .derive import hf_config
+
+    defaults = class_defaults(config_class(cfg["model_type"]))
+    out = []
+    for k in SMALL:
+        if k not in cfg or not isinstance(cfg[k], int) or isinstance(cfg[k], bool) or defaults.get(k) is not None:
+            continue  # a field with a default of its own is not derived (its value may just be the default)
+        try:
+            derived = hf_config({x: v for x, v in cfg.items() if x != k}).to_dict().get(k)
+        except Exception:  # noqa: BLE001 - required: not derived
+            continue
+        if derived == full.get(k) and k not in attribute_targets(cfg):
+            out.append(k)
+    return out
+
+
+def attribute_targets(cfg: dict[str, Any]) -> set[str]:
+    """Fields that are aliases (``attribute_map`` values): never dropped, the alias would then read nothing."""
+    from .configrules import attribute_map, config_class
+
+    try:
+        return set(attribute_map(config_class(cfg["model_type"])).values())
+    except Exception:  # noqa: BLE001
+        return set()
 
 
 # --------------------------------------------------------------------------- layers
