@@ -75,6 +75,11 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = N
         out.append(f"--params gives no architecture: activations, logits and the step peak are for a typical shape "
                    f"({arch.name.split('(approximate: ', 1)[-1].rstrip(')')}, {arch.num_hidden_layers} layers, "
                    f"vocabulary {arch.vocab_size}) and are approximate; pass --model CONFIG.json for the real shape")
+    out += list(arch.assumed)
+    if arch.unverified:
+        out.append(f"{arch.model_type}'s learned file {arch.unverified} was written with `fitplan learn-architecture "
+                   "--no-verify`: no fresh torch run checked it, so its weights, gradients, activations and the peak "
+                   "are approximate, not exact (re-learn it without --no-verify to check it)")
     attn = s.training.attn_implementation
     if arch.attn_implementations and attn not in arch.attn_implementations:
         out.append(f"{arch.name} has no {attn} attention in its transformers code: it runs "

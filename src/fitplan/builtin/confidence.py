@@ -80,17 +80,29 @@ def _cross_autocast() -> dict[str, Any]:
                  0.08)
 
 
+FROM_THE_FILE = ("weights", "gradients", "activations", "logits", "autocast_copies", "temporaries")
+"""The rows a learned architecture file gives (its parameter list and its step graphs)."""
+
+
+def _unverified(path: str) -> dict[str, Any]:
+    return entry("approximate", f"the learned architecture file {path} was written with `fitplan learn-architecture "
+                                "--no-verify`: no fresh torch run checked its parameters and step graphs")
+
+
 @quantity("confidence", json_key="memory.confidence", type="object", role="confidence")
-def memory_confidence(device, method, optimizer_spec, shard_stage, shard_degree, peak_breakdown, peak_phase, precision):
-    """How each row of the peak breakdown (and the peak itself) is known: ``{row: entry}`` (module doc)."""
+def memory_confidence(device, method, optimizer_spec, shard_stage, shard_degree, peak_breakdown, peak_phase, precision,
+                      arch):
+    """How each row of the peak breakdown (and the peak itself) is known: ``{row: entry}`` (module doc). The rows
+    a learned file written with ``--no-verify`` gives are approximate (``ModelSpec.unverified``)."""
     o = optimizer_spec
     used = tuple(r for r, b in peak_breakdown.items() if b)
     return _memory_confidence(device, method, (o.name, o.source, o.measured_on_cpu, o.frees_gradients),
-                              bool(shard_stage) and shard_degree > 1, used, peak_phase, precision in CROSS_AUTOCAST)
+                              bool(shard_stage) and shard_degree > 1, used, peak_phase, precision in CROSS_AUTOCAST,
+                              getattr(arch, "unverified", None))
 
 
 @functools.lru_cache(maxsize=1024)
-def _memory_confidence(device, method, optimizer, sharded, used, peak_phase, cross_autocast=False):
+def _memory_confidence(device, method, optimizer, sharded, used, peak_phase, cross_autocast=False, unverified=None):
     optimizer_spec = _Optimizer(*optimizer)
     acts = _cross_autocast() if cross_autocast else _activations(device)
     rows = {
@@ -109,6 +121,8 @@ def _memory_confidence(device, method, optimizer, sharded, used, peak_phase, cro
         "framework_overhead": entry("approximate", "CUDA context and allocator reserve: constants of the framework "
                                                    "ruleset, vary with the driver and the library versions"),
     }
+    if unverified:
+        rows.update({r: _unverified(unverified) for r in FROM_THE_FILE})
     worst = max((rows[r]["level"] for r in used if r in rows), key=LEVELS.index, default="exact")
     weakest = [r for r in used if r in rows and rows[r]["level"] == worst]
     bands = [rows[r]["band"] for r in weakest if rows[r]["band"]]

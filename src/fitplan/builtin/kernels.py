@@ -67,6 +67,10 @@ EXTRA_RULES = {
     # entry; its node CopyBackwards (autograd/functions/tensor.cpp) saves nothing, gives ``self`` zeros_like(grad)
     # and ``src`` grad.to(src's options) (the incoming gradient itself when the dtype agrees)
     "copy_": {"d": ["self", "src"], "s": [], "p": [0, 1], "inplace": 1},
+    # a custom torch.autograd.Function, recorded at its boundary (fitplan-torch learn/record.py): its node saves
+    # what ctx.save_for_backward kept (the op's ``fsv``), its backward gives each input a gradient; the ops of
+    # its forward ran with grad mode off and make no node (``ng``)
+    "autograd.Function": {"d": ["inputs*"], "s": [], "p": []},
 }
 
 

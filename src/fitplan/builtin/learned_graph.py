@@ -175,7 +175,7 @@ class Builder:
                 else:
                     edges.append(v)
         any_rg = any(t is not None and t.rg and t.dtype in FLOAT for t in edges)
-        node = rule is not None and any_rg
+        node = rule is not None and any_rg and not extra.get("ng")  # ng: inside a custom autograd Function
         odiff = rule.get("o") if rule else None
         rnames = rule.get("r", ["result"] if len(outs) == 1 else [f"result{k}" for k in range(len(outs))]) if rule else []
         for k, o in enumerate(outs):

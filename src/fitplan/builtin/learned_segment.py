@@ -186,6 +186,8 @@ class Segment:
         ins = []
         for an, v in args:
             ins.append((an, [self.ref(x) for x in v] if isinstance(v, list) else self.ref(v)))
+        if "fsv" in extra:  # a custom autograd Function's node: its saves are the tensors ctx.save_for_backward kept
+            extra = {**extra, "sv": [t for t in (self.ref(x) for x in extra["fsv"]) if t is not None]}
         pseudo = extra.get("pseudo")
         if pseudo == "dropout":
             kernels.dropout(self, ins, outs, extra)

@@ -98,6 +98,12 @@ class ModelSpec:
     """The dtype the config states (``dtype``, or ``torch_dtype`` before transformers 4.56) as fitplan's short
     name (``bf16``), or None when it states none (``from_pretrained(dtype="auto")`` then loads the weights' own
     dtype, which fitplan assumes is float32: :func:`config_dtype`)."""
+    assumed: tuple[str, ...] = ()
+    """What the learned file assumes about a switch this config sets otherwise (its ``assumed``: layerdrop 0, every
+    layer runs), one sentence each, said with the estimate."""
+    unverified: str | None = None
+    """The learned file, when it was written with ``fitplan learn-architecture --no-verify`` (its ``verified`` is
+    false): no fresh torch run checked it, so the figures it gives are not known exactly (builtin/confidence.py)."""
 
     @property
     def is_bare(self) -> bool:
@@ -318,6 +324,8 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         attn_implementations=tuple(af.data.get("attn_implementations") or ()),
         source=source,
         checkpoint_dtype=config_dtype(c, file),
+        unverified=str(af.path) if af.data.get("verified") is False else None,
+        assumed=assumed_statements(af, c),
     )
     _check_size(spec, file)
     return spec
@@ -332,6 +340,17 @@ def _check_size(spec: ModelSpec, file: str | None) -> None:
         raise FitplanError(f"the config gives {spec.param_count:.3g} parameters, at most {MAX_COUNT:.0e} (the bound of "
                            "--params)", file=file, field="$.hidden_size", value=spec.hidden_size,
                            suggestion="check hidden_size, intermediate_size and num_hidden_layers")
+
+
+def assumed_statements(af, c: dict[str, Any]) -> tuple[str, ...]:
+    """One sentence per field of the file's ``assumed`` that the config states at another value (a config that
+    states none, or the assumed value, is what was learned)."""
+    out = []
+    for name, a in (af.data.get("assumed") or {}).items():
+        v = c.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v != a.get("value"):
+            out.append(f"{name} = {v!r}: the figures assume {name} = {a.get('value')!r}, {a.get('why', '')}")
+    return tuple(out)
 
 
 def config_dtype(c: dict[str, Any], file: str | None) -> str | None:

@@ -23,9 +23,14 @@ class Explanation:
 
     tree: dict[str, Any]
     seed_differences: tuple[str, ...] = ()
+    confidence: dict[str, Any] | None = None
+    """How the quantity is known when it is the peak or a breakdown row (builtin/confidence.py), else None."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"tree": self.tree, "seed_differences": list(self.seed_differences)}
+        out = {"tree": self.tree, "seed_differences": list(self.seed_differences)}
+        if self.confidence:
+            out["confidence"] = self.confidence
+        return out
 
 
 def explain(a: Assessment, name: str, *, depth: int = 3, units: str = "GB") -> Explanation:
@@ -36,7 +41,18 @@ def explain(a: Assessment, name: str, *, depth: int = 3, units: str = "GB") -> E
     compiled = est.registry.compiled()
     if name == compiled.role("peak"):
         names += [q for q, meta in compiled.quantities.items() if meta.row or meta.role == "overhead"]
-    return Explanation(explain_tree(est, name, depth=depth, units=units), tuple(seed_differences(est, a.seed, names)))
+    return Explanation(explain_tree(est, name, depth=depth, units=units), tuple(seed_differences(est, a.seed, names)),
+                       row_confidence(est, name))
+
+
+def row_confidence(est: Estimate, name: str) -> dict[str, Any] | None:
+    """The confidence entry of the peak or of the breakdown row ``name`` computes (the quantity of role
+    ``confidence``)."""
+    compiled = est.registry.compiled()
+    meta = compiled.quantities.get(name)
+    row = "peak" if name == compiled.role("peak") else getattr(meta, "row", None)
+    conf = est.values.get(compiled.role("confidence")) if row else None
+    return conf.get(row) if isinstance(conf, dict) else None
 
 
 def format_value(value: Any, unit: str, units: str = "GB") -> str:
@@ -146,8 +162,12 @@ def print_tree(tree: dict[str, Any], console) -> None:
 
 
 def to_terminal(x: Explanation, options: RenderOptions) -> str:
+    from rich.markup import escape
+
     def draw(console: Any) -> None:
         print_tree(x.tree, console)
+        if x.confidence:
+            console.print(f"known: {x.confidence['short']} ({escape(x.confidence['basis'])})")
         if x.seed_differences:
             console.print("\n[bold]Where the seed chapter's assumptions differ[/] (fitplan estimate --assumptions seed):")
             for d in x.seed_differences:

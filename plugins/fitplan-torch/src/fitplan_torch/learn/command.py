@@ -42,22 +42,11 @@ def _check_known(model_type: str, p: Path) -> None:
                            or "a model_type of the installed transformers (its auto classes list them)")
 
 
-def shrink(cfg: dict) -> dict:
-    """A tiny config of the same model type: 2 layers (or as many as the layer pattern needs), small
-    widths, keeping every flag (biases, tied embeddings, norms) as given."""
-    out = dict(cfg)
-    small = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128, "n_inner": None,
-             "ffn_hidden_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
-             "vocab_size": 512, "max_position_embeddings": 256, "n_positions": 256, "num_attention_heads": 4,
-             "n_head": 4, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4, "num_experts": 4,
-             "n_routed_experts": 4, "num_experts_per_tok": 2}
-    for k, v in small.items():
-        if k in out and isinstance(out[k], int) and not isinstance(out[k], bool) and v is not None and out[k] > v:
-            out[k] = v
-    for k in ("num_hidden_layers", "n_layer"):
-        if k in out and isinstance(out[k], int) and out[k] > 2:
-            out[k] = 2
-    return out
+def shrink(cfg: dict, log=lambda msg: None) -> dict:
+    """A tiny config of the same model type that its config class accepts (:mod:`.shrink`)."""
+    from .shrink import shrink as _shrink
+
+    return _shrink(cfg, log)
 
 
 def register(cli: click.Group) -> None:
@@ -87,7 +76,7 @@ def register(cli: click.Group) -> None:
         try:
             cfg = _read_config(config)
             if not no_shrink:
-                cfg = shrink(cfg)
+                cfg = shrink(cfg, log)
             if install:
                 from fitplan.builtin.archfile import user_dirs
 

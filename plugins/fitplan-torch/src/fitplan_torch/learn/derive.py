@@ -19,7 +19,8 @@ from typing import Any
 
 from . import files
 from .fit import FitError, Fitter
-from .record import Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
+from .limits import LAYERDROP_WHY, data_dependent_note, dropout_fields
+from .record import FUNCTION_OP, Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
 from .segments import Cut
 
 DISTINCT_P = (0.11, 0.13, 0.17, 0.19, 0.23, 0.29, 0.31, 0.37, 0.41, 0.43)
@@ -310,7 +311,8 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
     if ref_sig is None:
         ref_sig = signature(rec0)
     elif signature(rec0) != ref_sig:
-        raise LearnError("the base probe records different ops than the reference")
+        raise LearnError("the base probe records different ops than the reference"
+                         + data_dependent_note({"ops": [[o["name"]] for o in rec0.ops]}))
     env0 = env_of(base, b, s)
     probes.append(Probe(base, b, s, env0))
     recs.append(rec0)
@@ -420,7 +422,7 @@ def symbolize(cuts: list[Cut], fitter: Fitter, log, skip: set[int] = frozenset()
                     dims.append(fitter.fit(vals))
                 except FitError as e:
                     raise LearnError(f"segment {seg['kind']} {seg['layer']} tensor t{k} {entry[1]} dim {d} "
-                                     f"(op {_creator(seg, k)}): {e}") from None
+                                     f"(op {_creator(seg, k)}): {e}{data_dependent_note(seg)}") from None
             tensors.append([dims, entry[1], entry[2]])
         out.append({**seg, "sym_tensors": tensors})
     return out
@@ -602,7 +604,8 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
         sym[n] = {**sym[n], "sym_tensors": ref["sym"][m]["sym_tensors"]}
     base_rec = run(probes[0].cfg, precision, attn, probes[0].b, probes[0].s, backward=True)
     if signature(base_rec) != signature(recs[0]):
-        raise LearnError("a second recording of the base probe differs from the first")
+        raise LearnError("a second recording of the base probe differs from the first"
+                         + data_dependent_note({"ops": [[o["name"]] for o in base_rec.ops]}))
     cut0 = cuts[0]
     sites = []
     def site_keys(site_list):
@@ -965,6 +968,8 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         elif k.endswith("_token_id") and isinstance(v, list):
             base[k] = None
     cls = configrules.config_class(model_type)
+    _, skipping = dropout_fields(base)
+    base.update({k: 0.0 for k in skipping})  # every layer runs: a stated assumption of the file (``assumed``)
     NESTED.clear()
     FOLLOWERS.clear()
     NESTED.update(nested_variables(base))
@@ -981,7 +986,7 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
     switches = toggles(base, cls) if regimes else []
     results = {}
     entries_spec = []
-    drops = [k for k, v in base.items() if isinstance(v, float) and not isinstance(v, bool) and "drop" in k.lower()]
+    drops, _ = dropout_fields(base)
     distinct = {f: DISTINCT_P[i] for i, f in enumerate(drops)}
     supported = []
     for precision, attn in variants:
@@ -991,6 +996,8 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
             log(f"  {precision}/{attn}: not supported by this model ({str(e).splitlines()[0][:90]})")
             continue
         supported.append((precision, attn))
+    if not supported:
+        raise LearnError(f"the model runs none of the variants {', '.join('/'.join(v) for v in variants)}")
     others = tuple(v for v in supported if v[1] != supported[0][1])[:1]
     flags = structural_flags(base, supported[0], b, s, log, cls, known, others,
                              skip=set(variables) | {n for sw in switches for r in sw for n in _names(r.when)})
@@ -1134,6 +1141,7 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         "lora": {**peft_parameter_targets(model_type),
                  **_non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix)},
         "attn_implementations": sorted({a for _, a in supported}),
+        **({"assumed": {k: {"value": 0.0, "why": LAYERDROP_WHY} for k in skipping}} if skipping else {}),
     }, results, entries_spec)
 
 
@@ -1149,6 +1157,7 @@ def _missing_rules(segments: dict[str, Any]) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - no shared table yet (while regenerating the bundle)
         known = set()
     ops = {op[0] for seg in segments.values() for op in seg["ops"] if not (len(op) > 3 and op[3].get("pseudo"))}
+    ops.discard(FUNCTION_OP)  # the core's rule (builtin/kernels.py EXTRA_RULES)
     return table(ops - known)
 
 

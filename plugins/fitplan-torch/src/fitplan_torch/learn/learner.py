@@ -28,6 +28,10 @@ def learn_and_check(cfg: dict[str, Any], target: Path, *, verify: bool = True, t
         if problems:
             raise FitplanError(f"the learned file for {cfg['model_type']!r} does not reproduce a fresh run, so it "
                                "was not written", details=problems[:20],
-                               suggestion="report it with the config; --no-verify writes it anyway")
+                               suggestion="report it with the config; --no-verify writes it anyway, marked unverified "
+                                          "(its figures are then approximate, not exact)")
         data["verified"] = {"tolerance": tolerance, "cases": len(rows)}
+    else:
+        data["verified"] = False  # fitplan's figures from it are approximate (builtin/confidence.py)
+        log(f"  not verified (--no-verify): the file is marked so, and estimates with it say so")
     return files.write(data, target)

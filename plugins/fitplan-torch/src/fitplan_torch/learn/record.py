@@ -85,6 +85,7 @@ class _Recorder:
         self.layer_stack: list[int] = []
         self.site_stack: list[int] = []
         self.pending_saves: list[int] = []
+        self.in_function = 0  # inside a custom autograd Function's apply (its ops make no autograd node)
         self.prev_outs: list[Any] = []
         self.nodes: dict[Any, int] = {}
         self.keep: list[Any] = []  # strong refs to tensors whose grad_fn we still need (run B)
@@ -199,13 +200,57 @@ def _dispatch_mode(r: _Recorder):
             r.rec.ops.append({"name": op_key(func), "args": named, "outs": outs, "scalars": scal,
                               "inplace": bool(schema.arguments and schema.arguments[0].alias_info is not None
                                               and schema.arguments[0].alias_info.is_write),
-                              "saves": r.pending_saves, **r.context()})
+                              "saves": r.pending_saves, **r.context(), **({"nograd": 1} if r.in_function else {})})
             r.pending_saves = []
             if r.keep is not None:
                 r.prev_outs = [t for t in _flat(out) if isinstance(t, torch.Tensor)]
             return out
 
     return Mode()
+
+
+FUNCTION_OP = "autograd.Function"
+"""The op a custom ``torch.autograd.Function`` call is recorded as, after the ops of its forward."""
+
+
+@contextlib.contextmanager
+def _function_boundaries(r: _Recorder):
+    """Custom ``torch.autograd.Function`` calls recorded at their boundary. Their forward runs with grad mode off
+    (torch/autograd/function.py: ``Function.apply`` -> ``_C._FunctionBase.apply``), so the ops inside make no
+    autograd node and save nothing; the Function's node saves what ``ctx.save_for_backward`` keeps (the pack hook
+    sees it when apply wraps the outputs). The ops inside are marked ``nograd`` and one op ``autograd.Function``
+    follows them: its inputs, its outputs (the inner ops' results) and, as ``fsaves``, what the node saved."""
+    torch = r.torch
+    Function = torch.autograd.Function
+    original = Function.__dict__["apply"]
+    inner = original.__func__
+
+    def apply(cls, *args, **kwargs):
+        if r.suppress or r.phase != "forward":
+            return inner(cls, *args, **kwargs)
+        r.map_prev_nodes()
+        ins = [r.tensor(a, "const") for a in _flat((args, kwargs)) if isinstance(a, torch.Tensor)]
+        saves_before, r.pending_saves = r.pending_saves, []
+        r.in_function += 1
+        try:
+            out = inner(cls, *args, **kwargs)
+        finally:
+            r.in_function -= 1
+        fsaves, r.pending_saves = r.pending_saves, saves_before
+        r.prev_outs = []  # the node belongs to the boundary op, not to the last op inside
+        idx = len(r.rec.ops)
+        outs = [r.tensor(t, "op", idx) for t in _flat(out) if isinstance(t, torch.Tensor)]
+        r.rec.ops.append({"name": FUNCTION_OP, "args": [("inputs", ins)], "outs": outs, "scalars": {},
+                          "function": cls.__name__, "fsaves": fsaves, "inplace": False, "saves": [], **r.context()})
+        if r.keep is not None:
+            r.prev_outs = [t for t in _flat(out) if isinstance(t, torch.Tensor)]
+        return out
+
+    Function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        Function.apply = original
 
 
 def _function_mode(r: _Recorder):
@@ -424,7 +469,7 @@ def record(model, batch, *, autocast_dtype=None, lifetimes: bool = True, backwar
     embed = model.get_input_embeddings()
     dmode, fmode = _dispatch_mode(r), _function_mode(r)
     with _module_hooks(r, model, layers, linear_types(), embed):
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), fmode, dmode:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), fmode, dmode, _function_boundaries(r):
             with ac:
                 out = model(**batch)
                 loss = out.loss

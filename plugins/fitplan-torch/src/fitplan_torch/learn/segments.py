@@ -135,6 +135,11 @@ class Cut:
                 extra["inplace"] = 1
             if op.get("site") is not None:
                 extra["site"] = op["site"]
+            if op.get("nograd"):
+                extra["ng"] = 1  # inside a custom autograd Function: no autograd node
+            if op.get("function"):  # the Function's node: what ctx.save_for_backward kept
+                extra["fn"] = op["function"]
+                extra["fsv"] = [self._ref(t, n, seg, local, args) for t in op["fsaves"]]
             ops.append([op["name"], ins, outs, extra, i])
         seg["args"] = arg_list
         seg["tensors"] = tensors

@@ -66,15 +66,19 @@ def _clear_caches() -> None:
 
 
 def heldout(base: dict[str, Any], variables: list[str], regime, b: int, s: int) -> tuple[dict[str, Any], int, int]:
-    """A config in ``regime`` with every variable at a size no probe used (scaled by 5/2 or nudged)."""
-    from .derive import hf_config
+    """A config in ``regime`` with every variable at a size no probe used (scaled by 5/2 or nudged), kept
+    :func:`.derive.typical` as the probes are: a hidden size of 480 over 36 heads gives 13-wide heads, whose
+    rotary halves do not pair up, and the model itself fails (OLMo-3, 12 GQA heads scaled by 3)."""
+    from .derive import hf_config, typical
 
     cfg = regime.setup(copy.deepcopy(base), b, s)
     for v in variables:
         if v in regime.fixed or not isinstance(cfg.get(v), int):
             continue
-        for cand in (cfg[v] * 5 // 2, cfg[v] * 2 + 2, cfg[v] + 6, cfg[v] * 3):
+        for cand in (cfg[v] * 5 // 2, cfg[v] * 2 + 2, cfg[v] + 6, cfg[v] * 3, cfg[v] * 2, cfg[v] * 3 // 2):
             trial = regime.couple({**cfg, v: cand})
+            if not typical(trial):
+                continue
             try:
                 hf_config(trial)
             except Exception:  # noqa: BLE001 - the class rejects it: try another
@@ -87,12 +91,10 @@ def heldout(base: dict[str, Any], variables: list[str], regime, b: int, s: int) 
 
 
 def check_graph(data: dict[str, Any], results: dict, specs, log) -> list[str]:
-    """Check 1 (see the module doc)."""
-    from fitplan.builtin.archexpr import compile_expr
+    """Check 1 (see the module doc). Each problem names the variant, the segment, the op and the tensor."""
     from fitplan.builtin.archfile import load
 
-    from .derive import run, signature
-    from .segments import Cut
+    from .derive import run
 
     problems: list[str] = []
     with installed(data):
@@ -100,37 +102,80 @@ def check_graph(data: dict[str, Any], results: dict, specs, log) -> list[str]:
         for precision, attn, reg in specs:
             res = results[(precision, attn, reg.name)]
             cfg, b, s = heldout(res["probes"][0].cfg, res["variables"], reg, res["probes"][0].b, res["probes"][0].s)
+            where = f"{precision}/{attn} [{reg.name}]"
             try:
                 rec = run(cfg, precision, attn, b, s)
             except Exception as e:  # noqa: BLE001
-                problems.append(f"{precision}/{attn} [{reg.name}]: the held-out config does not run: {e}")
+                problems.append(f"{where}: the held-out config does not run ({held_sizes(cfg, res['variables'])}): "
+                                f"{failing_line(e)}")
+                log(f"  graph check {where} at b={b} s={s}: the held-out config does not run")
                 continue
-            env = {**af.symbols(cfg), "b": b, "s": s}
-            v = af.variant(precision, attn, env)
-            cut = Cut(rec, {})
-            names = ["prologue"] + [f"layer {i}" for i in range(len(cut.segments) - 2)] + ["epilogue"]
-            kinds = af.layer_kinds(env)
-            for n, seg in enumerate(cut.segments):
-                if n == 0:
-                    sid = v["prologue"]
-                elif n == len(cut.segments) - 1:
-                    sid = v["epilogue"]
-                else:
-                    sid = v["layers"][kinds[n - 1]]
-                fseg = af.segments[sid]
-                e = env if seg["layer"] is None else {**env, "i": seg["layer"]}
-                if [o[0] for o in fseg["ops"]] != [o[0] for o in seg["ops"]]:
-                    problems.append(f"{precision}/{attn} [{reg.name}] {names[n]}: the ops differ at b={b} s={s}")
-                    continue
-                for k, (t_file, t_rec) in enumerate(zip(fseg["t"], seg["tensors"])):
-                    shape = [int(compile_expr(d)(e)) for d in t_file[0]]
-                    if shape != list(t_rec[0]) or t_file[1] != t_rec[1]:
-                        problems.append(f"{precision}/{attn} [{reg.name}] {names[n]} t{k}: the file says {shape} "
-                                        f"{t_file[1]}, the model made {list(t_rec[0])} {t_rec[1]}")
-                        break
-            log(f"  graph check {precision}/{attn} [{reg.name}] at b={b} s={s}: "
-                f"{'ok' if not problems else str(len(problems)) + ' problem(s)'}")
+            found = _compare(af, cfg, rec, b, s, where)
+            problems += found
+            log(f"  graph check {where} at b={b} s={s}: {'ok' if not found else str(len(found)) + ' problem(s)'}")
     return problems
+
+
+def _compare(af, cfg: dict[str, Any], rec, b: int, s: int, where: str) -> list[str]:
+    """The file evaluated at ``cfg`` against the fresh recording ``rec``, segment by segment: the first op whose
+    name differs, or the first tensor whose shape or dtype differs (with the op that makes it)."""
+    from fitplan.builtin.archexpr import compile_expr
+
+    from .segments import Cut
+
+    problems = []
+    env = {**af.symbols(cfg), "b": b, "s": s}
+    v = af.variant(*_variant_key(where), env)
+    cut = Cut(rec, {})
+    names = ["prologue"] + [f"layer {i}" for i in range(len(cut.segments) - 2)] + ["epilogue"]
+    kinds = af.layer_kinds(env)
+    for n, seg in enumerate(cut.segments):
+        sid = v["prologue"] if n == 0 else v["epilogue"] if n == len(cut.segments) - 1 else v["layers"][kinds[n - 1]]
+        fseg = af.segments[sid]
+        e = env if seg["layer"] is None else {**env, "i": seg["layer"]}
+        f_ops, r_ops = [o[0] for o in fseg["ops"]], [o[0] for o in seg["ops"]]
+        if f_ops != r_ops:
+            k = next((j for j, (x, y) in enumerate(zip(f_ops, r_ops)) if x != y), min(len(f_ops), len(r_ops)))
+            problems.append(f"{where} {names[n]}: op {k} differs at b={b} s={s}: the file has "
+                            f"{f_ops[k] if k < len(f_ops) else 'no op'}, the model ran "
+                            f"{r_ops[k] if k < len(r_ops) else 'no op'} ({len(f_ops)} vs {len(r_ops)} ops)")
+            continue
+        for k, (t_file, t_rec) in enumerate(zip(fseg["t"], seg["tensors"])):
+            shape = [int(compile_expr(d)(e)) for d in t_file[0]]
+            if shape != list(t_rec[0]) or t_file[1] != t_rec[1]:
+                problems.append(f"{where} {names[n]} t{k} (made by {_maker(fseg, k)}): the file says {shape} "
+                                f"{t_file[1]} = {t_file[0]}, the model made {list(t_rec[0])} {t_rec[1]}")
+                break
+    return problems
+
+
+def _variant_key(where: str) -> tuple[str, str]:
+    precision, attn = where.split(" ", 1)[0].split("/")
+    return precision, attn
+
+
+def _maker(fseg: dict[str, Any], k: int) -> str:
+    """The op of a file segment whose outputs hold tensor ``t<k>`` (an argument when no op makes it)."""
+    for op in fseg["ops"]:
+        if f"t{k}" in op[2]:
+            return op[0]
+    return "an argument of the segment"
+
+
+def held_sizes(cfg: dict[str, Any], variables: list[str]) -> str:
+    return ", ".join(f"{v}={cfg[v]}" for v in variables if v in cfg)
+
+
+def failing_line(e: BaseException) -> str:
+    """The exception and the model code line it came from (the last frame under ``transformers/models``)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "/transformers/models/" in f.filename]
+    msg = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    if frames:
+        f = frames[-1]
+        msg += f" at {f.filename.split('/transformers/', 1)[1]}:{f.lineno} `{(f.line or '').strip()[:100]}`"
+    return msg
 
 
 def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance: float = 0.01,
