@@ -363,12 +363,12 @@ def trainer_arch(s: sc.Scenario, arch: architecture.ModelSpec) -> architecture.M
         raise FitplanError("trainer 'reward' needs the model's architecture: the reward model replaces the LM head by "
                            "a score head", field="trainer", value="reward",
                            suggestion="use --model NAME or a config.json instead of --params")
-    from fitplan.builtin.archfile import SEQUENCE_CLASSIFIERS
+    from fitplan.builtin.archfile import sequence_classifiers
 
-    if arch.model_type not in SEQUENCE_CLASSIFIERS:
+    if arch.model_type not in sequence_classifiers():
         raise FitplanError(f"trainer 'reward' on model_type {arch.model_type!r}: its sequence classifier is not "
                            "transformers' GenericForSequenceClassification (or it has none), which is what fitplan models",
-                           field="trainer", value="reward", suggestion="modelled: " + ", ".join(SEQUENCE_CLASSIFIERS))
+                           field="trainer", value="reward", suggestion="modelled: " + ", ".join(sequence_classifiers()))
     return architecture.sequence_classifier(arch)
 
 

@@ -67,7 +67,7 @@ def read_json(path: Path) -> Any:
         raise ValueError(e.message) from None
 
 
-SHARED_TABLES = ("autograd", "peft")
+SHARED_TABLES = ("autograd", "peft", "sequence_classifiers")
 """Files beside the architecture files that are no model type: PyTorch's save rules, peft's default targets."""
 
 
@@ -87,6 +87,18 @@ def data_file(name: str) -> Path:
 
 
 @functools.lru_cache(maxsize=1)
+def sequence_classifiers() -> tuple[str, ...]:
+    """The model types whose ``AutoModelForSequenceClassification`` class in transformers 5.24 is a
+    ``GenericForSequenceClassification`` (the shared table ``sequence_classifiers.json``, with its source):
+    :data:`SCORE_HEAD` describes these."""
+    path = data_file("sequence_classifiers.json")
+    try:
+        return tuple(json.loads(path.read_text(encoding="utf-8"))["model_types"])
+    except (OSError, json.JSONDecodeError, KeyError) as e:
+        raise FitplanError(f"cannot read the sequence-classifier table: {e}", file=str(path)) from None
+
+
+@functools.lru_cache(maxsize=1)
 def peft_table() -> dict[str, Any]:
     """peft's default LoRA target modules per model type (generated from peft by fitplan-torch)."""
     path = data_file("peft.json")
@@ -101,13 +113,6 @@ SCORE_HEAD = "fitplan_score_head"
 (TRL's reward model, builtin/trl/reward.py): transformers' ``GenericForSequenceClassification``
 (transformers/modeling_layers.py) keeps the bare decoder and adds ``score = nn.Linear(hidden, 1, bias=False)``;
 there is no LM head (a tied one never was a tensor of its own)."""
-SEQUENCE_CLASSIFIERS = ("deepseek_v2", "deepseek_v3", "exaone4", "gemma", "gemma2", "gemma3_text", "glm4", "gpt_oss",
-                        "llama", "mistral", "mixtral", "olmo", "olmo2", "phi", "phi3", "qwen2", "qwen2_moe", "qwen3",
-                        "qwen3_moe", "smollm3", "stablelm", "starcoder2")
-"""The model types whose ``AutoModelForSequenceClassification`` class in transformers 5.24 is a
-``GenericForSequenceClassification`` (models/auto/modeling_auto.py ``MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES``,
-each class's bases): :data:`SCORE_HEAD` describes these. Falcon, GPT-2, GPTBigCode and GPT-NeoX have classes of
-their own; Cohere, ERNIE 4.5, Granite and Llama-4 have none (``from_pretrained`` fails)."""
 SCORE = ["score.weight", ["1", "hidden_size"], "linear:score", None, None, "bf16"]
 """The ``score`` Linear's weight entry (the checkpoint's dtype, as every 16-bit parameter)."""
 
