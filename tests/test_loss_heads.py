@@ -83,6 +83,57 @@ def test_chunked_keeps_every_chunks_fp32_log_probabilities():
     assert e["logits_bytes"] == 4 * B * S * V + 8 * B * S + 8 * 4 + 8
 
 
+def test_compiled_chunked_keeps_the_16bit_chunks_and_two_fp32_values_per_row():
+    # torchtune compile: True compiles compute_cross_entropy (training/_compile.py compile_loss): per chunk the graph
+    # saves its bf16 input (2·b·(s/8)·V, 2·b·s·V over the 8 chunks), the target chunk (a reshape copy, b > 1: 8·b·s
+    # in all) and the row maximum and log-sum-exp (fp32, 4·b·s each in all), measured below; plus div's 8-byte count
+    e = _llama_8b("chunked_compiled", "lora")
+    assert e["logits_bytes"] == 2 * B * S * V + 8 * B * S + 2 * 4 * B * S + 8
+    # what goes: the fp32 log-probabilities (4·b·s·V) and the per-chunk total_weight scalars of the eager loss
+    eager = _llama_8b("chunked", "lora")
+    assert eager["logits_bytes"] - e["logits_bytes"] == 4 * B * S * V + 8 * 4 - 2 * B * S * V - 2 * 4 * B * S
+    assert e["peak_bytes"] < eager["peak_bytes"]
+
+
+def _compiler():
+    import shutil
+
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+@pytest.mark.skipif(_compiler() is None, reason="Inductor's CPU backend needs a C++ compiler")
+def test_compiled_cross_entropy_saves_its_16bit_input_and_two_fp32_values_per_row():
+    """Measured: torchtune's ``compute_cross_entropy`` (``F.cross_entropy(logits.float(), labels,
+    reduction="sum")``) under torch.compile (Inductor, CPU) saves, through autograd's saved-tensor hooks, the bf16
+    logits themselves, the labels and two fp32 ``(rows, 1)`` tensors; its backward returns a bf16 gradient.
+    This is what ``chunked_compiled`` keeps per chunk (builtin/loss_heads.py)."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    def compute_cross_entropy(logits, labels):
+        return F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum")
+
+    compiled = torch.compile(compute_cross_entropy)
+    rows, vocab = 24, 96
+    weight = torch.randn(vocab, 16, dtype=torch.bfloat16, requires_grad=True)
+    logits = torch.randn(rows, 16, dtype=torch.bfloat16) @ weight.t()
+    labels = torch.randint(0, vocab, (rows,))
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = compiled(logits, labels)
+    kept = sorted((tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in saved)
+    assert kept == [((rows,), "int64"), ((rows, 1), "float32"), ((rows, 1), "float32"), ((rows, vocab), "bfloat16")]
+    chunk = next(t for t in saved if t.dtype == torch.bfloat16)
+    assert chunk.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()  # the chunk, not a copy
+    grad = torch.autograd.grad(loss, logits)[0]
+    assert grad.dtype == torch.bfloat16
+
+
 def test_chunked_and_liger_lower_the_peak_of_the_hf_loss():
     hf, chunked, liger = (_llama_8b(loss, "lora") for loss in ("hf", "chunked", "liger"))
     # hf's peak is in the backward: the fp32 log-probabilities, their gradient and the gradient of the upcast,

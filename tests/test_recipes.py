@@ -289,6 +289,52 @@ def test_estimating_a_recipe_is_estimating_its_scenario_and_flags_win():
     assert json.loads(r.stdout)["memory"]["per_gpu_bytes"]["peak"] == by_hand.role("peak")
 
 
+GIB = 2**30
+LLAMA_31_8B = 8_030_261_248  # meta-llama/Llama-3.1-8B's safetensors parameter count
+
+
+def _compiled(tmp_path, name: str):
+    """A torchtune config of the fixtures with ``compile: True`` (what ``tune run ... compile=True`` sets)."""
+    text = (RECIPES / "torchtune" / name).read_text()
+    assert "\ncompile: False" in text
+    path = tmp_path / name
+    path.write_text(text.replace("\ncompile: False", "\ncompile: True"))
+    return path
+
+
+def test_compile_true_compiles_the_chunked_loss(tmp_path):
+    """training.compile_loss (torchtune/training/_compile.py @ 30b8519) compiles CEWithChunkedOutputLoss's
+    compute_cross_entropy when the recipe's compile is on: chunked_compiled, and the model compiled."""
+    fields, warns = recipe_fields(_compiled(tmp_path, "llama3_1-8B_lora_single_device.yaml"))
+    assert (fields["loss_implementation"], fields["torch_compile"]) == ("chunked_compiled", True)
+    assert any("chunked_compiled" in w for w in warns)
+
+
+def _readme_row(tmp_path, name: str):
+    """torchtune's README (@ 30b8519) setup: batch 2, packed to 2048, no accumulation, compile on."""
+    fields = recipe_fields(_compiled(tmp_path, name))[0]
+    fields.update(max_seq_length=2048, padding="pack", gradient_accumulation_steps=1, gpu="rtx-4090")
+    return fitplan.estimate(**fields)
+
+
+def test_torchtune_readme_qlora_row_within_five_percent(tmp_path):
+    """Published: 7.4 GiB peak on one RTX 4090 (torch.cuda memory statistics / 1024³); fitplan's allocated peak."""
+    peak = _readme_row(tmp_path, "llama3_1-8B_qlora_single_device.yaml").role("peak") / GIB
+    assert abs(peak / 7.4 - 1) <= 0.05
+
+
+def test_torchtune_readme_lora_row_sits_above_what_its_tensors_need(tmp_path):
+    """Published: 16.2 GiB. The tensors alive when the loss runs already need more than 16.2 GiB + 4.5 %: the bf16
+    weights (2 bytes per parameter), the 32 layer checkpoints (each a (2, 2048, 4096) bf16 input,
+    set_activation_checkpointing on TransformerSelfAttentionLayer) and the eight bf16 logit chunks the model
+    returns (2 · 2 · 2048 · 128256 bytes in all, alive until the loss returns). fitplan's peak is above that
+    floor, and the floor above the published figure."""
+    floor = 2 * LLAMA_31_8B + 32 * 2 * 2048 * 4096 * 2 + 2 * 2 * 2048 * 128256
+    assert floor / GIB > 16.2 * 1.045
+    peak = _readme_row(tmp_path, "llama3_1-8B_lora_single_device.yaml").role("peak")
+    assert floor < peak < 1.07 * 16.2 * GIB
+
+
 def test_recipe_option_sits_over_a_scenario_toml_and_under_flags(tmp_path):
     """``--recipe`` beside a TOML scenario: the TOML's fields the recipe does not set stay (the GPU count), the
     recipe's win over the TOML's (the batch), flags win over both (the accumulation)."""

@@ -120,7 +120,7 @@ class Segment:
                 break
             if head is not None and k == head["start"]:
                 loss_heads.run(self, head)  # the loss implementation's head replaces the recorded one
-                if b.spec.loss != "chunked":
+                if b.spec.loss not in loss_heads.CHUNKED:
                     self._deaths([r for r, d in die.items() if isinstance(d, int) and d >= k])
                 break
             if logits_from is not None and k >= logits_from:
@@ -239,7 +239,7 @@ class Segment:
         for t in inplace:
             if t.rg and t.sid >= 0:
                 self._inplace_requires_grad(t.sid)
-        if weight_cast and ins[0][1].rg and b.spec.loss == "chunked":
+        if weight_cast and ins[0][1].rg and b.spec.loss in loss_heads.CHUNKED:
             b.ac_cache[ins[0][1].key] = out_ts[0]
         if weight_cast and not ins[0][1].rg:
             # autocast caches a weight's 16-bit copy only when the weight requires grad (a frozen base

@@ -17,8 +17,16 @@ dtype, their fp32 copy (``.float()``), ``log_softmax`` (fp32, saved for backward
   chunk's fp32 upcast and its gradients at a time instead of the whole. The recorded head is replayed once
   per chunk with ``s`` the chunk's length (so a model's own ops between the head and the loss, softcapping or
   scaling, run per chunk as well); the chunk losses are summed (``add``) and divided by the token count
-  (``div``, which saves the 8-byte count). Under ``torch.compile`` of ``compute_cross_entropy`` (the recipes'
-  ``compile: True``) Inductor would keep the 16-bit chunk instead of its fp32 log-probabilities: not modelled.
+  (``div``, which saves the 8-byte count).
+* ``chunked_compiled``: the same head with ``compute_cross_entropy`` under ``torch.compile``, as torchtune's
+  recipes run it with ``compile: True`` (recipes/lora_finetune_single_device.py: ``training.compile_loss``,
+  which compiles ``compute_cross_entropy`` alone, ``CEWithChunkedOutputLoss.apply_compile_strategy``). AOTAutograd
+  and Inductor make ``.float()`` + ``cross_entropy`` one graph per chunk: its forward keeps the 16-bit chunk itself
+  (a graph input), the chunk's targets and two fp32 values per row (the row maximum and the log-sum-exp); the
+  upcast and the log-probabilities are never stored. Its backward writes the 16-bit gradient of the chunk
+  directly, beside one fp32 value per row. Measured on the CPU (torch 2.13 Inductor, tests/test_loss_heads.py:
+  the saved tensors through ``saved_tensors_hooks``, the buffers from the generated code); the partition is
+  Inductor's on CUDA as well. The targets are ``reshape`` copies of the ``(b, s/8)`` label chunks (b > 1).
 * ``liger``: Liger-Kernel's ``LigerFusedLinearCrossEntropyFunction`` (src/liger_kernel/ops/
   fused_linear_cross_entropy.py @ 00eba634, ``fused_linear_cross_entropy_forward``), what transformers'
   ``use_liger_kernel`` installs for the loss (``LigerForCausalLMLoss``, transformers/model/loss_utils.py: labels
@@ -55,6 +63,8 @@ if TYPE_CHECKING:
 
 CHUNKS = 8
 """torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` default."""
+CHUNKED = ("chunked", "chunked_compiled")
+"""The loss implementations whose head runs per chunk of the sequence."""
 
 RULES = {
     # LigerFusedLinearCrossEntropyFunction: differentiable in the hidden state and the LM head weight; its saved
@@ -64,6 +74,9 @@ RULES = {
     # them, the fp32 log-sum-exp and the logit average (given explicitly, ``sv``); its backward allocates both
     # gradients (``zeros_like``)
     "cce.linear_cross_entropy": {"d": ["self", "weight"], "s": [], "p": [0, 0], "o": [1]},
+    # torch.compile'd compute_cross_entropy (one AOTAutograd graph per chunk): differentiable in the chunk, whose
+    # gradient is a new tensor; saves the chunk, the targets and the per-row max and log-sum-exp (``sv``)
+    "torchtune.compiled_cross_entropy": {"d": ["self"], "s": [], "p": [0], "o": [1, 0, 0]},
     "trl.chunked_logprob": TRL_RULE,  # TRL's fused LM head (builtin/trl/fused_head.py)
     "reward.pool": REWARD_RULE,  # the reward model's score head (builtin/trl/score_head.py)
 }
@@ -103,7 +116,7 @@ def head_site(seg_inst: "Segment") -> dict[str, Any] | None:
 
 def run(seg_inst: "Segment", site: dict[str, Any]) -> None:
     """Emit the replaced head from ``site`` on; sets the epilogue's loss reference."""
-    heads = {"chunked": _chunked, "liger": _liger, "cce": _cce, "trl": trl_head, "trl_kto": trl_head,
+    heads = {"chunked": _chunked, "chunked_compiled": _chunked, "liger": _liger, "cce": _cce, "trl": trl_head, "trl_kto": trl_head,
              "trl_logp": trl_head, "trl_grpo": trl_head, "reward": reward_head}
     loss = heads[seg_inst.b.spec.loss](seg_inst, site)
     seg_inst.refs[seg_inst.seg["loss"]] = loss
@@ -148,6 +161,9 @@ def _chunked(seg_inst: "Segment", site: dict[str, Any]):
     tr.kind_default = prev
     losses = []
     for sub in chunks:
+        if b.spec.loss == "chunked_compiled":
+            losses.append(_compiled_cross_entropy(sub, labels, seg["ops"][loss_from - 1][2][0]))
+            continue
         sub.run(first=loss_from)
         losses.append(sub.refs[seg["loss"]])
     tr.touch(labels)
@@ -159,6 +175,41 @@ def _chunked(seg_inst: "Segment", site: dict[str, Any]):
     loss = tr.new(1, "f32", False, "div")
     b.emit("div.Tensor", [("self", total), ("other", count)], [loss])
     return loss
+
+
+def _compiled_cross_entropy(sub: "Segment", labels, logits_ref: str):
+    """One chunk's ``torch.compile``'d ``compute_cross_entropy`` (module doc, ``chunked_compiled``): the target
+    chunk (a ``reshape`` copy unless the batch is one row), then the fused graph."""
+    b, tr = sub.b, sub.b.tr
+    logits = sub.ref(logits_ref)
+    tr.kind[logits.sid] = "logits"  # the 16-bit chunk: the compiled graph saves it for its backward
+    tokens = b.spec.batch * sub.env["s"]
+    prev = tr.kind_default
+    tr.kind_default = "logits"
+    if b.spec.batch > 1:
+        target = tr.new(tokens, "i64", False, "labels.chunk")
+        b.emit("clone", [("self", labels)], [target])
+    else:
+        target = tr.view(labels, tokens)
+    row_max = tr.new(tokens, "f32", False, "compiled_ce.amax")
+    lse = tr.new(tokens, "f32", False, "compiled_ce.logsumexp")
+    tr.kind_default = prev
+    loss = tr.new(1, "f32", False, "compiled_ce.loss")
+    b.emit("torchtune.compiled_cross_entropy", [("self", logits), ("target", target)], [loss, row_max, lse],
+           extra={"sv": [logits, target, row_max, lse]})
+    op = tr.ops[-1]
+    op.bwd_temp = 4 * tokens if op.outs else 0  # the backward's per-row fp32 sum beside the chunk's gradient
+    op.work = _compiled_ce_work(logits.nbytes, tokens)
+    return loss
+
+
+def _compiled_ce_work(chunk_bytes: int, tokens: int) -> op_work.Work:
+    """Inductor's kernels for one chunk: the forward reduces the 16-bit chunk per row (the maximum, then the sum of
+    exponentials: two reads); the backward reads it once and writes its 16-bit gradient."""
+    rows = 16 * tokens
+    fwd = (op_work.Kernel("elementwise", "", 0, 2 * chunk_bytes + rows),)
+    bwd = (op_work.Kernel("elementwise", "", 0, 2 * chunk_bytes + rows),)
+    return op_work.Work(fwd, bwd)
 
 
 def _head(seg_inst: "Segment", site: dict[str, Any]):

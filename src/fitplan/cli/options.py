@@ -53,7 +53,8 @@ HELP = {
     "num_train_epochs": "Passes over the dataset (default 1).",
     "tf32": "HF tf32: fp32 matmuls on TF32 tensor cores (off by default in PyTorch and the HF Trainer).",
     "loss_implementation": "hf (default: the model's loss over the whole fp32 logits) | chunked (torchtune's "
-                           "CEWithChunkedOutputLoss: LM head and fp32 cross-entropy per chunk of 8) | liger (Liger-Kernel's "
+                           "CEWithChunkedOutputLoss: LM head and fp32 cross-entropy per chunk of 8) | chunked_compiled (the same with "
+                           "torchtune's compile: True: the 16-bit chunks are kept, no fp32 log-probabilities) | liger (Liger-Kernel's "
                            "fused linear cross-entropy, TrainingArguments use_liger_kernel; the logits never whole) | cce "
                            "(Apple's Cut Cross-Entropy: only a log-sum-exp per token is kept) | trl_grpo (TRL 1.16's fused "
                            "log-prob head as GRPO/RLOO run it: their default).",

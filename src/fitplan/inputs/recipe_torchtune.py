@@ -13,7 +13,8 @@ What the recipes do with their keys (torchtune @ 30b8519, the commit of its READ
   ``autocast_adapter_dtype = false``) and leaves the rest of a QLoRA model in it (``kbit_preparation = "none"``).
 * ``dtype``: ``bf16`` loads and trains every parameter in bf16 with no autocast (``bf16-true``); ``fp32``:
   ``32-true``.
-* ``loss._component_``: ``CEWithChunkedOutputLoss`` is fitplan's ``chunked`` (8 chunks).
+* ``loss._component_``: ``CEWithChunkedOutputLoss`` is fitplan's ``chunked`` (8 chunks); with ``compile: True``
+  ``chunked_compiled`` (``training.compile_loss`` compiles its ``compute_cross_entropy``).
 * ``optimizer._component_``: :data:`OPTIMIZERS`; ``optimizer_in_bwd`` and ``enable_activation_offloading``
   change memory in ways fitplan does not model: refused.
 * ``batch_size``, ``gradient_accumulation_steps``, ``epochs``, ``tokenizer.max_seq_len``, ``dataset.packed``,
@@ -147,8 +148,8 @@ def _training(r: Recipe) -> None:
                "--max-seq-length (default 2048)")
     if r.flag("compile", False):
         r.set("torch_compile", True)
-        r.warn("compile: True: torch.compile's time is modelled; under compile torchtune also compiles the chunked "
-               "loss, whose memory fitplan estimates as eager (docs/accuracy.md)")
+        r.warn("compile: True: torch.compile's time is modelled, and the compiled chunked loss's memory "
+               "(chunked_compiled); the compiled decoder layers' memory is estimated as eager")
 
 
 def _optimizer(r: Recipe) -> None:
@@ -176,7 +177,9 @@ def _loss(r: Recipe) -> None:
     chunks = r.value("loss.num_output_chunks")
     if chunks not in (None, 8):
         raise r.refuse("loss.num_output_chunks", "fitplan's chunked loss has torchtune's default of 8 chunks")
-    r.set("loss_implementation", LOSSES[comp])
+    # training.compile_loss (training/_compile.py) compiles compute_cross_entropy alone when compile is on
+    compiled = LOSSES[comp] == "chunked" and r.fields.get("torch_compile")
+    r.set("loss_implementation", "chunked_compiled" if compiled else LOSSES[comp])
 
 
 def _unmodelled(r: Recipe) -> None:

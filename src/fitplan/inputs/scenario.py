@@ -22,7 +22,7 @@ from fitplan.inputs.precision import PRECISIONS, dtype_code, load_dtype_word
 
 METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
-LOSS_IMPLEMENTATIONS = ("hf", "chunked", "liger", "cce", "trl_grpo")
+LOSS_IMPLEMENTATIONS = ("hf", "chunked", "chunked_compiled", "liger", "cce", "trl_grpo")
 """How the loss head runs (builtin/loss_heads.py, docs/memory-model.md "Loss implementations")."""
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
 STACKS = ("deepspeed", "fsdp1", "fsdp2", "ddp", "torch")
@@ -217,7 +217,8 @@ class Training:
     """HF ``torch_compile``: the model runs under ``torch.compile`` (Inductor fuses elementwise ops: time only)."""
     loss_implementation: str = field(default="hf", validator=_one_of(LOSS_IMPLEMENTATIONS))
     """The loss head: ``hf`` (the model's ``ForCausalLMLoss`` over the whole fp32 logits), ``chunked`` (torchtune's
-    ``CEWithChunkedOutputLoss``, 8 chunks, eager), ``liger`` (Liger-Kernel's fused linear cross-entropy,
+    ``CEWithChunkedOutputLoss``, 8 chunks, eager), ``chunked_compiled`` (the same with its ``compute_cross_entropy``
+    under ``torch.compile``, torchtune's ``compile: True``), ``liger`` (Liger-Kernel's fused linear cross-entropy,
     TrainingArguments ``use_liger_kernel``), ``cce`` (Apple's Cut Cross-Entropy)."""
 
 

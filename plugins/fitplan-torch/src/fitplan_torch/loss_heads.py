@@ -30,6 +30,10 @@ def check(loss_implementation: str) -> None:
         raise FitplanError("the SFT referee does not run TRL's fused log-prob head: GRPO/RLOO's step is measured by "
                            "fitplan_torch.grpo.measure_grpo (TRL's own GRPOTrainer)", field="loss_implementation",
                            value=loss_implementation, suggestion="validate hf or chunked here")
+    if loss_implementation == "chunked_compiled":
+        raise FitplanError("the torch referee measures eager steps: Inductor's compiled buffers bypass the dispatcher "
+                           "its meter watches (tests/test_loss_heads.py checks what the compiled loss saves)",
+                           field="loss_implementation", value=loss_implementation, suggestion="validate chunked")
     if loss_implementation not in ("hf", "chunked"):
         raise FitplanError(f"the torch referee cannot run loss_implementation {loss_implementation!r}: Liger-Kernel's "
                            "and Cut Cross-Entropy's kernels are Triton (CUDA) code", field="loss_implementation",
