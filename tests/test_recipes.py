@@ -51,6 +51,19 @@ TORCHTUNE = {
         **TT_BF16, "model": "llama-3.1-8b", "method": "full", "per_device_train_batch_size": 2,
         "gradient_accumulation_steps": 1, "num_train_epochs": 3.0, "gradient_checkpointing": True,
         "optim": "adamw_torch_fused", "fsdp": "full_shard"},
+    # optimizer_in_bwd: True (one optimizer per parameter, stepped in its gradient's hook), no accumulation
+    "llama3_1-8B_full_single_device": {
+        **TT_BF16, "model": "llama-3.1-8b", "method": "full", "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 1, "num_train_epochs": 3.0, "gradient_checkpointing": True,
+        "optim": "paged_adamw_8bit", "optimizer_in_bwd": True},
+    "mistral-7B_full_low_memory": {  # bitsandbytes.optim.PagedAdamW: 32-bit states
+        **TT_BF16, "model": "mistral-7b", "method": "full", "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 1, "num_train_epochs": 3.0, "gradient_checkpointing": True,
+        "optim": "paged_adamw_32bit", "optimizer_in_bwd": True},
+    "llama2-7B_full_low_memory": {
+        **TT_BF16, "model": "llama-2-7b", "method": "full", "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 1, "num_train_epochs": 3.0, "gradient_checkpointing": True,
+        "optim": "paged_adamw_32bit", "optimizer_in_bwd": True},
     "mistral-7B_qlora_single_device": {
         **TT_QLORA, "model": "mistral-7b", "lora_r": 64, "lora_alpha": 16, "lora_target_modules": ("q_proj", "k_proj",
         "v_proj") + MLP, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "num_train_epochs": 3.0,
@@ -200,9 +213,6 @@ def test_each_imported_scenario_is_one_fitplan_estimates(path, want):
 
 
 @pytest.mark.parametrize(("path", "key", "value"), [
-    (RECIPES / "torchtune" / "llama3_1-8B_full_single_device.yaml", "optimizer_in_bwd", True),
-    (RECIPES / "torchtune" / "mistral-7B_full_low_memory.yaml", "optimizer_in_bwd", True),
-    (RECIPES / "torchtune" / "llama2-7B_full_low_memory.yaml", "optimizer_in_bwd", True),
     (RECIPES / "axolotl" / "llama-3-lora-8b.yml", "load_in_8bit", True),
     (RECIPES / "axolotl" / "llama-2-fft_optimized.yml", "flash_attn_fuse_mlp", True),
     (RECIPES / "llamafactory" / "train_lora-llama3_lora_dpo.yaml", "stage", "dpo"),

@@ -80,12 +80,15 @@ def master_weight_bytes(trainable_param_count, master_weight_dtype_bytes):
 
 @quantity("bytes", category="memory", label="gradients", json_key="memory.per_gpu_bytes.gradients", short="gradients", row="gradients")
 def gradient_bytes(trainable_param_count, trainable_dtype_bytes, optimizer_spec, trainable_tensors, method,
-                   fp32_param_count):
+                   fp32_param_count, optimizer_in_bwd):
     """Gradients: one per trainable parameter, in the parameter's dtype (fp32 for the fp32-kept tensors full
     fine-tuning trains; frozen weights have none).
     Seed: "même taille que les poids". Optimizers that consume each gradient as backward produces it (LOMO,
     the ``*_layerwise`` variants: ``OptimizerSpec.frees_gradients``) never hold more than about one: the
-    largest trainable tensor's gradient."""
+    largest trainable tensor's gradient. torchtune's ``optimizer_in_bwd`` frees each gradient in the hook that
+    steps its parameter: none is held past the backward (``builtin/peak.py`` counts the ones in flight)."""
+    if optimizer_in_bwd:
+        return 0
     if optimizer_spec.frees_gradients:
         return max((math.prod(shape) for shape, _ in trainable_tensors), default=0) * trainable_dtype_bytes
     return (trainable_param_count * trainable_dtype_bytes

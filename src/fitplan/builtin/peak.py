@@ -17,6 +17,12 @@ master weights, optimizer states, buffers, the batch and communication buffers (
 * ``optimizer_step``: resident + all gradients + the optimizer's step temporaries (foreach AdamW: one
   state-sized list, ``exp_avg_sq.sqrt()``).
 
+torchtune's ``optimizer_in_bwd`` (recipes/full_finetune_single_device.py, ``training/memory.py``
+``register_optim_in_bwd_hooks``: one optimizer per parameter, ``step()`` and ``zero_grad()`` in the parameter's
+post-accumulate-grad hook) holds no gradient after the op that completes it: the backward's instants are what is
+left of the activations plus the gradients that op completed and the step temporaries of their parameters (the
+optimizer's step temporaries in proportion to their bytes); the ``optimizer_step`` phase holds no gradient.
+
 ``peak_bytes`` is what ``torch.cuda.max_memory_allocated`` (or fitplan-torch's live-storage counter on
 the CPU) reports; ``peak_phase`` names the phase it falls in (``forward``, ``backward``,
 ``optimizer_step``). On ``device = cuda`` every tensor is rounded up to the allocator block (512 B).
@@ -131,7 +137,7 @@ def _exact(rows: dict[str, float], total: int) -> dict[str, int]:
 def phase_rows(step_trace, weight_bytes, master_weight_bytes, optimizer_state_bytes, comm_buffer_bytes,
                other_resident_bytes, gradient_bytes, optimizer_step_temp_bytes, saved_for_backward_bytes,
                activation_bytes, logits_bytes, autocast_weight_copy_bytes, gradient_accumulation_steps,
-               gathered_param_bytes):
+               gathered_param_bytes, optimizer_in_bwd, num_gpus):
     """The peak of live bytes within each phase of a step (see the module doc), as breakdown rows: weights,
     master weights, optimizer states, communication buffers, other (buffers, batch, allocator rounding, the
     logged loss), gathered parameters, gradients, and what the step trace says the rest is at the peak instant
@@ -169,7 +175,12 @@ def phase_rows(step_trace, weight_bytes, master_weight_bytes, optimizer_state_by
         spike = _add(dict(before), gathered_params=stack["forward_spike"],
                      **_scaled(t.forward_before_last_layer_parts, act_scale))
         forward = max(forward, spike, key=lambda r: sum(r.values()))
-    backward = _backward_rows(t, resident, gb, stack, act_scale, gradient_bytes, carried, loss)
+    if optimizer_in_bwd:
+        _single_stack(stack, num_gpus)
+        backward = _in_backward_rows(t, resident, gb, act_scale, optimizer_step_temp_bytes)
+        step_parts = {}
+    else:
+        backward = _backward_rows(t, resident, gb, stack, act_scale, gradient_bytes, carried, loss)
     step = _add(dict(resident), other=loss, **step_parts)
     return {"forward": _exact(forward, int(sum(forward.values()))),
             "backward": _exact(backward, int(sum(backward.values()))),
@@ -202,6 +213,25 @@ def _backward_rows(t, resident, gb, stack, act_scale, gradient_bytes, carried, l
         a2, g2 = max(t.backward_frontier_layers, key=lambda p: p[0] * act_scale + p[1] * grad_scale)
         candidates.append(_point(resident, stack["backward_in_layer"], act_scale, a2, g2 * grad_scale, t=t))
     return max(candidates, key=lambda r: sum(r.values()))
+
+
+def _single_stack(stack, num_gpus) -> None:
+    """``optimizer_in_bwd`` is modelled on one GPU (torchtune's single-device recipes)."""
+    if num_gpus > 1 or any(stack.get(k) for k in ("forward", "backward", "grad_mode", "step")):
+        from fitplan.errors import FitplanError
+
+        raise FitplanError("optimizer_in_bwd is modelled on one GPU without ZeRO or FSDP (torchtune's single-device "
+                           "recipes); fitplan does not estimate it sharded", field="optimizer_in_bwd", value=True,
+                           suggestion="num_gpus = 1 without deepspeed or fsdp, or optimizer_in_bwd = false")
+
+
+def _in_backward_rows(t, resident, gb, act_scale, step_temp) -> dict[str, float]:
+    """``optimizer_in_bwd`` (module doc): the backward instant with the most activations + the gradients the op
+    completed + their parameters' step temporaries (``step_temp`` in proportion to the gradient bytes)."""
+    ratio = step_temp / t.param_grad_bytes if t.param_grad_bytes else 0.0
+    a, o = max(((a, o) for a, _, o in t.backward_points), key=lambda p: p[0] * act_scale + p[1] * (1 + ratio),
+               default=(t.backward_before_grads, 0))
+    return _point(resident, gb, act_scale, a, o, o * ratio, t=t)
 
 
 def _bucketed_rows(t, resident, gb, stack, act_scale) -> dict[str, float]:

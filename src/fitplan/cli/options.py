@@ -58,6 +58,8 @@ HELP = {
                            "fused linear cross-entropy, TrainingArguments use_liger_kernel; the logits never whole) | cce "
                            "(Apple's Cut Cross-Entropy: only a log-sum-exp per token is kept) | trl_grpo (TRL 1.16's fused "
                            "log-prob head as GRPO/RLOO run it: their default).",
+    "optimizer_in_bwd": "torchtune optimizer_in_bwd: each parameter steps in its gradient's hook, which frees the "
+                        "gradient (no optimizer-step phase holding every gradient); one GPU, no accumulation.",
     "torch_compile": "HF torch_compile: the model runs under torch.compile (fused elementwise kernels; changes time only).",
     "provider": "Pricing provider id (aws, gcp, lambda, runpod, seed, ...) to price the run.",
     "instance": "Force an instance type of the provider (default: the cheapest shape covering the GPUs).",

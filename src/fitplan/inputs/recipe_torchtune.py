@@ -15,8 +15,9 @@ What the recipes do with their keys (torchtune @ 30b8519, the commit of its READ
   ``32-true``.
 * ``loss._component_``: ``CEWithChunkedOutputLoss`` is fitplan's ``chunked`` (8 chunks); with ``compile: True``
   ``chunked_compiled`` (``training.compile_loss`` compiles its ``compute_cross_entropy``).
-* ``optimizer._component_``: :data:`OPTIMIZERS`; ``optimizer_in_bwd`` and ``enable_activation_offloading``
-  change memory in ways fitplan does not model: refused.
+* ``optimizer._component_``: :data:`OPTIMIZERS`; ``optimizer_in_bwd`` (``training/memory.py``
+  ``register_optim_in_bwd_hooks``) is the scenario's ``optimizer_in_bwd``; ``enable_activation_offloading``
+  changes memory in a way fitplan does not model: refused.
 * ``batch_size``, ``gradient_accumulation_steps``, ``epochs``, ``tokenizer.max_seq_len``, ``dataset.packed``,
   ``enable_activation_checkpointing``, ``compile``.
 """
@@ -163,8 +164,8 @@ def _optimizer(r: Recipe) -> None:
     if comp == "torch.optim.AdamW" and r.flag("optimizer.fused", False):
         name = "adamw_torch_fused"
     r.optim("optimizer._component_", name)
-    if r.flag("optimizer_in_bwd", False):
-        raise r.refuse("optimizer_in_bwd", "each parameter steps in its gradient's hook and frees the gradient")
+    if r.flag("optimizer_in_bwd", False):  # one optimizer per parameter, stepped in its gradient's hook
+        r.set("optimizer_in_bwd", True)
 
 
 def _loss(r: Recipe) -> None:

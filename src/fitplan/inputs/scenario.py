@@ -215,6 +215,10 @@ class Training:
     """HF ``tf32``: fp32 matmuls on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``); off by default."""
     torch_compile: bool = False
     """HF ``torch_compile``: the model runs under ``torch.compile`` (Inductor fuses elementwise ops: time only)."""
+    optimizer_in_bwd: bool = field(default=False)
+    """torchtune's ``optimizer_in_bwd``: one optimizer per parameter, stepped in the parameter's
+    post-accumulate-grad hook, which then frees its gradient (no gradient outlives the backward); one micro-batch
+    per step, one GPU."""
     loss_implementation: str = field(default="hf", validator=_one_of(LOSS_IMPLEMENTATIONS))
     """The loss head: ``hf`` (the model's ``ForCausalLMLoss`` over the whole fp32 logits), ``chunked`` (torchtune's
     ``CEWithChunkedOutputLoss``, 8 chunks, eager), ``chunked_compiled`` (the same with its ``compute_cross_entropy``
@@ -227,6 +231,13 @@ class Training:
         if value and self.bf16:
             raise FitplanError("Training.bf16 and Training.fp16 are both true: TrainingArguments refuses both",
                                field="fp16", value=value, suggestion="choose one")
+
+    @optimizer_in_bwd.validator
+    def _in_bwd_alone(self, att: attrs.Attribute, value: bool) -> None:
+        if value and self.gradient_accumulation_steps > 1:
+            raise FitplanError("Training.optimizer_in_bwd steps every parameter in the backward: torchtune refuses "
+                               "gradient accumulation with it (recipes/full_finetune_single_device.py)",
+                               field="optimizer_in_bwd", value=value, suggestion="gradient_accumulation_steps = 1")
 
 
 @frozen

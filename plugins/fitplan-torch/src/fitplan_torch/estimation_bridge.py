@@ -42,6 +42,8 @@ class RunConfig:
     """DeepSpeed: the ds_config fitplan modelled (its "auto" values resolved)."""
     loss_implementation: str = "hf"
     """How the loss head runs (:mod:`.loss_heads`): ``hf`` or ``chunked``."""
+    optimizer_in_bwd: bool = False
+    """torchtune's ``optimizer_in_bwd`` (:mod:`.in_backward`)."""
     driver: str = "accelerate"
     """accelerate FSDP: ``accelerate`` (``Accelerator.prepare`` and a bare step, :mod:`.accel_fsdp`) or ``trainer``
     (``Trainer.train()``, :mod:`.trainer_fsdp`)."""
@@ -75,6 +77,7 @@ def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
         memtracker=bool(options.get("memtracker", True)), accumulation=s.training.gradient_accumulation_steps,
         stack=str(estimate["stack_name"]), ds_config=ds_config(estimate) if estimate["stack_name"] == "deepspeed" else {},
         loss_implementation=getattr(s.training, "loss_implementation", "hf"),
+        optimizer_in_bwd=bool(getattr(s.training, "optimizer_in_bwd", False)),
         driver=str(options.get("driver") or "accelerate"), use_orig_params=bool(options.get("use_orig_params", True)),
         fsdp1_strategy=str(options.get("fsdp1_strategy") or getattr(s.parallel, "fsdp_sharding_strategy", None) or ""),
     )

@@ -26,8 +26,14 @@ def build_all(rc: RunConfig, fake=None):
                         lora=rc.lora, gradient_checkpointing=rc.gradient_checkpointing, device=rc.device, fake=rc.fake,
                         seed=rc.seed)
     # named, so optimizers that treat embeddings and the LM head differently (Muon, GaLore, Adam-mini) can tell
-    optimizer = build_optimizer(rc.optimizer, [(n, p) for n, p in model.named_parameters() if p.requires_grad], device=rc.device,
-                                model=model)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if rc.optimizer_in_bwd:
+        from .in_backward import InBackwardOptimizer
+
+        optimizer = InBackwardOptimizer(named, lambda one: build_optimizer(rc.optimizer, one, device=rc.device,
+                                                                           model=model))
+    else:
+        optimizer = build_optimizer(rc.optimizer, named, device=rc.device, model=model)
     batch = make_batch(vocab_size_of(model), rc.batch, rc.seq, device=rc.device, seed=rc.seed)
     if fake is not None:
         batch = {k: fake.from_tensor(v) for k, v in batch.items()}
