@@ -11,6 +11,7 @@ Every estimate here states ``optim`` and ``precision`` (or the recipe does).
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -343,6 +344,24 @@ def test_torchtune_readme_lora_row_sits_above_what_its_tensors_need(tmp_path):
     assert floor / GIB > 16.2 * 1.045
     peak = _readme_row(tmp_path, "llama3_1-8B_lora_single_device.yaml").role("peak")
     assert floor < peak < 1.07 * 16.2 * GIB
+
+
+def test_torchtune_readme_full_row_counts_the_paged_states_out(tmp_path):
+    """Published: 18.9 GiB (full fine-tune, one RTX 4090): the recipe steps PagedAdamW8bit in the backward
+    (optimizer_in_bwd). bitsandbytes puts the state of every tensor of at least 1e5 elements in CUDA managed
+    memory (bitsandbytes/optim/optimizer.py ``get_state_buffer`` -> functional.py ``get_paged``:
+    cudaMallocManaged, outside torch's caching allocator, so not in torch.cuda.max_memory_allocated), one byte per
+    element per state; its block maxima (fp32, one per 256 elements per state) and smaller tensors' states are
+    torch tensors. torchtune registers no 32-bit override for the embedding (the HF Trainer does; fitplan's
+    states follow the Trainer), so the comparison swaps fitplan's states for torchtune's unpaged ones. The
+    result is +5.8 %: outside 5 % (docs/accuracy.md says why)."""
+    e = _readme_row(tmp_path, "llama3_1-8B_full_single_device.yaml")
+    assert (e.scenario.training.loss_implementation, e.scenario.training.optimizer_in_bwd) == ("chunked_compiled", True)
+    sizes = [math.prod(shape) for shape, count in e["trainable_tensors"] for _ in range(count)]
+    assert sum(sizes) == LLAMA_31_8B
+    unpaged = sum((2 * n if n < 100_000 else 0) + 2 * 4 * -(-n // 256) for n in sizes)
+    allocated = e.role("peak") - e["optimizer_state_bytes"] + unpaged
+    assert 0.05 < allocated / (18.9 * GIB) - 1 < 0.065
 
 
 def test_recipe_option_sits_over_a_scenario_toml_and_under_flags(tmp_path):
