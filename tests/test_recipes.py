@@ -130,6 +130,17 @@ AXOLOTL = {
         "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": "0",
         "stage3_max_reuse_distance": "0", "offload_optimizer": False, "offload_params": False,
         "precision": "bf16-master"},
+    "llama-2-qlora.yml": {
+        **AX, **AX_QLORA, "model": "NousResearch/Llama-2-7b-hf", "lora_r": 32, "lora_alpha": 16,
+        "lora_dropout": 0.05, "lora_target_modules": ("all-linear",), "max_seq_length": 4096,
+        "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "num_train_epochs": 4.0,
+        "optim": "paged_adamw_32bit"},
+    "llama-2-qlora-fsdp.yml": {  # sample_packing false, no pad_to_sequence_len: pad; fsdp full_shard + offload
+        **AX, **AX_QLORA, "model": "NousResearch/Llama-2-7b-hf", "lora_r": 32, "lora_alpha": 16,
+        "lora_dropout": 0.05, "lora_target_modules": ("all-linear",), "max_seq_length": 512, "padding": "pad",
+        "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "num_train_epochs": 4.0,
+        "optim": "adamw_torch_fused", "fsdp": "full_shard", "offload_params": True, "offload_optimizer": True,
+        "stack": "fsdp2"},
     "llama-3-qlora.yml": {
         **AX, **AX_QLORA, "model": "NousResearch/Meta-Llama-3-8B", "lora_r": 32, "lora_alpha": 16,
         "lora_dropout": 0.05, "lora_target_modules": ("all-linear",), "max_seq_length": 4096,
