@@ -585,3 +585,30 @@ def test_the_gib_switch_divides_by_2_30_and_long_runs_read_in_days(page, served)
     assert page.inner_text("#peak").endswith(" GiB")  # kept in the browser's storage
     page.select_option("#unit", "GB")
     assert page.problems == []
+
+
+def test_the_loss_implementation_is_a_choice_that_moves_the_logits_bar(page, served):
+    """The form offers every loss implementation (hf, torchtune's chunked CE eager and compiled, Liger's fused
+    linear cross-entropy, Cut CE); choosing one re-estimates, and the chart's logits bar is the CLI's ``logits``
+    row at the peak for that choice (Llama-3.1-8B LoRA, batch 2 × 2048, checkpointed: each keeps different bytes)."""
+    query = {"model": "llama-3.1-8b", "gpu": "a100-80gb", "precision": "bf16-true", "optim": "adamw_torch_fused",
+             "method": "lora", "per-device-train-batch-size": "2", "max-seq-length": "2048",
+             "gradient-checkpointing": "true"}
+    open_view(page, served, query)
+    options = page.eval_on_selector("#f-loss-implementation", "s => [...s.options].map(o => o.value)")
+    assert {"hf", "chunked", "chunked_compiled", "liger", "cce"} <= set(options)
+    logits = {}
+    for loss in ("chunked", "chunked_compiled", "liger", "hf"):
+        page.select_option("#f-loss-implementation", loss)
+        # the default (hf) leaves the link, as every default does
+        page.wait_for_function("""([want, dflt]) => {
+            const q = (document.body.dataset.query || '').split('&');
+            const ok = dflt ? !q.some(p => p.startsWith('loss-implementation=')) : q.includes(want);
+            return ok && document.body.dataset.state === 'ready'; }""",
+                               arg=[f"loss-implementation={loss}", loss == "hf"], timeout=20_000)
+        bars = dict(shown(page)["bars"])
+        want = cli_json({**query, "loss-implementation": loss})["memory"]["peak_breakdown_bytes"]["logits"]
+        assert bars.get("logits", 0) == want
+        logits[loss] = want
+    assert len(set(logits.values())) == 4  # the four choices keep different logits bytes at their peaks
+    assert page.problems == []
