@@ -324,6 +324,15 @@ def _compiled(tmp_path, name: str):
     return path
 
 
+def test_torchtune_bitsandbytes_optimizers_warn_what_fitplan_prices_differently():
+    """torchtune instantiates bitsandbytes' optimizers itself: no 32-bit override for the embeddings (the HF
+    Trainer's, which fitplan's 8-bit states follow), and paged states outside torch's allocator."""
+    _, warns = recipe_fields(RECIPES / "torchtune" / "llama3_1-8B_full_single_device.yaml")  # PagedAdamW8bit, full
+    assert any("registers none" in w for w in warns) and any("CUDA managed memory" in w for w in warns)
+    _, warns = recipe_fields(RECIPES / "torchtune" / "llama2-7B_full_low_memory.yaml")  # PagedAdamW: 32-bit
+    assert not any("registers none" in w for w in warns) and any("CUDA managed memory" in w for w in warns)
+
+
 def test_compile_true_compiles_the_chunked_loss(tmp_path):
     """training.compile_loss (torchtune/training/_compile.py @ 30b8519) compiles CEWithChunkedOutputLoss's
     compute_cross_entropy when the recipe's compile is on: chunked_compiled, and the model compiled."""

@@ -164,6 +164,13 @@ def _optimizer(r: Recipe) -> None:
     if comp == "torch.optim.AdamW" and r.flag("optimizer.fused", False):
         name = "adamw_torch_fused"
     r.optim("optimizer._component_", name)
+    if name.endswith("8bit") and r.fields.get("method") == "full":
+        r.warn(f"{comp}: fitplan prices the HF Trainer's 32-bit states for the embeddings (its bitsandbytes "
+               "override); torchtune registers none, so the embedding states are overestimated (about 6 bytes per "
+               "embedding parameter)")
+    if name.startswith("paged_"):
+        r.warn(f"{comp}: paged states live in CUDA managed memory, outside torch's allocator; fitplan counts them "
+               "on the GPU (torch.cuda.max_memory_allocated, which torchtune logs, does not)")
     if r.flag("optimizer_in_bwd", False):  # one optimizer per parameter, stepped in its gradient's hook
         r.set("optimizer_in_bwd", True)
 
