@@ -160,10 +160,11 @@ def _chunked(seg_inst: "Segment", site: dict[str, Any]):
     b.emit("ne.Scalar", [("self", labels)], [count])
     tr.kind_default = prev
     losses = []
-    for sub in chunks:
-        if b.spec.loss == "chunked_compiled":
-            losses.append(_compiled_cross_entropy(sub, labels, seg["ops"][loss_from - 1][2][0]))
-            continue
+    if b.spec.loss == "chunked_compiled":  # the loss reshapes every target chunk before its loop
+        targets = [_target_chunk(sub, labels) for sub in chunks]
+        losses = [_compiled_cross_entropy(sub, target, seg["ops"][loss_from - 1][2][0])
+                  for sub, target in zip(chunks, targets)]
+    for sub in chunks if not losses else ():
         sub.run(first=loss_from)
         losses.append(sub.refs[seg["loss"]])
     tr.touch(labels)
@@ -177,20 +178,28 @@ def _chunked(seg_inst: "Segment", site: dict[str, Any]):
     return loss
 
 
-def _compiled_cross_entropy(sub: "Segment", labels, logits_ref: str):
-    """One chunk's ``torch.compile``'d ``compute_cross_entropy`` (module doc, ``chunked_compiled``): the target
-    chunk (a ``reshape`` copy unless the batch is one row), then the fused graph."""
+def _target_chunk(sub: "Segment", labels):
+    """``target_chunk.reshape(-1)`` of one ``(b, s/8)`` label chunk: a copy unless the batch is one row."""
+    b, tr = sub.b, sub.b.tr
+    tokens = b.spec.batch * sub.env["s"]
+    if b.spec.batch == 1:
+        return tr.view(labels, tokens)
+    prev = tr.kind_default
+    tr.kind_default = "logits"
+    target = tr.new(tokens, "i64", False, "labels.chunk")
+    tr.kind_default = prev
+    b.emit("clone", [("self", labels)], [target])
+    return target
+
+
+def _compiled_cross_entropy(sub: "Segment", target, logits_ref: str):
+    """One chunk's ``torch.compile``'d ``compute_cross_entropy`` (module doc, ``chunked_compiled``)."""
     b, tr = sub.b, sub.b.tr
     logits = sub.ref(logits_ref)
     tr.kind[logits.sid] = "logits"  # the 16-bit chunk: the compiled graph saves it for its backward
     tokens = b.spec.batch * sub.env["s"]
     prev = tr.kind_default
     tr.kind_default = "logits"
-    if b.spec.batch > 1:
-        target = tr.new(tokens, "i64", False, "labels.chunk")
-        b.emit("clone", [("self", labels)], [target])
-    else:
-        target = tr.view(labels, tokens)
     row_max = tr.new(tokens, "f32", False, "compiled_ce.amax")
     lse = tr.new(tokens, "f32", False, "compiled_ce.logsumexp")
     tr.kind_default = prev
