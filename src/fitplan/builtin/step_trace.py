@@ -47,6 +47,7 @@ about 0.3 ms where replaying takes 10-30 ms.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import attrs
@@ -372,6 +373,21 @@ class Trace:
             elif op.saved and not self.seg_ckpt[op.seg]:
                 op.saved = ()
 
+    def checkpointed(self, spec: TraceSpec) -> Trace:
+        """A copy of this recording (made with checkpointing on) for ``spec``, with checkpointing as ``spec``
+        says: without it, no segment is checkpointed and no layer keeps its arguments. The ops are copied
+        (:meth:`finish` changes them); what the recording made otherwise is shared, read only from here on
+        (:func:`shares_recording`)."""
+        import copy
+
+        tr = copy.copy(self)
+        tr.spec = spec
+        tr.ops = [copy.copy(op) for op in self.ops]
+        if not spec.checkpointing:
+            tr.seg_ckpt = [False] * len(self.seg_ckpt)
+            tr.ckpt_keep = {}
+        return tr
+
     def touch(self, *ts: T) -> None:
         """The model's Python code still holds ``ts`` here (a recorded lifetime): extends their lifetime,
         records nothing for backward."""
@@ -393,7 +409,8 @@ KEEP_TRACES = 4000
 
 @functools.lru_cache(maxsize=512)
 def build(spec: TraceSpec) -> StepTrace:
-    """The step trace of ``spec``: kept on disk from an earlier run, else built (see the module doc)."""
+    """The step trace of ``spec``: kept on disk from an earlier run, else built (see the module doc), from the
+    recording its checkpointing twin left when there is one (:func:`build_sharing`)."""
     import pickle
     from pathlib import Path
 
@@ -406,24 +423,73 @@ def build(spec: TraceSpec) -> StepTrace:
     name = diskcache.entry_name(spec.arch.model_type, key[1])
     trace = diskcache.load("traces", name, key)
     if not isinstance(trace, StepTrace):
-        trace = build_afresh(spec)
+        trace = build_sharing(spec, key[2])
         diskcache.store("traces", name, key, trace, keep=KEEP_TRACES)
     return trace
 
 
 def build_afresh(spec: TraceSpec) -> StepTrace:
     """Trace one step of ``spec`` from its learned architecture and replay it (see the module doc)."""
+    return finished(record(spec))
+
+
+def record(spec: TraceSpec) -> Trace:
+    """The recorded forward of ``spec`` (:class:`.learned_graph.Builder`), not yet finished."""
     from .archfile import load
     from .learned_graph import Builder
 
     arch = spec.arch
-    af = load(arch.model_type)
     tr = Trace(spec)
-    b = Builder(tr, af, dict(arch.symbols))
-    b.run()
+    Builder(tr, load(arch.model_type), dict(arch.symbols)).run()
+    return tr
+
+
+def finished(tr: Trace) -> StepTrace:
+    """The step trace of a recorded forward: :meth:`Trace.finish`, :func:`replay` and the time model's work."""
     tr.finish()
     param_ops = tuple((name, any(o.rg for o in outs)) for name, outs in tr.param_outs.items())
     return attrs.evolve(replay(tr), work=op_work.step_work(tr), param_ops=param_ops)
+
+
+# --------------------------------------------------------------------------- one recording, both checkpointing ways
+
+
+RECORDINGS_KEPT = 64
+"""Recordings kept in memory for the twin that has not been built yet (the oldest is dropped first)."""
+_RECORDINGS: dict[tuple[TraceSpec, str], Trace] = {}
+_RECORDINGS_LOCK = threading.Lock()
+
+
+def shares_recording(spec: TraceSpec) -> bool:
+    """Whether ``spec``'s recorded forward serves it with and without gradient checkpointing. Checkpointing
+    changes what the Builder records in one place only: under LoRA, peft's ``enable_input_require_grads`` hook
+    makes the embedding's output require grad (``learned_segment.py``, ``embed_out``); everywhere else it
+    marks the decoder layers' segments as checkpointed and records each layer's arguments (``ckpt_keep``,
+    ``learned_graph.py`` ``run``), which :meth:`Trace.checkpointed` sets or clears. Everything after the
+    recording (``finish``, ``replay``, ``op_work.step_work``) reads those two and the spec only.
+    tests/test_step_trace_key.py compares the shared traces with traces recorded separately."""
+    return spec.method not in ("lora", "qlora")
+
+
+def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace:
+    """:func:`build_afresh`'s trace of ``spec``. A spec that :func:`shares_recording` is recorded with
+    checkpointing on, and the recording is kept for its twin (the same spec, checkpointing the other way): the
+    estimate of a scenario with checkpointing needs both traces (its activations without checkpointing are the
+    reducer's input), and one without it asks for the checkpointed one in its advice. The twin then skips the
+    recording (about half of a trace's time). ``fingerprint``: the code and learned files' (:func:`build`)."""
+    with _RECORDINGS_LOCK:
+        kept = _RECORDINGS.pop((spec, fingerprint), None)
+    if kept is not None:
+        return finished(kept)
+    if not shares_recording(spec):
+        return build_afresh(spec)
+    tr = record(attrs.evolve(spec, checkpointing=True))
+    twin = attrs.evolve(spec, checkpointing=not spec.checkpointing)
+    with _RECORDINGS_LOCK:
+        _RECORDINGS[(twin, fingerprint)] = tr.checkpointed(twin)
+        while len(_RECORDINGS) > RECORDINGS_KEPT:
+            del _RECORDINGS[next(iter(_RECORDINGS))]
+    return finished(tr.checkpointed(spec))
 
 
 # --------------------------------------------------------------------------- replay: forward and backward timelines
