@@ -241,6 +241,17 @@ class Op:
     but packed and unpacked like any saved tensor (a checkpoint's hooks see it)."""
 
 
+_OP_FIELDS = tuple(f.name for f in attrs.fields(Op))
+
+
+def _copy_op(op: Op) -> Op:
+    """A shallow copy of ``op`` (``copy.copy`` goes through attrs' pickling state: ten times slower)."""
+    new = object.__new__(Op)
+    for name in _OP_FIELDS:
+        setattr(new, name, getattr(op, name))
+    return new
+
+
 class Trace:
     """Records the forward of one step (see the module doc)."""
 
@@ -373,16 +384,17 @@ class Trace:
             elif op.saved and not self.seg_ckpt[op.seg]:
                 op.saved = ()
 
-    def checkpointed(self, spec: TraceSpec) -> Trace:
-        """A copy of this recording (made with checkpointing on) for ``spec``, with checkpointing as ``spec``
-        says: without it, no segment is checkpointed and no layer keeps its arguments. The ops are copied
-        (:meth:`finish` changes them); what the recording made otherwise is shared, read only from here on
-        (:func:`shares_recording`)."""
-        import copy
-
-        tr = copy.copy(self)
+    def checkpointed(self, spec: TraceSpec, *, copy: bool) -> Trace:
+        """This recording (made with checkpointing on) for ``spec``, with checkpointing as ``spec`` says: without
+        it, no segment is checkpointed and no layer keeps its arguments. ``copy``: a copy, whose ops are copied
+        (:meth:`finish` changes them) and whose other parts are shared, read only from here on
+        (:func:`shares_recording`); else this recording itself, changed."""
+        tr = self
+        if copy:
+            tr = object.__new__(Trace)
+            tr.__dict__.update(self.__dict__)
+            tr.ops = [_copy_op(op) for op in self.ops]
         tr.spec = spec
-        tr.ops = [copy.copy(op) for op in self.ops]
         if not spec.checkpointing:
             tr.seg_ckpt = [False] * len(self.seg_ckpt)
             tr.ckpt_keep = {}
@@ -486,10 +498,10 @@ def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace:
     tr = record(attrs.evolve(spec, checkpointing=True))
     twin = attrs.evolve(spec, checkpointing=not spec.checkpointing)
     with _RECORDINGS_LOCK:
-        _RECORDINGS[(twin, fingerprint)] = tr.checkpointed(twin)
+        _RECORDINGS[(twin, fingerprint)] = tr.checkpointed(twin, copy=True)
         while len(_RECORDINGS) > RECORDINGS_KEPT:
             del _RECORDINGS[next(iter(_RECORDINGS))]
-    return finished(tr.checkpointed(spec))
+    return finished(tr.checkpointed(spec, copy=False))
 
 
 # --------------------------------------------------------------------------- replay: forward and backward timelines
