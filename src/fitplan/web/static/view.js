@@ -241,6 +241,11 @@ function renderComponents(d) {
   const total = (text, value, attrs, extra = "") => t.append(el("tr", {class: "total"}, el("th", {scope: "row", text}),
     el("td", {}, num(gb(value), {"data-bytes": value, ...attrs})), el("td", {text: extra})));
   total(`peak (at ${phase ? phase[1] : mem.peak_phase})`, per.peak, {"data-explain": d.explain.peak, id: "peak"});
+  const overhead = d.rows.find((r) => r.overhead);  // the chart's last bar, reachable by keyboard here
+  if (overhead && per[overhead.key]) t.append(el("tr", {},
+    el("th", {scope: "row"}, el("i", {class: "swatch overhead"}), "+ " + overhead.label),
+    el("td", {}, num(gb(per[overhead.key]), {"data-explain": overhead.quantity, "data-bytes": per[overhead.key],
+      id: "row-" + overhead.key})), el("td", {})));
   total("device total (peak + CUDA context + reserve)", per.device_total,
     {"data-explain": d.explain.device_total, id: "device-total"});
   if (mem.usable_bytes) total(`usable on ${d.estimate.gpu.name}`, mem.usable_bytes,
