@@ -234,6 +234,7 @@ def test_the_answer_comes_first_for_the_default_scenario(page, served):
     page.goto(served.url)
     page.wait_for_selector("body[data-state=ready]", timeout=20_000)
     page.wait_for_selector("#largest[data-state=ready]", timeout=30_000)
+    page.wait_for_selector("#advice[data-state=ready]", timeout=30_000)  # after the verdict (/api/advice)
     query = page_query(page)
     assert query == {"model": "llama-2-7b", "gpu": "a100-80gb", "precision": "bf16-mixed",
                      "per-device-train-batch-size": "4", "gradient-checkpointing": "true", "num-examples": "10000",
@@ -248,6 +249,8 @@ def test_the_answer_comes_first_for_the_default_scenario(page, served):
     (field, value), = advice.items()
     assert page.inner_text("#headline") == (f"does not fit · {per['device_total'] / 1e9:.1f} of {usable / 1e9:.1f} GB"
                                             f" · try --{field.replace('_', '-')} {value} (see Advice)")
+    assert page.eval_on_selector_all("#advice li[data-advice]", "ls => ls.map(l => l.dataset.advice)") == [
+        a["id"] for a in cli["advice"]]  # the advice, asked for after the verdict, is the CLI's
     assert page.get_attribute("#answer", "aria-live") == "polite" and page.get_attribute("#answer", "role") == "status"
     assert page.eval_on_selector("#f-dtype", "e => [e.tagName, [...e.options].map(o => o.value)]") == [
         "SELECT", ["auto", "float32", "bfloat16", "float16"]]

@@ -228,13 +228,14 @@ def estimate_of(settings: Settings, query: Query):
     return estimate_from(options), upload
 
 
-def assessment(settings: Settings, query: Query):
+def assessment(settings: Settings, query: Query, *, advice: bool = True):
     """The query's estimate assessed as ``fitplan estimate`` assesses it (advice, the server's policies), and
-    the name an uploaded model was uploaded under."""
+    the name an uploaded model was uploaded under. ``advice=False``: without the advice (``/api/view``'s
+    ``advice=later``: the page asks ``/api/advice`` for it once the verdict is shown)."""
     from fitplan.assess import assess
 
     est, upload = estimate_of(settings, query)
-    return assess(est, policy_files=settings.policy_files, cheapest=True), upload  # as the CLI: without a GPU only
+    return assess(est, policy_files=settings.policy_files, advice=advice, cheapest=True), upload  # cheapest: no GPU only
 
 
 def estimate(settings: Settings, query: Query) -> Reply:

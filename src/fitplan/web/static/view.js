@@ -104,6 +104,7 @@ function answerText(d, largest) {
     const mb = largest && largest["micro-batch"];
     let fix;
     if (mb && mb.largest) fix = `largest micro-batch that fits: ${mb.largest}`;
+    else if (est.advice === null) fix = "finding what to change…";  // the advice is on its way (/api/advice)
     else if (est.advice.length) fix = suggestion(est.advice[0]);
     else if (mb && !mb.error) fix = "even micro-batch 1 does not fit: a larger GPU, more GPUs with ZeRO/FSDP, or LoRA/QLoRA";
     else fix = "finding the largest micro-batch that fits…";
@@ -341,7 +342,8 @@ function providerRow(d, p, fits) {
 
 function renderAdvice(est) {
   const byField = Object.fromEntries(FIELDS.map((f) => [f.field, f.name]));
-  $("advice").replaceChildren(...est.advice.map((a) => {
+  $("advice").dataset.state = est.advice === null ? "pending" : "ready";
+  $("advice").replaceChildren(...(est.advice || []).map((a) => {
     const li = el("li", {"data-advice": a.id}, el("span", {text: a.message}));
     const changes = Object.entries(a.variant || {}).filter(([k, v]) => byField[k] && typeof v !== "object");
     if (changes.length) {
@@ -352,7 +354,8 @@ function renderAdvice(est) {
     }
     return li;
   }));
-  if (!est.advice.length) $("advice").append(el("li", {class: "note", text: "No advice for this scenario."}));
+  if (est.advice === null) $("advice").append(el("li", {class: "note", text: "finding advice…"}));
+  else if (!est.advice.length) $("advice").append(el("li", {class: "note", text: "No advice for this scenario."}));
   $("warnings").replaceChildren(...est.warnings.map((w) => el("li", {text: "warning: " + w})));
   $("policy").replaceChildren(...(est.policy || []).map((p) =>
     el("li", {text: `policy ${p.rule} (${p.action}${p.market ? ", " + p.market : ""}): ${p.reason}`})));
