@@ -8,8 +8,9 @@ times requests from one keep-alive HTTP connection, as the page makes them:
 * ``slider``: the micro-batch and sequence length moving through values, each scenario asked for several
   times in a row (what a slider drag sends);
 * ``new shapes``: every request a micro-batch × sequence never asked before (each builds new step traces, the
-  scenario's and its advice variants': the cold case); ``view new``: the same for ``/api/view``, the page's
-  request (the scenario on every GPU and priced by every provider besides).
+  scenario's and those of the advice variants whose condition can still hold: the cold case); ``view new``: the
+  same for ``/api/view``, the page's request (``advice=later``: the advice comes from ``/api/advice`` after the
+  verdict; the scenario on every GPU and priced by every provider besides).
 
 Then, when playwright and Debian's ``chromium`` are installed (``make install-test``), the page itself: the time
 from an input event on the micro-batch field to the new verdict and chart on the page (``body[data-state=ready]``
@@ -147,7 +148,8 @@ def main() -> int:
             timed(conn, {**BASE, "per-device-train-batch-size": str(9 + i % 40), "max-seq-length": str(3000 + i)})
             for i in range(min(n, 200))])
         measure("view new", pid, lambda: [
-            timed(conn, {**BASE, "per-device-train-batch-size": str(9 + i % 40), "max-seq-length": str(5000 + i)}, "view")
+            timed(conn, {**BASE, "per-device-train-batch-size": str(9 + i % 40), "max-seq-length": str(5000 + i),
+                         "advice": "later"}, "view")
             for i in range(min(n, 100))])
         conn.close()
         page = page_times(f"http://{host}:{port}/", max(n // 10, 10))

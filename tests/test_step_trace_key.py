@@ -77,6 +77,18 @@ def test_one_recording_serves_both_checkpointing_ways(model, precision, attn, de
     assert shared == step_trace.build_afresh(twin) and step_trace._RECORDINGS == {}
 
 
+@pytest.mark.parametrize(("frozen", "loss"), [(True, "hf"), (False, "trl_logp"), (False, "cce")])
+def test_one_recording_serves_a_frozen_forward_and_the_trl_heads(frozen, loss):
+    """The same for TRL's reference forward (nothing trains) and fused loss heads."""
+    arch = load_config_json(CONFIG)
+    spec = TraceSpec(arch, 2, 40, "bf16-mixed", "sdpa", False, "full", 8, (), 0.0, "cuda", 512, loss=loss,
+                     frozen=frozen)
+    step_trace._RECORDINGS.clear()
+    assert step_trace.build_sharing(spec) == step_trace.build_afresh(spec)
+    twin = attrs.evolve(spec, checkpointing=True)
+    assert step_trace.build_sharing(twin) == step_trace.build_afresh(twin) and step_trace._RECORDINGS == {}
+
+
 def test_the_checkpointed_and_plain_traces_differ_so_the_comparison_can_fail():
     arch = load_config_json(CONFIG)
     plain, ckpt = (step_trace.build_afresh(TraceSpec(arch, 3, 48, "bf16-mixed", "sdpa", c, "full", 8, (), 0.0, "cuda",
