@@ -57,6 +57,7 @@ def page(browser, served):
 def open_view(page, served, query: dict[str, str]) -> None:
     page.goto(served.url + "?" + urllib.parse.urlencode(query))
     page.wait_for_selector("body[data-state=ready]", timeout=20_000)
+    page.wait_for_selector("#gpus[data-cards=ready]", timeout=20_000)  # right after the verdict (/api/gpus)
 
 
 def cli_json(query: dict[str, str]) -> dict:

@@ -378,9 +378,14 @@ def gpu_rows(ctx, sweep: list[tuple[str, Any]] | None = None) -> list[dict[str, 
 
 def gpus(settings: Settings, query: Query) -> Reply:
     """``GET /api/gpus``: the GPUs of the hardware rulesets; given a scenario (a model or a parameter count),
-    each GPU's memory section of ``fitplan estimate --gpu ID --format json`` (no provider)."""
+    each GPU's memory section of ``fitplan estimate --gpu ID --format json`` (no provider); ``page=ID&view=N``:
+    409 without any work once that page has asked for a newer view (:func:`view_check`)."""
     from fitplan.search.sweep import across_gpus
 
+    query, own = take(query, ("page", "view"))
+    check = view_check(settings, own)
+    if check is not None:
+        check()
     ctx = settings.context()
     if not query:
         return json_reply(gpu_rows(ctx))

@@ -257,6 +257,12 @@ function renderComponents(d) {
 
 // GPU cards, sorted fits first, then by cost (once /api/prices has answered), then by memory.
 function renderGpus(d, prices) {
+  $("gpus").dataset.cards = d.gpus === null ? "pending" : "ready";
+  if (d.gpus === null) {  // on its way (/api/gpus): priced once both are in
+    $("gpus").dataset.priced = "pending";
+    $("gpus").replaceChildren(el("p", {class: "note", text: "placing the scenario on every GPU…"}));
+    return;
+  }
   const chosen = d.estimate.gpu ? d.estimate.gpu.id : null;
   const rows = d.gpus.map((g) => ({g, fits: g.memory ? g.memory.fits : null, price: prices ? prices[g.id] : undefined}));
   const cost = (r) => r.price && r.price.cost ? r.price.cost.on_demand_usd : Infinity;
