@@ -9,8 +9,8 @@ times requests from one keep-alive HTTP connection, as the page makes them:
   times in a row (what a slider drag sends);
 * ``new shapes``: every request a micro-batch × sequence never asked before (each builds new step traces, the
   scenario's and those of the advice variants whose condition can still hold: the cold case); ``view new``: the
-  same for ``/api/view``, the page's request (``advice=later``: the advice comes from ``/api/advice`` after the
-  verdict; the scenario on every GPU and priced by every provider besides).
+  same for ``/api/view``, the page's request (``advice=later&gpus=later``: the advice and the scenario on every
+  GPU come from ``/api/advice`` and ``/api/gpus`` after the verdict; priced by every provider besides).
 
 Then, when playwright and Debian's ``chromium`` are installed (``make install-test``), the page itself: the time
 from an input event on the micro-batch field to the new verdict and chart on the page (``body[data-state=ready]``
@@ -149,7 +149,7 @@ def main() -> int:
             for i in range(min(n, 200))])
         measure("view new", pid, lambda: [
             timed(conn, {**BASE, "per-device-train-batch-size": str(9 + i % 40), "max-seq-length": str(5000 + i),
-                         "advice": "later"}, "view")
+                         "advice": "later", "gpus": "later"}, "view")
             for i in range(min(n, 100))])
         conn.close()
         page = page_times(f"http://{host}:{port}/", max(n // 10, 10))
