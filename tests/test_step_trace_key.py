@@ -96,6 +96,23 @@ def test_the_checkpointed_and_plain_traces_differ_so_the_comparison_can_fail():
     assert ckpt.activation_bytes < plain.activation_bytes and ckpt.work != plain.work
 
 
+def test_a_kept_recording_is_not_used_once_the_learned_file_is_loaded_again(monkeypatch):
+    """``fitplan learn-architecture``'s verification relearns a file and clears ``archfile.load``: the twin's kept
+    recording, made from the old file, is then recorded again."""
+    from fitplan.builtin import archfile
+
+    arch = load_config_json(CONFIG)
+    spec = TraceSpec(arch, 3, 48, "bf16-mixed", "sdpa", True, "full", 8, (), 0.0, "cuda", 512)
+    step_trace._RECORDINGS.clear()
+    step_trace.build_sharing(spec)
+    archfile.load.cache_clear()
+    calls = []
+    real = step_trace.record
+    monkeypatch.setattr(step_trace, "record", lambda s: calls.append(s.checkpointing) or real(s))
+    twin = attrs.evolve(spec, checkpointing=False)
+    assert step_trace.build_sharing(twin) == step_trace.build_afresh(twin) and calls[:1] == [True]
+
+
 def test_lora_records_each_way_on_its_own():
     """Under LoRA, checkpointing changes the recording itself (peft's input-require-grads hook on the embedding's
     output): nothing is shared, and each trace is the one recorded for it."""

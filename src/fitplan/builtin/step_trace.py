@@ -469,7 +469,8 @@ def finished(tr: Trace) -> StepTrace:
 
 RECORDINGS_KEPT = 64
 """Recordings kept in memory for the twin that has not been built yet (the oldest is dropped first)."""
-_RECORDINGS: dict[tuple[TraceSpec, str], Trace] = {}
+_RECORDINGS: dict[tuple[TraceSpec, str], tuple[Any, Trace]] = {}
+"""(twin spec, fingerprint) -> (the learned file the recording was made from, the recording)."""
 _RECORDINGS_LOCK = threading.Lock()
 
 
@@ -489,17 +490,22 @@ def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace:
     checkpointing on, and the recording is kept for its twin (the same spec, checkpointing the other way): the
     estimate of a scenario with checkpointing needs both traces (its activations without checkpointing are the
     reducer's input), and one without it asks for the checkpointed one in its advice. The twin then skips the
-    recording (about half of a trace's time). ``fingerprint``: the code and learned files' (:func:`build`)."""
+    recording (about half of a trace's time). ``fingerprint``: the code and learned files' (:func:`build`); a kept
+    recording serves only while ``archfile.load`` still returns the learned file it was made from (a relearned
+    file, ``fitplan learn-architecture``'s verification, clears that cache)."""
+    from .archfile import load
+
     with _RECORDINGS_LOCK:
         kept = _RECORDINGS.pop((spec, fingerprint), None)
-    if kept is not None:
-        return finished(kept)
+    if kept is not None and kept[0] is load(spec.arch.model_type):
+        return finished(kept[1])
     if not shares_recording(spec):
         return build_afresh(spec)
+    af = load(spec.arch.model_type)
     tr = record(attrs.evolve(spec, checkpointing=True))
     twin = attrs.evolve(spec, checkpointing=not spec.checkpointing)
     with _RECORDINGS_LOCK:
-        _RECORDINGS[(twin, fingerprint)] = tr.checkpointed(twin, copy=True)
+        _RECORDINGS[(twin, fingerprint)] = (af, tr.checkpointed(twin, copy=True))
         while len(_RECORDINGS) > RECORDINGS_KEPT:
             del _RECORDINGS[next(iter(_RECORDINGS))]
     return finished(tr.checkpointed(spec, copy=False))
