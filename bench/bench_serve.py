@@ -8,12 +8,14 @@ times requests from one keep-alive HTTP connection, as the page makes them:
 * ``slider``: the micro-batch and sequence length moving through values, each scenario asked for several
   times in a row (what a slider drag sends);
 * ``new shapes``: every request a micro-batch × sequence never asked before (each builds new step traces, the
-  scenario's and its advice variants': the cold case); ``view new``: the same for ``/api/view``, the page's
-  request (the scenario on every GPU and priced by every provider besides).
+  scenario's and those of the advice variants whose condition can still hold: the cold case); ``view new``: the
+  same for ``/api/view``, the page's request (``advice=later&gpus=later``: the advice and the scenario on every
+  GPU come from ``/api/advice`` and ``/api/gpus`` after the verdict; priced by every provider besides).
 
 Then, when playwright and Debian's ``chromium`` are installed (``make install-test``), the page itself: the time
 from an input event on the micro-batch field to the new verdict and chart on the page (``body[data-state=ready]``
-with the new query; measured in the page with ``performance.now()``, as tests/test_serve_browser.py does), for
+with the new query; measured in the page with ``performance.now()`` by :mod:`fitplan.web.page_timing`, which
+tests/test_serve_browser.py uses too), for
 values seen before and for never-seen micro-batch × sequence shapes; median and p90.
 
     python bench/bench_serve.py [N]      # N requests per case (default 300; the page: N // 10 changes per case)
@@ -91,26 +93,6 @@ def percentile(ms: list[float], q: float) -> float:
     return ms[min(len(ms) - 1, int(q * len(ms)))]
 
 
-CHANGE = """async ([name, value]) => {
-    const input = document.getElementById('f-' + name);
-    const want = name + '=' + value;
-    const t0 = performance.now();
-    input.value = String(value);
-    input.dispatchEvent(new Event('input', {bubbles: true}));
-    await new Promise((resolve, reject) => {
-        const done = () => (document.body.dataset.query || '').split('&').includes(want)
-            && document.body.dataset.state === 'ready';
-        if (done()) return resolve();
-        const obs = new MutationObserver(() => { if (done()) { obs.disconnect(); resolve(); } });
-        obs.observe(document.body, {attributes: true, subtree: true, childList: true});
-        setTimeout(() => { obs.disconnect(); reject(new Error('not rendered after 20 s')); }, 20000);
-    });
-    return performance.now() - t0;
-}"""
-"""One input event on a form field, then the milliseconds until the page shows the estimate of the new value
-(the verdict, chart and tables are rendered in the same task as ``data-state=ready``)."""
-
-
 def page_times(url: str, n: int, pause_ms: int = 300) -> dict[str, list[float]] | None:
     """Input-to-verdict times in Chromium: ``seen`` (micro-batch values asked before) and ``new`` (a never-seen
     sequence length, then micro-batch, each change a new shape). None without playwright or chromium."""
@@ -123,6 +105,8 @@ def page_times(url: str, n: int, pause_ms: int = 300) -> dict[str, list[float]] 
         return None
     if chromium is None:
         return None
+    from fitplan.web.page_timing import input_to_verdict_ms
+
     out: dict[str, list[float]] = {"seen": [], "new": []}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
@@ -130,14 +114,14 @@ def page_times(url: str, n: int, pause_ms: int = 300) -> dict[str, list[float]] 
         page.goto(url + "?" + urllib.parse.urlencode(BASE))
         page.wait_for_selector("body[data-state=ready]", timeout=60_000)
         for b in (3, 4, 5, 2):  # seen once before timing (1, the default, is not in the query)
-            page.evaluate(CHANGE, ["per-device-train-batch-size", str(b)])
+            input_to_verdict_ms(page, "per-device-train-batch-size", b)
         for i in range(n):
             page.wait_for_timeout(pause_ms)  # a user's pause: the later requests (prices, largest) start and run
-            out["seen"].append(page.evaluate(CHANGE, ["per-device-train-batch-size", str(2 + (i + 1) % 4)]))
+            out["seen"].append(input_to_verdict_ms(page, "per-device-train-batch-size", 2 + (i + 1) % 4))
         for i in range(n):
             page.wait_for_timeout(pause_ms)
             field, value = ("max-seq-length", str(2500 + i)) if i % 2 == 0 else ("per-device-train-batch-size", str(5 + i))
-            out["new"].append(page.evaluate(CHANGE, [field, value]))
+            out["new"].append(input_to_verdict_ms(page, field, value))
         browser.close()
     return out
 
@@ -164,7 +148,8 @@ def main() -> int:
             timed(conn, {**BASE, "per-device-train-batch-size": str(9 + i % 40), "max-seq-length": str(3000 + i)})
             for i in range(min(n, 200))])
         measure("view new", pid, lambda: [
-            timed(conn, {**BASE, "per-device-train-batch-size": str(9 + i % 40), "max-seq-length": str(5000 + i)}, "view")
+            timed(conn, {**BASE, "per-device-train-batch-size": str(9 + i % 40), "max-seq-length": str(5000 + i),
+                         "advice": "later", "gpus": "later"}, "view")
             for i in range(min(n, 100))])
         conn.close()
         page = page_times(f"http://{host}:{port}/", max(n // 10, 10))

@@ -196,3 +196,35 @@ def test_pure_fp16_training_is_advised_against_on_a_bf16_gpu():
     bf16 = json.loads(run_cli("estimate", "--model", "llama-2-7b", "--gpu", "a100-80gb", "--dtype", "bfloat16",
                               "--format", "json").stdout)
     assert "pure-fp16" not in [a["id"] for a in bf16["advice"]]
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
+def test_a_variant_is_evaluated_only_when_the_rest_of_its_condition_holds(ctx, monkeypatch, precision):
+    """A rule's condition ``all = [...]`` with a part false on the current values (``precision = "32-true"`` for a
+    bf16-mixed run; ``headroom_fraction < 0.05`` for a run with room to spare) does not hold whatever the variant
+    gives: its variant scenario is not evaluated, and the advice is that of the whole evaluation (each rule's
+    variant evaluated, as before). In fp32 the mixed-precision rule's variant is evaluated and fires."""
+    import fitplan.estimation as estimation
+    from fitplan.rules.advice import advice_set
+
+    s = fitplan.scenario_from_dict({"model": "llama-2-7b", "gpu": "h100-sxm", "precision": precision,
+                                    "optim": "adamw_torch", "gradient_checkpointing": True, "method": "lora"})
+    est = estimation.evaluate(s, ctx.registry, ctx.rulesets)
+    rules = advice_set(ctx.rulesets, ctx.registry)
+    room = Namespace(est.values, None, None, rules.vocabulary).get("headroom_fraction")
+    assert room > 0.05  # LoRA of a 7B model on an 80 GB GPU: room to spare
+    whole = advice_set(ctx.rulesets, ctx.registry)
+    whole.compiled = [(r, cond, needs, ()) for r, cond, needs, _ in whole.compiled]  # every variant evaluated
+    asked: list = []
+    real = estimation.evaluate
+    monkeypatch.setattr(estimation, "evaluate", lambda sc, *a, **k: asked.append(sc) or real(sc, *a, **k))
+    got = rules.advise(est)
+    variants = [(v.training.precision, v.training.per_device_train_batch_size) for v in asked]
+    asked.clear()
+    assert got == whole.advise(est)
+    assert len(asked) >= 4  # the whole evaluation: every rule with a variant whose condition reads it
+    if precision == "bf16-mixed":
+        assert len(variants) < len(asked)
+        assert [v for v in variants if v[0] in ("bf16-true", "16-mixed") or v[1] == 1] == [], variants
+    else:
+        assert ("bf16-true", 1) in variants and "mixed-precision" in {a.id for a in got}

@@ -256,6 +256,35 @@ def test_the_later_work_of_an_older_view_is_stopped(served):
     assert status == 400 and json.loads(body)["error"].startswith("page must be a page's id")
 
 
+def test_the_view_may_leave_the_advice_and_the_gpus_for_later(served):
+    """``/api/view?...&advice=later&gpus=later`` (the page's): the estimate is ``/api/estimate``'s with ``advice``
+    null, and ``/api/advice`` gives that advice: together they are the CLI's report; ``gpus`` is null, and
+    ``/api/gpus`` gives what the whole view has there. A scenario that does not fit (a 7B model, full fine-tuning
+    in bf16-mixed with AdamW, micro-batch 6 of 4096 tokens on an 80 GB GPU) so that the advice is not empty;
+    ``/api/advice`` and ``/api/gpus`` for an older view of the page are 409, any other value of either 400."""
+    q = {"model": "llama-2-7b", "gpu": "a100-80gb", "precision": "bf16-mixed", "optim": "adamw_torch",
+         "per-device-train-batch-size": "6", "max-seq-length": "4096", "gradient-checkpointing": "true"}
+    whole = json.loads(run_cli("estimate", *flags(q), "--format", "json").stdout)
+    assert whole["advice"] and whole["memory"]["fits"] is False
+    view = json.loads(get(served, "/api/view", {**q, "page": "adv", "advice": "later", "gpus": "later"})[1])
+    assert view["estimate"]["advice"] is None and view["gpus"] is None
+    assert {**view["estimate"], "advice": whole["advice"]} == whole
+    mine = {**q, "page": "adv", "view": str(view["view"])}
+    status, body, _ = get(served, "/api/advice", mine)
+    assert status == 200 and json.loads(body) == {"advice": whole["advice"]}
+    status, body, _ = get(served, "/api/gpus", mine)
+    full = json.loads(get(served, "/api/view", q)[1])
+    assert full["estimate"] == whole  # without advice=later: all of it
+    assert status == 200 and json.loads(body) == full["gpus"] and len(full["gpus"]) > 10
+    get(served, "/api/view", {**q, "page": "adv", "per-device-train-batch-size": "7"})  # the page moves on
+    for path in ("/api/advice", "/api/gpus"):
+        status, body, _ = get(served, path, mine)
+        assert status == 409 and "newer view" in json.loads(body)["error"], path
+    for name in ("advice", "gpus"):
+        status, body, _ = get(served, "/api/view", {**q, name: "now"})
+        assert status == 400 and json.loads(body)["error"].startswith(f"{name} must be 'later'")
+
+
 def test_a_search_may_wait_for_the_running_one(served):
     """``wait=SECONDS``: a number within the server's search limit; a request waits that long for the search
     slot, then 429, and gives up at once (429) when a newer request starts waiting (the page's abandoned one)."""

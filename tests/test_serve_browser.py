@@ -57,6 +57,7 @@ def page(browser, served):
 def open_view(page, served, query: dict[str, str]) -> None:
     page.goto(served.url + "?" + urllib.parse.urlencode(query))
     page.wait_for_selector("body[data-state=ready]", timeout=20_000)
+    page.wait_for_selector("#gpus[data-cards=ready]", timeout=20_000)  # right after the verdict (/api/gpus)
 
 
 def cli_json(query: dict[str, str]) -> dict:
@@ -81,24 +82,11 @@ def shown(page) -> dict:
 
 def change_micro_batch(page, value: int) -> float:
     """Type ``value`` into the micro-batch field as a user would (an input event) and return the milliseconds until
-    the verdict and the chart show the estimate of the new value (measured in the page)."""
-    return page.evaluate("""async (value) => {
-        const input = document.getElementById('f-per-device-train-batch-size');
-        const want = 'per-device-train-batch-size=' + value;
-        const t0 = performance.now();
-        input.value = String(value);
-        input.dispatchEvent(new Event('input', {bubbles: true}));
-        await new Promise((resolve, reject) => {
-            const done = () => (document.body.dataset.query || '').split('&').includes(want)
-                && document.body.dataset.state === 'ready';
-            if (done()) return resolve();
-            const obs = new MutationObserver(() => { if (done()) { obs.disconnect(); resolve(); } });
-            obs.observe(document.body, {attributes: true, subtree: true, childList: true});
-            setTimeout(() => { obs.disconnect(); reject(new Error('not rendered after 10 s: state ' +
-                document.body.dataset.state + ', ' + document.body.dataset.query + ', ' + location.search + ', ' + document.getElementById('error').textContent)); }, 10000);
-        });
-        return performance.now() - t0;
-    }""", value)
+    the verdict and the chart show the estimate of the new value (measured in the page, as bench/bench_serve.py
+    does: :mod:`fitplan.web.page_timing`)."""
+    from fitplan.web.page_timing import input_to_verdict_ms
+
+    return input_to_verdict_ms(page, "per-device-train-batch-size", value, timeout_ms=10_000)
 
 
 def test_the_page_shows_the_cli_numbers_and_follows_the_micro_batch(page, served, tmp_path):
@@ -240,11 +228,18 @@ def cheapest_on_the_cli(query: dict[str, str]) -> tuple[str, float]:
 def test_the_answer_comes_first_for_the_default_scenario(page, served):
     """The page's own example (no query: full fine-tuning of a 7B model in bf16-mixed on one A100 80GB, which
     does not fit): one line says so, with the memory against the usable memory and, since even micro-batch 1
-    does not fit, the first advice's flags; the form has the load dtype as a select and bf16/fp16 as boxes."""
+    does not fit, the first advice's flags; the form has the load dtype as a select and bf16/fp16 as boxes.
+    The cheapest plan that fits is on the page too: ``fitplan recommend`` for the example's training with the
+    plan's fields left free (model, precision, the documented default optimizer, the dataset; effective batch by
+    hand: micro-batch 4 × accumulation 1 × 1 GPU = 4), ranked by cost: the card shows its plan 1."""
     page.goto(served.url)
     page.wait_for_selector("body[data-state=ready]", timeout=20_000)
     page.wait_for_selector("#largest[data-state=ready]", timeout=30_000)
+    page.wait_for_selector("#advice[data-state=ready]", timeout=30_000)  # after the verdict (/api/advice)
     query = page_query(page)
+    assert query == {"model": "llama-2-7b", "gpu": "a100-80gb", "precision": "bf16-mixed",
+                     "per-device-train-batch-size": "4", "gradient-checkpointing": "true", "num-examples": "10000",
+                     "tokens-per-example": "512"}  # the README's example, as docs/serve.md says
     cli = cli_json(query)
     per, usable = cli["memory"]["per_gpu_bytes"], cli["memory"]["usable_bytes"]
     assert cli["memory"]["fits"] is False and page.get_attribute("#verdict", "data-fits") == "false"
@@ -255,10 +250,20 @@ def test_the_answer_comes_first_for_the_default_scenario(page, served):
     (field, value), = advice.items()
     assert page.inner_text("#headline") == (f"does not fit · {per['device_total'] / 1e9:.1f} of {usable / 1e9:.1f} GB"
                                             f" · try --{field.replace('_', '-')} {value} (see Advice)")
+    assert page.eval_on_selector_all("#advice li[data-advice]", "ls => ls.map(l => l.dataset.advice)") == [
+        a["id"] for a in cli["advice"]]  # the advice, asked for after the verdict, is the CLI's
     assert page.get_attribute("#answer", "aria-live") == "polite" and page.get_attribute("#answer", "role") == "status"
     assert page.eval_on_selector("#f-dtype", "e => [e.tagName, [...e.options].map(o => o.value)]") == [
         "SELECT", ["auto", "float32", "bfloat16", "float16"]]
     assert page.eval_on_selector_all("#f-bf16, #f-fp16", "es => es.map(e => e.type)") == ["checkbox", "checkbox"]
+    page.wait_for_selector("#cheapest[data-state=ready]", timeout=90_000)
+    plan = json.loads(cli_output("recommend", "--model", "llama-2-7b", "--precision", "bf16-mixed", "--optim",
+                                 "adamw_torch_fused", "--num-examples", "10000", "--tokens-per-example", "512",
+                                 "--effective-batch-size", "4", "--objective", "cost", "--top", "1",
+                                 "--format", "json"))["plans"][0]
+    assert json.loads(page.get_attribute("#cheapest table.plan", "data-plan")) == plan["plan"]
+    assert page.inner_text("#cheapest-command") == plan["command"]
+    assert page.inner_text("#cheapest [data-field=cost] td").startswith(f"${plan['cost_usd']:,.2f}")
     assert page.problems == []
 
 
@@ -404,6 +409,64 @@ def test_the_keyboard_reaches_a_number_and_opens_its_derivation(page, served):
     page.keyboard.press("Escape")
     assert page.is_hidden("#explain-pop") and page.evaluate("document.activeElement.dataset.explain") == quantity
     assert page.problems == []
+
+
+def test_the_keyboard_reaches_every_derivation(page, served):
+    """Every quantity the page offers a derivation of (each ``data-explain`` on the page: table numbers, chart
+    bars, the usable-memory mark, the time, the costs) is reached by Tab alone on a number that opens it with
+    Enter (its tree, the CLI's ``fitplan explain`` root) and closes with Escape, focus back on the number."""
+    open_view(page, served, {**START, "optim": "adamw_torch", "provider": "aws"})
+    page.wait_for_selector("#gpus[data-priced=true]", timeout=30_000)
+    offered = set(page.eval_on_selector_all("[data-explain]:not(#explain-pop *)",
+                                            "es => es.map(e => e.dataset.explain).filter(Boolean)"))
+    assert len(offered) >= 6, offered  # the memory rows, peak, device total, usable, time, costs
+    page.evaluate("document.activeElement.blur()")
+    reached: list[str] = []
+    for _ in range(600):
+        page.keyboard.press("Tab")
+        quantity = page.evaluate("document.activeElement.matches('.num[data-explain]') ? "
+                                 "document.activeElement.dataset.explain : null")
+        if quantity and quantity not in reached:
+            reached.append(quantity)
+            page.keyboard.press("Enter")
+            page.wait_for_selector(f"#explain .tree[data-quantity='{quantity}']", timeout=30_000)
+            page.keyboard.press("Escape")
+            assert page.is_hidden("#explain-pop") and page.evaluate("document.activeElement.dataset.explain") == quantity
+        if offered <= set(reached):
+            break
+    assert offered <= set(reached), sorted(offered - set(reached))
+    assert page.problems == []
+
+
+def test_make_screenshots_saves_the_page_at_1400_and_390_px(tmp_path):
+    """``make screenshots`` runs bench/serve_screenshots.py, whose shots include the page at 1400 px and at 390 px;
+    run (here with those two shots only), it saves PNGs of those widths (each PNG's IHDR), full pages."""
+    import re
+    import struct
+    import subprocess
+    import sys
+
+    require_modules("starlette", "uvicorn", "playwright")
+    chromium_path()
+    make = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^screenshots:.*\n\t.*bench/serve_screenshots\.py \$\(or \$\(DIR\),", make, re.M)
+    code = ("import importlib.util, sys\n"
+            "spec = importlib.util.spec_from_file_location('shots', sys.argv[1])\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            "widths = {w for _, _, w, _ in m.SHOTS}\n"
+            "assert {1400, 390} <= widths, widths\n"
+            "m.SHOTS = [s for s in m.SHOTS if s[0] in ('fits-1400', 'fits-390')]\n"
+            "sys.argv = sys.argv[1:]\n"
+            "sys.exit(m.main())\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "bench/serve_screenshots.py"), str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name, width in (("fits-1400", 1400), ("fits-390", 390)):
+        png = (tmp_path / f"fitplan-serve-{name}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+        w, h = struct.unpack(">II", png[16:24])
+        assert w == width and h >= 900, (name, w, h)  # the full page, at least the 900 px viewport
+        assert str(tmp_path / f"fitplan-serve-{name}.png") in proc.stdout
 
 
 def test_the_cheapest_plan_card_shows_the_recommenders_plan_1_and_applies_it(page, served):

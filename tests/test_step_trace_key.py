@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
+
 import pytest
 
 from fitplan.builtin import step_trace
@@ -47,3 +49,80 @@ def test_the_comparison_tells_traces_apart():
     a, b = (step_trace.build_afresh(TraceSpec(arch, 3, 48, p, "sdpa", False, "full", 8, (), 0.0, "cuda", 512))
             for p in ("bf16-true", "bf16-mixed"))
     assert a != b and b.autocast_copy_bytes > 0 == a.autocast_copy_bytes
+
+
+# --------------------------------------------------------------------------- one recording, both checkpointing ways
+
+
+SHARED = ["tiny-llama", "tiny-gemma2", "tiny-qwen3-moe", "tiny-gpt2", "tiny-phi3", "tiny-gpt-oss", "tiny-deepseek-v3"]
+
+
+@pytest.mark.parametrize("model", SHARED)
+@pytest.mark.parametrize(("precision", "attn", "device", "loss"), [
+    ("bf16-mixed", "sdpa", "cuda", "hf"), ("32-true", "eager", "cpu", "chunked"), ("bf16-true", "sdpa", "cuda", "liger")])
+@pytest.mark.parametrize("first", [False, True])
+def test_one_recording_serves_both_checkpointing_ways(model, precision, attn, device, loss, first, monkeypatch):
+    """``build_sharing`` records a full fine-tuning step once (with checkpointing on) and keeps the recording for
+    the twin spec: both traces must equal those recorded separately by ``build_afresh`` (every field, the time
+    model's kernels included), whichever of the two is asked for first."""
+    arch = load_config_json(CONFIGS / model / "config.json")
+    spec = TraceSpec(arch, 3, 48, precision, attn, first, "full", 8, (), 0.0, device, 512, loss=loss)
+    twin = attrs.evolve(spec, checkpointing=not first)
+    step_trace._RECORDINGS.clear()
+    assert step_trace.build_sharing(spec) == step_trace.build_afresh(spec)
+    assert list(step_trace._RECORDINGS) == [(twin, "")]  # kept for the twin, which then records nothing
+    with monkeypatch.context() as m:
+        m.setattr(step_trace, "record", no_recording)
+        shared = step_trace.build_sharing(twin)
+    assert shared == step_trace.build_afresh(twin) and step_trace._RECORDINGS == {}
+
+
+@pytest.mark.parametrize(("frozen", "loss"), [(True, "hf"), (False, "trl_logp"), (False, "cce")])
+def test_one_recording_serves_a_frozen_forward_and_the_trl_heads(frozen, loss):
+    """The same for TRL's reference forward (nothing trains) and fused loss heads."""
+    arch = load_config_json(CONFIG)
+    spec = TraceSpec(arch, 2, 40, "bf16-mixed", "sdpa", False, "full", 8, (), 0.0, "cuda", 512, loss=loss,
+                     frozen=frozen)
+    step_trace._RECORDINGS.clear()
+    assert step_trace.build_sharing(spec) == step_trace.build_afresh(spec)
+    twin = attrs.evolve(spec, checkpointing=True)
+    assert step_trace.build_sharing(twin) == step_trace.build_afresh(twin) and step_trace._RECORDINGS == {}
+
+
+def test_the_checkpointed_and_plain_traces_differ_so_the_comparison_can_fail():
+    arch = load_config_json(CONFIG)
+    plain, ckpt = (step_trace.build_afresh(TraceSpec(arch, 3, 48, "bf16-mixed", "sdpa", c, "full", 8, (), 0.0, "cuda",
+                                                     512)) for c in (False, True))
+    assert ckpt.activation_bytes < plain.activation_bytes and ckpt.work != plain.work
+
+
+def test_a_kept_recording_is_not_used_once_the_learned_file_is_loaded_again(monkeypatch):
+    """``fitplan learn-architecture``'s verification relearns a file and clears ``archfile.load``: the twin's kept
+    recording, made from the old file, is then recorded again."""
+    from fitplan.builtin import archfile
+
+    arch = load_config_json(CONFIG)
+    spec = TraceSpec(arch, 3, 48, "bf16-mixed", "sdpa", True, "full", 8, (), 0.0, "cuda", 512)
+    step_trace._RECORDINGS.clear()
+    step_trace.build_sharing(spec)
+    archfile.load.cache_clear()
+    calls = []
+    real = step_trace.record
+    monkeypatch.setattr(step_trace, "record", lambda s: calls.append(s.checkpointing) or real(s))
+    twin = attrs.evolve(spec, checkpointing=False)
+    assert step_trace.build_sharing(twin) == step_trace.build_afresh(twin) and calls[:1] == [True]
+
+
+def test_lora_records_each_way_on_its_own():
+    """Under LoRA, checkpointing changes the recording itself (peft's input-require-grads hook on the embedding's
+    output): nothing is shared, and each trace is the one recorded for it."""
+    arch = load_config_json(CONFIG)
+    spec = TraceSpec(arch, 3, 48, "bf16-mixed", "sdpa", False, "lora", 8, ("q_proj", "v_proj"), 0.0, "cuda", 512)
+    step_trace._RECORDINGS.clear()
+    assert step_trace.build_sharing(spec) == step_trace.build_afresh(spec) and step_trace._RECORDINGS == {}
+    ckpt = attrs.evolve(spec, checkpointing=True)
+    assert step_trace.build_sharing(ckpt) == step_trace.build_afresh(ckpt)
+
+
+def no_recording(spec):
+    raise AssertionError(f"recorded again: {spec}")

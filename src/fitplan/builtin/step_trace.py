@@ -41,12 +41,14 @@ affine in the number of repetitions).
 
 A built trace is kept on disk (``fitplan/diskcache.py``, kind ``traces``) under its exact :class:`TraceSpec`
 and the fingerprint of the code and learned files that build it (:data:`TRACE_MODULES`): loading one takes
-about 0.3 ms where replaying takes 10-30 ms.
+about 0.3 ms where replaying takes 10-30 ms. A full fine-tuning step is recorded once for both gradient
+checkpointing settings (:func:`build_sharing`): the recording is about half of a trace's time.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import attrs
@@ -240,6 +242,17 @@ class Op:
     but packed and unpacked like any saved tensor (a checkpoint's hooks see it)."""
 
 
+_OP_FIELDS = tuple(f.name for f in attrs.fields(Op))
+
+
+def _copy_op(op: Op) -> Op:
+    """A shallow copy of ``op`` (``copy.copy`` goes through attrs' pickling state: ten times slower)."""
+    new = object.__new__(Op)
+    for name in _OP_FIELDS:
+        setattr(new, name, getattr(op, name))
+    return new
+
+
 class Trace:
     """Records the forward of one step (see the module doc)."""
 
@@ -372,6 +385,22 @@ class Trace:
             elif op.saved and not self.seg_ckpt[op.seg]:
                 op.saved = ()
 
+    def checkpointed(self, spec: TraceSpec, *, copy: bool) -> Trace:
+        """This recording (made with checkpointing on) for ``spec``, with checkpointing as ``spec`` says: without
+        it, no segment is checkpointed and no layer keeps its arguments. ``copy``: a copy, whose ops are copied
+        (:meth:`finish` changes them) and whose other parts are shared, read only from here on
+        (:func:`shares_recording`); else this recording itself, changed."""
+        tr = self
+        if copy:
+            tr = object.__new__(Trace)
+            tr.__dict__.update(self.__dict__)
+            tr.ops = [_copy_op(op) for op in self.ops]
+        tr.spec = spec
+        if not spec.checkpointing:
+            tr.seg_ckpt = [False] * len(self.seg_ckpt)
+            tr.ckpt_keep = {}
+        return tr
+
     def touch(self, *ts: T) -> None:
         """The model's Python code still holds ``ts`` here (a recorded lifetime): extends their lifetime,
         records nothing for backward."""
@@ -393,7 +422,8 @@ KEEP_TRACES = 4000
 
 @functools.lru_cache(maxsize=512)
 def build(spec: TraceSpec) -> StepTrace:
-    """The step trace of ``spec``: kept on disk from an earlier run, else built (see the module doc)."""
+    """The step trace of ``spec``: kept on disk from an earlier run, else built (see the module doc), from the
+    recording its checkpointing twin left when there is one (:func:`build_sharing`)."""
     import pickle
     from pathlib import Path
 
@@ -406,24 +436,79 @@ def build(spec: TraceSpec) -> StepTrace:
     name = diskcache.entry_name(spec.arch.model_type, key[1])
     trace = diskcache.load("traces", name, key)
     if not isinstance(trace, StepTrace):
-        trace = build_afresh(spec)
+        trace = build_sharing(spec, key[2])
         diskcache.store("traces", name, key, trace, keep=KEEP_TRACES)
     return trace
 
 
 def build_afresh(spec: TraceSpec) -> StepTrace:
     """Trace one step of ``spec`` from its learned architecture and replay it (see the module doc)."""
+    return finished(record(spec))
+
+
+def record(spec: TraceSpec) -> Trace:
+    """The recorded forward of ``spec`` (:class:`.learned_graph.Builder`), not yet finished."""
     from .archfile import load
     from .learned_graph import Builder
 
     arch = spec.arch
-    af = load(arch.model_type)
     tr = Trace(spec)
-    b = Builder(tr, af, dict(arch.symbols))
-    b.run()
+    Builder(tr, load(arch.model_type), dict(arch.symbols)).run()
+    return tr
+
+
+def finished(tr: Trace) -> StepTrace:
+    """The step trace of a recorded forward: :meth:`Trace.finish`, :func:`replay` and the time model's work."""
     tr.finish()
     param_ops = tuple((name, any(o.rg for o in outs)) for name, outs in tr.param_outs.items())
     return attrs.evolve(replay(tr), work=op_work.step_work(tr), param_ops=param_ops)
+
+
+# --------------------------------------------------------------------------- one recording, both checkpointing ways
+
+
+RECORDINGS_KEPT = 64
+"""Recordings kept in memory for the twin that has not been built yet (the oldest is dropped first)."""
+_RECORDINGS: dict[tuple[TraceSpec, str], tuple[Any, Trace]] = {}
+"""(twin spec, fingerprint) -> (the learned file the recording was made from, the recording)."""
+_RECORDINGS_LOCK = threading.Lock()
+
+
+def shares_recording(spec: TraceSpec) -> bool:
+    """Whether ``spec``'s recorded forward serves it with and without gradient checkpointing. Checkpointing
+    changes what the Builder records in one place only: under LoRA, peft's ``enable_input_require_grads`` hook
+    makes the embedding's output require grad (``learned_segment.py``, ``embed_out``); everywhere else it
+    marks the decoder layers' segments as checkpointed and records each layer's arguments (``ckpt_keep``,
+    ``learned_graph.py`` ``run``), which :meth:`Trace.checkpointed` sets or clears. Everything after the
+    recording (``finish``, ``replay``, ``op_work.step_work``) reads those two and the spec only.
+    tests/test_step_trace_key.py compares the shared traces with traces recorded separately."""
+    return spec.method not in ("lora", "qlora")
+
+
+def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace:
+    """:func:`build_afresh`'s trace of ``spec``. A spec that :func:`shares_recording` is recorded with
+    checkpointing on, and the recording is kept for its twin (the same spec, checkpointing the other way): the
+    estimate of a scenario with checkpointing needs both traces (its activations without checkpointing are the
+    reducer's input), and one without it asks for the checkpointed one in its advice. The twin then skips the
+    recording (about half of a trace's time). ``fingerprint``: the code and learned files' (:func:`build`); a kept
+    recording serves only while ``archfile.load`` still returns the learned file it was made from (a relearned
+    file, ``fitplan learn-architecture``'s verification, clears that cache)."""
+    from .archfile import load
+
+    with _RECORDINGS_LOCK:
+        kept = _RECORDINGS.pop((spec, fingerprint), None)
+    if kept is not None and kept[0] is load(spec.arch.model_type):
+        return finished(kept[1])
+    if not shares_recording(spec):
+        return build_afresh(spec)
+    af = load(spec.arch.model_type)
+    tr = record(attrs.evolve(spec, checkpointing=True))
+    twin = attrs.evolve(spec, checkpointing=not spec.checkpointing)
+    with _RECORDINGS_LOCK:
+        _RECORDINGS[(twin, fingerprint)] = (af, tr.checkpointed(twin, copy=True))
+        while len(_RECORDINGS) > RECORDINGS_KEPT:
+            del _RECORDINGS[next(iter(_RECORDINGS))]
+    return finished(tr.checkpointed(spec, copy=False))
 
 
 # --------------------------------------------------------------------------- replay: forward and backward timelines

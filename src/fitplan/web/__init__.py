@@ -4,7 +4,8 @@ An optional extra (``pip install 'fitplan[web]'``: starlette and uvicorn), impor
 :mod:`~fitplan.web.params` (query → the CLI's options), :mod:`~fitplan.web.uploads` (uploaded config.json
 files), :mod:`~fitplan.web.api` and :mod:`~fitplan.web.view` (the endpoints, framework-free),
 :mod:`~fitplan.web.server` (the Starlette app, the guard, uvicorn) and ``static/`` (the page: HTML, one
-vanilla JavaScript file, CSS; no framework, no build step, no network). docs/serve.md describes it.
+vanilla JavaScript file, CSS; no framework, no build step, no network); :mod:`~fitplan.web.page_timing` (the
+page's input-to-verdict time, for the bench and the browser tests). docs/serve.md describes it.
 """
 
 EXTRA_MODULES = ("starlette", "uvicorn")

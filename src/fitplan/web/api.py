@@ -228,13 +228,14 @@ def estimate_of(settings: Settings, query: Query):
     return estimate_from(options), upload
 
 
-def assessment(settings: Settings, query: Query):
+def assessment(settings: Settings, query: Query, *, advice: bool = True):
     """The query's estimate assessed as ``fitplan estimate`` assesses it (advice, the server's policies), and
-    the name an uploaded model was uploaded under."""
+    the name an uploaded model was uploaded under. ``advice=False``: without the advice (``/api/view``'s
+    ``advice=later``: the page asks ``/api/advice`` for it once the verdict is shown)."""
     from fitplan.assess import assess
 
     est, upload = estimate_of(settings, query)
-    return assess(est, policy_files=settings.policy_files, cheapest=True), upload  # as the CLI: without a GPU only
+    return assess(est, policy_files=settings.policy_files, advice=advice, cheapest=True), upload  # cheapest: no GPU only
 
 
 def estimate(settings: Settings, query: Query) -> Reply:
@@ -377,9 +378,14 @@ def gpu_rows(ctx, sweep: list[tuple[str, Any]] | None = None) -> list[dict[str, 
 
 def gpus(settings: Settings, query: Query) -> Reply:
     """``GET /api/gpus``: the GPUs of the hardware rulesets; given a scenario (a model or a parameter count),
-    each GPU's memory section of ``fitplan estimate --gpu ID --format json`` (no provider)."""
+    each GPU's memory section of ``fitplan estimate --gpu ID --format json`` (no provider); ``page=ID&view=N``:
+    409 without any work once that page has asked for a newer view (:func:`view_check`)."""
     from fitplan.search.sweep import across_gpus
 
+    query, own = take(query, ("page", "view"))
+    check = view_check(settings, own)
+    if check is not None:
+        check()
     ctx = settings.context()
     if not query:
         return json_reply(gpu_rows(ctx))

@@ -201,7 +201,8 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 ENDPOINTS = {"estimate": api.estimate, "explain": api.explain, "recommend": api.recommend, "models": api.models,
              "gpus": api.gpus, "options": api.options, "export": api.export, "view": view.view,
-             "largest": view.largest_view, "prices": view.prices_view, "estimate.csv": estimate_csv.csv_view}
+             "largest": view.largest_view, "prices": view.prices_view, "advice": view.advice_view,
+             "estimate.csv": estimate_csv.csv_view}
 
 
 def make_app(settings: api.Settings, hosts: set[str]) -> Any:

@@ -9,6 +9,9 @@ provider: :func:`~fitplan.search.sweep.across_providers`), and what the page nee
 ``GET /api/prices`` answers separately, after the view: each GPU's cheapest provider (tens of estimates).
 ``cheapest`` is the query of the page's "cheapest plan that fits" card (:mod:`fitplan.web.cheapest`), which
 the page sends to ``/api/recommend`` last, once the inputs are still.
+With ``advice=later`` the estimate comes without its advice (``estimate.advice`` null), which ``GET /api/advice``
+answers right after the view, and with ``gpus=later`` without ``gpus``, which ``GET /api/gpus`` answers: the page
+shows the verdict without waiting for the advice's variant scenarios and the scenario on every GPU.
 ``GET /api/largest`` answers separately (the page asks for it once the view is shown): the largest
 micro-batch and sequence that fit the GPU, as ``fitplan recommend --max ... --headroom 0`` (the ``fits``
 verdict's test). Those searches evaluate tens of new shapes, each with its own step trace (a few hundred
@@ -112,21 +115,59 @@ def view(settings: Settings, query: Query) -> Reply:
     from fitplan.inputs.scenario import flatten
     from fitplan.web import cheapest
 
-    query, own = take(query, ("page",))
+    query, own = take(query, ("page", "advice", "gpus"))
+    advice_later, gpus_later = (later(name, own.get(name)) for name in ("advice", "gpus"))
     number = settings.new_view(page_id(own.get("page")))  # the page's later requests carry it (view=N)
-    a, upload = assessment(settings, query)
+    a, upload = assessment(settings, query, advice=not advice_later)
     est, ctx = a.estimate, settings.context()
+    estimate = to_json(a)
+    if advice_later:
+        estimate["advice"] = None  # not computed yet: /api/advice
     return json_reply({
         "view": number,
-        "estimate": to_json(a),
+        "estimate": estimate,
         "rows": breakdown_rows(est),
         "explain": explain_names(est),
-        "gpus": gpu_rows(ctx, across_gpus(est.scenario, ctx, arch=est.arch)),
+        "gpus": None if gpus_later else gpu_rows(ctx, across_gpus(est.scenario, ctx, arch=est.arch)),
         "providers": provider_rows(est, ctx),
         "exports": exports(est, upload),
         "upload": upload,
         "cheapest": cheapest.request(flatten(est.scenario), query, settings.search_seconds),
     }, compact=True)
+
+
+LATER = {"advice": "/api/advice", "gpus": "/api/gpus"}
+"""What the page's view may leave for later (``NAME=later``), and the endpoint that then answers it."""
+
+
+def later(name: str, text: str | None) -> bool:
+    """``advice=later`` / ``gpus=later`` of ``/api/view``: the view without that part, which the page asks for once
+    the verdict is shown (:data:`LATER`): the advice's variant scenarios (each with its own step traces: the
+    slowest part of a never-seen shape's estimate; ``estimate.advice`` is then null), the scenario on every GPU
+    (``gpus`` null: one evaluation per GPU, most of a seen scenario's view).
+
+    :raises FitplanError: any other value.
+    """
+    if text is None or text == "":
+        return False
+    if text != "later":
+        raise FitplanError(f"{name} must be 'later' (then {LATER[name]} answers it), got {text!r:.40}", field=name,
+                           value=text[:40])
+    return True
+
+
+def advice_view(settings: Settings, query: Query) -> Reply:
+    """``GET /api/advice[?page=ID&view=N]``: ``{"advice": [...]}``, the ``advice`` of ``/api/estimate`` (``fitplan
+    estimate --format json``) for the query's scenario; 409 without any work when page ID has asked for a view
+    newer than N (:func:`~fitplan.web.api.view_check`)."""
+    from fitplan.rules.advice import advise
+
+    query, own = take(query, ("page", "view"))
+    check = view_check(settings, own)
+    if check is not None:
+        check()
+    est, _ = estimate_of(settings, query)
+    return json_reply({"advice": [x.to_dict() for x in advise(est)]})
 
 
 def gpu_prices(est, ctx, check=None) -> dict[str, Any]:

@@ -196,7 +196,9 @@ async function load(qs) {
   document.body.dataset.state = "loading";
   try {
     const signal = inflight.signal;
-    const data = await getJSON(`/api/view?${qs}&page=${PAGE_ID}`, signal);
+    // The verdict first: without the advice's variant scenarios and the scenario on every GPU, which /api/advice
+    // and /api/gpus answer right after it.
+    const data = await getJSON(`/api/view?${qs}&page=${PAGE_ID}&advice=later&gpus=later`, signal);
     lastQuery = qs;
     lastView = data;
     lastLargest = lastPrices = null;
@@ -210,6 +212,7 @@ async function load(qs) {
     // The later requests carry this page's id and the view's number: the server stops their work once this
     // page asks for a newer view (its next change; aborting a request does not stop the server's work).
     const view = `page=${PAGE_ID}&view=${data.view}`;
+    loadGpus(qs, signal, view, data).then(() => loadAdvice(qs, signal, view, data));
     laterTimer = setTimeout(() => {
       scheduleCheapest({...data.cheapest, view}, signal,
         Promise.allSettled([loadLargest(qs, signal, view), loadPrices(qs, signal, view)]));
@@ -218,6 +221,38 @@ async function load(qs) {
     if (e.name === "AbortError") return;
     showError(e.message, e.download);
     document.body.dataset.state = "error";
+  }
+}
+
+// The estimate's advice (/api/estimate's "advice", which the view left out): the list, and the headline of a run
+// that does not fit, which may name the first advice.
+async function loadAdvice(qs, signal, view, data) {
+  const box = $("advice");
+  try {
+    const got = await getJSON(`/api/advice?${qs}&${view}`, signal);
+    if (lastView !== data) return;  // a newer view is shown
+    data.estimate.advice = got.advice;
+    renderAdvice(data.estimate);
+    renderAnswer(data, lastLargest);
+  } catch (e) {
+    if (e.name === "AbortError" || e.status === 409 || lastView !== data) return;
+    box.replaceChildren(el("li", {class: "error", text: e.message}));
+    box.dataset.state = "error";
+  }
+}
+
+// The GPU cards (the scenario on every GPU: /api/view's "gpus", which the view left out), priced once /api/prices
+// has answered.
+async function loadGpus(qs, signal, view, data) {
+  try {
+    const got = await getJSON(`/api/gpus?${qs}&${view}`, signal);
+    if (lastView !== data) return;  // a newer view is shown
+    data.gpus = got;
+    renderGpus(data, lastPrices);
+  } catch (e) {
+    if (e.name === "AbortError" || e.status === 409 || lastView !== data) return;
+    $("gpus").replaceChildren(el("p", {class: "error", text: e.message}));
+    $("gpus").dataset.cards = "error";
   }
 }
 

@@ -104,6 +104,7 @@ function answerText(d, largest) {
     const mb = largest && largest["micro-batch"];
     let fix;
     if (mb && mb.largest) fix = `largest micro-batch that fits: ${mb.largest}`;
+    else if (est.advice === null) fix = "finding what to change…";  // the advice is on its way (/api/advice)
     else if (est.advice.length) fix = suggestion(est.advice[0]);
     else if (mb && !mb.error) fix = "even micro-batch 1 does not fit: a larger GPU, more GPUs with ZeRO/FSDP, or LoRA/QLoRA";
     else fix = "finding the largest micro-batch that fits…";
@@ -241,6 +242,11 @@ function renderComponents(d) {
   const total = (text, value, attrs, extra = "") => t.append(el("tr", {class: "total"}, el("th", {scope: "row", text}),
     el("td", {}, num(gb(value), {"data-bytes": value, ...attrs})), el("td", {text: extra})));
   total(`peak (at ${phase ? phase[1] : mem.peak_phase})`, per.peak, {"data-explain": d.explain.peak, id: "peak"});
+  const overhead = d.rows.find((r) => r.overhead);  // the chart's last bar, reachable by keyboard here
+  if (overhead && per[overhead.key]) t.append(el("tr", {},
+    el("th", {scope: "row"}, el("i", {class: "swatch overhead"}), "+ " + overhead.label),
+    el("td", {}, num(gb(per[overhead.key]), {"data-explain": overhead.quantity, "data-bytes": per[overhead.key],
+      id: "row-" + overhead.key})), el("td", {})));
   total("device total (peak + CUDA context + reserve)", per.device_total,
     {"data-explain": d.explain.device_total, id: "device-total"});
   if (mem.usable_bytes) total(`usable on ${d.estimate.gpu.name}`, mem.usable_bytes,
@@ -251,6 +257,12 @@ function renderComponents(d) {
 
 // GPU cards, sorted fits first, then by cost (once /api/prices has answered), then by memory.
 function renderGpus(d, prices) {
+  $("gpus").dataset.cards = d.gpus === null ? "pending" : "ready";
+  if (d.gpus === null) {  // on its way (/api/gpus): priced once both are in
+    $("gpus").dataset.priced = "pending";
+    $("gpus").replaceChildren(el("p", {class: "note", text: "placing the scenario on every GPU…"}));
+    return;
+  }
   const chosen = d.estimate.gpu ? d.estimate.gpu.id : null;
   const rows = d.gpus.map((g) => ({g, fits: g.memory ? g.memory.fits : null, price: prices ? prices[g.id] : undefined}));
   const cost = (r) => r.price && r.price.cost ? r.price.cost.on_demand_usd : Infinity;
@@ -336,7 +348,8 @@ function providerRow(d, p, fits) {
 
 function renderAdvice(est) {
   const byField = Object.fromEntries(FIELDS.map((f) => [f.field, f.name]));
-  $("advice").replaceChildren(...est.advice.map((a) => {
+  $("advice").dataset.state = est.advice === null ? "pending" : "ready";
+  $("advice").replaceChildren(...(est.advice || []).map((a) => {
     const li = el("li", {"data-advice": a.id}, el("span", {text: a.message}));
     const changes = Object.entries(a.variant || {}).filter(([k, v]) => byField[k] && typeof v !== "object");
     if (changes.length) {
@@ -347,7 +360,8 @@ function renderAdvice(est) {
     }
     return li;
   }));
-  if (!est.advice.length) $("advice").append(el("li", {class: "note", text: "No advice for this scenario."}));
+  if (est.advice === null) $("advice").append(el("li", {class: "note", text: "finding advice…"}));
+  else if (!est.advice.length) $("advice").append(el("li", {class: "note", text: "No advice for this scenario."}));
   $("warnings").replaceChildren(...est.warnings.map((w) => el("li", {text: "warning: " + w})));
   $("policy").replaceChildren(...(est.policy || []).map((p) =>
     el("li", {text: `policy ${p.rule} (${p.action}${p.market ? ", " + p.market : ""}): ${p.reason}`})));
