@@ -101,7 +101,7 @@ def test_json_keys_metadata_matches_the_report():
     import fitplan
     from fitplan.assess import assess
     from fitplan.output.estimate_report import to_json
-    from fitplan.rules.conditions import vocabulary
+    from fitplan.rulesets.conditions import vocabulary
 
     est = fitplan.estimate(model="llama-2-7b", gpu="h100-sxm", num_gpus=8, provider="aws", num_examples=1000,
                            tokens_per_example=512, precision="bf16-master", zero_stage=3, offload_optimizer=True)
@@ -120,7 +120,7 @@ def test_json_keys_metadata_matches_the_report():
                         {k: int(x) for k, x in value.items()} if numbers else value), q.json_key
         checked += 1
     vocab = vocabulary(est.registry)
-    from fitplan.rules.conditions import Namespace
+    from fitplan.rulesets.conditions import Namespace
 
     ns = Namespace(est.values, None, None, vocab)
     assert report["time"]["hours"] == ns.get("time.hours") == ns.get("train_hours")
@@ -130,11 +130,11 @@ def test_json_keys_metadata_matches_the_report():
 MODULE_LINES, FUNCTION_LINES = 550, 80
 """About 500 lines a module and 80 a function (CONTRIBUTING.md), unless a reason is stated below."""
 LONG_MODULES = {
-    "fitplan/builtin/step_trace.py": "every HF forward written out op by op; replaced by learned architecture files (#12)",
+    "fitplan/trace/step_trace.py": "every HF forward written out op by op; replaced by learned architecture files (#12)",
 }
 LONG_FUNCTIONS = {
-    ("fitplan/builtin/step_trace.py", "replay"): "the forward and backward timelines in one pass over shared state (#12)",
-    ("fitplan/inputs/architecture.py", "spec_from_config"): "per-family config reading, replaced by the learned "
+    ("fitplan/trace/step_trace.py", "replay"): "the forward and backward timelines in one pass over shared state (#12)",
+    ("fitplan/arch/architecture.py", "spec_from_config"): "per-family config reading, replaced by the learned "
                                                              "files' config normalisation (#12)",
 }
 

@@ -1,4 +1,4 @@
-"""Presets that share a step trace (``builtin/step_trace.py`` ``trace_precision``): the trace reads its preset only
+"""Presets that share a step trace (``trace/step_trace.py`` ``trace_precision``): the trace reads its preset only
 through the weight dtype, the compute dtype and whether autocast casts between them, so ``bf16-master`` (DeepSpeed's
 fp32 master weights live outside the step's ops) and ``bf16-autocast`` (autocast over weights already in bf16) take
 ``bf16-true``'s trace. Each merge is checked by building both traces afresh (no cache) and comparing every field,
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fitplan.builtin import step_trace
-from fitplan.builtin.step_trace import TraceSpec, trace_precision
-from fitplan.inputs.architecture import load_config_json
+from fitplan.trace import step_trace
+from fitplan.trace.step_trace import TraceSpec, trace_precision
+from fitplan.arch.architecture import load_config_json
 from fitplan.inputs.precision import PRESETS
 
 CONFIGS = Path(__file__).parent / "data" / "configs"

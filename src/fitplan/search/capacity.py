@@ -100,7 +100,7 @@ def largest_fitting(base: sc.Scenario, field: str, ctx, *, headroom: str | float
 # --------------------------------------------------------------------------- Llama-shaped models
 
 
-from fitplan.inputs.typical import REFERENCE, llama_config, llama_spec  # noqa: E402,F401 - the capacity table's models
+from fitplan.arch.typical import REFERENCE, llama_config, llama_spec  # noqa: E402,F401 - the capacity table's models
 
 
 @attrs.frozen

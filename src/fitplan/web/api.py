@@ -2,7 +2,7 @@
 query's ``(name, value)`` pairs and returns a :class:`Reply`; :mod:`fitplan.web.server` maps routes to them.
 
 Every endpoint goes through the command line's own steps: the query is parsed by the CLI command's parser
-(:mod:`fitplan.web.params`), the scenario built and evaluated by ``fitplan.cli.options.estimate_from``, the
+(:mod:`fitplan.web.params`), the scenario built and evaluated by ``fitplan.app.options.estimate_from``, the
 report assessed by :func:`fitplan.assess.assess` and rendered by the registered ``json`` format. So
 ``/api/estimate``'s body is, byte for byte, what ``fitplan estimate --format json`` prints for the same flags,
 and its errors are the CLI's messages (HTTP 400).
@@ -222,7 +222,7 @@ def estimate_of(settings: Settings, query: Query):
     """The :class:`~fitplan.estimation.Estimate` of the query's scenario (``fitplan estimate``'s flags) and the
     name an uploaded model was uploaded under (None for a catalog name or Hub id)."""
     from fitplan.cli.commands.estimate import estimate as command
-    from fitplan.cli.options import estimate_from
+    from fitplan.app.options import estimate_from
 
     options, upload = settings.resolve(parse(command, query))
     return estimate_from(options), upload
@@ -309,7 +309,7 @@ def recommend(settings: Settings, query: Query) -> Reply:
     ``wait=SECONDS`` (:func:`wait_seconds`) waits that long for a running search to end instead of a 429."""
     from fitplan.cli.commands.recommend import find_plans, largest_report
     from fitplan.cli.commands.recommend import recommend as command
-    from fitplan.cli.options import scenario_from
+    from fitplan.app.options import scenario_from
 
     query, own = take(query, ("wait", "page", "view"))
     wait = wait_seconds(own.get("wait"), settings.search_seconds)
@@ -395,7 +395,7 @@ CHOICES = {"method": "METHODS", "assumptions": "ASSUMPTIONS", "attn_implementati
 def field_rows(ctx) -> list[dict[str, Any]]:
     """Every scenario flag: query name, field, section, type, default, choices (when closed) and help."""
     from fitplan.cli.commands.estimate import estimate as command
-    from fitplan.cli.options import HELP
+    from fitplan.app.options import HELP
     from fitplan.inputs import scenario as sc
     from fitplan.inputs.precision import LOAD_DTYPES, PRECISIONS
 

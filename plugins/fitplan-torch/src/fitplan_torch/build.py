@@ -109,9 +109,9 @@ def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str
     if method in ("lora", "qlora"):
         peft = _deps.peft()
         lcfg = lora or {}
-        from fitplan.builtin.lora_targets import peft_target_modules
+        from fitplan.trace.lora_targets import peft_target_modules
 
-        # one rule for what the targets mean (fitplan.builtin.lora_targets): "all-linear" and a regular
+        # one rule for what the targets mean (fitplan.trace.lora_targets): "all-linear" and a regular
         # expression go to peft as the string (a list ["all-linear"] would look for a module of that name)
         # (none named: peft's own default for the model type, as a script's LoraConfig() gets)
         targets = tuple(lcfg.get("lora_target_modules") or ())

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from fitplan.cli.options import emit, format_option, registry
+from fitplan.app.options import emit, format_option, registry
 
 
 def add(cli: click.Group) -> None:
@@ -31,7 +31,7 @@ def models_list(fmt: str, ruleset_dirs: tuple[str, ...]) -> None:
 
 def model_rows(rules) -> list[dict]:
     """One row per catalog model (``fitplan models list --format json``; ``fitplan serve``'s ``/api/models``)."""
-    from fitplan.inputs.architecture import spec_from_config
+    from fitplan.arch.architecture import spec_from_config
 
     rows = []
     for mid in sorted(rules.models):
@@ -48,7 +48,7 @@ def model_rows(rules) -> list[dict]:
 def models_show(name: str, ruleset_dirs: tuple[str, ...]) -> None:
     """Show a catalog model (or a config.json): its fields and exact parameter count."""
     from fitplan.context import get_context
-    from fitplan.inputs.architecture import load_config_json, spec_from_config, spec_to_dict
+    from fitplan.arch.architecture import load_config_json, spec_from_config, spec_to_dict
     from fitplan.output.console import dumps_json
 
     if name.endswith(".json"):

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from fitplan.cli.emit_files import batches, check_emit_dirs, echo_notes, emit_options, render
-from fitplan.cli.options import emit, estimate_from, format_option, out_option, scenario_options
+from fitplan.app.options import emit, estimate_from, format_option, out_option, scenario_options
 
 
 def add(cli: click.Group) -> None:
@@ -101,7 +101,7 @@ def quantity_name(name: str, est) -> str:
 def graph(fmt: str, out_dir: str | None) -> None:
     """Print the quantity graph as Graphviz DOT or Mermaid."""
     from fitplan.context import get_context
-    from fitplan.output.files import Batch
+    from fitplan.files import Batch
 
     if out_dir == "":
         from fitplan.errors import FitplanError

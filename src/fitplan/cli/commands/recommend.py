@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from fitplan.cli.emit_files import batches, check_emit_dirs, echo_notes, emit_options
-from fitplan.cli.options import emit, format_option, out_option, scenario_from, scenario_options
+from fitplan.app.options import emit, format_option, out_option, scenario_from, scenario_options
 from fitplan.errors import FitplanError
 
 OBJECTIVES = ("cost", "time", "gpus")

@@ -78,7 +78,7 @@ def register(cli: click.Group) -> None:
             if not no_shrink:
                 cfg = shrink(cfg, log)
             if install:
-                from fitplan.builtin.archfile import user_dirs
+                from fitplan.arch.archfile import user_dirs
 
                 target = Path(out_dir) if out_dir else user_dirs()[-1]
             else:

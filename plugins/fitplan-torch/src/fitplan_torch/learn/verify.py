@@ -32,7 +32,7 @@ PRECISIONS = {"16": ("bf16-true", "32-true"), "mixed": ("bf16-mixed",)}
 def installed(data: dict[str, Any]):
     """The file, readable by fitplan's core, for the duration of the block (traces of a file being learned are
     not kept in fitplan's disk cache)."""
-    from fitplan.builtin import archfile
+    from fitplan.arch import archfile
 
     from .files import write
 
@@ -57,8 +57,8 @@ def installed(data: dict[str, Any]):
 
 
 def _clear_caches() -> None:
-    from fitplan.builtin import step_trace
-    from fitplan.inputs import architecture
+    from fitplan.trace import step_trace
+    from fitplan.arch import architecture
 
     step_trace.build.cache_clear()
     architecture._param_groups.cache_clear()
@@ -92,7 +92,7 @@ def heldout(base: dict[str, Any], variables: list[str], regime, b: int, s: int) 
 
 def check_graph(data: dict[str, Any], results: dict, specs, log) -> list[str]:
     """Check 1 (see the module doc). Each problem names the variant, the segment, the op and the tensor."""
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     from .derive import run
 
@@ -119,7 +119,7 @@ def check_graph(data: dict[str, Any], results: dict, specs, log) -> list[str]:
 def _compare(af, cfg: dict[str, Any], rec, b: int, s: int, where: str) -> list[str]:
     """The file evaluated at ``cfg`` against the fresh recording ``rec``, segment by segment: the first op whose
     name differs, or the first tensor whose shape or dtype differs (with the op that makes it)."""
-    from fitplan.builtin.archexpr import compile_expr
+    from fitplan.arch.archexpr import compile_expr
 
     from .segments import Cut
 

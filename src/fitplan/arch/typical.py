@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from fitplan.inputs.architecture import ModelSpec, spec_from_config
+from fitplan.arch.architecture import ModelSpec, spec_from_config
 
 REFERENCE = "llama-2-7b"
 """The catalog model whose architecture the Llama-shaped models scale (its config, depth and width changed)."""
