@@ -31,11 +31,11 @@ def ctx():
     return get_context((), make_registry(entry_points=False, blocked=()))
 
 
-def test_llama_shape_is_llama_2():
+def test_llama_shape_is_llama_2(ctx):
     assert llama_params(32) == 6_738_415_616  # meta-llama/Llama-2-7b-hf
     assert llama_params(40) == 13_015_864_320  # meta-llama/Llama-2-13b-hf
     for L in (1, 7, 32, 40, 80):
-        assert cap.llama_spec(L).param_count == llama_params(L)
+        assert cap.llama_spec(L, ctx.rulesets).param_count == llama_params(L)
 
 
 def test_seed_assumptions_column_by_hand(ctx):
@@ -59,7 +59,7 @@ def test_largest_model_is_the_boundary(ctx, setup, gpu, n):
     base = cap._setup_scenario(setup, g, n)
 
     def fits(L):
-        return evaluate(base, ctx.registry, ctx.rulesets, arch=cap.llama_spec(L)).values["fits"]
+        return evaluate(base, ctx.registry, ctx.rulesets, arch=cap.llama_spec(L, ctx.rulesets)).values["fits"]
 
     L = row["layers"]
     assert L >= 1 and fits(L) and not fits(L + 1)

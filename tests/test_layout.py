@@ -73,6 +73,115 @@ def test_no_import_cycles():
     assert cycles == []
 
 
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
+    ("units", "diskcache", "files"),
+    ("engine",),
+    ("inputs",),
+    ("arch",),
+    ("trace",),
+    ("rulesets",),
+    ("output",),
+    ("pluginmgr",),
+    ("context",),
+    ("data",),
+    ("estimation",),
+    ("rules",),
+    ("search",),
+    ("assess",),
+    ("app", "testing"),
+    ("web",),
+    ("cli",),
+    ("builtin", "api", "__main__"),
+)
+"""The packages (and top-level modules) of ``src/fitplan``, lowest first (docs/architecture.md draws the same
+table): each imports only what is in a lower layer. ``builtin`` is on top: the registry loads the built-in
+plugins by name, as it loads a third-party one, and no other package imports them. The package
+``fitplan`` itself (``fitplan/__init__.py``: ``fitplan.estimate`` and the version) is the facade, not a layer."""
+
+
+def package_of(module: str) -> str:
+    """``fitplan.trace.step_trace`` -> ``trace``; ``fitplan.errors`` -> ``errors``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]] | None = None) -> dict[str, dict[str, list[str]]]:
+    """Package -> the packages it imports -> the module edges behind each (``a.b -> c.d``)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for m, targets in (import_graph() if graph is None else graph).items():
+        for t in sorted(targets):
+            a, b = package_of(m), package_of(t)
+            if a != b and a != "fitplan":
+                out.setdefault(a, {}).setdefault(b, []).append(f"{m} -> {t}")
+    return out
+
+
+def strongly_connected(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """The components of more than one node (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    comps: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while comp[-1:] != [v]:
+                comp.append(stack.pop())
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in sorted({*graph, *(w for ws in graph.values() for w in ws)}):
+        if v not in index:
+            visit(v)
+    return sorted(comps)
+
+
+def test_every_package_has_a_layer():
+    layered = [p for layer in LAYERS for p in layer]
+    assert len(layered) == len(set(layered))
+    assert {package_of(m) for m in _modules()} - {"fitplan"} == set(layered)
+
+
+def test_layers_import_downwards_only():
+    """No package imports its own layer or a higher one, lazy (function-level) imports included: the
+    packages form no cycle, and each upward edge is listed with the modules behind it."""
+    level = {p: i for i, layer in enumerate(LAYERS) for p in layer}
+    upward = [f"{a} (layer {level[a]}) imports {b} (layer {level[b]}): {', '.join(edges)}"
+              for a, targets in sorted(package_graph().items()) for b, edges in sorted(targets.items())
+              if level[b] >= level[a]]
+    assert upward == []
+    assert strongly_connected(package_graph()) == []
+
+
+def test_package_graph_sees_lazy_imports():
+    """The walk counts an import inside a function body, and not one under ``if TYPE_CHECKING``."""
+    import textwrap
+
+    src = textwrap.dedent("""
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            from fitplan.cli import main
+        def f():
+            from fitplan.search.plans import Plan
+    """)
+    tree = ast.parse(src)
+    skip = _type_checking_nodes(tree)
+    found = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and id(n) not in skip]
+    assert found == ["typing", "fitplan.search.plans"]
+    graph = package_graph({"fitplan.output.x": {"fitplan.search.plans"}, "fitplan.search.plans": {"fitplan.output.x"}})
+    assert strongly_connected(graph) == [["output", "search"]]
+
+
 def _string_constants(path: Path) -> list[tuple[int, str]]:
     """Not the keys of dict displays: a report's own field names, such as the recommend JSON's
     ``train_seconds``, name no quantity."""

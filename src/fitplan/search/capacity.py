@@ -167,7 +167,7 @@ def largest_model(setup: Setup, gpu, num_gpus: int, ctx) -> dict[str, Any]:
 
     def est(layers: int):
         if layers not in cache:
-            cache[layers] = evaluate(base, ctx.registry, ctx.rulesets, arch=llama_spec(layers))
+            cache[layers] = evaluate(base, ctx.registry, ctx.rulesets, arch=llama_spec(layers, ctx.rulesets))
         return cache[layers]
 
     def fits(layers: int) -> bool:
@@ -183,7 +183,7 @@ def largest_model(setup: Setup, gpu, num_gpus: int, ctx) -> dict[str, Any]:
                 lo = mid
             else:
                 hi = mid
-    out: dict[str, Any] = {"layers": lo, "params": llama_spec(lo).param_count if lo else 0,
+    out: dict[str, Any] = {"layers": lo, "params": llama_spec(lo, ctx.rulesets).param_count if lo else 0,
                            "at_limit": lo == MAX_LAYERS}
     if lo:
         e = est(lo)

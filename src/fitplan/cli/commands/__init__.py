@@ -1,7 +1,7 @@
 """The built-in commands, one module per group of commands. They are added to ``fitplan`` by the built-in
 plugin ``fitplan.builtin.commands`` through the same hook as a plugin's commands.
 
-A group that can defer commands (:class:`fitplan.cli.Group`, the ``fitplan`` group) gets each built-in
+A group that can defer commands (:class:`fitplan.app.commands.Group`, the ``fitplan`` group) gets each built-in
 command as its name and a loader: a command's module is imported only when it runs or ``--help`` lists it, so
 ``fitplan estimate`` imports no other command's module. :data:`MODULES` says which module adds which commands
 (``tests/test_layout.py`` checks it against what each module's ``add`` adds).

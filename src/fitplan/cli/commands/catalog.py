@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from fitplan.app.catalog import model_rows
 from fitplan.app.options import emit, format_option, registry
 
 
@@ -27,19 +28,6 @@ def models_list(fmt: str, ruleset_dirs: tuple[str, ...]) -> None:
     from fitplan.context import get_context
 
     emit("models", model_rows(get_context(ruleset_dirs).rulesets), fmt)
-
-
-def model_rows(rules) -> list[dict]:
-    """One row per catalog model (``fitplan models list --format json``; ``fitplan serve``'s ``/api/models``)."""
-    from fitplan.arch.architecture import spec_from_config
-
-    rows = []
-    for mid in sorted(rules.models):
-        e = rules.models[mid]
-        spec = spec_from_config(e.config, name=mid)
-        rows.append({"id": mid, "hf_id": e.hf_id, "model_type": spec.model_type, "param_count": spec.param_count,
-                     "active_param_count": spec.active_param_count, "source": e.source})
-    return rows
 
 
 @models.command("show")
