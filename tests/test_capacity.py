@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from fitplan.output.capacity import size_text
 from fitplan.search import capacity as cap
 from fitplan.estimation import evaluate
 
@@ -48,7 +49,7 @@ def test_seed_assumptions_column_by_hand(ctx):
     row = cap.largest_model(cap.SEED_FULL, ctx.rulesets.gpu("a100-80gb"), 1, ctx)
     assert row["layers"] == largest
     assert row["params"] == llama_params(36)
-    assert cap.size_text(row) == "9.47B"
+    assert size_text(row) == "9.47B"
 
 
 @pytest.mark.parametrize(("setup", "gpu", "n"), [(cap.FULL, "a100-40gb", 1), (cap.QLORA, "rtx-4090", 1),

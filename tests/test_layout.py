@@ -182,6 +182,59 @@ def test_package_graph_sees_lazy_imports():
     assert strongly_connected(graph) == [["output", "search"]]
 
 
+PLUGINS = SRC.parent / "plugins"
+
+
+def plugin_imports() -> list[tuple[str, int, str, tuple[str, ...]]]:
+    """Every import of fitplan in ``plugins/`` (functions and docstring-free code included): (file, line,
+    module, names)."""
+    found = []
+    for f in sorted(PLUGINS.rglob("*.py")):
+        for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            rel = f.relative_to(PLUGINS).as_posix()
+            if isinstance(n, ast.Import):
+                found += [(rel, n.lineno, a.name, ()) for a in n.names if a.name.split(".")[0] == "fitplan"]
+            elif isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "fitplan":
+                found.append((rel, n.lineno, n.module, tuple(a.name for a in n.names)))
+    return found
+
+
+def test_plugins_import_only_the_public_api():
+    """plugins/ (fitplan-torch and the example plugins) import fitplan only as ``from fitplan.api import ...``,
+    and only names the API declares."""
+    import fitplan.api
+
+    found = plugin_imports()
+    assert len(found) > 20  # the walk sees fitplan-torch's imports, lazy ones included
+    assert [f"{f}:{line}: {mod}" for f, line, mod, _ in found if mod != "fitplan.api"] == []
+    assert [f"{f}:{line}: {name}" for f, line, _, names in found for name in names
+            if name not in fitplan.api.__all__] == []
+
+
+def _loaded(statement: str) -> set[str]:
+    """The modules a fresh interpreter holds after ``statement``."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"import sys; {statement}; print(' '.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(SRC)}).stdout
+    return set(out.split())
+
+
+def test_the_api_resolves_every_name_and_loads_light():
+    """Every name of ``fitplan.api.__all__`` resolves; importing the API imports none of the modules behind
+    its lazy names that ``import fitplan`` does not import already (a plugin's load stays cheap)."""
+    import fitplan.api as api
+
+    lazy = {target.split(":")[0] for target in api.LAZY.values()}
+    assert (_loaded("import fitplan.api") - _loaded("import fitplan")) & lazy == set()
+    for name in api.__all__:
+        assert getattr(api, name) is not None, name
+    assert isinstance(api.PLUGIN_API, tuple) and len(api.PLUGIN_API) == 2
+
+
 def _string_constants(path: Path) -> list[tuple[int, str]]:
     """Not the keys of dict displays: a report's own field names, such as the recommend JSON's
     ``train_seconds``, name no quantity."""
@@ -272,3 +325,6 @@ def test_deferred_builtin_commands_table_is_what_the_modules_add():
     assert set(commands.MODULES) == files
     for module, names in commands.MODULES.items():
         assert tuple(commands.commands_of(module)) == names, module
+    from fitplan.builtin.commands import CALIBRATE
+
+    assert tuple(commands.commands_of(CALIBRATE)) == ("calibrate",)

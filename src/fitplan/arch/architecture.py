@@ -169,6 +169,12 @@ def _fp32_param_count(spec: ModelSpec) -> int:
     return sum(g.total for g in spec.param_groups() if g.fp32)
 
 
+def clear_caches() -> None:
+    """Forget the parameter groups and counts computed so far (the architecture files behind them changed)."""
+    for cached in (_param_count, _fp32_param_count, _param_groups):
+        cached.cache_clear()
+
+
 @functools.lru_cache(maxsize=256)
 def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
     if spec.bare_param_count is not None:

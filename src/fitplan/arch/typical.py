@@ -18,6 +18,10 @@ from fitplan.arch.architecture import ModelSpec, spec_from_config
 REFERENCE = "llama-2-7b"
 """The catalog model whose architecture the Llama-shaped models scale (its config, depth and width changed)."""
 
+CATALOG_LADDER = ("llama-3.2-1b", "llama-3.2-3b", "llama-2-7b", "llama-3.1-8b", "llama-2-13b", "qwen2.5-32b",
+                  "llama-2-70b", "qwen2.5-72b", "llama-3.1-405b")
+"""The catalog models the capacity table tries, smallest first (search/capacity.py; its report names them)."""
+
 
 def llama_config(layers: int, rules) -> dict[str, Any]:
     """The Llama-shaped config of depth ``layers`` (module doc), from the catalog of ``rules`` (the loaded

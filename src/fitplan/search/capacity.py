@@ -31,7 +31,7 @@ import attrs
 
 from fitplan.inputs import scenario as sc
 from fitplan.errors import FitplanError
-from fitplan.units import format_count
+from fitplan.output.capacity import size_text
 
 MAX_PROBE = 1 << 20
 
@@ -100,7 +100,7 @@ def largest_fitting(base: sc.Scenario, field: str, ctx, *, headroom: str | float
 # --------------------------------------------------------------------------- Llama-shaped models
 
 
-from fitplan.arch.typical import REFERENCE, llama_config, llama_spec  # noqa: E402,F401 - the capacity table's models
+from fitplan.arch.typical import CATALOG_LADDER, REFERENCE, llama_config, llama_spec  # noqa: E402,F401 - the capacity table's models
 
 
 @attrs.frozen
@@ -191,13 +191,6 @@ def largest_model(setup: Setup, gpu, num_gpus: int, ctx) -> dict[str, Any]:
     return out
 
 
-def size_text(row: dict[str, Any]) -> str:
-    if not row["layers"]:
-        return "none"
-    text = format_count(row["params"]).replace(".00", "")
-    return (">" if row["at_limit"] else "") + text
-
-
 def largest_catalog_model(setup: Setup, gpu, num_gpus: int, ctx, family: Sequence[str]) -> str | None:
     """The largest of ``family`` (catalog model ids, smallest first) that fits, or None."""
     from fitplan.estimation import evaluate
@@ -211,10 +204,6 @@ def largest_catalog_model(setup: Setup, gpu, num_gpus: int, ctx, family: Sequenc
         except FitplanError:
             continue
     return best
-
-
-CATALOG_LADDER = ("llama-3.2-1b", "llama-3.2-3b", "llama-2-7b", "llama-3.1-8b", "llama-2-13b", "qwen2.5-32b",
-                  "llama-2-70b", "qwen2.5-72b", "llama-3.1-405b")
 
 
 def capacity_table(ctx, gpus: Sequence[str] | None = None) -> dict[str, Any]:
