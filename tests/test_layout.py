@@ -1,5 +1,6 @@
-"""The package layout holds: no import cycles among ``src/fitplan`` modules (lazy imports included),
-and the layers only import downwards (docs/architecture.md)."""
+"""The package layout holds: no import cycles among ``src/fitplan`` modules (lazy imports included), the
+packages import downwards only through the layers of docs/architecture.md, plugins/ import only the public
+plugin API (``fitplan.api``), and modules and functions stay small."""
 
 from __future__ import annotations
 
@@ -161,6 +162,17 @@ def test_layers_import_downwards_only():
               if level[b] >= level[a]]
     assert upward == []
     assert strongly_connected(package_graph()) == []
+
+
+def test_architecture_doc_draws_the_same_layers():
+    """docs/architecture.md's "Layers" table lists the packages of :data:`LAYERS`, layer by layer."""
+    import re
+
+    doc = (SRC.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", section, re.M)
+    assert [int(n) for n, _ in rows] == list(range(len(LAYERS)))
+    assert [tuple(re.findall(r"`([\w_]+)`", cell)) for _, cell in rows] == list(LAYERS)
 
 
 def test_package_graph_sees_lazy_imports():
