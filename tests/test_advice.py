@@ -9,9 +9,9 @@ import pytest
 
 import fitplan
 from fitplan.rules.advice import AdviceSet
-from fitplan.rules.templates import _FORMATTER, _Value, render_message, template_names
+from fitplan.rulesets.templates import _FORMATTER, _Value, render_message, template_names
 from fitplan.rulesets.schema import AdviceRule
-from fitplan.rules.conditions import Namespace
+from fitplan.rulesets.conditions import Namespace
 from fitplan.errors import FitplanError
 
 from conftest import run_cli
@@ -59,7 +59,7 @@ def test_value_formats(value, spec, text):
 
 def test_prefixed_names():
     from fitplan.pluginmgr.registry import default_registry
-    from fitplan.rules.conditions import vocabulary
+    from fitplan.rulesets.conditions import vocabulary
 
     ns = Namespace({"peak_bytes": 80e9, "activation_bytes": 40e9}, None, {"peak_bytes": 60e9, "activation_bytes": 10e9},
                    vocabulary(default_registry()))

@@ -62,7 +62,7 @@ def test_the_scanner_sees_literals():
 
 @pytest.mark.parametrize("model_type", LISTED)
 def test_every_listed_model_type_has_a_learned_file(model_type):
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     af = load(model_type)
     assert af.learned["torch"] == "2.13.0"
@@ -152,7 +152,7 @@ def test_invalid_fields_name_file_and_field(tmp_path, change, field, message):
 
 
 def test_unknown_model_type_says_how_to_learn_it(tmp_path, monkeypatch):
-    from fitplan.builtin import archfile
+    from fitplan.arch import archfile
 
     p = tmp_path / "config.json"
     p.write_text(json.dumps({"model_type": "brand_new_lm", "hidden_size": 64}))
@@ -178,7 +178,7 @@ def test_unknown_model_type_exits_2_without_traceback(cli, tmp_path):
 def test_switches_not_learned_are_refused(tmp_path):
     # the bundled llama file was learned without attention biases: a config with them is refused, with
     # the command that learns it (not silently estimated with the wrong graph)
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     if "attention_bias" not in load("llama").data["flags"]["when"]:
         pytest.skip("the llama file records no attention_bias switch")
@@ -195,7 +195,7 @@ def test_deepseek_rotary_width_is_a_symbol(tmp_path, cli):
     # the learner varies the rotary width with head_dim following it: nothing is held, and a config at another
     # width (32) is estimated. V2's class overwrites a stated head_dim; V3's keeps one, and its rotary embedding
     # reads it, so the model runs only when it equals qk_rope_head_dim: the file checks that.
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     for model_type in ("deepseek_v2", "deepseek_v3"):
         assert "held" not in load(model_type).data
@@ -219,7 +219,7 @@ def test_a_string_sliding_window_pattern_is_read_as_the_class_reads_it(tmp_path)
     # Exaone4Config (transformers 5.24 configuration_exaone4.py): sliding_window_pattern: str | int | None = 4; an
     # integer derives layer_types ((i + 1) % pattern != 0 -> sliding), a string ("LLLG", as EXAONE-4.0-32B's
     # config.json states it beside layer_types) derives nothing: the class raises TypeError without layer_types
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     af = load("exaone4")
     lllg = json.loads((CONFIGS / "switch-exaone4-lllg" / "config.json").read_text())
@@ -288,7 +288,7 @@ def test_a_partial_rotary_that_changes_the_ops_is_refused(tmp_path):
     # concatenates the rest (q[..., rotary_dim:], empty at 1.0): the learner found no other value that records the
     # same ops as the tiny config's 1.0 (Phi-3-mini/medium), so the file holds it. Phi-4-mini (phi3, 0.75) is
     # refused until learned, rather than estimated with Phi-3's ops.
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     assert load("phi3").data["held"] == {"partial_rotary_factor": 1.0}
     cfg = json.loads(Path(tiny("phi3")).read_text())
@@ -313,7 +313,7 @@ def test_a_partial_rotary_that_changes_the_ops_is_refused(tmp_path):
     ("ceil_div(s, 32)*32", 32),
 ])
 def test_expressions(src, value):
-    from fitplan.builtin.archexpr import evaluate
+    from fitplan.arch.archexpr import evaluate
 
     env = {"b": 2, "s": 16, "hidden_size": 64, "num_attention_heads": 4, "f": 0.5, "i": 1,
            "layer_types": ("sliding_attention", "full_attention"), "x": None, "skip": (0,)}
@@ -322,7 +322,7 @@ def test_expressions(src, value):
 
 @pytest.mark.parametrize("src", ["__import__('os')", "x.__class__", "open('f')", "lambda: 1", "[1, 2]", "a; b"])
 def test_expressions_are_not_python(src):
-    from fitplan.builtin.archexpr import ExprError, evaluate
+    from fitplan.arch.archexpr import ExprError, evaluate
 
     with pytest.raises(ExprError):
         evaluate(src, {"x": 1, "a": 1, "b": 2})
@@ -339,7 +339,7 @@ def test_all_linear_on_mixtral_matches_peft():
 
 
 def test_target_semantics():
-    from fitplan.builtin.lora_targets import module_matches, peft_target_modules
+    from fitplan.trace.lora_targets import module_matches, peft_target_modules
 
     m = "model.layers.0.self_attn.q_proj"
     assert module_matches(m, ("q_proj",))
@@ -380,7 +380,7 @@ def test_no_targets_on_a_model_type_peft_has_no_default_for_is_refused():
 
 def test_peft_default_table_is_peft_s():
     peft_constants = pytest.importorskip("peft.utils.constants")
-    from fitplan.builtin.archfile import peft_table
+    from fitplan.arch.archfile import peft_table
 
     table = peft_table()["lora_default_targets"]
     assert table == {k: list(v) for k, v in peft_constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.items()}
@@ -425,7 +425,7 @@ def test_bundled_files_have_not_drifted(model_type, variant):
     pytest.importorskip("transformers")
     from fitplan_torch.learn import derive
 
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     af = load(model_type)
     fresh, _, _ = derive.learn_full(af.learned["config"], log=lambda *a: None, variants=(variant,), first_only=True)
@@ -457,8 +457,9 @@ def test_learn_architecture_writes_a_file_the_core_reads(cli, tmp_path, monkeypa
               max_seq_length=40, method="lora", lora_target_modules=("all-linear",), device="cpu")
     bundled = fitplan.estimate(**kw)
     monkeypatch.setenv("FITPLAN_ARCH_DIR", str(out))
-    from fitplan.builtin import archfile, step_trace
-    from fitplan.inputs import architecture
+    from fitplan.arch import archfile
+    from fitplan.trace import step_trace
+    from fitplan.arch import architecture
 
     for f in (archfile.load, step_trace.build, architecture._param_groups, architecture._param_count):
         f.cache_clear()

@@ -438,7 +438,7 @@ def test_a_new_report_gets_the_umask_mode(tmp_path, capsys):
 
 
 def test_a_failed_rename_puts_back_the_files_already_replaced(tmp_path, monkeypatch):
-    from fitplan.output import files
+    from fitplan import files
 
     (tmp_path / "a").write_bytes(b"old a")
     real_replace = os.replace

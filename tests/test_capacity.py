@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from fitplan.output.capacity import size_text
 from fitplan.search import capacity as cap
 from fitplan.estimation import evaluate
 
@@ -31,11 +32,11 @@ def ctx():
     return get_context((), make_registry(entry_points=False, blocked=()))
 
 
-def test_llama_shape_is_llama_2():
+def test_llama_shape_is_llama_2(ctx):
     assert llama_params(32) == 6_738_415_616  # meta-llama/Llama-2-7b-hf
     assert llama_params(40) == 13_015_864_320  # meta-llama/Llama-2-13b-hf
     for L in (1, 7, 32, 40, 80):
-        assert cap.llama_spec(L).param_count == llama_params(L)
+        assert cap.llama_spec(L, ctx.rulesets).param_count == llama_params(L)
 
 
 def test_seed_assumptions_column_by_hand(ctx):
@@ -48,7 +49,7 @@ def test_seed_assumptions_column_by_hand(ctx):
     row = cap.largest_model(cap.SEED_FULL, ctx.rulesets.gpu("a100-80gb"), 1, ctx)
     assert row["layers"] == largest
     assert row["params"] == llama_params(36)
-    assert cap.size_text(row) == "9.47B"
+    assert size_text(row) == "9.47B"
 
 
 @pytest.mark.parametrize(("setup", "gpu", "n"), [(cap.FULL, "a100-40gb", 1), (cap.QLORA, "rtx-4090", 1),
@@ -59,7 +60,7 @@ def test_largest_model_is_the_boundary(ctx, setup, gpu, n):
     base = cap._setup_scenario(setup, g, n)
 
     def fits(L):
-        return evaluate(base, ctx.registry, ctx.rulesets, arch=cap.llama_spec(L)).values["fits"]
+        return evaluate(base, ctx.registry, ctx.rulesets, arch=cap.llama_spec(L, ctx.rulesets)).values["fits"]
 
     L = row["layers"]
     assert L >= 1 and fits(L) and not fits(L + 1)

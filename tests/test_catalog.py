@@ -2,7 +2,7 @@
 
 Expected parameter counts are the *published* ones (Hugging Face safetensors metadata, model cards and
 papers), typed in here independently of fitplan's code: a mismatch means a wrong config field in the
-catalog or a missing detail in ``fitplan.inputs.architecture``, never a number to copy from the code's output.
+catalog or a missing detail in ``fitplan.arch.architecture``, never a number to copy from the code's output.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from fitplan.rulesets import loader as rulesets
-from fitplan.inputs.architecture import spec_from_config
+from fitplan.arch.architecture import spec_from_config
 from fitplan.errors import FitplanError
 
 

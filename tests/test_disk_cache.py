@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fitplan import diskcache
-from fitplan.builtin import step_trace
+from fitplan.trace import step_trace
 from fitplan.pluginmgr import discovery
 from fitplan.testing import write_dist_info
 
@@ -87,11 +87,11 @@ def _closure(module: str, graph: dict[str, set[str]]) -> set[str]:
 def test_trace_modules_cover_every_module_a_trace_build_imports():
     graph = import_graph()
     listed = {"fitplan." + m.removesuffix(".py").replace("/", ".") for m in step_trace.TRACE_MODULES}
-    assert _closure("fitplan.builtin.step_trace", graph) - {"fitplan.diskcache"} <= listed | {"fitplan"}
+    assert _closure("fitplan.trace.step_trace", graph) - {"fitplan.diskcache"} <= listed | {"fitplan"}
 
 
 def _spec(batch: int = 2):
-    from fitplan.inputs.architecture import load_config_json
+    from fitplan.arch.architecture import load_config_json
 
     arch = load_config_json(Path(__file__).parent / "data" / "configs" / "tiny-llama" / "config.json")
     return step_trace.TraceSpec(arch, batch, 64, "bf16-true", "sdpa", False)
@@ -110,7 +110,7 @@ def test_a_kept_trace_equals_a_fresh_build_and_is_used(cache, monkeypatch):
 
 
 def test_a_changed_learned_file_is_never_read_from_an_old_trace(cache, tmp_path, monkeypatch):
-    from fitplan.builtin import archfile
+    from fitplan.arch import archfile
 
     spec = _spec(3)
     step_trace.build(spec)

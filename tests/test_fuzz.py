@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 
 import fitplan
 from fitplan.errors import FitplanError
-from fitplan.inputs.architecture import spec_from_config
+from fitplan.arch.architecture import spec_from_config
 from fitplan.inputs.files import loads_json, loads_toml
-from fitplan.rules.conditions import compile_condition
+from fitplan.rulesets.conditions import compile_condition
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**12), st.floats(allow_nan=True, allow_infinity=True),
                     st.text(max_size=20))

@@ -131,7 +131,7 @@ class Names:
 
 
 def test_fitplan_register_names():
-    from fitplan.rules.conditions import Namespace, compile_condition, vocabulary
+    from fitplan.rulesets.conditions import Namespace, compile_condition, vocabulary
 
     reg = registry(Names())
     e = fitplan.estimate(params="1B", registry=reg)

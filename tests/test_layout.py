@@ -1,5 +1,6 @@
-"""The package layout holds: no import cycles among ``src/fitplan`` modules (lazy imports included),
-and the layers only import downwards (docs/architecture.md)."""
+"""The package layout holds: no import cycles among ``src/fitplan`` modules (lazy imports included), the
+packages import downwards only through the layers of docs/architecture.md, plugins/ import only the public
+plugin API (``fitplan.api``), and modules and functions stay small."""
 
 from __future__ import annotations
 
@@ -73,6 +74,179 @@ def test_no_import_cycles():
     assert cycles == []
 
 
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
+    ("units", "diskcache", "files"),
+    ("engine",),
+    ("inputs",),
+    ("arch",),
+    ("trace",),
+    ("rulesets",),
+    ("output",),
+    ("pluginmgr",),
+    ("context",),
+    ("data",),
+    ("estimation",),
+    ("rules",),
+    ("search",),
+    ("assess",),
+    ("app", "testing"),
+    ("web",),
+    ("cli",),
+    ("builtin", "api", "__main__"),
+)
+"""The packages (and top-level modules) of ``src/fitplan``, lowest first (docs/architecture.md draws the same
+table): each imports only what is in a lower layer. ``builtin`` is on top: the registry loads the built-in
+plugins by name, as it loads a third-party one, and no other package imports them. The package
+``fitplan`` itself (``fitplan/__init__.py``: ``fitplan.estimate`` and the version) is the facade, not a layer."""
+
+
+def package_of(module: str) -> str:
+    """``fitplan.trace.step_trace`` -> ``trace``; ``fitplan.errors`` -> ``errors``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]] | None = None) -> dict[str, dict[str, list[str]]]:
+    """Package -> the packages it imports -> the module edges behind each (``a.b -> c.d``)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for m, targets in (import_graph() if graph is None else graph).items():
+        for t in sorted(targets):
+            a, b = package_of(m), package_of(t)
+            if a != b and a != "fitplan":
+                out.setdefault(a, {}).setdefault(b, []).append(f"{m} -> {t}")
+    return out
+
+
+def strongly_connected(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """The components of more than one node (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    comps: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while comp[-1:] != [v]:
+                comp.append(stack.pop())
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in sorted({*graph, *(w for ws in graph.values() for w in ws)}):
+        if v not in index:
+            visit(v)
+    return sorted(comps)
+
+
+def test_every_package_has_a_layer():
+    layered = [p for layer in LAYERS for p in layer]
+    assert len(layered) == len(set(layered))
+    assert {package_of(m) for m in _modules()} - {"fitplan"} == set(layered)
+
+
+def test_layers_import_downwards_only():
+    """No package imports its own layer or a higher one, lazy (function-level) imports included: the
+    packages form no cycle, and each upward edge is listed with the modules behind it."""
+    level = {p: i for i, layer in enumerate(LAYERS) for p in layer}
+    upward = [f"{a} (layer {level[a]}) imports {b} (layer {level[b]}): {', '.join(edges)}"
+              for a, targets in sorted(package_graph().items()) for b, edges in sorted(targets.items())
+              if level[b] >= level[a]]
+    assert upward == []
+    assert strongly_connected(package_graph()) == []
+
+
+def test_architecture_doc_draws_the_same_layers():
+    """docs/architecture.md's "Layers" table lists the packages of :data:`LAYERS`, layer by layer."""
+    import re
+
+    doc = (SRC.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", section, re.M)
+    assert [int(n) for n, _ in rows] == list(range(len(LAYERS)))
+    assert [tuple(re.findall(r"`([\w_]+)`", cell)) for _, cell in rows] == list(LAYERS)
+
+
+def test_package_graph_sees_lazy_imports():
+    """The walk counts an import inside a function body, and not one under ``if TYPE_CHECKING``."""
+    import textwrap
+
+    src = textwrap.dedent("""
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            from fitplan.cli import main
+        def f():
+            from fitplan.search.plans import Plan
+    """)
+    tree = ast.parse(src)
+    skip = _type_checking_nodes(tree)
+    found = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and id(n) not in skip]
+    assert found == ["typing", "fitplan.search.plans"]
+    graph = package_graph({"fitplan.output.x": {"fitplan.search.plans"}, "fitplan.search.plans": {"fitplan.output.x"}})
+    assert strongly_connected(graph) == [["output", "search"]]
+
+
+PLUGINS = SRC.parent / "plugins"
+
+
+def plugin_imports() -> list[tuple[str, int, str, tuple[str, ...]]]:
+    """Every import of fitplan in ``plugins/`` (functions and docstring-free code included): (file, line,
+    module, names)."""
+    found = []
+    for f in sorted(PLUGINS.rglob("*.py")):
+        for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            rel = f.relative_to(PLUGINS).as_posix()
+            if isinstance(n, ast.Import):
+                found += [(rel, n.lineno, a.name, ()) for a in n.names if a.name.split(".")[0] == "fitplan"]
+            elif isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "fitplan":
+                found.append((rel, n.lineno, n.module, tuple(a.name for a in n.names)))
+    return found
+
+
+def test_plugins_import_only_the_public_api():
+    """plugins/ (fitplan-torch and the example plugins) import fitplan only as ``from fitplan.api import ...``,
+    and only names the API declares."""
+    import fitplan.api
+
+    found = plugin_imports()
+    assert len(found) > 20  # the walk sees fitplan-torch's imports, lazy ones included
+    assert [f"{f}:{line}: {mod}" for f, line, mod, _ in found if mod != "fitplan.api"] == []
+    assert [f"{f}:{line}: {name}" for f, line, _, names in found for name in names
+            if name not in fitplan.api.__all__] == []
+
+
+def _loaded(statement: str) -> set[str]:
+    """The modules a fresh interpreter holds after ``statement``."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"import sys; {statement}; print(' '.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(SRC)}).stdout
+    return set(out.split())
+
+
+def test_the_api_resolves_every_name_and_loads_light():
+    """Every name of ``fitplan.api.__all__`` resolves; importing the API imports none of the modules behind
+    its lazy names that ``import fitplan`` does not import already (a plugin's load stays cheap)."""
+    import fitplan.api as api
+
+    lazy = {target.split(":")[0] for target in api.LAZY.values()}
+    assert (_loaded("import fitplan.api") - _loaded("import fitplan")) & lazy == set()
+    for name in api.__all__:
+        assert getattr(api, name) is not None, name
+    assert isinstance(api.PLUGIN_API, tuple) and len(api.PLUGIN_API) == 2
+
+
 def _string_constants(path: Path) -> list[tuple[int, str]]:
     """Not the keys of dict displays: a report's own field names, such as the recommend JSON's
     ``train_seconds``, name no quantity."""
@@ -101,7 +275,7 @@ def test_json_keys_metadata_matches_the_report():
     import fitplan
     from fitplan.assess import assess
     from fitplan.output.estimate_report import to_json
-    from fitplan.rules.conditions import vocabulary
+    from fitplan.rulesets.conditions import vocabulary
 
     est = fitplan.estimate(model="llama-2-7b", gpu="h100-sxm", num_gpus=8, provider="aws", num_examples=1000,
                            tokens_per_example=512, precision="bf16-master", zero_stage=3, offload_optimizer=True)
@@ -120,7 +294,7 @@ def test_json_keys_metadata_matches_the_report():
                         {k: int(x) for k, x in value.items()} if numbers else value), q.json_key
         checked += 1
     vocab = vocabulary(est.registry)
-    from fitplan.rules.conditions import Namespace
+    from fitplan.rulesets.conditions import Namespace
 
     ns = Namespace(est.values, None, None, vocab)
     assert report["time"]["hours"] == ns.get("time.hours") == ns.get("train_hours")
@@ -130,11 +304,11 @@ def test_json_keys_metadata_matches_the_report():
 MODULE_LINES, FUNCTION_LINES = 550, 80
 """About 500 lines a module and 80 a function (CONTRIBUTING.md), unless a reason is stated below."""
 LONG_MODULES = {
-    "fitplan/builtin/step_trace.py": "every HF forward written out op by op; replaced by learned architecture files (#12)",
+    "fitplan/trace/step_trace.py": "every HF forward written out op by op; replaced by learned architecture files (#12)",
 }
 LONG_FUNCTIONS = {
-    ("fitplan/builtin/step_trace.py", "replay"): "the forward and backward timelines in one pass over shared state (#12)",
-    ("fitplan/inputs/architecture.py", "spec_from_config"): "per-family config reading, replaced by the learned "
+    ("fitplan/trace/step_trace.py", "replay"): "the forward and backward timelines in one pass over shared state (#12)",
+    ("fitplan/arch/architecture.py", "spec_from_config"): "per-family config reading, replaced by the learned "
                                                              "files' config normalisation (#12)",
 }
 
@@ -163,3 +337,6 @@ def test_deferred_builtin_commands_table_is_what_the_modules_add():
     assert set(commands.MODULES) == files
     for module, names in commands.MODULES.items():
         assert tuple(commands.commands_of(module)) == names, module
+    from fitplan.builtin.commands import CALIBRATE
+
+    assert tuple(commands.commands_of(CALIBRATE)) == ("calibrate",)

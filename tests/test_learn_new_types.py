@@ -192,7 +192,7 @@ def test_a_graph_problem_names_the_op_and_the_tensor():
     from fitplan_torch.learn import derive, files
     from fitplan_torch.learn.verify import _compare, installed
 
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     data = files.read(ROOT / "rulesets" / "architectures", "llama")
     cfg = json.loads(Path(TINY_LLAMA).read_text())
@@ -228,8 +228,9 @@ def unverified_llama(tmp_path, monkeypatch):
     shutil.copy(ROOT / "rulesets" / "architectures" / "llama.graphs.json", d / "llama.graphs.json")
     monkeypatch.setenv("FITPLAN_ARCH_DIR", str(d))
     monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
-    from fitplan.builtin import archfile, step_trace
-    from fitplan.inputs import architecture
+    from fitplan.arch import archfile
+    from fitplan.trace import step_trace
+    from fitplan.arch import architecture
 
     def clear():
         for f in (archfile.load, step_trace.build, architecture._param_groups, architecture._param_count):
@@ -328,7 +329,7 @@ def test_a_file_s_assumption_is_said_when_the_config_differs(tmp_path, monkeypat
     shutil.copy(ROOT / "rulesets" / "architectures" / "llama.graphs.json", d / "llama.graphs.json")
     monkeypatch.setenv("FITPLAN_ARCH_DIR", str(d))
     monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
-    from fitplan.builtin import archfile
+    from fitplan.arch import archfile
 
     archfile.load.cache_clear()
     try:

@@ -1,4 +1,4 @@
-"""The loss implementations (``loss_implementation``: hf, chunked, liger, cce; src/fitplan/builtin/loss_heads.py).
+"""The loss implementations (``loss_implementation``: hf, chunked, liger, cce; src/fitplan/trace/loss_heads.py).
 
 torchtune's chunked cross-entropy is measured by the torch referee (fitplan-torch runs the step with the loss
 computed the torchtune way); Liger's fused linear cross-entropy and Apple's Cut Cross-Entropy are Triton (CUDA
@@ -51,7 +51,7 @@ def test_liger_keeps_the_input_gradient_and_the_trained_head_weights_gradient():
 
 
 def test_liger_chunk_rule():
-    from fitplan.builtin.loss_heads import liger_chunk_rows
+    from fitplan.trace.loss_heads import liger_chunk_rows
 
     assert liger_chunk_rows(B * S, V, H) == LIGER_ROWS
     # the example in the source's comment: BT = 4096·4, V = 32000, H = 4096 -> inc_factor 8, chunk_size 2048
@@ -106,7 +106,7 @@ def test_compiled_cross_entropy_saves_its_16bit_input_and_two_fp32_values_per_ro
     """Measured: torchtune's ``compute_cross_entropy`` (``F.cross_entropy(logits.float(), labels,
     reduction="sum")``) under torch.compile (Inductor, CPU) saves, through autograd's saved-tensor hooks, the bf16
     logits themselves, the labels and two fp32 ``(rows, 1)`` tensors; its backward returns a bf16 gradient.
-    This is what ``chunked_compiled`` keeps per chunk (builtin/loss_heads.py)."""
+    This is what ``chunked_compiled`` keeps per chunk (trace/loss_heads.py)."""
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F
 

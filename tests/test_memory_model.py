@@ -165,8 +165,8 @@ def test_weights_the_model_keeps_in_fp32_count_4_bytes_with_their_gradients_and_
 
 
 def test_dead_autograd_branches_free_what_they_saved():
-    from fitplan.builtin.step_trace import TraceSpec, Trace
-    from fitplan.inputs.architecture import spec_from_config
+    from fitplan.trace.step_trace import TraceSpec, Trace
+    from fitplan.arch.architecture import spec_from_config
 
     # x -> a = f(x) (saves x) -> loss;  x -> d = g(x) (saves its own output e) -> nothing differentiable reads d
     arch = spec_from_config(json.loads((CONFIGS / "tiny-llama" / "config.json").read_text()))
@@ -310,7 +310,7 @@ def measure(name, *, precision="bf16-true", attn="sdpa", ckpt=False, method="ful
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     targets = targets or LORA_TARGETS.get(name, ("q_proj", "v_proj"))
     if method == "lora":
-        from fitplan.builtin.lora_targets import peft_target_modules
+        from fitplan.trace.lora_targets import peft_target_modules
 
         peft = pytest.importorskip("peft")
         model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, target_modules=peft_target_modules(targets),
@@ -582,7 +582,7 @@ def test_numeric_switch_unset_drops_its_ops(name, field):
     # a number the config class leaves unset by default adds ops when set (OLMo clamps q/k/v in place,
     # saving a copy of each input; Gemma-3 softcaps the logits): the tiny config sets it, a real config may
     # not, and the learned file must serve both (derive.structural_flags, bundle's catalog merge)
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     when = load(json.loads((CONFIGS / name / "config.json").read_text())["model_type"]).data["flags"]["when"]
     assert f"{field} is not None" in when and f"{field} is None" in when

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fitplan.rules.conditions import Namespace, compile_condition, names_in
+from fitplan.rulesets.conditions import Namespace, compile_condition, names_in
 from fitplan.errors import FitplanError
 from fitplan.rules.policy import PolicySet, load_policy_files
 from fitplan.rulesets.schema import PolicyRule
@@ -20,7 +20,7 @@ EXAMPLE = ROOT / "rulesets" / "examples" / "policy-example.toml"
 
 def vocab():
     from fitplan.pluginmgr.registry import default_registry
-    from fitplan.rules.conditions import vocabulary
+    from fitplan.rulesets.conditions import vocabulary
 
     return vocabulary(default_registry())
 

@@ -1,5 +1,5 @@
 """Recipe import (``fitplan estimate RECIPE.yaml``: src/fitplan/inputs/recipes.py and recipe_*.py) and LoRA on the
-LM head and the input embeddings (builtin/lora.py, builtin/kernels.py ``lora_embedding``).
+LM head and the input embeddings (builtin/lora.py, trace/kernels.py ``lora_embedding``).
 
 The fixtures under tests/data/recipes/ are public recipes copied unchanged (each file's header names its repository
 and commit; the two DeepSpeed JSONs beside them: axolotl-ai-cloud/axolotl @ 067b021c ``deepspeed_configs/zero3.json``,

@@ -16,7 +16,7 @@ import fitplan
 from fitplan.search import plans
 from fitplan.search import recommend as rec
 from fitplan.search.space import SearchSpace, parse_headroom
-from fitplan.rules.conditions import Namespace
+from fitplan.rulesets.conditions import Namespace
 from fitplan.errors import FitplanError
 from fitplan.estimation import evaluate
 from fitplan.rules.policy import PolicySet

@@ -12,7 +12,7 @@ from io import StringIO
 import pytest
 
 import fitplan
-from fitplan.search import plans
+from fitplan.output.plan_text import rejection_text
 from fitplan.search import recommend as rec
 from fitplan.search.space import SearchSpace
 from fitplan.output import recommend_report as report
@@ -92,7 +92,7 @@ def test_policy_report_names_the_rule_behind_each_rejection(results):
     md = report.to_markdown(r)
     assert "## Rejected by policy" in md
     for p in r.rejected:
-        assert plans.rejection_text(p) in md
+        assert rejection_text(p) in md
 
 
 def test_html_is_self_contained(results):

@@ -1,4 +1,4 @@
-"""The SDPA and in-place rules of the step trace (``builtin/kernels.py``, ``builtin/learned_graph.py``), checked
+"""The SDPA and in-place rules of the step trace (``trace/kernels.py``, ``trace/learned_graph.py``), checked
 against values derived by hand from the PyTorch sources they cite or measured by torch (no torch needed here).
 
 * An in-place op whose derivative uses ``self`` saves ``original_self = self.clone()`` (torchgen
@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import fitplan
-from fitplan.builtin.step_trace import TraceSpec, build
-from fitplan.inputs.architecture import load_config_json
+from fitplan.trace.step_trace import TraceSpec, build
+from fitplan.arch.architecture import load_config_json
 
 CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "data" / "configs"
 
@@ -85,7 +85,7 @@ def test_one_kv_head_without_enable_gqa_takes_the_math_path():
 
 
 def _timeline(name: str, precision: str, attn: str, *, ckpt: bool = False, b: int = 2, s: int = 128) -> list:
-    from fitplan.builtin import step_trace
+    from fitplan.trace import step_trace
 
     arch = load_config_json(CONFIGS / name / "config.json")
     step_trace.DEBUG = timeline = []
@@ -119,9 +119,9 @@ def test_math_sdpa_keeps_its_fp32_copies_until_it_returns():
     # function returns, after the output's cast (torch 2.13, torch.profiler allocator events); under autocast,
     # the 16-bit casts of q, k, v are the autocast wrapper's locals, alive as long. tiny-deepseek-v3 takes the math
     # path (q/k head dim 16 + 64, v 16); its rotary output is fp32 under autocast, so q is cast to bf16 first.
-    from fitplan.builtin.archfile import load
-    from fitplan.builtin.learned_graph import Builder
-    from fitplan.builtin.step_trace import Trace
+    from fitplan.arch.archfile import load
+    from fitplan.trace.learned_graph import Builder
+    from fitplan.trace.step_trace import Trace
 
     b, s, heads, qk = 2, 128, 4, 16 + 64
     for precision, autocast_q in (("bf16-true", 0), ("bf16-mixed", b * heads * s * qk * 2)):

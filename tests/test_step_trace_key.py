@@ -1,4 +1,4 @@
-"""Presets that share a step trace (``builtin/step_trace.py`` ``trace_precision``): the trace reads its preset only
+"""Presets that share a step trace (``trace/step_trace.py`` ``trace_precision``): the trace reads its preset only
 through the weight dtype, the compute dtype and whether autocast casts between them, so ``bf16-master`` (DeepSpeed's
 fp32 master weights live outside the step's ops) and ``bf16-autocast`` (autocast over weights already in bf16) take
 ``bf16-true``'s trace. Each merge is checked by building both traces afresh (no cache) and comparing every field,
@@ -12,9 +12,9 @@ import attrs
 
 import pytest
 
-from fitplan.builtin import step_trace
-from fitplan.builtin.step_trace import TraceSpec, trace_precision
-from fitplan.inputs.architecture import load_config_json
+from fitplan.trace import step_trace
+from fitplan.trace.step_trace import TraceSpec, trace_precision
+from fitplan.arch.architecture import load_config_json
 from fitplan.inputs.precision import PRESETS
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
@@ -99,7 +99,7 @@ def test_the_checkpointed_and_plain_traces_differ_so_the_comparison_can_fail():
 def test_a_kept_recording_is_not_used_once_the_learned_file_is_loaded_again(monkeypatch):
     """``fitplan learn-architecture``'s verification relearns a file and clears ``archfile.load``: the twin's kept
     recording, made from the old file, is then recorded again."""
-    from fitplan.builtin import archfile
+    from fitplan.arch import archfile
 
     arch = load_config_json(CONFIG)
     spec = TraceSpec(arch, 3, 48, "bf16-mixed", "sdpa", True, "full", 8, (), 0.0, "cuda", 512)

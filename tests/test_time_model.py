@@ -204,8 +204,8 @@ def test_lora_adapter_gemms_and_the_frozen_base():
 
 
 def test_aten_work_of_views_in_place_ops_and_products():
-    from fitplan.builtin.op_work import aten
-    from fitplan.builtin.step_trace import T
+    from fitplan.trace.op_work import aten
+    from fitplan.trace.step_trace import T
 
     x = T(0, 6 * 4, "f32", True)
     view = T(0, 6 * 4, "f32", True)

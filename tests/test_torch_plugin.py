@@ -29,7 +29,7 @@ except ImportError:  # not pip-installed: use the source tree (the CLI test then
 import fitplan  # noqa: E402
 import fitplan_torch  # noqa: E402
 from fitplan import FitplanError  # noqa: E402
-from fitplan.inputs.architecture import spec_from_config  # noqa: E402
+from fitplan.arch.architecture import spec_from_config  # noqa: E402
 
 CONFIGS = ROOT / "tests" / "data" / "configs"
 ARCHS = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-gemma", "tiny-phi3", "tiny-gpt2", "tiny-mixtral", "tiny-gpt-neox")

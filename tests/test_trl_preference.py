@@ -100,7 +100,7 @@ def test_preference_batches_by_hand():
 def test_fused_head_buffer_has_the_chunk_width_whatever_the_vocabulary():
     """``mm_buf = torch.empty((min(N, 4096), chunk_size))`` (trl/kernels/chunked_logprob.py) with chunk_size
     32768 (trl/trainer/utils.py): N = 2b·(s-1) rows of fp32 for tiny-llama, 4096 rows of bf16 beyond."""
-    from fitplan.builtin.trl.fused_head import mm_buf_bytes, tile_sizes
+    from fitplan.trace.fused_head import mm_buf_bytes, tile_sizes
 
     assert mm_buf_bytes(4 * 15, "f32") == 60 * 32768 * 4
     assert mm_buf_bytes(10_000, "bf16") == 4096 * 32768 * 2

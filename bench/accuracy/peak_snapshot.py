@@ -38,7 +38,7 @@ def main(argv=None) -> int:
 
     os.environ["FITPLAN_NO_CACHE"] = "1"  # replay the trace here, so that its timeline is collected
     import fitplan
-    from fitplan.builtin import step_trace
+    from fitplan.trace import step_trace
     from fitplan_torch.estimation_bridge import run_config
     from fitplan_torch.measure import LiveBytes, optimizer_state_tensors
     from fitplan_torch.runner import comparable_estimate

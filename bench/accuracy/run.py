@@ -60,7 +60,7 @@ TINY_BATCH, TINY_SEQ = 2, 128
 def tiny_cases(quick: bool) -> list[dict[str, Any]]:
     out = []
     archs = ARCHS[:2] if quick else ARCHS
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     for name in archs:
         mt = json.loads((CONFIGS / name / "config.json").read_text())["model_type"]
@@ -83,7 +83,7 @@ def tiny_cases(quick: bool) -> list[dict[str, Any]]:
 
 def _attn_of(model: str) -> str:
     import fitplan
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     impls = load(fitplan.estimate(model=model).arch.model_type).data.get("attn_implementations") or ["sdpa"]
     return "sdpa" if "sdpa" in impls else impls[0]

@@ -2,7 +2,7 @@
 
 Two things are kept on disk to save time, never to change an answer (docs/reliability.md "Caches"): snapshots of
 parsed ruleset files (``rulesets/snapshot.py``) and step traces replayed from learned architecture files
-(``builtin/step_trace.py``). Both go through this module:
+(``trace/step_trace.py``). Both go through this module:
 
 * **where:** ``$FITPLAN_CACHE_DIR/<kind>/``, else ``$XDG_CACHE_HOME/fitplan/<kind>/`` (``~/.cache/fitplan``;
   ``%LOCALAPPDATA%`` on Windows, ``~/Library/Caches`` on macOS); ``FITPLAN_NO_CACHE=1`` turns it off;

@@ -11,9 +11,9 @@ from typing import Any
 import attrs
 
 from fitplan.errors import FitplanError
-from fitplan.inputs import architecture
+from fitplan.arch import architecture
 from fitplan.inputs import scenario as sc
-from fitplan.inputs.typical import typical_spec
+from fitplan.arch.typical import typical_spec
 from fitplan.pluginmgr.registry import Registry
 from fitplan.rulesets.loader import Rulesets
 from fitplan.units import parse_count
@@ -230,7 +230,7 @@ def peft_default_targets(arch: architecture.ModelSpec) -> tuple[str, ...] | None
     ``peft/tuners/lora/model.py``), or None when peft has none (it raises "Please specify `target_modules`")."""
     if arch.is_bare:
         return None
-    from fitplan.builtin.archfile import peft_table
+    from fitplan.arch.archfile import peft_table
 
     found = peft_table()["lora_default_targets"].get(arch.model_type)
     return None if found is None else tuple(found)
@@ -324,7 +324,7 @@ def online_settings(s: sc.Scenario) -> Any:
 def with_online_sequence(s: sc.Scenario) -> sc.Scenario:
     """GRPO/RLOO: the training step's sequence is prompt + completion (``max_seq_length`` plays no part in
     TRL's online trainers), the loss head is TRL's fused log-probability head (``loss_implementation =
-    "trl_grpo"``, builtin/trl/fused_head.py) and a dataset of ``num_examples`` prompts holds ``prompt_length`` tokens each unless
+    "trl_grpo"``, trace/fused_head.py) and a dataset of ``num_examples`` prompts holds ``prompt_length`` tokens each unless
     stated; other trainers unchanged."""
     o = online_settings(s)
     if o is None:
@@ -355,7 +355,7 @@ def with_reward_head(s: sc.Scenario) -> sc.Scenario:
 
 def trainer_arch(s: sc.Scenario, arch: architecture.ModelSpec) -> architecture.ModelSpec:
     """The model the trainer trains: for TRL's reward model the sequence classifier
-    (:func:`~fitplan.inputs.architecture.sequence_classifier`); a bare parameter count cannot say which
+    (:func:`~fitplan.arch.architecture.sequence_classifier`); a bare parameter count cannot say which
     parameters are the LM head's, so it is refused."""
     if s.trl.trainer != "reward":
         return arch
@@ -363,7 +363,7 @@ def trainer_arch(s: sc.Scenario, arch: architecture.ModelSpec) -> architecture.M
         raise FitplanError("trainer 'reward' needs the model's architecture: the reward model replaces the LM head by "
                            "a score head", field="trainer", value="reward",
                            suggestion="use --model NAME or a config.json instead of --params")
-    from fitplan.builtin.archfile import sequence_classifiers
+    from fitplan.arch.archfile import sequence_classifiers
 
     if arch.model_type not in sequence_classifiers():
         raise FitplanError(f"trainer 'reward' on model_type {arch.model_type!r}: its sequence classifier is not "

@@ -1,7 +1,7 @@
 """Activations: the tensors the forward pass keeps for the backward pass, per GPU.
 
 The default rule (``activation_bytes``, ``logits_bytes``, ``autocast_weight_copy_bytes``) comes from a
-symbolic trace of the step (:mod:`fitplan.builtin.step_trace`): each Hugging Face forward (transformers
+symbolic trace of the step (:mod:`fitplan.trace.step_trace`): each Hugging Face forward (transformers
 5.24) written op by op, with what autograd saves for each op (PyTorch 2.13 ``derivatives.yaml``),
 counted once per storage. Per decoder layer, with E bytes per activation element, T = b·s tokens,
 h hidden, I intermediate, q/kv the query and key/value widths, a heads:
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.pluginmgr.hookspecs import hookimpl
-from fitplan.builtin.step_trace import StepTrace, TraceSpec, build, trace_precision
+from fitplan.trace.step_trace import StepTrace, TraceSpec, build, trace_precision
 
 
 _TRACES: dict[tuple, tuple] = {}
@@ -112,9 +112,9 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
 def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
                                      method, lora_r, lora_target_modules, lora_dropout, device, framework, loss_implementation,
                                      lora_modules_to_save):
-    """The symbolic trace of one step without gradient checkpointing (builtin/step_trace.py): saved tensors
+    """The symbolic trace of one step without gradient checkpointing (trace/step_trace.py): saved tensors
     per storage, the forward and backward live-byte timelines. ``flash_attention_2`` saves what SDPA's
-    flash kernel saves. ``loss_implementation``: how the loss head runs (builtin/loss_heads.py)."""
+    flash kernel saves. ``loss_implementation``: how the loss head runs (trace/loss_heads.py)."""
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, False, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input,

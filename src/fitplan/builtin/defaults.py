@@ -11,7 +11,7 @@ says which it took, so that a reader can tell an assumption from a choice:
 * the attention kernel: ``sdpa`` (``PreTrainedModel._check_and_adjust_attn_implementation`` picks SDPA when
   none is asked for and the model supports it);
 * the loss: the model's ``ForCausalLMLoss`` (loss/loss_utils.py), which upcasts the logits to fp32 before
-  cross-entropy (``loss_implementation = "hf"``; the others: builtin/loss_heads.py).
+  cross-entropy (``loss_implementation = "hf"``; the others: trace/loss_heads.py).
 """
 
 from __future__ import annotations

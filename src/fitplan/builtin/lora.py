@@ -38,13 +38,13 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
     models whose experts peft maps to parameter targets (the learned file's ``lora.parameter_targets``),
     ``lora.ParamWrapper`` factors A (r·E, in) and B (out, r·E) per expert stack (r doubled for the fused
     ``gate_up_proj``) and A (r, in), B (out, r) for a 2-D router weight."""
-    from .lora_targets import ALL_LINEAR, lora_site_matches, parameter_targets, unmatched_targets
+    from fitplan.trace.lora_targets import ALL_LINEAR, lora_site_matches, parameter_targets, unmatched_targets
 
     targets = tuple(lora_target_modules or ())
     groups = arch.param_groups()
     out: dict[tuple[int, ...], int] = {}
     linear = [g for g in groups if g.linear is not None]
-    from .archfile import load
+    from fitplan.arch.archfile import load
 
     af = load(arch.model_type)
     names: list[str] = []
@@ -101,7 +101,7 @@ def head_and_embedding_adapters(af, env, targets: tuple[str, ...], r: int):
     tied to the embedding's; an ``nn.Embedding`` gets a ``lora.Embedding`` (``tuners/lora/layer.py``
     ``Embedding.update_layer``: ``lora_embedding_A`` (r, num_embeddings), ``lora_embedding_B``
     (embedding_dim, r))."""
-    from .lora_targets import embedding_matches, lora_site_matches
+    from fitplan.trace.lora_targets import embedding_matches, lora_site_matches
 
     shapes = {name: shape for name, shape, _, per_layer, _, _ in af.param_list(env) if not per_layer}
     out = []
@@ -126,7 +126,7 @@ def _refuse_non_tensor_linears(af, targets: tuple[str, ...], arch) -> None:
     tuple (the learned file's ``lora.non_tensor_linears``: Llama-4's router) makes ``lora.Linear.forward`` raise
     ``AttributeError: 'tuple' object has no attribute 'dtype'`` (peft/tuners/lora/layer.py, ``result.dtype``):
     the run cannot start, so the estimate refuses it."""
-    from .lora_targets import lora_site_matches
+    from fitplan.trace.lora_targets import lora_site_matches
 
     bad = [m for m in af.lora.get("non_tensor_linears", ())
            if any(lora_site_matches(m.replace("{i}", str(i)), targets, af) for i in range(af.n_layers(dict(arch.symbols))))]
@@ -167,7 +167,7 @@ def saved_module_tensors(arch, targets: tuple[str, ...], names: tuple[str, ...],
     a trainable ``deepcopy``, in the original's dtype: peft's ``cast_adapter_dtype`` upcasts only the LoRA layers'
     parameters, tuners_utils.py). Modelled for modules outside the decoder layers whose weight is not tied, with
     the copy in the adapters' dtype (one trainable dtype), without ZeRO-3 or FSDP; anything else is refused."""
-    from .archfile import load
+    from fitplan.arch.archfile import load
 
     af = load(arch.model_type)
     env = dict(arch.symbols)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import math
 
-from fitplan.builtin.step_trace import PARTS
+from fitplan.trace.step_trace import PARTS
 from fitplan.engine.declarations import quantity
 from fitplan.pluginmgr.hookspecs import hookimpl
 

@@ -21,7 +21,7 @@ Sources: torch.amp autocast keeps fp32 parameters and runs matmuls in 16-bit; to
 create states with ``torch.zeros_like(param)`` (so bf16 weights give bf16 states); DeepSpeed's
 bf16/fp16 optimizers keep fp32 master weights and fp32 Adam states (ZeRO paper, 2+2+12 bytes).
 Activations in the table are the dtype of the residual stream and of most saved tensors; the step
-trace (``builtin/step_trace.py``) follows each op's own dtype (RMSNorm's fp32 upcast, fp32 softmax and
+trace (``trace/step_trace.py``) follows each op's own dtype (RMSNorm's fp32 upcast, fp32 softmax and
 log-softmax, autocast's 16-bit copies of fp32 tensors).
 
 LoRA (peft 0.21, ``autocast_adapter_dtype=True``): adapters are fp32 whatever the base dtype, so their

@@ -11,33 +11,12 @@ operating-system failure (a full disk, an unwritable standard output); 130 inter
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import click
 
 from fitplan import __version__
+from fitplan.app.commands import Group
 from fitplan.errors import FitplanError
-
-
-class Group(click.Group):
-    """A click group whose commands may be added as a name and a loader (:meth:`defer`): the loader runs (and
-    imports the command's module) only when the command is run, or listed by ``--help``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.deferred: dict[str, Callable[[], click.Command]] = {}
-
-    def defer(self, name: str, load: Callable[[], click.Command]) -> None:
-        self.deferred[name] = load
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*self.commands, *self.deferred})
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self.commands and cmd_name in self.deferred:
-            self.add_command(self.deferred.pop(cmd_name)(), cmd_name)
-        return super().get_command(ctx, cmd_name)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

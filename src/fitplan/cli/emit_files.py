@@ -51,7 +51,7 @@ def render(emits: tuple[tuple[str, str], ...], s, est, market: str | None) -> Re
 
 
 def batches(rendered: Rendered) -> list:
-    """The ``--emit`` files as one :class:`~fitplan.output.files.Batch` (empty list: none), committed with
+    """The ``--emit`` files as one :class:`~fitplan.files.Batch` (empty list: none), committed with
     the report's ``--out``."""
     if not rendered:
         return []

@@ -210,7 +210,7 @@ def cached(key: str) -> DatasetSummary | None:
 
 def store(summary: DatasetSummary) -> Path | None:
     """Write ``summary`` to the cache (atomically); None when the cache cannot be written (it is optional)."""
-    from fitplan.output.files import write_text
+    from fitplan.files import write_text
 
     directory = cache_dir()
     entry = directory / f"{summary.key}.toml"

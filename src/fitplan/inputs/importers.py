@@ -324,7 +324,7 @@ def _ta_plain_fields(data: dict[str, Any], bad: Any, known_optimizers: Any) -> d
 def _ta_liger(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dict[str, Any]:
     """``use_liger_kernel: true``: the Trainer patches the model with Liger-Kernel (transformers 5.24 trainer.py,
     ``_apply_liger_kernel_to_instance``), whose loss is the fused linear cross-entropy (``loss_implementation``
-    ``liger``, builtin/loss_heads.py); its RMSNorm, SwiGLU and RoPE kernels are not modelled (warned)."""
+    ``liger``, trace/loss_heads.py); its RMSNorm, SwiGLU and RoPE kernels are not modelled (warned)."""
     v = data.get("use_liger_kernel")
     if v is None:
         return {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fitplan.inputs.scenario import CHOICES, FIELD_SECTION, FIELD_TYPES
 
 RESOLVED_INPUTS: dict[str, str] = {
-    "arch": "the model's architecture (fitplan.inputs.architecture.ModelSpec) from the catalog, a config.json or --params",
+    "arch": "the model's architecture (fitplan.arch.architecture.ModelSpec) from the catalog, a config.json or --params",
     "gpu_spec": "the GPU from the hardware ruleset (fitplan.rulesets.schema.GPU), or None without --gpu",
     "optimizer_spec": "the optimizer named by --optim (fitplan.inputs.optimizer.OptimizerSpec)",
     "framework": "framework overheads from the rulesets (fitplan.rulesets.schema.Framework)",

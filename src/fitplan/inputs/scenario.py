@@ -23,7 +23,7 @@ from fitplan.inputs.precision import PRECISIONS, dtype_code, load_dtype_word
 METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 LOSS_IMPLEMENTATIONS = ("hf", "chunked", "chunked_compiled", "liger", "cce", "trl_grpo")
-"""How the loss head runs (builtin/loss_heads.py, docs/memory-model.md "Loss implementations")."""
+"""How the loss head runs (trace/loss_heads.py, docs/memory-model.md "Loss implementations")."""
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
 STACKS = ("deepspeed", "fsdp1", "fsdp2", "ddp", "torch")
 """Who shards (``inputs/stacks.py``): DeepSpeed ZeRO 0-3, accelerate's FSDP1 / FSDP2 as the HF Trainer sets them

@@ -7,8 +7,16 @@ from typing import Any
 
 from fitplan.output.console import escape, md, render_rich
 from fitplan.output.formats import RenderOptions
-from fitplan.search.capacity import CATALOG_LADDER, size_text
-from fitplan.units import format_bytes
+from fitplan.arch.typical import CATALOG_LADDER
+from fitplan.units import format_bytes, format_count
+
+
+def size_text(row: dict[str, Any]) -> str:
+    """A largest-model row's size (``9.47B``; ``>`` at the deepest model probed; ``none``)."""
+    if not row["layers"]:
+        return "none"
+    text = format_count(row["params"]).replace(".00", "")
+    return (">" if row["at_limit"] else "") + text
 
 
 def _rows(table: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:

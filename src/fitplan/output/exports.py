@@ -289,8 +289,8 @@ def _kinds(kind: str, s: sc.Scenario, est) -> list[str]:
 
 def exports_batch(directory: str | Path, files: list[tuple[str, str]], batch=None):
     """Add rendered export files (and their folder, created if needed) to a
-    :class:`~fitplan.output.files.Batch`, written with the command's other files: all or none."""
-    from fitplan.output.files import Batch
+    :class:`~fitplan.files.Batch`, written with the command's other files: all or none."""
+    from fitplan.files import Batch
 
     batch = batch if batch is not None else Batch()
     d = batch.folder(directory, "--emit")

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import math
 from html import escape
+from typing import TYPE_CHECKING
 
 from fitplan import __version__
 from fitplan.output.why_text import why_lines
-from fitplan.search.plans import Plan, Result, command_line, describe_market, rejection_text
+from fitplan.output.plan_text import command_line, describe_market, rejection_text
 from fitplan.output.recommend_report import (PLAN_COLUMNS, _header, cost_text, no_plan_text, plan_row, side_columns,
                                              side_rows, side_summary, stats_line, time_text)
+
+if TYPE_CHECKING:
+    from fitplan.search.plans import Plan, Result
 
 PALETTE = ("#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#8cd17d", "#b6992d", "#499894", "#bab0ac", "#d37295",
            "#fabfd2", "#b07aa1")

@@ -8,14 +8,18 @@ carries the ``fitplan estimate`` command line that reproduces its numbers.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitplan import __version__
 from fitplan.output.console import md, printable, render_rich
 from fitplan.output.formats import RenderOptions
 from fitplan.output.why_text import why_lines
-from fitplan.search.plans import Plan, Result, Side, command_line, describe_market, rejection_text
+from fitplan.output.plan_text import command_line, describe_market, rejection_text
 from fitplan.units import format_bytes, format_count
+
+if TYPE_CHECKING:
+    from fitplan.search.plans import Plan, Result, Side
+
 
 def plan_json(result: Result, plan: Plan) -> dict[str, Any]:
     """One plan: its choices, market, memory, time and cost sections (those of ``fitplan estimate

@@ -6,9 +6,14 @@ the JSON report carries the same facts under ``why`` (:meth:`fitplan.search.why.
 
 from __future__ import annotations
 
-from fitplan.search.plans import Plan
-from fitplan.search.why import DIMENSIONS, Alternative, Why
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from fitplan.search.plans import Plan
+    from fitplan.search.why import Alternative, Why
+
+DIMENSIONS = (("gpu", "GPU type"), ("gpus", "GPU count"), ("provider", "provider"))
+"""The dimensions whose runner-up "why plan 1" names (:func:`fitplan.search.why.runner_ups`), with their names."""
 _DIM_NAMES = dict(DIMENSIONS)
 
 

@@ -237,7 +237,7 @@ class Registry:
     def register_commands(self, group: Any) -> None:
         """Add every plugin's commands to the click ``group``: each plugin fills its own group, whose commands
         join ``group`` unless another plugin already added that name (a problem naming both). When ``group``
-        can defer commands (:class:`fitplan.cli.Group`), so can each plugin's group, and deferred commands stay
+        can defer commands (:class:`fitplan.app.commands.Group`), so can each plugin's group, and deferred commands stay
         deferred."""
         import click
 

@@ -14,7 +14,7 @@ fields changed; a value written ``{ from = "name" }`` takes that name's current 
 message carries the numbers the change would give: ``variant_X`` (X in the variant), ``delta_X``
 (current − variant) and ``ratio_X`` (variant / current) for any quantity X. A condition may use those
 names too; it is then tested after the variant is evaluated. Messages are templates
-(:mod:`fitplan.rules.templates`). Advice is computed by the assess step (:mod:`fitplan.assess`), never
+(:mod:`fitplan.rulesets.templates`). Advice is computed by the assess step (:mod:`fitplan.assess`), never
 while rendering.
 """
 
@@ -26,9 +26,9 @@ from typing import Any
 import attrs
 
 from fitplan.errors import FitplanError
-from fitplan.rules.conditions import (VARIANT_PREFIXES, All, Condition, Namespace, Vocabulary, compile_condition, names_in,
+from fitplan.rulesets.conditions import (VARIANT_PREFIXES, All, Condition, Namespace, Vocabulary, compile_condition, names_in,
                                      vocabulary)
-from fitplan.rules.templates import render_message, template_names
+from fitplan.rulesets.templates import render_message, template_names
 
 
 @attrs.frozen

@@ -10,7 +10,7 @@ A rule (docs/policies.md; schema: :class:`fitplan.rulesets.schema.PolicyRule`)::
 
 The condition says when the rule *fires*: a ``forbid`` rule rejects every plan its condition holds
 for; a ``penalise`` rule multiplies the plan's ranking objective by ``1 + penalty`` (the plan's own
-numbers do not change). Conditions are evaluated by :mod:`fitplan.rules.conditions`, never ``eval``.
+numbers do not change). Conditions are evaluated by :mod:`fitplan.rulesets.conditions`, never ``eval``.
 
 Policies come from ruleset directories (``--ruleset-dir``, or a plugin's ``fitplan_ruleset_dirs``: an
 organisation's package) and from ``--policy FILE``. The bundled rulesets hold none; an example lives
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fitplan.rulesets.schema import PolicyRule
 
 from fitplan.errors import FitplanError
-from fitplan.rules.conditions import Condition, Namespace, Vocabulary, compile_condition, names_in, vocabulary
+from fitplan.rulesets.conditions import Condition, Namespace, Vocabulary, compile_condition, names_in, vocabulary
 
 @attrs.frozen
 class Verdict:

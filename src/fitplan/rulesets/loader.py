@@ -163,7 +163,7 @@ def _duplicates(parsed: RulesetFile, f: Path, seen: dict[tuple[str, str], Path])
 def _cross_check(parsed: RulesetFile, f: Path) -> list[str]:
     out = []
     for i, entry in enumerate(parsed.model):
-        from fitplan.inputs.architecture import spec_from_config
+        from fitplan.arch.architecture import spec_from_config
 
         try:
             spec_from_config(entry.config, name=entry.id)
@@ -177,7 +177,7 @@ def _cross_check(parsed: RulesetFile, f: Path) -> list[str]:
 def _check_run(run: FinetuneRun) -> list[tuple[str, str]]:
     """A published run's scenario must be a valid scenario naming its GPU, and its model (a catalog name, or
     an inline ``config``) must be readable; an excluded row may have no scenario."""
-    from fitplan.inputs.architecture import spec_from_config
+    from fitplan.arch.architecture import spec_from_config
     from fitplan.inputs.scenario import from_flat
 
     if run.exclude and not run.scenario:

@@ -2,7 +2,7 @@
 
 Structured by the strict cattrs converter (:mod:`fitplan.inputs.convert`): unknown keys, wrong types and
 values out of range are errors naming the file and the ``$.path``. Policy and advice conditions are checked
-for syntax here (compiled by :mod:`fitplan.rules.conditions`); their names are checked against the plugins'
+for syntax here (compiled by :mod:`fitplan.rulesets.conditions`); their names are checked against the plugins'
 vocabulary by ``fitplan rulesets check``.
 """
 
@@ -17,8 +17,8 @@ import attrs
 from attrs import field, frozen
 
 from fitplan.errors import FitplanError
-from fitplan.rules.conditions import compile_condition
-from fitplan.rules.templates import template_names
+from fitplan.rulesets.conditions import compile_condition
+from fitplan.rulesets.templates import template_names
 
 
 MAXIMA: dict[str, float] = {

@@ -321,7 +321,7 @@ def import_to_file(csv_file: str | Path, out: str | Path, *, provider: str | Non
 
     from fitplan.errors import FitplanError
     from fitplan.inputs.convert import CONVERTER, error_lines
-    from fitplan.output.files import write_bytes
+    from fitplan.files import write_bytes
     from fitplan.rulesets.loader import check_text
     from fitplan.rulesets.schema import RulesetFile
 

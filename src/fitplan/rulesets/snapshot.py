@@ -47,7 +47,7 @@ def _modules() -> tuple[Path, ...]:
 
 
 def _key(path: Path, data: bytes) -> tuple[int, str, bytes, str]:
-    from fitplan.builtin.archfile import BUNDLED, user_dirs
+    from fitplan.arch.archfile import BUNDLED, user_dirs
 
     return FORMAT, str(path), data, diskcache.code_fingerprint(_modules(), (*user_dirs(), BUNDLED))
 

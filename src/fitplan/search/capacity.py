@@ -31,7 +31,7 @@ import attrs
 
 from fitplan.inputs import scenario as sc
 from fitplan.errors import FitplanError
-from fitplan.units import format_count
+from fitplan.output.capacity import size_text
 
 MAX_PROBE = 1 << 20
 
@@ -100,7 +100,7 @@ def largest_fitting(base: sc.Scenario, field: str, ctx, *, headroom: str | float
 # --------------------------------------------------------------------------- Llama-shaped models
 
 
-from fitplan.inputs.typical import REFERENCE, llama_config, llama_spec  # noqa: E402,F401 - the capacity table's models
+from fitplan.arch.typical import CATALOG_LADDER, REFERENCE, llama_config, llama_spec  # noqa: E402,F401 - the capacity table's models
 
 
 @attrs.frozen
@@ -167,7 +167,7 @@ def largest_model(setup: Setup, gpu, num_gpus: int, ctx) -> dict[str, Any]:
 
     def est(layers: int):
         if layers not in cache:
-            cache[layers] = evaluate(base, ctx.registry, ctx.rulesets, arch=llama_spec(layers))
+            cache[layers] = evaluate(base, ctx.registry, ctx.rulesets, arch=llama_spec(layers, ctx.rulesets))
         return cache[layers]
 
     def fits(layers: int) -> bool:
@@ -183,19 +183,12 @@ def largest_model(setup: Setup, gpu, num_gpus: int, ctx) -> dict[str, Any]:
                 lo = mid
             else:
                 hi = mid
-    out: dict[str, Any] = {"layers": lo, "params": llama_spec(lo).param_count if lo else 0,
+    out: dict[str, Any] = {"layers": lo, "params": llama_spec(lo, ctx.rulesets).param_count if lo else 0,
                            "at_limit": lo == MAX_LAYERS}
     if lo:
         e = est(lo)
         out.update({"device_total": e.role("device_total"), "usable": e.role("usable")})
     return out
-
-
-def size_text(row: dict[str, Any]) -> str:
-    if not row["layers"]:
-        return "none"
-    text = format_count(row["params"]).replace(".00", "")
-    return (">" if row["at_limit"] else "") + text
 
 
 def largest_catalog_model(setup: Setup, gpu, num_gpus: int, ctx, family: Sequence[str]) -> str | None:
@@ -211,10 +204,6 @@ def largest_catalog_model(setup: Setup, gpu, num_gpus: int, ctx, family: Sequenc
         except FitplanError:
             continue
     return best
-
-
-CATALOG_LADDER = ("llama-3.2-1b", "llama-3.2-3b", "llama-2-7b", "llama-3.1-8b", "llama-2-13b", "qwen2.5-32b",
-                  "llama-2-70b", "qwen2.5-72b", "llama-3.1-405b")
 
 
 def capacity_table(ctx, gpus: Sequence[str] | None = None) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from typing import Any
 import attrs
 
 from fitplan.inputs import scenario as sc
-from fitplan.inputs.sources import scenario_args
 from fitplan.search.space import SearchSpace
 
 _INF = float("inf")
@@ -310,19 +309,5 @@ def make_plan(cur, market, dt, usable, seconds, cost, od, spot, world, score, or
 def plan_scenario(base: sc.Scenario, plan: Plan) -> sc.Scenario:
     """The scenario ``fitplan estimate`` evaluates for ``plan``."""
     return base.replace(**plan.fields)
-
-
-def command_line(base: sc.Scenario, plan: Plan) -> str:
-    import shlex
-
-    return "fitplan estimate " + " ".join(shlex.quote(a) for a in scenario_args(plan_scenario(base, plan)))
-
-
-def describe_market(plan: Plan) -> str:
-    return {"spot": "spot", "on_demand": "on demand", None: "-"}[plan.market]
-
-
-def rejection_text(plan: Plan) -> str:
-    return "; ".join(f"{v.rule}: {v.reason}" for v in plan.rejected_by)
 
 

@@ -36,7 +36,7 @@ import attrs
 
 from fitplan.errors import FitplanError, PluginError
 from fitplan.inputs import scenario as sc
-from fitplan.rules.conditions import Namespace
+from fitplan.rulesets.conditions import Namespace
 from fitplan.rules.policy import PolicySet
 from fitplan.search.plans import (METHOD_RANK, Collector, Plan, Result, Side, Stats, make_plan, plan_scenario,
                                   ranking_key)

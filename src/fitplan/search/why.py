@@ -22,9 +22,8 @@ from typing import Any
 
 import attrs
 
+from fitplan.output.why_text import DIMENSIONS
 from fitplan.search.plans import Plan
-
-DIMENSIONS = (("gpu", "GPU type"), ("gpus", "GPU count"), ("provider", "provider"))
 
 
 @attrs.frozen

@@ -2,7 +2,7 @@
 query's ``(name, value)`` pairs and returns a :class:`Reply`; :mod:`fitplan.web.server` maps routes to them.
 
 Every endpoint goes through the command line's own steps: the query is parsed by the CLI command's parser
-(:mod:`fitplan.web.params`), the scenario built and evaluated by ``fitplan.cli.options.estimate_from``, the
+(:mod:`fitplan.web.params`), the scenario built and evaluated by ``fitplan.app.options.estimate_from``, the
 report assessed by :func:`fitplan.assess.assess` and rendered by the registered ``json`` format. So
 ``/api/estimate``'s body is, byte for byte, what ``fitplan estimate --format json`` prints for the same flags,
 and its errors are the CLI's messages (HTTP 400).
@@ -221,10 +221,10 @@ def take(query: Query, names: Iterable[str]) -> tuple[list[tuple[str, str]], dic
 def estimate_of(settings: Settings, query: Query):
     """The :class:`~fitplan.estimation.Estimate` of the query's scenario (``fitplan estimate``'s flags) and the
     name an uploaded model was uploaded under (None for a catalog name or Hub id)."""
-    from fitplan.cli.commands.estimate import estimate as command
-    from fitplan.cli.options import estimate_from
+    from fitplan.app.commands import command
+    from fitplan.app.options import estimate_from
 
-    options, upload = settings.resolve(parse(command, query))
+    options, upload = settings.resolve(parse(command("estimate"), query))
     return estimate_from(options), upload
 
 
@@ -246,10 +246,10 @@ def estimate(settings: Settings, query: Query) -> Reply:
 
 def explain(settings: Settings, query: Query) -> Reply:
     """``GET /api/explain?quantity=peak&...``: ``fitplan explain QUANTITY --format json``."""
-    from fitplan.cli.commands.estimate import explain as command
-    from fitplan.cli.commands.estimate import explanation_for
+    from fitplan.app.commands import command
+    from fitplan.app.explain import explanation_for
 
-    p = parse(command, query, extras=("depth",), positional=("quantity",))
+    p = parse(command("explain"), query, extras=("depth",), positional=("quantity",))
     if not 0 <= p["depth"] <= 12:
         raise FitplanError(f"depth must be between 0 and 12, got {p['depth']}", field="depth", value=p["depth"])
     options, _ = settings.resolve(p)
@@ -308,14 +308,14 @@ def recommend(settings: Settings, query: Query) -> Reply:
     """``GET /api/recommend``: ``fitplan recommend --format json`` (``max=micro-batch`` or ``seq-length``: the
     ``--max`` report), one search at a time, bounded by :data:`SEARCH_LIMITS` and the server's time limit;
     ``wait=SECONDS`` (:func:`wait_seconds`) waits that long for a running search to end instead of a 429."""
-    from fitplan.cli.commands.recommend import find_plans, largest_report
-    from fitplan.cli.commands.recommend import recommend as command
-    from fitplan.cli.options import scenario_from
+    from fitplan.app.commands import command
+    from fitplan.app.recommend import find_plans, largest_report
+    from fitplan.app.options import scenario_from
 
     query, own = take(query, ("wait", "page", "view"))
     wait = wait_seconds(own.get("wait"), settings.search_seconds)
     superseded = view_check(settings, own)
-    p = parse(command, query, extras=RECOMMEND_PARAMS)
+    p = parse(command("recommend"), query, extras=RECOMMEND_PARAMS)
     for name, most in SEARCH_LIMITS.items():
         if p[name] > most:
             flag = name.replace("_", "-")
@@ -345,7 +345,7 @@ def recommend(settings: Settings, query: Query) -> Reply:
 
 def models(settings: Settings, query: Query) -> Reply:
     """``GET /api/models``: ``fitplan models list --format json``."""
-    from fitplan.cli.commands.catalog import model_rows
+    from fitplan.app.catalog import model_rows
 
     parse_nothing(query)
     return json_reply(None, text=render("models", model_rows(settings.context().rulesets)))
@@ -400,12 +400,12 @@ CHOICES = {"method": "METHODS", "assumptions": "ASSUMPTIONS", "attn_implementati
 
 def field_rows(ctx) -> list[dict[str, Any]]:
     """Every scenario flag: query name, field, section, type, default, choices (when closed) and help."""
-    from fitplan.cli.commands.estimate import estimate as command
-    from fitplan.cli.options import HELP
+    from fitplan.app.commands import command
+    from fitplan.app.options import HELP
     from fitplan.inputs import scenario as sc
     from fitplan.inputs.precision import LOAD_DTYPES, PRECISIONS
 
-    opts = {o[2:]: p for p in command.params for o in getattr(p, "opts", ()) if o.startswith("--")}
+    opts = {o[2:]: p for p in command("estimate").params for o in getattr(p, "opts", ()) if o.startswith("--")}
     default = sc.flatten(sc.Scenario())
     closed: dict[str, Any] = {f: getattr(sc, t) for f, t in CHOICES.items()}
     closed.update(precision=PRECISIONS, dtype=LOAD_DTYPES, zero_stage=(0, 1, 2, 3), gpu=tuple(ctx.rulesets.gpus),

@@ -54,7 +54,7 @@ class UploadStore:
 
         :raises FitplanError: too large, not UTF-8 JSON, or not a config fitplan reads (naming the field).
         """
-        from fitplan.inputs.architecture import spec_from_config
+        from fitplan.arch.architecture import spec_from_config
         from fitplan.inputs.files import decode, loads_json
 
         shown = Path(filename or "config.json").name or "config.json"

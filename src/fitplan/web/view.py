@@ -76,7 +76,7 @@ def provider_rows(est, ctx) -> list[dict[str, Any]]:
 def largest(est, ctx, check=None) -> dict[str, Any] | None:
     """``fitplan recommend --max micro-batch`` and ``--max seq-length`` reports (headroom 0), or None without
     a GPU; a report that cannot be computed is ``{"error": ...}``. ``check``: :func:`~fitplan.web.api.view_check`'s."""
-    from fitplan.cli.commands.recommend import LARGEST, largest_report
+    from fitplan.app.recommend import LARGEST, largest_report
 
     if est.scenario.hardware.gpu is None:
         return None

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import fitplan
+from fitplan.api import hookimpl
 
 __version__ = "0.1.0"
 
 RULESETS = Path(__file__).resolve().parent / "rulesets"
 
 
-@fitplan.hookimpl
+@hookimpl
 def fitplan_ruleset_dirs():
     """ACME's pricing: loaded after fitplan's bundled rulesets, before any ``--ruleset-dir``."""
     return [str(RULESETS)]

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import math
 
-import fitplan
-from fitplan import OptimizerContext, OptimizerSpec
+from fitplan.api import OptimizerContext, OptimizerSpec, hookimpl
 
 PLUGIN_SOURCE = "fitplan-optimizers-extra"
 
@@ -314,7 +313,7 @@ OPTIMIZERS: tuple[OptimizerSpec, ...] = (
 )
 
 
-@fitplan.hookimpl
+@hookimpl
 def fitplan_register_optimizers(register):
     """Lion, GaLore AdamW (ranks 128, 256, 512, 1024), Adam-mini and Muon."""
     for spec in OPTIMIZERS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from fitplan import FitplanError
+from fitplan.api import FitplanError
 
 INSTALL = "pip install torch==2.13.0 transformers peft (CPU build: add --index-url https://download.pytorch.org/whl/cpu to the torch line)"
 

@@ -20,13 +20,13 @@ import importlib
 import warnings
 from typing import Any
 
-from fitplan import FitplanError
+from fitplan.api import FitplanError
 
 from . import _deps
 
 def param_dtype(precision: str):
     """The torch dtype the preset's weights are loaded in (fitplan.inputs.precision's table)."""
-    from fitplan.inputs.precision import HF_WORD, PRESETS
+    from fitplan.api import HF_WORD, PRESETS
 
     torch = _deps.torch()
     p = PRESETS[precision]
@@ -42,7 +42,7 @@ def param_dtype(precision: str):
 def autocast(precision: str, device_type: str):
     """``torch.autocast`` in the compute dtype for the autocast presets (``*-mixed``, ``*-autocast*``: what
     accelerate's ``mixed_precision`` wraps the forward in), else a null context."""
-    from fitplan.inputs.precision import HF_WORD, PRESETS
+    from fitplan.api import HF_WORD, PRESETS
 
     torch = _deps.torch()
     p = PRESETS.get(precision)  # "none": the caller autocasts itself (accelerate's own mixed precision)
@@ -109,9 +109,9 @@ def build_model(cfg: dict[str, Any], *, precision: str, attn_implementation: str
     if method in ("lora", "qlora"):
         peft = _deps.peft()
         lcfg = lora or {}
-        from fitplan.builtin.lora_targets import peft_target_modules
+        from fitplan.api import peft_target_modules
 
-        # one rule for what the targets mean (fitplan.builtin.lora_targets): "all-linear" and a regular
+        # one rule for what the targets mean (fitplan.trace.lora_targets): "all-linear" and a regular
         # expression go to peft as the string (a list ["all-linear"] would look for a module of that name)
         # (none named: peft's own default for the model type, as a script's LoraConfig() gets)
         targets = tuple(lcfg.get("lora_target_modules") or ())

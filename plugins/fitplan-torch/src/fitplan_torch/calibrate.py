@@ -21,7 +21,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from fitplan import FitplanError
+from fitplan.api import FitplanError
 
 from . import _deps
 

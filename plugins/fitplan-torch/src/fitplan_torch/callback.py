@@ -31,9 +31,9 @@ def _trainer_callback_base():
 class _FitplanCallbackImpl:
     def _setup(self, estimate=None, *, measure_cpu: bool = True, **estimate_fields: Any) -> None:
         if estimate is None:
-            import fitplan
+            from fitplan.api import estimate as estimate_of
 
-            estimate = fitplan.estimate(**estimate_fields)
+            estimate = estimate_of(**estimate_fields)
         self.estimate = estimate
         self.measure_cpu = measure_cpu
         self.history: list[dict[str, Any]] = []

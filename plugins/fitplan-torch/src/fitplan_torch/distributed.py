@@ -28,7 +28,7 @@ import tempfile
 from typing import Any
 
 import attrs
-from fitplan import FitplanError
+from fitplan.api import FitplanError
 
 from . import _deps
 from .estimation_bridge import OptimizerRef, RunConfig

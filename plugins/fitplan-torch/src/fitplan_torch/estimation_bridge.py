@@ -54,7 +54,7 @@ class RunConfig:
 
 
 def model_config(estimate) -> dict[str, Any]:
-    from fitplan.estimation import hf_config_for
+    from fitplan.api import hf_config_for
 
     return dict(hf_config_for(estimate.scenario, estimate.rulesets))
 
@@ -87,7 +87,7 @@ def ds_config(estimate) -> dict[str, Any]:
     """The ds_config fitplan modelled (``fitplan.output.exports.deepspeed_config``), with its "auto" values
     resolved as the HF Trainer would (the referee drives DeepSpeed without the Trainer) and the Trainer's
     ``gradient_clipping`` (``max_grad_norm`` 1.0)."""
-    from fitplan.output.exports import deepspeed_config
+    from fitplan.api import deepspeed_config
 
     cfg = deepspeed_config(estimate.scenario)
     values = estimate["deepspeed_config_values"]

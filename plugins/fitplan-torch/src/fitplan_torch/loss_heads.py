@@ -16,7 +16,7 @@ inside TRL's trainer.
 
 from __future__ import annotations
 
-from fitplan import FitplanError
+from fitplan.api import FitplanError
 
 from . import _deps
 

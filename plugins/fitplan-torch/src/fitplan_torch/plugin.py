@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import fitplan
+from fitplan.api import hookimpl
 
 
-@fitplan.hookimpl
+@hookimpl
 def fitplan_validate(scenario, estimate, options: dict[str, Any]) -> dict[str, Any]:
     """Run the scenario in PyTorch and compare each memory component with fitplan's prediction.
 
@@ -24,7 +24,7 @@ def fitplan_validate(scenario, estimate, options: dict[str, Any]) -> dict[str, A
     return run_validation(scenario, estimate, options)
 
 
-@fitplan.hookimpl
+@hookimpl
 def fitplan_register_commands(cli) -> None:
     """``fitplan learn-architecture CONFIG``: learn a model type from its transformers code (docs/architectures.md)."""
     from .learn.command import register

@@ -22,7 +22,7 @@ import os
 import platform
 from typing import Any
 
-from fitplan import FitplanError
+from fitplan.api import FitplanError
 
 from . import _deps
 
@@ -298,7 +298,7 @@ def comparable_estimate(estimate, mode: str):
     want = referee_device(mode)
     if not hasattr(hw, "device") or hw.device == want:
         return estimate
-    from fitplan.estimation import evaluate
+    from fitplan.api import evaluate
 
     return evaluate(estimate.scenario.replace(device=want), estimate.registry, estimate.rulesets)
 

@@ -1,6 +1,6 @@
 """The roofline: what one micro-step's kernels cost on a GPU (pure functions, no quantities).
 
-Each kernel of the step trace's work records (:class:`fitplan.builtin.op_work.OpWork`) takes
+Each kernel of the step trace's work records (:class:`fitplan.trace.op_work.OpWork`) takes
 
     ``max(FLOPs / (peak FLOP/s at its dtype × e_kind), bytes / (HBM bandwidth × e_memory))``
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from attrs import frozen
 
-from fitplan.builtin.op_work import OpWork
+from fitplan.trace.op_work import OpWork
 
 _GEMM_KINDS = ("gemm", "attention")
 PEAK_FALLBACK = {"bf16": ("bf16", "fp32"), "fp16": ("fp16", "bf16", "fp32"), "fp32": ("fp32",), "tf32": ("tf32", "fp32")}

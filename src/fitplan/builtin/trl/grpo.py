@@ -28,7 +28,7 @@ reserve is taken from the GPU's usable memory instead (``vllm_colocated_reserve`
 
 from __future__ import annotations
 
-from fitplan.builtin.trl.fused_head import TOKEN_CHUNK as TRL_TOKEN_CHUNK, VOCAB_CHUNK as TRL_VOCAB_CHUNK
+from fitplan.trace.fused_head import TOKEN_CHUNK as TRL_TOKEN_CHUNK, VOCAB_CHUNK as TRL_VOCAB_CHUNK
 from fitplan.builtin.trl import generation, vllm
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.inputs import trl_online

@@ -20,7 +20,7 @@ has both. DPO:
    (computed once before training, ``_precompute_ref_logps``). Everything the policy's forward saved for
    backward is alive meanwhile: its peak is a phase of its own, ``reference_forward``: resident + the
    reference weights + the policy's saved tensors + the most the no-grad forward holds (a trace of the same
-   model with no parameter training, :attr:`~fitplan.builtin.step_trace.TraceSpec.frozen`);
+   model with no parameter training, :attr:`~fitplan.trace.step_trace.TraceSpec.frozen`);
 3. the loss (``-logsigmoid(beta · ...)`` over ``2b`` sums: bytes), the backward, the optimizer step.
 
 The reference model's weights are resident for the whole step (``reference_model_bytes``, shown in the
@@ -30,7 +30,7 @@ breakdown's ``weights`` row).
 from __future__ import annotations
 
 from fitplan.builtin.activations import trace_for
-from fitplan.builtin.step_trace import PARTS, TraceSpec, build, trace_precision
+from fitplan.trace.step_trace import PARTS, TraceSpec, build, trace_precision
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.pluginmgr.hookspecs import hookimpl
 
@@ -41,7 +41,7 @@ BETA = {"dpo": 0.1, "kto": 0.1}
 ROWS = {"dpo": 2, "kto": 1}
 """Sequences per example in the policy's batch: DPO's chosen and rejected, KTO's one completion."""
 HEAD = {"dpo": "trl", "kto": "trl_kto"}
-"""The policy's fused head (builtin/trl/fused_head.py ``OUTPUTS``)."""
+"""The policy's fused head (trace/fused_head.py ``OUTPUTS``)."""
 BATCH_TENSORS = {"dpo": 3, "kto": 6}
 """int64 ``rows × s`` tensors of the collated batch: DPO's ``input_ids``, ``attention_mask``,
 ``completion_mask``; KTO's the same three and their ``KL_`` twins (``DataCollatorForUnpairedPreference``)."""
@@ -67,7 +67,7 @@ def preference_policy_trace(value, trainer, arch, per_device_train_batch_size, r
                             attn_implementation, method, lora_r, lora_target_modules, lora_dropout, device, framework,
                             lora_modules_to_save):
     """DPO: the policy's step over ``2·b`` sequences (chosen then rejected, one batch), KTO: over ``b``, with
-    TRL's fused LM head (builtin/trl/fused_head.py) instead of the model's logits and cross-entropy."""
+    TRL's fused LM head (trace/fused_head.py) instead of the model's logits and cross-entropy."""
     if value is None:
         return None
     return _policy_trace(trainer, arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,

@@ -2,7 +2,7 @@
 
 ``RewardTrainer`` trains ``AutoModelForSequenceClassification`` with ``num_labels=1``: transformers'
 ``GenericForSequenceClassification`` (transformers/modeling_layers.py), the bare decoder and ``score =
-nn.Linear(hidden, 1, bias=False)`` instead of the LM head (the parameters: builtin/archfile.py ``SCORE_HEAD``;
+nn.Linear(hidden, 1, bias=False)`` instead of the LM head (the parameters: arch/archfile.py ``SCORE_HEAD``;
 under LoRA peft's ``SEQ_CLS`` task trains ``score`` whole: ``estimation.with_reward_head``). Per micro-batch of
 ``b`` pairs of ``s`` tokens (``compute_loss``):
 
@@ -22,12 +22,12 @@ pooling and loss as one op over ``2b`` elements; the pooling's ``2b·s`` int32 m
 
 from __future__ import annotations
 
-from ..activations import trace_for
-from ...engine.declarations import reducer
-from ...pluginmgr.hookspecs import hookimpl
+from fitplan.builtin.activations import trace_for
+from fitplan.engine.declarations import reducer
+from fitplan.pluginmgr.hookspecs import hookimpl
 
 HEAD = "reward"
-"""The step trace's loss head for the reward model (builtin/loss_heads.py, :mod:`.score_head`)."""
+"""The step trace's loss head for the reward model (trace/loss_heads.py, :mod:`.score_head`)."""
 
 
 def _is_reward(trainer) -> bool:

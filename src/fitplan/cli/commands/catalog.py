@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from fitplan.cli.options import emit, format_option, registry
+from fitplan.app.catalog import model_rows
+from fitplan.app.options import emit, format_option, registry
 
 
 def add(cli: click.Group) -> None:
@@ -29,26 +30,13 @@ def models_list(fmt: str, ruleset_dirs: tuple[str, ...]) -> None:
     emit("models", model_rows(get_context(ruleset_dirs).rulesets), fmt)
 
 
-def model_rows(rules) -> list[dict]:
-    """One row per catalog model (``fitplan models list --format json``; ``fitplan serve``'s ``/api/models``)."""
-    from fitplan.inputs.architecture import spec_from_config
-
-    rows = []
-    for mid in sorted(rules.models):
-        e = rules.models[mid]
-        spec = spec_from_config(e.config, name=mid)
-        rows.append({"id": mid, "hf_id": e.hf_id, "model_type": spec.model_type, "param_count": spec.param_count,
-                     "active_param_count": spec.active_param_count, "source": e.source})
-    return rows
-
-
 @models.command("show")
 @click.argument("name")
 @click.option("--ruleset-dir", "ruleset_dirs", multiple=True, type=click.Path(file_okay=False))
 def models_show(name: str, ruleset_dirs: tuple[str, ...]) -> None:
     """Show a catalog model (or a config.json): its fields and exact parameter count."""
     from fitplan.context import get_context
-    from fitplan.inputs.architecture import load_config_json, spec_from_config, spec_to_dict
+    from fitplan.arch.architecture import load_config_json, spec_from_config, spec_to_dict
     from fitplan.output.console import dumps_json
 
     if name.endswith(".json"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from fitplan.cli.options import emit, format_option
+from fitplan.app.options import emit, format_option
 from fitplan.inputs.scenario import LIMITS, Training
 
 
@@ -16,7 +16,7 @@ def add(cli: click.Group) -> None:
 def _check_out(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """``--out`` is checked before the dataset is read."""
     if value is not None:
-        from fitplan.output.files import check_target
+        from fitplan.files import check_target
 
         check_target(value)
     return value
@@ -76,7 +76,7 @@ def dataset(path: str, model: str | None, tokenizer: str | None, text_field: str
                   jobs or default_jobs(), not no_cache)
     summary = summary_for(req, rules)
     if out:
-        from fitplan.output.files import write_text
+        from fitplan.files import write_text
 
         write_text(out, summary.to_toml())
         click.echo(f"wrote {out}", err=True)

@@ -7,7 +7,8 @@ from typing import Any
 import click
 
 from fitplan.cli.emit_files import batches, check_emit_dirs, echo_notes, emit_options, render
-from fitplan.cli.options import emit, estimate_from, format_option, out_option, scenario_options
+from fitplan.app.explain import explanation_for
+from fitplan.app.options import emit, estimate_from, format_option, out_option, scenario_options
 
 
 def add(cli: click.Group) -> None:
@@ -51,10 +52,6 @@ def estimate(fmt: str, out: str | None, units: str, policy_files: tuple[str, ...
         sys.exit(POLICY_VIOLATION_EXIT)
 
 
-EXAMPLE = {"model": "llama-2-7b", "precision": "bf16-mixed", "per_device_train_batch_size": 4}
-"""What ``fitplan explain`` explains without a model (the documented example)."""
-
-
 @click.command()
 @click.argument("quantity")
 @scenario_options
@@ -70,30 +67,6 @@ def explain(quantity: str, depth: int, fmt: str, out: str | None, **options: Any
     emit("explain", explanation_for(quantity, depth, options), fmt, out)
 
 
-def explanation_for(quantity: str, depth: int, options: dict[str, Any]):
-    """The :class:`~fitplan.output.explain.Explanation` of ``quantity`` for the scenario of ``options`` (the
-    documented example when they name no model)."""
-    from fitplan.assess import assess
-    from fitplan.output.explain import explain as explanation
-
-    if not any(options.get(k) for k in ("model", "params", "scenario_file", "recipe")):
-        options = {**options, **{k: options.get(k) or v for k, v in EXAMPLE.items()}}
-    est = estimate_from(options)
-    return explanation(assess(est, advice=False, seed=True), quantity_name(quantity, est), depth=depth)
-
-
-def quantity_name(name: str, est) -> str:
-    """A node of the graph, by its name or its ``short`` metadata."""
-    graph = est.registry.compiled()
-    shorts = {q.short: q.name for q in graph.quantities.values() if q.short}
-    name = shorts.get(name, name)
-    if name in graph.nodes:
-        return name
-    from fitplan.errors import unknown
-
-    raise unknown("quantity", name, [n for n in graph.nodes if graph.nodes[n].kind != "input"] + list(shorts))
-
-
 @click.command()
 @format_option("graph", "dot")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -101,7 +74,7 @@ def quantity_name(name: str, est) -> str:
 def graph(fmt: str, out_dir: str | None) -> None:
     """Print the quantity graph as Graphviz DOT or Mermaid."""
     from fitplan.context import get_context
-    from fitplan.output.files import Batch
+    from fitplan.files import Batch
 
     if out_dir == "":
         from fitplan.errors import FitplanError

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from fitplan.cli.options import emit, format_option
+from fitplan.app.options import emit, format_option
 from fitplan.errors import FitplanError
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from fitplan.cli.options import emit, estimate_from, format_option, scenario_options
+from fitplan.app.options import emit, estimate_from, format_option, scenario_options
 from fitplan.errors import FitplanError
 
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import click
 
-from fitplan import FitplanError
+from fitplan.api import FitplanError
 
 
 def _read_config(path: str) -> dict:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    from fitplan.inputs.files import read_json
+    from fitplan.api import read_json
 
     data = read_json(p, field="CONFIG")  # the input boundary: a regular file, bounded, no NaN, no lone surrogate
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
@@ -34,7 +34,7 @@ def _check_known(model_type: str, p: Path) -> None:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
-        from fitplan.errors import did_you_mean
+        from fitplan.api import did_you_mean
 
         raise FitplanError(f"transformers has no model_type {model_type!r:.80}: nothing to learn from", file=str(p),
                            field="$.model_type", value=model_type[:80],
@@ -78,9 +78,9 @@ def register(cli: click.Group) -> None:
             if not no_shrink:
                 cfg = shrink(cfg, log)
             if install:
-                from fitplan.builtin.archfile import user_dirs
+                from fitplan.api import arch_dirs
 
-                target = Path(out_dir) if out_dir else user_dirs()[-1]
+                target = Path(out_dir) if out_dir else arch_dirs()[-1]
             else:
                 target = Path(out_dir or ".")
             written = learn_and_check(cfg, target, verify=verify, tolerance=tolerance, log=log)

@@ -694,7 +694,7 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
     kind_of_layer = []
     layer_args: dict[str, list[str]] = {}
     template_by_kind: dict[str, dict[str, Any]] = {}
-    from fitplan.builtin.archexpr import compile_expr
+    from fitplan.api import compile_expr
 
     env = hf_config(res["probes"][0].cfg).to_dict()
     for j in range(nlayers):
@@ -766,7 +766,7 @@ def _full_env(p: Probe) -> dict[str, Any]:
 
 def _reproduces(site: dict[str, str], envs: list[dict[str, Any]], seen: list[dict[str, Any]]) -> bool:
     """Whether a site's fitted in/out features give what every probe recorded."""
-    from fitplan.builtin.archexpr import compile_expr
+    from fitplan.api import compile_expr
 
     try:
         return all(compile_expr(site[k])(env) == got[k] for env, got in zip(envs, seen) for k in ("in", "out"))
@@ -1148,7 +1148,7 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
 def _missing_rules(segments: dict[str, Any]) -> dict[str, Any]:
     """Save rules for the ops this file uses that fitplan's shared table (autograd.json) lacks, so a file
     learned for a new architecture is complete on its own."""
-    from fitplan.builtin.archfile import autograd_table
+    from fitplan.api import autograd_table
 
     from .autograd_rules import table
 
@@ -1157,7 +1157,7 @@ def _missing_rules(segments: dict[str, Any]) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - no shared table yet (while regenerating the bundle)
         known = set()
     ops = {op[0] for seg in segments.values() for op in seg["ops"] if not (len(op) > 3 and op[3].get("pseudo"))}
-    ops.discard(FUNCTION_OP)  # the core's rule (builtin/kernels.py EXTRA_RULES)
+    ops.discard(FUNCTION_OP)  # the core's rule (trace/kernels.py EXTRA_RULES)
     return table(ops - known)
 
 

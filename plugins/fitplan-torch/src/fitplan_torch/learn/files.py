@@ -25,8 +25,8 @@ def dumps(obj: Any, *, pretty: bool = False) -> str:
 
 
 def write(data: dict[str, Any], directory: str | Path) -> list[Path]:
-    from fitplan.diskcache import make_private
-    from fitplan.output.files import write_all
+    from fitplan.api import make_private
+    from fitplan.api import write_all
 
     d = Path(directory)
     make_private(d)  # 0700, as fitplan's cache folders (docs/reliability.md "Caches")

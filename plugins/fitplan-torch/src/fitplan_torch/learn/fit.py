@@ -68,7 +68,7 @@ class Fitter:
         self._monos: dict[frozenset, list] = {}
 
     def check(self, expr: str, y: tuple[int, ...]) -> bool:
-        from fitplan.builtin.archexpr import compile_expr
+        from fitplan.api import compile_expr
 
         f = compile_expr(expr)
         try:

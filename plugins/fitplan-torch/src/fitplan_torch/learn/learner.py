@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fitplan import FitplanError
+from fitplan.api import FitplanError
 
 
 def learn_and_check(cfg: dict[str, Any], target: Path, *, verify: bool = True, tolerance: float = 0.01,

@@ -25,7 +25,7 @@ import copy
 import json
 from typing import Any
 
-from fitplan import FitplanError
+from fitplan.api import FitplanError
 
 SMALL = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128, "ffn_hidden_size": 128,
          "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "vocab_size": 512,

@@ -32,7 +32,7 @@ PRECISIONS = {"16": ("bf16-true", "32-true"), "mixed": ("bf16-mixed",)}
 def installed(data: dict[str, Any]):
     """The file, readable by fitplan's core, for the duration of the block (traces of a file being learned are
     not kept in fitplan's disk cache)."""
-    from fitplan.builtin import archfile
+    from fitplan.api import clear_arch_caches
 
     from .files import write
 
@@ -42,8 +42,7 @@ def installed(data: dict[str, Any]):
         old_cache = os.environ.get("FITPLAN_NO_CACHE")
         os.environ["FITPLAN_ARCH_DIR"] = d + (os.pathsep + old if old else "")
         os.environ["FITPLAN_NO_CACHE"] = "1"
-        archfile.load.cache_clear()
-        _clear_caches()
+        clear_arch_caches()
         try:
             yield Path(d)
         finally:
@@ -52,17 +51,7 @@ def installed(data: dict[str, Any]):
                     os.environ.pop(var, None)
                 else:
                     os.environ[var] = value
-            archfile.load.cache_clear()
-            _clear_caches()
-
-
-def _clear_caches() -> None:
-    from fitplan.builtin import step_trace
-    from fitplan.inputs import architecture
-
-    step_trace.build.cache_clear()
-    architecture._param_groups.cache_clear()
-    architecture._param_count.cache_clear()
+            clear_arch_caches()
 
 
 def heldout(base: dict[str, Any], variables: list[str], regime, b: int, s: int) -> tuple[dict[str, Any], int, int]:
@@ -92,13 +81,13 @@ def heldout(base: dict[str, Any], variables: list[str], regime, b: int, s: int) 
 
 def check_graph(data: dict[str, Any], results: dict, specs, log) -> list[str]:
     """Check 1 (see the module doc). Each problem names the variant, the segment, the op and the tensor."""
-    from fitplan.builtin.archfile import load
+    from fitplan.api import load_arch_file
 
     from .derive import run
 
     problems: list[str] = []
     with installed(data):
-        af = load(data["model_type"])
+        af = load_arch_file(data["model_type"])
         for precision, attn, reg in specs:
             res = results[(precision, attn, reg.name)]
             cfg, b, s = heldout(res["probes"][0].cfg, res["variables"], reg, res["probes"][0].b, res["probes"][0].s)
@@ -119,7 +108,7 @@ def check_graph(data: dict[str, Any], results: dict, specs, log) -> list[str]:
 def _compare(af, cfg: dict[str, Any], rec, b: int, s: int, where: str) -> list[str]:
     """The file evaluated at ``cfg`` against the fresh recording ``rec``, segment by segment: the first op whose
     name differs, or the first tensor whose shape or dtype differs (with the op that makes it)."""
-    from fitplan.builtin.archexpr import compile_expr
+    from fitplan.api import compile_expr
 
     from .segments import Cut
 
@@ -181,7 +170,7 @@ def failing_line(e: BaseException) -> str:
 def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance: float = 0.01,
                  cases=None, b: int = 3, s: int = 21) -> tuple[list[str], list[dict[str, Any]]]:
     """Check 2 (see the module doc). Returns problems and one row per case."""
-    import fitplan
+    from fitplan.api import estimate
 
     from .. import validate
 
@@ -198,7 +187,7 @@ def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance
                       per_device_train_batch_size=b, max_seq_length=s, device="cpu", optim="adamw_torch")
             if method == "lora":
                 kw.update(method="lora", lora_r=8, lora_target_modules=("all-linear",))
-            est = fitplan.estimate(**kw)
+            est = estimate(**kw)
             rep = validate(est, mode="cpu", memtracker=False)
             comp = rep["components"]
             row = {"precision": precision, "attn": attn, "checkpointing": ckpt, "method": method,

@@ -23,11 +23,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .archexpr import compile_expr
-from .archfile import BYTES, FLOAT, ArchFile, autograd_table
-from . import kernels, loss_heads, op_work
-from .learned_segment import Segment
-from .lora_targets import lora_site_matches, parameter_targets
+from fitplan.arch.archexpr import compile_expr
+from fitplan.arch.archfile import BYTES, FLOAT, ArchFile, autograd_table
+from fitplan.trace import kernels, loss_heads, op_work
+from fitplan.trace.learned_segment import Segment
+from fitplan.trace.lora_targets import lora_site_matches, parameter_targets
 
 _TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 
@@ -153,7 +153,7 @@ class Builder:
         tr = self.tr
         extra = extra or {}
         if name not in self.table:
-            from ..errors import FitplanError
+            from fitplan.errors import FitplanError
 
             raise FitplanError(f"aten op {name!r} is not in the autograd rules table", file=str(self.af.path),
                                suggestion="re-learn the architecture with this fitplan (fitplan learn-architecture)")

@@ -4,7 +4,7 @@ At the LM head's call site the sequence classifier (transformers ``GenericForSeq
 transformers/modeling_layers.py) runs ``score`` (``nn.Linear(hidden, 1, bias=False)``) on every position, pools
 the scores at each sequence's last non-pad token, and ``RewardTrainer.compute_loss`` (trl/trainer/
 reward_trainer.py) takes ``-logsigmoid(chosen - rejected).mean()``. ``score`` is emitted as every Linear call
-site (builtin/kernels.py ``linear``: the GEMM saves the final hidden state and the weight; under autocast
+site (trace/kernels.py ``linear``: the GEMM saves the final hidden state and the weight; under autocast
 their 16-bit copies); the pooling and the loss, over ``2b``-element tensors, as one op.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import kernels
-from ..archfile import SCORE
+from fitplan.trace import kernels
+from fitplan.arch.archfile import SCORE
 
 if TYPE_CHECKING:
-    from ..learned_segment import Segment
+    from fitplan.trace.learned_segment import Segment
 
 RULE = {"d": ["self"], "s": [], "p": [0], "o": [1]}
 """The pooling and the loss as one op (``reward.pool``): differentiable in the scores, saving nothing of size

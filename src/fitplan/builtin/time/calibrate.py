@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from fitplan.cli.options import estimate_from, scenario_options
+from fitplan.app.options import estimate_from, scenario_options
 
 
 def add(cli: click.Group) -> None:
@@ -34,7 +34,7 @@ def calibrate(run_log: str, out: str, date: str | None, **options: Any) -> None:
     from fitplan.builtin.time.calibration import calibration_row, calibration_toml
     from fitplan.errors import FitplanError
     from fitplan.inputs.runlogs import read_run_log
-    from fitplan.output.files import write_text
+    from fitplan.files import write_text
     from fitplan.rulesets.loader import check_text
 
     if not out.endswith(".toml"):

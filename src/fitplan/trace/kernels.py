@@ -35,9 +35,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .archexpr import compile_expr
-from .archfile import BYTES
-from .lora_targets import embedding_matches, lora_site_matches
+from fitplan.arch.archexpr import compile_expr
+from fitplan.arch.archfile import BYTES
+from fitplan.trace.lora_targets import embedding_matches, lora_site_matches
 
 HALF = ("bf16", "f16")
 CUDA_OUTPUT_DTYPES = {
@@ -347,7 +347,7 @@ def _linear(inst, x, w, rows: int, in_f: int, out_f: int, rank: int, label: str)
 
 
 linear = _linear
-"""``F.linear`` for a head emitted outside a recorded call site (builtin/trl/score_head.py)."""
+"""``F.linear`` for a head emitted outside a recorded call site (trace/score_head.py)."""
 
 
 def zero3_linear_input(inst, site: dict[str, Any]) -> None:

@@ -54,8 +54,8 @@ from typing import Any
 import attrs
 from attrs import frozen
 
-from fitplan.builtin.archfile import BYTES  # the dtype codes of learned files
-from fitplan.builtin import op_work
+from fitplan.arch.archfile import BYTES  # the dtype codes of learned files
+from fitplan.trace import op_work
 
 PARTS = ("activations", "logits", "autocast_copies", "temporaries")
 """What live bytes above the model states are, at any instant of the replay: tensors saved for backward (or
@@ -168,7 +168,7 @@ class StepTrace:
     """The (other, op_param_grad) frontier of the points after the first parameter gradient: what matters when
     each gradient leaves for a bucket or partition as soon as it is produced (DeepSpeed ZeRO-2/3)."""
     work: tuple[op_work.OpWork, ...] = ()
-    """The micro-step's kernels, phase by phase, for the time model (:func:`fitplan.builtin.op_work.step_work`)."""
+    """The micro-step's kernels, phase by phase, for the time model (:func:`fitplan.trace.op_work.step_work`)."""
     forward_peak_parts: tuple[int, int, int, int] = (0, 0, 0, 0)
     """``forward_peak_bytes`` split into :data:`PARTS` (sums to it)."""
     forward_before_last_layer_parts: tuple[int, int, int, int] = (0, 0, 0, 0)
@@ -234,7 +234,7 @@ class Op:
     bwd_temp: int = 0
     clone_grad: bool = False
     work: Any = None
-    """The kernels the op launches (:class:`fitplan.builtin.op_work.Work`; None: none)."""
+    """The kernels the op launches (:class:`fitplan.trace.op_work.Work`; None: none)."""
     unit: int = -1
     """The decoder layer the op belongs to (-1: outside the layers): the unit gradient checkpointing re-runs."""
     saves_param: bool = False
@@ -411,9 +411,9 @@ class Trace:
 
 TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
-TRACE_MODULES = ("builtin/step_trace.py", "builtin/learned_graph.py", "builtin/learned_segment.py",
-                 "builtin/kernels.py", "builtin/op_work.py", "builtin/archexpr.py", "builtin/archfile.py",
-                 "builtin/lora_targets.py", "builtin/loss_heads.py", "builtin/trl/fused_head.py", "builtin/trl/score_head.py", "inputs/precision.py", "inputs/files.py", "errors.py")
+TRACE_MODULES = ("trace/step_trace.py", "trace/learned_graph.py", "trace/learned_segment.py",
+                 "trace/kernels.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py",
+                 "trace/lora_targets.py", "trace/loss_heads.py", "trace/fused_head.py", "trace/score_head.py", "inputs/precision.py", "inputs/files.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
 KEEP_TRACES = 4000
@@ -428,7 +428,7 @@ def build(spec: TraceSpec) -> StepTrace:
     from pathlib import Path
 
     from fitplan import diskcache
-    from fitplan.builtin.archfile import BUNDLED, user_dirs
+    from fitplan.arch.archfile import BUNDLED, user_dirs
 
     package = Path(__file__).resolve().parent.parent
     key = (TRACE_FORMAT, pickle.dumps(spec, protocol=4),
@@ -448,8 +448,8 @@ def build_afresh(spec: TraceSpec) -> StepTrace:
 
 def record(spec: TraceSpec) -> Trace:
     """The recorded forward of ``spec`` (:class:`.learned_graph.Builder`), not yet finished."""
-    from .archfile import load
-    from .learned_graph import Builder
+    from fitplan.arch.archfile import load
+    from fitplan.trace.learned_graph import Builder
 
     arch = spec.arch
     tr = Trace(spec)
@@ -493,7 +493,7 @@ def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace:
     recording (about half of a trace's time). ``fingerprint``: the code and learned files' (:func:`build`); a kept
     recording serves only while ``archfile.load`` still returns the learned file it was made from (a relearned
     file, ``fitplan learn-architecture``'s verification, clears that cache)."""
-    from .archfile import load
+    from fitplan.arch.archfile import load
 
     with _RECORDINGS_LOCK:
         kept = _RECORDINGS.pop((spec, fingerprint), None)

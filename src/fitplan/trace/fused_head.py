@@ -30,11 +30,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import op_work
-from ..archfile import BYTES
+from fitplan.trace import op_work
+from fitplan.arch.archfile import BYTES
 
 if TYPE_CHECKING:
-    from ..learned_segment import Segment
+    from fitplan.trace.learned_segment import Segment
 
 TOKEN_CHUNK = 4096
 """``TOKEN_CHUNK_SIZE`` (trl/kernels/chunked_logprob.py): rows of the hidden states per tile."""

@@ -13,18 +13,19 @@ from typing import Any
 
 import attrs
 
-from fitplan.inputs.architecture import ModelSpec, spec_from_config
+from fitplan.arch.architecture import ModelSpec, spec_from_config
 
 REFERENCE = "llama-2-7b"
 """The catalog model whose architecture the Llama-shaped models scale (its config, depth and width changed)."""
 
+CATALOG_LADDER = ("llama-3.2-1b", "llama-3.2-3b", "llama-2-7b", "llama-3.1-8b", "llama-2-13b", "qwen2.5-32b",
+                  "llama-2-70b", "qwen2.5-72b", "llama-3.1-405b")
+"""The catalog models the capacity table tries, smallest first (search/capacity.py; its report names them)."""
 
-def llama_config(layers: int, rules=None) -> dict[str, Any]:
-    """The Llama-shaped config of depth ``layers`` (module doc), from ``rules`` (default: the context's)."""
-    if rules is None:
-        from fitplan.context import get_context
 
-        rules = get_context().rulesets
+def llama_config(layers: int, rules) -> dict[str, Any]:
+    """The Llama-shaped config of depth ``layers`` (module doc), from the catalog of ``rules`` (the loaded
+    rulesets: the caller passes them, so that this layer reads no context)."""
     base = dict(rules.models[REFERENCE].config)
     h = 128 * layers
     inter = -(-(8 * h // 3) // 256) * 256
@@ -33,11 +34,11 @@ def llama_config(layers: int, rules=None) -> dict[str, Any]:
             "max_position_embeddings": 4096, "tie_word_embeddings": False}
 
 
-def llama_spec(layers: int, rules=None) -> ModelSpec:
+def llama_spec(layers: int, rules) -> ModelSpec:
     return spec_from_config(llama_config(layers, rules), name=f"llama-shaped-L{layers}")
 
 
-def typical_spec(count: int, rules=None) -> ModelSpec:
+def typical_spec(count: int, rules) -> ModelSpec:
     """``--params N`` alone: the model states from N exactly, activations, logits and the step timeline from
     a typical shape (the Llama-shaped model whose parameter count is nearest to N), family ``approximate``
     (the estimate warns). A config.json (``--model path``) gives the exact shape."""

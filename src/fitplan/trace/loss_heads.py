@@ -52,14 +52,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import op_work
-from .trl.fused_head import RULE as TRL_RULE, run as trl_head
-from .trl.score_head import RULE as REWARD_RULE, run as reward_head
-from .archfile import BYTES
-from .lora_targets import lora_site_matches
+from fitplan.trace import op_work
+from fitplan.trace.fused_head import RULE as TRL_RULE, run as trl_head
+from fitplan.trace.score_head import RULE as REWARD_RULE, run as reward_head
+from fitplan.arch.archfile import BYTES
+from fitplan.trace.lora_targets import lora_site_matches
 
 if TYPE_CHECKING:
-    from .learned_segment import Segment
+    from fitplan.trace.learned_segment import Segment
 
 CHUNKS = 8
 """torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` default."""
@@ -77,8 +77,8 @@ RULES = {
     # torch.compile'd compute_cross_entropy (one AOTAutograd graph per chunk): differentiable in the chunk, whose
     # gradient is a new tensor; saves the chunk, the targets and the per-row max and log-sum-exp (``sv``)
     "torchtune.compiled_cross_entropy": {"d": ["self"], "s": [], "p": [0], "o": [1, 0, 0]},
-    "trl.chunked_logprob": TRL_RULE,  # TRL's fused LM head (builtin/trl/fused_head.py)
-    "reward.pool": REWARD_RULE,  # the reward model's score head (builtin/trl/score_head.py)
+    "trl.chunked_logprob": TRL_RULE,  # TRL's fused LM head (trace/fused_head.py)
+    "reward.pool": REWARD_RULE,  # the reward model's score head (trace/score_head.py)
 }
 
 
@@ -99,13 +99,13 @@ def head_site(seg_inst: "Segment") -> dict[str, Any] | None:
     module = b.af.data.get("output_module") or "lm_head"
     site = next((s for s in seg_inst.seg.get("sites", ()) if s["module"] == module), None)
     if site is None:
-        from ..errors import FitplanError
+        from fitplan.errors import FitplanError
 
         raise FitplanError(f"loss_implementation {b.spec.loss!r} needs the LM head's call site in the learned file",
                            file=str(b.af.path), field="loss_implementation", value=b.spec.loss,
                            suggestion="use loss_implementation = \"hf\", or re-learn the architecture")
     if b.lora and b.spec.loss in ("liger", "cce") and lora_site_matches(module, b.spec.lora_targets, b.af):
-        from ..errors import FitplanError
+        from fitplan.errors import FitplanError
 
         raise FitplanError(f"LoRA on the LM head ({module}) with loss_implementation {b.spec.loss!r}: the fused loss "
                            "reads the head's weight alone (Liger's and Cut CE's patches take lm_head.weight), so the "

@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from .archexpr import compile_expr
-from . import kernels, loss_heads
-from .archfile import FLOAT
+from fitplan.arch.archexpr import compile_expr
+from fitplan.trace import kernels, loss_heads
+from fitplan.arch.archfile import FLOAT
 
 if TYPE_CHECKING:
-    from .learned_graph import Builder
+    from fitplan.trace.learned_graph import Builder
 
 
 class Segment:

@@ -21,7 +21,7 @@ import operator
 import re
 from typing import Any, Callable
 
-from ..errors import FitplanError
+from fitplan.errors import FitplanError
 
 _TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:e[-+]?\d+)?|\d+(?:e[-+]?\d+)?)|([A-Za-z_][A-Za-z_0-9]*)|(\"[^\"]*\"|'[^']*')|"
                     r"(//|\*\*|==|!=|<=|>=|[-+*/%()<>\[\],]))")

@@ -1,6 +1,6 @@
 """The work of one training step, op by op: FLOPs, bytes moved and kernel launches, for the time model.
 
-The step trace (:mod:`fitplan.builtin.step_trace`) replays every aten op of one micro-step, as a learned
+The step trace (:mod:`fitplan.trace.step_trace`) replays every aten op of one micro-step, as a learned
 architecture file records it, with its tensors' sizes and dtypes. Each op also carries a :class:`Work`
 (:func:`aten`, from the op's name and its tensors): the kernels its forward and its backward launch, each
 with its class, the dtype whose FLOP peak applies, its FLOPs and the bytes it reads and writes. When the
@@ -43,7 +43,7 @@ from typing import Any
 
 from attrs import frozen
 
-from fitplan.builtin.archfile import BYTES
+from fitplan.arch.archfile import BYTES
 
 KINDS = ("gemm", "attention", "elementwise", "dequant", "embedding")
 """Op classes: ``gemm`` and ``attention`` are priced on the FLOP peak, the others on memory bandwidth."""
@@ -155,7 +155,7 @@ def _nbytes(ts) -> int:
 
 
 def step_work(tr: Any) -> tuple[OpWork, ...]:
-    """The records of one micro-step from a recorded trace (:class:`fitplan.builtin.step_trace.Trace`):
+    """The records of one micro-step from a recorded trace (:class:`fitplan.trace.step_trace.Trace`):
     forward and backward of every op, × the repetition of its segment; the recomputed forward of the
     checkpointed segments (non-reentrant checkpointing re-runs a layer up to its last op that saves a
     tensor); and the fused form of every elementwise run for ``torch.compile``. Identical records merge."""

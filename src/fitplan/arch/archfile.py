@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import FitplanError
-from .archexpr import ExprError, compile_expr
+from fitplan.errors import FitplanError
+from fitplan.arch.archexpr import ExprError, compile_expr
 
 FORMAT = 1
 BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "bool": 1, "u8": 1, "i8": 1, "f64": 8, "i16": 2, "c64": 8}
@@ -127,7 +127,7 @@ def load(model_type: str) -> "ArchFile":
 
 def unknown_model_type(model_type: str, *, file: str | None = None) -> FitplanError:
     """The error for a ``model_type`` no file describes: which command learns it."""
-    from ..errors import did_you_mean
+    from fitplan.errors import did_you_mean
 
     near = did_you_mean(model_type, known_model_types())
     have_torch = _plugin_installed()

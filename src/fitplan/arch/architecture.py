@@ -169,11 +169,17 @@ def _fp32_param_count(spec: ModelSpec) -> int:
     return sum(g.total for g in spec.param_groups() if g.fp32)
 
 
+def clear_caches() -> None:
+    """Forget the parameter groups and counts computed so far (the architecture files behind them changed)."""
+    for cached in (_param_count, _fp32_param_count, _param_groups):
+        cached.cache_clear()
+
+
 @functools.lru_cache(maxsize=256)
 def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
     if spec.bare_param_count is not None:
         return (ParamGroup("params", (spec.bare_param_count,), "params"),)
-    from fitplan.builtin.archfile import load
+    from fitplan.arch.archfile import load
 
     af = load(spec.model_type)
     env = dict(spec.symbols)
@@ -196,8 +202,8 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
 
 def sequence_classifier(spec: ModelSpec) -> ModelSpec:
     """``spec`` as ``AutoModelForSequenceClassification`` with ``num_labels=1`` loads it (TRL's reward model):
-    the learned file's parameters with ``score`` in place of the LM head (builtin/archfile.py ``SCORE_HEAD``)."""
-    from fitplan.builtin.archfile import SCORE_HEAD
+    the learned file's parameters with ``score`` in place of the LM head (arch/archfile.py ``SCORE_HEAD``)."""
+    from fitplan.arch.archfile import SCORE_HEAD
 
     return attrs.evolve(spec, symbols=tuple(spec.symbols) + ((SCORE_HEAD, True),))
 
@@ -269,7 +275,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
     :raises FitplanError: naming the file and field when a required field is missing or invalid, or when
         no learned file describes the ``model_type`` (with the command that learns it).
     """
-    from fitplan.builtin.archfile import load, unknown_model_type
+    from fitplan.arch.archfile import load, unknown_model_type
 
     if not isinstance(cfg, dict):
         raise FitplanError("a model config must be a JSON object / TOML table", file=file, value=type(cfg).__name__)
@@ -294,7 +300,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
     env = af.symbols(c, file=file)
     std = {}
     for key, expr in af.spec_map.items():
-        from fitplan.builtin.archexpr import compile_expr
+        from fitplan.arch.archexpr import compile_expr
 
         std[key] = compile_expr(expr)(env) if isinstance(expr, str) else expr
     _check_routing(std, af.spec_map, file)

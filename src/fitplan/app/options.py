@@ -174,7 +174,7 @@ def format_option(kind: str, default: str = "table") -> Callable:
 
 def _check_out(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None:
-        from fitplan.output.files import check_target
+        from fitplan.files import check_target
 
         check_target(value)
     return value
@@ -223,7 +223,7 @@ def warn(text: str) -> None:
 def emit(kind: str, report: Any, fmt: str, out: str | None = None, units: str = "GB",
          also: tuple[Any, ...] = ()) -> None:
     """Render ``report`` with format ``fmt`` and write it to ``out`` or stdout. ``also``: more files of the
-    same command (:class:`fitplan.output.files.Batch`), committed together with ``out``: all or none."""
+    same command (:class:`fitplan.files.Batch`), committed together with ``out``: all or none."""
     from fitplan.output.console import options_for
     from fitplan.output.formats import RenderOptions
 
@@ -242,7 +242,7 @@ def emit(kind: str, report: Any, fmt: str, out: str | None = None, units: str = 
             raise OSError(e.errno, e.strerror, "standard output") from None
     if not files and not also:
         return
-    from fitplan.output.files import Batch  # only when writing
+    from fitplan.files import Batch  # only when writing
 
     batch = Batch()
     for path, data in files:
