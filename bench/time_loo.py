@@ -8,8 +8,9 @@ with ``fitplan estimate``: the script checks it on every row).
 
 Fitted (nothing else): per GPU generation the GEMM efficiency; the attention efficiency per attention-kernel
 family (FlashAttention-2's Ampere kernels also run on Ada; Hopper has its own); one memory-bandwidth
-efficiency; one host time per kernel launch. Loss: the mean absolute log error of time (robust to a few
-badly described runs). Each row is then predicted with the factors fitted on the other rows
+efficiency; one host time per kernel launch and per ZeRO-3 fetch. Loss: the mean absolute log error of time
+(robust to a few badly described runs), each source's runs weighing as much in all as another source's
+(:func:`source_weights`). Each row is then predicted with the factors fitted on the other rows
 (leave-one-out): the time error is predicted / measured time − 1.
 
 Writes ``rulesets/throughput/fitted.toml`` (the factors fitted on all rows, and the band: the 10th and 90th
