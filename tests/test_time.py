@@ -224,6 +224,22 @@ def test_inter_node_communication_is_exposed(rdir):
     assert e["train_mfu"] == pytest.approx(0.5 * 0.12 / step)
 
 
+def test_a_ring_across_nodes_uses_every_nic_of_a_node(rdir):
+    # 2 nodes × 8 GPUs, DDP of 1B parameters under bf16-mixed (fp32 gradients, 4e9 B), 154 buckets (test above).
+    # The ring all-reduce sends 2 × 15/16 × 4e9 = 7.5e9 B per GPU. NCCL gives each channel its own NIC and adds the
+    # channels' bandwidths (tuning.cc: busBw = nChannels × bwInter), so the ring crosses the network at the node's
+    # 8 × 16 GB/s = 128 GB/s (under the 200 GB/s of NVLink inside it), not at one GPU's 16 GB/s.
+    # Latency per bucket (Simple): 8.4 µs + 28 NVLink steps × 3.4 µs + 2 network steps × 14.0 µs = 131.6 µs
+    e = est(rdir, params="1B", gpu="testgpu", mfu=0.5, max_seq_length=1000, num_gpus=8, num_nodes=2,
+            precision="bf16-mixed", total_tokens=100_000)
+    assert e["comm_bytes_per_step"] == {"intra": 0, "inter": pytest.approx(7.5e9)}
+    assert e["comm_seconds_per_step"] == pytest.approx(7.5e9 / 128e9 + 154 * 131.6e-6)
+    # one GPU per node keeps one NIC per rank (the test above: 16 GB/s)
+    one = est(rdir, params="1B", gpu="testgpu", mfu=0.5, max_seq_length=1000, num_gpus=1, num_nodes=16,
+              precision="bf16-mixed", total_tokens=100_000)
+    assert one["comm_seconds_per_step"] > 7.5e9 / 16e9
+
+
 def test_zero3_moves_one_and_a_half_times_ddp(rdir):
     # bf16 (DDP: bf16-true; DeepSpeed: its bf16 optimizer, 16-bit weights and gradients), 4 GPUs: P = G = 2e9 B,
     # f = 3/4. DDP 2fG = 3e9; ZeRO-3 2fP + fG = 4.5e9 (1.5×: a bare 1e9-element tensor is not reused within

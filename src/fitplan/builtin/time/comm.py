@@ -122,6 +122,20 @@ def collective_seconds(sent_bytes: float, calls: float, kind: str, ranks: int, i
     return calls * best
 
 
+def ring_network_bandwidth(inter_bps: float, intra_bps: float, ranks: int, instances: int) -> float:
+    """Bus bandwidth of a ring collective across instances: the network's bytes/s per GPU (``inter_bps``) times the
+    ring's ranks per instance, at most the link inside the instance (``intra_bps``). NCCL splits a collective over
+    channels and gives each channel its own NIC (one rail per GPU on DGX-style nodes), and its cost model adds the
+    channels' bandwidths: ``busBw = nChannels * bw`` with ``bw = bwInter`` per channel (NVIDIA/nccl
+    src/graph/tuning.cc, ``ncclTopoTuneModel``). Each ring step therefore crosses the network on all of an
+    instance's NICs at once, so the ring moves at the instance's whole network bandwidth (8 rails of 25 GB/s on a
+    DGX A100: 200 GB/s), not one GPU's share of it. A ring over one-GPU instances keeps one NIC per rank."""
+    per_instance = max(1, ranks // max(1, instances))
+    if per_instance <= 1:
+        return inter_bps
+    return min(intra_bps, inter_bps * per_instance)
+
+
 def window_seconds(v: dict, calls: dict, n: int, tensor_parallel: int, spans: bool, hybrid_nodes: int, gpu_spec,
                    topology) -> float:
     """Seconds of one window's collectives (``v`` bytes and ``calls`` by collective, as ``comm_volumes`` gives
@@ -146,7 +160,8 @@ def window_seconds(v: dict, calls: dict, n: int, tensor_parallel: int, spans: bo
             t += collective_seconds(b["intra"], k, kind, per_node, 1, intra_link, intra_bw, gen)
             t += collective_seconds(b["inter"], k, "all_reduce", hybrid_nodes, hybrid_nodes, intra_link, inter_bw, gen)
         elif b["inter"]:
-            t += collective_seconds(b["inter"], k, kind, n, max(2, instances), intra_link, inter_bw, gen)
+            bus = ring_network_bandwidth(inter_bw, intra_bw, n, max(2, instances))
+            t += collective_seconds(b["inter"], k, kind, n, max(2, instances), intra_link, bus, gen)
         else:
             t += collective_seconds(b["intra"], k, kind, n, 1, intra_link, intra_bw, gen)
     return t
