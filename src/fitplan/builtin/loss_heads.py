@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from . import op_work
 from .trl.fused_head import RULE as TRL_RULE, run as trl_head
 from .trl.score_head import RULE as REWARD_RULE, run as reward_head
+from .trl.logits_head import RULE as LOGITS_LOSS_RULE, run as logits_loss_head
 from .archfile import BYTES
 from .lora_targets import lora_site_matches
 
@@ -66,6 +67,7 @@ RULES = {
     "cce.linear_cross_entropy": {"d": ["self", "weight"], "s": [], "p": [0, 0], "o": [1]},
     "trl.chunked_logprob": TRL_RULE,  # TRL's fused LM head (builtin/trl/fused_head.py)
     "reward.pool": REWARD_RULE,  # the reward model's score head (builtin/trl/score_head.py)
+    "trl.logits_loss": LOGITS_LOSS_RULE,  # ORPO's and CPO's loss over the full logits (builtin/trl/logits_head.py)
 }
 
 
@@ -104,7 +106,8 @@ def head_site(seg_inst: "Segment") -> dict[str, Any] | None:
 def run(seg_inst: "Segment", site: dict[str, Any]) -> None:
     """Emit the replaced head from ``site`` on; sets the epilogue's loss reference."""
     heads = {"chunked": _chunked, "liger": _liger, "cce": _cce, "trl": trl_head, "trl_kto": trl_head,
-             "trl_logp": trl_head, "trl_grpo": trl_head, "reward": reward_head}
+             "trl_logp": trl_head, "trl_grpo": trl_head, "reward": reward_head, "trl_orpo": logits_loss_head,
+             "trl_cpo": logits_loss_head, "trl_cpo_no_nll": logits_loss_head}
     loss = heads[seg_inst.b.spec.loss](seg_inst, site)
     seg_inst.refs[seg_inst.seg["loss"]] = loss
 

@@ -92,7 +92,8 @@ class TraceSpec:
     ``F.linear`` (the rule and its source: ``builtin/sharding/deepspeed.py``, ``zero3_linear_saves_input``)."""
     loss: str = "hf"
     """How the loss head runs: ``hf``, ``chunked``, ``liger``, ``cce``, TRL's fused heads ``trl``, ``trl_kto``,
-    ``trl_logp`` (:mod:`.loss_heads`)."""
+    ``trl_logp``, ORPO's and CPO's loss over the full logits ``trl_orpo``, ``trl_cpo``, ``trl_cpo_no_nll``
+    (:mod:`.loss_heads`)."""
     lora_saved: tuple[str, ...] = ()
     """peft's ``modules_to_save``: these modules' parameters train under LoRA (:mod:`.lora`)."""
     frozen: bool = False
@@ -384,7 +385,7 @@ TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
 TRACE_MODULES = ("builtin/step_trace.py", "builtin/learned_graph.py", "builtin/learned_segment.py",
                  "builtin/kernels.py", "builtin/op_work.py", "builtin/archexpr.py", "builtin/archfile.py",
-                 "builtin/lora_targets.py", "builtin/loss_heads.py", "builtin/trl/fused_head.py", "builtin/trl/score_head.py", "inputs/precision.py", "inputs/files.py", "errors.py")
+                 "builtin/lora_targets.py", "builtin/loss_heads.py", "builtin/trl/fused_head.py", "builtin/trl/score_head.py", "builtin/trl/logits_head.py", "inputs/precision.py", "inputs/files.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
 KEEP_TRACES = 4000
