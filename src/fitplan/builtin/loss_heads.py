@@ -54,6 +54,9 @@ from .lora_targets import lora_site_matches
 if TYPE_CHECKING:
     from .learned_segment import Segment
 
+OWN_LIFETIMES = ("chunked", "trl_orpo", "trl_cpo", "trl_cpo_no_nll")
+"""Heads that replay the model's own ops up to its logits and let the epilogue's tensors go themselves (the model's
+frames are gone before their loss runs); the others hold them until the head's loss is made."""
 CHUNKS = 8
 """torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` default."""
 

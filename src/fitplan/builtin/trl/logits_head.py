@@ -10,9 +10,9 @@ loss as one op (``trl.logits_loss``) whose bytes are worked out here from the so
 
 * the NLL term (ORPO always; CPO when ``cpo_alpha != 0``): ``cross_entropy_loss(all_logits[:b], labels[:b])``
   copies the chosen half's shifted logits (``[..., :-1, :].contiguous()``, ``b·n·V·e``), and
-  ``F.cross_entropy`` runs ``log_softmax`` (its output saved, ``b·n·V·f``; ``f = 4`` under autocast, which
-  casts ``cross_entropy`` to fp32 first: one more ``b·n·V·4`` copy, else ``f = e``) and ``nll_loss`` (saves
-  the int64 targets); the copy and the cast go when the function returns;
+  ``F.cross_entropy`` runs ``log_softmax`` (its output saved, ``b·n·V·e``) and ``nll_loss`` (saves the int64
+  targets); the copy goes when the function returns. Under autocast the loss reads fp32 logits: accelerate
+  converts the model's outputs (:func:`_outputs_to_fp32`);
 * ``get_batch_logps`` (``selective_log_softmax``, trl/trainer/utils.py) over all ``R`` rows of
   ``logits[:, :-1, :]``: on the CPU with fp32 logits ``gather`` (saves the logits: they stay alive to the
   backward) and a loop of ``logsumexp`` per row (one ``n × V`` fp32 temporary at a time); with 16-bit logits a
@@ -28,7 +28,7 @@ row gradients), ``unbind``'s backward stacking the ``R`` row gradients (``G = R�
 (``new_zeros`` and an out-of-place ``scatter_add``, ``G`` each) while the stacked gradient waits: ``3·G`` beside
 the saved logits; with 16-bit logits each row's ``gather`` and ``log_softmax`` backward, then the stack
 (``2·G``); on CUDA the kernel's ``grad_logits`` (``G``). ``slice``'s backward then makes the logits' gradient
-(``L = R·s·V·e``), which waits for the NLL term's: ``nll_loss``'s and ``log_softmax``'s gradients (``b·n·V·f``
+(``L = R·s·V·e``), which waits for the NLL term's: ``nll_loss``'s and ``log_softmax``'s gradients (``b·n·V·e``
 each, with its saved output), the two ``slice`` backwards (``b·s·V·e``, then ``L``) and the sum of the two
 gradients of the logits (``L``): ``3·L`` at that instant. :func:`loss_bytes` lists these instants;
 tests/test_trl_orpo.py checks them against torch running TRL's own functions.
@@ -71,13 +71,12 @@ class LossBytes:
     backward_peak: int
 
 
-def loss_bytes(rows: int, seq: int, vocab: int, e: int, autocast: bool, nll: bool, device: str) -> LossBytes:
+def loss_bytes(rows: int, seq: int, vocab: int, e: int, nll: bool, device: str) -> LossBytes:
     """The instants of the module doc, for ``rows = 2b`` sequences of ``seq`` tokens, logits of ``e`` bytes per
-    element (autocast: the NLL term's ``log_softmax`` runs on an fp32 cast)."""
+    element."""
     b, n = rows // 2, seq - 1
     logits = rows * seq * vocab * e
-    f = 4 if autocast else e
-    ls = b * n * vocab * f if nll else 0
+    ls = b * n * vocab * e if nll else 0
     ints = 8 * rows * seq + 8 * rows * n + rows * n + (8 * b * n if nll else 0)
     g = rows * n * vocab * e
     if device == "cuda":
@@ -87,9 +86,9 @@ def loss_bytes(rows: int, seq: int, vocab: int, e: int, autocast: bool, nll: boo
     else:
         path, kept = "log_softmax", g
     saved = tuple(x for x in (ls, kept, ints) if x)
-    # forward: the NLL term's copy, cast and output; then the log-prob path's kept tensors (CPU ``logsumexp``
+    # forward: the NLL term's copy and output; then the log-prob path's kept tensors (CPU ``logsumexp``
     # allocates no row-sized temporary: measured)
-    fwd = [b * n * vocab * e + (b * n * vocab * 4 if autocast else 0) + ls if nll else 0, ls + kept]
+    fwd = [b * n * vocab * e + ls if nll else 0, ls + kept]
     held = logits if path != "log_softmax" else 0  # the logits, saved until the log-prob path's backward ends
     if path == "logsumexp":
         logp = [held + ls + g + 2 * n * vocab * 4, held + ls + 3 * g]
@@ -109,10 +108,14 @@ def run(seg_inst: "Segment", site: dict[str, Any]):
     logits_from = seg["logits_from"]
     seg_inst.run(first=site["start"], last=logits_from)  # the model's own LM head (LoRA, autocast, soft-capping)
     logits = seg_inst.ref(seg["ops"][logits_from][1][0][1])
+    # the model's forward returns here: what its frames held to the end (the final hidden state) goes
+    seg_inst._deaths([r for r, d in seg.get("die", {}).items() if isinstance(d, int) and d >= logits_from])
+    if b.mixed and logits.dtype != "f32":
+        logits = _outputs_to_fp32(b, logits)
     rows, seq = b.spec.batch, b.spec.seq
     vocab = logits.numel // (rows * seq)
     e = BYTES[logits.dtype]
-    lb = loss_bytes(rows, seq, vocab, e, b.mixed and logits.dtype != "f32", NLL[b.spec.loss], b.spec.device)
+    lb = loss_bytes(rows, seq, vocab, e, NLL[b.spec.loss], b.spec.device)
     prev = tr.kind_default
     tr.kind_default = "logits"
     kept = [tr.new(n, "bool", False, "trl.logits_loss.saved") for n in lb.saved]
@@ -127,6 +130,22 @@ def run(seg_inst: "Segment", site: dict[str, Any]):
         op.bwd_temp = lb.backward_peak - sum(lb.saved) - (logits.nbytes if lb.logits_saved else 0) - logits.nbytes
     op.work = _work(logits.nbytes, NLL[b.spec.loss])
     return loss
+
+
+def _outputs_to_fp32(b, logits):
+    """Under autocast accelerate wraps the model's forward in ``convert_outputs_to_fp32``
+    (accelerate/accelerator.py ``prepare_model``, accelerate/utils/operations.py): the 16-bit logits are copied
+    to fp32 as the forward returns and the copy is what the loss reads; the 16-bit ones go then (nothing saved
+    them: the LM head's GEMM saves its inputs), so they are not held to the end of the forward (``uncached``:
+    not pinned)."""
+    tr = b.tr
+    prev = tr.kind_default
+    tr.kind_default = "logits"
+    out = tr.new(logits.numel, "f32", False, "convert_outputs_to_fp32")
+    tr.kind_default = prev
+    b.emit("_to_copy", [("self", logits)], [out])
+    tr.uncached.add(logits.sid)
+    return out
 
 
 def _work(logits: int, nll: bool) -> op_work.Work:
