@@ -47,14 +47,14 @@ from typing import TYPE_CHECKING, Any
 from . import op_work
 from .trl.fused_head import RULE as TRL_RULE, run as trl_head
 from .trl.score_head import RULE as REWARD_RULE, run as reward_head
-from .trl.logits_head import RULE as LOGITS_LOSS_RULE, run as logits_loss_head
+from .trl.logits_head import HEADS as LOGITS_LOSS_HEADS, RULE as LOGITS_LOSS_RULE, run as logits_loss_head
 from .archfile import BYTES
 from .lora_targets import lora_site_matches
 
 if TYPE_CHECKING:
     from .learned_segment import Segment
 
-OWN_LIFETIMES = ("chunked", "trl_orpo", "trl_cpo", "trl_cpo_no_nll")
+OWN_LIFETIMES = ("chunked", *LOGITS_LOSS_HEADS)
 """Heads that replay the model's own ops up to its logits and let the epilogue's tensors go themselves (the model's
 frames are gone before their loss runs); the others hold them until the head's loss is made."""
 CHUNKS = 8
@@ -109,8 +109,8 @@ def head_site(seg_inst: "Segment") -> dict[str, Any] | None:
 def run(seg_inst: "Segment", site: dict[str, Any]) -> None:
     """Emit the replaced head from ``site`` on; sets the epilogue's loss reference."""
     heads = {"chunked": _chunked, "liger": _liger, "cce": _cce, "trl": trl_head, "trl_kto": trl_head,
-             "trl_logp": trl_head, "trl_grpo": trl_head, "reward": reward_head, "trl_orpo": logits_loss_head,
-             "trl_cpo": logits_loss_head, "trl_cpo_no_nll": logits_loss_head}
+             "trl_logp": trl_head, "trl_grpo": trl_head, "reward": reward_head,
+             **{name: logits_loss_head for name in LOGITS_LOSS_HEADS}}
     loss = heads[seg_inst.b.spec.loss](seg_inst, site)
     seg_inst.refs[seg_inst.seg["loss"]] = loss
 

@@ -92,8 +92,8 @@ class TraceSpec:
     ``F.linear`` (the rule and its source: ``builtin/sharding/deepspeed.py``, ``zero3_linear_saves_input``)."""
     loss: str = "hf"
     """How the loss head runs: ``hf``, ``chunked``, ``liger``, ``cce``, TRL's fused heads ``trl``, ``trl_kto``,
-    ``trl_logp``, ORPO's and CPO's loss over the full logits ``trl_orpo``, ``trl_cpo``, ``trl_cpo_no_nll``
-    (:mod:`.loss_heads`)."""
+    ``trl_logp``, ORPO's and CPO's loss over the full logits ``trl_orpo``, ``trl_cpo``, ``trl_cpo_no_nll`` (and
+    their ``_f32`` twins under autocast) (:mod:`.loss_heads`)."""
     lora_saved: tuple[str, ...] = ()
     """peft's ``modules_to_save``: these modules' parameters train under LoRA (:mod:`.lora`)."""
     frozen: bool = False

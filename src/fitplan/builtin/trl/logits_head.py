@@ -52,6 +52,15 @@ gradient is new (``slice``'s backward)."""
 NLL = {"trl_orpo": True, "trl_cpo": True, "trl_cpo_no_nll": False}
 """Whether the head computes the NLL term: ORPO always, CPO unless ``cpo_alpha == 0`` (then
 ``nll_loss = torch.tensor(0.0)``)."""
+FP32_OUTPUTS = "_f32"
+"""The suffix of a head whose trainer runs under autocast (``bf16``/``fp16``): accelerate converts the model's
+outputs to fp32 (:func:`_outputs_to_fp32`), whatever the weights' dtype."""
+HEADS = tuple(name + suffix for name in NLL for suffix in ("", FP32_OUTPUTS))
+
+
+def has_nll(head: str) -> bool:
+    """Whether ``head`` (one of :data:`HEADS`) computes the NLL term."""
+    return NLL[head.removesuffix(FP32_OUTPUTS)]
 
 
 @attrs.frozen
@@ -110,12 +119,12 @@ def run(seg_inst: "Segment", site: dict[str, Any]):
     logits = seg_inst.ref(seg["ops"][logits_from][1][0][1])
     # the model's forward returns here: what its frames held to the end (the final hidden state) goes
     seg_inst._deaths([r for r, d in seg.get("die", {}).items() if isinstance(d, int) and d >= logits_from])
-    if b.mixed and logits.dtype != "f32":
+    if b.spec.loss.endswith(FP32_OUTPUTS) and logits.dtype != "f32":
         logits = _outputs_to_fp32(b, logits)
     rows, seq = b.spec.batch, b.spec.seq
     vocab = logits.numel // (rows * seq)
     e = BYTES[logits.dtype]
-    lb = loss_bytes(rows, seq, vocab, e, NLL[b.spec.loss], b.spec.device)
+    lb = loss_bytes(rows, seq, vocab, e, has_nll(b.spec.loss), b.spec.device)
     prev = tr.kind_default
     tr.kind_default = "logits"
     kept = [tr.new(n, "bool", False, "trl.logits_loss.saved") for n in lb.saved]
@@ -128,12 +137,12 @@ def run(seg_inst: "Segment", site: dict[str, Any]):
     if op.outs:
         # the point of this op's backward counts what it saved and the logits' new gradient
         op.bwd_temp = lb.backward_peak - sum(lb.saved) - (logits.nbytes if lb.logits_saved else 0) - logits.nbytes
-    op.work = _work(logits.nbytes, NLL[b.spec.loss])
+    op.work = _work(logits.nbytes, has_nll(b.spec.loss))
     return loss
 
 
 def _outputs_to_fp32(b, logits):
-    """Under autocast accelerate wraps the model's forward in ``convert_outputs_to_fp32``
+    """Under autocast (``bf16``/``fp16``, over fp32 or 16-bit weights) accelerate wraps the model's forward in ``convert_outputs_to_fp32``
     (accelerate/accelerator.py ``prepare_model``, accelerate/utils/operations.py): the 16-bit logits are copied
     to fp32 as the forward returns and the copy is what the loss reads; the 16-bit ones go then (nothing saved
     them: the LM head's GEMM saves its inputs), so they are not held to the end of the forward (``uncached``:

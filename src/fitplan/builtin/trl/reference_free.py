@@ -21,6 +21,7 @@ CPO config are :func:`check_cpo`'s.
 from __future__ import annotations
 
 from ..activations import trace_for
+from .logits_head import FP32_OUTPUTS
 from ...engine.declarations import reducer
 from ...errors import FitplanError
 from ...pluginmgr.hookspecs import hookimpl
@@ -35,13 +36,16 @@ def _is_reference_free(trainer) -> bool:
     return trainer in REFERENCE_FREE
 
 
-def head(trainer: str, cpo_alpha: float | None, loss_type: str | None) -> str:
+def head(trainer: str, cpo_alpha: float | None, loss_type: str | None, precision: str) -> str:
     """The step trace's loss head (:mod:`.logits_head`): ORPO's; CPO's with or without the NLL term
-    (``cpo_alpha`` default 1.0; ``loss_type="alphapo"`` sets it to 0, ``CPOConfig.__post_init__``)."""
-    if trainer == "orpo":
-        return "trl_orpo"
+    (``cpo_alpha`` default 1.0; ``loss_type="alphapo"`` sets it to 0, ``CPOConfig.__post_init__``); under
+    autocast (``precision``'s preset) the twin that reads accelerate's fp32 copy of the logits."""
+    from fitplan.inputs.precision import PRESETS
+
     alpha = 1.0 if cpo_alpha is None else cpo_alpha
-    return "trl_cpo_no_nll" if loss_type == "alphapo" or alpha == 0 else "trl_cpo"
+    name = "trl_orpo" if trainer == "orpo" else "trl_cpo_no_nll" if loss_type == "alphapo" or alpha == 0 else "trl_cpo"
+    preset = PRESETS.get(precision)
+    return name + (FP32_OUTPUTS if preset is not None and preset.autocast else "")
 
 
 def check_cpo(loss_type: str | None) -> None:
@@ -60,7 +64,8 @@ def _trace(trainer, cpo_alpha, loss_type, arch, b, s, trace_setup, attn_implemen
            lora_target_modules, lora_dropout, device, framework, lora_modules_to_save):
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, 2 * b, s, precision, attn_implementation, ckpt, method, lora_r, lora_target_modules,
-                     lora_dropout, device, framework, adapter, quant, linear_input, head(trainer, cpo_alpha, loss_type),
+                     lora_dropout, device, framework, adapter, quant, linear_input,
+                     head(trainer, cpo_alpha, loss_type, precision),
                      lora_modules_to_save)
 
 
