@@ -9,7 +9,8 @@ loss as one op (``trl.logits_loss``) whose bytes are worked out here from the so
 ``n = s - 1`` shifted positions, ``V`` the vocabulary, ``e`` the logits' bytes per element:
 
 * the NLL term (ORPO always; CPO when ``cpo_alpha != 0``): ``cross_entropy_loss(all_logits[:b], labels[:b])``
-  copies the chosen half's shifted logits (``[..., :-1, :].contiguous()``, ``b·n·V·e``), and
+  copies the chosen half's shifted logits (``[..., :-1, :].contiguous()``, ``b·n·V·e``; no copy when ``b = 1``:
+  that slice of one row is contiguous), and
   ``F.cross_entropy`` runs ``log_softmax`` (its output saved, ``b·n·V·e``) and ``nll_loss`` (saves the int64
   targets); the copy goes when the function returns. Under autocast the loss reads fp32 logits: accelerate
   converts the model's outputs (:func:`_outputs_to_fp32`);
@@ -97,7 +98,8 @@ def loss_bytes(rows: int, seq: int, vocab: int, e: int, nll: bool, device: str) 
     saved = tuple(x for x in (ls, kept, ints) if x)
     # forward: the NLL term's copy and output; then the log-prob path's kept tensors (CPU ``logsumexp``
     # allocates no row-sized temporary: measured)
-    fwd = [b * n * vocab * e + ls if nll else 0, ls + kept]
+    copy = b * n * vocab * e if b > 1 else 0  # one pair: the chosen row's shifted slice is contiguous already
+    fwd = [copy + ls if nll else 0, ls + kept]
     held = logits if path != "log_softmax" else 0  # the logits, saved until the log-prob path's backward ends
     if path == "logsumexp":
         logp = [held + ls + g + 2 * n * vocab * 4, held + ls + 3 * g]
