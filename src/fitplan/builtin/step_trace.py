@@ -239,6 +239,9 @@ class Op:
     saves_param: bool = False
     """The op's node saves a parameter (a frozen weight for its input's gradient): not counted as an activation,
     but packed and unpacked like any saved tensor (a checkpoint's hooks see it)."""
+    releases: tuple[int, ...] = ()
+    """Storages held to the end of the forward (``pinned``) that stop being held here: the model's forward returned
+    before its caller's loss runs (:meth:`Trace.release`)."""
 
 
 class Trace:
@@ -372,6 +375,12 @@ class Trace:
                 live.update(t.sid for t in op.grad_ins if t.sid >= 0)
             elif op.saved and not self.seg_ckpt[op.seg]:
                 op.saved = ()
+
+    def release(self, sids: list[int]) -> None:
+        """From here on ``sids`` are no longer held to the end of the forward: what nothing saved goes now (a
+        ``release`` op; their allocating segments' repetitions are accounted as for any free)."""
+        if sids:  # (they stay in ``pinned``: the replay holds them until this op)
+            self.ops.append(Op("release", self.seg, (), (), (), (), (), unit=self.unit, releases=tuple(sids)))
 
     def touch(self, *ts: T) -> None:
         """The model's Python code still holds ``ts`` here (a recorded lifetime): extends their lifetime,
@@ -530,6 +539,10 @@ def replay(tr: Trace) -> StepTrace:
             DEBUG.append(("forward", op.name, cur))
         for sid in (*op.reads, *op.allocs):
             if last_read.get(sid, -1) <= i and not held(sid):
+                free(sid, seg)
+        for sid in op.releases:
+            pinned.discard(sid)
+            if not held(sid):
                 free(sid, seg)
     forward_peak = peak
     pinned.clear()

@@ -121,8 +121,12 @@ def run(seg_inst: "Segment", site: dict[str, Any]):
     logits = seg_inst.ref(seg["ops"][logits_from][1][0][1])
     # the model's forward returns here: what its frames held to the end (the final hidden state) goes
     seg_inst._deaths([r for r, d in seg.get("die", {}).items() if isinstance(d, int) and d >= logits_from])
-    if b.spec.loss.endswith(FP32_OUTPUTS) and logits.dtype != "f32":
-        logits = _outputs_to_fp32(b, logits)
+    if b.spec.loss.endswith(FP32_OUTPUTS):
+        # autocast's cache goes as accelerate's autocast context exits with the model's forward: the 16-bit weight
+        # copies no backward node saved (all of them under gradient checkpointing) are freed before the loss
+        tr.release([sid for sid in tr.pinned if tr.kind[sid] == "autocast"])
+        if logits.dtype != "f32":
+            logits = _outputs_to_fp32(b, logits)
     rows, seq = b.spec.batch, b.spec.seq
     vocab = logits.numel // (rows * seq)
     e = BYTES[logits.dtype]
