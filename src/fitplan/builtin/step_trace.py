@@ -705,6 +705,22 @@ def replay(tr: Trace) -> StepTrace:
             if not held(sid):
                 free(sid, sg)
 
+    def before_sum(op: Op, incoming: list) -> None:
+        """An op whose backward holds temporaries (``bwd_temp``) returns its gradients before autograd adds them to
+        the gradients already waiting for the same tensors (torch/csrc/autograd/input_buffer.cpp accumulates
+        after the node returns): at its peak its temporaries, the gradients it made and the waiting ones are all
+        alive. :func:`give` sums at once, so that instant is recorded here, when a sum follows (RMSNorm's
+        ``pow`` backward: its two temporaries beside the other branch's gradient of the same input)."""
+        new = 0
+        summed = False
+        for t, kind in zip(op.grad_ins, op.grad_kinds):
+            buf = incoming[kind] if 0 <= kind < len(incoming) else None
+            if buf is None or buf[0] != gbytes(t):
+                new += gbytes(t)
+            summed = summed or t.key in pending
+        if summed:
+            point(op.bwd_temp + new, op.name)
+
     after_head = (0, 0)
     once["on"] = True
     loss = tr.loss
@@ -741,6 +757,8 @@ def replay(tr: Trace) -> StepTrace:
             entered.add(op.unit)
             recompute(seg, op.unit)
         if bufs:
+            if op.bwd_temp > 0:
+                before_sum(op, incoming)
             for t, kind in zip(op.grad_ins, op.grad_kinds):
                 give(t, incoming[kind] if 0 <= kind < len(incoming) else None)
             made = 0
