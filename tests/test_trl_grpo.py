@@ -19,6 +19,8 @@ import pytest
 import fitplan
 from fitplan import FitplanError
 
+from conftest import run_cli, run_json
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "data" / "configs"
 warnings.filterwarnings("ignore", module="transformers")
@@ -343,3 +345,57 @@ def test_cost_without_provider_lists_who_rents_the_gpu():
         bundled = [(name, float(price)) for name, price, _ in pairs if name in best]
         assert bundled and all(price == pytest.approx(best[name], abs=0.005) for name, price in bundled)
         assert min(best, key=best.get) in [name for name, _ in bundled]  # the cheapest bundled one is listed
+
+
+AS_WRITTEN = ("--trainer", "grpo", "--model", "qwen2.5-7b", "--num-generations", "8", "--max-completion-length", "1024",
+             "--use-vllm", "--vllm-mode", "colocate", "--num-gpus", "8", "--gpu", "h100-sxm")
+"""Issue #34's done-when command, exactly as written (no --provider, no --num-examples)."""
+
+
+def _cheapest_h100_sxm_gpu_hour() -> tuple[str, float]:
+    """By hand from the loaded pricing tables (the bundled rulesets/pricing/*.toml and the test plugins'): the
+    least on-demand price per GPU-hour of an instance with h100-sxm GPUs, among USD providers that are not
+    reference tables."""
+    rules = fitplan.estimate(model="qwen2.5-7b", gpu="h100-sxm").rulesets
+    best = None
+    for (provider, _, _), inst in rules.instances.items():
+        p = rules.providers.get(provider)
+        if inst.gpu != "h100-sxm" or p is None or p.reference or p.currency != "USD":
+            continue
+        price = inst.on_demand_per_hour / inst.gpus
+        if best is None or price < best[1]:
+            best = (provider, price)
+    return best
+
+
+def test_done_when_command_exactly_as_written_shows_phases_reserve_time_and_cost():
+    """The text report has the generation and training phases, vLLM's reserve, a round's time split into
+    generation and training, and a cost: without --provider and --num-examples, a round and an hour of rounds
+    at the cheapest bundled on-demand price, stated as such. The JSON's figures by hand: vLLM's reserve is
+    ``gpu_memory_utilization`` (TRL default 0.3) × the GPU's total as torch reports it (81,089 MiB for an H100
+    SXM, rulesets/hardware/nvidia.toml); the round's cost is its seconds × 8 GPUs × the cheapest GPU-hour."""
+    r = run_cli("estimate", *AS_WRITTEN)
+    assert r.returncode == 0, r.stderr
+    phases = next(line for line in r.stdout.splitlines() if line.strip().startswith("phases"))
+    assert "generation" in phases and "backward" in phases and "optimizer_step" in phases
+    vllm_line = next(line for line in r.stdout.splitlines() if line.strip().startswith("vLLM"))
+    assert "colocated, for the whole run" in vllm_line
+    time_line = next(line for line in r.stdout.splitlines() if line.strip().startswith("round time"))
+    assert "generation" in time_line and "training" in time_line
+    cost = next(line for line in r.stdout.splitlines() if line.strip().startswith("round cost"))
+    assert "cheapest bundled on-demand price" in cost and "per hour" in cost
+
+    out = run_json("estimate", *AS_WRITTEN)
+    assert out["vllm"]["reserve_bytes"] == int(0.3 * 81_089 * 2**20)
+    provider, price = _cheapest_h100_sxm_gpu_hour()
+    rs, c = out["round_seconds"], out["round_cost"]
+    assert rs["total"] == pytest.approx(rs["generation"] + rs["scoring"] + rs["training"])
+    assert c["provider"] == provider and c["per_gpu_hour"] == pytest.approx(price)
+    assert c["per_hour"] == pytest.approx(8 * price)
+    assert c["per_round"] == pytest.approx(rs["total"] * 8 * price / 3600)
+
+
+def test_explain_derives_the_round_cost_from_the_round_time():
+    r = run_cli("explain", *AS_WRITTEN, "online_round_cost")
+    assert r.returncode == 0, r.stderr
+    assert "online_round_cost = " in r.stdout and "online_round_seconds = " in r.stdout and "gpu_spec" in r.stdout

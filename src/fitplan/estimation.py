@@ -190,7 +190,7 @@ def check_optimizer(s: sc.Scenario, spec: Any, world: int) -> None:
                            value=s.training.optim)
 
 
-MODELLED_TRAINERS = ("sft", "dpo", "kto", "reward", "grpo", "rloo")
+MODELLED_TRAINERS = ("sft", "dpo", "kto", "orpo", "cpo", "reward", "grpo", "rloo")
 """The TRL trainers whose step the memory and time model computes (docs/trl.md); the others are refused."""
 
 
@@ -218,6 +218,10 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any 
                            max(1, world // s.parallel.tensor_parallel))
     stacks.check_ds_only(stack, {n: getattr(s.parallel, n) for n in stacks.DS_ONLY_FIELDS})
     online_settings(s)  # TRL's GRPO/RLOO config checks
+    if s.trl.trainer == "cpo":
+        from fitplan.builtin.trl.reference_free import check_cpo
+
+        check_cpo(s.trl.loss_type)  # CPOTrainer's own refusals
     check_optimizer(s, optimizer, world)
     if world % s.parallel.tensor_parallel:
         raise FitplanError(f"tensor_parallel ({s.parallel.tensor_parallel}) must divide the number of GPUs ({world})",

@@ -68,10 +68,13 @@ HELP = {
     "tokens_per_second": "Measured throughput of the whole run, overriding the time model.",
     "mfu": "Model FLOPs utilisation (0.4 = 40 %): price the step at this MFU instead of the roofline.",
     "throughput_source": "Use a [[throughput]] ruleset table of measured tokens/s (e.g. seed).",
-    "trainer": "TRL 1.16 trainer: sft (default; the HF Trainer's step) | dpo | kto | reward | grpo | rloo (docs/trl.md).",
+    "trainer": "TRL 1.16 trainer: sft (default; the HF Trainer's step) | dpo | kto | orpo | cpo | reward | grpo | rloo "
+               "(docs/trl.md).",
     "beta": "TRL beta, the KL coefficient (default: the trainer's: DPO/KTO 0.1, GRPO 0.0, RLOO 0.05); 0 drops GRPO's "
             "reference model.",
     "precompute_ref_log_probs": "TRL DPO/KTO: reference log-probabilities computed once before training.",
+    "cpo_alpha": "TRL CPO: weight of the NLL term (default 1.0); 0 skips it.",
+    "loss_type": "TRL CPO: sigmoid (default) | hinge | ipo | simpo | alphapo (sets cpo_alpha 0).",
     "num_generations": "TRL GRPO/RLOO: completions per prompt (default GRPO 8, RLOO 2).",
     "max_completion_length": "TRL GRPO/RLOO: the longest completion in tokens (default 512).",
     "prompt_length": "GRPO/RLOO: the longest prompt in tokens (TRL does not truncate prompts).",

@@ -47,7 +47,7 @@ def _load_line(dtype, precision, bf16, fp16, arch, stack_name) -> str | None:
 
 @quantity("text", type="object", json_key="defaults")
 def assumed_defaults(dtype, precision, bf16, fp16, optim, attn_implementation, arch, stack_name, assumptions,
-                     loss_implementation, trainer, beta, method, precompute_ref_log_probs):
+                     loss_implementation, trainer, beta, method, precompute_ref_log_probs, cpo_alpha, loss_type):
     """The defaults of the pinned stack this estimate assumed (module doc), one phrase each; empty under
     ``--assumptions seed`` (the tutorial chapter's own simplifications apply). TRL's preference trainers
     replace the loss's phrase by theirs (builtin/trl/preference.py ``assumed_lines``)."""
@@ -61,10 +61,12 @@ def assumed_defaults(dtype, precision, bf16, fp16, optim, attn_implementation, a
         out.append(f"optim {optim} (HF default)")
     if attn_implementation == _TRAINING["attn_implementation"]:
         out.append(f"attention {attn_implementation} (HF default)")
-    from fitplan.builtin.trl import preference
+    from fitplan.builtin.trl import preference, reference_free
 
     if trainer in preference.PREFERENCE:
         out += preference.assumed_lines(trainer, beta, method, precompute_ref_log_probs)
+    elif trainer in reference_free.REFERENCE_FREE:
+        out += reference_free.assumed_lines(trainer, beta, cpo_alpha, loss_type)
     elif trainer == "reward":
         out.append("loss RewardTrainer's -logsigmoid(chosen - rejected) on the score head (no LM head, no logits)")
     elif loss_implementation == _TRAINING["loss_implementation"]:

@@ -216,7 +216,7 @@ TRAINING_ARGS_FIELDS = {
 ``deepspeed`` and ``fsdp`` are read too (see :func:`training_args_fields`); every other key is ignored."""
 _TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "auto_find_batch_size", "bf16_full_eval",
              "fp16_full_eval", "use_liger_kernel", "beta", "precompute_ref_log_probs", "sync_ref_model", "loss_type",
-             "loss_weights", "padding_free")
+             "loss_weights", "padding_free", "cpo_alpha")
 
 
 def training_args_fields(path: str | Path, known_optimizers: Any = None,
@@ -339,8 +339,8 @@ def _ta_liger(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> d
 
 
 def _ta_trl(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dict[str, Any]:
-    """A TRL config (``DPOConfig.to_json_string()`` or a hand-written one; docs/trl.md): ``beta`` and
-    ``precompute_ref_log_probs`` -> the ``[trl]`` fields (the trainer itself is said by ``--trainer``: a TRL
+    """A TRL config (``DPOConfig.to_json_string()`` or a hand-written one; docs/trl.md): ``beta``,
+    ``precompute_ref_log_probs``, ``cpo_alpha`` and a single ``loss_type`` -> the ``[trl]`` fields (the trainer itself is said by ``--trainer``: a TRL
     config names no trainer). What TRL 1.16 refuses is refused with its message: ``loss_weights`` of another
     length than ``loss_type`` (trl/trainer/dpo_config.py ``__post_init__``), ``sync_ref_model`` with
     ``precompute_ref_log_probs`` (trl/trainer/dpo_trainer.py ``__init__``); ``padding_free: true`` is warned
@@ -356,6 +356,13 @@ def _ta_trl(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dic
         if not isinstance(pre, bool):
             raise bad("precompute_ref_log_probs", f"precompute_ref_log_probs must be true or false, got {pre!r}")
         out["precompute_ref_log_probs"] = pre
+    alpha = data.get("cpo_alpha")
+    if alpha is not None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
+            raise bad("cpo_alpha", f"cpo_alpha must be a number >= 0, got {alpha!r}")
+        out["cpo_alpha"] = float(alpha)
+    if isinstance(data.get("loss_type"), str):
+        out["loss_type"] = data["loss_type"]  # CPO's (its refusals: builtin/trl/reference_free.py check_cpo)
     types, weights = data.get("loss_type"), data.get("loss_weights")
     types = [types] if isinstance(types, str) else types
     if isinstance(types, list) and isinstance(weights, list) and len(weights) != len(types):

@@ -35,7 +35,7 @@ PADDING = ("pad", "pack", "longest", "group_by_length", "padding_free")
 padded to the longest in each micro-batch (TRL's default; with group_by_length, batches grouped by length),
 padding-free. The last three need the examples' lengths (``dataset_path``)."""
 DEVICES = ("cuda", "cpu")
-TRAINERS = ("sft", "dpo", "kto", "reward", "grpo", "rloo")
+TRAINERS = ("sft", "dpo", "kto", "orpo", "cpo", "reward", "grpo", "rloo")
 """TRL 1.16's trainers fitplan models (docs/trl.md): supervised (SFTTrainer, the plain HF Trainer's step),
 preference (DPO, KTO, reward model) and online RL with generation (GRPO, RLOO)."""
 VLLM_MODES = ("colocate", "server")
@@ -417,6 +417,11 @@ class Trl:
     beta: float | None = field(default=None, validator=_non_negative)
     """The KL coefficient; 0 skips the reference model in GRPO (TRL defaults: DPO/KTO 0.1, GRPO 0.0, RLOO 0.05)."""
     precompute_ref_log_probs: bool = False
+    cpo_alpha: float | None = field(default=None, validator=_non_negative)
+    """CPO: the weight of the NLL term (TRL default 1.0); 0 skips it (and with it its logits' copy and log-softmax)."""
+    loss_type: str | None = None
+    """CPO: ``sigmoid`` (default), ``hinge``, ``ipo``, ``simpo`` or ``alphapo`` (which sets ``cpo_alpha = 0``); the
+    other trainers' ``loss_type`` changes no byte fitplan counts."""
     """DPO/KTO: the reference log-probabilities are computed once before training (no reference forward per step)."""
     num_generations: int | None = field(default=None, validator=_optional_count)
     """GRPO/RLOO: completions sampled per prompt (TRL defaults: GRPO 8, RLOO 2)."""

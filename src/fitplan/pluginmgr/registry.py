@@ -41,6 +41,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.overhead",
     "fitplan.builtin.trl.preference",
     "fitplan.builtin.trl.reward",
+    "fitplan.builtin.trl.reference_free",
     "fitplan.builtin.trl.grpo",
     "fitplan.builtin.time",
     "fitplan.builtin.dataset",
@@ -59,7 +60,7 @@ ESSENTIAL: frozenset[str] = frozenset({
     "fitplan.builtin.activations", "fitplan.builtin.lora", "fitplan.builtin.sharding", "fitplan.builtin.overhead",
     "fitplan.builtin.peak", "fitplan.builtin.time", "fitplan.builtin.dataset", "fitplan.builtin.report", "fitplan.builtin.formats",
     "fitplan.builtin.commands", "fitplan.builtin.trl.preference", "fitplan.builtin.trl.reward",
-    "fitplan.builtin.trl.grpo",
+    "fitplan.builtin.trl.grpo", "fitplan.builtin.trl.reference_free",
 })
 """Built-in plugins that cannot be blocked: the terms of the memory model and of time (the others depend on
 them: sharding orders its reducers after LoRA's, cost prices time), the report, the formats and the commands.

@@ -30,6 +30,13 @@ from fitplan.trace.learned_segment import Segment
 from fitplan.trace.lora_targets import lora_site_matches, parameter_targets
 
 _TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+BACKWARD_TEMPORARIES = {"pow.Tensor_Scalar": ("self", 2)}
+"""Ops whose derivative formula allocates intermediates beside the gradient it returns: ``(input, count)``, that
+many tensors of the input's size and dtype alive with the gradient. The autograd table (derivatives.yaml) says
+what is saved, not what the formula computes. ``pow.Tensor_Scalar``: ``pow_backward`` (torch 2.13,
+torch/csrc/autograd/FunctionsManual.cpp) returns ``grad * (exponent * self.pow(exponent - 1))``, whose two
+temporaries (``self.pow(exponent - 1)`` and its product with the exponent) live until the full expression
+ends: measured, ``x.pow(2)``'s backward holds three ``x``-sized tensors (every RMSNorm's variance)."""
 
 
 def dtype_map(precision: str) -> tuple[str, dict[str, str]]:
@@ -206,8 +213,14 @@ class Builder:
         saved = saved if node else []
         work = op_work.aten(name, named, outs, saved, [t for t, _ in grad_ins], [k for _, k in grad_ins],
                             sum(p.nbytes for p, _ in params), node)
-        tr.emit(label or name, flat_in, outs + clones, saved, grad_ins, params, node,
-                bwd_temp=int(compile_expr(extra["bt"])(self.env)) if node and extra.get("bt") else 0, work=work)
+        temp = int(compile_expr(extra["bt"])(self.env)) if node and extra.get("bt") else 0
+        if node and name in BACKWARD_TEMPORARIES:
+            arg, count = BACKWARD_TEMPORARIES[name]
+            t = named.get(arg)
+            if t is not None and not isinstance(t, list) and t.rg:
+                n = t.nbytes
+                temp += count * (-(-n // tr.spec.block) * tr.spec.block if tr.rounding else n)
+        tr.emit(label or name, flat_in, outs + clones, saved, grad_ins, params, node, bwd_temp=temp, work=work)
 
     def saves(self, rule: dict[str, Any], named: dict[str, Any], outs: list[Any], rnames: list[str],
               label: str) -> tuple[list[Any], list[Any]]:

@@ -120,7 +120,7 @@ class Segment:
                 break
             if head is not None and k == head["start"]:
                 loss_heads.run(self, head)  # the loss implementation's head replaces the recorded one
-                if b.spec.loss not in loss_heads.CHUNKED:
+                if b.spec.loss not in loss_heads.OWN_LIFETIMES:
                     self._deaths([r for r, d in die.items() if isinstance(d, int) and d >= k])
                 break
             if logits_from is not None and k >= logits_from:

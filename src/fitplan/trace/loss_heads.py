@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 from fitplan.trace import op_work
 from fitplan.trace.fused_head import RULE as TRL_RULE, run as trl_head
 from fitplan.trace.score_head import RULE as REWARD_RULE, run as reward_head
+from fitplan.trace.logits_head import HEADS as LOGITS_LOSS_HEADS, RULE as LOGITS_LOSS_RULE, run as logits_loss_head
 from fitplan.arch.archfile import BYTES
 from fitplan.trace.lora_targets import lora_site_matches
 
@@ -65,6 +66,9 @@ CHUNKS = 8
 """torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` default."""
 CHUNKED = ("chunked", "chunked_compiled")
 """The loss implementations whose head runs per chunk of the sequence."""
+OWN_LIFETIMES = (*CHUNKED, *LOGITS_LOSS_HEADS)
+"""Heads that replay the model's own ops up to its logits and let the epilogue's tensors go themselves (the model's
+frames are gone before their loss runs); the others hold them until the head's loss is made."""
 
 RULES = {
     # LigerFusedLinearCrossEntropyFunction: differentiable in the hidden state and the LM head weight; its saved
@@ -79,6 +83,7 @@ RULES = {
     "torchtune.compiled_cross_entropy": {"d": ["self"], "s": [], "p": [0], "o": [1, 0, 0]},
     "trl.chunked_logprob": TRL_RULE,  # TRL's fused LM head (trace/fused_head.py)
     "reward.pool": REWARD_RULE,  # the reward model's score head (trace/score_head.py)
+    "trl.logits_loss": LOGITS_LOSS_RULE,  # ORPO's and CPO's loss over the full logits (trace/logits_head.py)
 }
 
 
@@ -117,7 +122,8 @@ def head_site(seg_inst: "Segment") -> dict[str, Any] | None:
 def run(seg_inst: "Segment", site: dict[str, Any]) -> None:
     """Emit the replaced head from ``site`` on; sets the epilogue's loss reference."""
     heads = {"chunked": _chunked, "chunked_compiled": _chunked, "liger": _liger, "cce": _cce, "trl": trl_head, "trl_kto": trl_head,
-             "trl_logp": trl_head, "trl_grpo": trl_head, "reward": reward_head}
+             "trl_logp": trl_head, "trl_grpo": trl_head, "reward": reward_head,
+             **{name: logits_loss_head for name in LOGITS_LOSS_HEADS}}
     loss = heads[seg_inst.b.spec.loss](seg_inst, site)
     seg_inst.refs[seg_inst.seg["loss"]] = loss
 

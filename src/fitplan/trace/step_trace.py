@@ -94,7 +94,8 @@ class TraceSpec:
     ``F.linear`` (the rule and its source: ``builtin/sharding/deepspeed.py``, ``zero3_linear_saves_input``)."""
     loss: str = "hf"
     """How the loss head runs: ``hf``, ``chunked``, ``liger``, ``cce``, TRL's fused heads ``trl``, ``trl_kto``,
-    ``trl_logp`` (:mod:`.loss_heads`)."""
+    ``trl_logp``, ORPO's and CPO's loss over the full logits ``trl_orpo``, ``trl_cpo``, ``trl_cpo_no_nll`` (and
+    their ``_f32`` twins under autocast) (:mod:`.loss_heads`)."""
     lora_saved: tuple[str, ...] = ()
     """peft's ``modules_to_save``: these modules' parameters train under LoRA (:mod:`.lora`)."""
     frozen: bool = False
@@ -240,6 +241,9 @@ class Op:
     saves_param: bool = False
     """The op's node saves a parameter (a frozen weight for its input's gradient): not counted as an activation,
     but packed and unpacked like any saved tensor (a checkpoint's hooks see it)."""
+    releases: tuple[int, ...] = ()
+    """Storages held to the end of the forward (``pinned``) that stop being held here: the model's forward returned
+    before its caller's loss runs (:meth:`Trace.release`)."""
 
 
 _OP_FIELDS = tuple(f.name for f in attrs.fields(Op))
@@ -401,6 +405,12 @@ class Trace:
             tr.ckpt_keep = {}
         return tr
 
+    def release(self, sids: list[int]) -> None:
+        """From here on ``sids`` are no longer held to the end of the forward: what nothing saved goes now (a
+        ``release`` op; their allocating segments' repetitions are accounted as for any free)."""
+        if sids:  # (they stay in ``pinned``: the replay holds them until this op)
+            self.ops.append(Op("release", self.seg, (), (), (), (), (), unit=self.unit, releases=tuple(sids)))
+
     def touch(self, *ts: T) -> None:
         """The model's Python code still holds ``ts`` here (a recorded lifetime): extends their lifetime,
         records nothing for backward."""
@@ -413,7 +423,7 @@ TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
 TRACE_MODULES = ("trace/step_trace.py", "trace/learned_graph.py", "trace/learned_segment.py",
                  "trace/kernels.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py",
-                 "trace/lora_targets.py", "trace/loss_heads.py", "trace/fused_head.py", "trace/score_head.py", "inputs/precision.py", "inputs/files.py", "errors.py")
+                 "trace/lora_targets.py", "trace/loss_heads.py", "trace/fused_head.py", "trace/score_head.py", "trace/logits_head.py", "inputs/precision.py", "inputs/files.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
 KEEP_TRACES = 4000
@@ -615,6 +625,10 @@ def replay(tr: Trace) -> StepTrace:
         for sid in (*op.reads, *op.allocs):
             if last_read.get(sid, -1) <= i and not held(sid):
                 free(sid, seg)
+        for sid in op.releases:
+            pinned.discard(sid)
+            if not held(sid):
+                free(sid, seg)
     forward_peak = peak
     pinned.clear()
     pinned.update({tr.loss.sid} | tr.leaves)  # the caller holds the loss, autograd the leaves
@@ -776,6 +790,22 @@ def replay(tr: Trace) -> StepTrace:
             if not held(sid):
                 free(sid, sg)
 
+    def before_sum(op: Op, incoming: list) -> None:
+        """An op whose backward holds temporaries (``bwd_temp``) returns its gradients before autograd adds them to
+        the gradients already waiting for the same tensors (torch/csrc/autograd/input_buffer.cpp accumulates
+        after the node returns): at its peak its temporaries, the gradients it made and the waiting ones are all
+        alive. :func:`give` sums at once, so that instant is recorded here, when a sum follows (RMSNorm's
+        ``pow`` backward: its two temporaries beside the other branch's gradient of the same input)."""
+        new = 0
+        summed = False
+        for t, kind in zip(op.grad_ins, op.grad_kinds):
+            buf = incoming[kind] if 0 <= kind < len(incoming) else None
+            if buf is None or buf[0] != gbytes(t):
+                new += gbytes(t)
+            summed = summed or t.key in pending
+        if summed:
+            point(op.bwd_temp + new, op.name)
+
     after_head = (0, 0)
     once["on"] = True
     loss = tr.loss
@@ -812,6 +842,8 @@ def replay(tr: Trace) -> StepTrace:
             entered.add(op.unit)
             recompute(seg, op.unit)
         if bufs:
+            if op.bwd_temp > 0:
+                before_sum(op, incoming)
             for t, kind in zip(op.grad_ins, op.grad_kinds):
                 give(t, incoming[kind] if 0 <= kind < len(incoming) else None)
             made = 0

@@ -160,8 +160,8 @@ def check_supported(estimate) -> None:
     trainer = getattr(getattr(s, "trl", None), "trainer", "sft")
     if trainer != "sft":
         raise FitplanError(f"fitplan validate runs the HF Trainer's step, not TRL's {trainer!r} trainer", field="trainer",
-                           value=trainer, suggestion="TRL's DPO and KTO are measured by fitplan_torch.trl_referee."
-                           "measure_dpo (tests/test_trl_preference.py, docs/trl.md)")
+                           value=trainer, suggestion="TRL's trainers are measured by fitplan_torch.trl_referee (measure_dpo, "
+                           "measure_orpo, measure_reward) and fitplan_torch.grpo (tests/test_trl_*.py, docs/trl.md)")
     loss = getattr(s.training, "loss_implementation", "hf")
     from .loss_heads import check
 

@@ -207,3 +207,43 @@ def measure_reward(config: dict[str, Any], *, method: str = "full", batch: int =
     _instrument(run, phases)
     run.train()
     return phases.steps[-1]
+
+
+def measure_orpo(config: dict[str, Any], *, trainer: str = "orpo", method: str = "full", batch: int = 1, prompt: int = 4,
+                 completion: int = 12, bf16: bool = False, gradient_checkpointing: bool = False, lora_r: int = 8,
+                 lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj"), optim: str = "adamw_torch_fused",
+                 **trl_fields: Any) -> dict[str, int]:
+    """Phase peaks (live bytes) of the second optimizer step of TRL's ``trl.experimental.orpo.ORPOTrainer``
+    (``trainer="cpo"``: ``trl.experimental.cpo.CPOTrainer``, ``trl_fields`` such as ``loss_type`` and
+    ``cpo_alpha`` passed to its config) on the CPU (module doc). No reference model: the phases are ``forward``,
+    ``backward`` and ``optimizer_step``. ``config``: a model's config.json as a dict (weights in its
+    ``torch_dtype``)."""
+    torch = _deps.torch()
+    transformers = _deps.transformers()
+    if trainer == "cpo":
+        from trl.experimental.cpo import CPOConfig as config_class, CPOTrainer as trainer_class
+    else:
+        from trl.experimental.orpo import ORPOConfig as config_class, ORPOTrainer as trainer_class
+
+    cfg = transformers.AutoConfig.for_model(**config)
+    dtype = getattr(torch, str(config.get("torch_dtype", "float32")).removeprefix("torch."))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    peft_config = None
+    if method == "lora":
+        import peft
+
+        peft_config = peft.LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=list(lora_target_modules),
+                                      lora_dropout=0.0, task_type="CAUSAL_LM")
+    phases = _Phases()
+    args = config_class(output_dir="/tmp/fitplan-trl-referee", per_device_train_batch_size=batch, max_steps=2,
+                        use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, max_grad_norm=0.0,
+                        optim=optim, logging_steps=100, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
+                        dataloader_num_workers=0, max_length=prompt + completion, **trl_fields)
+    run = trainer_class(model=model, args=args, processing_class=_tokenizer(cfg.vocab_size),
+                        train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size),
+                        peft_config=peft_config, callbacks=[_callback(phases)])
+    phases.trainer = run
+    _instrument(run, phases)
+    run.train()
+    return phases.steps[-1]

@@ -214,9 +214,33 @@ REDUCERS = (online_phases, vllm_colocated_reserve, vllm_server_gpus)
 """``online_defaults`` is registered by builtin/defaults.py (blocking that plugin removes its target)."""
 
 
+@quantity("USD", type="object")
+def online_round_cost(online_round_seconds, provider, gpu_spec, num_gpus, num_nodes, rulesets):
+    """A GRPO/RLOO round's price when no provider is named: every GPU of the run (``num_gpus × num_nodes``, a vLLM
+    server's included) for the round's seconds (``online_round_seconds["total"]``) at the cheapest bundled
+    on-demand price per GPU-hour for this GPU (:func:`fitplan.rulesets.pricing.gpu_offers`, USD offers first):
+    ``per_hour = GPUs × price``, ``per_round = total × per_hour / 3600``. What it answers: what a round, and an
+    hour of rounds, costs at the least one can pay on demand, before choosing a provider (with ``--provider``
+    the run is priced by its instances instead: None here; it reads no cost quantity, so that blocking the cost
+    plugin leaves it). None without a round time or an offer."""
+    if provider is not None or online_round_seconds is None or gpu_spec is None:
+        return None
+    total = online_round_seconds.get("total")
+    from fitplan.rulesets.pricing import gpu_offers
+
+    offers = gpu_offers(rulesets, gpu_spec.id)
+    if total is None or not offers:
+        return None
+    cheapest, price = next((o for o in offers if o[0].currency == "USD"), offers[0])
+    gpus = num_gpus * num_nodes
+    per_hour = gpus * price
+    return {"per_round": total * per_hour / 3600, "per_hour": per_hour, "currency": cheapest.currency,
+            "provider": cheapest.id, "per_gpu_hour": price, "gpus": gpus}
+
+
 @hookimpl
 def fitplan_register_quantities(register):
-    for q in (*generation.QUANTITIES, *vllm.QUANTITIES, *QUANTITIES):
+    for q in (*generation.QUANTITIES, *vllm.QUANTITIES, *QUANTITIES, online_round_cost):
         register(q)
 
 

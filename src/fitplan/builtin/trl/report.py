@@ -21,7 +21,8 @@ def _settings(o) -> dict[str, Any]:
 
 def online_json(est) -> dict[str, Any] | None:
     """The ``trl`` object: the round's settings, ``phases_bytes``, ``vllm`` (or null), ``round_seconds`` (or
-    null), ``rounds`` and the run's ``generation_seconds`` / ``training_seconds`` (null without a dataset size)."""
+    null), ``rounds``, the run's ``generation_seconds`` / ``training_seconds`` (null without a dataset size) and
+    ``round_cost`` (without ``--provider``: a round at the cheapest bundled price; null otherwise)."""
     v = est.values
     o = v.get("online_settings")
     if o is None:
@@ -31,7 +32,8 @@ def online_json(est) -> dict[str, Any] | None:
     total = v.get("train_seconds")
     return {"settings": _settings(o), "phases_bytes": {k: int(x) for k, x in v["phase_bytes"].items()},
             "vllm": v.get("vllm_memory"), "vllm_sleep_headroom_bytes": v.get("vllm_sleep_headroom"), "round_seconds": rs, "rounds": rounds,
-            "generation_seconds": gen, "training_seconds": None if gen is None or total is None else total - gen}
+            "generation_seconds": gen, "training_seconds": None if gen is None or total is None else total - gen,
+            "round_cost": v.get("online_round_cost")}
 
 
 def _round_line(o) -> str:
@@ -94,7 +96,19 @@ def online_lines(est, units: str) -> list[tuple[str, str]]:
                               + ("" if room >= 0 else " (does NOT fit)")))
     if v.get("online_round_seconds") is not None:
         lines.append(("round time", _time_line(v["online_round_seconds"], v.get("online_rounds"), v)))
+    if v.get("online_round_cost") is not None:
+        lines.append(("round cost", _cost_line(v["online_round_cost"], v.get("gpu_spec"))))
     return lines
+
+
+def _cost_line(c, spec) -> str:
+    """Without ``--provider``: a round and an hour of rounds at the cheapest bundled on-demand GPU-hour, stated as
+    such (builtin/trl/grpo.py ``online_round_cost``)."""
+    cur = c["currency"]
+    name = spec.name if spec is not None else "this GPU"
+    return (f"{c['per_round']:,.4f} {cur} per round, {c['per_hour']:,.2f} {cur} per hour of rounds for "
+            f"{c['gpus']} GPUs at the cheapest bundled on-demand price for {name} ({c['provider']} "
+            f"{c['per_gpu_hour']:,.2f} {cur}/GPU-h); --provider prices a chosen one, --num-examples the run")
 
 
 SECTION = ReportSection("trl", online_json, online_lines, order=25)
