@@ -219,7 +219,7 @@ def check_scenario(s: sc.Scenario, arch: architecture.ModelSpec, optimizer: Any 
     stacks.check_ds_only(stack, {n: getattr(s.parallel, n) for n in stacks.DS_ONLY_FIELDS})
     online_settings(s)  # TRL's GRPO/RLOO config checks
     if s.trl.trainer == "cpo":
-        from fitplan.builtin.trl.reference_free import check_cpo
+        from fitplan.inputs.trl_checks import check_cpo
 
         check_cpo(s.trl.loss_type)  # CPOTrainer's own refusals
     check_optimizer(s, optimizer, world)

@@ -15,7 +15,7 @@ share one step, ``concatenated_forward``, per micro-batch of ``b`` pairs of ``s`
 3. the backward and the optimizer step, as SFT's. No reference model, no no-grad forward.
 
 The phases are SFT's (``forward``, ``backward``, ``optimizer_step``) over ``2b`` sequences. TRL's refusals of a
-CPO config are :func:`check_cpo`'s.
+CPO config are :func:`fitplan.inputs.trl_checks.check_cpo`'s.
 """
 
 from __future__ import annotations
@@ -23,13 +23,10 @@ from __future__ import annotations
 from fitplan.builtin.activations import trace_for
 from fitplan.trace.logits_head import FP32_OUTPUTS
 from fitplan.engine.declarations import reducer
-from fitplan.errors import FitplanError
 from fitplan.pluginmgr.hookspecs import hookimpl
 
 REFERENCE_FREE = ("orpo", "cpo")
 """The preference trainers without a reference model modelled here (docs/trl.md)."""
-CPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "simpo", "alphapo")
-"""``CPOConfig.loss_type``'s choices (trl/experimental/cpo/cpo_config.py)."""
 
 
 def _is_reference_free(trainer) -> bool:
@@ -46,18 +43,6 @@ def head(trainer: str, cpo_alpha: float | None, loss_type: str | None, precision
     name = "trl_orpo" if trainer == "orpo" else "trl_cpo_no_nll" if loss_type == "alphapo" or alpha == 0 else "trl_cpo"
     preset = PRESETS.get(precision)
     return name + (FP32_OUTPUTS if preset is not None and preset.autocast else "")
-
-
-def check_cpo(loss_type: str | None) -> None:
-    """What ``CPOTrainer`` refuses, with its message: ``kto_pair`` (``__init__``) and a loss type it does not
-    know (``cpo_loss`` raises at the first step)."""
-    if loss_type is None or loss_type in CPO_LOSS_TYPES:
-        return
-    if loss_type == "kto_pair":
-        raise FitplanError("Support for kto_pair has been removed in CPOTrainer. Please use KTOTrainer.",
-                           field="loss_type", value=loss_type, suggestion="--trainer kto")
-    raise FitplanError(f"Unknown loss type: {loss_type}. Should be one of ['sigmoid', 'hinge', 'ipo', 'simpo']",
-                       field="loss_type", value=loss_type, suggestion="one of " + ", ".join(CPO_LOSS_TYPES))
 
 
 def _trace(trainer, cpo_alpha, loss_type, arch, b, s, trace_setup, attn_implementation, ckpt, method, lora_r,
