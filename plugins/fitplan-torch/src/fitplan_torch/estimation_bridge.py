@@ -40,11 +40,15 @@ class RunConfig:
     """The sharding implementation fitplan modelled (``deepspeed``, ``fsdp1``, ``fsdp2``, ``torch``, ``ddp``, ``none``)."""
     ds_config: dict[str, Any] = attrs.Factory(dict)
     """DeepSpeed: the ds_config fitplan modelled (its "auto" values resolved)."""
+    ds_config_raw: dict[str, Any] = attrs.Factory(dict)
+    """DeepSpeed through the HF Trainer (``driver="trainer"``): the user's ds_config as given, "auto" values and
+    all, for ``TrainingArguments(deepspeed=...)`` to fill (:mod:`.trainer_ds`); empty: :attr:`ds_config`."""
     loss_implementation: str = "hf"
     """How the loss head runs (:mod:`.loss_heads`): ``hf`` or ``chunked``."""
     driver: str = "accelerate"
     """accelerate FSDP: ``accelerate`` (``Accelerator.prepare`` and a bare step, :mod:`.accel_fsdp`) or ``trainer``
-    (``Trainer.train()``, :mod:`.trainer_fsdp`)."""
+    (``Trainer.train()``, :mod:`.trainer_fsdp`); DeepSpeed: ``accelerate`` (``deepspeed.initialize`` driven
+    directly, :mod:`.ds_stack`) or ``trainer`` (``Trainer.train()`` with ``deepspeed=``, :mod:`.trainer_ds`)."""
     use_orig_params: bool = True
     """FSDP1's ``use_orig_params`` (the Trainer's default True)."""
     fsdp1_strategy: str = ""
@@ -75,7 +79,7 @@ def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
         memtracker=bool(options.get("memtracker", True)), accumulation=s.training.gradient_accumulation_steps,
         stack=str(estimate["stack_name"]), ds_config=ds_config(estimate) if estimate["stack_name"] == "deepspeed" else {},
         loss_implementation=getattr(s.training, "loss_implementation", "hf"),
-        driver=str(options.get("driver") or "accelerate"), use_orig_params=bool(options.get("use_orig_params", True)),
+        ds_config_raw=dict(options.get("ds_config") or {}), driver=str(options.get("driver") or "accelerate"), use_orig_params=bool(options.get("use_orig_params", True)),
         fsdp1_strategy=str(options.get("fsdp1_strategy") or getattr(s.parallel, "fsdp_sharding_strategy", None) or ""),
     )
 
