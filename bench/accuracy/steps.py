@@ -1,12 +1,14 @@
 """fitplan's step peak against the referee's highest optimizer step on the sharded stacks (issue #31).
 
-Each case runs on 2 gloo ranks on the CPU (tiny Llama, 2 x 32 tokens, ``adamw_torch_fused``): accelerate FSDP1 /
+Each case runs on 2 (or 4) gloo ranks on the CPU (tiny Llama, 2 x 32 tokens, ``adamw_torch_fused``): accelerate FSDP1 /
 FSDP2 through the real ``Trainer.train()`` (``driver=trainer``, fitplan_torch/trainer_fsdp.py) or through
-``Accelerator.prepare`` and a bare step (``driver=accelerate``), DeepSpeed driven directly (fitplan_torch/ds_stack.py).
+``Accelerator.prepare`` and a bare step (``driver=accelerate``), DeepSpeed driven directly (fitplan_torch/ds_stack.py)
+or through ``Trainer.train()`` with ``deepspeed=<ds_config>`` ("Trainer DeepSpeed" cases, fitplan_torch/trainer_ds.py:
+fitplan reads the same ds_config and TrainingArguments as ``--deepspeed`` / ``--training-args`` files).
 The referee runs at least four optimizer steps and reports every step's peak. Prints a Markdown table for
 docs/accuracy-stacks.md ("Several steps")::
 
-    python bench/accuracy/steps.py                 # every case (about 15 minutes on 2 busy cores)
+    python bench/accuracy/steps.py                 # every case (about 50 minutes on 2 busy cores)
     python bench/accuracy/steps.py f1_sgo_env ds2  # some
 """
 
@@ -74,6 +76,12 @@ def ds_case(label: str, stage: int, zero: dict, *, bf16: bool = True, ckpt: bool
 
 
 CASES.update({
+    "f1_bf16_4": ("Trainer FSDP1 full_shard bf16, 4 ranks",
+                  dict(fsdp="full_shard", stack="fsdp1", precision="bf16-mixed", num_gpus=4), dict(T, max_real_ranks=4)),
+    "f2_bf16_4": ("Trainer FSDP2 full_shard bf16, 4 ranks",
+                  dict(fsdp="full_shard", stack="fsdp2", precision="bf16-mixed", num_gpus=4), dict(T, max_real_ranks=4)),
+    "f2_fp32_4": ("Trainer FSDP2 full_shard fp32, 4 ranks",
+                  dict(fsdp="full_shard", stack="fsdp2", precision="32-true", num_gpus=4), dict(T, max_real_ranks=4)),
     "tds1_auto": ds_case("Trainer DeepSpeed ZeRO-1 bf16, auto buckets", 1, AUTO_ZERO),
     "tds2_auto": ds_case("Trainer DeepSpeed ZeRO-2 bf16, auto buckets", 2, AUTO_ZERO),
     "tds3_auto": ds_case("Trainer DeepSpeed ZeRO-3 bf16, auto buckets", 3, AUTO_ZERO3),
@@ -115,7 +123,7 @@ def run(name: str) -> dict:
         est = estimate_from_files(fields["ds"], fields["ta"], num_gpus=fields["num_gpus"])
         options = dict(options, ds_config=fields["ds"], max_real_ranks=fields["num_gpus"])
     else:
-        est = fitplan.estimate(**BASE, **fields)
+        est = fitplan.estimate(**{**BASE, **fields})
     r = fitplan_torch.validate(est, mode="cpu", **options)
     m, peak = r["measured"], r["components"]["peak"]
     return {"case": name, "label": label, "measured": peak["measured"], "components": {
