@@ -57,6 +57,23 @@ pytest.importorskip("transformers")
 ACCELERATE = importlib.util.find_spec("accelerate") is None
 
 
+def test_validate_hands_the_users_ds_config_to_the_trainer_driver(tmp_path):
+    # `fitplan validate --driver trainer` passes the ds_config as written ("auto" kept, for TrainingArguments to fill):
+    # from --deepspeed, or from --training-args' deepspeed key (a path relative to that file, or inline)
+    import json
+
+    from fitplan.cli.commands.validate import user_ds_config
+
+    ds = {"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}, "bf16": {"enabled": "auto"}}
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    (tmp_path / "args.json").write_text(json.dumps({"bf16": True, "deepspeed": "ds.json"}))
+    (tmp_path / "inline.json").write_text(json.dumps({"bf16": True, "deepspeed": ds}))
+    assert user_ds_config({"deepspeed": str(tmp_path / "ds.json")}) == ds
+    assert user_ds_config({"training_args": str(tmp_path / "args.json")}) == ds
+    assert user_ds_config({"training_args": str(tmp_path / "inline.json")}) == ds
+    assert user_ds_config({"deepspeed": None, "training_args": None}) is None
+
+
 def test_gloo_reduce_scatter_clones_its_input_and_the_nccl_stand_in_does_not(tmp_path):
     # the premise of gloo_settle.reduce_scatter_like_nccl, measured on a 1-rank gloo group: torch's
     # reduce_scatter_single on gloo allocates a clone of the whole input (ProcessGroupGloo.cpp
