@@ -97,7 +97,11 @@ def _trainer_class(counter, record: dict[str, Any]):
             counter.set_phase("forward")
             before = counter.current
             loss = super().compute_loss(model, inputs, *args, **kwargs)
-            record["retained"] = counter.current - before - loss.numel() * loss.element_size()
+            from .ds_stack import _gathered_bytes
+
+            record["gathered_params"] = _gathered_bytes(model)  # ZeRO-3: parameter memory, not activations
+            record["retained"] = (counter.current - before - loss.numel() * loss.element_size()
+                                  - record["gathered_params"])
             counter.set_phase("backward")
             return loss
 
@@ -183,7 +187,8 @@ def measure_trainer_deepspeed(rc, steps: int = 1) -> dict[str, Any]:
         "parameters": storage_bytes(cats["parameters"]), "master_weights": storage_bytes(cats.get("master_weights", [])),
         "gradients": record.get("gradients", 0), "optimizer_states": storage_bytes(state_tensors),
         "comm_buffers": storage_bytes(cats.get("comm_buffers", [])), "buffers": storage_bytes(engine.module.buffers()),
-        "inputs": 2 * rc.batch * rc.seq * 8, "retained": record.get("retained", 0), "gathered_params": 0,
+        "inputs": 2 * rc.batch * rc.seq * 8, "retained": record.get("retained", 0),
+        "gathered_params": record.get("gathered_params", 0),
         "peak": best["peak"], "peak_phase": best["peak_phase"], "phase_peaks": best["phase_peaks"],
         "start": best["start"], "step_peaks": peaks, "peak_step": peaks.index(best["peak"]) + 1, "step_seconds": 0.0,
         "wrapper": type(engine.optimizer).__name__, "driver": "trainer", "host_batch_bytes": record.get("host_batches", 0),
