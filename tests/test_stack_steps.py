@@ -138,6 +138,7 @@ def assert_highest_step_within(r, rel):
 
 def test_trainer_driver_is_refused_outside_accelerate_fsdp_and_deepspeed():
     import fitplan_torch
+
     from fitplan.errors import FitplanError
 
     est = fitplan.estimate(**BASE, precision="bf16-mixed")  # two GPUs and nothing else: plain DDP

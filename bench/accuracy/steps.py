@@ -114,8 +114,9 @@ def estimate_from_files(ds: dict, ta: dict, **flags):
 
 
 def run(name: str) -> dict:
-    import fitplan
     import fitplan_torch
+
+    import fitplan
 
     label, fields, options = CASES[name]
     t0 = time.time()

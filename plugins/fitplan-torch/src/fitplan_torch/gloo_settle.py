@@ -76,7 +76,7 @@ def reduce_scatter_like_nccl() -> None:
         return
 
     @functools.wraps(orig)
-    def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):  # noqa: A002
+    def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
         if async_op or dist.get_backend(group) != "gloo":
             return orig(output, input, op=op, group=group, async_op=async_op)
         dist.all_reduce(input, op=op, group=group)

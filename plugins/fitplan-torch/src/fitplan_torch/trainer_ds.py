@@ -27,6 +27,10 @@ Trainer reuse it (``accelerator_config={"use_configured_state": True}``, trainin
 would turn DeepSpeed off, so its ``is_torch_bf16_gpu_available`` check is answered yes.
 ``zero_force_ds_cpu_optimizer`` is set false under ``offload_optimizer`` unless the config says otherwise, as in
 :mod:`.ds_stack` (``DeepSpeedCPUAdam``'s C++ extension takes minutes to JIT-build).
+
+The live-storage counter runs from before the model is built and skips ``meta`` storages (ZeRO-1/2 keep a meta copy
+of every parameter: runtime/zero/stage_1_and_2.py:485, a size without memory). ``FITPLAN_SNAPSHOT=1`` in the
+environment adds ``snapshots``: per step, what was alive at its peak (:func:`snapshot_summary`).
 """
 
 from __future__ import annotations
@@ -114,16 +118,22 @@ def _trainer_class(counter, record: dict[str, Any]):
 
         def on_step_end(self, args, state, control, **kwargs):
             phases = {k: v for k, v in counter.phase_peaks.items() if k != "setup"}
-            if counter.peak_snapshot:  # FITPLAN_SNAPSHOT=1: what is alive at each step's peak, by creating op
-                agg: dict = {}
-                for b, op, ph in counter.peak_snapshot:
-                    agg[(op, ph, b)] = agg.get((op, ph, b), 0) + 1
-                record.setdefault("snapshots", []).append(sorted(([b * c, b, c, op, ph] for (op, ph, b), c in agg.items()), reverse=True)[:40])
+            if counter.peak_snapshot:
+                record.setdefault("snapshots", []).append(snapshot_summary(counter.peak_snapshot))
             record["steps"].append({"peak": counter.peak, "peak_phase": counter.peak_phase, "phase_peaks": phases,
                                     "start": record["start"]})
             counter.set_phase("between_steps")
 
     return MeasuredTrainer, StepCallback
+
+
+def snapshot_summary(snapshot: list[tuple[int, str, str]], top: int = 40) -> list[list[Any]]:
+    """What was alive at a step's peak (``FITPLAN_SNAPSHOT=1``), grouped: [total bytes, bytes each, count, creating
+    operator, phase it was created in], largest first."""
+    groups: dict[tuple[str, str, int], int] = {}
+    for nbytes, op, phase in snapshot:
+        groups[(op, phase, nbytes)] = groups.get((op, phase, nbytes), 0) + 1
+    return sorted(([b * c, b, c, op, ph] for (op, ph, b), c in groups.items()), reverse=True)[:top]
 
 
 def _instrument_engine(engine, counter, record: dict[str, Any]) -> None:
