@@ -225,6 +225,22 @@ def test_trainer_deepspeed_zero2_fills_auto_values_as_fitplan_does(tmp_path):
     assert_highest_step_within(r, 0.01)
 
 
+@pytest.mark.skipif(DEEPSPEED, reason="deepspeed or accelerate is not installed")
+def test_trainer_deepspeed_zero3_small_explicit_buckets_with_checkpointing(tmp_path):
+    # explicit buckets far below the model (the issue's "small buckets" misses): a 2,000-element IPG bucket,
+    # 1,000-element prefetch, parameters of at most 100 elements persistent (the norms' 64 are); the Trainer's
+    # gradient_checkpointing; fitplan reads the explicit values as written (nothing "auto" to fill here)
+    zero = {"stage": 3, "reduce_bucket_size": 2000, "stage3_prefetch_bucket_size": 1000,
+            "stage3_param_persistence_threshold": 100}
+    r = trainer_ds_run(tmp_path, zero, ckpt=True)
+    m = r["measured"]
+    assert m["wrapper"] == "DeepSpeedZeroOptimizer_Stage3" and m["resolved_ds_config"] == {
+        "reduce_bucket_size": 2000, "stage3_prefetch_bucket_size": 1000, "stage3_param_persistence_threshold": 100}
+    for c in ("parameters", "gradients", "optimizer_states", "master_weights"):
+        assert r["components"][c]["relative_error"] == 0, (c, r["components"][c])
+    assert_highest_step_within(r, 0.01)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
 def test_deepspeed_zero2_auto_buckets_every_step():
     # HF's "auto" reduce_bucket_size is hidden² = 4,096 elements (transformers/integrations/deepspeed.py:232), far

@@ -91,6 +91,8 @@ CASES.update({
     "tds3_ckpt": ds_case("Trainer DeepSpeed ZeRO-3 bf16 checkpointing", 3, AUTO_ZERO3, ckpt=True),
     "tds2_small": ds_case("Trainer DeepSpeed ZeRO-2 bf16, small explicit buckets", 2, SMALL_ZERO),
     "tds3_small": ds_case("Trainer DeepSpeed ZeRO-3 bf16, small explicit buckets", 3, SMALL_ZERO3),
+    "tds3_small_ckpt": ds_case("Trainer DeepSpeed ZeRO-3 bf16, small explicit buckets, checkpointing", 3, SMALL_ZERO3,
+                               ckpt=True),
     "tds2_offload": ds_case("Trainer DeepSpeed ZeRO-2 bf16, optimizer offload", 2, AUTO_ZERO, offload=True),
     "tds3_offload": ds_case("Trainer DeepSpeed ZeRO-3 bf16, optimizer offload", 3, AUTO_ZERO3, offload=True),
     "tds2_4": ds_case("Trainer DeepSpeed ZeRO-2 bf16, 4 ranks", 2, AUTO_ZERO, gpus=4),
