@@ -3,9 +3,8 @@ accelerate's FSDP1 / FSDP2 (fitplan_torch/trainer_fsdp.py) and DeepSpeed (fitpla
 given to ``TrainingArguments(deepspeed=...)`` and to fitplan as ``--deepspeed`` / ``--training-args`` files) through
 the real HF ``Trainer.train()``; fitplan's peak is compared with the highest step (issue #31, docs/accuracy-stacks.md).
 
-The FSDP gloo cases take about 30 s each on 2 quiet cores, 60-120 s on busy ones (two spawned ranks); the DeepSpeed
-Trainer case 90-150 s on busy ones (each rank imports DeepSpeed and loads its shm communication op); skipped
-without accelerate / deepspeed.
+The gloo cases take 30-50 s each on 2 moderately busy cores (load ~5), 90-150 s on very busy ones (two spawned ranks;
+under DeepSpeed each rank imports it and loads its shm communication op); skipped without accelerate / deepspeed.
 """
 
 from __future__ import annotations
