@@ -79,8 +79,9 @@ def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
         memtracker=bool(options.get("memtracker", True)), accumulation=s.training.gradient_accumulation_steps,
         stack=str(estimate["stack_name"]), ds_config=ds_config(estimate) if estimate["stack_name"] == "deepspeed" else {},
         loss_implementation=getattr(s.training, "loss_implementation", "hf"),
-        ds_config_raw=dict(options.get("ds_config") or {}), driver=str(options.get("driver") or "accelerate"), use_orig_params=bool(options.get("use_orig_params", True)),
+        driver=str(options.get("driver") or "accelerate"), use_orig_params=bool(options.get("use_orig_params", True)),
         fsdp1_strategy=str(options.get("fsdp1_strategy") or getattr(s.parallel, "fsdp_sharding_strategy", None) or ""),
+        ds_config_raw=dict(options.get("ds_config") or {}),
     )
 
 
