@@ -14,8 +14,10 @@ does is measured too:
   (integrations/deepspeed.py ``deepspeed_optim_sched``); accelerate's ``_prepare_deepspeed`` then calls
   ``deepspeed.initialize`` (accelerate/accelerator.py);
 * a step is ``accelerator.backward(loss)``, which under DeepSpeed runs ``engine.backward`` and ``engine.step``
-  (accelerate/utils/deepspeed.py ``DeepSpeedEngineWrapper.backward``); the Trainer's ``model.zero_grad()`` and
-  its own clipping are skipped under DeepSpeed (the engine clips: ``gradient_clipping``).
+  (accelerate/utils/deepspeed.py ``DeepSpeedEngineWrapper.backward``; the engine clips: ``gradient_clipping``);
+  the Trainer's clipping then only reads the engine's norm (accelerate/accelerator.py ``clip_grad_norm_``), its
+  ``optimizer.step()`` is a no-op (``DeepSpeedOptimizerWrapper.step``) and ``model.zero_grad()`` is the engine's
+  (``.grad`` set to None: deepspeed/runtime/engine.py ``zero_grad``).
 
 Changes a CPU run needs (:func:`cpu_deepspeed_state`): ``DS_ACCELERATOR=cpu``, DeepSpeed's communication wrapped
 around the gloo group this rank already joined (``deepspeed.init_distributed`` finds it initialised:
