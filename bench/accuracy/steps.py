@@ -1,12 +1,14 @@
 """fitplan's step peak against the referee's highest optimizer step on the sharded stacks (issue #31).
 
-Each case runs on 2 gloo ranks on the CPU (tiny Llama, 2 x 32 tokens, ``adamw_torch_fused``): accelerate FSDP1 /
+Each case runs on 2 (or 4) gloo ranks on the CPU (tiny Llama, 2 x 32 tokens, ``adamw_torch_fused``): accelerate FSDP1 /
 FSDP2 through the real ``Trainer.train()`` (``driver=trainer``, fitplan_torch/trainer_fsdp.py) or through
-``Accelerator.prepare`` and a bare step (``driver=accelerate``), DeepSpeed driven directly (fitplan_torch/ds_stack.py).
+``Accelerator.prepare`` and a bare step (``driver=accelerate``), DeepSpeed driven directly (fitplan_torch/ds_stack.py)
+or through ``Trainer.train()`` with ``deepspeed=<ds_config>`` ("Trainer DeepSpeed" cases, fitplan_torch/trainer_ds.py:
+fitplan reads the same ds_config and TrainingArguments as ``--deepspeed`` / ``--training-args`` files).
 The referee runs at least four optimizer steps and reports every step's peak. Prints a Markdown table for
 docs/accuracy-stacks.md ("Several steps")::
 
-    python bench/accuracy/steps.py                 # every case (about 15 minutes on 2 busy cores)
+    python bench/accuracy/steps.py                 # every case (about 50 minutes on 2 busy cores)
     python bench/accuracy/steps.py f1_sgo_env ds2  # some
 """
 
@@ -51,16 +53,84 @@ CASES: dict[str, tuple[str, dict, dict]] = {
 }
 
 
-def run(name: str) -> dict:
+AUTO_DS = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+           "gradient_clipping": "auto", "bf16": {"enabled": "auto"}}
+"""The top of a ds_config as HF's examples write it: every value the Trainer fills left "auto"."""
+AUTO_ZERO = {"reduce_bucket_size": "auto"}
+AUTO_ZERO3 = {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}
+SMALL_ZERO = {"reduce_bucket_size": 2000, "allgather_bucket_size": 2000}
+SMALL_ZERO3 = {"reduce_bucket_size": 2000, "stage3_prefetch_bucket_size": 1000, "stage3_param_persistence_threshold": 100}
+
+
+def ds_case(label: str, stage: int, zero: dict, *, bf16: bool = True, ckpt: bool = False, gpus: int = 2,
+            offload: bool = False) -> tuple[str, dict, dict]:
+    """A DeepSpeed-through-the-Trainer case: the ds_config (``ds``) and the TrainingArguments (``ta``) fitplan reads
+    through ``--deepspeed`` / ``--training-args`` and the referee hands to ``TrainingArguments``."""
+    z = {"stage": stage, **zero}
+    if offload:
+        z["offload_optimizer"] = {"device": "cpu"}
+    ds = {**AUTO_DS, "zero_optimization": z}
+    ta = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "bf16": bf16, "optim": "adamw_torch_fused",
+          "gradient_checkpointing": ckpt}
+    return label, {"ds": ds, "ta": ta, "num_gpus": gpus}, dict(T)
+
+
+CASES.update({
+    "f1_bf16_4": ("Trainer FSDP1 full_shard bf16, 4 ranks",
+                  dict(fsdp="full_shard", stack="fsdp1", precision="bf16-mixed", num_gpus=4), dict(T, max_real_ranks=4)),
+    "f2_bf16_4": ("Trainer FSDP2 full_shard bf16, 4 ranks",
+                  dict(fsdp="full_shard", stack="fsdp2", precision="bf16-mixed", num_gpus=4), dict(T, max_real_ranks=4)),
+    "f2_fp32_4": ("Trainer FSDP2 full_shard fp32, 4 ranks",
+                  dict(fsdp="full_shard", stack="fsdp2", precision="32-true", num_gpus=4), dict(T, max_real_ranks=4)),
+    "tds1_auto": ds_case("Trainer DeepSpeed ZeRO-1 bf16, auto buckets", 1, AUTO_ZERO),
+    "tds2_auto": ds_case("Trainer DeepSpeed ZeRO-2 bf16, auto buckets", 2, AUTO_ZERO),
+    "tds3_auto": ds_case("Trainer DeepSpeed ZeRO-3 bf16, auto buckets", 3, AUTO_ZERO3),
+    "tds2_fp32": ds_case("Trainer DeepSpeed ZeRO-2 fp32, auto buckets", 2, AUTO_ZERO, bf16=False),
+    "tds3_fp32": ds_case("Trainer DeepSpeed ZeRO-3 fp32, auto buckets", 3, AUTO_ZERO3, bf16=False),
+    "tds2_ckpt": ds_case("Trainer DeepSpeed ZeRO-2 bf16 checkpointing", 2, AUTO_ZERO, ckpt=True),
+    "tds3_ckpt": ds_case("Trainer DeepSpeed ZeRO-3 bf16 checkpointing", 3, AUTO_ZERO3, ckpt=True),
+    "tds2_small": ds_case("Trainer DeepSpeed ZeRO-2 bf16, small explicit buckets", 2, SMALL_ZERO),
+    "tds3_small": ds_case("Trainer DeepSpeed ZeRO-3 bf16, small explicit buckets", 3, SMALL_ZERO3),
+    "tds3_small_ckpt": ds_case("Trainer DeepSpeed ZeRO-3 bf16, small explicit buckets, checkpointing", 3, SMALL_ZERO3,
+                               ckpt=True),
+    "tds2_offload": ds_case("Trainer DeepSpeed ZeRO-2 bf16, optimizer offload", 2, AUTO_ZERO, offload=True),
+    "tds3_offload": ds_case("Trainer DeepSpeed ZeRO-3 bf16, optimizer offload", 3, AUTO_ZERO3, offload=True),
+    "tds2_4": ds_case("Trainer DeepSpeed ZeRO-2 bf16, 4 ranks", 2, AUTO_ZERO, gpus=4),
+    "tds3_4": ds_case("Trainer DeepSpeed ZeRO-3 bf16, 4 ranks", 3, AUTO_ZERO3, gpus=4),
+})
+
+
+def estimate_from_files(ds: dict, ta: dict, **flags):
+    """fitplan's estimate fed the ds_config and TrainingArguments as files (``--deepspeed`` / ``--training-args``)."""
+    import tempfile
+
     import fitplan
+    from fitplan.inputs.sources import from_options
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "ds.json").write_text(json.dumps(ds))
+        (Path(d) / "args.json").write_text(json.dumps(ta))
+        opts = {"deepspeed": str(Path(d) / "ds.json"), "training_args": str(Path(d) / "args.json"), "model": TINY,
+                "max_seq_length": BASE["max_seq_length"], **flags}
+        return fitplan.estimate(from_options(opts).scenario)
+
+
+def run(name: str) -> dict:
     import fitplan_torch
+
+    import fitplan
 
     label, fields, options = CASES[name]
     t0 = time.time()
-    est = fitplan.estimate(**BASE, **fields)
+    if "ds" in fields:
+        est = estimate_from_files(fields["ds"], fields["ta"], num_gpus=fields["num_gpus"])
+        options = dict(options, ds_config=fields["ds"], max_real_ranks=fields["num_gpus"])
+    else:
+        est = fitplan.estimate(**{**BASE, **fields})
     r = fitplan_torch.validate(est, mode="cpu", **options)
     m, peak = r["measured"], r["components"]["peak"]
-    return {"case": name, "label": label, "measured": peak["measured"], "predicted": peak["predicted"],
+    return {"case": name, "label": label, "measured": peak["measured"], "components": {
+                k: v["relative_error"] for k, v in r["components"].items()}, "phase_peaks": m.get("phase_peaks"), "predicted": peak["predicted"],
             "error": peak["relative_error"], "peak_step": m.get("peak_step"), "step_peaks": m.get("step_peaks"),
             "phase": r["peak_phase"], "seconds": round(time.time() - t0)}
 

@@ -135,8 +135,9 @@ def _rank_body(rc: RunConfig, steps: int, fake_tensors: bool, fake_pg: bool = Fa
     device = rc.device
     if rc.stack == "deepspeed":
         from .ds_stack import measure_deepspeed
+        from .trainer_ds import measure_trainer_deepspeed
 
-        out = measure_deepspeed(rc, steps)
+        out = (measure_trainer_deepspeed if rc.driver == "trainer" else measure_deepspeed)(rc, steps)
         out.update(rank=rank, strategy=strategy(rc))
         return out
     if rc.stack in ACCELERATE_FSDP:

@@ -40,13 +40,17 @@ class RunConfig:
     """The sharding implementation fitplan modelled (``deepspeed``, ``fsdp1``, ``fsdp2``, ``torch``, ``ddp``, ``none``)."""
     ds_config: dict[str, Any] = attrs.Factory(dict)
     """DeepSpeed: the ds_config fitplan modelled (its "auto" values resolved)."""
+    ds_config_raw: dict[str, Any] = attrs.Factory(dict)
+    """DeepSpeed through the HF Trainer (``driver="trainer"``): the user's ds_config as given, "auto" values and
+    all, for ``TrainingArguments(deepspeed=...)`` to fill (:mod:`.trainer_ds`); empty: :attr:`ds_config`."""
     loss_implementation: str = "hf"
     """How the loss head runs (:mod:`.loss_heads`): ``hf`` or ``chunked``."""
     optimizer_in_bwd: bool = False
     """torchtune's ``optimizer_in_bwd`` (:mod:`.in_backward`)."""
     driver: str = "accelerate"
     """accelerate FSDP: ``accelerate`` (``Accelerator.prepare`` and a bare step, :mod:`.accel_fsdp`) or ``trainer``
-    (``Trainer.train()``, :mod:`.trainer_fsdp`)."""
+    (``Trainer.train()``, :mod:`.trainer_fsdp`); DeepSpeed: ``accelerate`` (``deepspeed.initialize`` driven
+    directly, :mod:`.ds_stack`) or ``trainer`` (``Trainer.train()`` with ``deepspeed=``, :mod:`.trainer_ds`)."""
     use_orig_params: bool = True
     """FSDP1's ``use_orig_params`` (the Trainer's default True)."""
     fsdp1_strategy: str = ""
@@ -80,6 +84,7 @@ def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
         optimizer_in_bwd=bool(getattr(s.training, "optimizer_in_bwd", False)),
         driver=str(options.get("driver") or "accelerate"), use_orig_params=bool(options.get("use_orig_params", True)),
         fsdp1_strategy=str(options.get("fsdp1_strategy") or getattr(s.parallel, "fsdp_sharding_strategy", None) or ""),
+        ds_config_raw=dict(options.get("ds_config") or {}),
     )
 
 

@@ -55,3 +55,33 @@ def _settled(fn):
 
     call._fitplan_settled = True  # type: ignore[attr-defined]
     return call
+
+
+def reduce_scatter_like_nccl() -> None:
+    """Make gloo's ``reduce_scatter_single`` allocate what NCCL's does: nothing beyond the caller's buffers.
+
+    gloo has no reduce-scatter of its own: ``ProcessGroupGloo::reduce_scatter_tensor_coalesced`` (which
+    ``_reduce_scatter_base`` calls; torch/csrc/distributed/c10d/ProcessGroupGloo.cpp) clones the whole input,
+    all-reduces the clone and copies this rank's chunk out, so the clone (the size of the unsharded gradients of a
+    unit) is alive until the collective returns. ``ProcessGroupNCCL::_reduce_scatter_base`` hands the input and
+    output pointers to ``ncclReduceScatter`` (``reduceScatterSingleImpl``, ProcessGroupNCCL.cpp): no copy. FSDP2
+    (``DefaultReduceScatter``, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) calls
+    ``dist.reduce_scatter_single`` with a ``reduce_scatter_input`` it allocated itself and never reads again, so
+    the stand-in all-reduces that buffer in place and copies this rank's chunk into the output: the same result,
+    NCCL's memory. Blocking calls on gloo only; anything else goes to torch's function."""
+    import torch.distributed as dist
+
+    orig = dist.reduce_scatter_single
+    if getattr(orig, "_fitplan_in_place", False):
+        return
+
+    @functools.wraps(orig)
+    def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if async_op or dist.get_backend(group) != "gloo":
+            return orig(output, input, op=op, group=group, async_op=async_op)
+        dist.all_reduce(input, op=op, group=group)
+        output.copy_(input.view(-1).chunk(dist.get_world_size(group))[dist.get_rank(group)].view_as(output))
+        return None
+
+    reduce_scatter_single._fitplan_in_place = True  # type: ignore[attr-defined]
+    dist.reduce_scatter_single = reduce_scatter_single

@@ -83,11 +83,15 @@ class _LiveBytesImpl:
         self.phase_peaks: dict[str, int] = {}
         self.category: dict[str, int] = {}
         self._orig_resize = None
+        self.skip_meta = False
+        """Ignore ``meta`` storages (a size, no memory); off under FakeTensorMode, whose tensors are all meta."""
 
     def _freed(self, entry, _ref) -> None:
         self.current -= entry[0]
 
     def _add_storage(self, st) -> None:
+        if self.skip_meta and st.device.type == "meta":
+            return
         entry = self._live.get(st)
         if entry is not None:
             n = st.nbytes()

@@ -27,6 +27,8 @@ from fitplan.api import FitplanError
 from . import _deps
 
 MODES = ("auto", "cpu", "fake", "cuda")
+TRAINER_STACKS = ("fsdp1", "fsdp2", "deepspeed")
+"""Stacks ``--driver trainer`` runs through ``Trainer.train()`` (:mod:`.trainer_fsdp`, :mod:`.trainer_ds`)."""
 COMPONENTS = ("parameters", "gradients", "optimizer_states", "activations", "peak")
 PREDICTED = {"parameters": ("row", "weights"), "gradients": ("row", "gradients"),
              "optimizer_states": ("row", "optimizer_states"), "activations": ("role", "saved"), "peak": ("role", "peak")}
@@ -226,10 +228,10 @@ def run_validation(scenario, estimate, options: dict[str, Any]) -> dict[str, Any
                            "reserve), which does not exist on the CPU or under FakeTensorMode",
                            field="--calibrate-out", value=options["calibrate_out"],
                            suggestion="run it on a GPU machine with --mode cuda")
-    if (options.get("driver") or "accelerate") != "accelerate" and estimate["stack_name"] not in ("fsdp1", "fsdp2"):
-        raise FitplanError("--driver trainer runs accelerate's FSDP through the HF Trainer; this scenario's stack is "
-                           f"{estimate['stack_name']}", field="--driver", value=options.get("driver"),
-                           suggestion="add --fsdp full_shard (or shard_grad_op), or leave --driver out")
+    if (options.get("driver") or "accelerate") != "accelerate" and estimate["stack_name"] not in TRAINER_STACKS:
+        raise FitplanError("--driver trainer runs accelerate's FSDP or DeepSpeed through the HF Trainer; this "
+                           f"scenario's stack is {estimate['stack_name']}", field="--driver", value=options.get("driver"),
+                           suggestion="add --fsdp full_shard (or --zero N), or leave --driver out")
     from .estimation_bridge import run_config
 
     cuda_estimate = estimate

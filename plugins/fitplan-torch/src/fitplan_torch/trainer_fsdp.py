@@ -8,6 +8,9 @@ until the next root pre-forward frees it: torch/distributed/fsdp/_runtime_utils.
 clipping at ``max_grad_norm`` (1.0 by default: ``accelerator.clip_grad_norm_``, trainer.py:2781-2787), the
 learning-rate scheduler, the data collator's batches and the loss bookkeeping (``_tr_loss``).
 
+FSDP2's gradient reduce-scatter runs with NCCL's memory, not gloo's (:func:`.gloo_settle.reduce_scatter_like_nccl`:
+gloo clones the whole reduce-scatter input, NCCL does not); FSDP1 keeps gloo's.
+
 The only changes to the Trainer are the ones a CPU run needs, and instruments:
 
 * ``create_accelerator_and_postprocess`` runs the Trainer's own, then switches accelerate's state to FSDP as
@@ -189,6 +192,10 @@ def measure_trainer_fsdp(rc, steps: int = 1) -> dict[str, Any]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # else accelerate resets the thread count on MULTI_CPU
     if rc.stack == "fsdp1" and rc.fsdp1_strategy:
         os.environ["FSDP_SHARDING_STRATEGY"] = rc.fsdp1_strategy.upper()
+    if rc.stack == "fsdp2":
+        from .gloo_settle import reduce_scatter_like_nccl
+
+        reduce_scatter_like_nccl()  # gloo's reduce-scatter clones its input, NCCL's does not (issue #31)
     n = max(steps + 1, TRAINER_STEPS)
     record: dict[str, Any] = {"steps": [], "v1": rc.stack == "fsdp1"}
     plugin_mp: dict[str, Any] = {}

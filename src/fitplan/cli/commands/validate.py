@@ -25,7 +25,8 @@ def add(cli: click.Group) -> None:
 @click.option("--memtracker/--no-memtracker", default=True, show_default=True,
               help="Also measure the peak with torch's MemTracker (per-category breakdown).")
 @click.option("--driver", type=click.Choice(["accelerate", "trainer"]), default="accelerate", show_default=True,
-              help="accelerate FSDP: Accelerator.prepare and a bare step, or the real HF Trainer.train().")
+              help="accelerate FSDP: Accelerator.prepare and a bare step, or the real HF Trainer.train(); DeepSpeed: "
+              "deepspeed.initialize driven directly, or Trainer.train() with the --deepspeed config as given.")
 @click.option("--max-cpu-memory", default=None, help="Refuse real CPU runs whose peak exceeds this (e.g. 16G; "
               "default: a fraction of the available RAM).")
 @format_option("validate")
@@ -41,6 +42,10 @@ def validate(mode: str, steps: int, calibrate_out: str | None, random_seed: int,
         raise FitplanError(f"--steps must be >= 1, got {steps}", field="--steps", value=steps)
     run: dict[str, Any] = {"mode": mode, "steps": steps, "calibrate_out": calibrate_out, "seed": random_seed,
                            "memtracker": memtracker, "driver": driver}
+    if driver == "trainer":
+        ds = user_ds_config(options)
+        if ds:
+            run["ds_config"] = ds  # "auto" values and all: TrainingArguments(deepspeed=...) fills them
     if max_cpu_memory is not None:
         from fitplan.units import parse_count
 
@@ -58,3 +63,22 @@ def validate(mode: str, steps: int, calibrate_out: str | None, random_seed: int,
     if report is None:
         raise FitplanError("the validation plugin returned nothing for this scenario", field="validate")
     emit("validate", report, fmt)
+
+
+def user_ds_config(options: dict[str, Any]) -> dict[str, Any] | None:
+    """The ds_config as the user wrote it: ``--deepspeed FILE``, else the ``deepspeed`` key of ``--training-args``
+    (an inline object or a path relative to that file); None without one."""
+    from pathlib import Path
+
+    from fitplan.inputs.files import read_json
+
+    if options.get("deepspeed"):
+        return read_json(Path(options["deepspeed"]))
+    if not options.get("training_args"):
+        return None
+    ta_path = Path(options["training_args"])
+    ds = read_json(ta_path).get("deepspeed")
+    if isinstance(ds, str):
+        p = Path(ds)
+        return read_json(p if p.is_absolute() else ta_path.parent / p)
+    return ds if isinstance(ds, dict) else None
