@@ -20,8 +20,7 @@ from typing import Any
 
 from ..errors import FitplanError
 from .archexpr import ExprError, compile_expr
-
-FORMAT = 1
+from .archformat import FORMAT, REFORMAT, decode_graphs, decode_header
 BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "bool": 1, "u8": 1, "i8": 1, "f64": 8, "i16": 2, "c64": 8}
 """Bytes per element of each dtype code the learned files use."""
 FLOAT = ("f32", "bf16", "f16", "f64", "c64")
@@ -147,6 +146,20 @@ def _plugin_installed() -> bool:
     return importlib.util.find_spec("fitplan_torch") is not None
 
 
+def check_format(data: Any, path: Path) -> None:
+    """:raises FitplanError: ``data`` (a learned file's JSON) is not a format-:data:`FORMAT` file; format 1 (positional
+    rows) names the command that rewrites it."""
+    got = data.get("format") if isinstance(data, dict) else None
+    if got == FORMAT:
+        return
+    if got == 1:
+        raise FitplanError(f"{path.name} is in format 1 (positional rows), which this fitplan no longer reads",
+                           file=str(path), field="$.format", value=1,
+                           suggestion=f"rewrite it as format {FORMAT}: {REFORMAT} {path}")
+    raise FitplanError(f"architecture file format {got!r} is not {FORMAT}", file=str(path), field="$.format",
+                       value=got, suggestion="re-learn it with this fitplan: fitplan learn-architecture")
+
+
 class ArchFile:
     """A parsed learned architecture file."""
 
@@ -156,9 +169,8 @@ class ArchFile:
             data = read_json(path)
         except (ValueError, RecursionError) as e:
             raise FitplanError(f"cannot read the architecture file: {e}", file=str(path)) from None
-        if data.get("format") != FORMAT:
-            raise FitplanError(f"architecture file format {data.get('format')!r} is not {FORMAT}", file=str(path),
-                               field="$.format", suggestion="re-learn it with this fitplan: fitplan learn-architecture")
+        check_format(data, path)
+        data = decode_header(data, str(path))
         self.data = data
         self.model_type: str = data["model_type"]
         self.learned: dict[str, Any] = data.get("learned", {})
@@ -183,9 +195,11 @@ class ArchFile:
         if self._graphs is None:
             gpath = self.path.with_name(self.path.stem + ".graphs.json")
             try:
-                self._graphs = read_json(gpath)
+                graphs = read_json(gpath)
             except (ValueError, RecursionError) as e:
                 raise FitplanError(f"cannot read the architecture's step graphs: {e}", file=str(gpath)) from None
+            check_format(graphs, gpath)
+            self._graphs = decode_graphs(graphs, str(gpath))
         return self._graphs
 
     @property

@@ -384,7 +384,8 @@ TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
 TRACE_MODULES = ("builtin/step_trace.py", "builtin/learned_graph.py", "builtin/learned_segment.py",
                  "builtin/kernels.py", "builtin/op_work.py", "builtin/archexpr.py", "builtin/archfile.py",
-                 "builtin/lora_targets.py", "builtin/loss_heads.py", "builtin/trl/fused_head.py", "builtin/trl/score_head.py", "inputs/precision.py", "inputs/files.py", "errors.py")
+                 "builtin/archformat.py", "builtin/lora_targets.py", "builtin/loss_heads.py", "builtin/trl/fused_head.py",
+                 "builtin/trl/score_head.py", "inputs/precision.py", "inputs/files.py", "inputs/convert.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
 KEEP_TRACES = 4000

@@ -43,7 +43,7 @@ def _modules() -> tuple[Path, ...]:
     package = Path(__file__).resolve().parent.parent
     return tuple(sorted([*package.joinpath("rulesets").glob("*.py"), *package.joinpath("inputs").glob("*.py"),
                          package / "errors.py", package / "builtin" / "archfile.py",
-                         package / "builtin" / "archexpr.py"]))
+                         package / "builtin" / "archexpr.py", package / "builtin" / "archformat.py"]))
 
 
 def _key(path: Path, data: bytes) -> tuple[int, str, bytes, str]:

@@ -34,4 +34,4 @@ def learn_and_check(cfg: dict[str, Any], target: Path, *, verify: bool = True, t
     else:
         data["verified"] = False  # fitplan's figures from it are approximate (builtin/confidence.py)
         log(f"  not verified (--no-verify): the file is marked so, and estimates with it say so")
-    return files.write(data, target)
+    return files.write(data, target, log=log)  # the per-op diff against the files it replaces
