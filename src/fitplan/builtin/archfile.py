@@ -1,7 +1,7 @@
 """Learned architecture files: what fitplan knows about a Hugging Face ``model_type``, as data.
 
 One JSON file per ``model_type`` (``rulesets/architectures/<model_type>.json``, or the user's
-``$FITPLAN_ARCH_DIR`` / ``~/.cache/fitplan/architectures``, which win), written by
+``$FITPLAN_ARCH_DIR`` / ``architectures`` in fitplan's cache directory, which win), written by
 ``fitplan learn-architecture`` (fitplan-torch) from the model's own implementation; the format is in
 docs/architectures.md. This module reads one: how to turn a ``config.json`` into the symbols the file
 uses (field defaults, aliases, derived values, validity checks, as the transformers config class applies
@@ -34,11 +34,13 @@ if not BUNDLED.is_dir():
 
 def user_dirs() -> list[Path]:
     """Directories searched before the bundled files: ``$FITPLAN_ARCH_DIR`` (``os.pathsep``-separated),
-    then the user cache ``~/.cache/fitplan/architectures`` (``$XDG_CACHE_HOME`` respected), where
-    ``fitplan learn-architecture --install`` writes."""
+    then ``architectures`` in fitplan's cache directory (:func:`fitplan.diskcache.root`: ``$FITPLAN_CACHE_DIR``,
+    else ``~/.cache/fitplan`` with ``$XDG_CACHE_HOME`` respected, ``%LOCALAPPDATA%`` on Windows,
+    ``~/Library/Caches`` on macOS), where ``fitplan learn-architecture --install`` writes."""
+    from fitplan.diskcache import root
+
     out = [Path(p) for p in os.environ.get("FITPLAN_ARCH_DIR", "").split(os.pathsep) if p]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fitplan" / "architectures"
-    out.append(cache)
+    out.append(root() / "architectures")
     return out
 
 
@@ -153,9 +155,8 @@ def check_format(data: Any, path: Path) -> None:
     if got == FORMAT:
         return
     if got == 1:
-        raise FitplanError(f"{path.name} is in format 1 (positional rows), which this fitplan no longer reads",
-                           file=str(path), field="$.format", value=1,
-                           suggestion=f"rewrite it as format {FORMAT}: {REFORMAT} {path}")
+        raise FitplanError(f"format 1 (positional rows), which this fitplan no longer reads: rewrite it as format "
+                           f"{FORMAT} with `{REFORMAT} {path}`", file=str(path), field="$.format", value=1)
     raise FitplanError(f"architecture file format {got!r} is not {FORMAT}", file=str(path), field="$.format",
                        value=got, suggestion="re-learn it with this fitplan: fitplan learn-architecture")
 
