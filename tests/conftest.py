@@ -35,6 +35,82 @@ if os.environ.get("FITPLAN_CI") == "1":
 pytest_plugins = ("dataset_support", "skip_policy")  # the tiny tokenizer (tests/test_dataset_*.py); CI fails a referee skip
 
 
+# --------------------------------------------------------------------------- the fast suite (make check)
+
+REFEREE_LIBS = frozenset({"torch", "transformers", "peft", "trl", "deepspeed", "bitsandbytes", "accelerate",
+                          "datasets"})
+"""A test that ``pytest.importorskip``s one of these (in its body, a helper of its module it calls, or at its
+module's top) runs the referee or its libraries: marked ``referee`` and ``slow``."""
+SLOW = {
+    "tests/test_recommend.py": "searches whole plan spaces: 164 s on 2 cores (issue #26)",
+    "tests/test_demo_env.py": "builds the demo's virtual environment: 41 s",
+    "tests/test_serve_browser.py": "drives Chromium through playwright",
+    "tests/test_optimizer_names.py": "runs every TrainingArguments.optim name's optimizer: about 3.5 min",
+    "tests/test_fault_isolation.py": "a fitplan subprocess per broken plugin entry point",
+    "tests/test_architectures.py::test_bundled_files_have_not_drifted": "reads every bundled file's graphs: 7 s CPU",
+}
+"""Tests ``make check`` leaves out besides the referee's (``make test`` and CI run them all), by node-id prefix,
+each with its reason; every prefix must match a collected test (a stale entry fails the run)."""
+
+
+def _calls_importorskip(node, libs) -> bool:
+    import ast
+
+    for n in ast.walk(node):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "importorskip"
+                and n.args and isinstance(n.args[0], ast.Constant)
+                and str(n.args[0].value).split(".")[0] in libs):
+            return True
+    return False
+
+
+_REFEREE_CACHE: dict[str, tuple[bool, frozenset[str]]] = {}
+
+
+def referee_functions(path: Path) -> tuple[bool, frozenset[str]]:
+    """(the whole module needs a referee library, the module's functions that do, directly or through a
+    module-level helper they call)."""
+    import ast
+
+    key = str(path)
+    if key not in _REFEREE_CACHE:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = any(_calls_importorskip(n, REFEREE_LIBS) for n in tree.body
+                  if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+        funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        needs = {name for name, f in funcs.items() if _calls_importorskip(f, REFEREE_LIBS)}
+        changed = True
+        while changed:  # a test that calls a helper that needs one needs it too
+            called = {name: {c.func.id for c in ast.walk(f) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+                      for name, f in funcs.items()}
+            grown = {name for name, calls in called.items() if calls & needs} | needs
+            changed, needs = grown != needs, grown
+        _REFEREE_CACHE[key] = (top, frozenset(needs))
+    return _REFEREE_CACHE[key]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the referee's tests (``referee``, ``slow``) and :data:`SLOW`'s (``slow``): ``make check`` runs
+    ``-m "not slow"``."""
+    used = set()
+    for item in items:
+        path = Path(str(item.fspath))
+        top, funcs = referee_functions(path) if path.suffix == ".py" else (False, frozenset())
+        name = getattr(item, "originalname", None) or item.name
+        if top or name in funcs:
+            item.add_marker(pytest.mark.referee)
+            item.add_marker(pytest.mark.slow)
+        nodeid = item.nodeid if item.nodeid.startswith("tests/") else "tests/" + item.nodeid
+        for prefix in SLOW:
+            if nodeid == prefix or nodeid.startswith(prefix + "::") or nodeid.startswith(prefix + "["):
+                item.add_marker(pytest.mark.slow)
+                used.add(prefix)
+    files = {Path(str(i.fspath)).name for i in items}
+    stale = [p for p in SLOW if p not in used and p.split("::")[0].rsplit("/", 1)[-1] in files]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py SLOW names tests that do not exist: {', '.join(stale)}")
+
+
 def string_constants(path: Path, *, dict_keys: bool = True) -> list[tuple[int, str]]:
     """A module's string literals with their line numbers, docstrings left out (module, class, function and
     attribute docstrings: string expressions standing alone); ``dict_keys=False`` leaves out the keys of dict

@@ -124,73 +124,132 @@ _SEGMENT_KEYS = ("t", "ops", "args", "die", "out", "sites", "loss", "logits_from
 _OP_KEYS = frozenset(("op", "in", "out"))
 
 
-_CONVERTER: Any = None
-
-
 def converter() -> Any:
-    """fitplan's cattrs converter (:func:`fitplan.inputs.convert.make_converter`: unknown keys are errors) with
-    hooks for the two rows a graphs file has by the hundred thousand (tensors and ops), which check the
-    same things as the generated ones, in a fraction of their time."""
-    global _CONVERTER
-    if _CONVERTER is None:
-        from fitplan.inputs.convert import make_converter
+    """fitplan's cattrs converter (:data:`fitplan.inputs.convert.CONVERTER`: unknown keys are errors) with this
+    module's row hooks registered: hand-written, they check what the generated ones would (the keys, each
+    field's type) without generating code on first use, which a command that reads one file would pay for."""
+    from fitplan.inputs.convert import CONVERTER
 
-        conv = make_converter()
-        conv.register_structure_hook(TensorRow, _structure_tensor)
-        conv.register_structure_hook(OpRow, _structure_op)
-        _CONVERTER = conv
-    return _CONVERTER
-
-
-_TENSOR_KEYS = frozenset(("id", "shape", "dtype", "base"))
+    if not getattr(converter, "ready", False):
+        for cls, checks in _ROW_CHECKS.items():
+            CONVERTER.register_structure_hook(cls, _row_hook(cls, checks))
+        CONVERTER.register_structure_hook(OpRow, _structure_op)
+        converter.ready = True
+    return CONVERTER
 
 
-def _structure_tensor(v: Any, _: Any) -> TensorRow:
-    """A tensor row: exactly ``id``, ``shape`` (a list of size expressions), ``dtype`` and ``base``."""
-    if type(v) is not dict or v.keys() != _TENSOR_KEYS:
-        _row_keys(v, _TENSOR_KEYS, "a tensor")
-    shape, base = v["shape"], v["base"]
-    if type(shape) is not list or not all(type(d) is str for d in shape):
-        raise ValueError(f"a tensor's shape is a list of size expressions, got {shape!r}")
-    if type(v["id"]) is not str or type(v["dtype"]) is not str or not (base is None or type(base) is str):
-        raise ValueError(f"a tensor's id, dtype and base are strings (base may be null), got {v!r}")
-    return TensorRow(v["id"], shape, v["dtype"], base)
+def _str(v: Any) -> bool:
+    return type(v) is str
+
+
+def _opt_str(v: Any) -> bool:
+    return v is None or type(v) is str
+
+
+def _strs(v: Any) -> bool:
+    return type(v) is list and all(type(x) is str for x in v)
+
+
+def _opt_strs(v: Any) -> bool:
+    return v is None or _strs(v)
+
+
+def _bool(v: Any) -> bool:
+    return type(v) is bool
+
+
+_ROW_CHECKS: dict[type, dict[str, Any]] = {
+    ParamRow: {"name": _str, "shape": _strs, "role": _str, "layer_kinds": _opt_strs, "when": _opt_str, "dtype": _str,
+               "linear": _opt_str},
+    BufferRow: {"name": _str, "shape": _strs, "dtype": _str, "per_layer": _bool},
+    TiedRow: {"name": _str, "target": _str, "when": _opt_str},
+    CheckRow: {"expr": _str, "field": _str, "message": _str},
+    TensorRow: {"id": _str, "shape": _strs, "dtype": _str, "base": _opt_str},
+}
+"""Each row's fields and the type each must have (a list of size expressions is a list of strings)."""
+_WORDS = {_str: "a string", _opt_str: "a string or null", _strs: "a list of strings",
+          _opt_strs: "a list of strings or null", _bool: "true or false"}
+
+
+def _row_hook(cls: type, checks: dict[str, Any]):
+    """The structure hook of a row class: exactly its fields (those with a default may be left out), each of the
+    type :data:`_ROW_CHECKS` says."""
+    fields = attrs.fields(cls)
+    allowed = frozenset(f.name for f in fields)
+    required = frozenset(f.name for f in fields if f.default is attrs.NOTHING)
+    what = "a " + cls.__name__.removesuffix("Row").lower()
+    items = tuple(checks.items())
+
+    def hook(v: Any, _: Any) -> Any:
+        if type(v) is not dict or not required <= v.keys() <= allowed:
+            _row_keys(v, required, allowed, what)
+        for k, ok in items:
+            if k in v and not ok(v[k]):
+                raise ValueError(f"{what}'s {k} must be {_WORDS[ok]}, got {v[k]!r}")
+        return cls(**v)
+
+    return hook
 
 
 def _structure_op(v: Any, _: Any) -> OpRow:
     """An op row: ``op``, ``in``, ``out`` and any other key as the op's ``extra``."""
     if type(v) is not dict or not _OP_KEYS <= v.keys():
-        _row_keys(v, _OP_KEYS, "an op")
+        _row_keys(v, _OP_KEYS, None, "an op")
     if type(v["op"]) is not str or type(v["in"]) is not dict or type(v["out"]) is not list:
         raise ValueError(f"an op's op is a name, in an object, out a list; got {v!r}")
     extra = {k: x for k, x in v.items() if k not in _OP_KEYS} if len(v) > 3 else {}
     return OpRow(v["op"], v["in"], v["out"], extra)
 
 
-def _row_keys(v: Any, keys: frozenset[str], what: str) -> None:
-    """:raises ValueError: ``v`` is not an object with ``keys`` (those missing, or unknown, named)."""
+def _row_keys(v: Any, required: frozenset[str], allowed: frozenset[str] | None, what: str) -> None:
+    """:raises ValueError: ``v`` is not an object with the ``required`` keys and no key outside ``allowed``
+    (None: any other key is allowed); those missing, or unknown, are named."""
     if not isinstance(v, dict):
-        raise ValueError(f"{what} is an object with {', '.join(sorted(keys))}, got {v!r}")
-    missing = sorted(keys - v.keys())
+        raise ValueError(f"{what} is an object with {', '.join(sorted(required))}, got {v!r}")
+    missing = sorted(required - v.keys())
     if missing:
         raise KeyError(missing[0])
-    raise ValueError(f"unknown key(s) {', '.join(sorted(v.keys() - keys))} in {what} (allowed: {', '.join(sorted(keys))})")
+    unknown = sorted(v.keys() - (allowed or v.keys()))
+    raise ValueError(f"unknown key(s) {', '.join(unknown)} in {what} (allowed: {', '.join(sorted(allowed or ()))})")
 
 
 def structure(data: Any, cls: Any, file: str, root: str) -> Any:
     """``data`` as ``cls`` through :func:`converter`; any problem is one FitplanError naming the file and the
     ``$.path`` of each error (as :func:`fitplan.inputs.convert.structure` words them)."""
-    from fitplan.errors import FitplanError
-    from fitplan.inputs.convert import error_lines
-
     try:
         return converter().structure(data, cls)
     except Exception as e:  # cattrs raises ExceptionGroups; flatten them
-        lines = error_lines(e, root)
-        if len(lines) == 1:
-            msg, _, where = lines[0].rpartition(" @ ")
-            raise FitplanError(msg, file=file, field=where) from None
-        raise FitplanError(f"{len(lines)} errors in the learned file", file=file, details=lines[:20]) from None
+        raise structure_error(e, file, root) from None
+
+
+def structure_error(e: BaseException, file: str, root: str) -> Exception:
+    """The FitplanError for a structuring error (one line, or the first 20 of several), as
+    :func:`fitplan.inputs.convert.structure` words them: ``message @ $.path``."""
+    from fitplan.errors import FitplanError
+    from fitplan.inputs.convert import error_lines
+
+    lines = error_lines(e, root)
+    if len(lines) == 1:
+        msg, _, where = lines[0].rpartition(" @ ")
+        return FitplanError(msg, file=file, field=where)
+    return FitplanError(f"{len(lines)} errors in the learned file", file=file, details=lines[:20])
+
+
+def structure_rows(data: Any, cls: type, file: str, root: str) -> list[Any]:
+    """A list of rows of ``cls``, each through the converter's hook for ``cls`` (a header's few rows: without
+    the dispatch of ``list[cls]``, which costs a command more than the rows do)."""
+    from fitplan.errors import FitplanError
+
+    if type(data) is not list:
+        raise FitplanError(f"a list of rows, got {type(data).__name__}", file=file, field=root)
+    hook = converter().get_structure_hook(cls)
+    out = []
+    for i, row in enumerate(data):
+        try:
+            out.append(hook(row, cls))
+        except Exception as e:  # noqa: BLE001 - the row's error, named by its path
+            raise structure_error(e, file, f"{root}[{i}]") from None
+    return out
 
 
 # --------------------------------------------------------------------------- in memory -> file
@@ -256,17 +315,17 @@ def decode_header(data: dict[str, Any], file: str) -> dict[str, Any]:
     """The in-memory header of a format-2 header file (rows structured through the cattrs converter)."""
     out = dict(data)
     out["params"] = [[r.name, r.shape, r.role, r.layer_kinds, r.when, r.dtype, *([r.linear] if r.linear else [])]
-                     for r in structure(data.get("params"), list[ParamRow], file=file, root="$.params")]
+                     for r in structure_rows(data.get("params"), ParamRow, file, "$.params")]
     if "buffers" in data:
         out["buffers"] = [[r.name, r.shape, r.dtype, r.per_layer]
-                          for r in structure(data["buffers"], list[BufferRow], file=file, root="$.buffers")]
+                          for r in structure_rows(data["buffers"], BufferRow, file, "$.buffers")]
     if "tied" in data:
         out["tied"] = [[r.name, r.target, r.when]
-                       for r in structure(data["tied"], list[TiedRow], file=file, root="$.tied")]
+                       for r in structure_rows(data["tied"], TiedRow, file, "$.tied")]
     config = dict(data.get("config") or {})
     if "checks" in config:
         config["checks"] = [[r.expr, r.field, r.message] for r in
-                            structure(config["checks"], list[CheckRow], file=file, root="$.config.checks")]
+                            structure_rows(config["checks"], CheckRow, file, "$.config.checks")]
     out["config"] = config
     return out
 
