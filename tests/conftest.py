@@ -48,6 +48,8 @@ SLOW = {
     "tests/test_optimizer_names.py": "runs every TrainingArguments.optim name's optimizer: about 3.5 min",
     "tests/test_fault_isolation.py": "a fitplan subprocess per broken plugin entry point",
     "tests/test_architectures.py::test_bundled_files_have_not_drifted": "reads every bundled file's graphs: 7 s CPU",
+    "tests/test_archformat.py::test_every_bundled_file_is_format_2_as_the_writer_lays_it_out":
+        "reads and lays out again every bundled pair (19 MB of JSON): 8 s CPU",
 }
 """Tests ``make check`` leaves out besides the referee's (``make test`` and CI run them all), by node-id prefix,
 each with its reason; every prefix must match a collected test (a stale entry fails the run)."""
@@ -145,6 +147,28 @@ def run_json(*args: str, **kw) -> dict:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def cli_in_process(capsys):
+    """``fitplan`` run in this process through :func:`fitplan.cli.main` (what ``python -m fitplan`` runs: the exit
+    status, standard output and error, no traceback), without a new interpreter's start and imports: for tests of
+    what a command says and returns. A test of the process itself (the entry point, signals, what an import does
+    at start) keeps :func:`run_cli`."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        from fitplan.cli import main
+
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["fitplan", *args], code, out, err)
+
+    return run
 
 
 @pytest.fixture(scope="module")

@@ -112,6 +112,15 @@ def test_the_converter_rewrites_format_1_and_a_rerun_changes_nothing(tmp_path, c
     assert capsys.readouterr().out.splitlines()[-1].endswith("tinyformat: format 2 already")
 
 
+def test_every_bundled_file_says_format_2_on_its_second_line():
+    # the fast suite's look at the bundled files; the slow test below lays each one out again
+    for path in sorted(BUNDLED.glob("*.json")):
+        if path.stem in ("autograd", "peft", "sequence_classifiers"):
+            continue
+        with path.open(encoding="utf-8") as f:
+            assert [f.readline(), f.readline()] == ["{\n", ' "format": 2,\n'], path
+
+
 def test_every_bundled_file_is_format_2_as_the_writer_lays_it_out():
     # a file relearned by an older learner, or edited by hand, fails here: rerun the converter on it
     reformat = pytest.importorskip("fitplan_torch.learn.reformat")
