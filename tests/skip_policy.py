@@ -8,12 +8,17 @@ words pytest and the tests use: ``pytest.importorskip``'s "could not import 'X'"
 separate virtual environment (``FITPLAN_SKYPILOT_PYTHON``, tests/test_emit_loaders.py), which CI does not build.
 Other skips (a GPU is present, a check that needs a git checkout) are about the machine, not the install,
 and stay skips.
+
+Also under ``FITPLAN_CI=1``: the run fails if the checkout's ``git status`` changed (a test wrote into the
+repository, e.g. into ``tests/data``, instead of ``tmp_path``).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +55,33 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = (f"FITPLAN_CI=1: a referee test may not skip for a missing library ({reason}); "
                            "make install-test installs every one (CONTRIBUTING.md)")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+_STATUS: list[str | None] = []
+
+
+def git_status() -> str | None:
+    """The checkout's ``git status --porcelain`` (untracked files listed one by one), or None outside git."""
+    try:
+        return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                              capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def pytest_sessionstart(session):
+    if ci():
+        _STATUS.append(git_status())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not (ci() and _STATUS and _STATUS[0] is not None):
+        return
+    after = git_status()
+    if after is not None and after != _STATUS[0]:
+        new = sorted(set(after.splitlines()) - set(_STATUS[0].splitlines()))
+        session.config.get_terminal_writer().line(
+            "FITPLAN_CI=1: the tests changed the checkout (they may write only under tmp_path): " + "; ".join(new[:10]),
+            red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -145,3 +145,12 @@ def test_the_learner_prints_the_changed_ops(tmp_path):
         '"out":["t1"],"g":"nnn"}',
         '+    {"op":"addmm","in":{"self":"p:h.{i}.mlp.c_fc.bias","mat1":"t0","mat2":"p:h.{i}.mlp.c_fc.weight"},'
         '"out":["t1"],"g":"nyn"}']
+
+
+def test_a_row_format_2_has_no_field_for_is_refused_naming_the_class_to_extend():
+    # a learner that grows a row (another field on a tensor) must grow format 2 too, not lose the field
+    grown = {**GRAPHS, "segments": {"abc": {**SEGMENT, "t": [[["b"], "bf16", None, 7]]}}}
+    with pytest.raises(ValueError, match="a tensor of 4 fields.*add the new one to TensorRow"):
+        archformat.encode_graphs(grown)
+    with pytest.raises(ValueError, match="format 2 has no field for repeat: add it to SegmentRows"):
+        archformat.encode_graphs({**GRAPHS, "segments": {"abc": {**SEGMENT, "repeat": 2}}})

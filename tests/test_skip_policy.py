@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 pytest_plugins = ("pytester",)
 
@@ -40,3 +42,21 @@ def test_under_ci_a_missing_library_fails_and_skypilot_still_skips(pytester, mon
 def test_outside_ci_every_skip_stays_a_skip(pytester, monkeypatch):
     monkeypatch.delenv("FITPLAN_CI", raising=False)
     _run(pytester).assert_outcomes(skipped=4)
+
+
+def test_under_ci_a_test_that_writes_into_the_checkout_fails_the_run(pytester, monkeypatch):
+    import skip_policy
+
+    if skip_policy.git_status() is None:
+        pytest.skip("not a git checkout")
+    monkeypatch.setenv("FITPLAN_CI", "1")
+    probe = skip_policy.ROOT / "tests" / "data" / "skip-policy-probe.txt"  # removed again below, whatever happens
+    pytester.makeconftest('pytest_plugins = ("skip_policy",)\n')
+    pytester.makepyfile(test_writes=f"def test_writes():\n    open({str(probe)!r}, 'w').write('x')\n")
+    try:
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    finally:
+        probe.unlink(missing_ok=True)
+    result.assert_outcomes(passed=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*FITPLAN_CI=1: the tests changed the checkout*skip-policy-probe.txt*"])

@@ -269,6 +269,9 @@ def encode_header(header: dict[str, Any]) -> dict[str, Any]:
 
 
 def _param_row(p: list[Any]) -> dict[str, Any]:
+    if not 6 <= len(p) <= 7:
+        raise ValueError(f"a parameter entry of {len(p)} fields ({p!r}); format {FORMAT} names 6 or 7: add the new one "
+                         "to ParamRow (src/fitplan/builtin/archformat.py)")
     row = dict(zip(("name", "shape", "role", "layer_kinds", "when", "dtype"), p[:6]))
     if len(p) > 6:
         row["linear"] = p[6]
@@ -286,7 +289,12 @@ def encode_graphs(graphs: dict[str, Any]) -> dict[str, Any]:
 def _segment_object(seg: dict[str, Any], sid: str) -> dict[str, Any]:
     extra = [k for k in seg if k not in _SEGMENT_KEYS]
     if extra:
-        raise ValueError(f"segment {sid}: keys format {FORMAT} has no field for: {', '.join(extra)}")
+        raise ValueError(f"segment {sid}: format {FORMAT} has no field for {', '.join(extra)}: add it to SegmentRows "
+                         "and _SEGMENT_KEYS (src/fitplan/builtin/archformat.py)")
+    odd = next((t for t in seg["t"] if len(t) != 3), None)
+    if odd is not None:
+        raise ValueError(f"segment {sid}: a tensor of {len(odd)} fields ({odd!r}); format {FORMAT} names 3 (shape, "
+                         "dtype, base): add the new one to TensorRow (src/fitplan/builtin/archformat.py)")
     out: dict[str, Any] = {"args": seg["args"]}
     for k in ("out", "loss", "logits_from", "embed_out"):
         if k in seg:

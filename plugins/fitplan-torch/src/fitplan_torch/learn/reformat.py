@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from fitplan.errors import FitplanError
+
 from . import files
 
 BUNDLED = Path(__file__).resolve().parents[5] / "rulesets" / "architectures"
@@ -69,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     bad = 0
     for directory, model_type in pairs(args.paths):
-        what = reformat(directory, model_type, check=args.check)
+        try:
+            what = reformat(directory, model_type, check=args.check)
+        except (ValueError, KeyError, OSError, FitplanError) as e:  # a row format 2 has no field for, a broken file
+            print(f"reformat: {directory / model_type}: {e}", file=sys.stderr)
+            return 2
         bad += what.startswith("NOT")
         print(f"{directory / model_type}: {what}")
     return 1 if bad else 0
