@@ -42,14 +42,36 @@ REFEREE_LIBS = frozenset({"torch", "transformers", "peft", "trl", "deepspeed", "
 """A test that ``pytest.importorskip``s one of these (in its body, a helper of its module it calls, or at its
 module's top) runs the referee or its libraries: marked ``referee`` and ``slow``."""
 SLOW = {
+    # CPU seconds measured on this project's 2-core machine (the whole of `make check` was 262 s of test CPU before
+    # these were left out of it)
     "tests/test_recommend.py": "searches whole plan spaces: 164 s on 2 cores (issue #26)",
     "tests/test_demo_env.py": "builds the demo's virtual environment: 41 s",
     "tests/test_serve_browser.py": "drives Chromium through playwright",
     "tests/test_optimizer_names.py": "runs every TrainingArguments.optim name's optimizer: about 3.5 min",
     "tests/test_fault_isolation.py": "a fitplan subprocess per broken plugin entry point",
+    "tests/test_stack_invariants.py": "hypothesis over the stacks' plans: 45 s CPU",
+    "tests/test_recommend_defaults.py": "a recommend search per test: 27 s CPU",
+    "tests/test_properties.py": "hypothesis over scenarios: 15 s CPU",
+    "tests/test_capacity.py": "searches the largest model per GPU: 14 s CPU",
+    "tests/test_fuzz.py": "fuzzed configs: 3 s CPU",
+    "tests/test_recommend_why.py": "a recommend search per format: 3 s CPU",
     "tests/test_architectures.py::test_bundled_files_have_not_drifted": "reads every bundled file's graphs: 7 s CPU",
     "tests/test_archformat.py::test_every_bundled_file_is_format_2_as_the_writer_lays_it_out":
         "reads and lays out again every bundled pair (19 MB of JSON): 8 s CPU",
+    "tests/test_breakdown.py::test_every_catalog_model_default_setup": "every catalog model: 8 s CPU",
+    "tests/test_breakdown.py::test_peak_rows_sum_exactly_to_the_peak": "3 s CPU",
+    "tests/test_policy.py::test_policy_from_a_ruleset_dir": "a recommend search: 4 s CPU",
+    "tests/test_policy.py::test_recommend_names_the_rule_behind_each_rejection": "a recommend search: 2 s CPU",
+    "tests/test_reports.py::test_recommend_report": "a recommend search per snapshot: 4 s CPU",
+    "tests/test_spot_risk.py::test_recommend_on_spot_says_the_billed_hours_and_the_interval": "a recommend search: 3 s CPU",
+    "tests/test_dataset_estimate.py::test_recommend_with_a_dataset": "a recommend search: 2 s CPU",
+    "tests/test_exports.py::test_scenario_toml_round_trip": "3 s CPU",
+    "tests/test_exports.py::test_emit_deepspeed_for_a_plan_without_deepspeed": "a recommend search: 2 s CPU",
+    "tests/test_learn_new_types.py::test_an_unverified_file_is_not_exact_in_any_format": "every report format: 3 s CPU",
+    "tests/test_third_party.py::test_org_policies_restrict_recommend": "a recommend search: 2 s CPU",
+    "tests/test_serve.py::test_fitplan_serve_serves_the_page_and_stops_on_ctrl_c": "a real fitplan serve process: 2 s CPU",
+    "tests/test_serve.py::test_recommend_matches_the_cli_but_its_timings": "a recommend search twice: 2 s CPU",
+    "tests/test_trl_grpo.py::test_recommend_searches_grpo_plans": "a recommend search: 1 s CPU",
 }
 """Tests ``make check`` leaves out besides the referee's (``make test`` and CI run them all), by node-id prefix,
 each with its reason; every prefix must match a collected test (a stale entry fails the run)."""
@@ -149,26 +171,36 @@ def cli():
     return run_cli
 
 
-@pytest.fixture
-def cli_in_process(capsys):
+def run_in_process(*args: str) -> subprocess.CompletedProcess:
     """``fitplan`` run in this process through :func:`fitplan.cli.main` (what ``python -m fitplan`` runs: the exit
     status, standard output and error, no traceback), without a new interpreter's start and imports: for tests of
-    what a command says and returns. A test of the process itself (the entry point, signals, what an import does
-    at start) keeps :func:`run_cli`."""
+    what a command says and returns. A test of the process itself (the entry point, the environment it starts
+    with, signals) keeps :func:`run_cli`. Output goes to strings, which are no terminal: the console is 200
+    columns wide and colourless, as in a pipe."""
+    import contextlib
+    import io
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        from fitplan.cli import main
+    from fitplan.cli import main
 
-        capsys.readouterr()
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             main(list(args))
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["fitplan", *args], code, out, err)
+    return subprocess.CompletedProcess(["fitplan", *args], code, out.getvalue(), err.getvalue())
 
-    return run
+
+def run_json_in_process(*args: str) -> dict:
+    proc = run_in_process(*args, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def cli_in_process():
+    return run_in_process
 
 
 @pytest.fixture(scope="module")
