@@ -72,6 +72,12 @@ SLOW = {
     "tests/test_serve.py::test_fitplan_serve_serves_the_page_and_stops_on_ctrl_c": "a real fitplan serve process: 2 s CPU",
     "tests/test_serve.py::test_recommend_matches_the_cli_but_its_timings": "a recommend search twice: 2 s CPU",
     "tests/test_trl_grpo.py::test_recommend_searches_grpo_plans": "a recommend search: 1 s CPU",
+    "tests/test_reports.py::test_policy_report_names_the_rule_behind_each_rejection": "a recommend search: 6 s CPU",
+    "tests/test_exports.py::test_training_args_and_deepspeed_round_trip": "2 s CPU",
+    "tests/test_recipes.py::test_recommend_reads_a_torchtune_recipe": "a recommend search: 2 s CPU",
+    "tests/test_recipes.py::test_recommend_reads_an_axolotl_recipe": "a recommend search: 1 s CPU",
+    "tests/test_policy.py::test_report_says_when_policies_reject_every_fitting_plan": "a recommend search: 2 s CPU",
+    "tests/test_third_party.py::test_installed_org_package_prices_through_its_entry_point": "a pip install: 2 s CPU",
 }
 """Tests ``make check`` leaves out besides the referee's (``make test`` and CI run them all), by node-id prefix,
 each with its reason; every prefix must match a collected test (a stale entry fails the run)."""
