@@ -119,6 +119,19 @@ def referee_functions(path: Path) -> tuple[bool, frozenset[str]]:
     return _REFEREE_CACHE[key]
 
 
+def pytest_ignore_collect(collection_path, config):
+    """Under ``-m "not slow"`` (``make check``), a test file that is slow as a whole (in :data:`SLOW`, or a referee
+    module: ``importorskip`` at its top) is not even imported: collecting it would import torch or hypothesis's
+    strategies for nothing."""
+    if config.getoption("markexpr", "") != "not slow" or collection_path.suffix != ".py":
+        return None
+    if collection_path.parent.name != "tests" or not collection_path.name.startswith("test_"):
+        return None
+    if f"tests/{collection_path.name}" in SLOW or referee_functions(collection_path)[0]:
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark the referee's tests (``referee``, ``slow``) and :data:`SLOW`'s (``slow``): ``make check`` runs
     ``-m "not slow"``."""
