@@ -54,6 +54,7 @@ SLOW = {
     "tests/test_properties.py": "hypothesis over scenarios: 15 s CPU",
     "tests/test_capacity.py": "searches the largest model per GPU: 14 s CPU",
     "tests/test_fuzz.py": "fuzzed configs: 3 s CPU",
+    "tests/test_emit_loaders.py": "loads the emitted files with accelerate, DeepSpeed and transformers: imports torch",
     "tests/test_recommend_why.py": "a recommend search per format: 3 s CPU",
     "tests/test_architectures.py::test_bundled_files_have_not_drifted": "reads every bundled file's graphs: 7 s CPU",
     "tests/test_archformat.py::test_every_bundled_file_is_format_2_as_the_writer_lays_it_out":
