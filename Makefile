@@ -20,7 +20,7 @@ PLUGINS := plugins/fitplan-torch
 EXAMPLE_PLUGINS := plugins/acme-fitplan-rules plugins/fitplan-optimizers-extra
 TEST_PLUGINS := .test-plugins
 
-.PHONY: demo serve test install install-test bench screenshots clean
+.PHONY: demo serve test check lint install install-test bench screenshots clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,15 @@ serve: install
 
 test: install-test
 	$(PY) -m pytest -q
+
+# The inner loop: the lint, then every test not marked slow (the referee's torch runs, the plan searches, the browser,
+# the demo's venv: tests/conftest.py says which and why), in under two minutes on two cores. Needs a `make install-test`
+# once; `make test` (what CI runs) runs everything.
+check: lint
+	$(PY) -m pytest -q -m "not slow"
+
+lint:
+	$(PY) -m ruff check src plugins tests bench
 
 bench: install
 	$(PIP) -e '.[web]'

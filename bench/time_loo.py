@@ -302,7 +302,7 @@ def report(d: Data, theta: np.ndarray, loo: np.ndarray, rules) -> str:
              f"{methods['full']} full, {methods['lora']} LoRA, {methods['qlora']} QLoRA; {len(excluded)} more rows excluded, "
              "each with its reason). Each run is predicted with the factors fitted on the others; time error = "
              "predicted / measured time − 1 (positive: fitplan is pessimistic).", "",
-             f"| | median abs. time error | mean abs. | worst (signed) | within ±15 % | within ±40 % |",
+             "| | median abs. time error | mean abs. | worst (signed) | within ±15 % | within ±40 % |",
              "|---|---:|---:|---:|---:|---:|",
              f"| leave-one-out | {100 * np.median(np.abs(err)):.1f} % | {100 * np.mean(np.abs(err)):.1f} % | "
              f"{100 * err[np.argmax(np.abs(err))]:+.1f} % | {np.sum(np.abs(err) <= 0.15)} / {len(err)} | "

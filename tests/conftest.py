@@ -32,7 +32,127 @@ if os.environ.get("FITPLAN_CI") == "1":
     settings.register_profile("ci", derandomize=True, print_blob=True)
     settings.load_profile("ci")
 
-pytest_plugins = ("dataset_support",)  # the tiny tokenizer in a Hugging Face cache (tests/test_dataset_*.py)
+pytest_plugins = ("dataset_support", "skip_policy")  # the tiny tokenizer (tests/test_dataset_*.py); CI fails a referee skip
+
+
+# --------------------------------------------------------------------------- the fast suite (make check)
+
+REFEREE_LIBS = frozenset({"torch", "transformers", "peft", "trl", "deepspeed", "bitsandbytes", "accelerate",
+                          "datasets"})
+"""A test that ``pytest.importorskip``s one of these (in its body, a helper of its module it calls, or at its
+module's top) runs the referee or its libraries: marked ``referee`` and ``slow``."""
+SLOW = {
+    # CPU seconds measured on this project's 2-core machine (the whole of `make check` was 262 s of test CPU before
+    # these were left out of it)
+    "tests/test_recommend.py": "searches whole plan spaces: 164 s on 2 cores (issue #26)",
+    "tests/test_demo_env.py": "builds the demo's virtual environment: 41 s",
+    "tests/test_serve_browser.py": "drives Chromium through playwright",
+    "tests/test_optimizer_names.py": "runs every TrainingArguments.optim name's optimizer: about 3.5 min",
+    "tests/test_fault_isolation.py": "a fitplan subprocess per broken plugin entry point",
+    "tests/test_stack_invariants.py": "hypothesis over the stacks' plans: 45 s CPU",
+    "tests/test_recommend_defaults.py": "a recommend search per test: 27 s CPU",
+    "tests/test_properties.py": "hypothesis over scenarios: 15 s CPU",
+    "tests/test_capacity.py": "searches the largest model per GPU: 14 s CPU",
+    "tests/test_fuzz.py": "fuzzed configs: 3 s CPU",
+    "tests/test_emit_loaders.py": "loads the emitted files with accelerate, DeepSpeed and transformers: imports torch",
+    "tests/test_recommend_why.py": "a recommend search per format: 3 s CPU",
+    "tests/test_architectures.py::test_bundled_files_have_not_drifted": "reads every bundled file's graphs: 7 s CPU",
+    "tests/test_archformat.py::test_every_bundled_file_is_format_2_as_the_writer_lays_it_out":
+        "reads and lays out again every bundled pair (19 MB of JSON): 8 s CPU",
+    "tests/test_breakdown.py::test_every_catalog_model_default_setup": "every catalog model: 8 s CPU",
+    "tests/test_breakdown.py::test_peak_rows_sum_exactly_to_the_peak": "3 s CPU",
+    "tests/test_policy.py::test_policy_from_a_ruleset_dir": "a recommend search: 4 s CPU",
+    "tests/test_policy.py::test_recommend_names_the_rule_behind_each_rejection": "a recommend search: 2 s CPU",
+    "tests/test_reports.py::test_recommend_report": "a recommend search per snapshot: 4 s CPU",
+    "tests/test_spot_risk.py::test_recommend_on_spot_says_the_billed_hours_and_the_interval": "a recommend search: 3 s CPU",
+    "tests/test_dataset_estimate.py::test_recommend_with_a_dataset": "a recommend search: 2 s CPU",
+    "tests/test_exports.py::test_scenario_toml_round_trip": "3 s CPU",
+    "tests/test_exports.py::test_emit_deepspeed_for_a_plan_without_deepspeed": "a recommend search: 2 s CPU",
+    "tests/test_learn_new_types.py::test_an_unverified_file_is_not_exact_in_any_format": "every report format: 3 s CPU",
+    "tests/test_third_party.py::test_org_policies_restrict_recommend": "a recommend search: 2 s CPU",
+    "tests/test_serve.py::test_fitplan_serve_serves_the_page_and_stops_on_ctrl_c": "a real fitplan serve process: 2 s CPU",
+    "tests/test_serve.py::test_recommend_matches_the_cli_but_its_timings": "a recommend search twice: 2 s CPU",
+    "tests/test_trl_grpo.py::test_recommend_searches_grpo_plans": "a recommend search: 1 s CPU",
+    "tests/test_reports.py::test_policy_report_names_the_rule_behind_each_rejection": "a recommend search: 6 s CPU",
+    "tests/test_exports.py::test_training_args_and_deepspeed_round_trip": "2 s CPU",
+    "tests/test_recipes.py::test_recommend_reads_a_torchtune_recipe": "a recommend search: 2 s CPU",
+    "tests/test_recipes.py::test_recommend_reads_an_axolotl_recipe": "a recommend search: 1 s CPU",
+    "tests/test_policy.py::test_report_says_when_policies_reject_every_fitting_plan": "a recommend search: 2 s CPU",
+    "tests/test_third_party.py::test_installed_org_package_prices_through_its_entry_point": "a pip install: 2 s CPU",
+}
+"""Tests ``make check`` leaves out besides the referee's (``make test`` and CI run them all), by node-id prefix,
+each with its reason; every prefix must match a collected test (a stale entry fails the run)."""
+
+
+def _calls_importorskip(node, libs) -> bool:
+    import ast
+
+    for n in ast.walk(node):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "importorskip"
+                and n.args and isinstance(n.args[0], ast.Constant)
+                and str(n.args[0].value).split(".")[0] in libs):
+            return True
+    return False
+
+
+_REFEREE_CACHE: dict[str, tuple[bool, frozenset[str]]] = {}
+
+
+def referee_functions(path: Path) -> tuple[bool, frozenset[str]]:
+    """(the whole module needs a referee library, the module's functions that do, directly or through a
+    module-level helper they call)."""
+    import ast
+
+    key = str(path)
+    if key not in _REFEREE_CACHE:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = any(_calls_importorskip(n, REFEREE_LIBS) for n in tree.body
+                  if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+        funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        needs = {name for name, f in funcs.items() if _calls_importorskip(f, REFEREE_LIBS)}
+        changed = True
+        while changed:  # a test that calls a helper that needs one needs it too
+            called = {name: {c.func.id for c in ast.walk(f) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+                      for name, f in funcs.items()}
+            grown = {name for name, calls in called.items() if calls & needs} | needs
+            changed, needs = grown != needs, grown
+        _REFEREE_CACHE[key] = (top, frozenset(needs))
+    return _REFEREE_CACHE[key]
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under ``-m "not slow"`` (``make check``), a test file that is slow as a whole (in :data:`SLOW`, or a referee
+    module: ``importorskip`` at its top) is not even imported: collecting it would import torch or hypothesis's
+    strategies for nothing."""
+    if config.getoption("markexpr", "") != "not slow" or collection_path.suffix != ".py":
+        return None
+    if collection_path.parent.name != "tests" or not collection_path.name.startswith("test_"):
+        return None
+    if f"tests/{collection_path.name}" in SLOW or referee_functions(collection_path)[0]:
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the referee's tests (``referee``, ``slow``) and :data:`SLOW`'s (``slow``): ``make check`` runs
+    ``-m "not slow"``."""
+    used = set()
+    for item in items:
+        path = Path(str(item.fspath))
+        top, funcs = referee_functions(path) if path.suffix == ".py" else (False, frozenset())
+        name = getattr(item, "originalname", None) or item.name
+        if top or name in funcs:
+            item.add_marker(pytest.mark.referee)
+            item.add_marker(pytest.mark.slow)
+        nodeid = item.nodeid if item.nodeid.startswith("tests/") else "tests/" + item.nodeid
+        for prefix in SLOW:
+            if nodeid == prefix or nodeid.startswith(prefix + "::") or nodeid.startswith(prefix + "["):
+                item.add_marker(pytest.mark.slow)
+                used.add(prefix)
+    files = {Path(str(i.fspath)).name for i in items}
+    stale = [p for p in SLOW if p not in used and p.split("::")[0].rsplit("/", 1)[-1] in files]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py SLOW names tests that do not exist: {', '.join(stale)}")
 
 
 def string_constants(path: Path, *, dict_keys: bool = True) -> list[tuple[int, str]]:
@@ -69,6 +189,38 @@ def run_json(*args: str, **kw) -> dict:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def run_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``fitplan`` run in this process through :func:`fitplan.cli.main` (what ``python -m fitplan`` runs: the exit
+    status, standard output and error, no traceback), without a new interpreter's start and imports: for tests of
+    what a command says and returns. A test of the process itself (the entry point, the environment it starts
+    with, signals) keeps :func:`run_cli`. Output goes to strings, which are no terminal: the console is 200
+    columns wide and colourless, as in a pipe."""
+    import contextlib
+    import io
+
+    from fitplan.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return subprocess.CompletedProcess(["fitplan", *args], code, out.getvalue(), err.getvalue())
+
+
+def run_json_in_process(*args: str) -> dict:
+    proc = run_in_process(*args, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def cli_in_process():
+    return run_in_process
 
 
 @pytest.fixture(scope="module")

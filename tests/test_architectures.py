@@ -46,15 +46,12 @@ def test_the_core_has_no_model_type_literal():
     assert hits == []
 
 
-def test_the_scanner_sees_literals():
+def test_the_scanner_sees_literals(tmp_path):
     # the test above could not fail if the scanner missed string constants: show that it finds them
-    src = ROOT / "tests" / "data" / "literal_probe.py"
+    src = tmp_path / "literal_probe.py"
     src.write_text('"""doc"""\nX = {"llama": 1}\n', encoding="utf-8")
-    try:
-        assert (2, "llama") in _string_literals(src)
-        assert all(v != "doc" for _, v in _string_literals(src))
-    finally:
-        src.unlink()
+    assert (2, "llama") in _string_literals(src)
+    assert all(v != "doc" for _, v in _string_literals(src))
 
 
 # --------------------------------------------------------------------------- the bundled files

@@ -6,6 +6,15 @@ import json
 
 import pytest
 
+from conftest import run_cli
+
+
+@pytest.fixture
+def cli(cli_in_process):
+    """In this process (tests/conftest.py ``cli_in_process``): these tests check what a command says and returns;
+    the first test below runs the real command line in a subprocess as the smoke test."""
+    return cli_in_process
+
 
 def assert_clean_error(proc, *needles):
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
@@ -14,8 +23,8 @@ def assert_clean_error(proc, *needles):
         assert n in proc.stderr, (n, proc.stderr)
 
 
-def test_unknown_model_suggests(cli):
-    assert_clean_error(cli("estimate", "--model", "llama-2-7"), "unknown model 'llama-2-7'", "did you mean", "llama-2-7b")
+def test_unknown_model_suggests():
+    assert_clean_error(run_cli("estimate", "--model", "llama-2-7"), "unknown model 'llama-2-7'", "did you mean", "llama-2-7b")
 
 
 def test_unknown_gpu_suggests(cli):

@@ -107,7 +107,8 @@ def test_bad_run_logs_name_the_file(tmp_path, content, name, message):
     assert info.value.file == str(f)
 
 
-def test_calibrate_bad_input_exits_2(cli, tmp_path):
+def test_calibrate_bad_input_exits_2(cli_in_process, tmp_path):
+    cli = cli_in_process  # what the command says and returns: in process
     log = str(EXAMPLE / "trainer_state.json")
     p = cli("calibrate", log, *RUN, "--out", str(tmp_path / "cal.txt"))
     assert p.returncode == 2 and "must end in .toml" in p.stderr and "Traceback" not in p.stderr

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import types
 
 import pytest
 
 import fitplan
-from fitplan import Quantity, Reducer, hookimpl, quantity, reducer
+from fitplan import Quantity, Reducer, hookimpl, quantity
 from fitplan.errors import GraphError
 from fitplan.engine import graph
 from fitplan.inputs.names import input_names

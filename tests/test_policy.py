@@ -13,7 +13,7 @@ from fitplan.errors import FitplanError
 from fitplan.rules.policy import PolicySet, load_policy_files
 from fitplan.rulesets.schema import PolicyRule
 
-from conftest import ROOT, run_cli, run_json
+from conftest import ROOT, run_cli, run_in_process, run_json_in_process
 
 EXAMPLE = ROOT / "rulesets" / "examples" / "policy-example.toml"
 
@@ -146,7 +146,7 @@ def test_policy_file_errors(tmp_path):
 def test_rulesets_check_reports_unknown_names(tmp_path):
     f = tmp_path / "p.toml"
     f.write_text('[[policy]]\nid = "x"\ndescription = "d"\ncondition = { gt = { train_hour = 1 } }\n')
-    proc = run_cli("rulesets", "check", str(f))
+    proc = run_in_process("rulesets", "check", str(f))
     assert proc.returncode == 2
     # the closest names first (difflib): train_hours, then others of the vocabulary
     assert f"{f}: policy 'x': unknown name 'train_hour' (did you mean 'train_hours' or " in proc.stderr
@@ -160,7 +160,7 @@ def test_recommend_names_the_rule_behind_each_rejection(tmp_path):
         '[[policy]]\nid = "no-long-spot"\ndescription = "spot only under 1 h"\naction = "forbid"\n'
         'condition = { all = [ { eq = { market = "spot" } }, { ge = { train_hours = 1 } } ] }\n'
         '[[policy]]\nid = "budget"\ndescription = "at most $40"\naction = "forbid"\ncondition = { gt = { cost_usd = 40 } }\n')
-    proc = run_cli("recommend", "--model", "llama-2-7b", "--num-examples", "50000", "--tokens-per-example", "1024",
+    proc = run_in_process("recommend", "--model", "llama-2-7b", "--num-examples", "50000", "--tokens-per-example", "1024",
                    "--num-train-epochs", "2", "--method", "lora", "--gpus", "a100-80gb,h100-sxm", "--providers", "aws,seed",
                    "--policy", str(policy), "--format", "json")
     assert proc.returncode == 0, proc.stderr
@@ -185,7 +185,7 @@ def test_recommend_names_the_rule_behind_each_rejection(tmp_path):
 def test_policy_from_a_ruleset_dir(tmp_path):
     (tmp_path / "org.toml").write_text(
         '[[policy]]\nid = "no-qlora"\ndescription = "no 4-bit"\naction = "forbid"\ncondition = { eq = { method = "qlora" } }\n')
-    proc = run_cli("recommend", "--model", "llama-2-7b", "--gpus", "a100-80gb", "--providers", "aws", "--objective", "gpus",
+    proc = run_in_process("recommend", "--model", "llama-2-7b", "--gpus", "a100-80gb", "--providers", "aws", "--objective", "gpus",
                    "--vary", "method", "--ruleset-dir", str(tmp_path), "--format", "json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -197,7 +197,7 @@ def test_policy_from_a_ruleset_dir(tmp_path):
 
 
 def test_missing_policy_file_is_a_user_error():
-    proc = run_cli("recommend", "--model", "llama-2-7b", "--policy", "nope.toml")
+    proc = run_in_process("recommend", "--model", "llama-2-7b", "--policy", "nope.toml")
     assert proc.returncode == 2
     assert "nope.toml: policy file not found @ --policy" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -220,7 +220,7 @@ def test_estimate_checks_a_scenario_against_policies():
     args = ("estimate", "--model", "llama-2-13b", "--method", "lora", "--precision", "bf16-true", "--gpu", "h100-sxm",
             "--num-gpus", "8", "--provider", "aws", "--num-examples", "500000", "--tokens-per-example", "1024",
             "--policy", str(EXAMPLE))
-    proc = run_cli(*args, "--format", "json")
+    proc = run_in_process(*args, "--format", "json")
     data = json.loads(proc.stdout)
     hours = data["time"]["seconds"] / 3600
     fired = {(v["rule"], v["market"]) for v in data["policy"]}
@@ -229,16 +229,16 @@ def test_estimate_checks_a_scenario_against_policies():
     assert (("spot-short-runs-only", "spot") in fired) == (hours >= 2)
     assert ("spot-short-runs-only", "on_demand") not in fired
     assert (("budget", "on_demand") in fired) == (data["cost"]["on_demand_usd"] > 100)
-    table = run_cli(*args)
+    table = run_in_process(*args)
     assert "policy spot-short-runs-only (forbid, spot)" in table.stdout or hours < 2
-    plain = run_json("estimate", "--model", "llama-2-7b")
+    plain = run_json_in_process("estimate", "--model", "llama-2-7b")
     assert "policy" not in plain  # no policy in force: no section
 
 
 def test_report_says_when_policies_reject_every_fitting_plan(tmp_path):
     policy = tmp_path / "p.toml"
     policy.write_text('[[policy]]\nid = "nothing"\ndescription = "forbid all"\ncondition = { ge = { world_size = 1 } }\n')
-    proc = run_cli("recommend", "--model", "llama-2-7b", "--gpus", "h100-sxm", "--providers", "aws", "--method", "lora",
+    proc = run_in_process("recommend", "--model", "llama-2-7b", "--gpus", "h100-sxm", "--providers", "aws", "--method", "lora",
                    "--num-examples", "1000", "--tokens-per-example", "512", "--policy", str(policy), "--format", "markdown")
     assert proc.returncode == 0, proc.stderr
     assert "_No plan is allowed: " in proc.stdout and "the policies reject every one of them" in proc.stdout
@@ -259,11 +259,11 @@ def test_estimate_exit_status_3_when_the_policy_forbids_the_scenario(tmp_path):
     """docs/policies.md: exit 3 when forbid rules fire in every market the scenario is priced in; the report
     is still written (stdout), the rules named on stderr; 2 stays for bad input."""
     p = _policy(tmp_path, '[[policy]]\nid = "no-aws"\ndescription = "d"\ncondition = { eq = { provider = "aws" } }\n')
-    proc = run_cli(*PRICED, "--policy", p, "--format", "json")
+    proc = run_in_process(*PRICED, "--policy", p, "--format", "json")
     assert proc.returncode == 3
     assert {v["rule"] for v in json.loads(proc.stdout)["policy"]} == {"no-aws"}
     assert "forbidden by no-aws" in proc.stderr and "Traceback" not in proc.stderr
-    unpriced = run_cli("estimate", "--model", "llama-2-7b", "--policy", _policy(
+    unpriced = run_in_process("estimate", "--model", "llama-2-7b", "--policy", _policy(
         tmp_path, '[[policy]]\nid = "no-full"\ndescription = "d"\ncondition = { eq = { method = "full" } }\n'))
     assert unpriced.returncode == 3
 
@@ -272,7 +272,7 @@ def test_estimate_exit_status_0_when_a_market_remains_or_only_penalties(tmp_path
     spot_only = _policy(tmp_path, '[[policy]]\nid = "no-spot"\ndescription = "d"\ncondition = { eq = { market = "spot" } }\n'
                                   '[[policy]]\nid = "pricey"\ndescription = "d"\naction = "penalise"\npenalty = 1\n'
                                   'condition = { eq = { provider = "aws" } }\n')
-    proc = run_cli("estimate", "--model", "llama-2-13b", "--method", "lora", "--gpu", "h100-sxm", "--num-gpus", "8",
+    proc = run_in_process("estimate", "--model", "llama-2-13b", "--method", "lora", "--gpu", "h100-sxm", "--num-gpus", "8",
                    "--provider", "aws", "--num-examples", "1000", "--tokens-per-example", "512",
                    "--policy", spot_only, "--format", "json")  # p5: priced on demand and spot
     assert proc.returncode == 0, proc.stderr
@@ -286,7 +286,7 @@ def test_rulesets_check_reports_schema_and_name_errors_of_every_file_at_once(tmp
                           'bandwidth_gbps = 1\nsource = "s"\n')
     bad_name = tmp_path / "b.toml"
     bad_name.write_text('[[policy]]\nid = "x"\ndescription = "d"\ncondition = { gt = { train_hour = 1 } }\n')
-    proc = run_cli("rulesets", "check", str(bad_schema), str(bad_name))
+    proc = run_in_process("rulesets", "check", str(bad_schema), str(bad_name))
     assert proc.returncode == 2
     assert f"{bad_schema}: GPU.memory_bytes must be > 0, got -1 @ $.gpu[0].memory_bytes" in proc.stderr
     assert f"{bad_name}: policy 'x': unknown name 'train_hour'" in proc.stderr

@@ -17,7 +17,7 @@ import fitplan
 from fitplan.errors import FitplanError
 from fitplan.inputs.accelerate_config import accelerate_fields
 from fitplan.inputs.importers import deepspeed_fields
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 
 DATA = Path(__file__).parent / "data" / "public_configs"
 TINY = "tests/data/configs/tiny-llama/config.json"
@@ -141,7 +141,7 @@ def test_offload_swap_is_named():
 def _refused(tmp_path, text, *extra, name="ds.json", flag="--deepspeed"):
     f = tmp_path / name
     f.write_text(text, encoding="utf-8")
-    proc = run_cli("estimate", "--model", TINY, "--num-gpus", "2", "--optim", "adamw_torch", flag, str(f), *extra)
+    proc = run_in_process("estimate", "--model", TINY, "--num-gpus", "2", "--optim", "adamw_torch", flag, str(f), *extra)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     err = " ".join(proc.stderr.split())  # the console wraps long lines
     assert "Traceback" not in err and str(f) in err

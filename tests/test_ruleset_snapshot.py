@@ -98,3 +98,17 @@ def test_a_file_with_problems_is_never_kept(tmp_path, cache):
     parsed, problems = loader._parse(f)
     assert parsed is None and problems
     assert snapshot.load(f, f.read_bytes()) is None
+
+
+def test_the_key_covers_the_rules_modules_the_schema_imports():
+    # a snapshot holds what the schema's validators made of a file: a changed condition compiler or template
+    # table (fitplan/rulesets/conditions.py, templates.py) must make it stale, as a changed schema does
+    import ast
+
+    schema = Path(snapshot.__file__).with_name("schema.py")
+    package = schema.parent.parent
+    imported = {node.module for node in ast.parse(schema.read_text(encoding="utf-8")).body
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fitplan.")}
+    files = {package.joinpath(*m.split(".")[1:]).with_suffix(".py") for m in imported}
+    assert {package / "rules" / "conditions.py", package / "rules" / "templates.py"} <= files
+    assert files - set(snapshot._modules()) == set()

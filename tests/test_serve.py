@@ -9,6 +9,7 @@ browser in test_serve_browser.py.
 from __future__ import annotations
 
 import http.client
+import socket
 import json
 import re
 import urllib.error

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -34,10 +33,7 @@ def _require(dist: str) -> None:
     try:
         importlib.metadata.distribution(dist)
     except importlib.metadata.PackageNotFoundError:
-        message = f"{dist} is not installed: pip install -e plugins/{dist}"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI installs both: a skip there would hide a regression
-        pytest.skip(message)
+        pytest.skip(f"{dist} is not installed: pip install -e plugins/{dist}")  # fails under FITPLAN_CI=1 (skip_policy.py)
 
 
 @pytest.fixture

@@ -41,12 +41,13 @@ LAZY: dict[str, str] = {
     "arch_dirs": "fitplan.arch.archfile:user_dirs",
     "autograd_table": "fitplan.arch.archfile:autograd_table",
     "peft_target_modules": "fitplan.trace.lora_targets:peft_target_modules",
+    "archformat": "fitplan.arch.archformat",  # the files' format 2 codec (the learner writes, reformat converts)
     # files
     "read_json": "fitplan.inputs.files:read_json",
     "write_all": "fitplan.files:write_all",
     "make_private": "fitplan.diskcache:make_private",
 }
-"""Names imported on first use: name -> ``module:attribute``."""
+"""Names imported on first use: name -> ``module:attribute`` (or ``module``: the module itself)."""
 
 DEPRECATED: dict[str, tuple[str, str]] = {}
 """Names on their way out: name -> (``module:attribute``, what to use instead). Still served, with a
@@ -72,7 +73,7 @@ def clear_arch_caches() -> None:
 
 def _resolve(target: str) -> Any:
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return getattr(importlib.import_module(module), attr) if attr else importlib.import_module(module)
 
 
 def __getattr__(name: str) -> Any:
@@ -95,6 +96,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from fitplan.arch import archformat
     from fitplan.arch.archexpr import compile_expr
     from fitplan.arch.archfile import autograd_table
     from fitplan.arch.archfile import load as load_arch_file

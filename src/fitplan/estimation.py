@@ -486,7 +486,6 @@ def evaluate(s: sc.Scenario, registry: Registry, rules: Rulesets, *, arch: archi
 def hf_config_for(s: sc.Scenario, rules: Rulesets) -> dict[str, Any]:
     """The HF ``config.json`` fields behind the scenario's model (catalog entry or file), for plugins
     that build the real model (``transformers.AutoConfig.for_model(**config)``)."""
-    import json
     from pathlib import Path
 
     text = s.model.model

@@ -1,7 +1,7 @@
 """Learned architecture files: what fitplan knows about a Hugging Face ``model_type``, as data.
 
 One JSON file per ``model_type`` (``rulesets/architectures/<model_type>.json``, or the user's
-``$FITPLAN_ARCH_DIR`` / ``~/.cache/fitplan/architectures``, which win), written by
+``$FITPLAN_ARCH_DIR`` / ``architectures`` in fitplan's cache directory, which win), written by
 ``fitplan learn-architecture`` (fitplan-torch) from the model's own implementation; the format is in
 docs/architectures.md. This module reads one: how to turn a ``config.json`` into the symbols the file
 uses (field defaults, aliases, derived values, validity checks, as the transformers config class applies
@@ -20,8 +20,7 @@ from typing import Any
 
 from fitplan.errors import FitplanError
 from fitplan.arch.archexpr import ExprError, compile_expr
-
-FORMAT = 1
+from fitplan.arch.archformat import FORMAT, REFORMAT, decode_graphs, decode_header
 BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "bool": 1, "u8": 1, "i8": 1, "f64": 8, "i16": 2, "c64": 8}
 """Bytes per element of each dtype code the learned files use."""
 FLOAT = ("f32", "bf16", "f16", "f64", "c64")
@@ -35,11 +34,13 @@ if not BUNDLED.is_dir():
 
 def user_dirs() -> list[Path]:
     """Directories searched before the bundled files: ``$FITPLAN_ARCH_DIR`` (``os.pathsep``-separated),
-    then the user cache ``~/.cache/fitplan/architectures`` (``$XDG_CACHE_HOME`` respected), where
-    ``fitplan learn-architecture --install`` writes."""
+    then ``architectures`` in fitplan's cache directory (:func:`fitplan.diskcache.root`: ``$FITPLAN_CACHE_DIR``,
+    else ``~/.cache/fitplan`` with ``$XDG_CACHE_HOME`` respected, ``%LOCALAPPDATA%`` on Windows,
+    ``~/Library/Caches`` on macOS), where ``fitplan learn-architecture --install`` writes."""
+    from fitplan.diskcache import root
+
     out = [Path(p) for p in os.environ.get("FITPLAN_ARCH_DIR", "").split(os.pathsep) if p]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fitplan" / "architectures"
-    out.append(cache)
+    out.append(root() / "architectures")
     return out
 
 
@@ -147,6 +148,19 @@ def _plugin_installed() -> bool:
     return importlib.util.find_spec("fitplan_torch") is not None
 
 
+def check_format(data: Any, path: Path) -> None:
+    """:raises FitplanError: ``data`` (a learned file's JSON) is not a format-:data:`FORMAT` file; format 1 (positional
+    rows) names the command that rewrites it."""
+    got = data.get("format") if isinstance(data, dict) else None
+    if got == FORMAT:
+        return
+    if got == 1:
+        raise FitplanError(f"format 1 (positional rows), which this fitplan no longer reads: rewrite it as format "
+                           f"{FORMAT} with `{REFORMAT} {path}`", file=str(path), field="$.format", value=1)
+    raise FitplanError(f"architecture file format {got!r} is not {FORMAT}", file=str(path), field="$.format",
+                       value=got, suggestion="re-learn it with this fitplan: fitplan learn-architecture")
+
+
 class ArchFile:
     """A parsed learned architecture file."""
 
@@ -156,9 +170,8 @@ class ArchFile:
             data = read_json(path)
         except (ValueError, RecursionError) as e:
             raise FitplanError(f"cannot read the architecture file: {e}", file=str(path)) from None
-        if data.get("format") != FORMAT:
-            raise FitplanError(f"architecture file format {data.get('format')!r} is not {FORMAT}", file=str(path),
-                               field="$.format", suggestion="re-learn it with this fitplan: fitplan learn-architecture")
+        check_format(data, path)
+        data = decode_header(data, str(path))
         self.data = data
         self.model_type: str = data["model_type"]
         self.learned: dict[str, Any] = data.get("learned", {})
@@ -183,9 +196,11 @@ class ArchFile:
         if self._graphs is None:
             gpath = self.path.with_name(self.path.stem + ".graphs.json")
             try:
-                self._graphs = read_json(gpath)
+                graphs = read_json(gpath)
             except (ValueError, RecursionError) as e:
                 raise FitplanError(f"cannot read the architecture's step graphs: {e}", file=str(gpath)) from None
+            check_format(graphs, gpath)
+            self._graphs = decode_graphs(graphs, str(gpath))
         return self._graphs
 
     @property

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except click.ClickException as e:
         e.show()
-        sys.exit(2 if e.exit_code == 2 else e.exit_code)
+        sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except BrokenPipeError:

@@ -11,7 +11,7 @@ on macOS), one snapshot per ruleset path, and used only when all of its key stil
 * the file's path (error messages name it);
 * fitplan's version, the Python version and the size and modification time of every module that parsing
   and validation run (``fitplan/rulesets``, ``fitplan/inputs``, ``fitplan/errors.py``, the learned
-  architecture reader) and of every learned architecture file (bundled and user-learned: validating a
+  architecture reader, the condition compiler and the template names of ``fitplan/rules`` that the schema uses) and of every learned architecture file (bundled and user-learned: validating a
   ``[[model]]`` reads its model type's file): changed code or data never reads an old snapshot. Plugins take no part in parsing a file, so they are not in the key (their ruleset
   directories are files like any other).
 
@@ -43,7 +43,8 @@ def _modules() -> tuple[Path, ...]:
     package = Path(__file__).resolve().parent.parent
     return tuple(sorted([*package.joinpath("rulesets").glob("*.py"), *package.joinpath("inputs").glob("*.py"),
                          package / "errors.py", package / "builtin" / "archfile.py",
-                         package / "builtin" / "archexpr.py"]))
+                         package / "builtin" / "archexpr.py", package / "builtin" / "archformat.py",
+                         package / "rules" / "conditions.py", package / "rules" / "templates.py"]))
 
 
 def _key(path: Path, data: bytes) -> tuple[int, str, bytes, str]:

@@ -20,7 +20,6 @@ from typing import Any
 import attrs
 
 from fitplan.errors import FitplanError
-from fitplan.inputs import scenario as sc
 from fitplan.inputs.precision import MIXED_FOR_FLAG, PRESETS, deepspeed_twin
 
 OBJECTIVES = ("cost", "time", "gpus")

@@ -93,7 +93,6 @@ class Segment:
         """Replay the segment's ops ``first`` to ``last`` (excluded; a part of one chunk of a chunked loss head,
         :mod:`.loss_heads`, whose :attr:`inherited` references are the epilogue's: their lifetimes stay its)."""
         b, tr, seg = self.b, self.b.tr, self.seg
-        tensors = seg["t"]
         die: dict[str, Any] = seg.get("die", {})
         deaths_at: dict[int, list[str]] = {}
         for r, k in die.items():

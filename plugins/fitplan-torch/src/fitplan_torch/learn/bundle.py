@@ -161,9 +161,11 @@ def _merge_catalog(data, cfg, small, other, want, log, known=None, what="the swi
 def write_table(directory: Path = OUT) -> int:
     from .autograd_rules import source, table
 
+    from . import files
+
     ops = set(KERNEL_OPS)
     for f in directory.glob("*.graphs.json"):
-        g = json.loads(f.read_text())
+        g = files.read(directory, f.name.removesuffix(".graphs.json"))
         for seg in g["segments"].values():
             for op in seg["ops"]:
                 if not (len(op) > 3 and op[3].get("pseudo")):
@@ -212,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         data = learn_type(types[0], configs[types[0]], verify=args.verify, activations=not args.no_activations,
                           log=lambda m: print(m, file=sys.stderr, flush=True))
-        files.write(data, out)
+        files.write(data, out, log=lambda m: print(m, file=sys.stderr, flush=True))
         print(f"{types[0]}: {time.time() - t0:.0f} s", flush=True)
     if args.no_tables:
         return 0

@@ -109,7 +109,6 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
     amap = attribute_map(cls)
     out_fields: dict[str, Any] = {}
     base = probes[0].cfg
-    single = probes_single(probes)
     sizes = _sizes(probes)
     for f in fields:
         if f.startswith("_") and f not in defaults:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import math
 import re
 from typing import Any
+
+from fitplan.api import archformat
 
 from . import files
 from .fit import FitError, Fitter
@@ -1120,7 +1121,7 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
     cfg_rules = configrules.learn_config(model_type, fields, ref["probes"], log, dict(NESTED))
     cfg_rules["checks"] += [c for c in follower_checks(base, cfg_rules["fields"]) if c not in cfg_rules["checks"]]
     return ({
-        "format": 1,
+        "format": archformat.FORMAT,
         "model_type": model_type,
         "learned": {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
                     "peft": peft.__version__, "fitplan_torch": __version__, "config_class": meta["config_class"],

@@ -1,13 +1,19 @@
 """Writing a learned architecture: ``<model_type>.json`` (config rules, parameters, layer pattern) and
-``<model_type>.graphs.json`` (the recorded step graphs), compact and deterministic."""
+``<model_type>.graphs.json`` (the recorded step graphs), in format 2 (:mod:`fitplan.arch.archformat`: one
+named row a line, deterministic), and the per-op diff against the files a write replaces."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Any
 
+from fitplan.api import archformat
+
 GRAPH_KEYS = ("variants", "segments", "autograd")
+DIFF_LINES = 200
+"""The most lines of a per-op diff the learner prints (the whole diff is ``git diff`` of the written files)."""
 
 
 def split(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -18,32 +24,70 @@ def split(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return header, graphs
 
 
-def dumps(obj: Any, *, pretty: bool = False) -> str:
-    if pretty:
-        return json.dumps(obj, indent=1, sort_keys=False) + "\n"
-    return json.dumps(obj, separators=(",", ":"), sort_keys=False) + "\n"
+def texts(data: dict[str, Any]) -> tuple[str, str]:
+    """The text of the header file and of the graphs file for the in-memory ``data``."""
+    header, graphs = split(data)
+    return (archformat.dumps(archformat.encode_header(header)), archformat.dumps(archformat.encode_graphs(graphs)))
 
 
-def write(data: dict[str, Any], directory: str | Path) -> list[Path]:
-    from fitplan.api import make_private
-    from fitplan.api import write_all
+def write(data: dict[str, Any], directory: str | Path, log=None) -> list[Path]:
+    """Write both files (both or neither); with ``log``, first log the per-op diff against the files they
+    replace (:func:`op_diff`)."""
+    from fitplan.api import make_private, write_all
 
     d = Path(directory)
     make_private(d)  # 0700, as fitplan's cache folders (docs/reliability.md "Caches")
-    header, graphs = split(data)
     mt = data["model_type"]
     p1 = d / f"{mt}.json"
     p2 = d / f"{mt}.graphs.json"
-    write_all([(p1, dumps(header, pretty=True).encode("utf-8")), (p2, dumps(graphs).encode("utf-8"))])  # both or neither
+    t1, t2 = texts(data)
+    if log is not None:
+        for line in op_diff(d, mt, t1, t2):
+            log(line)
+    write_all([(p1, t1.encode("utf-8")), (p2, t2.encode("utf-8"))])  # both or neither
     return [p1, p2]
 
 
 def read(directory: str | Path, model_type: str) -> dict[str, Any]:
+    """The in-memory learned file (what :func:`write` was given, less ``layer_sites``) of a format-2 pair;
+    a format-1 pair (positional rows) is read as it is, so :mod:`.reformat` can rewrite it."""
     d = Path(directory)
-    header = json.loads((d / f"{model_type}.json").read_text(encoding="utf-8"))
-    graphs = json.loads((d / f"{model_type}.graphs.json").read_text(encoding="utf-8"))
+    return read_texts((d / f"{model_type}.json").read_text(encoding="utf-8"),
+                      (d / f"{model_type}.graphs.json").read_text(encoding="utf-8"), str(d / model_type))
+
+
+def read_texts(header_text: str, graphs_text: str, name: str) -> dict[str, Any]:
+    """:func:`read` of the two files' texts (``name``: the pair's path less ``.json``, for errors)."""
+    header, graphs = json.loads(header_text), json.loads(graphs_text)
+    if header.get("format") == archformat.FORMAT:
+        header = archformat.decode_header(header, name + ".json")
+    if graphs.get("format") == archformat.FORMAT:
+        graphs = archformat.decode_graphs(graphs, name + ".graphs.json")
     header.pop("layer_sites", None)
     return {**header, **{k: graphs[k] for k in GRAPH_KEYS if k in graphs}}
+
+
+def op_diff(directory: Path, model_type: str, header_text: str, graphs_text: str) -> list[str]:
+    """What a write of these texts changes, row by row (an op, a tensor, a parameter), against the files in
+    ``directory`` (format 1 or 2; none: nothing to compare): a count per file, then a unified diff without
+    context, at most :data:`DIFF_LINES` lines."""
+    try:
+        old = texts(read(directory, model_type))
+    except (OSError, ValueError, KeyError):
+        return []
+    out: list[str] = []
+    for name, before, after in ((f"{model_type}.json", old[0], header_text),
+                                (f"{model_type}.graphs.json", old[1], graphs_text)):
+        lines = list(difflib.unified_diff(before.splitlines(), after.splitlines(), f"a/{name}", f"b/{name}",
+                                          n=0, lineterm=""))
+        removed = sum(1 for x in lines if x.startswith("-") and not x.startswith("---"))
+        added = sum(1 for x in lines if x.startswith("+") and not x.startswith("+++"))
+        out.append(f"  {name}: {removed} line(s) removed, {added} added (one row a line)" if lines
+                   else f"  {name}: unchanged")
+        out += lines[:DIFF_LINES]
+        if len(lines) > DIFF_LINES:
+            out.append(f"  ... {len(lines) - DIFF_LINES} more diff lines (git diff shows them all)")
+    return out
 
 
 def _combos(data: dict[str, Any]) -> list[str | None]:

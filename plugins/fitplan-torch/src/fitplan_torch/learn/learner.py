@@ -33,5 +33,5 @@ def learn_and_check(cfg: dict[str, Any], target: Path, *, verify: bool = True, t
         data["verified"] = {"tolerance": tolerance, "cases": len(rows)}
     else:
         data["verified"] = False  # fitplan's figures from it are approximate (builtin/confidence.py)
-        log(f"  not verified (--no-verify): the file is marked so, and estimates with it say so")
-    return files.write(data, target)
+        log("  not verified (--no-verify): the file is marked so, and estimates with it say so")
+    return files.write(data, target, log=log)  # the per-op diff against the files it replaces

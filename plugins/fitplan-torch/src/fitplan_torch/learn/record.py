@@ -492,7 +492,6 @@ def record(model, batch, *, autocast_dtype=None, lifetimes: bool = True, backwar
 
 def _record_backward(r: _Recorder, model, loss, dmode) -> None:
     """Run ``loss.backward()`` with hooks on every autograd node; see the module doc."""
-    torch = r.torch
     rec = r.rec
     seen = set()
     stack = [loss.grad_fn]

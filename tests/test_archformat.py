@@ -1,0 +1,156 @@
+"""Format 2 of the learned architecture files (src/fitplan/arch/archformat.py, docs/architectures.md): named
+rows one per line, read through the cattrs converter into the in-memory lists; format 1 refused with the command
+that rewrites it; the converter (fitplan_torch.learn.reformat) and the learner's per-op diff."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fitplan.arch import archformat
+from fitplan.arch.archfile import ArchFile
+from fitplan.errors import FitplanError
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = ROOT / "rulesets" / "architectures"
+
+# A tiny learned pair in the in-memory layout (format 1's rows), written by hand: GPT-2's Conv1D c_fc in one layer.
+PARAM = ["h.{i}.mlp.c_fc.weight", ["hidden_size", "4*hidden_size"], "linear:c_fc", ["k0"], None, "bf16", "conv1d"]
+OP = ["addmm", [["self", "p:h.{i}.mlp.c_fc.bias"], ["mat1", "t0"], ["mat2", "p:h.{i}.mlp.c_fc.weight"]], ["t1"], {"g": "nnn"}]
+VIEW = ["view", [["self", "a0"]], ["t0"]]
+HEADER = {
+    "format": 1, "model_type": "tinyformat",
+    "config": {"class": "TinyConfig", "aliases": {}, "fields": {"hidden_size": {"type": "int", "default": 8, "size": True}},
+               "checks": [["hidden_size % 2 == 0", "hidden_size", "must be even"]]},
+    "spec": {"hidden_size": "hidden_size"},
+    "params": [PARAM],
+    "tied": [["lm_head.weight", "wte.weight", "tie_word_embeddings"]],
+    "buffers": [["rotary.inv_freq", ["hidden_size//2"], "f32", False]],
+    "layers": {"kind": None, "kinds": ["k0"], "prefix": "h"},
+}
+SEGMENT = {"t": [[["b*s", "hidden_size"], "bf16", "a0"], [["b*s", "4*hidden_size"], "bf16", None]],
+           "ops": [VIEW, OP], "args": ["0"], "die": {"t0": 1, "t1": "F"}, "out": "t1"}
+GRAPHS = {"format": 1, "model_type": "tinyformat", "variants": [], "segments": {"abc": SEGMENT}, "autograd": {}}
+
+
+def test_rows_are_named_objects_one_per_line():
+    header = archformat.dumps(archformat.encode_header(HEADER)).splitlines()
+    graphs = archformat.dumps(archformat.encode_graphs(GRAPHS)).splitlines()
+    assert '  {"name":"h.{i}.mlp.c_fc.weight","shape":["hidden_size","4*hidden_size"],"role":"linear:c_fc",' \
+           '"layer_kinds":["k0"],"when":null,"dtype":"bf16","linear":"conv1d"}' in header
+    assert '  {"name":"rotary.inv_freq","shape":["hidden_size//2"],"dtype":"f32","per_layer":false}' in header
+    assert '  {"name":"lm_head.weight","target":"wte.weight","when":"tie_word_embeddings"}' in header
+    assert '   {"expr":"hidden_size % 2 == 0","field":"hidden_size","message":"must be even"}' in header
+    assert '    {"id":"t0","shape":["b*s","hidden_size"],"dtype":"bf16","base":"a0"},' in graphs
+    assert '    {"op":"view","in":{"self":"a0"},"out":["t0"]},' in graphs
+    assert '    {"op":"addmm","in":{"self":"p:h.{i}.mlp.c_fc.bias","mat1":"t0","mat2":"p:h.{i}.mlp.c_fc.weight"},' \
+           '"out":["t1"],"g":"nnn"}' in graphs
+    assert '    "t1": "F"' in graphs  # each storage's death on its own line too
+    assert graphs[1] == ' "format": 2,'
+
+
+def test_format_2_reads_back_as_the_in_memory_lists():
+    header = archformat.decode_header(json.loads(archformat.dumps(archformat.encode_header(HEADER))), "h.json")
+    graphs = archformat.decode_graphs(json.loads(archformat.dumps(archformat.encode_graphs(GRAPHS))), "g.json")
+    assert header["params"] == [PARAM] and header["tied"] == HEADER["tied"] and header["buffers"] == HEADER["buffers"]
+    assert header["config"]["checks"] == HEADER["config"]["checks"]
+    assert graphs["segments"] == {"abc": SEGMENT}  # an op without extras stays three long
+    assert header["format"] == graphs["format"] == 2
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ({"op": "view", "in": {"self": "a0"}}, "required field missing: out @ $.segments.abc.ops[0]"),
+    ({"op": "view", "in": [["self", "a0"]], "out": ["t0"]}, "an op's op is a name, in an object, out a list"),
+])
+def test_a_bad_op_row_names_the_file_and_the_row(row, message):
+    graphs = archformat.encode_graphs(GRAPHS)
+    graphs["segments"]["abc"]["ops"][0] = row
+    with pytest.raises(FitplanError) as e:
+        archformat.decode_graphs(graphs, "x.graphs.json")
+    assert e.value.file == "x.graphs.json"
+    assert message in f"{e.value.message} @ {e.value.field}"
+
+
+def test_an_unknown_key_in_a_tensor_row_is_refused():
+    graphs = archformat.encode_graphs(GRAPHS)
+    graphs["segments"]["abc"]["tensors"][1]["bsae"] = None
+    with pytest.raises(FitplanError, match=r"unknown key\(s\) bsae in a tensor"):
+        archformat.decode_graphs(graphs, "x.graphs.json")
+
+
+def test_a_format_1_file_is_refused_with_the_converter_command(tmp_path):
+    path = tmp_path / "tinyformat.json"
+    path.write_text(json.dumps(HEADER), encoding="utf-8")
+    with pytest.raises(FitplanError) as e:
+        ArchFile(path)
+    assert e.value.file == str(path) and e.value.field == "$.format" and e.value.value == 1
+    assert f"python -m fitplan_torch.learn.reformat {path}" in e.value.message
+
+
+def _format_1_pair(d: Path) -> None:
+    d.mkdir()
+    (d / "tinyformat.json").write_text(json.dumps({**HEADER, "layer_sites": []}, indent=1), encoding="utf-8")
+    (d / "tinyformat.graphs.json").write_text(json.dumps(GRAPHS, separators=(",", ":")), encoding="utf-8")
+
+
+def test_the_converter_rewrites_format_1_and_a_rerun_changes_nothing(tmp_path, capsys):
+    reformat = pytest.importorskip("fitplan_torch.learn.reformat")
+    from fitplan_torch.learn import files
+
+    d = tmp_path / "arch"
+    _format_1_pair(d)
+    assert reformat.main(["--check", str(d)]) == 1
+    assert reformat.main([str(d / "tinyformat.graphs.json")]) == 0
+    data = files.read(d, "tinyformat")
+    assert data["params"] == [PARAM] and data["segments"] == {"abc": SEGMENT}
+    assert json.loads((d / "tinyformat.graphs.json").read_text())["format"] == 2
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    assert reformat.main([str(d)]) == 0 and reformat.main(["--check", str(d)]) == 0
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+    assert capsys.readouterr().out.splitlines()[-1].endswith("tinyformat: format 2 already")
+
+
+def test_every_bundled_file_says_format_2_on_its_second_line():
+    # the fast suite's look at the bundled files; the slow test below lays each one out again
+    for path in sorted(BUNDLED.glob("*.json")):
+        if path.stem in ("autograd", "peft", "sequence_classifiers"):
+            continue
+        with path.open(encoding="utf-8") as f:
+            assert [f.readline(), f.readline()] == ["{\n", ' "format": 2,\n'], path
+
+
+def test_every_bundled_file_is_format_2_as_the_writer_lays_it_out():
+    # a file relearned by an older learner, or edited by hand, fails here: rerun the converter on it
+    reformat = pytest.importorskip("fitplan_torch.learn.reformat")
+    bad = [str(d / mt) for d, mt in reformat.pairs([str(BUNDLED)]) if reformat.reformat(d, mt, check=True) != "format 2 already"]
+    assert bad == []
+    assert len(reformat.pairs([str(BUNDLED)])) >= 30
+
+
+def test_the_learner_prints_the_changed_ops(tmp_path):
+    pytest.importorskip("fitplan_torch")
+    from fitplan_torch.learn import files
+
+    d = tmp_path / "arch"
+    _format_1_pair(d)
+    changed = json.loads(json.dumps({**HEADER, **GRAPHS, "format": 2}))
+    changed["segments"]["abc"]["ops"][1][3] = {"g": "nyn"}  # the weight requires grad now
+    lines = files.op_diff(d, "tinyformat", *files.texts(changed))
+    assert "  tinyformat.json: unchanged" in lines
+    assert "  tinyformat.graphs.json: 1 line(s) removed, 1 added (one row a line)" in lines
+    assert [x for x in lines if x[:1] in "+-" and x[:3] not in ("+++", "---")] == [
+        '-    {"op":"addmm","in":{"self":"p:h.{i}.mlp.c_fc.bias","mat1":"t0","mat2":"p:h.{i}.mlp.c_fc.weight"},'
+        '"out":["t1"],"g":"nnn"}',
+        '+    {"op":"addmm","in":{"self":"p:h.{i}.mlp.c_fc.bias","mat1":"t0","mat2":"p:h.{i}.mlp.c_fc.weight"},'
+        '"out":["t1"],"g":"nyn"}']
+
+
+def test_a_row_format_2_has_no_field_for_is_refused_naming_the_class_to_extend():
+    # a learner that grows a row (another field on a tensor) must grow format 2 too, not lose the field
+    grown = {**GRAPHS, "segments": {"abc": {**SEGMENT, "t": [[["b"], "bf16", None, 7]]}}}
+    with pytest.raises(ValueError, match="a tensor of 4 fields.*add the new one to TensorRow"):
+        archformat.encode_graphs(grown)
+    with pytest.raises(ValueError, match="format 2 has no field for repeat: add it to SegmentRows"):
+        archformat.encode_graphs({**GRAPHS, "segments": {"abc": {**SEGMENT, "repeat": 2}}})
