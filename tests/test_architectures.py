@@ -250,18 +250,6 @@ def test_every_activation_of_phi_is_learned(act, tmp_path):
     fitplan.estimate(model=str(p), precision="bf16-true", optim="adamw_torch")
 
 
-def test_stablelm_per_head_qk_norms_with_parallel_blocks_are_refused():
-    # stabilityai/stablelm-2-12b turns on qk_layernorm and use_parallel_residual together. StableLM's per-head q/k
-    # LayerNorm is a ModuleList of one nn.LayerNorm per head, called in a Python loop over torch.split(..., 1, dim=1)
-    # (modeling_stablelm.py StableLmLayerNormPerHead): the number of recorded ops grows with num_attention_heads,
-    # which no learned graph can express (the learner holds the heads and then cannot fit the rotary width), so
-    # the combination stays refused, with the command that learns it, rather than estimated without the norms
-    cfg = str(CONFIGS / "switch-stablelm-2-12b" / "config.json")
-    with pytest.raises(FitplanError) as e:
-        fitplan.estimate(model=cfg, precision="bf16-true", optim="adamw_torch")
-    assert "qk_layernorm=True" in e.value.message and "learn-architecture" in e.value.suggestion
-
-
 SWITCH_CASES = ("switch-exaone4-lllg", "switch-phi-gelu-tanh", "switch-deepseek-v2-rope32", "switch-deepseek-v3-rope32")
 """Published configs' switches the bundled files were refused on before (issue #25): a tiny config with each."""
 

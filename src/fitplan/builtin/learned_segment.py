@@ -14,7 +14,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .archexpr import compile_expr
-from . import kernels, loss_heads
+from . import kernels, learned_repeat, loss_heads
 from .archfile import FLOAT
 
 if TYPE_CHECKING:
@@ -54,7 +54,9 @@ class Segment:
                     t = kernels.param_lora(self, concrete, name, mult)
                     self.refs[r] = t  # the parametrized weight, cached for the owning module's forward
                     return t
-            return b.param(concrete, name) if r[0] == "p" else b.buffer(concrete, name)
+            if r[0] == "b":
+                return b.buffer(concrete, name)
+            return b.param(concrete, learned_repeat.template(name, b.af.param_index))  # norms.3 -> norms.{h}
         if r.startswith("x:"):
             return b.externals[r[2:]]
         if r.startswith("P"):

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import files
 from .fit import FitError, Fitter
+from .fold import fold
 from .limits import LAYERDROP_WHY, data_dependent_note, dropout_fields
 from .record import FUNCTION_OP, Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
 from .segments import Cut
@@ -84,7 +85,7 @@ def run(cfg: dict[str, Any], precision: str, attn: str, b: int, s: int, *, backw
         rec.backward = align_backward(rec, recb)
         rec.accumulate = recb.accumulate
     rec.meta = _meta(model, config, rec.sites)
-    return rec
+    return fold(rec, rec.meta)  # a loop over heads (StableLM's per-head LayerNorm): one repeated block
 
 
 def _meta(model, config, sites) -> dict[str, Any]:
@@ -424,7 +425,14 @@ def symbolize(cuts: list[Cut], fitter: Fitter, log, skip: set[int] = frozenset()
                     raise LearnError(f"segment {seg['kind']} {seg['layer']} tensor t{k} {entry[1]} dim {d} "
                                      f"(op {_creator(seg, k)}): {e}{data_dependent_note(seg)}") from None
             tensors.append([dims, entry[1], entry[2]])
-        out.append({**seg, "sym_tensors": tensors})
+        reps = []
+        for j, block in enumerate(seg.get("rep", ())):
+            try:
+                reps.append(fitter.fit([s["rep"][j]["count"] for s in segs]))
+            except (FitError, IndexError, KeyError) as e:
+                raise LearnError(f"segment {seg['kind']} {seg['layer']}: the count of repeated block {j} "
+                                 f"(op {block['first']}): {e}") from None
+        out.append({**seg, "sym_tensors": tensors, **({"sym_rep": reps} if reps else {})})
     return out
 
 
@@ -469,6 +477,9 @@ def segment_json(cut: Cut, sym: list[dict[str, Any]], n: int, rec: Recording, ba
         ops.append([name, ins, outs, ex] if ex else [name, ins, outs])
     tensors = [[t[0], t[1], t[2]] for t in ssym["sym_tensors"]]
     out = {"t": tensors, "ops": ops, "args": [a[0] for a in seg["args"]]}
+    if seg.get("rep"):  # ops run once per head (fold.py): the core unrolls them (fitplan.builtin.learned_repeat)
+        out["rep"] = [{"n": n_expr, "first": b["first"], "len": b["len"], "each": b["each"]}
+                      for b, n_expr in zip(seg["rep"], ssym["sym_rep"])]
     # Python lifetimes
     die: dict[str, Any] = {}
     local = seg["local"]
@@ -601,7 +612,8 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
     cuts = [Cut(r, {}) for r in recs]
     sym = symbolize(cuts, fitter, log, skip=set(reuse))
     for n, m in reuse.items():
-        sym[n] = {**sym[n], "sym_tensors": ref["sym"][m]["sym_tensors"]}
+        sym[n] = {**sym[n], "sym_tensors": ref["sym"][m]["sym_tensors"],
+                  **({"sym_rep": ref["sym"][m]["sym_rep"]} if "sym_rep" in ref["sym"][m] else {})}
     base_rec = run(probes[0].cfg, precision, attn, probes[0].b, probes[0].s, backward=True)
     if signature(base_rec) != signature(recs[0]):
         raise LearnError("a second recording of the base probe differs from the first"
@@ -650,9 +662,11 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
             dims = [fitter.fit([r.tensors[r.buffers[name]]["shape"][d] for r in recs])
                     for d in range(len(recs[0].tensors[tid]["shape"]))]
             buffers[name] = (dims, recs[0].tensors[tid]["dtype"])
+        repeats = {name: fitter.fit([r.param_repeats[name] for r in recs]) for name in recs[0].param_repeats}
     else:
-        params, buffers = ref["params"], ref["buffers"]
+        params, buffers, repeats = ref["params"], ref["buffers"], ref["repeats"]
     return {"cut": cut0, "rec": recs[0], "segments": segs, "params": params, "buffers": buffers, "sym": sym,
+            "repeats": repeats,
             "sites": sites, "meta": base_rec.meta, "probes": probes, "accumulate": base_rec.accumulate,
             "fitter": fitter, "regime": regime.name, "held": held}
 
@@ -1104,7 +1118,11 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         if any(bb[0] == tmpl for bb in buffers):
             continue
         buffers.append([tmpl, dims, dtype, layer is not None])
+    repeats = {}
+    for name, n_expr in ref16["repeats"].items():  # a repeated block's parameters (norms.{h}.weight): how many
+        repeats.setdefault(_layer_template(name, layer_prefix)[0], n_expr)
     used = _used_names(segments, params, buffers)
+    used.update(_names_in(list(repeats.values())))
     used.update(flags)
     if kind_expr:
         used.update(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", kind_expr))
@@ -1130,6 +1148,7 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         "params": params,
         "tied": tied,
         "buffers": buffers,
+        **({"repeats": repeats} if repeats else {}),
         "output_module": meta["output_module"],
         "layers": {"kind": kind_expr, "kinds": kind_names, "prefix": layer_prefix},
         "variants": entries,

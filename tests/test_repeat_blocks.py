@@ -1,0 +1,116 @@
+"""Repeated blocks in learned graphs (issue #25): ops a model runs once per head, kept once and unrolled per scenario.
+
+StableLM's per-head q/k LayerNorm (transformers 5.24 modeling_stablelm.py ``StableLmLayerNormPerHead``) is
+``torch.cat([norm(h) for norm, h in zip(self.norms, torch.split(x, 1, dim=1))], dim=1)``: one ``split.Tensor``
+with one output per head, one ``native_layer_norm`` per head (its own ``norms.<h>.weight``), one ``cat`` over the
+results. The expected segments below are written out by hand from that code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import fitplan
+from fitplan.builtin.learned_repeat import template, unroll
+
+CONFIGS = Path(__file__).parent / "data" / "configs"
+
+# a folded loop: a0 [b, heads, s, d] -> split (t0, one piece per head) -> LayerNorm per piece (t1 out, t2 mean,
+# t3 rstd) -> cat (t4); t0 dies at the cat, the LayerNorm's statistics when the forward returns
+FOLDED = {
+    "t": [[["b", "1", "s", "d"], "bf16", "a0"],
+          [["b", "1", "s", "d"], "bf16", None],
+          [["b", "1", "s", "1"], "f32", None],
+          [["b", "1", "s", "1"], "f32", None],
+          [["b", "heads", "s", "d"], "bf16", None]],
+    "ops": [["split.Tensor", [["self", "a0"]], ["t0"], {"sc": {"dim": 1}}],
+            ["native_layer_norm", [["input", "t0"], ["weight", "p:norms.{h}.weight"]], ["t1", "t2", "t3"], {"g": "nn"}],
+            ["cat", [["tensors", ["t1"]]], ["t4"]],
+            ["mul.Tensor", [["self", "t4"], ["other", "t4"]], ["t4"]]],
+    "args": ["hidden_states"],
+    "die": {"t0": 2, "t1": 3, "t2": "F", "t3": "F", "t4": "F"},
+    "sites": [{"module": "after", "start": 3, "end": 3, "input": "t4", "output": "t4", "in": "d", "out": "d", "rank": 4}],
+    "rep": [{"n": "heads", "first": 1, "len": 1, "each": ["t0", "t1", "t2", "t3"]}],
+}
+
+
+def test_a_repeated_block_unrolls_to_one_op_per_head():
+    seg = unroll(FOLDED, {"heads": 3})
+    # repetition r of t0..t3 is t0..t3 for r = 0, then new tensors in order: t5..t8 (r = 1), t9..t12 (r = 2)
+    assert [op[0] for op in seg["ops"]] == ["split.Tensor"] + ["native_layer_norm"] * 3 + ["cat", "mul.Tensor"]
+    assert seg["ops"][0][2] == ["t0", "t5", "t9"]  # the split's outputs: one per head
+    assert [op[1] for op in seg["ops"][1:4]] == [
+        [["input", "t0"], ["weight", "p:norms.0.weight"]],
+        [["input", "t5"], ["weight", "p:norms.1.weight"]],
+        [["input", "t9"], ["weight", "p:norms.2.weight"]]]
+    assert [op[2] for op in seg["ops"][1:4]] == [["t1", "t2", "t3"], ["t6", "t7", "t8"], ["t10", "t11", "t12"]]
+    assert seg["ops"][4][1] == [["tensors", ["t1", "t6", "t10"]]]  # the cat reads every head's result
+    assert len(seg["t"]) == 5 + 2 * 4
+    assert seg["t"][5] == [["b", "1", "s", "d"], "bf16", "a0"]  # a view of the same input (a0 is not repeated)
+    assert seg["t"][6][2] is None and seg["t"][8][1] == "f32"
+    # positions after the loop move by (3 - 1) * 1: the pieces die at the cat, now op 4; the site is op 5
+    assert seg["die"] == {"t0": 4, "t5": 4, "t9": 4, "t1": 5, "t6": 5, "t10": 5,
+                          "t2": "F", "t7": "F", "t11": "F", "t3": "F", "t8": "F", "t12": "F", "t4": "F"}
+    assert (seg["sites"][0]["start"], seg["sites"][0]["end"]) == (5, 5)
+    assert "rep" not in seg and seg["ops"][1][3] == {"g": "nn"}
+    assert FOLDED["ops"][0][2] == ["t0"]  # the file's segment is not changed
+
+
+def test_a_repeated_block_at_its_recorded_count_is_the_recording():
+    seg = unroll(FOLDED, {"heads": 1})
+    assert seg["ops"] == [["split.Tensor", [["self", "a0"]], ["t0"], {"sc": {"dim": 1}}],
+                          ["native_layer_norm", [["input", "t0"], ["weight", "p:norms.0.weight"]], ["t1", "t2", "t3"],
+                           {"g": "nn"}],
+                          ["cat", [["tensors", ["t1"]]], ["t4"]],
+                          ["mul.Tensor", [["self", "t4"], ["other", "t4"]], ["t4"]]]
+    assert seg["die"] == FOLDED["die"] and seg["t"] == FOLDED["t"]
+
+
+def test_a_tensor_that_dies_inside_the_body_dies_in_its_own_repetition():
+    folded = {**FOLDED, "die": {**FOLDED["die"], "t0": 1}}  # each piece released by the LayerNorm that read it
+    seg = unroll(folded, {"heads": 4})
+    assert [seg["die"][t] for t in ("t0", "t5", "t9", "t13")] == [1, 2, 3, 4]
+
+
+def test_repeated_parameter_names_map_to_their_template():
+    known = {"model.layers.{i}.self_attn.q_layernorm.norms.{h}.weight": []}
+    assert template("model.layers.{i}.self_attn.q_layernorm.norms.7.weight", known) == \
+        "model.layers.{i}.self_attn.q_layernorm.norms.{h}.weight"
+    assert template("model.layers.{i}.mlp.up_proj.weight", known) == "model.layers.{i}.mlp.up_proj.weight"
+
+
+def test_stablelm_2_12b_parameters_count_one_layernorm_per_head():
+    # stabilityai/stablelm-2-12b config.json (rulesets/models/stablelm.toml): per layer, q_layernorm has 32
+    # LayerNorm(head_dim = 5120/32 = 160, bias=False) and k_layernorm 8: 40 * 160 = 6,400 weights per layer
+    # (transformers 5.24 modeling_stablelm.py StableLmLayerNormPerHead). Per layer: q and o 5120*5120, k and v
+    # 5120*(8*160), gate/up/down 3*5120*13824, the input LayerNorm with its bias 2*5120 (a parallel block has no
+    # post-attention LayerNorm: StableLmDecoderLayer sets it to None), the per-head norms. Plus the embedding and
+    # the untied head 2*100352*5120 and the final LayerNorm 2*5120. (The model card's 12,143,605,760 is 419,840
+    # more, 41 LayerNorms of 2*5120: not what transformers 5.24 builds.)
+    layer = 2 * 5120 * 5120 + 2 * 5120 * 1280 + 3 * 5120 * 13824 + 2 * 5120 + 40 * 160
+    total = 40 * layer + 2 * 100352 * 5120 + 2 * 5120
+    assert total == 12_143_185_920
+    est = fitplan.estimate(model="stablelm-2-12b", precision="bf16-true", optim="adamw_torch_fused")
+    assert est.arch.param_count == total
+
+
+@pytest.mark.parametrize(("precision", "method", "ckpt"), [("bf16-true", "full", False), ("bf16-mixed", "lora", True)])
+def test_stablelm_per_head_norms_with_parallel_blocks_match_the_referee(precision, method, ckpt):
+    """stablelm-2-12b's switches (qk_layernorm and use_parallel_residual) on a tiny sibling, 4 heads and 2 key/value
+    heads: every memory category within 1 % of a real step measured by torch (fitplan-torch's CPU referee)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import fitplan_torch
+
+    cfg = CONFIGS / "switch-stablelm-2-12b" / "config.json"
+    assert json.loads(cfg.read_text())["qk_layernorm"] is True
+    est = fitplan.estimate(model=str(cfg), precision=precision, optim="adamw_torch", method=method,
+                           gradient_checkpointing=ckpt, per_device_train_batch_size=2, max_seq_length=32,
+                           **({"lora_target_modules": ("all-linear",)} if method == "lora" else {}))
+    report = fitplan_torch.validate(est, mode="cpu", memtracker=False)
+    off = {k: c["relative_error"] for k, c in report["components"].items()
+           if c["measured"] and abs(c["relative_error"]) > 0.01}
+    assert off == {}
