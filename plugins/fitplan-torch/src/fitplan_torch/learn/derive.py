@@ -922,6 +922,8 @@ def toggles(base: dict[str, Any], cls) -> list[list[Regime]]:
         out.append([gqa, mha, mqa])
     out.append([Regime("b>1", "b != 1", valid=lambda cfg, b, s: b != 1),
                 Regime("b1", "b == 1", fixed=("b",))])
+    if get_var(base, "partial_rotary_factor") == 1.0:
+        out.append(_full_rotary())
     win = next((k for k in ("sliding_window", "attention_chunk_size") if k in base), None)
     if win:
         cond = f"{win} is not None and s > {win}"
@@ -929,6 +931,26 @@ def toggles(base: dict[str, Any], cls) -> list[list[Regime]]:
                            valid=lambda cfg, b, s, win=win: s <= cfg[win], fixed=(win,)),
                     Regime("window", cond, lambda cfg, b, s, win=win: {**cfg, win: 5},
                            valid=lambda cfg, b, s, win=win: s > cfg[win], fixed=(win,))])
+    return out
+
+
+def _full_rotary() -> list[Regime]:
+    """Rotating every channel (``partial_rotary_factor == 1.0``) records other ops than rotating a part: the
+    models slice ``q[..., :rotary_dim]`` and ``q[..., rotary_dim:]``, and indexing a whole dimension is no op
+    (torch 2.13 torch/csrc/autograd/python_variable_indexing.h ``applySlicing``: a slice from 0 to the size with
+    step 1 returns the tensor itself), so the rotated half is a ``slice`` only below 1.0 (Phi-3 at 1.0, Phi-4-mini
+    at 0.75, transformers 5.24 modeling_phi3.py ``apply_rotary_pos_emb``). Learned as a regime, the factor is a
+    symbol below 1.0 instead of a size held at 1.0."""
+    f = "partial_rotary_factor"
+    return [Regime("rotary-full", f"{f} == 1.0", lambda cfg, b, s: _with(cfg, f, 1.0),
+                   valid=lambda cfg, b, s: get_var(cfg, f) == 1.0, fixed=(f,)),
+            Regime("rotary-part", f"{f} < 1.0", lambda cfg, b, s: _with(cfg, f, 0.5),
+                   valid=lambda cfg, b, s: get_var(cfg, f) < 1.0)]
+
+
+def _with(cfg: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(cfg)
+    put_var(out, name, value)
     return out
 
 
