@@ -114,3 +114,28 @@ def test_stablelm_per_head_norms_with_parallel_blocks_match_the_referee(precisio
     off = {k: c["relative_error"] for k, c in report["components"].items()
            if c["measured"] and abs(c["relative_error"]) > 0.01}
     assert off == {}
+
+
+@pytest.mark.parametrize(("heads", "kv"), [(4, 2), (8, 4)])
+def test_the_unrolled_layer_is_the_layer_torch_runs(heads, kv):
+    """The bundled stablelm file's layer graph, unrolled at ``heads`` / ``kv``, is op for op what the model records
+    (fitplan-torch's recorder, without folding): one LayerNorm per query head and one per key/value head."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from fitplan.builtin.archfile import load
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.record import record
+
+    cfg = {**json.loads((CONFIGS / "switch-stablelm-2-12b" / "config.json").read_text()),
+           "num_attention_heads": heads, "num_key_value_heads": kv, "hidden_size": 16 * heads}
+    model, config = derive.build(cfg, "16", "sdpa")
+    rec = record(model, derive.batch_for(config, 2, 16))
+    layer = rec.layers[1]
+    torch_ops = [o["name"] for o in rec.ops[layer["start"]:layer["end"]]]
+    assert torch_ops.count("native_layer_norm") == 1 + heads + kv  # the input LayerNorm, then one per head
+
+    af = load("stablelm")
+    env = {**af.symbols(cfg), "b": 2, "s": 16}
+    v = af.variant("16", "sdpa", env)
+    seg = unroll(af.segments[v["layers"][af.layer_kinds(env)[1]]], env)
+    assert [op[0] for op in seg["ops"]] == torch_ops

@@ -577,6 +577,9 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
     reuse: dict[int, int] = {}
     probe_vars = variables
     ref = None
+    # a regime that held a size fixed (partial_rotary_factor at 1.0) fitted its segments at that value only: its
+    # expressions cannot serve a regime where the size varies
+    refs = [r for r in refs if not (set(r.get("fixed", ())) - set(regime.fixed)) & set(variables)]
     if refs:
         base0 = regime.setup(copy.deepcopy(base_cfg), b, s)
         cut_b = Cut(run(base0, precision, attn, b, s), {})
@@ -598,6 +601,9 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
             needed = set()
             for n in differing:
                 needed |= _names_in(ref["sym"][n]["sym_tensors"])
+            # a variable the reference regime held fixed (partial_rotary_factor at 1.0) appears in none of its
+            # expressions but is a size here: probed as well
+            needed |= set(ref.get("fixed", ())) - set(regime.fixed)
             probe_vars = [v for v in variables if v in needed]
         elif not differing:
             probe_vars = []
@@ -668,7 +674,7 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
     return {"cut": cut0, "rec": recs[0], "segments": segs, "params": params, "buffers": buffers, "sym": sym,
             "repeats": repeats,
             "sites": sites, "meta": base_rec.meta, "probes": probes, "accumulate": base_rec.accumulate,
-            "fitter": fitter, "regime": regime.name, "held": held}
+            "fitter": fitter, "regime": regime.name, "held": held, "fixed": regime.fixed}
 
 
 # --------------------------------------------------------------------------- the whole file
