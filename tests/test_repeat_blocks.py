@@ -139,3 +139,67 @@ def test_the_unrolled_layer_is_the_layer_torch_runs(heads, kv):
     v = af.variant("16", "sdpa", env)
     seg = unroll(af.segments[v["layers"][af.layer_kinds(env)[1]]], env)
     assert [op[0] for op in seg["ops"]] == torch_ops
+
+
+def test_the_learner_folds_a_loop_over_heads_to_one_repetition():
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.fold import fold
+    from fitplan_torch.learn.record import Recording
+
+    rec = Recording()
+    rec.tensors = [{"shape": [2, 3, 4, 8], "dtype": "bf16", "sid": 0, "origin": "input", "op": None}]
+    rec.storages = [{"nbytes": 384, "owner": 0, "death": 5}]
+    ops = [("split.Tensor", [("self", 0)], [1, 2, 3])]
+    # tensors 1-3 the pieces, 4-6 / 7-9 / 10-12 the LayerNorms' (out, mean, rstd), 13-15 the weights, 16 the cat
+    for j in range(3):
+        ops.append(("native_layer_norm", [("input", 1 + j), ("weight", 13 + j)], [4 + 3 * j, 5 + 3 * j, 6 + 3 * j]))
+    ops.append(("cat", [("tensors", [4, 7, 10])], [16]))
+    ops.append(("mul.Tensor", [("self", 16), ("other", 16)], [17]))
+    for i, (name, args, outs) in enumerate(ops):
+        rec.ops.append({"name": name, "args": args, "outs": outs, "scalars": {}, "inplace": False})
+    for t in range(1, 18):
+        op = next((i for i, o in enumerate(ops) if t in o[2]), None)
+        rec.tensors.append({"shape": [1], "dtype": "bf16", "sid": t, "origin": "op" if op is not None else "param", "op": op})
+        rec.storages.append({"nbytes": 2, "owner": t, "death": None})
+    for j in range(3):
+        rec.storages[1 + j]["death"] = 1 + j  # each piece when its LayerNorm returns
+        rec.storages[4 + 3 * j]["death"] = 4  # each LayerNorm output at the cat
+    rec.params = {f"layers.0.attn.q_norm.norms.{j}.weight": 13 + j for j in range(3)}
+    rec.accumulate = {f"layers.0.attn.q_norm.norms.{j}.weight": "steal" for j in range(3)}
+    rec.layers = [{"index": 0, "start": 0, "end": 6, "args": []}]
+    rec.backward = {k: {"op": k} for k in range(6)}
+    rec.backward_order = [5, 4, 3, 2, 1, 0]
+    rec.forward_end = 6
+    fold(rec)
+    assert [o["name"] for o in rec.ops] == ["split.Tensor", "native_layer_norm", "cat", "mul.Tensor"]
+    assert rec.ops[0]["outs"] == [1] and rec.ops[2]["args"] == [("tensors", [4])]
+    assert rec.repeats == [{"first": 1, "len": 1, "count": 3, "each": [1, 4, 5, 6]}]
+    assert rec.params == {"layers.0.attn.q_norm.norms.{h}.weight": 13}
+    assert rec.param_repeats == {"layers.0.attn.q_norm.norms.{h}.weight": 3}
+    assert rec.accumulate == {"layers.0.attn.q_norm.norms.{h}.weight": "steal"}
+    # deaths: piece 0 at its LayerNorm (op 1); pieces 1 and 2 died inside removed repetitions: at the cat (new op 2);
+    # LayerNorm outputs at the cat (old 4 -> new 2); x at the mul (old 5 -> new 3)
+    assert [rec.storages[s]["death"] for s in (1, 2, 3, 4, 0)] == [1, 2, 2, 2, 3]
+    assert rec.layers[0]["end"] == 4 and rec.forward_end == 4
+    assert sorted(rec.backward) == [0, 1, 2, 3] and rec.backward[2] == {"op": 4}
+    assert rec.backward_order == [3, 2, 1, 0]
+
+
+def test_a_split_whose_pieces_are_not_gathered_in_a_list_is_not_folded():
+    """GPT-2's ``c_attn(x).split(embed_dim, dim=2)`` then the same view/transpose on q, k and v: the three results
+    go to attention as separate arguments, not as one list, so nothing is folded."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.fold import fold
+    from fitplan_torch.learn.record import Recording
+
+    rec = Recording()
+    rec.tensors = [{"shape": [1], "dtype": "bf16", "sid": 0, "origin": "op", "op": None} for _ in range(8)]
+    rec.storages = [{"nbytes": 2, "owner": 0, "death": None}]
+    rec.ops = [{"name": "split.Tensor", "args": [("self", 0)], "outs": [1, 2, 3], "scalars": {}, "inplace": False}]
+    rec.ops += [{"name": "transpose.int", "args": [("self", 1 + j)], "outs": [4 + j], "scalars": {}, "inplace": False}
+                for j in range(3)]
+    rec.ops.append({"name": "sdpa", "args": [("query", 4), ("key", 5), ("value", 6)], "outs": [7], "scalars": {},
+                    "inplace": False})
+    rec.forward_end = 5
+    fold(rec)
+    assert len(rec.ops) == 5 and rec.repeats == []
