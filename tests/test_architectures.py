@@ -243,10 +243,16 @@ ACTIVATIONS = ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "re
 (silu, gelu, gelu_new, gelu_pytorch_tanh) and two more; litgpt runs Phi with gelu_pytorch_tanh."""
 
 
+EVERY_ACTIVATION = {"phi": "hidden_act", "exaone4": "hidden_act", "gpt2": "activation_function"}
+"""The types relearned with every value of ACTIVATIONS (python -m fitplan_torch.learn.bundle TYPE), and the config
+field their class reads the activation from (GPT2Config: ``activation_function``)."""
+
+
 @pytest.mark.parametrize("act", ACTIVATIONS)
-def test_every_activation_of_phi_is_learned(act, tmp_path):
+@pytest.mark.parametrize("model_type", EVERY_ACTIVATION)
+def test_every_activation_is_learned(model_type, act, tmp_path):
     p = tmp_path / "config.json"
-    p.write_text(json.dumps({**json.loads(Path(tiny("phi")).read_text()), "hidden_act": act}))
+    p.write_text(json.dumps({**json.loads(Path(tiny(model_type)).read_text()), EVERY_ACTIVATION[model_type]: act}))
     fitplan.estimate(model=str(p), precision="bf16-true", optim="adamw_torch")
 
 
