@@ -243,7 +243,8 @@ ACTIVATIONS = ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "re
 (silu, gelu, gelu_new, gelu_pytorch_tanh) and two more; litgpt runs Phi with gelu_pytorch_tanh."""
 
 
-EVERY_ACTIVATION = {"phi": "hidden_act", "exaone4": "hidden_act", "gpt2": "activation_function", "gpt_neox": "hidden_act"}
+EVERY_ACTIVATION = {"phi": "hidden_act", "exaone4": "hidden_act", "gpt2": "activation_function", "gpt_neox": "hidden_act",
+                    "qwen2": "hidden_act"}
 """The types relearned with every value of ACTIVATIONS (python -m fitplan_torch.learn.bundle TYPE), and the config
 field their class reads the activation from (GPT2Config: ``activation_function``)."""
 
