@@ -246,7 +246,7 @@ ACTIVATIONS = ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "re
 EVERY_ACTIVATION = {"phi": "hidden_act", "exaone4": "hidden_act", "gpt2": "activation_function", "gpt_neox": "hidden_act",
                     "qwen2": "hidden_act", "llama": "hidden_act",
                     "olmo": "hidden_act", "granite": "hidden_act", "qwen3": "hidden_act",
-                    "mistral": "hidden_act"}
+                    "mistral": "hidden_act", "starcoder2": "hidden_act"}
 """The types relearned with every value of ACTIVATIONS (python -m fitplan_torch.learn.bundle TYPE), and the config
 field their class reads the activation from (GPT2Config: ``activation_function``)."""
 
