@@ -240,26 +240,24 @@ ACTIVATIONS = ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "re
 (silu, gelu, gelu_new, gelu_pytorch_tanh) and two more; litgpt runs Phi with gelu_pytorch_tanh."""
 
 
+EVERY_ACTIVATION = {"phi": "hidden_act", "exaone4": "hidden_act", "gpt2": "activation_function", "gpt_neox": "hidden_act",
+                    "qwen2": "hidden_act", "llama": "hidden_act",
+                    "olmo": "hidden_act", "granite": "hidden_act", "qwen3": "hidden_act",
+                    "mistral": "hidden_act", "starcoder2": "hidden_act"}
+"""The types relearned with every value of ACTIVATIONS (python -m fitplan_torch.learn.bundle TYPE), and the config
+field their class reads the activation from (GPT2Config: ``activation_function``)."""
+
+
 @pytest.mark.parametrize("act", ACTIVATIONS)
-def test_every_activation_of_phi_is_learned(act, tmp_path):
+@pytest.mark.parametrize("model_type", EVERY_ACTIVATION)
+def test_every_activation_is_learned(model_type, act, tmp_path):
     p = tmp_path / "config.json"
-    p.write_text(json.dumps({**json.loads(Path(tiny("phi")).read_text()), "hidden_act": act}))
+    p.write_text(json.dumps({**json.loads(Path(tiny(model_type)).read_text()), EVERY_ACTIVATION[model_type]: act}))
     fitplan.estimate(model=str(p), precision="bf16-true", optim="adamw_torch")
 
 
-def test_stablelm_per_head_qk_norms_with_parallel_blocks_are_refused():
-    # stabilityai/stablelm-2-12b turns on qk_layernorm and use_parallel_residual together. StableLM's per-head q/k
-    # LayerNorm is a ModuleList of one nn.LayerNorm per head, called in a Python loop over torch.split(..., 1, dim=1)
-    # (modeling_stablelm.py StableLmLayerNormPerHead): the number of recorded ops grows with num_attention_heads,
-    # which no learned graph can express (the learner holds the heads and then cannot fit the rotary width), so
-    # the combination stays refused, with the command that learns it, rather than estimated without the norms
-    cfg = str(CONFIGS / "switch-stablelm-2-12b" / "config.json")
-    with pytest.raises(FitplanError) as e:
-        fitplan.estimate(model=cfg, precision="bf16-true", optim="adamw_torch")
-    assert "qk_layernorm=True" in e.value.message and "learn-architecture" in e.value.suggestion
-
-
-SWITCH_CASES = ("switch-exaone4-lllg", "switch-phi-gelu-tanh", "switch-deepseek-v2-rope32", "switch-deepseek-v3-rope32")
+SWITCH_CASES = ("switch-exaone4-lllg", "switch-phi-gelu-tanh", "switch-deepseek-v2-rope32", "switch-deepseek-v3-rope32",
+                "switch-phi3-rotary075")
 """Published configs' switches the bundled files were refused on before (issue #25): a tiny config with each."""
 
 
@@ -280,21 +278,23 @@ def test_newly_accepted_switches_match_the_referee(name, precision, method, ckpt
     assert off == {}
 
 
-def test_a_partial_rotary_that_changes_the_ops_is_refused(tmp_path):
-    # transformers 5.24 modeling_phi3.py rotates the first partial_rotary_factor * head_dim channels and
-    # concatenates the rest (q[..., rotary_dim:], empty at 1.0): the learner found no other value that records the
-    # same ops as the tiny config's 1.0 (Phi-3-mini/medium), so the file holds it. Phi-4-mini (phi3, 0.75) is
-    # refused until learned, rather than estimated with Phi-3's ops.
+def test_a_partial_rotary_below_one_is_a_regime_not_a_held_size(tmp_path):
+    # transformers 5.24 modeling_phi3.py rotates q[..., :rotary_dim] and concatenates q[..., rotary_dim:]; at
+    # partial_rotary_factor 1.0 (Phi-3-mini/medium) the first index covers the whole dimension, which torch's
+    # indexing returns as the tensor itself (an alias, no slice op), so Phi-4-mini's 0.75 runs one more op per
+    # rotation. The learner knows it as a regime (factor == 1.0 / < 1.0), so nothing is held and 0.75 is estimated.
     from fitplan.arch.archfile import load
 
-    assert load("phi3").data["held"] == {"partial_rotary_factor": 1.0}
+    assert "held" not in load("phi3").data
+    whens = {v.get("when") or "" for v in load("phi3").variants}
+    assert any("partial_rotary_factor == 1.0" in w for w in whens)
+    assert any("partial_rotary_factor < 1.0" in w for w in whens)
     cfg = json.loads(Path(tiny("phi3")).read_text())
-    fitplan.estimate(model=tiny("phi3"))
+    full = fitplan.estimate(model=tiny("phi3"), precision="bf16-true", optim="adamw_torch")
     p = tmp_path / "config.json"
     p.write_text(json.dumps({**cfg, "partial_rotary_factor": 0.75}))
-    with pytest.raises(FitplanError) as e:
-        fitplan.estimate(model=str(p))
-    assert (e.value.field, e.value.value) == ("$.partial_rotary_factor", 0.75)
+    part = fitplan.estimate(model=str(p), precision="bf16-true", optim="adamw_torch")
+    assert part.arch.param_count == full.arch.param_count  # the rotary width has no parameter
 
 
 # --------------------------------------------------------------------------- expressions

@@ -155,6 +155,20 @@ PUBLISHED_DTYPES = {
     "phi-3.5-mini": "bfloat16",
     # openai/gpt-oss-20b states none (its config.json has no torch_dtype key): public copies of that file
     "gpt-oss-20b": None,
+    # issue #25, filled from public copies of the published config.json files (each entry's comment names its copy):
+    # mlc-ai/mlc-llm python/mlc_llm/model/model_preset.py ("gpt2_medium", "gpt_bigcode", "stablelm", "olmo2_7b",
+    # "olmo2_13b"); the Hub's own stabilityai/stablelm-2-12b config.json (revision 74dd3f5); copies in public test
+    # and training code for DeepSeek-V2, falcon-7b, ERNIE-4.5-0.3B-PT; a re-upload of pythia-160m's checkpoint config
+    "gpt2-medium": None,
+    "gpt-bigcode-santacoder": None,
+    "stablelm-3b-4e1t": "bfloat16",
+    "stablelm-2-12b": "bfloat16",
+    "olmo-2-7b": "float32",
+    "olmo-2-13b": "float32",
+    "deepseek-v2": "bfloat16",
+    "falcon-7b": "bfloat16",
+    "ernie-4.5-0.3b": "bfloat16",
+    "pythia-160m": "float16",
 }
 
 

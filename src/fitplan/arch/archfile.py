@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from fitplan.errors import FitplanError
+from fitplan.arch import learned_repeat
 from fitplan.arch.archexpr import ExprError, compile_expr
 from fitplan.arch.archformat import FORMAT, REFORMAT, decode_graphs, decode_header
 BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "bool": 1, "u8": 1, "i8": 1, "f64": 8, "i16": 2, "c64": 8}
 """Bytes per element of each dtype code the learned files use."""
+REPEAT = learned_repeat.H
 FLOAT = ("f32", "bf16", "f16", "f64", "c64")
 """The dtypes autograd differentiates: floating and complex (``isDifferentiableType``,
 torch/csrc/autograd/variable.h, torch 2.13). Complex counts: Llama-4's and DeepSeek-V2's rotary embedding
@@ -187,6 +189,8 @@ class ArchFile:
         for p in self.params:  # a name may have one shape per switch combination (Falcon's fused qkv)
             self.param_index.setdefault(p[0], []).append(p)
         self.buffer_index = {b[0]: b for b in self.buffers}
+        self.repeats: dict[str, str] = data.get("repeats", {})
+        """Parameter template -> how many there are (a repeated block's ``norms.{h}.weight``: ``num_attention_heads``)."""
         self._graphs: dict[str, Any] | None = None
 
     @property
@@ -298,16 +302,27 @@ class ArchFile:
             name, dims, role, where, cond = entry[:5]
             if cond is not None and not compile_expr(cond)(env):
                 continue
+            names = self.repeated(name, env)
             if where is None:
-                out.append((name, tuple(int(compile_expr(d)(env)) for d in dims), role, False, None, entry))
+                shape = tuple(int(compile_expr(d)(env)) for d in dims)
+                out.extend((nm, shape, role, False, None, entry) for nm in names)
                 continue
             same = None if any(_uses_layer(d) for d in dims) else tuple(int(compile_expr(d)(env)) for d in dims)
             for i in range(L):
                 if kinds[i] not in where:
                     continue
                 shape = same if same is not None else tuple(int(compile_expr(d)(env | {"i": i})) for d in dims)
-                out.append((name.replace("{i}", str(i)), shape, role, True, i, entry))
+                out.extend((nm.replace("{i}", str(i)), shape, role, True, i, entry) for nm in names)
         return out
+
+    def repeated(self, name: str, env: dict[str, Any]) -> list[str]:
+        """The names of a parameter entry: ``name`` itself, or for a parameter of a repeated block
+        (``norms.{h}.weight``, :mod:`.learned_repeat`) one per repetition, as many as the file's ``repeats``
+        expression for it says (``num_attention_heads``)."""
+        expr = self.repeats.get(name)
+        if expr is None:
+            return [name]
+        return [name.replace(REPEAT, str(h)) for h in range(int(compile_expr(expr)(env)))]
 
     def _flag_names(self) -> set[str]:
         import re
@@ -322,7 +337,7 @@ class ArchFile:
                 return self.score_entry()
             if any(p[2] == "output" for p in self.param_index.get(name, ())):
                 return None
-        for p in self.param_index.get(name, ()):
+        for p in self.param_index.get(learned_repeat.template(name, self.param_index), ()):
             if p[4] is None or compile_expr(p[4])(env):
                 return p
         return None

@@ -105,6 +105,18 @@ class OpRow:
 
 
 @attrs.frozen
+class RepeatRow:
+    """A block of ops run once per head (``segments.<id>.rep``, docs/architectures.md "Repeated blocks"): ops
+    ``first`` .. ``first + len - 1`` are one repetition, run ``n`` times (an expression over the config's
+    symbols); ``each`` the tensors that exist once per repetition."""
+
+    n: str
+    first: int
+    len: int
+    each: list[str]
+
+
+@attrs.frozen
 class SegmentRows:
     """A recorded segment (the prologue, a decoder layer, the epilogue)."""
 
@@ -117,9 +129,10 @@ class SegmentRows:
     loss: str | None = None
     logits_from: int | None = None
     embed_out: str | None = None
+    rep: list[RepeatRow] | None = None
 
 
-_SEGMENT_KEYS = ("t", "ops", "args", "die", "out", "sites", "loss", "logits_from", "embed_out")
+_SEGMENT_KEYS = ("t", "ops", "args", "die", "out", "sites", "loss", "logits_from", "embed_out", "rep")
 """The in-memory segment's keys, in the learner's order (:func:`decode` writes them back in this order)."""
 _OP_KEYS = frozenset(("op", "in", "out"))
 
@@ -158,6 +171,10 @@ def _bool(v: Any) -> bool:
     return type(v) is bool
 
 
+def _int(v: Any) -> bool:
+    return type(v) is int
+
+
 _ROW_CHECKS: dict[type, dict[str, Any]] = {
     ParamRow: {"name": _str, "shape": _strs, "role": _str, "layer_kinds": _opt_strs, "when": _opt_str, "dtype": _str,
                "linear": _opt_str},
@@ -165,10 +182,11 @@ _ROW_CHECKS: dict[type, dict[str, Any]] = {
     TiedRow: {"name": _str, "target": _str, "when": _opt_str},
     CheckRow: {"expr": _str, "field": _str, "message": _str},
     TensorRow: {"id": _str, "shape": _strs, "dtype": _str, "base": _opt_str},
+    RepeatRow: {"n": _str, "first": _int, "len": _int, "each": _strs},
 }
 """Each row's fields and the type each must have (a list of size expressions is a list of strings)."""
 _WORDS = {_str: "a string", _opt_str: "a string or null", _strs: "a list of strings",
-          _opt_strs: "a list of strings or null", _bool: "true or false"}
+          _opt_strs: "a list of strings or null", _bool: "true or false", _int: "an integer"}
 
 
 def _row_hook(cls: type, checks: dict[str, Any]):
@@ -304,6 +322,8 @@ def _segment_object(seg: dict[str, Any], sid: str) -> dict[str, Any]:
     out["die"] = seg["die"]
     if "sites" in seg:
         out["sites"] = seg["sites"]
+    if "rep" in seg:
+        out["rep"] = [{"n": r["n"], "first": r["first"], "len": r["len"], "each": r["each"]} for r in seg["rep"]]
     return out
 
 
@@ -361,13 +381,15 @@ def _segment_memory(seg: SegmentRows, raw: dict[str, Any]) -> dict[str, Any]:
         "ops": [[o.op, [[k, v] for k, v in o.args.items()], o.out, *([o.extra] if o.extra else [])] for o in seg.ops],
         "args": seg.args, "die": seg.die, "out": seg.out, "sites": seg.sites, "loss": seg.loss,
         "logits_from": seg.logits_from, "embed_out": seg.embed_out,
+        "rep": None if seg.rep is None else [{"n": r.n, "first": r.first, "len": r.len, "each": r.each} for r in seg.rep],
     }
     return {k: full[k] for k in _SEGMENT_KEYS if k in raw or k == "t"}
 
 
 # --------------------------------------------------------------------------- the text of a file
 
-ROWS = frozenset({"params", "buffers", "tied", "checks", "fields", "variants", "tensors", "ops", "sites", "autograd"})
+ROWS = frozenset({"params", "buffers", "tied", "checks", "fields", "variants", "tensors", "ops", "sites", "autograd",
+                  "rep"})
 """Containers whose items are rows: each item on a line of its own, written compact."""
 
 

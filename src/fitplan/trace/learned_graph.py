@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fitplan.arch import learned_repeat
 from fitplan.arch.archexpr import compile_expr
 from fitplan.arch.archfile import BYTES, FLOAT, ArchFile, autograd_table
 from fitplan.trace import kernels, loss_heads, op_work
@@ -82,6 +83,8 @@ class Builder:
         """QLoRA: ``bnb_4bit_compute_dtype``, the dtype of the 4-bit layers' matmuls."""
         self.lora = self.spec.method in ("lora", "qlora")
         self.params: dict[str, Any] = {}
+        self.unrolled: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        """id(segment) -> (the segment, kept alive; its repeated blocks unrolled for this scenario)."""
         self.ac_cache: dict[str, Any] = {}
         self.param_dtypes = {p[0]: p[5] if len(p) > 5 else "bf16" for p in af.params}
         self.param_uses: dict[int, int] = {}
@@ -335,6 +338,12 @@ class Builder:
                      for m in self.af.layer_sites)
 
     def segment(self, seg: dict[str, Any], name: str, *, args: list[Any], layer: int | None) -> Segment:
+        """Replay ``seg`` (its repeated blocks unrolled for this scenario: :mod:`.learned_repeat`)."""
+        if seg.get("rep"):
+            key = id(seg)
+            if key not in self.unrolled:
+                self.unrolled[key] = (seg, learned_repeat.unroll(seg, self.env))
+            seg = self.unrolled[key][1]
         inst = Segment(self, seg, args, layer)
         inst.run()
         return inst

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from fitplan.arch import learned_repeat
 from fitplan.arch.archexpr import compile_expr
 from fitplan.trace import kernels, loss_heads
 from fitplan.arch.archfile import FLOAT
@@ -54,7 +55,9 @@ class Segment:
                     t = kernels.param_lora(self, concrete, name, mult)
                     self.refs[r] = t  # the parametrized weight, cached for the owning module's forward
                     return t
-            return b.param(concrete, name) if r[0] == "p" else b.buffer(concrete, name)
+            if r[0] == "b":
+                return b.buffer(concrete, name)
+            return b.param(concrete, learned_repeat.template(name, b.af.param_index))  # norms.3 -> norms.{h}
         if r.startswith("x:"):
             return b.externals[r[2:]]
         if r.startswith("P"):

@@ -20,6 +20,7 @@ from fitplan.api import archformat
 
 from . import files
 from .fit import FitError, Fitter
+from .fold import fold
 from .limits import LAYERDROP_WHY, data_dependent_note, dropout_fields
 from .record import FUNCTION_OP, Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
 from .segments import Cut
@@ -85,7 +86,7 @@ def run(cfg: dict[str, Any], precision: str, attn: str, b: int, s: int, *, backw
         rec.backward = align_backward(rec, recb)
         rec.accumulate = recb.accumulate
     rec.meta = _meta(model, config, rec.sites)
-    return rec
+    return fold(rec, rec.meta)  # a loop over heads (StableLM's per-head LayerNorm): one repeated block
 
 
 def _meta(model, config, sites) -> dict[str, Any]:
@@ -425,7 +426,14 @@ def symbolize(cuts: list[Cut], fitter: Fitter, log, skip: set[int] = frozenset()
                     raise LearnError(f"segment {seg['kind']} {seg['layer']} tensor t{k} {entry[1]} dim {d} "
                                      f"(op {_creator(seg, k)}): {e}{data_dependent_note(seg)}") from None
             tensors.append([dims, entry[1], entry[2]])
-        out.append({**seg, "sym_tensors": tensors})
+        reps = []
+        for j, block in enumerate(seg.get("rep", ())):
+            try:
+                reps.append(fitter.fit([s["rep"][j]["count"] for s in segs]))
+            except (FitError, IndexError, KeyError) as e:
+                raise LearnError(f"segment {seg['kind']} {seg['layer']}: the count of repeated block {j} "
+                                 f"(op {block['first']}): {e}") from None
+        out.append({**seg, "sym_tensors": tensors, **({"sym_rep": reps} if reps else {})})
     return out
 
 
@@ -470,6 +478,9 @@ def segment_json(cut: Cut, sym: list[dict[str, Any]], n: int, rec: Recording, ba
         ops.append([name, ins, outs, ex] if ex else [name, ins, outs])
     tensors = [[t[0], t[1], t[2]] for t in ssym["sym_tensors"]]
     out = {"t": tensors, "ops": ops, "args": [a[0] for a in seg["args"]]}
+    if seg.get("rep"):  # ops run once per head (fold.py): the core unrolls them (fitplan.arch.learned_repeat)
+        out["rep"] = [{"n": n_expr, "first": b["first"], "len": b["len"], "each": b["each"]}
+                      for b, n_expr in zip(seg["rep"], ssym["sym_rep"])]
     # Python lifetimes
     die: dict[str, Any] = {}
     local = seg["local"]
@@ -567,6 +578,9 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
     reuse: dict[int, int] = {}
     probe_vars = variables
     ref = None
+    # a regime that held a size fixed (partial_rotary_factor at 1.0) fitted its segments at that value only: its
+    # expressions cannot serve a regime where the size varies
+    refs = [r for r in refs if not (set(r.get("fixed", ())) - set(regime.fixed)) & set(variables)]
     if refs:
         base0 = regime.setup(copy.deepcopy(base_cfg), b, s)
         cut_b = Cut(run(base0, precision, attn, b, s), {})
@@ -588,6 +602,9 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
             needed = set()
             for n in differing:
                 needed |= _names_in(ref["sym"][n]["sym_tensors"])
+            # a variable the reference regime held fixed (partial_rotary_factor at 1.0) appears in none of its
+            # expressions but is a size here: probed as well
+            needed |= set(ref.get("fixed", ())) - set(regime.fixed)
             probe_vars = [v for v in variables if v in needed]
         elif not differing:
             probe_vars = []
@@ -602,7 +619,8 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
     cuts = [Cut(r, {}) for r in recs]
     sym = symbolize(cuts, fitter, log, skip=set(reuse))
     for n, m in reuse.items():
-        sym[n] = {**sym[n], "sym_tensors": ref["sym"][m]["sym_tensors"]}
+        sym[n] = {**sym[n], "sym_tensors": ref["sym"][m]["sym_tensors"],
+                  **({"sym_rep": ref["sym"][m]["sym_rep"]} if "sym_rep" in ref["sym"][m] else {})}
     base_rec = run(probes[0].cfg, precision, attn, probes[0].b, probes[0].s, backward=True)
     if signature(base_rec) != signature(recs[0]):
         raise LearnError("a second recording of the base probe differs from the first"
@@ -651,11 +669,13 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
             dims = [fitter.fit([r.tensors[r.buffers[name]]["shape"][d] for r in recs])
                     for d in range(len(recs[0].tensors[tid]["shape"]))]
             buffers[name] = (dims, recs[0].tensors[tid]["dtype"])
+        repeats = {name: fitter.fit([r.param_repeats[name] for r in recs]) for name in recs[0].param_repeats}
     else:
-        params, buffers = ref["params"], ref["buffers"]
+        params, buffers, repeats = ref["params"], ref["buffers"], ref["repeats"]
     return {"cut": cut0, "rec": recs[0], "segments": segs, "params": params, "buffers": buffers, "sym": sym,
+            "repeats": repeats,
             "sites": sites, "meta": base_rec.meta, "probes": probes, "accumulate": base_rec.accumulate,
-            "fitter": fitter, "regime": regime.name, "held": held}
+            "fitter": fitter, "regime": regime.name, "held": held, "fixed": regime.fixed}
 
 
 # --------------------------------------------------------------------------- the whole file
@@ -909,6 +929,8 @@ def toggles(base: dict[str, Any], cls) -> list[list[Regime]]:
         out.append([gqa, mha, mqa])
     out.append([Regime("b>1", "b != 1", valid=lambda cfg, b, s: b != 1),
                 Regime("b1", "b == 1", fixed=("b",))])
+    if get_var(base, "partial_rotary_factor") == 1.0:
+        out.append(_full_rotary())
     win = next((k for k in ("sliding_window", "attention_chunk_size") if k in base), None)
     if win:
         cond = f"{win} is not None and s > {win}"
@@ -916,6 +938,26 @@ def toggles(base: dict[str, Any], cls) -> list[list[Regime]]:
                            valid=lambda cfg, b, s, win=win: s <= cfg[win], fixed=(win,)),
                     Regime("window", cond, lambda cfg, b, s, win=win: {**cfg, win: 5},
                            valid=lambda cfg, b, s, win=win: s > cfg[win], fixed=(win,))])
+    return out
+
+
+def _full_rotary() -> list[Regime]:
+    """Rotating every channel (``partial_rotary_factor == 1.0``) records other ops than rotating a part: the
+    models slice ``q[..., :rotary_dim]`` and ``q[..., rotary_dim:]``, and indexing a whole dimension is no op
+    (torch 2.13 torch/csrc/autograd/python_variable_indexing.h ``applySlicing``: a slice from 0 to the size with
+    step 1 returns the tensor itself), so the rotated half is a ``slice`` only below 1.0 (Phi-3 at 1.0, Phi-4-mini
+    at 0.75, transformers 5.24 modeling_phi3.py ``apply_rotary_pos_emb``). Learned as a regime, the factor is a
+    symbol below 1.0 instead of a size held at 1.0."""
+    f = "partial_rotary_factor"
+    return [Regime("rotary-full", f"{f} == 1.0", lambda cfg, b, s: _with(cfg, f, 1.0),
+                   valid=lambda cfg, b, s: get_var(cfg, f) == 1.0, fixed=(f,)),
+            Regime("rotary-part", f"{f} < 1.0", lambda cfg, b, s: _with(cfg, f, 0.5),
+                   valid=lambda cfg, b, s: get_var(cfg, f) < 1.0)]
+
+
+def _with(cfg: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(cfg)
+    put_var(out, name, value)
     return out
 
 
@@ -1105,7 +1147,11 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         if any(bb[0] == tmpl for bb in buffers):
             continue
         buffers.append([tmpl, dims, dtype, layer is not None])
+    repeats = {}
+    for name, n_expr in ref16["repeats"].items():  # a repeated block's parameters (norms.{h}.weight): how many
+        repeats.setdefault(_layer_template(name, layer_prefix)[0], n_expr)
     used = _used_names(segments, params, buffers)
+    used.update(_names_in(list(repeats.values())))
     used.update(flags)
     if kind_expr:
         used.update(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", kind_expr))
@@ -1131,6 +1177,7 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         "params": params,
         "tied": tied,
         "buffers": buffers,
+        **({"repeats": repeats} if repeats else {}),
         "output_module": meta["output_module"],
         "layers": {"kind": kind_expr, "kinds": kind_names, "prefix": layer_prefix},
         "variants": entries,

@@ -152,6 +152,9 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out["tied"] = a["tied"] + [t for t in b["tied"] if t not in a["tied"]]
     out["flags"] = {"values": None, "when": " or ".join(f"({c})" for c in out["combos"] if c) or None}
     out.update(held_sizes([a, b]))
+    repeats = {**a.get("repeats", {}), **b.get("repeats", {})}
+    if repeats:
+        out["repeats"] = repeats
     return out
 
 

@@ -143,6 +143,10 @@ class Cut:
             ops.append([op["name"], ins, outs, extra, i])
         seg["args"] = arg_list
         seg["tensors"] = tensors
+        reps = [r for r in getattr(rec, "repeats", ()) if seg["first"] <= r["first"] < seg["end"]]
+        if reps:  # a loop over heads folded to one repetition (fold.py): positions and tensors made local
+            seg["rep"] = [{"first": r["first"] - seg["first"], "len": r["len"], "count": r["count"],
+                           "each": [f"t{local[t]}" for t in r["each"]]} for r in reps]
         seg["ops"] = ops
         seg["local"] = local
         seg["argmap"] = args
