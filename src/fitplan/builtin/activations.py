@@ -80,7 +80,15 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
       and the forward runs on them (builtin/sharding/fsdp.py): the ``*-true`` trace, no autocast copies; the
       LoRA adapters too are gathered in 16 bits (FSDP2 casts every sharded parameter to ``param_dtype``:
       torch/distributed/fsdp/_fully_shard/_fsdp_param.py ``init_dtype_attrs``, 586-601; FSDP1 every flat
-      parameter: _flat_param.py 1265-1300), so peft casts no input to fp32 for them (measured, fitplan-torch);
+      parameter: _flat_param.py 1265-1300), so under FSDP2 peft casts no input to fp32 for them (measured,
+      fitplan-torch). FSDP1 (``hf_fsdp1``) wraps each adapter Linear as its own unit, and peft reads
+      ``lora_A.weight.dtype`` on it before that unit's pre-forward has gathered it: the fp32 shard
+      (``use_orig_params`` views into the sharded flat parameter), so it casts its input to fp32
+      (peft 0.21 tuners/lora/layer.py:1100 ``_cast_input_dtype``), and accelerate's autocast around the model's
+      forward (accelerator.py:1791-1801; FSDP1's ``cast_forward_inputs`` is off for non-root units,
+      torch/distributed/fsdp/_runtime_utils.py:398-405, accelerate/utils/dataclasses.py:2011-2013) casts it back to
+      16 bits inside ``F.linear``, whose ``mm`` saves that copy: adapter dtype ``"bf16<fp32"`` (trace/kernels.py
+      ``lora_site``); QLoRA under FSDP (not measured: the referee refuses it) keeps the plain rule;
     * QLoRA with ``kbit_preparation = "peft"`` (``prepare_model_for_kbit_training``, peft/utils/other.py:204-209)
       casts every non-quantized parameter to fp32, so the residual stream, norms, attention and LM head run in
       fp32 (``Linear4bit`` returns its input's dtype): the ``32-true`` trace with 4-bit matmuls in
@@ -97,7 +105,10 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
 
     adapter = "fp32" if autocast_adapter_dtype else PRESETS[precision].weight_dtype
     if sharding_kind.startswith("hf_fsdp") and PRESETS[precision].autocast:
+        shard = adapter
         adapter = PRESETS[precision].compute_dtype  # FSDP gathers the adapters in param_dtype too (module doc)
+        if sharding_kind == "hf_fsdp1" and method == "lora":
+            adapter += "<" + shard  # peft casts the input to the unsharded adapter's shard dtype (docstring)
     if sharding_kind.startswith("ds") and PRESETS[precision].master:
         adapter = PRESETS[precision].weight_dtype  # DeepSpeed casts every parameter, adapters too (engine.py:2080-2088)
     if method == "qlora":

@@ -383,8 +383,10 @@ def lora_site(inst, site: dict[str, Any]) -> None:
     A = tr.param(r * in_f, adapter, True)
     B = tr.param(out_f * r, adapter, True)
     A.name, B.name = module + ".lora_A", module + ".lora_B"
-    xa = _cast(inst, x, adapter, label + ".lora_input_cast")
+    xa = _cast(inst, x, b.adapter_input, label + ".lora_input_cast")
     xd = dropout_tensor(inst, xa, b.spec.lora_dropout, label + ".lora_dropout")
+    if b.adapter_input != adapter:  # FSDP1: autocast casts the fp32 input back to the gathered adapter's dtype
+        xd = _cast(inst, xd, adapter, label + ".lora_A.input_cast")
     rank = site.get("rank", 3)
     a = _linear(inst, xd, A, rows, in_f, r, rank, label + ".lora_A")
     bb = _linear(inst, a, B, rows, r, out_f, rank, label + ".lora_B")

@@ -77,8 +77,11 @@ class Builder:
         self.weight = _TRACE_DTYPE[PRESETS[self.spec.precision].weight_dtype]
         """The dtype the weights were loaded in (fp32 for ``*-mixed``; 16-bit for ``bf16-autocast-fp16w``)."""
 
-        self.adapter = _TRACE_DTYPE[self.spec.adapter_dtype]
+        adapter, _, adapter_input = self.spec.adapter_dtype.partition("<")
+        self.adapter = _TRACE_DTYPE[adapter]
         """LoRA adapters' dtype (peft keeps them in fp32; TRL and DeepSpeed's module cast change it)."""
+        self.adapter_input = _TRACE_DTYPE[adapter_input or adapter]
+        """The dtype peft casts an adapter's input to (``lora_A.weight.dtype`` when peft reads it: FSDP1's shard)."""
         self.quant = _TRACE_DTYPE[self.spec.quant_compute or PRESETS[self.spec.precision].compute_dtype]
         """QLoRA: ``bnb_4bit_compute_dtype``, the dtype of the 4-bit layers' matmuls."""
         self.lora = self.spec.method in ("lora", "qlora")

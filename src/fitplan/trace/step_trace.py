@@ -86,7 +86,9 @@ class TraceSpec:
     block: int = ALLOCATOR_BLOCK
     """CUDA's caching allocator rounds every block up to this many bytes (``[framework]`` ruleset)."""
     adapter_dtype: str = "fp32"
-    """LoRA adapters' dtype: fp32 (peft's ``autocast_adapter_dtype``), bf16 (TRL casts them for 4-bit models)."""
+    """LoRA adapters' dtype: fp32 (peft's ``autocast_adapter_dtype``), bf16 (TRL casts them for 4-bit models);
+    ``"bf16<fp32"``: adapters computed in bf16 whose input peft first casts to fp32 and autocast casts back
+    (accelerate FSDP1 under ``*-mixed``: builtin/activations.py ``trace_setup``)."""
     quant_compute: str | None = None
     """QLoRA: ``bnb_4bit_compute_dtype`` (None: the precision's compute dtype)."""
     linear_saves_input: bool = False
