@@ -110,5 +110,5 @@ def test_the_key_covers_the_rules_modules_the_schema_imports():
     imported = {node.module for node in ast.parse(schema.read_text(encoding="utf-8")).body
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fitplan.")}
     files = {package.joinpath(*m.split(".")[1:]).with_suffix(".py") for m in imported}
-    assert {package / "rules" / "conditions.py", package / "rules" / "templates.py"} <= files
+    assert {package / "rulesets" / "conditions.py", package / "rulesets" / "templates.py"} <= files
     assert files - set(snapshot._modules()) == set()
