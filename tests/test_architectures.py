@@ -256,6 +256,18 @@ def test_every_activation_is_learned(model_type, act, tmp_path):
     fitplan.estimate(model=str(p), precision="bf16-true", optim="adamw_torch")
 
 
+@pytest.mark.parametrize("act", [None, "bogus", "swish"])
+def test_an_activation_no_learned_combination_states_is_refused_naming_the_config(act, tmp_path):
+    # "swish" is a key of transformers' ACT2FN the bundle does not learn; null and "bogus" none of them: each would
+    # count no parameter at all (every parameter's switch condition false) rather than be refused
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**json.loads(Path(tiny("llama")).read_text()), "hidden_act": act}))
+    with pytest.raises(FitplanError) as e:
+        fitplan.estimate(model=str(p), precision="bf16-true", optim="adamw_torch")
+    assert (e.value.file, e.value.field, e.value.value) == (str(p), "$.hidden_act", act)
+    assert "learn-architecture" in e.value.render()
+
+
 SWITCH_CASES = ("switch-exaone4-lllg", "switch-phi-gelu-tanh", "switch-deepseek-v2-rope32", "switch-deepseek-v3-rope32",
                 "switch-phi3-rotary075")
 """Published configs' switches the bundled files were refused on before (issue #25): a tiny config with each."""

@@ -330,6 +330,24 @@ class ArchFile:
         when = re.sub(r"'[^']*'|\"[^\"]*\"", "", (self.data.get("flags") or {}).get("when") or "")
         return {n for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", when) if n not in ("and", "or", "not", "is", "None")}
 
+    def check_flags(self, env: dict[str, Any], file: str | None = None) -> None:
+        """:raises FitplanError: the config's switches (``env``) are not a combination this file learned (its
+        ``flags.when``), naming ``file`` (the user's config; default this learned file) and the categorical switch
+        whose value no learned combination states (``hidden_act: None``), else ``model``."""
+        import re
+
+        when = (self.data.get("flags") or {}).get("when")
+        if not when or compile_expr(when)(env):
+            return
+        names = sorted(self._flag_names())
+        odd = next((n for n in names if (vals := re.findall(rf"\b{n} == '([^']*)'", when)) and env.get(n) not in vals),
+                   None)
+        shown = ", ".join(f"{k}={env.get(k)!r}" for k in names)
+        raise FitplanError(f"{self.model_type}: this config's switches ({shown}) are not among those learned ({when})",
+                           file=file or str(self.path), field=f"$.{odd}" if odd else "model",
+                           value=env.get(odd) if odd else None,
+                           suggestion="learn them from this config: fitplan learn-architecture CONFIG --install")
+
     def param_entry(self, name: str, env: dict[str, Any]) -> list[Any] | None:
         """The parameter entry of ``name`` whose switch condition holds for ``env``."""
         if env.get(SCORE_HEAD):
@@ -389,12 +407,7 @@ class ArchFile:
     def variant(self, precision: str, attn: str, env: dict[str, Any]) -> dict[str, Any]:
         """The recorded graphs for a precision class (``16``, ``mixed``, ``32``) and attention kernel whose
         regime condition (e.g. ``s > sliding_window``) holds."""
-        flags = self.data.get("flags") or {}
-        if flags.get("when") and not compile_expr(flags["when"])(env):
-            shown = ", ".join(f"{k}={env.get(k)!r}" for k in sorted(self._flag_names()))
-            raise FitplanError(f"{self.model_type}: this config's switches ({shown}) are not among those learned "
-                               f"({flags['when']})", file=str(self.path), field="model",
-                               suggestion="learn them from this config: fitplan learn-architecture CONFIG --install")
+        self.check_flags(env)
         impls = self.data.get("attn_implementations")
         if impls and attn == "sdpa" and "sdpa" not in impls:
             attn = impls[0]  # transformers' default for a model without SDPA (the estimate warns)

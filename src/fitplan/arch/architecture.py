@@ -298,6 +298,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
             raise unknown_model_type(model_type, file=file) from None
         raise
     env = af.symbols(c, file=file)
+    af.check_flags(env, file)  # a switch value no learned combination states (would count no parameter)
     std = {}
     for key, expr in af.spec_map.items():
         from fitplan.arch.archexpr import compile_expr

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fitplan.arch import learned_repeat
+from fitplan.arch.learned_repeat import unroll as unroll_repeats
 from fitplan.arch.archexpr import compile_expr
 from fitplan.arch.archfile import BYTES, FLOAT, ArchFile, autograd_table
 from fitplan.trace import kernels, loss_heads, op_work
@@ -341,11 +341,11 @@ class Builder:
                      for m in self.af.layer_sites)
 
     def segment(self, seg: dict[str, Any], name: str, *, args: list[Any], layer: int | None) -> Segment:
-        """Replay ``seg`` (its repeated blocks unrolled for this scenario: :mod:`.learned_repeat`)."""
+        """Replay ``seg`` (its repeated blocks unrolled for this scenario: :mod:`fitplan.arch.learned_repeat`)."""
         if seg.get("rep"):
             key = id(seg)
             if key not in self.unrolled:
-                self.unrolled[key] = (seg, learned_repeat.unroll(seg, self.env))
+                self.unrolled[key] = (seg, unroll_repeats(seg, self.env))
             seg = self.unrolled[key][1]
         inst = Segment(self, seg, args, layer)
         inst.run()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from fitplan.arch import learned_repeat
+from fitplan.arch.learned_repeat import template as repeat_template
 from fitplan.arch.archexpr import compile_expr
 from fitplan.trace import kernels, loss_heads
 from fitplan.arch.archfile import FLOAT
@@ -57,7 +57,7 @@ class Segment:
                     return t
             if r[0] == "b":
                 return b.buffer(concrete, name)
-            return b.param(concrete, learned_repeat.template(name, b.af.param_index))  # norms.3 -> norms.{h}
+            return b.param(concrete, repeat_template(name, b.af.param_index))  # norms.3 -> norms.{h}
         if r.startswith("x:"):
             return b.externals[r[2:]]
         if r.startswith("P"):
