@@ -95,16 +95,16 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-if TYPE_CHECKING:
-    from fitplan.arch import archformat
-    from fitplan.arch.archexpr import compile_expr
-    from fitplan.arch.archfile import autograd_table
-    from fitplan.arch.archfile import load as load_arch_file
-    from fitplan.arch.archfile import user_dirs as arch_dirs
-    from fitplan.diskcache import make_private
-    from fitplan.estimation import Estimate, evaluate, hf_config_for
-    from fitplan.files import write_all
-    from fitplan.inputs.files import read_json
-    from fitplan.inputs.precision import HF_WORD, PRESETS
-    from fitplan.output.exports import deepspeed_config
-    from fitplan.trace.lora_targets import peft_target_modules
+if TYPE_CHECKING:  # for type checkers: the LAZY names, served by __getattr__ (hence unused here)
+    from fitplan.arch import archformat  # noqa: F401
+    from fitplan.arch.archexpr import compile_expr  # noqa: F401
+    from fitplan.arch.archfile import autograd_table  # noqa: F401
+    from fitplan.arch.archfile import load as load_arch_file  # noqa: F401
+    from fitplan.arch.archfile import user_dirs as arch_dirs  # noqa: F401
+    from fitplan.diskcache import make_private  # noqa: F401
+    from fitplan.estimation import Estimate, evaluate, hf_config_for  # noqa: F401
+    from fitplan.files import write_all  # noqa: F401
+    from fitplan.inputs.files import read_json  # noqa: F401
+    from fitplan.inputs.precision import HF_WORD, PRESETS  # noqa: F401
+    from fitplan.output.exports import deepspeed_config  # noqa: F401
+    from fitplan.trace.lora_targets import peft_target_modules  # noqa: F401
