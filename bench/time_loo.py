@@ -1,7 +1,8 @@
 """Fit the time model's efficiency factors on published fine-tuning runs; report the leave-one-out error.
 
 The published runs are the ``[[finetune_run]]`` rows of ``rulesets/throughput/published.toml`` without an
-``exclude`` reason. For each, fitplan evaluates the run's scenario once; what the step costs at 100 % of
+``exclude`` reason. For each, fitplan evaluates the run's scenario once (a run that states its network,
+``network_gbps``, on an unpriced reference instance with that network: :func:`cluster_dir`); what the step costs at 100 % of
 every peak (the roofline's terms, the optimizer's and the gradients' bytes, the communication) does not
 depend on the efficiency factors, so the fit re-prices those parts only (:func:`predict`, which must agree
 with ``fitplan estimate``: the script checks it on every row).
