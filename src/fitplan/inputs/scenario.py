@@ -308,7 +308,6 @@ class Parallel(settings.Section):
     zero_stage: int = field(default=0, validator=_one_of((0, 1, 2, 3)))  # type: ignore[arg-type]
     fsdp: str | None = field(default=None, validator=_one_of((None, *FSDP_MODES)))  # type: ignore[arg-type]
     offload_optimizer: bool = False
-    offload_params: bool = False
     tensor_parallel: int = field(default=1, validator=_at_least_one)
     stack: str | None = field(default=None, validator=_one_of((None, *STACKS)))  # type: ignore[arg-type]
     """Which implementation shards (None: ``--zero``/offload/``*-master`` mean DeepSpeed, ``--fsdp`` means the HF
