@@ -228,25 +228,27 @@ def batch_options(space: SearchSpace, dp: int) -> list[tuple[int, int]]:
 
 
 def shard_options(space: SearchSpace, dp: int, precision: str, fsdp: str | None) -> list[dict[str, Any]]:
-    """The ZeRO stage, optimizer offload and shard-level plugin settings (``offload_params``:
-    :func:`fitplan.inputs.settings.searched`) for ``dp`` data-parallel GPUs, each option a dict of their values.
-    DeepSpeed (any stage or offload; a setting whose ``Search.stack`` is ``deepspeed`` at another value than its
-    first) runs fp32 or its 16-bit optimizer (``*-master``); a ``*-master`` preset is searched only under
-    DeepSpeed, its ``*-mixed`` twin only without (the HF flag's pairing: :func:`semantics`). An option is searched
-    only where every setting's ``Search.allowed`` holds (parameter offload: ZeRO-3)."""
+    """The ZeRO stage, optimizer offload and shard-level plugin settings (:func:`fitplan.inputs.settings.searched`)
+    for ``dp`` data-parallel GPUs, each option a dict of their values. DeepSpeed (any stage or offload; a setting
+    whose ``Search.stack`` is ``deepspeed`` at another value than its first) runs fp32 or its 16-bit optimizer
+    (``*-master``); a ``*-master`` preset is searched only under DeepSpeed, its ``*-mixed`` twin only without (the
+    HF flag's pairing: :func:`semantics`). Under FSDP (``fsdp``) no DeepSpeed option is tried. An option is
+    searched only where every setting's ``Search.allowed`` holds (parameter offload: ZeRO-3)."""
     mine = settings.searched("shard")
     first = {s.name: s.search.values[0] for s in mine}
     if fsdp:
-        return [{"zero_stage": 0, "offload_optimizer": False, **first}] if 0 in space.zero_stages and \
-            False in space.offload_optimizer and not PRESETS[precision].master else []
-    combos = [(0, False), (2, True), (3, True)] if dp == 1 else \
-        [(0, False), (1, False), (2, False), (3, False), (1, True), (2, True), (3, True)]
+        combos = [(0, False)]
+    elif dp == 1:
+        combos = [(0, False), (2, True), (3, True)]
+    else:
+        combos = [(0, False), (1, False), (2, False), (3, False), (1, True), (2, True), (3, True)]
     preset = PRESETS[precision]
     out = []
     for z, oo in combos:
         if z not in space.zero_stages or oo not in space.offload_optimizer:
             continue
-        for values in itertools.product(*(space.values(s) for s in mine)):
+        tried = [(first[s.name],) if fsdp and s.search.stack == "deepspeed" else space.values(s) for s in mine]
+        for values in itertools.product(*tried):
             option = {"zero_stage": z, "offload_optimizer": oo, **dict(zip(first, values))}
             if not all(s.search.allowed({**option, "data_parallel": dp}) for s in mine):
                 continue
