@@ -56,6 +56,11 @@ def test_it_is_a_cli_option_and_a_field_of_the_form(reg):
     options = command.make_context("estimate", ["--params", "1B", "--monitor-agent", "light"]).params
     assert scenario_from(options).scenario.hardware.monitor_agent == "light"
     assert SCENARIO_PARAMS["monitor-agent"] == "monitor_agent"  # what fitplan serve's form and API accept
+    from fitplan.cli.commands.plugins import listing
+
+    rows = {r["name"]: r for r in listing(reg)["plugins"]}
+    assert rows["fitplan_settings_example"]["settings"] == ["monitor_agent"]  # `fitplan plugins` says who declares it
+    assert rows["fitplan.builtin.sharding"]["settings"] == ["offload_params"]
 
 
 def test_it_is_exported_and_imported(reg, tmp_path):
