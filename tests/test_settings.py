@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import attrs
+import pytest
 
 import fitplan
 from fitplan.inputs import scenario as sc
@@ -56,12 +57,13 @@ def test_offload_params_is_a_field_of_parallel():
     flat = list(sc.flatten(on))
     assert flat[flat.index("offload_optimizer") + 1] == "offload_params"  # after= places it
     assert (sc.FIELD_SECTION["offload_params"], sc.FIELD_TYPES["offload_params"]) == ("parallel", "bool")
-    try:
+    with pytest.raises(fitplan.FitplanError) as e:
         fitplan.scenario_from_dict({"parallel": {"offload_params": "sometimes"}}, file="plan.toml")
-    except fitplan.FitplanError as e:
-        assert (e.message, e.file) == ("Parallel.offload_params must be true or false, got 'sometimes'", "plan.toml")
-    else:
-        raise AssertionError("a bad offload_params was accepted")
+    assert (e.value.message, e.value.file) == ("Parallel.offload_params must be true or false, got 'sometimes'",
+                                               "plan.toml")
+    with pytest.raises(fitplan.FitplanError) as e:  # where a section keeps its settings is no key of a file
+        fitplan.scenario_from_dict({"parallel": {"extra": {"offload_params": True}}})
+    assert (e.value.message, e.value.field) == ("unknown key 'extra' in section 'parallel'", "$.parallel.extra")
 
 
 def test_the_scenario_toml_writes_it_where_the_declaration_puts_it():

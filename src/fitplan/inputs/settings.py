@@ -35,6 +35,8 @@ def rule_type(annotation: Any) -> str:
     (``number``, ``text``, ``bool``; ``any`` otherwise)."""
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     return RULE_TYPES.get(text.replace(" | None", ""), "any")
+
+
 SEARCH_LEVELS = ("shard",)
 """The loop levels of the search (``search/staged.py`` ``LEVELS``) a setting can join: ``shard`` (the ZeRO stage
 and offload, whose combinations ``search/space.py`` ``shard_options`` enumerates)."""
@@ -99,7 +101,7 @@ class Setting:
     after: str | None = None
     search: Search | None = None
     plan_label: str = ""
-    keys: Mapping[str, str] = field(factory=dict, converter=lambda d: dict(d))
+    keys: Mapping[str, str] = field(factory=dict, converter=dict, hash=False)
     plugin: str = field(default="", eq=False)
 
     def where(self) -> str:
@@ -229,14 +231,15 @@ def plan_labels(fields: Mapping[str, Any]) -> list[str]:
 
 
 class Values(Mapping[str, Any]):
-    """A section's plugin settings that differ from their defaults (hashable, equal whatever was stated
-    explicitly at its default)."""
+    """A section's plugin settings that differ from their defaults, each checked by its declaration (hashable,
+    equal whatever was stated explicitly at its default)."""
 
     __slots__ = ("_items",)
 
     def __init__(self, items: Mapping[str, Any] | None = None) -> None:
         table = declared() if items else {}
-        self._items = tuple(sorted((k, v) for k, v in (items or {}).items() if v != table[k].default))
+        checked = {k: table[k].check(v) for k, v in (items or {}).items()}  # KeyError: no such setting
+        self._items = tuple(sorted((k, v) for k, v in checked.items() if v != table[k].default))
 
     def __getitem__(self, key: str) -> Any:
         for k, v in self._items:
@@ -308,7 +311,8 @@ class Section:
 
 def extra_field() -> Any:
     """The ``extra`` field of every section: its plugin settings that differ from their defaults."""
-    return field(factory=Values, repr=False, kw_only=True)
+    return field(factory=Values, converter=lambda v: v if isinstance(v, Values) else Values(v), repr=False,
+                 kw_only=True)
 
 
 def ordered(own: list[Any], section: str) -> list[Any]:
@@ -330,6 +334,9 @@ def split(nested: dict[str, Any], file: str | None) -> tuple[dict[str, Any], dic
     own: dict[str, Any] = {}
     extra: dict[str, dict[str, Any]] = {}
     for section, values in nested.items():
+        if isinstance(values, dict) and "extra" in values:  # where the settings are kept, not a key of the file
+            raise FitplanError(f"unknown key 'extra' in section {section!r}", file=file, field=f"$.{section}.extra",
+                               suggestion=f"the fields of [{section}]: `fitplan estimate --help`")
         mine = {k for k in values if k in table and table[k].section == section} if isinstance(values, dict) else ()
         if not mine:
             own[section] = values
