@@ -498,11 +498,11 @@ def builtin_fields(cls: type) -> list[attrs.Attribute]:
 settings.OWN_FIELDS.update({name: frozenset(f.name for f in builtin_fields(cls)) for name, cls in SECTIONS.items()})
 
 
-ORDER: Mapping[str, list[attrs.Attribute | settings.Setting]] = settings.LiveTable(
+ORDER: settings.LiveTable = settings.LiveTable(
     lambda: {section: settings.ordered(builtin_fields(cls), section) for section, cls in SECTIONS.items()})
 """Section -> its fields in order: its own, each plugin setting after the field it names (``after``), the others at
 the end: the order of the TOML file, ``--help`` and :func:`flatten`."""
-FIELD_SECTION: Mapping[str, str] = settings.LiveTable(lambda: {f.name: s for s, fs in ORDER.items() for f in fs})
+FIELD_SECTION: settings.LiveTable = settings.LiveTable(lambda: {f.name: s for s, fs in ORDER.items() for f in fs})
 """Flat field name -> its section, plugin settings included (names are unique across sections)."""
 CHOICES: Mapping[str, tuple[Any, ...]] = settings.LiveTable(lambda: {
     f.name: f.choices if isinstance(f, settings.Setting) else tuple(c for c in f.validator.choices if c is not None)
@@ -522,14 +522,19 @@ def section_values(s: Scenario, section: str) -> dict[str, Any]:
 
 def flatten(s: Scenario) -> dict[str, Any]:
     """The scenario as one flat dict of field name -> value (plugin settings included)."""
-    return {f.name: getattr(getattr(s, section), f.name) for section, fs in ORDER.items() for f in fs}
+    out: dict[str, Any] = {}
+    for section, fs in ORDER.current().items():
+        part = getattr(s, section)
+        out.update((f.name, getattr(part, f.name)) for f in fs)
+    return out
 
 
 def from_flat(values: dict[str, Any]) -> Scenario:
     """Build a scenario from flat field names (unknown names are errors)."""
     nested: dict[str, dict[str, Any]] = {}
+    sections = FIELD_SECTION.current()
     for name, value in values.items():
-        section = FIELD_SECTION.get(name)
+        section = sections.get(name)
         if section is None:
             from fitplan.errors import unknown
 
@@ -541,6 +546,4 @@ def from_flat(values: dict[str, Any]) -> Scenario:
 def from_nested(nested: dict[str, Any], *, file: str | None = None) -> Scenario:
     """Build a scenario from ``{"section": {field: value}}`` (strict: wrong types and unknown keys are errors;
     a plugin setting is checked by its declaration, :meth:`fitplan.inputs.settings.Setting.check`)."""
-    own, extra = settings.split(nested, file)
-    s = structure(own, Scenario, file=file)
-    return attrs.evolve(s, **{k: attrs.evolve(getattr(s, k), extra=settings.Values(v)) for k, v in extra.items()})
+    return structure(settings.split(nested, file), Scenario, file=file)

@@ -23,7 +23,7 @@ import attrs
 from attrs import field, frozen
 
 from fitplan.errors import FitplanError, PluginError
-from fitplan.inputs.convert import _strict_bool, _strict_number
+from fitplan.inputs.convert import CONVERTER, _strict_bool, _strict_number
 
 TYPES = ("bool", "int", "float", "text")
 RULE_TYPES = {"bool": "bool", "int": "number", "float": "number", "str": "text", "text": "text"}
@@ -263,6 +263,11 @@ class Values(Mapping[str, Any]):
         return f"Values({dict(self._items)!r})"
 
 
+NONE = Values()
+"""No setting stated (shared: a :class:`Values` never changes)."""
+CONVERTER.register_structure_hook(Values, lambda v, _: v)
+
+
 class LiveTable(Mapping[str, Any]):
     """A table derived from the scenario's fields, plugin settings included: rebuilt when a setting is installed
     (``FIELD_SECTION``, ``CHOICES``, ``FIELD_TYPES`` of ``inputs/scenario.py``)."""
@@ -274,23 +279,27 @@ class LiveTable(Mapping[str, Any]):
         self._table: dict[str, Any] = {}
         self._version = -1
 
-    def _current(self) -> dict[str, Any]:
-        declared()
-        if self._version != VERSION[0]:
+    def current(self) -> dict[str, Any]:
+        """The table now (a plain dict: for loops over many keys)."""
+        if _LOADER or self._version != VERSION[0]:
+            declared()
             self._table, self._version = self._build(), VERSION[0]
         return self._table
 
     def __getitem__(self, key: str) -> Any:
-        return self._current()[key]
+        return self.current()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.current().get(key, default)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._current())
+        return iter(self.current())
 
     def __len__(self) -> int:
-        return len(self._current())
+        return len(self.current())
 
     def __contains__(self, key: object) -> bool:
-        return key in self._current()
+        return key in self.current()
 
 
 class Section:
@@ -311,7 +320,7 @@ class Section:
 
 def extra_field() -> Any:
     """The ``extra`` field of every section: its plugin settings that differ from their defaults."""
-    return field(factory=Values, converter=lambda v: v if isinstance(v, Values) else Values(v), repr=False,
+    return field(default=NONE, converter=lambda v: v if isinstance(v, Values) else Values(v), repr=False,
                  kw_only=True)
 
 
@@ -325,14 +334,14 @@ def ordered(own: list[Any], section: str) -> list[Any]:
     return out
 
 
-def split(nested: dict[str, Any], file: str | None) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """``{"section": {field: value}}`` as (the sections' own fields, each section's checked plugin settings).
+def split(nested: dict[str, Any], file: str | None) -> dict[str, Any]:
+    """``{"section": {field: value}}`` with each section's plugin settings checked and moved into its ``extra``
+    (which the scenario's converter takes as it is: :data:`fitplan.inputs.convert.CONVERTER`).
 
     :raises FitplanError: a setting's value is not what it declares, naming the file and the field.
     """
     table = declared()
     own: dict[str, Any] = {}
-    extra: dict[str, dict[str, Any]] = {}
     for section, values in nested.items():
         if isinstance(values, dict) and "extra" in values:  # where the settings are kept, not a key of the file
             raise FitplanError(f"unknown key 'extra' in section {section!r}", file=file, field=f"$.{section}.extra",
@@ -341,9 +350,9 @@ def split(nested: dict[str, Any], file: str | None) -> tuple[dict[str, Any], dic
         if not mine:
             own[section] = values
             continue
-        own[section] = {k: v for k, v in values.items() if k not in mine}
         try:
-            extra[section] = {k: table[k].check(values[k]) for k in mine}
+            extra = Values({k: values[k] for k in mine})
         except FitplanError as e:
             raise FitplanError(e.message, file=file, field=e.field, value=e.value, suggestion=e.suggestion) from None
-    return own, extra
+        own[section] = {**{k: v for k, v in values.items() if k not in mine}, "extra": extra}
+    return own
