@@ -229,13 +229,18 @@ class BadSettings:
     def fitplan_register_settings(self, register):
         register(Setting("zero_stage", "parallel", type="int", default=0))
         register(Setting("launcher_mode", "paralel", type="text", default="a"))
+        register(Setting("launcher-mode", "parallel", type="text", default="a"))
+        register(Setting("launcher_threads", "parallel", type="int", default=0, minimum=1))
 
 
 def test_a_setting_cannot_replace_a_field_or_another_plugins_setting(fitplan_registry):
     reg = fitplan_registry(Settings(), ("Again", Settings()), BadSettings())
     assert sorted(e.message for e in reg.errors) == [
+        "plugin 'BadSettings': setting 'launcher-mode' is no field name (a Python identifier such as monitor_agent)",
         "plugin 'BadSettings': setting 'launcher_mode' names section 'paralel' (sections: model, training, lora, "
         "parallel, hardware, dataset, cost, trl)",
+        "plugin 'BadSettings': setting 'launcher_threads' has a default it refuses: Parallel.launcher_threads must be "
+        "an integer in [1, inf], got 0",
         "plugin 'BadSettings': setting 'zero_stage' is already a scenario field",
         "setting 'pinned_buffer_mib' is declared by plugin 'Settings' and again by plugin 'Again'",
     ]

@@ -42,11 +42,11 @@ SEARCH_LEVELS = ("shard",)
 and offload, whose combinations ``search/space.py`` ``shard_options`` enumerates)."""
 
 
-def _one_of(choices: tuple[str, ...]) -> Callable[[Any, attrs.Attribute, Any], None]:
+def _one_of(choices: tuple[Any, ...]) -> Callable[[Any, attrs.Attribute, Any], None]:
     def check(inst: Any, att: attrs.Attribute, value: Any) -> None:
         if value not in choices:
-            raise PluginError(f"{type(inst).__name__}.{att.name} must be one of {', '.join(choices)}, got {value!r}",
-                              field=att.name, value=value)
+            raise PluginError(f"{type(inst).__name__}.{att.name} must be one of {', '.join(map(str, choices))}, got "
+                              f"{value!r}", field=att.name, value=value)
     return check
 
 
@@ -68,7 +68,7 @@ class Search:
     level: str = field(default="shard", validator=_one_of(SEARCH_LEVELS))
     weight: int = 1
     allowed: Callable[[Mapping[str, Any]], bool] = _always
-    stack: str | None = None
+    stack: str | None = field(default=None, validator=_one_of((None, "deepspeed")))  # type: ignore[arg-type]
 
 
 @frozen
@@ -188,11 +188,23 @@ def install(settings: Iterable[Setting], report: Callable[[PluginError], None]) 
             why = f"plugin {s.plugin!r}: setting {s.name!r} names section {s.section!r} (sections: {', '.join(OWN_FIELDS)})"
         elif s.name in taken:
             why = f"plugin {s.plugin!r}: setting {s.name!r} is already a scenario field"
+        elif not s.name.isidentifier() or s.name.startswith("_"):
+            why = f"plugin {s.plugin!r}: setting {s.name!r} is no field name (a Python identifier such as monitor_agent)"
+        elif (bad := _bad_default(s)) is not None:
+            why = f"plugin {s.plugin!r}: setting {s.name!r} has a default it refuses: {bad}"
         else:
             _INSTALLED[s.name] = s
             VERSION[0] += 1
             continue
         report(PluginError(why, field="fitplan_register_settings", value=s.name))
+
+
+def _bad_default(s: Setting) -> str | None:
+    try:
+        s.check(s.default)
+    except FitplanError as e:
+        return e.message
+    return None
 
 
 def restore_point() -> Callable[[], None]:
