@@ -312,7 +312,7 @@ PLAN_FIELDS = ("gpu", "provider", "num_gpus", "num_nodes", "method", "precision"
 
 
 def plan_fields() -> tuple[str, ...]:
-    """:data:`PLAN_FIELDS` with the searched plugin settings (``offload_params``) after the shard level's own
+    """:data:`PLAN_FIELDS` with the searched plugin settings (parameter offload, declared by builtin/sharding/offload.py) after the shard level's own
     fields (``offload_optimizer``), in declaration order."""
     mine = tuple(s.name for s in settings.searched("shard"))
     at = PLAN_FIELDS.index("offload_optimizer") + 1

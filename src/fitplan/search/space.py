@@ -52,7 +52,7 @@ class SearchSpace:
     offload_optimizer: tuple[bool, ...] = (False, True)
     settings: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     """``(name, values)`` of plugin settings searched with other values than their declaration's
-    (:class:`fitplan.inputs.settings.Search`: ``offload_params``); the others search the declared values."""
+    (:class:`fitplan.inputs.settings.Search`: parameter offload); the others search the declared values."""
     gpus: tuple[str, ...] | None = None
     providers: tuple[str, ...] | None = None
     gpu_counts: tuple[int, ...] = GPU_COUNTS

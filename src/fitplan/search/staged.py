@@ -37,7 +37,7 @@ LEVEL_OF_SETTINGS = {"shard": L_SHARD}
 
 
 def levels() -> tuple[tuple[str, ...], ...]:
-    """:data:`LEVELS` with each searched plugin setting (``offload_params``) after its level's own inputs."""
+    """:data:`LEVELS` with each searched plugin setting (parameter offload) after its level's own inputs."""
     out = [list(names) for names in LEVELS]
     for s in settings.declared().values():
         if s.search is not None:
