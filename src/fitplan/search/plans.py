@@ -312,8 +312,9 @@ PLAN_FIELDS = ("gpu", "provider", "num_gpus", "num_nodes", "method", "precision"
 
 
 def plan_fields() -> tuple[str, ...]:
-    """:data:`PLAN_FIELDS` with the searched plugin settings (parameter offload, declared by builtin/sharding/offload.py) after the shard level's own
-    fields (``offload_optimizer``), in declaration order."""
+    """:data:`PLAN_FIELDS` with the searched plugin settings (parameter offload, declared by
+    ``builtin/sharding/offload.py``) after the shard level's own fields (``offload_optimizer``), in declaration
+    order."""
     mine = tuple(s.name for s in settings.searched("shard"))
     at = PLAN_FIELDS.index("offload_optimizer") + 1
     return PLAN_FIELDS[:at] + mine + PLAN_FIELDS[at:]
