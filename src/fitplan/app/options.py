@@ -11,6 +11,7 @@ import attrs
 import click
 
 from fitplan.inputs import scenario as sc
+from fitplan.inputs.settings import Setting
 from fitplan.inputs.sources import flag_for
 
 HELP = {
@@ -88,9 +89,10 @@ HELP = {
 }
 
 
-def _click_type(field: attrs.Attribute) -> Any:
-    t = field.type
-    text = str(t)
+def _click_type(field: attrs.Attribute | Setting) -> Any:
+    if isinstance(field, Setting):
+        return {"bool": bool, "int": int, "float": float, "text": str}[field.type]
+    text = str(field.type)
     if "bool" in text:
         return bool
     if "int" in text and "float" not in text:
@@ -120,12 +122,13 @@ def plugin_optimizers() -> list[str]:
 
 
 def scenario_options(func: Callable) -> Callable:
-    """Add one option per scenario field (default None, so only given flags override a scenario file)."""
-    for section, cls in reversed(list(sc.SECTIONS.items())):
-        for f in reversed(attrs.fields(attrs.resolve_types(cls))):
+    """Add one option per scenario field, plugin settings included (default None, so only given flags override a
+    scenario file)."""
+    for section, fields in reversed(list(sc.ORDER.items())):
+        for f in reversed(fields):
             flag = flag_for(f.name)
             typ = _click_type(f)
-            help_text = HELP.get(f.name, f"{section}.{f.name} (default: {f.default!r})")
+            help_text = (f.help if isinstance(f, Setting) else HELP.get(f.name)) or f"{section}.{f.name} (default: {f.default!r})"
             if typ is bool:
                 opt = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=help_text)
             else:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from fitplan.errors import FitplanError
+from fitplan.inputs import settings
 from fitplan.inputs.precision import MASTER_FOR_FLAG
 
 
@@ -249,6 +250,7 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
 
     ta_checks.check(data, str(p))
     out = _ta_plain_fields(data, bad, known_optimizers)
+    out.update(_ta_settings(data, bad))
     bf16, fp16 = data.get("bf16"), data.get("fp16")
     for key, v in (("bf16", bf16), ("fp16", fp16)):
         if v is not None and not isinstance(v, bool):
@@ -321,6 +323,20 @@ def _ta_plain_fields(data: dict[str, Any], bad: Any, known_optimizers: Any) -> d
     return out
 
 
+def _ta_settings(data: dict[str, Any], bad: Any) -> dict[str, Any]:
+    """The plugin settings a TrainingArguments key sets (``Setting.keys["training_args"]``), checked by their
+    declarations (:mod:`fitplan.inputs.settings`)."""
+    out: dict[str, Any] = {}
+    for s in settings.declared().values():
+        key = s.keys.get("training_args")
+        if key is not None and data.get(key) is not None:
+            try:
+                out[s.name] = s.check(data[key])
+            except FitplanError as e:
+                raise bad(key, f"{key}: {e.message}", e.suggestion) from None
+    return out
+
+
 def _ta_liger(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dict[str, Any]:
     """``use_liger_kernel: true``: the Trainer patches the model with Liger-Kernel (transformers 5.24 trainer.py,
     ``_apply_liger_kernel_to_instance``), whose loss is the fused linear cross-entropy (``loss_implementation``
@@ -383,7 +399,8 @@ def _ta_misspelt(data: dict[str, Any], p: Path) -> list[str]:
     """A warning for each ignored key that looks like a misspelt key fitplan reads."""
     import difflib
 
-    read = set(TRAINING_ARGS_FIELDS) | set(_TA_OTHER)
+    read = set(TRAINING_ARGS_FIELDS) | set(_TA_OTHER) | {k for s in settings.declared().values()
+                                                        if (k := s.keys.get("training_args"))}
     out = []
     for key in sorted(data):
         if key in read:
