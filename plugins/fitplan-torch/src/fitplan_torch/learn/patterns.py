@@ -143,7 +143,9 @@ DEFAULTS: dict[str, Any] = {}
 
 
 def _given(c, f):
-    return f in c[0] and c[0][f] is not None
+    """Whether the core sees a list for ``f``: the config's own value, else the class default (RecurrentGemma's
+    ``block_types`` defaults to a 3-long list, Olmo3's ``layer_types`` to None, which the class then derives)."""
+    return _lv(c, f) is not None
 
 
 def _lv(c, f):
@@ -174,6 +176,10 @@ def candidates(cfg: dict[str, Any], ints: list[str], lists: list[str], resolved:
             continue
         if vals and all(isinstance(x, str) for x in vals):
             list_rules = [(f'{f}[i] == "{x}"', lambda i, c, f=f, x=x: _lv(c, f)[i] == x) for x in sorted(set(vals))]
+            # a list shorter than the layers, cycled by the class (RecurrentGemmaConfig.layers_block_type:
+            # ``(block_types * 100)[:num_hidden_layers]``, configuration_recurrent_gemma.py)
+            list_rules += [(f'{f}[i % len({f})] == "{x}"', lambda i, c, f=f, x=x: _lv(c, f)[i % len(_lv(c, f))] == x)
+                           for x in sorted(set(vals))]
         else:
             list_rules = [(f"i in {f}", lambda i, c, f=f: i in (_lv(c, f) or ())),
                           (f"i not in {f}", lambda i, c, f=f: i not in (_lv(c, f) or ())),
@@ -232,12 +238,20 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
     no_lists = {k: v for k, v in cfg.items() if k not in lists}
     observed = []  # (config as given, resolved config, layer features)
 
+    forms = {name: {f.get(name) for f in feats} for name in names}
+
     def observe(c):
         try:
             used = with_layers(c, N_LAYERS)
-            observed.append((used, hf_config(used).to_dict(), layer_features(c, N_LAYERS)))
+            fe = layer_features(c, N_LAYERS)
+            observed.append((used, hf_config(used).to_dict(), fe))
         except Exception:  # noqa: BLE001 - a value the class rejects
-            pass
+            return
+        if any(f.get(name) not in forms[name] for f in fe for name in names):
+            # a form the base config's layers do not have: the varied value shows in every layer of one kind
+            # (Cohere2's sliding_window = 1 is kept as a 0/1 flag by the projection), so this config says
+            # nothing about which layer is which kind
+            observed.pop()
 
     # lists absent (the class derives them from integers or constants), integers varied
     for c in [no_lists] + [{**no_lists, f: v} for f in ints for v in (1, 2, 3, 4)]:
@@ -256,6 +270,8 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
                 continue
             for _ in range(8):
                 observe({**cfg, f: [rnd.choice(vals) for _ in range(N_LAYERS)]})
+            for _ in range(4):  # shorter than the layers: cycled by a class that allows it, else refused
+                observe({**cfg, f: [rnd.choice(vals) for _ in range(3)]})
         elif all(isinstance(x, (int, bool)) and x in (0, 1) for x in base) and len(base) == len(feats_layers(cfg)):
             for _ in range(6):
                 observe({**cfg, f: [rnd.choice((0, 1)) for _ in range(N_LAYERS)]})
