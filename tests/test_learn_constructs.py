@@ -97,3 +97,104 @@ def test_cohere2_without_layer_types_learns_and_matches_the_referee():
     problems, rows = V.check_memory(data, {**resolved, "model_type": "cohere2"}, lambda *a: None, cases=cases)
     assert problems == [] and len(rows) == 2
     assert all(abs(r["activations"]) < 0.01 and abs(r["peak"]) < 0.01 for r in rows)
+
+
+# --------------------------------------------------------------------------- data-dependent sizes
+
+
+def test_balanced_scores_route_every_expert_alike():
+    """The learner's declared routing (learn/routing.py): token t's j-th choice is expert (t·k + j) mod E, so
+    torch.topk over the scores gives every expert k·T/E rows when E divides k·T, and the first ones one more
+    otherwise (by hand: T = 6, k = 2, E = 4: 12 rows, 3 each; T = 7: 14 rows, experts 0 and 1 get 4)."""
+    torch = pytest.importorskip("torch")
+    from fitplan_torch.learn.routing import _balanced_scores
+
+    for T, expected in ((6, [3, 3, 3, 3]), (7, [4, 4, 3, 3])):
+        scores = _balanced_scores(torch.zeros(1, T, 4, dtype=torch.bfloat16), 4, 2)
+        picked = scores.view(T, 4).topk(2, dim=-1).indices
+        assert torch.bincount(picked.flatten(), minlength=4).tolist() == expected
+        assert picked[1].tolist() == [2, 3]  # token 1: experts 2 and 3, in that order
+
+
+def test_jetmoe_learns_its_routed_expert_sizes_and_matches_the_referee():
+    """JetMoE's experts (modeling_jetmoe.py ``JetMoeParallelExperts.forward``) split their input by
+    ``expert_size.tolist()``, the rows the router sent each expert, and run one ``F.linear`` per expert: before,
+    no expression over the config fitted the split's sizes ("t27 (op split_with_sizes): ... fits the values [15,
+    27, 21, ...]"). With the routers fixed to balanced routing while recording, the loop folds to one expert's
+    block of ``ceil_div(k·b·s, E)`` rows, repeated E times; the file states the assumption, the graph check at
+    held-out sizes (b=3, s=21: 126 rows over 4 experts, uneven) finds nothing, and the referee, whose router
+    routes as its random weights say, measures the same activations and peak within 1 %."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn import verify as V
+    from fitplan_torch.learn.shrink import shrink
+
+    cfg = shrink(_defaults("jetmoe"))
+    data, results, specs = derive.learn_full(cfg, log=lambda *a: None, variants=(("16", "sdpa"),), first_only=True)
+    assert data["assumed"]["routing"]["value"] == "balanced"
+    rows_exprs = {e for seg in data["segments"].values() for t in seg["t"] for e in t[0] if "ceil_div" in str(e)}
+    assert rows_exprs == {"ceil_div(b*num_experts_per_tok*s, num_local_experts)"}
+    assert V.check_graph(data, results, specs, lambda *a: None) == []
+    resolved = {k: v for k, v in derive.hf_config(cfg).to_dict().items()
+                if k not in ("transformers_version", "architectures", "dtype", "torch_dtype")}
+    cases = [("bf16-true", "sdpa", False, "full"), ("bf16-true", "sdpa", False, "lora")]
+    problems, rows = V.check_memory(data, {**resolved, "model_type": "jetmoe"}, lambda *a: None, cases=cases)
+    assert problems == [] and len(rows) == 2
+    assert all(abs(r["activations"]) < 0.01 and abs(r["peak"]) < 0.01 for r in rows)
+
+
+# --------------------------------------------------------------------------- layer skipping
+
+
+def test_opt_with_layerdrop_learns_every_layer_and_bounds_the_referee():
+    """OPT skips each decoder layer with probability ``layerdrop`` in training (modeling_opt.py ``if self.training
+    and self.layerdrop > 0.0``). Learned from a config stating 0.1, the file records every layer and says so
+    (``assumed``); the referee measures the same figures at layerdrop 0, and at 0.5 (one step, layers skipped at
+    random) no more than the file's: parameters equal, gradients, optimizer states, activations and the peak at
+    most what every layer running gives."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn import verify as V
+    from fitplan_torch.learn.shrink import shrink
+
+    cfg = shrink(_defaults("opt", layerdrop=0.1))
+    data, _, _ = derive.learn_full(cfg, log=lambda *a: None, variants=(("16", "sdpa"),), first_only=True)
+    assert data["assumed"]["layerdrop"]["value"] == 0.0
+    resolved = {k: v for k, v in derive.hf_config(cfg).to_dict().items()
+                if k not in ("transformers_version", "architectures", "dtype", "torch_dtype")}
+    cases = [("bf16-true", "sdpa", False, "full"), ("bf16-true", "sdpa", False, "lora")]
+    problems, rows = V.check_memory(data, {**resolved, "model_type": "opt", "layerdrop": 0.0}, lambda *a: None,
+                                    cases=cases)
+    assert problems == [] and all(r["activations"] == 0 and r["peak"] == 0 for r in rows)
+    _, rows = V.check_memory(data, {**resolved, "model_type": "opt", "layerdrop": 0.5}, lambda *a: None, cases=cases)
+    assert len(rows) == 2 and all(r["parameters"] == 0 for r in rows)
+    assert all(r[k] >= 0 for r in rows for k in ("gradients", "optimizer_states", "activations", "peak"))
+
+
+def test_a_routing_assumption_is_said_with_every_estimate(tmp_path, monkeypatch):
+    """A learned file whose routers the learner fixed (``"assumed": {"routing": {..., "always": true}}``) says so
+    with every estimate: no config field states the routing, so there is nothing to compare it with."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import fitplan
+    from fitplan.arch import archfile
+
+    root = Path(__file__).resolve().parents[1]
+    d = tmp_path / "arch"
+    d.mkdir()
+    header = json.loads((root / "rulesets" / "architectures" / "llama.json").read_text())
+    header["assumed"] = {"routing": {"value": "balanced", "why": "each expert receives k·b·s/E rows", "always": True}}
+    (d / "llama.json").write_text(json.dumps(header))
+    shutil.copy(root / "rulesets" / "architectures" / "llama.graphs.json", d / "llama.graphs.json")
+    monkeypatch.setenv("FITPLAN_ARCH_DIR", str(d))
+    monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
+    archfile.load.cache_clear()
+    try:
+        e = fitplan.estimate(model=str(root / "tests" / "data" / "configs" / "tiny-llama" / "config.json"),
+                             precision="bf16-mixed", optim="adamw_torch_fused", per_device_train_batch_size=2,
+                             max_seq_length=32, device="cpu")
+    finally:
+        archfile.load.cache_clear()
+    assert "llama's learned file assumes routing = 'balanced': each expert receives k·b·s/E rows" in e.warnings

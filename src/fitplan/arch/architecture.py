@@ -351,9 +351,13 @@ def _check_size(spec: ModelSpec, file: str | None) -> None:
 
 def assumed_statements(af, c: dict[str, Any]) -> tuple[str, ...]:
     """One sentence per field of the file's ``assumed`` that the config states at another value (a config that
-    states none, or the assumed value, is what was learned)."""
+    states none, or the assumed value, is what was learned), and one per assumption no config field states
+    (``"always": true``: the balanced routing the learner fixed for experts sized by it), said every time."""
     out = []
     for name, a in (af.data.get("assumed") or {}).items():
+        if a.get("always"):
+            out.append(f"{af.model_type}'s learned file assumes {name} = {a.get('value')!r}: {a.get('why', '')}")
+            continue
         v = c.get(name)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v != a.get("value"):
             out.append(f"{name} = {v!r}: the figures assume {name} = {a.get('value')!r}, {a.get('why', '')}")
