@@ -50,11 +50,21 @@ def fields(cfg: dict[str, Any]) -> tuple[str, str] | None:
     return (e[0], k[0]) if e and k and k[1] <= e[1] else None
 
 
+ROUTER_NAMES = ("router", "gate", "gating", "switch")
+"""A router's module path holds one of these as a part (JetMoE's and DBRX's ``router.layer``, Mixtral-style
+``mlp.gate``; ``gate_proj`` is an MLP's, not a router)."""
+
+
 def routers(model, n_experts: int) -> list:
-    """The model's ``nn.Linear`` modules with one output per expert (JetMoE's ``router.layer``)."""
+    """The model's ``nn.Linear`` modules with one output per expert whose path names a router (JetMoE's
+    ``router.layer``): a width equal to the expert count by chance (a tiny model's 4-wide projection) is not."""
     import torch
 
-    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == n_experts]
+    def named(path: str) -> bool:
+        return any(part in ROUTER_NAMES or part.endswith("router") for part in path.split("."))
+
+    return [m for path, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and m.out_features == n_experts and named(path)]
 
 
 def _balanced_scores(out, n_experts: int, k: int):
