@@ -173,7 +173,9 @@ def test_opt_with_layerdrop_learns_every_layer_and_bounds_the_referee():
 
 def test_a_routing_assumption_is_said_with_every_estimate(tmp_path, monkeypatch):
     """A learned file whose routers the learner fixed (``"assumed": {"routing": {..., "always": true}}``) says so
-    with every estimate: no config field states the routing, so there is nothing to compare it with."""
+    with every estimate (no config field states the routing, so there is nothing to compare it with), and the
+    MoE routing statement gives each expert's rows under it: tiny-mixtral, 4 experts, 2 per token, b=2, s=31:
+    124 rows, ceil(124 / 4) = 31 per expert (by hand)."""
     import json
     import shutil
     from pathlib import Path
@@ -184,17 +186,19 @@ def test_a_routing_assumption_is_said_with_every_estimate(tmp_path, monkeypatch)
     root = Path(__file__).resolve().parents[1]
     d = tmp_path / "arch"
     d.mkdir()
-    header = json.loads((root / "rulesets" / "architectures" / "llama.json").read_text())
+    header = json.loads((root / "rulesets" / "architectures" / "mixtral.json").read_text())
     header["assumed"] = {"routing": {"value": "balanced", "why": "each expert receives k·b·s/E rows", "always": True}}
-    (d / "llama.json").write_text(json.dumps(header))
-    shutil.copy(root / "rulesets" / "architectures" / "llama.graphs.json", d / "llama.graphs.json")
+    (d / "mixtral.json").write_text(json.dumps(header))
+    shutil.copy(root / "rulesets" / "architectures" / "mixtral.graphs.json", d / "mixtral.graphs.json")
     monkeypatch.setenv("FITPLAN_ARCH_DIR", str(d))
     monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
     archfile.load.cache_clear()
     try:
-        e = fitplan.estimate(model=str(root / "tests" / "data" / "configs" / "tiny-llama" / "config.json"),
+        e = fitplan.estimate(model=str(root / "tests" / "data" / "configs" / "tiny-mixtral" / "config.json"),
                              precision="bf16-mixed", optim="adamw_torch_fused", per_device_train_batch_size=2,
-                             max_seq_length=32, device="cpu")
+                             max_seq_length=31, device="cpu")
     finally:
         archfile.load.cache_clear()
-    assert "llama's learned file assumes routing = 'balanced': each expert receives k·b·s/E rows" in e.warnings
+    assert "mixtral's learned file assumes routing = 'balanced': each expert receives k·b·s/E rows" in e.warnings
+    r = e["moe_routing"]
+    assert r["expert_rows"] == 124 and "balanced routing (31 rows per expert, rounded up)" in r["assumption"]

@@ -101,6 +101,10 @@ class ModelSpec:
     assumed: tuple[str, ...] = ()
     """What the learned file assumes about a switch this config sets otherwise (its ``assumed``: layerdrop 0, every
     layer runs), one sentence each, said with the estimate."""
+    routing: str | None = None
+    """The routing the learned file's experts are sized by (``"balanced"``: the learner fixed the routers while
+    recording experts that loop over the rows each received, JetMoE's), or None where the sizes do not depend on
+    it (transformers 5's ``grouped_mm`` experts) or the model has no experts."""
     unverified: str | None = None
     """The learned file, when it was written with ``fitplan learn-architecture --no-verify`` (its ``verified`` is
     false): no fresh torch run checked it, so the figures it gives are not known exactly (builtin/confidence.py)."""
@@ -333,6 +337,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         checkpoint_dtype=config_dtype(c, file),
         unverified=str(af.path) if af.data.get("verified") is False else None,
         assumed=assumed_statements(af, c),
+        routing=((af.data.get("assumed") or {}).get("routing") or {}).get("value"),
     )
     _check_size(spec, file)
     return spec
