@@ -79,6 +79,25 @@ def test_recurrent_gemma_block_types_are_cycled_as_the_class_does():
     assert _same_partition(got, expected) and expected.count("sliding_attention") == 8
 
 
+def test_jamba_attention_and_expert_layers_follow_period_and_offset():
+    """JambaConfig (configuration_jamba.py) derives the layer kinds from two integers each:
+    ``layers_block_type[i]`` is attention when ``i % attn_layer_period == attn_layer_offset`` (8 and 4), and
+    ``layers_num_experts[i]`` is ``num_experts`` when ``i % expert_layer_period == expert_layer_offset`` (2 and 1).
+    The learner treated the four as sizes and explained the one layer pattern it saw with a constant,
+    ``(i + 1) % 5 == 0`` (attention at 4, 9, 14 ... in ai21labs/Jamba-v0.1's 32 layers, where the class puts it at
+    4, 12, 20, 28); they are now pattern fields, and the rules read them."""
+    pytest.importorskip("transformers")
+    from transformers import JambaConfig
+
+    rules = _pattern(_defaults("jamba"))
+    cls = JambaConfig(num_hidden_layers=32)
+    env = {"attn_layer_period": 8, "attn_layer_offset": 4, "expert_layer_period": 2, "expert_layer_offset": 1}
+    attn = [compile_expr(rules["self_attn"])({**env, "i": i}) for i in range(32)]
+    mlp = [compile_expr(rules["feed_forward"])({**env, "i": i}) for i in range(32)]
+    assert _same_partition(attn, cls.layers_block_type) and cls.layers_block_type.count("attention") == 4
+    assert _same_partition(mlp, cls.layers_num_experts) and cls.layers_num_experts.count(1) == 16
+
+
 def test_cohere2_without_layer_types_learns_and_matches_the_referee():
     """Learned from a published-style Cohere2 config (no ``layer_types``; shrunk to 4 layers: 3 sliding, 1 full
     without RoPE), one variant (bf16, SDPA): both layer kinds get a graph and the referee measures the same

@@ -30,7 +30,8 @@ DISTINCT_P = (0.11, 0.13, 0.17, 0.19, 0.23, 0.29, 0.31, 0.37, 0.41, 0.43)
 VARIANTS = (("16", "sdpa"), ("16", "eager"), ("mixed", "sdpa"), ("mixed", "eager"))
 DTYPE_OF = {"16": "bfloat16", "mixed": "float32", "32": "float32"}
 NOT_SIZES = re.compile(r"(_token_id|token_ids|^num_hidden_layers$|^n_layer$|_layers$|^max_window_layers$|seed|"
-                       r"^first_k_dense_replace$|_step$|_freq$|_interval$|_pattern$|^sliding_window$|^attention_chunk_size$|"
+                       r"^first_k_dense_replace$|_step$|_freq$|_interval$|_pattern$|_layer_period$|_layer_offset$|^sliding_window$|"
+                       r"^attention_chunk_size$|"
                        r"^num_labels$|^chunk_size_feed_forward$|^pretraining_tp$|^max_position_embeddings$)")
 
 

@@ -9,7 +9,8 @@ explained by the first rule of a small template family that holds over every con
 
 * a list field of the config: ``layer_types[i] == "sliding_attention"``, ``i in mlp_only_layers``,
   ``no_rope_layers[i]``;
-* an integer field P: ``i >= P``, ``i < P``, ``(i + 1) % P == 0``, ``i % P == 0``, ``(i + 1) % P != 0``.
+* an integer field P: ``i >= P``, ``i < P``, ``(i + 1) % P == 0``, ``i % P == 0``, ``(i + 1) % P != 0``, and with
+  a second one Q, ``i % P == Q`` (a period and an offset: Jamba's attention and expert layers).
 
 When the config class derives a list (``layer_types``) from integer fields, the rule is written for both
 cases: ``(rule on the list) if layer_types is not None else (rule on the integers)``. The file's layer
@@ -164,6 +165,9 @@ def candidates(cfg: dict[str, Any], ints: list[str], lists: list[str], resolved:
         base.append((f"i < {p}", lambda i, c, p=p: i < c[1][p]))
         base.append((f"(i + 1) % {p} == 0", lambda i, c, p=p: c[1][p] != 0 and (i + 1) % c[1][p] == 0))
         base.append((f"i % {p} == 0", lambda i, c, p=p: c[1][p] != 0 and i % c[1][p] == 0))
+    for p, q in itertools.permutations(ints, 2):
+        # a period and an offset (JambaConfig.layers_block_type: ``i % attn_layer_period == attn_layer_offset``)
+        base.append((f"i % {p} == {q}", lambda i, c, p=p, q=q: c[1][p] != 0 and i % c[1][p] == c[1][q]))
     for k in (2, 3, 4, 5, 6, 8):
         base.append((f"(i + 1) % {k} == 0", lambda i, c, k=k: (i + 1) % k == 0))
         base.append((f"i % {k} == 0", lambda i, c, k=k: i % k == 0))
