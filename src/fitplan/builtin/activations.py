@@ -217,11 +217,19 @@ def moe_routing(arch, per_device_train_batch_size, max_seq_length):
     routing. Per expert the rows range from k·b·s/E (balanced routing, what FLOPs and time assume) to
     b·s (a bound: each token visits an expert at most once, so one expert gets at most every token).
     The ``eager`` experts implementation (a Python loop over the experts hit) allocates per expert and is
-    not modelled."""
+    not modelled. A learned file whose experts loop over the rows each one received (JetMoE's split by
+    ``expert_size``) was learned under balanced routing (``arch.routing``): each expert's rows are
+    ``ceil(k·T/E)`` there, the saved activations summed over experts still k·T rows."""
     if not getattr(arch, "num_experts", 0):
         return None
     k, E = arch.num_experts_per_tok or 1, arch.num_experts
     T = int(per_device_train_batch_size) * int(max_seq_length)
+    if getattr(arch, "routing", None) == "balanced":
+        return {"experts": E, "top_k": k, "expert_rows": k * T, "rows_per_expert_balanced": k * T / E,
+                "rows_per_expert_bound": T,
+                "assumption": f"experts loop over the rows each one receives; the learned file assumes balanced routing "
+                              f"({-(-k * T // E)} rows per expert, rounded up): the saved activations ({k * T} rows over "
+                              f"all experts) do not depend on routing, each expert's transient does (at most {T} rows)"}
     return {"experts": E, "top_k": k, "expert_rows": k * T, "rows_per_expert_balanced": k * T / E,
             "rows_per_expert_bound": T,
             "assumption": f"grouped_mm experts: all {k * T} (token, expert) rows are processed together, so memory does "

@@ -21,6 +21,7 @@ from fitplan.api import archformat
 from . import files
 from .fit import FitError, Fitter
 from .fold import fold
+from . import routing
 from .limits import LAYERDROP_WHY, data_dependent_note, dropout_fields
 from .record import FUNCTION_OP, Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
 from .segments import Cut
@@ -29,7 +30,8 @@ DISTINCT_P = (0.11, 0.13, 0.17, 0.19, 0.23, 0.29, 0.31, 0.37, 0.41, 0.43)
 VARIANTS = (("16", "sdpa"), ("16", "eager"), ("mixed", "sdpa"), ("mixed", "eager"))
 DTYPE_OF = {"16": "bfloat16", "mixed": "float32", "32": "float32"}
 NOT_SIZES = re.compile(r"(_token_id|token_ids|^num_hidden_layers$|^n_layer$|_layers$|^max_window_layers$|seed|"
-                       r"^first_k_dense_replace$|_step$|_freq$|_interval$|_pattern$|^sliding_window$|^attention_chunk_size$|"
+                       r"^first_k_dense_replace$|_step$|_freq$|_interval$|_pattern$|_layer_period$|_layer_offset$|^sliding_window$|"
+                       r"^attention_chunk_size$|"
                        r"^num_labels$|^chunk_size_feed_forward$|^pretraining_tp$|^max_position_embeddings$)")
 
 
@@ -80,11 +82,12 @@ def run(cfg: dict[str, Any], precision: str, attn: str, b: int, s: int, *, backw
     model, config = build(cfg, precision, attn)
     batch = batch_for(config, b, s)
     ac = torch.bfloat16 if precision == "mixed" else None
-    rec = record(model, batch, autocast_dtype=ac)
-    if backward:
-        recb = record(model, batch, autocast_dtype=ac, lifetimes=False, backward=True)
-        rec.backward = align_backward(rec, recb)
-        rec.accumulate = recb.accumulate
+    with routing.balanced(model, config.to_dict()):  # the declared routing, where experts are sized by it
+        rec = record(model, batch, autocast_dtype=ac)
+        if backward:
+            recb = record(model, batch, autocast_dtype=ac, lifetimes=False, backward=True)
+            rec.backward = align_backward(rec, recb)
+            rec.accumulate = recb.accumulate
     rec.meta = _meta(model, config, rec.sites)
     return fold(rec, rec.meta)  # a loop over heads (StableLM's per-head LayerNorm): one repeated block
 
@@ -1032,13 +1035,18 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
     drops, _ = dropout_fields(base)
     distinct = {f: DISTINCT_P[i] for i, f in enumerate(drops)}
     supported = []
+    routing.FORCED.clear()
     for precision, attn in variants:
         try:
-            build(base, precision, attn)
+            model, _ = build(base, precision, attn)
         except ValueError as e:
             log(f"  {precision}/{attn}: not supported by this model ({str(e).splitlines()[0][:90]})")
             continue
         supported.append((precision, attn))
+        names = routing.fields(base)
+        if names and routing.routers(model, base[names[0]]) and not routing.FORCED:
+            routing.FORCED.update({"experts": names[0], "top_k": names[1]})
+            log(f"  routers fixed to balanced routing while recording ({names[1]} of {names[0]} experts per token)")
     if not supported:
         raise LearnError(f"the model runs none of the variants {', '.join('/'.join(v) for v in variants)}")
     others = tuple(v for v in supported if v[1] != supported[0][1])[:1]
@@ -1189,8 +1197,17 @@ def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int =
         "lora": {**peft_parameter_targets(model_type),
                  **_non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix)},
         "attn_implementations": sorted({a for _, a in supported}),
-        **({"assumed": {k: {"value": 0.0, "why": LAYERDROP_WHY} for k in skipping}} if skipping else {}),
+        **_assumed(skipping),
     }, results, entries_spec)
+
+
+def _assumed(skipping: list[str]) -> dict[str, Any]:
+    """The file's ``assumed``: layer skipping off (every layer runs), and balanced routing where the routers were
+    fixed while recording (:mod:`.routing`)."""
+    out: dict[str, Any] = {k: {"value": 0.0, "why": LAYERDROP_WHY} for k in skipping}
+    if routing.FORCED:
+        out["routing"] = {"value": "balanced", "why": routing.ROUTING_WHY, "always": True}
+    return {"assumed": out} if out else {}
 
 
 def _missing_rules(segments: dict[str, Any]) -> dict[str, Any]:
