@@ -46,7 +46,8 @@ that its id stays unique."""
 
 def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,
               framework=None, adapter_dtype: str = "fp32", quant_compute: str | None = None,
-              linear_saves_input: bool = False, loss: str = "hf", saved: tuple[str, ...] = ()) -> StepTrace | None:
+              linear_saves_input: bool = False, loss: str = "hf", saved: tuple[str, ...] = (),
+              offload: str = "none") -> StepTrace | None:
     if arch.is_bare:
         return None
     attn = "sdpa" if attn == "flash_attention_2" else attn
@@ -54,7 +55,7 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
     targets = tuple(lora_target_modules or ()) if method != "full" else ()
     block = framework.allocator_block_bytes if framework is not None else 512
     key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_dtype,
-           quant_compute if method == "qlora" else None, linear_saves_input, loss, saved)
+           quant_compute if method == "qlora" else None, linear_saves_input, loss, saved, offload)
     hit = _TRACES.get(key)
     if hit is None:
         if len(_TRACES) > 4096:
@@ -62,7 +63,8 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
         trace = build(TraceSpec(arch, int(b), int(s), precision, attn, bool(ckpt), method, int(lora_r), targets,
                                 float(lora_dropout) if method != "full" else 0.0, device, int(block),
                                 adapter_dtype if method != "full" else "fp32", quant_compute if method == "qlora" else None,
-                                bool(linear_saves_input), str(loss), tuple(saved) if method != "full" else ()))
+                                bool(linear_saves_input), str(loss), tuple(saved) if method != "full" else (),
+                                offload=str(offload)))
         hit = _TRACES[key] = (arch, trace)
     return hit[1]
 
@@ -122,27 +124,28 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
 @quantity("trace", type="object")
 def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
                                      method, lora_r, lora_target_modules, lora_dropout, device, framework, loss_implementation,
-                                     lora_modules_to_save):
+                                     lora_modules_to_save, activation_offloading):
     """The symbolic trace of one step without gradient checkpointing (trace/step_trace.py): saved tensors
     per storage, the forward and backward live-byte timelines. ``flash_attention_2`` saves what SDPA's
-    flash kernel saves. ``loss_implementation``: how the loss head runs (trace/loss_heads.py)."""
+    flash kernel saves. ``loss_implementation``: how the loss head runs (trace/loss_heads.py);
+    ``activation_offloading``: which saved tensors the hooks move to the host (trace/offload.py)."""
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, False, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input,
-                     loss_implementation, lora_modules_to_save)
+                     loss_implementation, lora_modules_to_save, activation_offloading)
 
 
 @quantity("trace", type="object")
 def step_trace(step_trace_without_checkpointing, gradient_checkpointing, arch, per_device_train_batch_size,
                realized_seq_length, trace_setup, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
-               device, framework, loss_implementation, lora_modules_to_save):
+               device, framework, loss_implementation, lora_modules_to_save, activation_offloading):
     """The symbolic trace of one step as configured (with gradient checkpointing when it is on)."""
     if not gradient_checkpointing:
         return step_trace_without_checkpointing
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, True, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input,
-                     loss_implementation, lora_modules_to_save)
+                     loss_implementation, lora_modules_to_save, activation_offloading)
 
 
 @quantity("bytes")

@@ -287,7 +287,7 @@ class Builder:
                     else:
                         bind.append(pro.refs["t" + ref[1:]])
                 if self.spec.checkpointing:  # each layer is its own checkpoint (GradientCheckpointingLayer)
-                    tr.ckpt_keep[i] = {t.sid for t in bind if t is not None and t.sid >= 0}
+                    tr.ckpt_keep[i] = dict.fromkeys(t.sid for t in bind if t is not None and t.sid >= 0)  # in order
                 tr.unit = i
                 inst = self.segment(seg, f"layer {i}", args=bind, layer=i)
                 tr.unit = -1

@@ -1,0 +1,154 @@
+"""Activation offloading: which saved tensors a ``saved_tensors_hooks`` pair moves to pinned host memory.
+
+What the step trace's replay (:func:`fitplan.trace.step_trace.replay`) needs to model torchtune's
+``OffloadActivations`` (pytorch/torchtune @ 30b8519, ``torchtune/training/_activation_offloading.py``) and TRL's
+copy of it, which axolotl runs (trl 1.16.0 ``trl/models/activation_offloading.py``; axolotl @ 067b021
+``core/trainers/mixins/activation_checkpointing.py``). Both are a pack/unpack hook pair around the model's forward:
+
+* **pack** (forward): a saved tensor of at least ``min_offload_size`` = 1,024 bytes (``element_size · nelement``)
+  gets a pinned CPU tensor (``torch.empty_like(..., pin_memory=True)``) and a ``copy_(non_blocking=True)``; the GPU
+  tensor is no longer referenced by autograd. Parameters are not offloaded (TRL checks ``nn.Parameter`` and the
+  parameters' storages; torchtune's later versions ``nn.Parameter``): fitplan offloads no saved parameter.
+* **streams** (``use_streams``, the default of both on torch >= 2.5): the copy runs on a second stream and the
+  GPU tensor stays in a *forward stash* until ``max_fwd_stash_size`` = 5 later packs (``id <= tensor_id - 5``
+  leaves); whatever is still stashed when the forward ends stays until the first backward node that unpacks an
+  offloaded tensor has run (its node hook empties the stash). Without streams (axolotl ``activation_offloading:
+  legacy``) nothing is stashed.
+* **unpack** (backward): the CPU tensor is copied back (a new GPU allocation) when its node runs (or, under
+  checkpointing, when the layer's recomputation starts); a tensor still in the forward stash is used as it is.
+* **what the hooks see**: the LM head runs under ``NoOpManager`` (torchtune's recipes register it around
+  ``model.output``; TRL's ``get_act_offloading_ctx_manager`` around ``lm_head``), and torchtune computes the loss
+  outside the hooks: the LM head's and the loss's saved tensors stay on the GPU (fitplan: no op that allocates a
+  ``logits`` storage offloads). Under non-reentrant gradient checkpointing a layer's inner saves go to the
+  checkpoint's own hooks (innermost hooks win), and the outer hooks see the layer's inputs, saved by the
+  checkpoint (``torch/utils/checkpoint.py`` ``_CheckpointFrame``): offloading then moves the layer inputs.
+
+Host memory: pinned allocations go through the caching host allocator, which rounds each request up to a power of
+two and keeps freed blocks for reuse (torch 2.13 ``ATen/core/CachingHostAllocator.h``, ``PowerOf2Ceil`` with the
+default ``pinned_max_round_threshold`` unlimited): every pack of one step is alive at the end of the forward, so
+the host bytes are the sum over packs of the rounded sizes. torchtune copies each pack (a storage saved twice is
+copied twice); TRL skips a storage that is still in its forward stash: fitplan counts one copy per storage and op.
+
+Not modelled: torchtune frees a brought-back tensor one node later than its last use (``bwd_tensor_stash``),
+which keeps one layer input more during the next layer's recomputation; torchtune's own decoder layers take one
+argument where Hugging Face's take several (the replay packs Hugging Face's: fewer layer inputs fit in the stash).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import frozen
+
+OFFLOAD_MODES = ("none", "streams", "sync")
+"""``none``; ``streams``: ``OffloadActivations()`` (torchtune's ``enable_activation_offloading``, TRL/axolotl's
+``activation_offloading: true``); ``sync``: ``use_streams=False`` (axolotl's ``legacy``)."""
+MIN_OFFLOAD_BYTES = 1024
+"""``min_offload_size``: smaller saved tensors stay on the GPU."""
+FWD_STASH = 5
+"""``max_fwd_stash_size``: packs the streamed copy keeps on the GPU."""
+
+
+@frozen
+class OffloadPlan:
+    """Which storages a step's hooks offload, and when the forward packs them.
+
+    :ivar packs: op index -> storages packed there, in order (a checkpointed layer's inputs at its first op).
+    :ivar saved: ``{sid: n}``: how many of the storage's non-checkpointed saves are offloaded.
+    :ivar kept: ``{sid: n}``: how many checkpointed layers offload it as an input.
+    :ivar stash: packs the forward stash holds (0 without streams).
+    :ivar host_bytes: pinned host bytes at the end of the forward (per pack, rounded to a power of two).
+    :ivar copy_bytes: bytes copied to the host per micro-step (the same come back in the backward).
+    """
+
+    packs: dict[int, tuple[int, ...]]
+    saved: dict[int, int]
+    kept: dict[int, int]
+    stash: int
+    host_bytes: int
+    copy_bytes: int
+
+
+def pow2ceil(n: int) -> int:
+    """The caching host allocator's rounding of a pinned request (``c10::llvm::PowerOf2Ceil``)."""
+    return 1 << (int(n) - 1).bit_length() if n > 0 else 0
+
+
+def head_op(tr: Any, op: Any) -> bool:
+    """An op of the LM head or the loss (it allocates a ``logits`` storage): outside the offloading hooks."""
+    return any(tr.kind[sid] == "logits" for sid in op.allocs)
+
+
+def plan(tr: Any) -> OffloadPlan | None:
+    """The offload plan of a recorded step (None when ``tr.spec.offload`` is ``none``)."""
+    mode = getattr(tr.spec, "offload", "none")
+    if mode == "none":
+        return None
+    raw, weight, ckpt = tr.raw, tr.seg_weight, tr.seg_ckpt
+
+    def offloadable(sid: int) -> bool:
+        return sid >= 0 and sid not in tr.external and tr.kind[sid] != "logits" and raw[sid] >= MIN_OFFLOAD_BYTES
+
+    packs: dict[int, tuple[int, ...]] = {}
+    saved: dict[int, int] = {}
+    kept: dict[int, int] = {}
+    host = copied = 0
+    seen_units: set[int] = set()
+    for i, op in enumerate(tr.ops):
+        here: list[int] = []
+        if ckpt[op.seg]:
+            if op.unit in seen_units or op.unit not in tr.ckpt_keep:
+                continue
+            seen_units.add(op.unit)
+            here = [sid for sid in tr.ckpt_keep[op.unit] if offloadable(sid)]
+            for sid in here:
+                kept[sid] = kept.get(sid, 0) + 1
+        elif not head_op(tr, op):
+            here = [sid for sid in op.saved if offloadable(sid)]
+            for sid in here:
+                saved[sid] = saved.get(sid, 0) + 1
+        if here:
+            packs[i] = tuple(here)
+            host += weight[op.seg] * sum(pow2ceil(raw[sid]) for sid in here)
+            copied += weight[op.seg] * sum(raw[sid] for sid in here)
+    return OffloadPlan(packs, saved, kept, FWD_STASH if mode == "streams" else 0, int(host), int(copied))
+
+
+class Stash:
+    """The replay's view of a plan: the forward stash of the streamed copies (storages in pack order), and whether
+    a storage is held on the GPU while the forward runs (its offloaded saves and checkpoint inputs hold nothing)."""
+
+    def __init__(self, p: OffloadPlan) -> None:
+        self.plan = p
+        self.order: list[int] = []
+        self.count: dict[int, int] = {}
+        self.forward = True
+        """The forward (and the loss) runs: offloaded tensors are on the host."""
+        self.cleared = False
+        """The first backward node that unpacked an offloaded tensor has run: the stash is empty from then on."""
+
+    def push(self, sids: tuple[int, ...]) -> list[int]:
+        """Pack ``sids``; returns the storages that leave the stash (``id <= tensor_id - max_fwd_stash_size``)."""
+        out = []
+        for sid in sids:
+            self.order.append(sid)
+            self.count[sid] = self.count.get(sid, 0) + 1
+            while len(self.order) > self.plan.stash:
+                old = self.order.pop(0)
+                self.count[old] -= 1
+                out.append(old)
+        return out
+
+    def clear(self) -> list[int]:
+        """The first unpacking backward node's hook: every stashed storage leaves."""
+        out, self.order, self.count, self.cleared = self.order, [], {}, True
+        return out
+
+    def holds(self, sid: int) -> bool:
+        return self.count.get(sid, 0) > 0
+
+    def gpu_held(self, sid: int, savers: dict[int, int], keepers: dict[int, int], stash: bool = True) -> bool:
+        """In the forward: a save or checkpoint that stays on the GPU holds ``sid`` (or the stash does)."""
+        p = self.plan
+        return (savers.get(sid, 0) - p.saved.get(sid, 0) > 0 or keepers.get(sid, 0) - p.kept.get(sid, 0) > 0
+                or (stash and self.holds(sid)))
