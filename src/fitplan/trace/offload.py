@@ -20,8 +20,11 @@ copy of it, which axolotl runs (trl 1.16.0 ``trl/models/activation_offloading.py
   ``model.output``; TRL's ``get_act_offloading_ctx_manager`` around ``lm_head``), and torchtune computes the loss
   outside the hooks: the LM head's and the loss's saved tensors stay on the GPU (fitplan: no op that allocates a
   ``logits`` storage offloads). Under non-reentrant gradient checkpointing a layer's inner saves go to the
-  checkpoint's own hooks (innermost hooks win), and the outer hooks see the layer's inputs, saved by the
-  checkpoint (``torch/utils/checkpoint.py`` ``_CheckpointFrame``): offloading then moves the layer inputs.
+  checkpoint's own hooks (innermost hooks win), and the outer hooks see the layer's positional inputs, which the
+  checkpoint saves (``torch/utils/checkpoint.py`` ``_CheckpointFrame.save_inputs``): offloading then moves the
+  layer inputs. Hugging Face's layers take the hidden states positionally and the rest (mask, cos/sin, position
+  ids) as keywords, which the checkpoint keeps in a ``functools.partial`` (``transformers/modeling_layers.py``
+  ``GradientCheckpointingLayer.__call__``; ``checkpoint.py`` ``recompute_fn`` closes over them): those stay.
 
 Host memory: pinned allocations go through the caching host allocator, which rounds each request up to a power of
 two and keeps freed blocks for reuse (torch 2.13 ``ATen/core/CachingHostAllocator.h``, ``PowerOf2Ceil`` with the
@@ -31,7 +34,7 @@ copied twice); TRL skips a storage that is still in its forward stash: fitplan c
 
 Not modelled: torchtune frees a brought-back tensor one node later than its last use (``bwd_tensor_stash``),
 which keeps one layer input more during the next layer's recomputation; torchtune's own decoder layers take one
-argument where Hugging Face's take several (the replay packs Hugging Face's: fewer layer inputs fit in the stash).
+argument, as Hugging Face's take one positionally: both pack one tensor per layer.
 """
 
 from __future__ import annotations
@@ -74,9 +77,10 @@ def pow2ceil(n: int) -> int:
     return 1 << (int(n) - 1).bit_length() if n > 0 else 0
 
 
-def head_op(tr: Any, op: Any) -> bool:
-    """An op of the LM head or the loss (it allocates a ``logits`` storage): outside the offloading hooks."""
-    return any(tr.kind[sid] == "logits" for sid in op.allocs)
+def head_op(tr: Any, i: int, op: Any) -> bool:
+    """An op of the LM head (from the head's call site on, ``Trace.head_from``) or the loss (it allocates a
+    ``logits`` storage): outside the offloading hooks."""
+    return (tr.head_from is not None and i >= tr.head_from) or any(tr.kind[sid] == "logits" for sid in op.allocs)
 
 
 def plan(tr: Any) -> OffloadPlan | None:
@@ -100,10 +104,10 @@ def plan(tr: Any) -> OffloadPlan | None:
             if op.unit in seen_units or op.unit not in tr.ckpt_keep:
                 continue
             seen_units.add(op.unit)
-            here = [sid for sid in tr.ckpt_keep[op.unit] if offloadable(sid)]
+            here = [sid for sid, positional in tr.ckpt_keep[op.unit].items() if positional and offloadable(sid)]
             for sid in here:
                 kept[sid] = kept.get(sid, 0) + 1
-        elif not head_op(tr, op):
+        elif not head_op(tr, i, op):
             here = [sid for sid in op.saved if offloadable(sid)]
             for sid in here:
                 saved[sid] = saved.get(sid, 0) + 1

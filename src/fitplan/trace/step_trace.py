@@ -282,10 +282,13 @@ class Trace:
         self.seg_ckpt: list[bool] = [False]
         self.pinned: set[int] = set()
         self.uncached: set[int] = set()
-        self.ckpt_keep: dict[int, dict[int, None]] = {}
-        """Decoder layer -> the storages its checkpoint keeps (its arguments, in order)."""
+        self.ckpt_keep: dict[int, dict[int, bool]] = {}
+        """Decoder layer -> the storages its checkpoint keeps (its arguments, in order) -> whether it is the layer's
+        positional argument, the one the checkpoint saves through the saved-tensor hooks."""
         self.unit = -1
         """The decoder layer being recorded (-1: outside the layers)."""
+        self.head_from: int | None = None
+        """The index of the LM head's first op (None: not recorded)."""
         self.param_grad_total = 0
         self.loss: T | None = None
         self.external: set[int] = set()

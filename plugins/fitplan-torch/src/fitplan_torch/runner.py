@@ -171,6 +171,14 @@ def check_supported(estimate) -> None:
     if loss != "hf" and sharded(estimate):
         raise FitplanError("the torch referee runs a chunked loss on one device only", field="loss_implementation",
                            value=loss, suggestion="validate the chunked loss with --num-gpus 1")
+    offload = getattr(s.training, "activation_offloading", "none")
+    if offload != "none" and sharded(estimate):
+        raise FitplanError("the torch referee runs activation offloading on one device only",
+                           field="activation_offloading", value=offload, suggestion="validate it with --num-gpus 1")
+    if offload == "streams":
+        raise FitplanError("the torch referee runs activation offloading without streams (CUDA streams need a GPU; "
+                           "tests/test_offload.py derives the stream's stash from the source)", field="activation_offloading",
+                           value=offload, suggestion="validate activation_offloading = \"sync\"")
     if s.parallel.tensor_parallel > 1:
         raise FitplanError("the torch referee does not implement tensor parallelism", field="tensor_parallel",
                            value=s.parallel.tensor_parallel, suggestion="validate with --tensor-parallel 1")
