@@ -242,15 +242,14 @@ TORCHTUNE_HEAD = ("model:\n  _component_: torchtune.models.llama3_2.lora_llama3_
 
 
 @pytest.mark.parametrize(("text", "field", "value"), [
-    (TORCHTUNE_HEAD + "enable_activation_offloading: True\n", "$.enable_activation_offloading", True),
     (TORCHTUNE_HEAD + "optimizer:\n  _component_: torchao.prototype.low_bit_optim.AdamW4bit\n",
      "$.optimizer._component_", "torchao.prototype.low_bit_optim.AdamW4bit"),
     (TORCHTUNE_HEAD + "loss:\n  _component_: torch.nn.CrossEntropyLoss\n", "$.loss._component_",
      "torch.nn.CrossEntropyLoss"),
     (TORCHTUNE_HEAD + "loss:\n  _component_: torchtune.modules.loss.CEWithChunkedOutputLoss\n  num_output_chunks: 16\n",
      "$.loss.num_output_chunks", 16),
-    ("base_model: x/y\nactivation_offloading: true\n", "$.activation_offloading", True),
-    ("base_model: x/y\ngradient_checkpointing: offload\n", "$.gradient_checkpointing", "offload"),
+    ("base_model: x/y\nactivation_offloading: disk\n", "$.activation_offloading", "disk"),
+    ("base_model: x/y\ngradient_checkpointing: offload_disk\n", "$.gradient_checkpointing", "offload_disk"),
     ("base_model: x/y\nadapter: lora\npeft_use_dora: true\n", "$.peft_use_dora", True),
     ("model_name_or_path: x/y\nstage: sft\nquantization_bit: 8\n", "$.quantization_bit", 8),
     ("model_name_or_path: x/y\nstage: sft\nuse_dora: true\n", "$.use_dora", True),

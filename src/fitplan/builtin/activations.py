@@ -210,6 +210,49 @@ def autocast_weight_copy_bytes(step_trace):
     return 0 if step_trace is None else step_trace.autocast_copy_bytes
 
 
+@quantity("bytes", json_key="memory.activation_offload_host_bytes", label="pinned host RAM for offloaded activations")
+def activation_offload_host_bytes(step_trace):
+    """Activation offloading (``activation_offloading``, trace/offload.py): the pinned host memory one GPU's
+    process holds for the tensors its hooks packed in one forward, each pack rounded up to a power of two by the
+    caching host allocator (torch 2.13 ``ATen/core/CachingHostAllocator.h``), which keeps the blocks for the next
+    step. With gradient checkpointing about one layer input ``E·b·s·h`` per decoder layer. 0 without offloading."""
+    return 0 if step_trace is None else step_trace.offload_host_bytes
+
+
+@quantity("bytes")
+def activation_offload_copy_bytes(step_trace):
+    """Bytes the offloading hooks copy to the host in one micro-step's forward (and back in its backward)."""
+    return 0 if step_trace is None else step_trace.offload_copy_bytes
+
+
+@reducer("offload_host_bytes", when=lambda activation_offloading: activation_offloading != "none")
+def offloaded_activations_on_host(value, activation_offload_host_bytes):
+    """Activation offloading adds its pinned host tensors to the host memory of each GPU's process (category
+    ``activations``), so ``cpu_offload_bytes`` counts them per node."""
+    return {**value, "activations": int(activation_offload_host_bytes)}
+
+
+@reducer("offload_seconds_per_step", when=lambda activation_offloading: activation_offloading in ("torchtune", "trl"))
+def streamed_activation_copies(value, activation_offload_copy_bytes, gradient_accumulation_steps):
+    """Activation offloading with streams: every micro-step copies its packed tensors to the host and back on a
+    second CUDA stream (torchtune/TRL ``OffloadActivations``), overlapped with the compute as the other offload
+    copies are (``exposed_transfer_seconds``): ``2 · copied bytes · k`` at the PCIe host rate."""
+    from fitplan.builtin.time.comm import PCIE_HOST_GBPS
+
+    return value + 2 * activation_offload_copy_bytes * gradient_accumulation_steps / (PCIE_HOST_GBPS * 1e9)
+
+
+@reducer("exposed_transfer_seconds", when=lambda activation_offloading: activation_offloading == "trl_sync")
+def synchronous_activation_copies(value, activation_offload_copy_bytes, gradient_accumulation_steps):
+    """Activation offloading without streams (axolotl's ``legacy``): the copies run on the compute stream (pack:
+    ``copy_(non_blocking=True)`` on the current stream; unpack: ``.to("cuda")``), so nothing hides them."""
+    from fitplan.builtin.time.comm import PCIE_HOST_GBPS
+
+    if value is None:
+        return None
+    return value + 2 * activation_offload_copy_bytes * gradient_accumulation_steps / (PCIE_HOST_GBPS * 1e9)
+
+
 @quantity("routing")
 def moe_routing(arch, per_device_train_batch_size, max_seq_length):
     """How MoE memory depends on routing, and what fitplan assumes (None for dense models).
@@ -235,7 +278,7 @@ def moe_routing(arch, per_device_train_batch_size, max_seq_length):
 @hookimpl
 def fitplan_register_quantities(register):
     for q in (trace_setup, step_trace_without_checkpointing, step_trace, activation_bytes_per_layer, activation_bytes_korthikanti, activation_bytes, logits_bytes,
-              autocast_weight_copy_bytes, moe_routing):
+              autocast_weight_copy_bytes, activation_offload_host_bytes, activation_offload_copy_bytes, moe_routing):
         register(q)
 
 
@@ -243,3 +286,5 @@ def fitplan_register_quantities(register):
 def fitplan_register_reducers(register):
     register(gradient_checkpointing)
     register(tensor_parallel_activations)
+    for r in (offloaded_activations_on_host, streamed_activation_copies, synchronous_activation_copies):
+        register(r)

@@ -31,7 +31,6 @@ ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": 
 ATTENTION_FLAGS = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager"}
 REFUSED = {
     "load_in_8bit": "8-bit LoRA over LLM.int8 weights (bitsandbytes Linear8bitLt)",
-    "activation_offloading": "activations move to the CPU between forward and backward",
     "xformers_attention": "xformers' attention kernels", "s2_attention": "shifted-sparse attention",
     "flash_attn_cross_entropy": "flash-attn's cross-entropy kernel", "flash_attn_rms_norm": "flash-attn's RMSNorm",
     "flash_attn_fuse_qkv": "fused QKV projections", "flash_attn_fuse_mlp": "fused MLP projections",
@@ -148,15 +147,42 @@ def _targets(r: Recipe) -> tuple[str, ...] | None:
     return names
 
 
+def _checkpointing(r: Recipe) -> None:
+    """``gradient_checkpointing`` and ``activation_offloading`` (axolotl @ 067b021). ``gradient_checkpointing:
+    offload`` is ``true`` with ``activation_offloading: true`` (``utils/schemas/validation.py``
+    ``check_gradient_checkpointing_w_offload``). With offloading axolotl turns the HF Trainer's checkpointing off
+    (``core/builders/base.py`` ``_configure_gradient_checkpointing``) and enters TRL's ``OffloadActivations`` around
+    each ``training_step`` (``core/trainers/mixins/activation_checkpointing.py``: streams, except ``legacy``); for a
+    full fine-tune it wraps the decoder layers in non-reentrant checkpoints again (``loaders/model.py``
+    ``_apply_activation_checkpointing``, ``ac_wrap_hf_model``), for an adapter it does not (every saved tensor moves)."""
+    ckpt = r.value("gradient_checkpointing")
+    offload = r.value("activation_offloading")
+    if ckpt == "offload":
+        ckpt, offload = True, offload or True
+    elif isinstance(ckpt, str):
+        raise r.refuse("gradient_checkpointing", "offloaded checkpointing to disk")
+    if offload in ("disk", "hidden_states"):
+        raise r.refuse("activation_offloading", "activations offloaded to disk, or the hidden states offloaded inside "
+                       "reentrant checkpoints")
+    if offload not in (None, False, True, "legacy"):
+        raise r.bad("activation_offloading", f"activation_offloading must be true, false, legacy, disk or "
+                    f"hidden_states, got {offload!r}")
+    if offload:
+        r.set("activation_offloading", "trl_sync" if offload == "legacy" else "trl")
+        r.set("gradient_checkpointing", r.text("adapter") is None)
+        return
+    if ckpt is not None and not isinstance(ckpt, bool):
+        raise r.bad("gradient_checkpointing", f"gradient_checkpointing must be true, false, offload or offload_disk, "
+                    f"got {ckpt!r}")
+    r.set("gradient_checkpointing", ckpt)
+
+
 def _training(r: Recipe) -> None:
     r.set("max_seq_length", r.integer("sequence_len") or 512)
     r.set("per_device_train_batch_size", r.integer("micro_batch_size"))
     r.set("gradient_accumulation_steps", r.integer("gradient_accumulation_steps"))
     r.set("num_train_epochs", r.number("num_epochs"))
-    ckpt = r.value("gradient_checkpointing")
-    if isinstance(ckpt, str):
-        raise r.refuse("gradient_checkpointing", "offloaded checkpointing moves the saved layer inputs to the CPU")
-    r.set("gradient_checkpointing", r.flag("gradient_checkpointing"))
+    _checkpointing(r)
     if r.flag("sample_packing", False):
         r.set("padding", "pack")
     else:

@@ -24,8 +24,8 @@ METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 LOSS_IMPLEMENTATIONS = ("hf", "chunked", "chunked_compiled", "liger", "cce", "trl_grpo")
 """How the loss head runs (trace/loss_heads.py, docs/memory-model.md "Loss implementations")."""
-ACTIVATION_OFFLOADING = ("none", "streams", "sync")
-"""Activation offloading (trace/offload.py): torchtune's and TRL's ``OffloadActivations`` with or without streams."""
+ACTIVATION_OFFLOADING = ("none", "torchtune", "trl", "trl_sync")
+"""Activation offloading (trace/offload.py ``OFFLOAD_MODES``): torchtune's and TRL's ``OffloadActivations``."""
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
 STACKS = ("deepspeed", "fsdp1", "fsdp2", "ddp", "torch")
 """Who shards (``inputs/stacks.py``): DeepSpeed ZeRO 0-3, accelerate's FSDP1 / FSDP2 as the HF Trainer sets them
@@ -227,10 +227,11 @@ class Training:
     under ``torch.compile``, torchtune's ``compile: True``), ``liger`` (Liger-Kernel's fused linear cross-entropy,
     TrainingArguments ``use_liger_kernel``), ``cce`` (Apple's Cut Cross-Entropy)."""
     activation_offloading: str = field(default="none", validator=_one_of(ACTIVATION_OFFLOADING))
-    """Saved tensors moved to pinned host memory in the forward and brought back in the backward: ``streams``
-    (torchtune's ``enable_activation_offloading``, TRL's and axolotl's ``activation_offloading: true``: copies on a
-    second CUDA stream, the last five kept on the GPU), ``sync`` (``use_streams=False``, axolotl's ``legacy``);
-    with gradient checkpointing the layer inputs move (trace/offload.py)."""
+    """Saved tensors moved to pinned host memory in the forward and brought back in the backward: ``torchtune``
+    (its recipes' ``enable_activation_offloading``: copies on a second CUDA stream, the last five kept on the GPU,
+    the loss outside the hooks), ``trl`` (TRL's ``OffloadActivations`` as axolotl's ``activation_offloading: true``
+    runs it: the same, the model's own loss inside the hooks), ``trl_sync`` (``use_streams=False``, axolotl's
+    ``legacy``); with gradient checkpointing the layer inputs move (trace/offload.py)."""
 
 
     @fp16.validator

@@ -17,9 +17,10 @@ copy of it, which axolotl runs (trl 1.16.0 ``trl/models/activation_offloading.py
 * **unpack** (backward): the CPU tensor is copied back (a new GPU allocation) when its node runs (or, under
   checkpointing, when the layer's recomputation starts); a tensor still in the forward stash is used as it is.
 * **what the hooks see**: the LM head runs under ``NoOpManager`` (torchtune's recipes register it around
-  ``model.output``; TRL's ``get_act_offloading_ctx_manager`` around ``lm_head``), and torchtune computes the loss
-  outside the hooks: the LM head's and the loss's saved tensors stay on the GPU (fitplan: no op that allocates a
-  ``logits`` storage offloads). Under non-reentrant gradient checkpointing a layer's inner saves go to the
+  ``model.output``; TRL's ``get_act_offloading_ctx_manager`` around ``lm_head``): its saved tensors stay on the GPU.
+  torchtune computes the loss outside the hooks (its saves stay too); the HF Trainer's model computes it inside its
+  forward, within TRL's hooks (axolotl enters them around ``training_step``): there the loss's saved tensors (the
+  fp32 log-probabilities of the ``hf`` loss) are packed like any other. Under non-reentrant gradient checkpointing a layer's inner saves go to the
   checkpoint's own hooks (innermost hooks win), and the outer hooks see the layer's positional inputs, which the
   checkpoint saves (``torch/utils/checkpoint.py`` ``_CheckpointFrame.save_inputs``): offloading then moves the
   layer inputs. Hugging Face's layers take the hidden states positionally and the rest (mask, cos/sin, position
@@ -30,7 +31,7 @@ Host memory: pinned allocations go through the caching host allocator, which rou
 two and keeps freed blocks for reuse (torch 2.13 ``ATen/core/CachingHostAllocator.h``, ``PowerOf2Ceil`` with the
 default ``pinned_max_round_threshold`` unlimited): every pack of one step is alive at the end of the forward, so
 the host bytes are the sum over packs of the rounded sizes. torchtune copies each pack (a storage saved twice is
-copied twice); TRL skips a storage that is still in its forward stash: fitplan counts one copy per storage and op.
+copied twice); TRL (with streams) skips a storage that is still in its forward stash, which fitplan follows.
 
 Not modelled: torchtune frees a brought-back tensor one node later than its last use (``bwd_tensor_stash``),
 which keeps one layer input more during the next layer's recomputation; torchtune's own decoder layers take one
@@ -43,9 +44,11 @@ from typing import Any
 
 from attrs import frozen
 
-OFFLOAD_MODES = ("none", "streams", "sync")
-"""``none``; ``streams``: ``OffloadActivations()`` (torchtune's ``enable_activation_offloading``, TRL/axolotl's
-``activation_offloading: true``); ``sync``: ``use_streams=False`` (axolotl's ``legacy``)."""
+OFFLOAD_MODES = ("none", "torchtune", "trl", "trl_sync")
+"""``none``; ``torchtune``: its recipes' ``OffloadActivations()`` (``enable_activation_offloading``: streams, the loss
+outside the hooks); ``trl``: TRL's, as the HF Trainer runs it (axolotl's ``activation_offloading: true``: streams, the
+loss inside the hooks, since the model computes it in its forward); ``trl_sync``: the same with ``use_streams=False``
+(axolotl's ``legacy``)."""
 MIN_OFFLOAD_BYTES = 1024
 """``min_offload_size``: smaller saved tensors stay on the GPU."""
 FWD_STASH = 5
@@ -77,10 +80,27 @@ def pow2ceil(n: int) -> int:
     return 1 << (int(n) - 1).bit_length() if n > 0 else 0
 
 
-def head_op(tr: Any, i: int, op: Any) -> bool:
-    """An op of the LM head (from the head's call site on, ``Trace.head_from``) or the loss (it allocates a
-    ``logits`` storage): outside the offloading hooks."""
-    return (tr.head_from is not None and i >= tr.head_from) or any(tr.kind[sid] == "logits" for sid in op.allocs)
+def loss_start(tr: Any) -> int:
+    """The index of the loss's first op: after the LM head's call site (``Trace.head_from``), the first op that
+    allocates a ``logits`` storage without differentiating or saving a parameter (the LM head's own ``mm``, and
+    autocast's casts before it, are the head's)."""
+    start = tr.head_from if tr.head_from is not None else len(tr.ops)
+    for i in range(start, len(tr.ops)):
+        op = tr.ops[i]
+        if not (op.params or op.saves_param) and any(tr.kind[sid] == "logits" for sid in op.allocs):
+            return i
+    return len(tr.ops)
+
+
+def outside(tr: Any, i: int, op: Any, loss_from: int | None) -> bool:
+    """An op outside the offloading hooks: the LM head's (under ``NoOpManager``: from its call site,
+    ``Trace.head_from``, to the loss, and later the ops that differentiate or save a parameter, a chunked head's) and,
+    unless the loss is inside the hooks (``loss_from`` given), the loss's (every op from the head on, and any op
+    that allocates a ``logits`` storage)."""
+    head = tr.head_from is not None and i >= tr.head_from
+    if loss_from is None:
+        return head or any(tr.kind[sid] == "logits" for sid in op.allocs)
+    return head and (i < loss_from or bool(op.params or op.saves_param))
 
 
 def plan(tr: Any) -> OffloadPlan | None:
@@ -90,8 +110,22 @@ def plan(tr: Any) -> OffloadPlan | None:
         return None
     raw, weight, ckpt = tr.raw, tr.seg_weight, tr.seg_ckpt
 
+    loss_from = loss_start(tr) if mode.startswith("trl") else None
+    stash = 0 if mode == "trl_sync" else FWD_STASH
+    recent: list[int] = []
+
     def offloadable(sid: int) -> bool:
-        return sid >= 0 and sid not in tr.external and tr.kind[sid] != "logits" and raw[sid] >= MIN_OFFLOAD_BYTES
+        return (sid >= 0 and sid not in tr.external and raw[sid] >= MIN_OFFLOAD_BYTES
+                and (loss_from is not None or tr.kind[sid] != "logits"))
+
+    def copies(sids: list[int]) -> list[int]:
+        """The packs that copy: TRL with streams skips a storage still in its forward stash."""
+        out = []
+        for sid in sids:
+            if not (mode == "trl" and sid in recent[-stash:]):
+                out.append(sid)
+            recent.append(sid)
+        return out
 
     packs: dict[int, tuple[int, ...]] = {}
     saved: dict[int, int] = {}
@@ -107,15 +141,16 @@ def plan(tr: Any) -> OffloadPlan | None:
             here = [sid for sid, positional in tr.ckpt_keep[op.unit].items() if positional and offloadable(sid)]
             for sid in here:
                 kept[sid] = kept.get(sid, 0) + 1
-        elif not head_op(tr, i, op):
+        elif not outside(tr, i, op, loss_from):
             here = [sid for sid in op.saved if offloadable(sid)]
             for sid in here:
                 saved[sid] = saved.get(sid, 0) + 1
         if here:
             packs[i] = tuple(here)
-            host += weight[op.seg] * sum(pow2ceil(raw[sid]) for sid in here)
-            copied += weight[op.seg] * sum(raw[sid] for sid in here)
-    return OffloadPlan(packs, saved, kept, FWD_STASH if mode == "streams" else 0, int(host), int(copied))
+            moved = copies(here)
+            host += weight[op.seg] * sum(pow2ceil(raw[sid]) for sid in moved)
+            copied += weight[op.seg] * sum(raw[sid] for sid in moved)
+    return OffloadPlan(packs, saved, kept, stash, int(host), int(copied))
 
 
 class Stash:

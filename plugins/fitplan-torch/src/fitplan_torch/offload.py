@@ -1,12 +1,12 @@
-"""Activation offloading in the measured step, without streams (what runs on the CPU).
+"""Activation offloading in the measured step, without streams (what runs on the CPU): ``trl_sync``.
 
-The pack/unpack pair of torchtune's ``OffloadActivations(use_streams=False)`` (pytorch/torchtune @ 30b8519,
-``torchtune/training/_activation_offloading.py``; TRL 1.16's copy, ``trl/models/activation_offloading.py``, with
-``use_streams=False``: axolotl's ``activation_offloading: legacy``), as fitplan models it (``fitplan/trace/offload.py``):
+The pack/unpack pair of TRL 1.16's ``OffloadActivations(use_streams=False)`` (``trl/models/activation_offloading.py``;
+axolotl's ``activation_offloading: legacy``, which enters it around the HF Trainer's ``training_step``; torchtune's
+``OffloadActivations`` @ 30b8519 packs the same way), as fitplan models it (``fitplan/trace/offload.py``):
 
-* the hooks are active around the decoder's forward (torchtune's recipes wrap the model's forward and run the
-  output projection under ``NoOpManager``; the loss runs outside): here a forward pre-hook on the decoder enters
-  them and a forward hook leaves them, so the LM head and the loss are outside;
+* the hooks are active around the causal LM's forward, the model's own loss included (a forward pre-hook on the
+  model enters them, a forward hook leaves them), and the LM head runs under ``NoOpManager`` (TRL's
+  ``get_act_offloading_ctx_manager``: hooks that push a pair of identity hooks around ``lm_head``);
 * pack: a saved tensor of at least 1,024 bytes (``element_size · nelement``) that is not a parameter's storage
   is copied to the host (``empty_like`` + ``copy_``) and autograd keeps the copy only; smaller ones and
   parameters stay as they are;
@@ -37,10 +37,22 @@ class SyncOffload:
         self.host_bytes = 0
         self.packs = 0
         self._hooks: Any = None
-        decoder, _ = causal_parts(model)
-        self.handles = [decoder.register_forward_pre_hook(self._enter),
-                        decoder.register_forward_hook(self._exit, always_call=True)]
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        _, head = causal_parts(model)
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks
+        self._noop: list[Any] = []
+        self.handles = [base.register_forward_pre_hook(self._enter), base.register_forward_hook(self._exit, always_call=True),
+                        head.register_forward_pre_hook(self._noop_enter),
+                        head.register_forward_hook(self._noop_exit, always_call=True)]
+
+    def _noop_enter(self, *args) -> None:
+        hooks = self._saved_hooks(lambda t: (False, t), self._unpack)
+        hooks.__enter__()
+        self._noop.append(hooks)
+
+    def _noop_exit(self, *args) -> None:
+        if self._noop:
+            self._noop.pop().__exit__(None, None, None)
 
     def _enter(self, *args) -> None:
         self.host_bytes = 0

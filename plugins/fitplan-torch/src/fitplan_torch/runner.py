@@ -175,10 +175,11 @@ def check_supported(estimate) -> None:
     if offload != "none" and sharded(estimate):
         raise FitplanError("the torch referee runs activation offloading on one device only",
                            field="activation_offloading", value=offload, suggestion="validate it with --num-gpus 1")
-    if offload == "streams":
-        raise FitplanError("the torch referee runs activation offloading without streams (CUDA streams need a GPU; "
-                           "tests/test_offload.py derives the stream's stash from the source)", field="activation_offloading",
-                           value=offload, suggestion="validate activation_offloading = \"sync\"")
+    if offload != "none" and (offload != "trl_sync" or loss != "hf"):
+        raise FitplanError("the torch referee runs TRL's activation offloading without streams around the model's "
+                           "own loss (CUDA streams need a GPU; tests/test_offload.py derives the stream's stash from the "
+                           "source)", field="activation_offloading", value=offload,
+                           suggestion="validate activation_offloading = \"trl_sync\" with loss_implementation = \"hf\"")
     if s.parallel.tensor_parallel > 1:
         raise FitplanError("the torch referee does not implement tensor parallelism", field="tensor_parallel",
                            value=s.parallel.tensor_parallel, suggestion="validate with --tensor-parallel 1")
