@@ -210,12 +210,13 @@ def autocast_weight_copy_bytes(step_trace):
     return 0 if step_trace is None else step_trace.autocast_copy_bytes
 
 
-@quantity("bytes", json_key="memory.activation_offload_host_bytes", label="pinned host RAM for offloaded activations")
+@quantity("bytes", label="pinned host RAM for offloaded activations")
 def activation_offload_host_bytes(step_trace):
     """Activation offloading (``activation_offloading``, trace/offload.py): the pinned host memory one GPU's
     process holds for the tensors its hooks packed in one forward, each pack rounded up to a power of two by the
     caching host allocator (torch 2.13 ``ATen/core/CachingHostAllocator.h``), which keeps the blocks for the next
-    step. With gradient checkpointing about one layer input ``E·b·s·h`` per decoder layer. 0 without offloading."""
+    step. With gradient checkpointing about one layer input ``E·b·s·h`` per decoder layer. 0 without offloading.
+    Reported within ``cpu_offload_bytes`` (JSON ``memory.cpu_offload_bytes``, the table's "CPU RAM (offload)")."""
     return 0 if step_trace is None else step_trace.offload_host_bytes
 
 

@@ -115,7 +115,7 @@ def plan(tr: Any) -> OffloadPlan | None:
     recent: list[int] = []
 
     def offloadable(sid: int) -> bool:
-        return (sid >= 0 and sid not in tr.external and raw[sid] >= MIN_OFFLOAD_BYTES
+        return (sid >= 0 and raw[sid] >= MIN_OFFLOAD_BYTES
                 and (loss_from is not None or tr.kind[sid] != "logits"))
 
     def copies(sids: list[int]) -> list[int]:
@@ -144,9 +144,10 @@ def plan(tr: Any) -> OffloadPlan | None:
         elif not outside(tr, i, op, loss_from):
             here = [sid for sid in op.saved if offloadable(sid)]
             for sid in here:
-                saved[sid] = saved.get(sid, 0) + 1
-        if here:
-            packs[i] = tuple(here)
+                if sid not in tr.external:
+                    saved[sid] = saved.get(sid, 0) + 1
+        if here:  # (the batch, saved by the embedding, is copied too; it stays on the GPU as the batch)
+            packs[i] = tuple(sid for sid in here if sid not in tr.external)
             moved = copies(here)
             host += weight[op.seg] * sum(pow2ceil(raw[sid]) for sid in moved)
             copied += weight[op.seg] * sum(raw[sid] for sid in moved)

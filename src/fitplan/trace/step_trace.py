@@ -318,6 +318,7 @@ class Trace:
     def external_tensor(self, numel: int, dtype: str, label: str) -> T:
         """A tensor alive before the step (the batch): never counted, never freed."""
         sid = self._storage(0, label)
+        self.raw[sid] = numel * BYTES[dtype]  # (what activation offloading copies when an op saves it)
         self.external.add(sid)
         return T(sid, numel, dtype, False)
 
