@@ -47,7 +47,7 @@ that its id stays unique."""
 def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,
               framework=None, adapter_dtype: str = "fp32", quant_compute: str | None = None,
               linear_saves_input: bool = False, loss: str = "hf", saved: tuple[str, ...] = (),
-              offload: str = "none") -> StepTrace | None:
+              offload: str = "none", quant_bits: int = 4) -> StepTrace | None:
     if arch.is_bare:
         return None
     attn = "sdpa" if attn == "flash_attention_2" else attn
@@ -55,7 +55,7 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
     targets = tuple(lora_target_modules or ()) if method != "full" else ()
     block = framework.allocator_block_bytes if framework is not None else 512
     key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_dtype,
-           quant_compute if method == "qlora" else None, linear_saves_input, loss, saved, offload)
+           quant_compute if method == "qlora" else None, linear_saves_input, loss, saved, offload, quant_bits)
     hit = _TRACES.get(key)
     if hit is None:
         if len(_TRACES) > 4096:
@@ -64,7 +64,7 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
                                 float(lora_dropout) if method != "full" else 0.0, device, int(block),
                                 adapter_dtype if method != "full" else "fp32", quant_compute if method == "qlora" else None,
                                 bool(linear_saves_input), str(loss), tuple(saved) if method != "full" else (),
-                                offload=str(offload)))
+                                offload=str(offload), quant_bits=int(quant_bits) if method == "qlora" else 4))
         hit = _TRACES[key] = (arch, trace)
     return hit[1]
 
@@ -74,7 +74,7 @@ TRUE_TWIN = {"bf16-mixed": "bf16-true", "16-mixed": "16-true"}
 
 @quantity("preset", type="object")
 def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_compute_dtype, autocast_adapter_dtype,
-                zero3_linear_saves_input):
+                zero3_linear_saves_input, load_in_8bit):
     """How the step's ops run, when the stack or the QLoRA script changes it from ``precision``:
     ``(precision, adapter dtype, 4-bit compute dtype, Linears save their input)``.
 
@@ -100,6 +100,11 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
     * ``autocast_adapter_dtype = false`` (peft's option): adapters in the weights' dtype;
     * DeepSpeed ZeRO-3 replaces ``F.linear`` by a function that saves its input also for a frozen weight
       (``zero3_linear_saves_input``, builtin/sharding/deepspeed.py)."""
+    if load_in_8bit and method != "qlora":
+        from fitplan.errors import FitplanError
+
+        raise FitplanError(f"Lora.load_in_8bit quantizes the base model of a LoRA run (k-bit training), not of a {method} "
+                           "run", field="load_in_8bit", value=True, suggestion="method = \"qlora\" with load_in_8bit")
     trace = precision
     if sharding_kind.startswith("hf_fsdp"):
         trace = TRUE_TWIN.get(precision, precision)
@@ -124,7 +129,7 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
 @quantity("trace", type="object")
 def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
                                      method, lora_r, lora_target_modules, lora_dropout, device, framework, loss_implementation,
-                                     lora_modules_to_save, activation_offloading):
+                                     lora_modules_to_save, activation_offloading, load_in_8bit):
     """The symbolic trace of one step without gradient checkpointing (trace/step_trace.py): saved tensors
     per storage, the forward and backward live-byte timelines. ``flash_attention_2`` saves what SDPA's
     flash kernel saves. ``loss_implementation``: how the loss head runs (trace/loss_heads.py);
@@ -132,20 +137,20 @@ def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, False, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input,
-                     loss_implementation, lora_modules_to_save, activation_offloading)
+                     loss_implementation, lora_modules_to_save, activation_offloading, 8 if load_in_8bit else 4)
 
 
 @quantity("trace", type="object")
 def step_trace(step_trace_without_checkpointing, gradient_checkpointing, arch, per_device_train_batch_size,
                realized_seq_length, trace_setup, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
-               device, framework, loss_implementation, lora_modules_to_save, activation_offloading):
+               device, framework, loss_implementation, lora_modules_to_save, activation_offloading, load_in_8bit):
     """The symbolic trace of one step as configured (with gradient checkpointing when it is on)."""
     if not gradient_checkpointing:
         return step_trace_without_checkpointing
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, True, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input,
-                     loss_implementation, lora_modules_to_save, activation_offloading)
+                     loss_implementation, lora_modules_to_save, activation_offloading, 8 if load_in_8bit else 4)
 
 
 @quantity("bytes")

@@ -10,7 +10,8 @@ What LLaMA-Factory does with its keys (hiyouga/LLaMA-Factory @ ff6d4d1, ``src/ll
   (default 0), ``lora_target`` (default ``all``: every linear layer but the output, peft's ``all-linear``),
   ``additional_target`` (peft's ``modules_to_save``);
 * ``quantization_bit: 4`` with bitsandbytes: QLoRA (``double_quantization`` default true, compute dtype the
-  load dtype); LLaMA-Factory calls no ``prepare_model_for_kbit_training`` (``kbit_preparation = "none"``);
+  load dtype); ``8``: LLM.int8 (``model/model_utils/quantization.py``: ``BitsAndBytesConfig(load_in_8bit=True)``,
+  ``load_in_8bit``); LLaMA-Factory calls no ``prepare_model_for_kbit_training`` (``kbit_preparation = "none"``);
 * the load dtype is the compute dtype (``parser.py``: ``bf16`` or ``pure_bf16`` -> bfloat16, ``fp16`` -> float16,
   else the checkpoint's); ``init_adapter`` casts the trainable parameters to fp32 unless ``pure_bf16`` or
   (unquantized) ZeRO-3: a full fine-tune then keeps fp32 weights under autocast (``bf16-mixed`` / ``16-mixed``),
@@ -76,9 +77,11 @@ def _quantization(r: Recipe) -> bool:
     if bits is None:
         return False
     method = r.text("quantization_method") or "bnb"
-    if bits != 4 or method not in ("bnb", "bitsandbytes"):
-        raise r.refuse("quantization_bit", f"{bits}-bit {method} quantization (fitplan models 4-bit bitsandbytes "
-                       "QLoRA)", "quantization_bit: 4 with quantization_method: bnb")
+    if bits not in (4, 8) or method not in ("bnb", "bitsandbytes"):
+        raise r.refuse("quantization_bit", f"{bits}-bit {method} quantization (fitplan models bitsandbytes' 4-bit "
+                       "and 8-bit LoRA)", "quantization_bit: 4 or 8 with quantization_method: bnb")
+    if bits == 8:  # model/model_utils/quantization.py: BitsAndBytesConfig(load_in_8bit=True)
+        r.set("load_in_8bit", True)
     return True
 
 

@@ -263,6 +263,9 @@ class Lora:
     """peft's ``modules_to_save``: modules outside the decoder layers (``embed_tokens``, ``lm_head``) trained whole,
     as a copy beside the frozen original (``ModulesToSaveWrapper``); builtin/lora.py says where fitplan models it."""
     bnb_4bit_use_double_quant: bool = True
+    load_in_8bit: bool = False
+    """With ``method = "qlora"``: the base Linears in LLM.int8 (transformers' ``BitsAndBytesConfig(load_in_8bit=True)``,
+    bitsandbytes ``Linear8bitLt``) instead of NF4: axolotl's and LLaMA-Factory's 8-bit LoRA (trace/kernels.py)."""
     autocast_adapter_dtype: bool = True
     """peft's ``get_peft_model(..., autocast_adapter_dtype=True)``: 16-bit adapters are upcast to fp32 (their
     GEMMs then run in fp32 without autocast). False keeps them in the base weights' dtype, as torchtune's

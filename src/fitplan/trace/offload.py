@@ -115,7 +115,7 @@ def plan(tr: Any) -> OffloadPlan | None:
     recent: list[int] = []
 
     def offloadable(sid: int) -> bool:
-        return (sid >= 0 and raw[sid] >= MIN_OFFLOAD_BYTES
+        return (sid >= 0 and raw[sid] >= MIN_OFFLOAD_BYTES and sid not in tr.ctx_kept
                 and (loss_from is not None or tr.kind[sid] != "logits"))
 
     def copies(sids: list[int]) -> list[int]:

@@ -103,7 +103,9 @@ class TraceSpec:
     frozen: bool = False
     """No parameter trains: a forward under ``torch.no_grad`` (TRL's reference model, builtin/trl/preference.py)."""
     offload: str = "none"
-    """Activation offloading: ``none``, ``streams`` or ``sync`` (:mod:`.offload`)."""
+    """Activation offloading: ``none``, ``torchtune``, ``trl`` or ``trl_sync`` (:mod:`.offload`)."""
+    quant_bits: int = 4
+    """QLoRA's base Linears: 4 (NF4, ``Linear4bit``) or 8 (LLM.int8, ``Linear8bitLt``: :mod:`.kernels`)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -289,6 +291,9 @@ class Trace:
         """The decoder layer being recorded (-1: outside the layers)."""
         self.head_from: int | None = None
         """The index of the LM head's first op (None: not recorded)."""
+        self.ctx_kept: set[int] = set()
+        """Storages an autograd Function keeps as a ``ctx`` attribute (bitsandbytes' 8-bit matmul keeps its input):
+        no saved-tensor hook sees them, so neither checkpointing nor offloading moves them."""
         self.param_grad_total = 0
         self.loss: T | None = None
         self.external: set[int] = set()
@@ -437,7 +442,7 @@ class Trace:
 TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
 TRACE_MODULES = ("trace/step_trace.py", "trace/learned_graph.py", "trace/learned_segment.py",
-                 "trace/kernels.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py", "arch/archformat.py",
+                 "trace/kernels.py", "trace/int8.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py", "arch/archformat.py",
                  "arch/learned_repeat.py", "trace/lora_targets.py", "trace/loss_heads.py", "trace/fused_head.py", "trace/score_head.py",
                  "trace/logits_head.py", "trace/offload.py", "inputs/precision.py", "inputs/files.py", "inputs/convert.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the

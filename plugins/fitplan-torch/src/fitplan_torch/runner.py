@@ -171,6 +171,11 @@ def check_supported(estimate) -> None:
     if loss != "hf" and sharded(estimate):
         raise FitplanError("the torch referee runs a chunked loss on one device only", field="loss_implementation",
                            value=loss, suggestion="validate the chunked loss with --num-gpus 1")
+    if getattr(s.lora, "load_in_8bit", False):
+        raise FitplanError("the torch referee does not build 8-bit models: bitsandbytes 0.50.2 trains them with "
+                           "MatMul8bitFp on the CPU and MatMul8bitLt on CUDA (autograd/_functions.py matmul), so a CPU "
+                           "run would not measure what a GPU keeps (tests/test_int8_lora.py derives it from the source)",
+                           field="load_in_8bit", value=True, suggestion="validate the 4-bit QLoRA scenario")
     offload = getattr(s.training, "activation_offloading", "none")
     if offload != "none" and sharded(estimate):
         raise FitplanError("the torch referee runs activation offloading on one device only",
