@@ -271,7 +271,7 @@ def qlora_unquantized_bytes(qlora_unquantized_param_count, weight_dtype_bytes, k
     return int(qlora_unquantized_param_count * per + kept * max(0, 4 - per))
 
 
-def qlora_line(values, arch, kbit_preparation: str) -> str | None:
+def qlora_line(values, arch, kbit_preparation: str, bits: int = 4) -> str | None:
     """The report's line for QLoRA: what bitsandbytes quantized and what it left (and in which dtype)."""
     kept = values.get("qlora_unquantized_param_count") or 0
     if not kept:
@@ -284,7 +284,7 @@ def qlora_line(values, arch, kbit_preparation: str) -> str | None:
     what = f"{experts / 1e9:.2f}B in fused MoE experts, " if experts else ""
     if custom:  # transformers 5.24 replaces modules whose type is nn.Linear (integrations/bitsandbytes.py:189)
         what += f"{custom / 1e9:.2f}B in subclasses of nn.Linear, "
-    return (f"bitsandbytes quantized {q / 1e9:.2f}B Linear parameters to 4 bits; {kept / 1e9:.2f}B stay unquantized "
+    return (f"bitsandbytes quantized {q / 1e9:.2f}B Linear parameters to {bits} bits; {kept / 1e9:.2f}B stay unquantized "
             f"({what}embeddings, norms, head) in {dtype}: {values['qlora_unquantized_bytes'] / 1e9:.2f} GB")
 
 
