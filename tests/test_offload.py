@@ -216,3 +216,13 @@ def test_the_referee_refuses_streams():
                            per_device_train_batch_size=1, max_seq_length=16, device="cpu", activation_offloading="trl")
     with pytest.raises(FitplanError, match="without streams"):
         fitplan_torch.validate(est, mode="cpu", memtracker=False)
+
+
+@pytest.mark.parametrize("extra", [dict(activation_offloading="trl"), dict(method="qlora", load_in_8bit=True)])
+def test_trl_trainers_refuse_what_their_traces_do_not_model(extra):
+    # builtin/trl/ builds the policy's and the reference's traces itself (DPO's chosen and rejected rows, ...)
+    kw = {"method": "lora", **extra}
+    with pytest.raises(FitplanError) as e:
+        fitplan.estimate(model="llama-3.1-8b", precision="bf16-true", optim="adamw_torch", trainer="dpo",
+                         lora_target_modules=("q_proj",), **kw)
+    assert e.value.field in ("activation_offloading", "load_in_8bit")

@@ -74,7 +74,7 @@ TRUE_TWIN = {"bf16-mixed": "bf16-true", "16-mixed": "16-true"}
 
 @quantity("preset", type="object")
 def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_compute_dtype, autocast_adapter_dtype,
-                zero3_linear_saves_input, load_in_8bit):
+                zero3_linear_saves_input, load_in_8bit, activation_offloading, trainer):
     """How the step's ops run, when the stack or the QLoRA script changes it from ``precision``:
     ``(precision, adapter dtype, 4-bit compute dtype, Linears save their input)``.
 
@@ -105,6 +105,13 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
 
         raise FitplanError(f"Lora.load_in_8bit quantizes the base model of a LoRA run (k-bit training), not of a {method} "
                            "run", field="load_in_8bit", value=True, suggestion="method = \"qlora\" with load_in_8bit")
+    if trainer != "sft" and (load_in_8bit or activation_offloading != "none"):
+        from fitplan.errors import FitplanError
+
+        what = "load_in_8bit" if load_in_8bit else "activation_offloading"
+        raise FitplanError(f"{what} is modelled for the HF Trainer's step (trainer sft); TRL's {trainer} trainer builds "
+                           "its own traces (builtin/trl/), which do not model it", field=what,
+                           value=True if load_in_8bit else activation_offloading, suggestion="trainer = \"sft\"")
     trace = precision
     if sharding_kind.startswith("hf_fsdp"):
         trace = TRUE_TWIN.get(precision, precision)
