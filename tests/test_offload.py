@@ -226,3 +226,19 @@ def test_trl_trainers_refuse_what_their_traces_do_not_model(extra):
         fitplan.estimate(model="llama-3.1-8b", precision="bf16-true", optim="adamw_torch", trainer="dpo",
                          lora_target_modules=("q_proj",), **kw)
     assert e.value.field in ("activation_offloading", "load_in_8bit")
+
+
+def test_the_stash_is_a_window_of_tensor_ids_that_only_an_offloaded_pack_moves():
+    # torchtune @ 30b8519 pack_tensor: tensor_id = get_tensor_id() for every pack; only a pack that is offloaded runs
+    # "for id in fwd_stash: if id <= tensor_id - max_fwd_stash_size: del" and stashes itself
+    from fitplan.trace.offload import OffloadPlan, Stash
+
+    st = Stash(OffloadPlan({}, {}, {}, 5, 0, 0))
+    assert st.push((10, 11)) == []  # ids 1, 2
+    assert st.push((-1, -1, -1)) == []  # ids 3-5: a parameter, small tensors: nothing leaves
+    assert st.push((12,)) == [10]  # id 6 drops ids <= 1
+    assert st.order == [11, 12]
+    assert st.push((-1,) * 10) == [] and st.order == [11, 12]  # still stashed: no offloaded pack came
+    assert st.clear() == [11, 12] and not st.holds(11)
+    sync = Stash(OffloadPlan({}, {}, {}, 0, 0, 0))  # use_streams=False: nothing is kept
+    assert sync.push((10, -1, 11)) == [10, 11]

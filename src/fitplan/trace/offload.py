@@ -31,7 +31,10 @@ Host memory: pinned allocations go through the caching host allocator, which rou
 two and keeps freed blocks for reuse (torch 2.13 ``ATen/core/CachingHostAllocator.h``, ``PowerOf2Ceil`` with the
 default ``pinned_max_round_threshold`` unlimited): every pack of one step is alive at the end of the forward, so
 the host bytes are the sum over packs of the rounded sizes. torchtune copies each pack (a storage saved twice is
-copied twice); TRL (with streams) skips a storage that is still in its forward stash, which fitplan follows.
+copied twice); TRL (with streams) does not copy a storage that is still in its forward stash and keeps that pack's
+GPU tensor in its tracker until the unpack, which fitplan follows. Every pack takes a tensor id, offloaded or not
+(a parameter, a tensor under 1 KiB), and the stash is a window of ids: only an offloaded pack drops what fell out of
+it.
 
 Not modelled: torchtune frees a brought-back tensor one node later than its last use (``bwd_tensor_stash``),
 which keeps one layer input more during the next layer's recomputation; torchtune's own decoder layers take one
@@ -112,45 +115,41 @@ def plan(tr: Any) -> OffloadPlan | None:
 
     loss_from = loss_start(tr) if mode.startswith("trl") else None
     stash = 0 if mode == "trl_sync" else FWD_STASH
-    recent: list[int] = []
 
     def offloadable(sid: int) -> bool:
-        return (sid >= 0 and raw[sid] >= MIN_OFFLOAD_BYTES and sid not in tr.ctx_kept
-                and (loss_from is not None or tr.kind[sid] != "logits"))
+        return sid >= 0 and raw[sid] >= MIN_OFFLOAD_BYTES and (loss_from is not None or tr.kind[sid] != "logits")
 
-    def copies(sids: list[int]) -> list[int]:
-        """The packs that copy: TRL with streams skips a storage still in its forward stash."""
-        out = []
-        for sid in sids:
-            if not (mode == "trl" and sid in recent[-stash:]):
-                out.append(sid)
-            recent.append(sid)
-        return out
-
+    sim = Stash(OffloadPlan({}, {}, {}, stash, 0, 0))  # the forward stash, for TRL's check of a stashed storage
     packs: dict[int, tuple[int, ...]] = {}
     saved: dict[int, int] = {}
     kept: dict[int, int] = {}
     host = copied = 0
     seen_units: set[int] = set()
     for i, op in enumerate(tr.ops):
-        here: list[int] = []
         if ckpt[op.seg]:
             if op.unit in seen_units or op.unit not in tr.ckpt_keep:
                 continue
             seen_units.add(op.unit)
-            here = [sid for sid, positional in tr.ckpt_keep[op.unit].items() if positional and offloadable(sid)]
-            for sid in here:
+            here = [sid for sid, positional in tr.ckpt_keep[op.unit].items() if positional]
+        elif not outside(tr, i, op, loss_from):  # every saved tensor is a pack (the 8-bit matmul's ctx input is not)
+            here = [sid for sid in op.saved if sid not in tr.ctx_kept] + [-1] * op.saves_param
+        else:
+            continue
+        slots = []
+        for sid in here:
+            if not offloadable(sid) or (mode == "trl" and sim.holds(sid)):
+                slots.append(-1)  # an id, no copy: TRL keeps a storage still in its stash on the GPU (its tracker)
+                continue
+            slots.append(sid)
+            if ckpt[op.seg]:
                 kept[sid] = kept.get(sid, 0) + 1
-        elif not outside(tr, i, op, loss_from):
-            here = [sid for sid in op.saved if offloadable(sid)]
-            for sid in here:
-                if sid not in tr.external:
-                    saved[sid] = saved.get(sid, 0) + 1
-        if here:  # (the batch, saved by the embedding, is copied too; it stays on the GPU as the batch)
-            packs[i] = tuple(sid for sid in here if sid not in tr.external)
-            moved = copies(here)
-            host += weight[op.seg] * sum(pow2ceil(raw[sid]) for sid in moved)
-            copied += weight[op.seg] * sum(raw[sid] for sid in moved)
+            elif sid not in tr.external:  # (the batch, saved by a trained embedding, is copied; it stays as the batch)
+                saved[sid] = saved.get(sid, 0) + 1
+            host += weight[op.seg] * pow2ceil(raw[sid])
+            copied += weight[op.seg] * raw[sid]
+        if slots:
+            sim.push(tuple(slots))
+            packs[i] = tuple(slots)
     return OffloadPlan(packs, saved, kept, stash, int(host), int(copied))
 
 
@@ -161,27 +160,39 @@ class Stash:
     def __init__(self, p: OffloadPlan) -> None:
         self.plan = p
         self.order: list[int] = []
+        self.ids: list[int] = []
         self.count: dict[int, int] = {}
+        self.next_id = 0
         self.forward = True
         """The forward (and the loss) runs: offloaded tensors are on the host."""
         self.cleared = False
         """The first backward node that unpacked an offloaded tensor has run: the stash is empty from then on."""
 
-    def push(self, sids: tuple[int, ...]) -> list[int]:
-        """Pack ``sids``; returns the storages that leave the stash (``id <= tensor_id - max_fwd_stash_size``)."""
+    def push(self, slots: tuple[int, ...]) -> list[int]:
+        """Pack ``slots`` in order (-1: a pack that is not offloaded, which takes a tensor id all the same); returns
+        the storages that leave the stash. As the pack hooks do: every pack takes the next id, and an offloaded one
+        first drops the stashed tensors whose ids are at most its own minus ``max_fwd_stash_size``."""
         out = []
-        for sid in sids:
-            self.order.append(sid)
-            self.count[sid] = self.count.get(sid, 0) + 1
-            while len(self.order) > self.plan.stash:
+        for sid in slots:
+            self.next_id += 1
+            if sid < 0:
+                continue
+            while self.ids and self.ids[0] <= self.next_id - self.plan.stash:
+                self.ids.pop(0)
                 old = self.order.pop(0)
                 self.count[old] -= 1
                 out.append(old)
+            if self.plan.stash == 0:
+                out.append(sid)  # without streams nothing is stashed
+                continue
+            self.ids.append(self.next_id)
+            self.order.append(sid)
+            self.count[sid] = self.count.get(sid, 0) + 1
         return out
 
     def clear(self) -> list[int]:
         """The first unpacking backward node's hook: every stashed storage leaves."""
-        out, self.order, self.count, self.cleared = self.order, [], {}, True
+        out, self.order, self.ids, self.count, self.cleared = self.order, [], [], {}, True
         return out
 
     def holds(self, sid: int) -> bool:
