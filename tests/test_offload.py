@@ -242,3 +242,10 @@ def test_the_stash_is_a_window_of_tensor_ids_that_only_an_offloaded_pack_moves()
     assert st.clear() == [11, 12] and not st.holds(11)
     sync = Stash(OffloadPlan({}, {}, {}, 0, 0, 0))  # use_streams=False: nothing is kept
     assert sync.push((10, -1, 11)) == [10, 11]
+
+
+def test_what_is_derived_from_the_source_says_so():
+    # the referee measures trl_sync; the streams' stash and 8-bit LoRA are read from the source
+    streams = _llama_8b("torchtune", device="cpu")["memory_confidence"]["activations"]
+    assert streams["level"] == "source" and "stash" in streams["basis"]
+    assert _llama_8b("trl_sync", device="cpu")["memory_confidence"]["activations"]["level"] == "exact"
