@@ -249,3 +249,17 @@ def test_what_is_derived_from_the_source_says_so():
     streams = _llama_8b("torchtune", device="cpu")["memory_confidence"]["activations"]
     assert streams["level"] == "source" and "stash" in streams["basis"]
     assert _llama_8b("trl_sync", device="cpu")["memory_confidence"]["activations"]["level"] == "exact"
+
+
+def test_trls_sft_config_offloads_with_streams_and_keeps_checkpointing(tmp_path):
+    # trl 1.16 SFTTrainer.training_step: with self.maybe_activation_offload_context (get_act_offloading_ctx_manager)
+    from fitplan.inputs.importers import training_args_fields
+
+    path = tmp_path / "args.json"
+    path.write_text('{"activation_offloading": true, "gradient_checkpointing": true}')
+    fields, _ = training_args_fields(path)
+    assert (fields["activation_offloading"], fields["gradient_checkpointing"]) == ("trl", True)
+    path.write_text('{"activation_offloading": "yes"}')
+    with pytest.raises(FitplanError) as e:
+        training_args_fields(path)
+    assert (e.value.file, e.value.field, e.value.value) == (str(path), "$.activation_offloading", "yes")
