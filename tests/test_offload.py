@@ -32,10 +32,10 @@ LORA = dict(method="lora", lora_r=8, lora_target_modules=("q_proj", "v_proj"), a
 
 
 def _llama_8b(offload: str, loss: str = "chunked_compiled", **extra):
-    extra = {**LORA, **extra}
+    extra = {**LORA, "gradient_checkpointing": True, **extra}
     return fitplan.estimate(model="llama-3.1-8b", precision="bf16-true", dtype="bfloat16", optim="adamw_torch_fused",
-                            per_device_train_batch_size=B, max_seq_length=S, gradient_checkpointing=True,
-                            loss_implementation=loss, activation_offloading=offload, **extra)
+                            per_device_train_batch_size=B, max_seq_length=S, loss_implementation=loss,
+                            activation_offloading=offload, **extra)
 
 
 # --------------------------------------------------------------------------- by hand from the sources
@@ -106,7 +106,7 @@ def test_an_unknown_mode_is_refused():
     with pytest.raises(FitplanError) as e:
         _llama_8b("cpu")
     assert e.value.field == "$.training.activation_offloading"
-    assert "one of none, torchtune, trl, trl_sync, got 'cpu'" in e.value.message
+    assert "one of none, torchtune, trl, trl_sync, unsloth, got 'cpu'" in e.value.message
 
 
 # --------------------------------------------------------------------------- recipe import
@@ -263,3 +263,24 @@ def test_trls_sft_config_offloads_with_streams_and_keeps_checkpointing(tmp_path)
     with pytest.raises(FitplanError) as e:
         training_args_fields(path)
     assert (e.value.file, e.value.field, e.value.value) == (str(path), "$.activation_offloading", "yes")
+
+
+def test_unsloths_checkpointing_offloads_the_layer_inputs_only():
+    # LLaMA-Factory @ ff6d4d1 model_utils/checkpointing.py UnslothGradientCheckpointing.forward:
+    # hidden_states.to("cpu", non_blocking=True) (a pinned copy: non_blocking device-to-host), the layer under
+    # no_grad; nothing else passes through hooks: 32 layer inputs on the host, the final norm's saves stay
+    e = _llama_8b("unsloth")
+    assert e["activation_offload_host_bytes"] == L * LAYER_INPUT
+    none = _llama_8b("none")
+    # no stash: h_1..h_31 leave (h_0 is the embedding output's leaf)
+    assert none["step_trace"].retained_bytes - e["step_trace"].retained_bytes == 31 * LAYER_INPUT
+    with pytest.raises(FitplanError) as err:
+        _llama_8b("unsloth", gradient_checkpointing=False)
+    assert err.value.field == "activation_offloading"
+
+
+def test_llamafactory_use_unsloth_gc_is_unsloths_offloaded_checkpointing(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("model_name_or_path: x/y\nstage: sft\nuse_unsloth_gc: true\n")
+    fields, _ = recipe_fields(path)
+    assert (fields["activation_offloading"], fields["gradient_checkpointing"]) == ("unsloth", True)

@@ -74,7 +74,7 @@ TRUE_TWIN = {"bf16-mixed": "bf16-true", "16-mixed": "16-true"}
 
 @quantity("preset", type="object")
 def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_compute_dtype, autocast_adapter_dtype,
-                zero3_linear_saves_input, load_in_8bit, activation_offloading, trainer):
+                zero3_linear_saves_input, load_in_8bit, activation_offloading, trainer, gradient_checkpointing):
     """How the step's ops run, when the stack or the QLoRA script changes it from ``precision``:
     ``(precision, adapter dtype, 4-bit compute dtype, Linears save their input)``.
 
@@ -112,6 +112,12 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
         raise FitplanError(f"{what} is modelled for the HF Trainer's step (trainer sft); TRL's {trainer} trainer builds "
                            "its own traces (builtin/trl/), which do not model it", field=what,
                            value=True if load_in_8bit else activation_offloading, suggestion="trainer = \"sft\"")
+    if activation_offloading == "unsloth" and not gradient_checkpointing:
+        from fitplan.errors import FitplanError
+
+        raise FitplanError("activation_offloading \"unsloth\" is a gradient checkpointing function (it offloads each "
+                           "checkpointed layer's input)", field="activation_offloading", value="unsloth",
+                           suggestion="gradient_checkpointing = true")
     trace = precision
     if sharding_kind.startswith("hf_fsdp"):
         trace = TRUE_TWIN.get(precision, precision)
@@ -255,7 +261,7 @@ def streamed_activation_copies(value, activation_offload_copy_bytes, gradient_ac
     return value + 2 * activation_offload_copy_bytes * gradient_accumulation_steps / (PCIE_HOST_GBPS * 1e9)
 
 
-@reducer("exposed_transfer_seconds", when=lambda activation_offloading: activation_offloading == "trl_sync")
+@reducer("exposed_transfer_seconds", when=lambda activation_offloading: activation_offloading in ("trl_sync", "unsloth"))
 def synchronous_activation_copies(value, activation_offload_copy_bytes, gradient_accumulation_steps):
     """Activation offloading without streams (axolotl's ``legacy``): the copies run on the compute stream (pack:
     ``copy_(non_blocking=True)`` on the current stream; unpack: ``.to("cuda")``), so nothing hides them."""

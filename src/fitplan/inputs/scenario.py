@@ -24,7 +24,7 @@ METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 LOSS_IMPLEMENTATIONS = ("hf", "chunked", "chunked_compiled", "liger", "cce", "trl_grpo")
 """How the loss head runs (trace/loss_heads.py, docs/memory-model.md "Loss implementations")."""
-ACTIVATION_OFFLOADING = ("none", "torchtune", "trl", "trl_sync")
+ACTIVATION_OFFLOADING = ("none", "torchtune", "trl", "trl_sync", "unsloth")
 """Activation offloading (trace/offload.py ``OFFLOAD_MODES``): torchtune's and TRL's ``OffloadActivations``."""
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
 STACKS = ("deepspeed", "fsdp1", "fsdp2", "ddp", "torch")
@@ -231,7 +231,8 @@ class Training:
     (its recipes' ``enable_activation_offloading``: copies on a second CUDA stream, the last five kept on the GPU,
     the loss outside the hooks), ``trl`` (TRL's ``OffloadActivations`` as axolotl's ``activation_offloading: true``
     runs it: the same, the model's own loss inside the hooks), ``trl_sync`` (``use_streams=False``, axolotl's
-    ``legacy``); with gradient checkpointing the layer inputs move (trace/offload.py)."""
+    ``legacy``); with gradient checkpointing the layer inputs move; ``unsloth`` (Unsloth's offloaded checkpointing,
+    LLaMA-Factory's ``use_unsloth_gc``: only the layer inputs, with checkpointing) (trace/offload.py)."""
 
 
     @fp16.validator

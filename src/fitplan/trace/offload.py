@@ -47,11 +47,15 @@ from typing import Any
 
 from attrs import frozen
 
-OFFLOAD_MODES = ("none", "torchtune", "trl", "trl_sync")
+OFFLOAD_MODES = ("none", "torchtune", "trl", "trl_sync", "unsloth")
 """``none``; ``torchtune``: its recipes' ``OffloadActivations()`` (``enable_activation_offloading``: streams, the loss
 outside the hooks); ``trl``: TRL's, as the HF Trainer runs it (axolotl's ``activation_offloading: true``: streams, the
 loss inside the hooks, since the model computes it in its forward); ``trl_sync``: the same with ``use_streams=False``
-(axolotl's ``legacy``)."""
+(axolotl's ``legacy``); ``unsloth``: Unsloth's offloaded gradient checkpointing as LLaMA-Factory copies it
+(``use_unsloth_gc``, hiyouga/LLaMA-Factory @ ff6d4d1 ``model/model_utils/checkpointing.py``
+``UnslothGradientCheckpointing``): an autograd Function per decoder layer that copies the layer's input to the host
+(``hidden_states.to("cpu", non_blocking=True)``, on the compute stream), runs the layer under ``no_grad`` and in its
+backward copies the input back and runs the layer again with grad; nothing else moves."""
 MIN_OFFLOAD_BYTES = 1024
 """``min_offload_size``: smaller saved tensors stay on the GPU."""
 FWD_STASH = 5
@@ -114,7 +118,7 @@ def plan(tr: Any) -> OffloadPlan | None:
     raw, weight, ckpt = tr.raw, tr.seg_weight, tr.seg_ckpt
 
     loss_from = loss_start(tr) if mode.startswith("trl") else None
-    stash = 0 if mode == "trl_sync" else FWD_STASH
+    stash = 0 if mode in ("trl_sync", "unsloth") else FWD_STASH
 
     def offloadable(sid: int) -> bool:
         return sid >= 0 and raw[sid] >= MIN_OFFLOAD_BYTES and (loss_from is not None or tr.kind[sid] != "logits")
@@ -131,7 +135,7 @@ def plan(tr: Any) -> OffloadPlan | None:
                 continue
             seen_units.add(op.unit)
             here = [sid for sid, positional in tr.ckpt_keep[op.unit].items() if positional]
-        elif not outside(tr, i, op, loss_from):  # every saved tensor is a pack (the 8-bit matmul's ctx input is not)
+        elif mode != "unsloth" and not outside(tr, i, op, loss_from):  # every saved tensor is a pack (not a ctx input)
             here = [sid for sid in op.saved if sid not in tr.ctx_kept] + [-1] * op.saves_param
         else:
             continue
