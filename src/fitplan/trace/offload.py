@@ -10,8 +10,8 @@ copy of it, which axolotl runs (trl 1.16.0 ``trl/models/activation_offloading.py
   tensor is no longer referenced by autograd. Parameters are not offloaded (TRL checks ``nn.Parameter`` and the
   parameters' storages; torchtune's later versions ``nn.Parameter``): fitplan offloads no saved parameter.
 * **streams** (``use_streams``, the default of both on torch >= 2.5): the copy runs on a second stream and the
-  GPU tensor stays in a *forward stash* until ``max_fwd_stash_size`` = 5 later packs (``id <= tensor_id - 5``
-  leaves); whatever is still stashed when the forward ends stays until the first backward node that unpacks an
+  GPU tensor stays in a *forward stash* until a later offloaded pack finds its id at most its own minus
+  ``max_fwd_stash_size`` = 5 (every pack takes an id; see below); whatever is still stashed when the forward ends stays until the first backward node that unpacks an
   offloaded tensor has run (its node hook empties the stash). Without streams (axolotl ``activation_offloading:
   legacy``) nothing is stashed.
 * **unpack** (backward): the CPU tensor is copied back (a new GPU allocation) when its node runs (or, under
@@ -20,8 +20,8 @@ copy of it, which axolotl runs (trl 1.16.0 ``trl/models/activation_offloading.py
   ``model.output``; TRL's ``get_act_offloading_ctx_manager`` around ``lm_head``): its saved tensors stay on the GPU.
   torchtune computes the loss outside the hooks (its saves stay too); the HF Trainer's model computes it inside its
   forward, within TRL's hooks (axolotl enters them around ``training_step``): there the loss's saved tensors (the
-  fp32 log-probabilities of the ``hf`` loss) are packed like any other. Under non-reentrant gradient checkpointing a layer's inner saves go to the
-  checkpoint's own hooks (innermost hooks win), and the outer hooks see the layer's positional inputs, which the
+  fp32 log-probabilities of the ``hf`` loss) are packed like any other. Under non-reentrant gradient checkpointing
+  a layer's inner saves go to the checkpoint's own hooks (innermost hooks win), and the outer hooks see the layer's positional inputs, which the
   checkpoint saves (``torch/utils/checkpoint.py`` ``_CheckpointFrame.save_inputs``): offloading then moves the
   layer inputs. Hugging Face's layers take the hidden states positionally and the rest (mask, cos/sin, position
   ids) as keywords, which the checkpoint keeps in a ``functools.partial`` (``transformers/modeling_layers.py``
@@ -37,8 +37,8 @@ GPU tensor in its tracker until the unpack, which fitplan follows. Every pack ta
 it.
 
 Not modelled: torchtune frees a brought-back tensor one node later than its last use (``bwd_tensor_stash``),
-which keeps one layer input more during the next layer's recomputation; torchtune's own decoder layers take one
-argument, as Hugging Face's take one positionally: both pack one tensor per layer.
+which keeps one layer input more during the next layer's recomputation. (torchtune's own decoder layers take the
+hidden states positionally, as Hugging Face's do: both pack one tensor per checkpointed layer.)
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ FWD_STASH = 5
 class OffloadPlan:
     """Which storages a step's hooks offload, and when the forward packs them.
 
-    :ivar packs: op index -> storages packed there, in order (a checkpointed layer's inputs at its first op).
+    :ivar packs: op index -> the packs made there, in order: an offloaded storage, or -1 for a pack that is not
+        offloaded (it takes a tensor id all the same); a checkpointed layer's input at its first op.
     :ivar saved: ``{sid: n}``: how many of the storage's non-checkpointed saves are offloaded.
     :ivar kept: ``{sid: n}``: how many checkpointed layers offload it as an input.
     :ivar stash: packs the forward stash holds (0 without streams).
