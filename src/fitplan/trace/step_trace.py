@@ -878,7 +878,8 @@ def replay(tr: Trace) -> StepTrace:
             if ckpt[seg] and unit in tr.ckpt_keep:  # the layer's checkpoint backward ends: its inputs go
                 for sid in tr.ckpt_keep[unit]:
                     keepers[sid] -= 1
-                    if not held(sid) or stash is not None and sid in plan.kept and savers.get(sid, 0) <= 0:
+                    if not held(sid) or (stash is not None and sid in plan.kept and savers.get(sid, 0) <= 0
+                                         and sid not in pinned and sid not in tr.external):
                         free(sid, seg)  # (an offloaded input: each layer brings back its own copy)
             unit = op.unit
         if op.seg != seg:
