@@ -55,7 +55,7 @@ import attrs
 from attrs import frozen
 
 from fitplan.arch.archfile import BYTES  # the dtype codes of learned files
-from fitplan.trace import op_work
+from fitplan.trace import offload, op_work
 
 PARTS = ("activations", "logits", "autocast_copies", "temporaries")
 """What live bytes above the model states are, at any instant of the replay: tensors saved for backward (or
@@ -102,6 +102,10 @@ class TraceSpec:
     """peft's ``modules_to_save``: these modules' parameters train under LoRA (:mod:`.lora`)."""
     frozen: bool = False
     """No parameter trains: a forward under ``torch.no_grad`` (TRL's reference model, builtin/trl/preference.py)."""
+    offload: str = "none"
+    """Activation offloading: ``none``, ``torchtune``, ``trl`` or ``trl_sync`` (:mod:`.offload`)."""
+    quant_bits: int = 4
+    """QLoRA's base Linears: 4 (NF4, ``Linear4bit``) or 8 (LLM.int8, ``Linear8bitLt``: :mod:`.kernels`)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,6 +182,10 @@ class StepTrace:
     """``forward_before_last_layer_bytes`` split into :data:`PARTS`."""
     backward_parts: tuple[tuple[int, tuple[int, int, int, int]], ...] = ()
     """For each backward frontier point's ``other_bytes``: that value split into :data:`PARTS` (sums to it)."""
+    offload_host_bytes: int = 0
+    """Activation offloading: the pinned host bytes the step's packs hold (:mod:`.offload`)."""
+    offload_copy_bytes: int = 0
+    """Activation offloading: bytes copied to the host per micro-step (and back in the backward)."""
     param_ops: tuple[tuple[str, bool], ...] = ()
     """``(parameter name, whether an output of an op reading it requires grad)``. A parameter none of whose ops
     has such an output (under LoRA the embedding and the frozen Linears before the first adapter) belongs to a
@@ -265,6 +273,8 @@ class Trace:
     def __init__(self, spec: TraceSpec) -> None:
         self.spec = spec
         self.size: list[int] = []
+        self.raw: list[int] = []
+        """Each storage's bytes before the allocator's rounding (activation offloading's size threshold)."""
         self.label: list[str] = []
         self.kind: list[str] = []
         self.ops: list[Op] = []
@@ -274,10 +284,16 @@ class Trace:
         self.seg_ckpt: list[bool] = [False]
         self.pinned: set[int] = set()
         self.uncached: set[int] = set()
-        self.ckpt_keep: dict[int, set[int]] = {}
-        """Decoder layer -> the storages its checkpoint keeps (its arguments)."""
+        self.ckpt_keep: dict[int, dict[int, bool]] = {}
+        """Decoder layer -> the storages its checkpoint keeps (its arguments, in order) -> whether it is the layer's
+        positional argument, the one the checkpoint saves through the saved-tensor hooks."""
         self.unit = -1
         """The decoder layer being recorded (-1: outside the layers)."""
+        self.head_from: int | None = None
+        """The index of the LM head's first op (None: not recorded)."""
+        self.ctx_kept: set[int] = set()
+        """Storages an autograd Function keeps as a ``ctx`` attribute (bitsandbytes' 8-bit matmul keeps its input):
+        no saved-tensor hook sees them, so neither checkpointing nor offloading moves them."""
         self.param_grad_total = 0
         self.loss: T | None = None
         self.external: set[int] = set()
@@ -293,6 +309,7 @@ class Trace:
 
     # ---- storages
     def _storage(self, nbytes: int, label: str) -> int:
+        self.raw.append(nbytes)
         if self.rounding and nbytes:
             nbytes = -(-nbytes // self.spec.block) * self.spec.block
         self.size.append(nbytes)
@@ -306,6 +323,7 @@ class Trace:
     def external_tensor(self, numel: int, dtype: str, label: str) -> T:
         """A tensor alive before the step (the batch): never counted, never freed."""
         sid = self._storage(0, label)
+        self.raw[sid] = numel * BYTES[dtype]  # (what activation offloading copies when an op saves it)
         self.external.add(sid)
         return T(sid, numel, dtype, False)
 
@@ -424,9 +442,9 @@ class Trace:
 TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
 TRACE_MODULES = ("trace/step_trace.py", "trace/learned_graph.py", "trace/learned_segment.py",
-                 "trace/kernels.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py", "arch/archformat.py",
+                 "trace/kernels.py", "trace/int8.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py", "arch/archformat.py",
                  "arch/learned_repeat.py", "trace/lora_targets.py", "trace/loss_heads.py", "trace/fused_head.py", "trace/score_head.py",
-                 "trace/logits_head.py", "inputs/precision.py", "inputs/files.py", "inputs/convert.py", "errors.py")
+                 "trace/logits_head.py", "trace/offload.py", "inputs/precision.py", "inputs/files.py", "inputs/convert.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
 KEEP_TRACES = 4000
@@ -552,6 +570,8 @@ def replay(tr: Trace) -> StepTrace:
         for sid in sids:
             keepers[sid] = keepers.get(sid, 0) + 1
     pinned = (set(tr.pinned) - tr.uncached) | {tr.loss.sid} | tr.leaves
+    plan = offload.plan(tr)
+    stash = offload.Stash(plan) if plan is not None else None  # activation offloading (trace/offload.py)
     alive: set[int] = set()
     state = {"live": 0, "phantom": 0}
     # live and phantom bytes by category (PARTS: saved activations, logits/loss, autocast copies, temporaries)
@@ -569,6 +589,8 @@ def replay(tr: Trace) -> StepTrace:
         live_v[c] += size[sid]
 
     def held(sid: int) -> bool:
+        if stash is not None and stash.forward:
+            return stash.gpu_held(sid, savers, keepers) or sid in pinned or sid in tr.external
         return savers.get(sid, 0) > 0 or keepers.get(sid, 0) > 0 or sid in pinned or sid in tr.external
 
     once = {"bytes": 0, "v": [0, 0, 0, 0], "on": False}
@@ -596,6 +618,16 @@ def replay(tr: Trace) -> StepTrace:
     peak, peak_v = 0, [0, 0, 0, 0]
     seg, seg_start, seg_max = 0, 0, 0
     seg_start_v, seg_max_v = list(live_v), [0, 0, 0, 0]
+    so_start: tuple[int, list[int]] = (0, [0, 0, 0, 0])
+
+    def stash_only(i: int) -> tuple[int, list[int], list[int]]:
+        """The bytes (total, by part) and storages alive only because the forward stash holds them at op ``i``."""
+        sids = [sid for sid in dict.fromkeys(stash.order) if sid in alive and last_read.get(sid, -1) < i
+                and not (stash.gpu_held(sid, savers, keepers, False) or sid in pinned or sid in tr.external)]
+        v = [0, 0, 0, 0]
+        for sid in sids:
+            v[cat_of[sid]] += size[sid]
+        return sum(v), v, sids
     for i, op in enumerate(ops):
         if op.seg != seg:
             seg_delta[seg] = state["live"] - seg_start
@@ -606,6 +638,11 @@ def replay(tr: Trace) -> StepTrace:
             if weight[seg] > 1:
                 delta = state["live"] - seg_start
                 delta_v = [a - b for a, b in zip(live_v, seg_start_v)]
+                if stash is not None:  # what only the stash holds leaves with the next copy's packs: not repeated
+                    so, so_v, sids = stash_only(i)
+                    delta -= so - so_start[0]
+                    delta_v = [d - a + b for d, a, b in zip(delta_v, so_v, so_start[1])]
+                    carried.update(sid for sid in sids if alloc_seg.get(sid) == seg)
                 if ckpt[seg]:  # what outlives a checkpointed layer is its output: the next layer's kept input
                     delta_v = [delta_v[0] + delta_v[3], delta_v[1], delta_v[2], 0]
                 if seg_max + max(0, (weight[seg] - 1) * delta) > peak:
@@ -615,6 +652,7 @@ def replay(tr: Trace) -> StepTrace:
                 ph_v = [p + (weight[seg] - 1) * d for p, d in zip(ph_v, delta_v)]
             seg, seg_start, seg_max = op.seg, state["live"], 0
             seg_start_v = list(live_v)
+            so_start = stash_only(i)[:2] if stash is not None else (0, [])
         for sid in op.allocs:
             if sid not in alive:
                 alloc(sid)
@@ -625,6 +663,9 @@ def replay(tr: Trace) -> StepTrace:
             seg_max, seg_max_v = state["live"], list(live_v)
         if DEBUG is not None:
             DEBUG.append(("forward", op.name, cur))
+        for sid in stash.push(plan.packs[i]) if stash is not None and i in plan.packs else ():
+            if last_read.get(sid, -1) <= i and not held(sid):
+                free(sid, seg)
         for sid in (*op.reads, *op.allocs):
             if last_read.get(sid, -1) <= i and not held(sid):
                 free(sid, seg)
@@ -640,6 +681,8 @@ def replay(tr: Trace) -> StepTrace:
             free(sid, seg)
     pinned.clear()
     pinned.update(tr.leaves)
+    if stash is not None:
+        stash.forward = False
     retained_total = state["live"] + state["phantom"] - size[tr.loss.sid]
     saved_by_kind = {"activation": 0, "logits": 0, "autocast": 0}
     labels: dict[str, int] = {}
@@ -809,6 +852,16 @@ def replay(tr: Trace) -> StepTrace:
         if summed:
             point(op.bwd_temp + new, op.name)
 
+    unpacked = {"any": False}
+
+    def bring_back(sids: list[int]) -> None:
+        """Activation offloading's unpack: an offloaded tensor not in the forward stash is copied back (a new GPU
+        allocation), held like any saved tensor from here on."""
+        for sid in sids:
+            unpacked["any"] = True
+            if sid not in alive:
+                alloc(sid)
+
     after_head = (0, 0)
     once["on"] = True
     loss = tr.loss
@@ -825,8 +878,9 @@ def replay(tr: Trace) -> StepTrace:
             if ckpt[seg] and unit in tr.ckpt_keep:  # the layer's checkpoint backward ends: its inputs go
                 for sid in tr.ckpt_keep[unit]:
                     keepers[sid] -= 1
-                    if not held(sid):
-                        free(sid, seg)
+                    if not held(sid) or (stash is not None and sid in plan.kept and savers.get(sid, 0) <= 0
+                                         and sid not in pinned and sid not in tr.external):
+                        free(sid, seg)  # (an offloaded input: each layer brings back its own copy)
             unit = op.unit
         if op.seg != seg:
             flush(seg, seg_start, seg_start_v)
@@ -843,8 +897,12 @@ def replay(tr: Trace) -> StepTrace:
             # recomputation; the
             # layer's ops saving nothing (residual adds, views, LoRA's scaling) ran their backward before it
             entered.add(op.unit)
+            if stash is not None:  # its offloaded inputs come back first
+                bring_back([sid for sid in tr.ckpt_keep.get(op.unit, ()) if sid in plan.kept])
             recompute(seg, op.unit)
         if bufs:
+            if stash is not None and not ckpt[seg]:
+                bring_back([sid for sid in op.saved if sid in plan.saved])
             if op.bwd_temp > 0:
                 before_sum(op, incoming)
             for t, kind in zip(op.grad_ins, op.grad_kinds):
@@ -860,6 +918,10 @@ def replay(tr: Trace) -> StepTrace:
             savers[sid] = savers.get(sid, 0) - 1
             if not held(sid):
                 free(sid, seg)
+        if stash is not None and not stash.cleared and unpacked["any"]:  # its node hook empties the forward stash:
+            for sid in stash.clear():  # an offloaded tensor comes back from the host when its node runs
+                if not (stash.gpu_held(sid, savers, keepers, False) or sid in pinned or sid in tr.external):
+                    free(sid, seg)
     flush(seg, seg_start, seg_start_v)
     if DEBUG is not None:
         DEBUG.append(("end", "alive: " + ", ".join(f"{tr.label[i]}={size[i]}" for i in sorted(alive)), state["live"]))
@@ -888,6 +950,8 @@ def replay(tr: Trace) -> StepTrace:
         forward_before_last_layer_parts=tuple(int(b + max(0, weight[nseg - 2] - 1) * d) for b, d in
                                               zip(before_last_v, seg_delta_v.get(nseg - 2, [0, 0, 0, 0]))),
         backward_parts=_frontier_parts(parts, points, layer_points),
+        offload_host_bytes=plan.host_bytes if plan is not None else 0,
+        offload_copy_bytes=plan.copy_bytes if plan is not None else 0,
     )
 
 
