@@ -73,7 +73,8 @@ SLOW = {
     "tests/test_serve.py::test_recommend_matches_the_cli_but_its_timings": "a recommend search twice: 2 s CPU",
     "tests/test_trl_grpo.py::test_recommend_searches_grpo_plans": "a recommend search: 1 s CPU",
     "tests/test_reports.py::test_policy_report_names_the_rule_behind_each_rejection": "a recommend search: 6 s CPU",
-    "tests/test_reports.py::test_live_reports_render_deterministically": "four recommend searches: 16 s CPU",
+    "tests/test_reports.py::test_live_reports_render_deterministically_in_every_format":
+        "four recommend searches: 16 s CPU",
     "tests/test_exports.py::test_training_args_and_deepspeed_round_trip": "2 s CPU",
     "tests/test_recipes.py::test_recommend_reads_a_torchtune_recipe": "a recommend search: 2 s CPU",
     "tests/test_recipes.py::test_recommend_reads_an_axolotl_recipe": "a recommend search: 1 s CPU",
