@@ -29,6 +29,7 @@ from fitplan.inputs.optimizer import OptimizerContext, OptimizerSpec
 from fitplan.inputs.settings import Setting, install
 from fitplan.output.formats import OutputFormat, ReportSection
 from fitplan.pluginmgr import discovery, hookspecs
+from fitplan.pluginmgr.manager import PluginManager
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.inputs",
@@ -364,7 +365,7 @@ def make_registry(*, blocked: Iterable[str] | None = None, entry_points: bool | 
     :param extra_plugins: ``(name, plugin object)`` pairs registered after the built-ins (tests).
     """
     blocked_set = frozenset(blocked) if blocked is not None else blocked_from_env()
-    pm = pluggy.PluginManager("fitplan")
+    pm = PluginManager("fitplan")
     pm.add_hookspecs(hookspecs)
     reg = Registry(pm=pm, blocked=blocked_set)
     known = _block_problems(reg, blocked_set, extra_plugins)
