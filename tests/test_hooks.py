@@ -220,8 +220,8 @@ def test_fitplan_register_settings(fitplan_registry):
     assert fitplan.scenario_from_dict({"hardware": {"pinned_buffer_mib": "64"}}).hardware.pinned_buffer_mib == 64
     with pytest.raises(fitplan.FitplanError) as e:
         fitplan.scenario_from_dict({"hardware": {"pinned_buffer_mib": 5000}}, file="run.toml")
-    assert (e.value.message, e.value.file, e.value.field) == (
-        "Hardware.pinned_buffer_mib must be an integer in [0, 4096], got 5000", "run.toml", "pinned_buffer_mib")
+    assert (e.value.message, e.value.file, e.value.field) == (  # the field's path in the file, as a built-in one's
+        "Hardware.pinned_buffer_mib must be an integer in [0, 4096], got 5000", "run.toml", "$.hardware.pinned_buffer_mib")
 
 
 class BadSettings:

@@ -123,6 +123,37 @@ def test_an_axolotl_8bit_model_without_an_adapter_is_refused(tmp_path):
     assert (e.value.file, e.value.field, e.value.value) == (str(path), "$.load_in_8bit", True)
 
 
+def test_load_in_8bit_is_declared_once_by_the_lora_plugin():
+    # builtin/lora.py's Setting gives the field of [lora], its flag pair and its place in the TOML export
+    import tomllib
+
+    import attrs
+    import click
+
+    from fitplan.app.options import scenario_from, scenario_options
+    from fitplan.cli.commands.plugins import listing
+    from fitplan.context import get_context
+    from fitplan.inputs.scenario import Lora
+    from fitplan.output.exports import scenario_toml
+
+    assert "load_in_8bit" not in attrs.fields_dict(Lora)  # no hand-written field
+    rows = {r["name"]: r for r in listing(get_context().registry)["plugins"]}
+    assert rows["fitplan.builtin.lora"]["settings"] == ["load_in_8bit"]
+    command = scenario_options(click.command()(lambda **kw: None))
+    option = next(p for p in command.params if p.name == "load_in_8bit")
+    assert (option.opts, option.secondary_opts) == (["--load-in-8bit"], ["--no-load-in-8bit"])
+    options = command.make_context("estimate", ["--params", "1B", "--method", "qlora", "--load-in-8bit"]).params
+    assert scenario_from(options).scenario.lora.load_in_8bit is True
+    s = fitplan.Scenario().replace(params="1B", method="qlora", load_in_8bit=True, autocast_adapter_dtype=False)
+    text = scenario_toml(s)
+    assert "[lora]\nload_in_8bit = true\nautocast_adapter_dtype = false\n" in text  # after bnb_4bit_use_double_quant
+    assert fitplan.scenario_from_dict(tomllib.loads(text)) == s
+    with pytest.raises(FitplanError) as e:
+        fitplan.scenario_from_dict({"lora": {"load_in_8bit": "maybe"}}, file="job.toml")
+    assert (e.value.message, e.value.file, e.value.field) == (
+        "Lora.load_in_8bit must be true or false, got 'maybe'", "job.toml", "$.lora.load_in_8bit")
+
+
 def test_the_referee_refuses_8bit_models():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

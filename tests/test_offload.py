@@ -263,6 +263,54 @@ def test_trls_sft_config_offloads_with_streams_and_keeps_checkpointing(tmp_path)
     with pytest.raises(FitplanError) as e:
         training_args_fields(path)
     assert (e.value.file, e.value.field, e.value.value) == (str(path), "$.activation_offloading", "yes")
+    # SFTConfig's default (to_json_string writes it): false states no mode, so a recipe's or scenario's stays
+    path.write_text('{"activation_offloading": false}')
+    assert "activation_offloading" not in training_args_fields(path)[0]
+    path.write_text('{"activation_offloading": 1}')  # TRL's field is a bool: 1 is no value of it
+    with pytest.raises(FitplanError) as e:
+        training_args_fields(path)
+    assert (e.value.message, e.value.field) == ("activation_offloading must be true or false, got 1",
+                                                "$.activation_offloading")
+
+
+# --------------------------------------------------------------------------- one declaration (issue #26)
+
+
+def test_activation_offloading_is_declared_once_by_the_activations_plugin(tmp_path):
+    # builtin/activations.py's Setting gives the field, its flag, the form's choices and the TOML export
+    import tomllib
+
+    import attrs
+    import click
+
+    from fitplan.app.options import scenario_from, scenario_options
+    from fitplan.cli.commands.plugins import listing
+    from fitplan.context import get_context
+    from fitplan.inputs.scenario import Training
+    from fitplan.output.exports import scenario_toml
+    from fitplan.web.api import field_rows
+
+    assert "activation_offloading" not in attrs.fields_dict(Training)  # no hand-written field
+    ctx = get_context()
+    rows = {r["name"]: r for r in listing(ctx.registry)["plugins"]}
+    assert rows["fitplan.builtin.activations"]["settings"] == ["activation_offloading"]
+    modes = ["none", "torchtune", "trl", "trl_sync", "unsloth"]  # docs/memory-model.md "Activation offloading"
+    form = {r["field"]: r for r in field_rows(ctx)}["activation_offloading"]
+    assert (form["name"], form["section"], form["default"], form["choices"]) == (
+        "activation-offloading", "training", "none", modes)
+    command = scenario_options(click.command()(lambda **kw: None))
+    option = next(p for p in command.params if p.name == "activation_offloading")
+    assert option.opts == ["--activation-offloading"] and option.help.startswith("none (default) | torchtune")
+    options = command.make_context("estimate", ["--params", "1B", "--activation-offloading", "trl_sync"]).params
+    assert scenario_from(options).scenario.training.activation_offloading == "trl_sync"
+    s = fitplan.Scenario().replace(params="1B", loss_implementation="liger", activation_offloading="trl")
+    text = scenario_toml(s)
+    assert 'loss_implementation = "liger"\nactivation_offloading = "trl"\n' in text  # after= loss_implementation
+    assert fitplan.scenario_from_dict(tomllib.loads(text)) == s
+    with pytest.raises(FitplanError) as e:
+        fitplan.scenario_from_dict({"training": {"activation_offloading": "torchtun"}}, file="job.toml")
+    assert (e.value.file, e.value.field, e.value.suggestion) == ("job.toml", "$.training.activation_offloading",
+                                                                 "did you mean 'torchtune'?")
 
 
 def test_unsloths_checkpointing_offloads_the_layer_inputs_only():

@@ -675,3 +675,16 @@ def test_the_loss_implementation_is_a_choice_that_moves_the_logits_bar(page, ser
         logits[loss] = want
     assert len(set(logits.values())) == 4  # the four choices keep different logits bytes at their peaks
     assert page.problems == []
+
+
+def test_activation_offloading_is_a_choice_of_its_declared_modes(page, served):
+    # a Setting of builtin/activations.py: the form builds its field from the declaration (/api/options), and a
+    # link that sets it gives the CLI's numbers
+    query = {**START, "activation-offloading": "trl_sync"}
+    open_view(page, served, query)
+    field = page.eval_on_selector("#f-activation-offloading",
+                                  "e => [e.tagName, [...e.options].map(o => o.value), e.value]")
+    assert field == ["SELECT", ["none", "torchtune", "trl", "trl_sync", "unsloth"], "trl_sync"]
+    cli = cli_json(query)["memory"]
+    assert shown(page)["peak"] == cli["per_gpu_bytes"]["peak"]
+    assert page.problems == []

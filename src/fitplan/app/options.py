@@ -61,12 +61,6 @@ HELP = {
                            "log-prob head as GRPO/RLOO run it: their default).",
     "optimizer_in_bwd": "torchtune optimizer_in_bwd: each parameter steps in its gradient's hook, which frees the "
                         "gradient (no optimizer-step phase holding every gradient); one GPU, no accumulation.",
-    "activation_offloading": "none (default) | torchtune (its recipes' enable_activation_offloading: saved tensors to "
-                             "pinned host memory on a second CUDA stream, the loss outside the hooks) | trl (TRL's "
-                             "OffloadActivations as axolotl's activation_offloading: true runs it) | trl_sync (without "
-                             "streams: axolotl's legacy) | unsloth (Unsloth's offloaded checkpointing, LLaMA-Factory's "
-                             "use_unsloth_gc: only the layer inputs). With checkpointing the layer inputs move.",
-    "load_in_8bit": "With --method qlora: the base Linears in LLM.int8 (bitsandbytes Linear8bitLt) instead of NF4.",
     "torch_compile": "HF torch_compile: the model runs under torch.compile (fused elementwise kernels; changes time only).",
     "provider": "Pricing provider id (aws, gcp, lambda, runpod, seed, ...) to price the run.",
     "instance": "Force an instance type of the provider (default: the cheapest shape covering the GPUs).",

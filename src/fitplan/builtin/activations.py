@@ -34,7 +34,9 @@ approximation: 22 % low to 19 % high for bf16 Llama). docs/memory-model.md lists
 from __future__ import annotations
 
 from fitplan.engine.declarations import quantity, reducer
+from fitplan.inputs.settings import Setting
 from fitplan.pluginmgr.hookspecs import hookimpl
+from fitplan.trace.offload import OFFLOAD_MODES
 from fitplan.trace.step_trace import StepTrace, TraceSpec, build, trace_precision
 
 
@@ -228,6 +230,27 @@ def autocast_weight_copy_bytes(step_trace):
     return 0 if step_trace is None else step_trace.autocast_copy_bytes
 
 
+ACTIVATION_OFFLOADING = Setting(
+    "activation_offloading", "training", type="text", default="none", choices=OFFLOAD_MODES,
+    after="loss_implementation",
+    help="none (default) | torchtune (its recipes' enable_activation_offloading: saved tensors to pinned host memory "
+         "on a second CUDA stream, the loss outside the hooks) | trl (TRL's OffloadActivations as axolotl's "
+         "activation_offloading: true runs it) | trl_sync (without streams: axolotl's legacy) | unsloth (Unsloth's "
+         "offloaded checkpointing, LLaMA-Factory's use_unsloth_gc: only the layer inputs). With checkpointing the "
+         "layer inputs move.",
+    keys={"training_args": "activation_offloading"}, key_values={True: "trl", False: None})
+"""The one declaration of ``activation_offloading`` (a field of ``[training]``): saved tensors moved to pinned host
+memory in the forward and brought back in the backward: ``torchtune`` (its recipes' ``enable_activation_offloading``:
+copies on a second CUDA stream, the last five kept on the GPU, the loss outside the hooks), ``trl`` (TRL's
+``OffloadActivations`` as axolotl's ``activation_offloading: true`` runs it: the same, the model's own loss inside the
+hooks), ``trl_sync`` (``use_streams=False``, axolotl's ``legacy``); with gradient checkpointing the layer inputs move;
+``unsloth`` (Unsloth's offloaded checkpointing, LLaMA-Factory's ``use_unsloth_gc``: only the layer inputs, with
+checkpointing) (trace/offload.py ``OFFLOAD_MODES``). TRL's ``SFTConfig.activation_offloading: true`` in a
+TrainingArguments JSON is ``trl`` (trl 1.16 trainer/sft_trainer.py: ``training_step`` runs inside
+``get_act_offloading_ctx_manager(model)``, with streams, ``lm_head`` under ``NoOpManager``, the model's loss inside;
+checkpointing as configured); ``false`` sets nothing. Where it applies: :func:`trace_setup` and the reducers below."""
+
+
 @quantity("bytes", label="pinned host RAM for offloaded activations")
 def activation_offload_host_bytes(step_trace):
     """Activation offloading (``activation_offloading``, trace/offload.py): the pinned host memory one GPU's
@@ -315,3 +338,8 @@ def fitplan_register_reducers(register):
     register(tensor_parallel_activations)
     for r in (offloaded_activations_on_host, streamed_activation_copies, synchronous_activation_copies):
         register(r)
+
+
+@hookimpl
+def fitplan_register_settings(register):
+    register(ACTIVATION_OFFLOADING)

@@ -26,10 +26,19 @@ from __future__ import annotations
 
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.errors import FitplanError
+from fitplan.inputs.settings import Setting
 from fitplan.pluginmgr.hookspecs import hookimpl
 
 NF4_BLOCK = 64
 DOUBLE_QUANT_BLOCK = 256
+
+LOAD_IN_8BIT = Setting(
+    "load_in_8bit", "lora", type="bool", default=False, after="bnb_4bit_use_double_quant",
+    help="With --method qlora: the base Linears in LLM.int8 (bitsandbytes Linear8bitLt) instead of NF4.")
+"""The one declaration of ``load_in_8bit`` (a field of ``[lora]``): with ``method = "qlora"``, the base Linears in
+LLM.int8 (transformers' ``BitsAndBytesConfig(load_in_8bit=True)``, bitsandbytes ``Linear8bitLt``) instead of NF4:
+axolotl's and LLaMA-Factory's 8-bit LoRA. Where it applies: :func:`qlora` (the weights), ``trace/int8.py`` and
+``trace/kernels.py`` (the step), ``builtin/activations.py`` ``trace_setup`` (which refuses it without QLoRA)."""
 
 
 def adapter_tensors(arch, lora_r, lora_target_modules):
@@ -298,3 +307,8 @@ def fitplan_register_quantities(register):
 def fitplan_register_reducers(register):
     register(lora)
     register(qlora)
+
+
+@hookimpl
+def fitplan_register_settings(register):
+    register(LOAD_IN_8BIT)

@@ -217,7 +217,7 @@ TRAINING_ARGS_FIELDS = {
 ``deepspeed`` and ``fsdp`` are read too (see :func:`training_args_fields`); every other key is ignored."""
 _TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "auto_find_batch_size", "bf16_full_eval",
              "fp16_full_eval", "use_liger_kernel", "beta", "precompute_ref_log_probs", "sync_ref_model", "loss_type",
-             "loss_weights", "padding_free", "cpo_alpha", "activation_offloading")
+             "loss_weights", "padding_free", "cpo_alpha")
 
 
 def training_args_fields(path: str | Path, known_optimizers: Any = None,
@@ -266,7 +266,6 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
         warnings.append(f"{p}: auto_find_batch_size is true: the Trainer may halve the batch after an OOM; "
                         "`fitplan recommend --max micro-batch` finds the largest that fits")
     out.update(_ta_liger(data, p, bad, warnings))
-    out.update(_ta_offloading(data, bad))
     out.update(_ta_trl(data, p, bad, warnings))
     out.update(fsdp_keys.ta_fsdp(data, str(p), warnings))
     ds = data.get("deepspeed")
@@ -325,16 +324,19 @@ def _ta_plain_fields(data: dict[str, Any], bad: Any, known_optimizers: Any) -> d
 
 
 def _ta_settings(data: dict[str, Any], bad: Any) -> dict[str, Any]:
-    """The plugin settings a TrainingArguments key sets (``Setting.keys["training_args"]``), checked by their
-    declarations (:mod:`fitplan.inputs.settings`)."""
+    """The plugin settings a TrainingArguments key sets (``Setting.keys["training_args"]``), translated and
+    checked by their declarations (:mod:`fitplan.inputs.settings`; TRL's ``activation_offloading``:
+    ``builtin/activations.py``)."""
     out: dict[str, Any] = {}
     for s in settings.declared().values():
         key = s.keys.get("training_args")
         if key is not None and data.get(key) is not None:
             try:
-                out[s.name] = s.check(data[key])
+                value = s.from_key(key, data[key])
             except FitplanError as e:
-                raise bad(key, f"{key}: {e.message}", e.suggestion) from None
+                raise bad(key, e.message, e.suggestion) from None
+            if value is not None:
+                out[s.name] = value
     return out
 
 
@@ -353,18 +355,6 @@ def _ta_liger(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> d
                     "(loss_implementation = \"liger\"); Liger's RMSNorm, SwiGLU and RoPE kernels are not modelled "
                     "(the model's own ops are)")
     return {"loss_implementation": "liger"}
-
-
-def _ta_offloading(data: dict[str, Any], bad: Any) -> dict[str, Any]:
-    """TRL's ``SFTConfig.activation_offloading: true``: ``SFTTrainer.training_step`` runs inside
-    ``get_act_offloading_ctx_manager(model)`` (trl 1.16 trainer/sft_trainer.py; streams, ``lm_head`` under
-    ``NoOpManager``, the model's loss inside): ``activation_offloading = "trl"``, checkpointing as configured."""
-    v = data.get("activation_offloading")
-    if v is None:
-        return {}
-    if not isinstance(v, bool):
-        raise bad("activation_offloading", f"activation_offloading must be true or false, got {v!r}")
-    return {"activation_offloading": "trl"} if v else {}
 
 
 def _ta_trl(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dict[str, Any]:

@@ -26,8 +26,6 @@ METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 LOSS_IMPLEMENTATIONS = ("hf", "chunked", "chunked_compiled", "liger", "cce", "trl_grpo")
 """How the loss head runs (trace/loss_heads.py, docs/memory-model.md "Loss implementations")."""
-ACTIVATION_OFFLOADING = ("none", "torchtune", "trl", "trl_sync", "unsloth")
-"""Activation offloading (trace/offload.py ``OFFLOAD_MODES``): torchtune's and TRL's ``OffloadActivations``."""
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
 STACKS = ("deepspeed", "fsdp1", "fsdp2", "ddp", "torch")
 """Who shards (``inputs/stacks.py``): DeepSpeed ZeRO 0-3, accelerate's FSDP1 / FSDP2 as the HF Trainer sets them
@@ -230,14 +228,6 @@ class Training(settings.Section):
     ``CEWithChunkedOutputLoss``, 8 chunks, eager), ``chunked_compiled`` (the same with its ``compute_cross_entropy``
     under ``torch.compile``, torchtune's ``compile: True``), ``liger`` (Liger-Kernel's fused linear cross-entropy,
     TrainingArguments ``use_liger_kernel``), ``cce`` (Apple's Cut Cross-Entropy)."""
-    activation_offloading: str = field(default="none", validator=_one_of(ACTIVATION_OFFLOADING))
-    """Saved tensors moved to pinned host memory in the forward and brought back in the backward: ``torchtune``
-    (its recipes' ``enable_activation_offloading``: copies on a second CUDA stream, the last five kept on the GPU,
-    the loss outside the hooks), ``trl`` (TRL's ``OffloadActivations`` as axolotl's ``activation_offloading: true``
-    runs it: the same, the model's own loss inside the hooks), ``trl_sync`` (``use_streams=False``, axolotl's
-    ``legacy``); with gradient checkpointing the layer inputs move; ``unsloth`` (Unsloth's offloaded checkpointing,
-    LLaMA-Factory's ``use_unsloth_gc``: only the layer inputs, with checkpointing) (trace/offload.py)."""
-
 
     @fp16.validator
     def _one_flag(self, att: attrs.Attribute, value: bool) -> None:
@@ -269,9 +259,6 @@ class Lora(settings.Section):
     """peft's ``modules_to_save``: modules outside the decoder layers (``embed_tokens``, ``lm_head``) trained whole,
     as a copy beside the frozen original (``ModulesToSaveWrapper``); builtin/lora.py says where fitplan models it."""
     bnb_4bit_use_double_quant: bool = True
-    load_in_8bit: bool = False
-    """With ``method = "qlora"``: the base Linears in LLM.int8 (transformers' ``BitsAndBytesConfig(load_in_8bit=True)``,
-    bitsandbytes ``Linear8bitLt``) instead of NF4: axolotl's and LLaMA-Factory's 8-bit LoRA (trace/kernels.py)."""
     autocast_adapter_dtype: bool = True
     """peft's ``get_peft_model(..., autocast_adapter_dtype=True)``: 16-bit adapters are upcast to fp32 (their
     GEMMs then run in fp32 without autocast). False keeps them in the base weights' dtype, as torchtune's

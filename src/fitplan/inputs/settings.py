@@ -88,6 +88,9 @@ class Setting:
     :param plan_label: what a plan's label and sharding column show when it is not the default.
     :param keys: ``{format: key}``: the keys of imported files that set it (``training_args``: a key of an HF
         TrainingArguments JSON).
+    :param key_values: ``{value of an imported key: the setting's value}``, for keys whose values are not the
+        setting's own (TRL's ``activation_offloading: true`` is ``"trl"``); a value mapped to ``None`` sets nothing,
+        a value it does not list is refused. Empty: the key's value is the setting's.
     """
 
     name: str
@@ -102,6 +105,7 @@ class Setting:
     search: Search | None = None
     plan_label: str = ""
     keys: Mapping[str, str] = field(factory=dict, converter=dict, hash=False)
+    key_values: Mapping[Any, Any] = field(factory=dict, converter=dict, hash=False)
     plugin: str = field(default="", eq=False)
 
     def where(self) -> str:
@@ -114,9 +118,13 @@ class Setting:
         :raises FitplanError: naming the field, the value and what is valid.
         """
         value, ok = _typed(self.type, value)
-        if ok and self.choices and value not in self.choices:
-            raise FitplanError(f"{self.where()} must be one of {', '.join(map(str, self.choices))}, got {value!r}",
-                               field=self.name, value=value, suggestion="valid: " + ", ".join(map(str, self.choices)))
+        if self.choices and not (ok and value in self.choices):
+            from fitplan.errors import did_you_mean
+
+            shown = [str(c) for c in self.choices]
+            hint = (did_you_mean(value, shown) if isinstance(value, str) else None) or "valid: " + ", ".join(shown)
+            raise FitplanError(f"{self.where()} must be one of {', '.join(shown)}, got {value!r:.60}",
+                               field=self.name, value=value, suggestion=hint)
         if ok and self.type in ("int", "float"):
             low = -math.inf if self.minimum is None else self.minimum
             high = math.inf if self.maximum is None else self.maximum
@@ -124,6 +132,27 @@ class Setting:
         if not ok:
             raise FitplanError(f"{self.where()} must be {self.what()}, got {value!r:.60}", field=self.name, value=value)
         return value
+
+    def from_key(self, key: str, value: Any) -> Any:
+        """The value an imported file's ``key`` (one of :attr:`keys`) gives this setting: ``value`` translated by
+        :attr:`key_values` and checked (None: the key sets nothing).
+
+        :raises FitplanError: a value ``key_values`` does not list, or one the setting refuses, naming ``key``.
+        """
+        if self.key_values:
+            listed = [k for k in self.key_values if type(k) is type(value) and k == value]  # True is not 1
+            if not listed:
+                import json
+
+                words = " or ".join(json.dumps(k) for k in self.key_values)
+                raise FitplanError(f"{key} must be {words}, got {value!r:.60}", field=self.name, value=value)
+            value = self.key_values[listed[0]]
+            if value is None:
+                return None
+        try:
+            return self.check(value)
+        except FitplanError as e:
+            raise FitplanError(f"{key}: {e.message}", field=self.name, value=value, suggestion=e.suggestion) from None
 
     def what(self) -> str:
         """What a valid value is, in words."""
@@ -365,6 +394,7 @@ def split(nested: dict[str, Any], file: str | None) -> dict[str, Any]:
         try:
             extra = Values({k: values[k] for k in mine})
         except FitplanError as e:
-            raise FitplanError(e.message, file=file, field=e.field, value=e.value, suggestion=e.suggestion) from None
+            raise FitplanError(e.message, file=file, field=f"$.{section}.{e.field}", value=e.value,
+                               suggestion=e.suggestion) from None
         own[section] = {**{k: v for k, v in values.items() if k not in mine}, "extra": extra}
     return own
