@@ -441,3 +441,21 @@ def test_time_loo_doc_and_fit_are_current():
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "time_loo.py"), "--check"], capture_output=True,
                        text=True, cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stderr
+
+
+def test_nemo_performance_lora_rows_run_the_recipes_adapters():
+    # NVIDIA dgxc-benchmarking's Llama 3 8B LoRA rows (llama3/finetuning/llama3_finetune.py @ 8f5cbb37) call NeMo's
+    # recipes/llama3_8b.py finetune_recipe(peft_scheme="lora", performance_mode=True): peft.dim = 8, and
+    # finetune_performance_optimizations sets peft.target_modules = ['linear_qkv'] (NeMo v2.1.0): rank-8 adapters on
+    # q, k and v only, not the LoRA class's defaults (every linear layer, dim 32). Llama 3 8B: 32 layers, hidden 4096,
+    # 8 KV heads of 128 (k and v project to 1024). Per layer, A is 4096 × 8 for each of q, k, v; B is 8 × 4096 (q)
+    # and 8 × 1024 (k, v): 3·32,768 + 32,768 + 2·8,192 = 147,456; × 32 layers = 4,718,592 (NeMo's one adapter on
+    # the fused projection would hold 32·(4096·8 + 8·6144) = 2,621,440: the rows' note says why three are priced).
+    from fitplan.rulesets import loader
+
+    rows = [r for r in loader.load().finetune_runs.values() if r.id.startswith("dgxc-llama3-8b-lora-bf16")]
+    assert len(rows) == 2
+    for run in rows:
+        assert run.scenario["optim"] == "adamw_torch_fused" and run.scenario["precision"] == "bf16-true"
+        e = fitplan.estimate(total_tokens=1_000_000, **run.scenario)
+        assert e["adapter_param_count"] == 32 * (3 * 4096 * 8 + 8 * 4096 + 2 * 8 * 1024) == 4_718_592
