@@ -441,3 +441,44 @@ def test_time_loo_doc_and_fit_are_current():
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "time_loo.py"), "--check"], capture_output=True,
                        text=True, cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stderr
+
+
+def test_nemo_performance_lora_rows_run_the_recipes_adapters():
+    # NVIDIA dgxc-benchmarking's Llama 3 8B LoRA rows (llama3/finetuning/llama3_finetune.py @ 8f5cbb37) call NeMo's
+    # recipes/llama3_8b.py finetune_recipe(peft_scheme="lora", performance_mode=True): peft.dim = 8, and
+    # finetune_performance_optimizations sets peft.target_modules = ['linear_qkv'] (NeMo v2.1.0): rank-8 adapters on
+    # q, k and v only, not the LoRA class's defaults (every linear layer, dim 32). Llama 3 8B: 32 layers, hidden 4096,
+    # 8 KV heads of 128 (k and v project to 1024). Per layer, A is 4096 × 8 for each of q, k, v; B is 8 × 4096 (q)
+    # and 8 × 1024 (k, v): 3·32,768 + 32,768 + 2·8,192 = 147,456; × 32 layers = 4,718,592 (NeMo's one adapter on
+    # the fused projection would hold 32·(4096·8 + 8·6144) = 2,621,440: the rows' note says why three are priced).
+    from fitplan.rulesets import loader
+
+    rows = [r for r in loader.load().finetune_runs.values() if r.id.startswith("dgxc-llama3-8b-lora-bf16")]
+    assert len(rows) == 2
+    for run in rows:
+        assert run.scenario["optim"] == "adamw_torch_fused" and run.scenario["precision"] == "bf16-true"
+        e = fitplan.estimate(total_tokens=1_000_000, **run.scenario)
+        assert e["adapter_param_count"] == 32 * (3 * 4096 * 8 + 8 * 4096 + 2 * 8 * 1024) == 4_718_592
+
+
+@pytest.mark.parametrize("checkpointing, passes", [(False, 2), (True, 3)])
+def test_tensor_parallel_collectives_are_on_the_data_path(rdir, checkpointing, passes):
+    # Llama 3.2 1B (16 layers, hidden 2048) under tensor parallelism 2, no data parallelism, 3 micro-steps of 2 × 512
+    # bf16 tokens: each collective runs over b·s·h·2 = 2·512·2048·2 = 4,194,304 bytes, two per layer in the forward,
+    # two in the backward, two more in the recomputed forward with checkpointing (sharding/comm.py
+    # TP_COLLECTIVES_PER_LAYER). The next op waits for each (torch's RowwiseParallel: an async collective waited at
+    # its first use), so all of them are in the serial window, exposed whole.
+    act = 2 * 512 * 2048 * 2
+    calls = 3 * 16 * 2 * passes
+    e = est(rdir, model="llama-3.2-1b", gpu="rooflinegpu", num_gpus=2, tensor_parallel=2, method="full",
+            precision="bf16-mixed", optim="adamw_torch", per_device_train_batch_size=2, max_seq_length=512,
+            gradient_accumulation_steps=3, gradient_checkpointing=checkpointing)
+    windows = e["comm_volumes"]["windows"]
+    assert windows["serial"]["tp_all_reduce"] == calls * act
+    assert windows["micro"]["tp_all_reduce"] == windows["last"]["tp_all_reduce"] == 0
+    # each call a ring all-reduce over 2 GPUs: sends 2·(2−1)/2 × 4 MiB; fixture NVLink 500 GB/s, half per direction,
+    # × 0.8 NCCL = 200 GB/s; NCCL's Simple protocol is the fastest at 4 MiB: 8.4 µs + 2 ring steps × 3.4 µs
+    # + 4,194,304 / 200e9 s (LL128: 17.8 µs + 22.8 µs; LL: 7.8 µs + 4,194,304 / 87.7e9 s)
+    per_call = (8.4 + 2 * 3.4) * 1e-6 + act / 200e9
+    assert e["comm_seconds_by_window"]["serial"] == pytest.approx(calls * per_call, rel=1e-6)
+    assert e["exposed_transfer_seconds"] == pytest.approx(e["comm_seconds_by_window"]["serial"], rel=1e-6)

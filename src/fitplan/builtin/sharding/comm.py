@@ -61,7 +61,19 @@ WINDOWS = ("micro", "last", "serial")
 """When a collective runs, which decides what compute it can hide behind (``step_seconds``): ``micro`` inside
 every micro-step's forward and backward (prefetched gathers, bucketed reductions on their own stream);
 ``last`` once per optimizer step, during the last micro-step's backward (DDP's buckets after ``no_sync``);
-``serial`` with nothing to overlap (after the backward, or after the optimizer step)."""
+``serial`` with nothing to overlap (after the backward, after the optimizer step, or on the data path: a
+tensor-parallel layer's collective, whose result the next op waits for)."""
+
+TP_COLLECTIVES_PER_LAYER = 2
+"""Tensor-parallel collectives of one layer's forward (Megatron's split: the attention output and the MLP output
+projections are row-parallel, each followed by an all-reduce, or a reduce-scatter under sequence parallelism) and
+as many in its backward (the column-parallel q/k/v and gate/up projections' input gradients). A checkpointed
+layer re-runs its forward, collectives included, in the backward. The next op (the residual add, or the previous
+layer's backward) consumes the reduced tensor, so no compute runs beside it: torch's ``RowwiseParallel``
+redistributes its partial output with an async collective that is waited at its first use
+(torch/distributed/tensor/parallel/style.py ``_prepare_output_fn``), Megatron-LM's ``RowParallelLinear`` all-reduces
+in ``reduce_from_tensor_model_parallel_region``. Overlapping schemes (torch's async TP, Transformer Engine's
+userbuffer overlap) are not modelled."""
 
 
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -102,11 +114,12 @@ def ddp_buckets(grad_bytes: float) -> int:
 def comm_volumes(sharding_kind, data_parallel_degree, param_count, trainable_param_count, weight_dtype_bytes,
                  trainable_dtype_bytes, gradient_accumulation_steps, tensor_parallel, effective_fsdp, deepspeed_rank,
                  fsdp_rank, arch, per_device_train_batch_size, max_seq_length, activation_dtype_bytes,
-                 deepspeed_config_values):
+                 deepspeed_config_values, gradient_checkpointing):
     """Bytes of the tensors each collective runs over per optimizer step (module table): ``all_gather``,
     ``reduce_scatter``, ``all_reduce`` (data parallel, ``ranks`` of them) and ``tp_all_reduce`` (tensor
-    parallel activations), with ``overlap`` (what the stack overlaps with compute, in words) and ``windows``:
-    the same bytes by when they run (``WINDOWS``)."""
+    parallel activations: ``TP_COLLECTIVES_PER_LAYER`` per layer and pass, on the data path), with ``overlap``
+    (what the stack overlaps with compute, in words) and ``windows``: the same bytes by when they run
+    (``WINDOWS``)."""
     n, k, t = data_parallel_degree, gradient_accumulation_steps, tensor_parallel
     out = {c: 0.0 for c in COLLECTIVES}
     out.update(ranks=n, overlap="none", windows={w: {c: 0.0 for c in COLLECTIVES} for w in WINDOWS},
@@ -117,8 +130,9 @@ def comm_volumes(sharding_kind, data_parallel_degree, param_count, trainable_par
                        _layers(arch), _tensors(arch))
     if t > 1 and not arch.count_only:
         act = per_device_train_batch_size * max_seq_length * arch.hidden_size * activation_dtype_bytes
-        # Megatron-style tensor parallelism: two all-reduces per layer in the forward, two in the backward
-        _put(out, "micro", "tp_all_reduce", k * arch.num_hidden_layers * 4 * act, k * arch.num_hidden_layers * 4)
+        passes = 3 if gradient_checkpointing else 2  # forward, backward, and the recomputed forward
+        calls = k * arch.num_hidden_layers * TP_COLLECTIVES_PER_LAYER * passes
+        _put(out, "serial", "tp_all_reduce", calls * act, calls)
     return out
 
 
