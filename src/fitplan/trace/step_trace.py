@@ -306,6 +306,8 @@ class Trace:
         self.clone_params: set[str] = set()
         self.param_outs: dict[str, list[T]] = {}
         """Parameter name -> the outputs of the ops that read it (their ``rg`` is final once the forward is built)."""
+        self.param_tensors: list[T] = []
+        """Every parameter tensor made for the recording (:meth:`param`), kept so that their ids stay unique."""
 
     # ---- storages
     def _storage(self, nbytes: int, label: str) -> int:
@@ -327,9 +329,14 @@ class Trace:
         self.external.add(sid)
         return T(sid, numel, dtype, False)
 
-    @staticmethod
-    def param(numel: int, dtype: str, rg: bool) -> T:
-        return T(-1, numel, dtype, rg, param=True)
+    def param(self, numel: int, dtype: str, rg: bool) -> T:
+        """A parameter (or buffer) tensor, held by the trace for as long as it lives: a parameter's gradient is
+        known by :attr:`T.key`, its ``id``, which must stay unique through the recording and the replay (a LoRA
+        adapter that nothing else holds would otherwise leave its ``id`` to the next site's adapter, whose
+        gradient and autocast copy would then be taken for its own)."""
+        t = T(-1, numel, dtype, rg, param=True)
+        self.param_tensors.append(t)
+        return t
 
     @staticmethod
     def view(t: T, numel: int | None = None, layout: str | None = None) -> T:
