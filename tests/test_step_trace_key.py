@@ -146,3 +146,30 @@ def test_every_lora_adapter_has_a_gradient_of_its_own(precision):
     trace = step_trace.finished(tr)
     assert len({key for op in tr.ops for key, *_ in op.params}) == 28
     assert trace.param_grad_bytes == 2 * (4 * 1024 + 3 * 1920) * 4 == 78_848
+
+
+def test_the_garbage_collector_is_off_while_a_trace_is_built_and_as_it_was_after(monkeypatch):
+    """``build`` records and replays with Python's cyclic collector off (``step_trace.gc_paused``); pauses nest
+    (threads of ``fitplan serve``), and the collector ends as it was: on, or off when the caller had turned it off."""
+    import gc
+
+    seen = []
+    monkeypatch.setattr(step_trace, "build_sharing", lambda spec, fingerprint="": seen.append(gc.isenabled()) or "t")
+    monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        step_trace.build.__wrapped__(TraceSpec(load_config_json(CONFIG), 5, 17, "bf16-true", "sdpa", False, "full", 8,
+                                               (), 0.0, "cuda", 512))
+        assert seen == [False] and gc.isenabled()
+        with step_trace.gc_paused():
+            with step_trace.gc_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+        assert gc.isenabled()
+        gc.disable()
+        with step_trace.gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
