@@ -67,3 +67,35 @@ def test_deepspeed_json(tmp_path):
     with pytest.raises(FitplanError) as e:
         deepspeed_fields(f)
     assert "$.zero_optimization.stage" in e.value.render() and str(f) in e.value.render()
+
+
+@pytest.mark.parametrize("changes", [
+    {"gpu": "h100-sxm", "provider": None, "instance": None, "region": None},  # the page's scenario on another GPU
+    {"provider": "runpod"}, {"gpu": "a10g", "provider": "aws"}, {"optim": "sgd", "precision": None}])
+def test_replacing_text_fields_gives_what_structuring_them_again_gives(changes):
+    """``Scenario.replace`` sets text fields on their sections directly; the scenario must be the one structuring
+    every field again gives (:func:`~fitplan.inputs.scenario.from_flat`, the path every other change takes)."""
+    from fitplan.inputs.scenario import flatten, from_flat
+
+    s = fitplan.scenario_from_dict({"model": "llama-2-7b", "optim": "adamw_torch", "precision": "bf16-mixed",
+                                    "gpu": "a100-80gb", "provider": "lambda", "region": "us-east-1", "lora_r": 4,
+                                    "method": "lora", "lora_target_modules": ["q_proj"], "num_gpus": 2, "zero_stage": 2})
+    got = s.replace(**changes)
+    assert got.lora is s.lora  # set directly: the sections nothing changed in are kept
+    assert got == from_flat({**flatten(s), **changes})
+    assert {k: flatten(got)[k] for k in changes} == changes
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"precision": "bf17"}, "Training.precision must be one of"), ({"method": None}, "method"),
+    ({"device": "tpu"}, "device")])
+def test_a_replaced_text_field_is_refused_as_structuring_refuses_it(changes, message):
+    """A value a validator refuses gets ``from_flat``'s error, naming the field."""
+    from fitplan.inputs.scenario import flatten, from_flat
+
+    s = fitplan.scenario_from_dict({"model": "llama-2-7b", "optim": "adamw_torch", "precision": "bf16-true"})
+    with pytest.raises(FitplanError) as want:
+        from_flat({**flatten(s), **changes})
+    with pytest.raises(FitplanError) as got:
+        s.replace(**changes)
+    assert got.value.render() == want.value.render() and message in got.value.render()

@@ -67,6 +67,8 @@ class Builder:
         self.af = af
         self.spec = tr.spec
         self.env = {**env, "b": self.spec.batch, "s": self.spec.seq}
+        self.dargs: dict[str, list[str]] = {}
+        """Op name -> :meth:`differentiable_args`."""
         self.table = {**autograd_table(), **af.graphs.get("autograd", {}), **kernels.EXTRA_RULES, **loss_heads.RULES}
         self.graph_precision, self.dmap = dtype_map(self.spec.precision)
         self.variant = af.variant(self.graph_precision, "eager" if self.spec.attn == "eager" else "sdpa", self.env)
@@ -180,20 +182,27 @@ class Builder:
             elif v is not None:
                 flat_in.append(v)
         edges: list[Any] = []
+        any_rg = False
         if rule is not None:
-            for d in rule["d"]:
-                v = named.get(d.rstrip("*"))
+            for d in self.differentiable_args(name, rule):
+                v = named.get(d)
                 if isinstance(v, list):
                     edges.extend(v)
+                    any_rg = any_rg or any(t is not None and t.rg and t.dtype in FLOAT for t in v)
                 else:
                     edges.append(v)
-        any_rg = any(t is not None and t.rg and t.dtype in FLOAT for t in edges)
+                    any_rg = any_rg or (v is not None and v.rg and v.dtype in FLOAT)
         node = rule is not None and any_rg and not extra.get("ng")  # ng: inside a custom autograd Function
-        odiff = rule.get("o") if rule else None
-        rnames = rule.get("r", ["result"] if len(outs) == 1 else [f"result{k}" for k in range(len(outs))]) if rule else []
-        for k, o in enumerate(outs):
-            o.rg = bool(node and o.dtype in FLOAT and (odiff is None or (k < len(odiff) and odiff[k])))
-        saved, clones = self.saves(rule, named, outs, rnames, label or name) if node else ([], [])
+        if node:
+            odiff = rule.get("o")
+            for k, o in enumerate(outs):
+                o.rg = o.dtype in FLOAT and (odiff is None or (k < len(odiff) and bool(odiff[k])))
+            rnames = rule["r"] if "r" in rule else ["result"] if len(outs) == 1 else [f"result{k}" for k in range(len(outs))]
+            saved, clones = self.saves(rule, named, outs, rnames, label or name)
+        else:
+            for o in outs:
+                o.rg = False
+            saved, clones = [], []
         explicit = extra.get("sv")
         if explicit is not None and any_rg:
             saved = explicit
@@ -227,6 +236,13 @@ class Builder:
                 n = t.nbytes
                 temp += count * (-(-n // tr.spec.block) * tr.spec.block if tr.rounding else n)
         tr.emit(label or name, flat_in, outs + clones, saved, grad_ins, params, node, bwd_temp=temp, work=work)
+
+    def differentiable_args(self, name: str, rule: dict[str, Any]) -> list[str]:
+        """The argument names of op ``name``'s differentiable inputs (its rule's ``d``, a list's ``*`` mark dropped)."""
+        names = self.dargs.get(name)
+        if names is None:
+            names = self.dargs[name] = [d.rstrip("*") for d in rule["d"]]
+        return names
 
     def saves(self, rule: dict[str, Any], named: dict[str, Any], outs: list[Any], rnames: list[str],
               label: str) -> tuple[list[Any], list[Any]]:

@@ -31,6 +31,8 @@ class Segment:
         self.layer = layer
         self.env = b.env if layer is None else {**b.env, "i": layer}
         self.refs: dict[str, Any] = {f"a{j}": t for j, t in enumerate(args)}
+        self._dims_env: dict[str, Any] | None = None
+        self._dims: dict[Any, int] = {}
         self.inherited: set[str] = set()
         """References this instance shares with the segment instance it continues (:meth:`run`)."""
         self.site_end: dict[int, list[dict[str, Any]]] = {}
@@ -72,9 +74,19 @@ class Segment:
                 return t
         raise KeyError(f"unknown reference {r!r}")
 
+    def dim(self, d: str | int) -> int:
+        """The size a learned file's dimension expression ``d`` has in this instance's environment (kept: a segment's
+        tensors share a few dimensions)."""
+        if self._dims_env is not self.env:  # (a loss head's sub-segment changes ``s``: :mod:`.loss_heads`)
+            self._dims_env, self._dims = self.env, {}
+        v = self._dims.get(d)
+        if v is None:
+            v = self._dims[d] = int(compile_expr(d)(self.env))
+        return v
+
     def new_tensor(self, entry: list[Any], label: str = "t", dtype: str | None = None):
         dims, base = entry[0], entry[2]
-        shape = tuple(int(compile_expr(d)(self.env)) for d in dims)
+        shape = tuple([self.dim(d) for d in dims])
         numel = math.prod(shape)
         dtype = dtype or self.b.dt(entry[1])
         tr = self.b.tr
@@ -235,12 +247,15 @@ class Segment:
                 self.refs[r] = t
                 out_ts.append(t)
         tr.kind_default = prev
-        bases = {id(v): self._current_base(v) for v in written_views}
-        base_rg = {k: bt is not None and bt.rg for k, bt in bases.items()}
-        b.emit(name, ins, out_ts, extra=extra)
-        for v in written_views:
-            if bases[id(v)] is not None and tr.ops and any(t.rg for t in tr.ops[-1].outs):
-                self._copy_slices(tr.ops[-1], v, bases[id(v)], base_rg[id(v)])
+        if not written_views:
+            b.emit(name, ins, out_ts, extra=extra)
+        else:
+            bases = {id(v): self._current_base(v) for v in written_views}
+            base_rg = {k: bt is not None and bt.rg for k, bt in bases.items()}
+            b.emit(name, ins, out_ts, extra=extra)
+            for v in written_views:
+                if bases[id(v)] is not None and tr.ops and any(t.rg for t in tr.ops[-1].outs):
+                    self._copy_slices(tr.ops[-1], v, bases[id(v)], base_rg[id(v)])
         for t in inplace:
             if t.rg and t.sid >= 0:
                 self._inplace_requires_grad(t.sid)

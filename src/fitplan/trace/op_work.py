@@ -39,7 +39,7 @@ op, or saved for the backward); its backward is fused likewise. The records carr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from attrs import frozen
 
@@ -56,9 +56,10 @@ NF4_BYTES_PER_ELEMENT = 0.5 + 4 / 64
 """bitsandbytes NF4: two weights per byte plus one fp32 absmax per block of 64."""
 
 
-@frozen
-class Kernel:
-    """One kernel (or ``n`` identical ones): its class, the dtype of its FLOPs, FLOPs and bytes moved."""
+class Kernel(NamedTuple):
+    """One kernel (or ``n`` identical ones): its class, the dtype of its FLOPs, FLOPs and bytes moved. (A named
+    tuple, not an attrs class: a trace records a few hundred, and a frozen attrs class takes five times as long to
+    make.)"""
 
     kind: str
     dtype: str
@@ -67,8 +68,7 @@ class Kernel:
     n: int = 1
 
 
-@frozen
-class Work:
+class Work(NamedTuple):
     """What one recorded op launches: its forward kernels and, when it runs in the backward, those too."""
 
     fwd: tuple[Kernel, ...]
@@ -168,9 +168,13 @@ def step_work(tr: Any) -> tuple[OpWork, ...]:
     ops = tr.ops
     last_read = _last_reads(ops)
     saved_anywhere = {sid for op in ops for sid in op.saved} | set(tr.pinned) | {tr.loss.sid}
+    by_seg: dict[int, list[int]] = {}  # segment -> its ops that launch kernels, in order
+    for i, op in enumerate(ops):
+        if op.work is not None:
+            by_seg.setdefault(op.seg, []).append(i)
     for seg in range(len(tr.seg_names)):
         weight = tr.seg_weight[seg]
-        idx = [i for i, op in enumerate(ops) if op.seg == seg and op.work is not None]
+        idx = by_seg.get(seg)
         if not idx:
             continue
         recomputed = set()
@@ -259,8 +263,10 @@ def aten(name: str, named: dict[str, Any], outs, saved, grad_ins, grad_kinds, pa
     names to tensors (or lists of them). None when the op launches nothing: every output is a view of an
     input (``view``, ``t``, ``expand``, ``slice``...; an in-place op, whose name ends in ``_``, writes)."""
     flat = [t for v in named.values() for t in (v if isinstance(v, list) else [v]) if t is not None]
-    if not name.split(".")[0].endswith("_") and outs and all(_aliases(o, flat) for o in outs):
-        return None
+    if outs and not name.split(".", 1)[0].endswith("_"):
+        sids = {t.sid for t in flat}
+        if all(o.sid in sids for o in outs):
+            return None
     if name in GEMMS:
         return _aten_gemm(name, named, outs[0], backward)
     if name in FUSED_ATTENTION:
@@ -274,10 +280,6 @@ def aten(name: str, named: dict[str, Any], outs, saved, grad_ins, grad_kinds, pa
         return dequant(outs[0].numel, BYTES[outs[0].dtype], backward=False)
     passes = bool(grad_kinds) and all(k >= 0 for k in grad_kinds) and not param_grad
     return elementwise(flat, outs, saved, grad_ins, param_grad, backward, passes)
-
-
-def _aliases(o, ins) -> bool:
-    return any(o.sid == t.sid for t in ins)
 
 
 def _contract(a, b, out) -> int:

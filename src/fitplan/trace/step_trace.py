@@ -47,7 +47,9 @@ checkpointing settings (:func:`build_sharing`): the recording is about half of a
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import threading
 from typing import Any
 
@@ -259,6 +261,16 @@ class Op:
 _OP_FIELDS = tuple(f.name for f in attrs.fields(Op))
 
 
+def _new_sids(ts: list[T]) -> tuple[int, ...]:
+    """The storages of ``ts`` that are counted (not a parameter's, -1), each once, in order of first appearance."""
+    out: list[int] = []
+    for t in ts:
+        sid = t.sid
+        if sid >= 0 and sid not in out:
+            out.append(sid)
+    return tuple(out)
+
+
 def _copy_op(op: Op) -> Op:
     """A shallow copy of ``op`` (``copy.copy`` goes through attrs' pickling state: ten times slower)."""
     new = object.__new__(Op)
@@ -306,6 +318,10 @@ class Trace:
         self.clone_params: set[str] = set()
         self.param_outs: dict[str, list[T]] = {}
         """Parameter name -> the outputs of the ops that read it (their ``rg`` is final once the forward is built)."""
+        self.param_tensors: list[T] = []
+        self.shared_ops = False
+        """The :class:`Op` objects are shared with a checkpointing twin (:meth:`checkpointed`)."""
+        """Every parameter tensor made for the recording (:meth:`param`), kept so that their ids stay unique."""
 
     # ---- storages
     def _storage(self, nbytes: int, label: str) -> int:
@@ -327,9 +343,14 @@ class Trace:
         self.external.add(sid)
         return T(sid, numel, dtype, False)
 
-    @staticmethod
-    def param(numel: int, dtype: str, rg: bool) -> T:
-        return T(-1, numel, dtype, rg, param=True)
+    def param(self, numel: int, dtype: str, rg: bool) -> T:
+        """A parameter (or buffer) tensor, held by the trace for as long as it lives: a parameter's gradient is
+        known by :attr:`T.key`, its ``id``, which must stay unique through the recording and the replay (a LoRA
+        adapter that nothing else holds would otherwise leave its ``id`` to the next site's adapter, whose
+        gradient and autocast copy would then be taken for its own)."""
+        t = T(-1, numel, dtype, rg, param=True)
+        self.param_tensors.append(t)
+        return t
 
     @staticmethod
     def view(t: T, numel: int | None = None, layout: str | None = None) -> T:
@@ -348,23 +369,33 @@ class Trace:
              params: list[tuple[T, int]], node: bool, *, bwd_temp: int = 0, work: Any = None) -> None:
         """Record one op (see :meth:`.learned_graph.Builder.emit`, which works out the arguments and the
         op's kernels, ``work``)."""
-        reads = tuple(t.sid for t in ins if t is not None and t.sid >= 0)
-        allocs = tuple(dict.fromkeys(t.sid for t in outs if t.sid >= 0 and t.sid not in reads))
-        sv = tuple(dict.fromkeys(t.sid for t in saved if t is not None and t.sid >= 0))
+        reads = tuple([t.sid for t in ins if t is not None and t.sid >= 0])
+        allocs = _new_sids([t for t in outs if t.sid not in reads])
+        sv = _new_sids([t for t in saved if t is not None])
+        param_outs = self.param_outs
         for t in ins:
             if t is not None and t.param and t.name:
-                self.param_outs.setdefault(t.name, []).extend(outs)
-        pentries = []
+                got = param_outs.get(t.name)
+                if got is None:
+                    param_outs[t.name] = list(outs)
+                else:
+                    got.extend(outs)
+        pentries = ()
         pg = 0
-        for p, kind in params:
-            nb = p.nbytes
-            pentries.append((p.key, nb, kind, False))
-            self.param_last_use[p.key] = len(self.ops)
-            pg += nb
-        self.ops.append(Op(name, self.seg, reads, allocs, sv, tuple(t for t in outs if t.rg),
-                           tuple(t for t, _ in grad_ins), tuple(k for _, k in grad_ins), tuple(pentries), pg,
+        if params:
+            pentries = []
+            n = len(self.ops)
+            for p, kind in params:
+                nb = p.numel * BYTES[p.dtype]
+                key = p.key
+                pentries.append((key, nb, kind, False))
+                self.param_last_use[key] = n
+                pg += nb
+            pentries = tuple(pentries)
+        self.ops.append(Op(name, self.seg, reads, allocs, sv, tuple([t for t in outs if t.rg]),
+                           tuple([t for t, _ in grad_ins]), tuple([k for _, k in grad_ins]), pentries, pg,
                            bwd_temp if node else 0, work=work, unit=self.unit,
-                           saves_param=any(t is not None and t.sid < 0 for t in saved)))
+                           saves_param=any(t is not None and t.sid < 0 for t in saved) if saved else False))
 
     def finish(self) -> None:
         """Drop what dead nodes saved (:meth:`drop_dead_saves`), mark each parameter's last use in the backward
@@ -385,9 +416,18 @@ class Trace:
                 new.append((key, nb, kind, last))
                 if last:
                     total += nb * self.seg_weight[op.seg]
+            op = self._own_op(i)
             op.params = tuple(new)
             op.param_grad = sum(nb for _, nb, _, last in new if last)
         self.param_grad_total = total
+
+    def _own_op(self, i: int) -> Op:
+        """Op ``i``, to be changed: copied first while the op list is shared with a checkpointing twin
+        (:meth:`checkpointed`), so that the twin's op stays as recorded."""
+        op = self.ops[i]
+        if self.shared_ops:
+            op = self.ops[i] = _copy_op(op)
+        return op
 
     def drop_dead_saves(self) -> None:
         """An autograd node lives as long as a tensor it produced or a node downstream of it: once the forward
@@ -401,24 +441,27 @@ class Trace:
         if self.loss is None:
             return
         live = {self.loss.sid} | (self.pinned - self.uncached)
-        for op in reversed(self.ops):
+        for i in range(len(self.ops) - 1, -1, -1):
+            op = self.ops[i]
             if not op.outs:
                 continue
             if any(t.sid in live for t in op.outs):
                 live.update(t.sid for t in op.grad_ins if t.sid >= 0)
             elif op.saved and not self.seg_ckpt[op.seg]:
-                op.saved = ()
+                self._own_op(i).saved = ()
 
     def checkpointed(self, spec: TraceSpec, *, copy: bool) -> Trace:
         """This recording (made with checkpointing on) for ``spec``, with checkpointing as ``spec`` says: without
-        it, no segment is checkpointed and no layer keeps its arguments. ``copy``: a copy, whose ops are copied
-        (:meth:`finish` changes them) and whose other parts are shared, read only from here on
-        (:func:`shares_recording`); else this recording itself, changed."""
+        it, no segment is checkpointed and no layer keeps its arguments. ``copy``: a copy, whose op list is its own
+        and whose other parts are shared, read only from here on (:func:`shares_recording`); the ops themselves are
+        shared too, and each side copies an op before :meth:`finish` changes it (:meth:`_own_op`: a few dozen of a
+        few hundred); else this recording itself, changed."""
         tr = self
         if copy:
+            self.shared_ops = True
             tr = object.__new__(Trace)
             tr.__dict__.update(self.__dict__)
-            tr.ops = [_copy_op(op) for op in self.ops]
+            tr.ops = list(self.ops)
         tr.spec = spec
         if not spec.checkpointing:
             tr.seg_ckpt = [False] * len(self.seg_ckpt)
@@ -467,9 +510,36 @@ def build(spec: TraceSpec) -> StepTrace:
     name = diskcache.entry_name(spec.arch.model_type, key[1])
     trace = diskcache.load("traces", name, key)
     if not isinstance(trace, StepTrace):
-        trace = build_sharing(spec, key[2])
+        with gc_paused():
+            trace = build_sharing(spec, key[2])
         diskcache.store("traces", name, key, trace, keep=KEEP_TRACES)
     return trace
+
+
+_GC = {"pauses": 0, "was_enabled": False}
+_GC_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off while a trace is recorded and replayed (threads nest: the last to
+    leave turns it back on, if it was on). A recording makes thousands of objects that all stay alive until it
+    is replayed, so each collection the allocations trigger traverses all of them again, and the older
+    generations the whole process: about a quarter of a never-seen shape's time on ``fitplan serve``. Nothing
+    is lost: the few cycles a recording leaves (its Builder and Segments) are collected at the next collection
+    after it."""
+    with _GC_LOCK:
+        if _GC["pauses"] == 0:
+            _GC["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _GC["pauses"] += 1
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _GC["pauses"] -= 1
+            if _GC["pauses"] == 0 and _GC["was_enabled"]:
+                gc.enable()
 
 
 def build_afresh(spec: TraceSpec) -> StepTrace:
