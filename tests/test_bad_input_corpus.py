@@ -470,7 +470,7 @@ def test_paths_with_unicode_spaces_are_read(tmp_path, capsys, space):
 
 
 def test_control_and_format_characters_are_still_refused():
-    from fitplan.inputs.scenario import printable
+    from fitplan.inputs.field_checks import printable
 
     assert printable("a\u00a0b\u202fc d\u3000e")
     assert not printable("a\u202eb")  # a right-to-left override

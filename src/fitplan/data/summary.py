@@ -97,7 +97,7 @@ def _bounded(values: list[int], counts: list[int], name: str) -> None:
     """The scenario's bounds (``inputs/scenario.py`` ``LIMITS``), so that a summary file cannot carry what a flag
     cannot: an example of at most ``tokens_per_example`` tokens, at most ``num_examples`` examples and
     ``total_tokens`` tokens in all."""
-    from fitplan.inputs.scenario import LIMITS
+    from fitplan.inputs.field_checks import LIMITS
 
     if values and values[-1] > LIMITS["tokens_per_example"]:
         raise ValueError(f"{name}.values: an example of {values[-1]:,} tokens, at most {LIMITS['tokens_per_example']:,g}")
@@ -124,7 +124,7 @@ def check(data: dict[str, Any]) -> DatasetSummary:
                          f"({examples!r}) be at least that")
     if prompts is not None and prompts.examples != read:
         raise ValueError(f"prompt_lengths counts {prompts.examples} examples, not {read}")
-    from fitplan.inputs.scenario import LIMITS
+    from fitplan.inputs.field_checks import LIMITS
 
     if examples > LIMITS["num_examples"]:
         raise ValueError(f"examples ({examples:,}) must be at most {LIMITS['num_examples']:,g}")

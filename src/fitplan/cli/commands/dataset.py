@@ -6,7 +6,8 @@ from __future__ import annotations
 import click
 
 from fitplan.app.options import emit, format_option
-from fitplan.inputs.scenario import LIMITS, Training
+from fitplan.inputs.field_checks import LIMITS
+from fitplan.inputs.scenario import Training
 
 
 def add(cli: click.Group) -> None:
