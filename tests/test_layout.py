@@ -308,8 +308,6 @@ LONG_MODULES = {
                                      "moves the trace machinery into a package of its own and splits it",
 }
 LONG_FUNCTIONS = {
-    ("fitplan/trace/step_trace.py", "replay"): "the forward and backward timelines in one pass over shared state, "
-                                                 "ten closures over it; issue #26 makes it a class with named parts",
 }
 
 
