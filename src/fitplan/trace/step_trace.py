@@ -288,6 +288,8 @@ class Trace:
         self.buffer_bytes = 0
         self.param_last_use: dict[int, int] = {}
         self.clone_params: set[str] = set()
+        self.params: list[T] = []
+        """Every parameter tensor made (alive as long as the recording, so that their ids stay distinct)."""
         self.param_outs: dict[str, list[T]] = {}
         """Parameter name -> the outputs of the ops that read it (their ``rg`` is final once the forward is built)."""
 
@@ -309,9 +311,12 @@ class Trace:
         self.external.add(sid)
         return T(sid, numel, dtype, False)
 
-    @staticmethod
-    def param(numel: int, dtype: str, rg: bool) -> T:
-        return T(-1, numel, dtype, rg, param=True)
+    def param(self, numel: int, dtype: str, rg: bool) -> T:
+        """A parameter's tensor. The trace keeps it: an op records a parameter by its :attr:`T.key` (its ``id``), and
+        a tensor let go (a LoRA adapter made inside a call site's function) would hand its id to the next one."""
+        t = T(-1, numel, dtype, rg, param=True)
+        self.params.append(t)
+        return t
 
     @staticmethod
     def view(t: T, numel: int | None = None, layout: str | None = None) -> T:
