@@ -1,0 +1,168 @@
+"""Hooks are called through pluggy (``pm.hook``), each implementation guarded (``pluginmgr/guard.py``): pluggy's call
+order, ``tryfirst``, wrappers (``wrapper=True``) and old-style hookwrappers (``hookwrapper=True``) change the result as
+pluggy documents (https://pluggy.readthedocs.io, "Call time order", "Wrappers"), and a plugin that fails is named and
+the others still answer.
+
+The plugins are real: modules written to a temporary source tree and loaded through ``fitplan`` entry points of a
+dist-info (as ``pip install`` would leave them), registered by ``make_registry`` like any third-party plugin."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from fitplan.errors import FitplanError
+from fitplan.pluginmgr.registry import make_registry
+
+ANSWER = """
+from fitplan.api import hookimpl
+
+@hookimpl{options}
+def fitplan_validate(scenario, estimate, options):
+    return {{"by": {name!r}}}
+"""
+WRAPPER = """
+from fitplan.api import hookimpl
+
+@hookimpl(wrapper=True)
+def fitplan_validate(scenario, estimate, options):
+    report = yield
+    return {**report, "wrapped_by": "wrapper"}
+"""
+OLD_WRAPPER = """
+from fitplan.api import hookimpl
+
+@hookimpl(hookwrapper=True)
+def fitplan_validate(scenario, estimate, options):
+    outcome = yield
+    outcome.force_result({**outcome.get_result(), "checked": True})
+"""
+RAISES = """
+from fitplan.api import hookimpl
+
+@hookimpl(tryfirst=True)
+def fitplan_validate(scenario, estimate, options):
+    raise RuntimeError("no GPU here")
+"""
+WRAPPER_RAISES = """
+from fitplan.api import hookimpl
+
+@hookimpl(wrapper=True)
+def fitplan_validate(scenario, estimate, options):
+    report = yield
+    raise ValueError("the wrapper broke after the call")
+"""
+USER_ERROR = """
+from fitplan.api import FitplanError, hookimpl
+
+@hookimpl
+def fitplan_validate(scenario, estimate, options):
+    raise FitplanError("this scenario needs 40 GB of CPU memory", field="--max-cpu-memory", value="16G")
+"""
+DECLARING_WRAPPER = """
+from fitplan.api import hookimpl, quantity
+
+@quantity("bytes", category="memory")
+def wrapper_reserve_bytes():
+    return 7
+
+@hookimpl(wrapper=True)
+def fitplan_register_quantities(register):
+    yield
+    register(wrapper_reserve_bytes)
+"""
+
+
+@pytest.fixture
+def plugins(fitplan_entry_points, tmp_path):
+    """Factory: ``plugins(a=SOURCE, b=SOURCE)`` makes entry points ``a``, ``b`` of modules with those sources and
+    returns the registry that loads exactly them."""
+    def make(**sources: str):
+        src = tmp_path / "src"
+        src.mkdir(exist_ok=True)
+        for name, text in sources.items():
+            (src / f"plugin_{name}.py").write_text(textwrap.dedent(text), encoding="utf-8")
+        fitplan_entry_points("fitplan-hook-calls", {name: f"plugin_{name}" for name in sources}, src=src)
+        return make_registry(entry_points=list(sources), blocked=())
+    return make
+
+
+def validate(reg):
+    return reg.pm.hook.fitplan_validate(scenario=None, estimate=None, options={})
+
+
+def test_entry_points_are_called_by_name_and_the_first_answer_wins(plugins):
+    reg = plugins(a=ANSWER.format(name="a", options=""), b=ANSWER.format(name="b", options=""))
+    assert reg.errors == []
+    assert validate(reg) == {"by": "a"}  # fitplan_validate is firstresult; entry points are called by name
+
+
+def test_tryfirst_moves_a_plugin_ahead(plugins):
+    reg = plugins(a=ANSWER.format(name="a", options=""), b=ANSWER.format(name="b", options="(tryfirst=True)"))
+    assert reg.errors == []
+    assert validate(reg) == {"by": "b"}
+
+
+def test_trylast_moves_a_plugin_behind(plugins):
+    reg = plugins(a=ANSWER.format(name="a", options="(trylast=True)"), b=ANSWER.format(name="b", options=""))
+    assert validate(reg) == {"by": "b"}
+
+
+def test_a_wrapper_changes_the_result(plugins):
+    reg = plugins(a=ANSWER.format(name="a", options=""), w=WRAPPER)
+    assert reg.errors == []
+    assert validate(reg) == {"by": "a", "wrapped_by": "wrapper"}
+
+
+def test_an_old_style_hookwrapper_forces_the_result(plugins):
+    reg = plugins(a=ANSWER.format(name="a", options=""), h=OLD_WRAPPER)
+    assert reg.errors == []
+    assert validate(reg) == {"by": "a", "checked": True}
+
+
+def test_a_raising_plugin_is_named_and_the_others_answer(plugins):
+    reg = plugins(a=ANSWER.format(name="a", options=""), boom=RAISES)
+    assert validate(reg) == {"by": "a"}  # boom ran first (tryfirst), raised, and answered nothing
+    assert [e.message for e in reg.errors] == ["plugin 'boom' raised RuntimeError: no GPU here in fitplan_validate"]
+    assert "FITPLAN_BLOCK_PLUGINS=boom" in reg.errors[0].render()
+
+
+def test_a_wrapper_that_fails_leaves_the_result_and_is_named(plugins):
+    reg = plugins(a=ANSWER.format(name="a", options=""), w=WRAPPER_RAISES)
+    assert validate(reg) == {"by": "a"}
+    assert [e.message for e in reg.errors] == [
+        "plugin 'w' raised ValueError: the wrapper broke after the call in fitplan_validate"]
+
+
+def test_a_users_error_from_a_validation_plugin_reaches_the_user_unchanged(plugins):
+    reg = plugins(u=USER_ERROR)
+    with pytest.raises(FitplanError) as e:
+        validate(reg)
+    assert e.value.message == "this scenario needs 40 GB of CPU memory" and e.value.field == "--max-cpu-memory"
+    assert reg.errors == []
+
+
+def test_a_wrapper_of_a_declaration_hook_declares_as_itself(plugins):
+    reg = plugins(dw=DECLARING_WRAPPER)
+    assert reg.errors == []
+    declared = {q.name: q.plugin for q in reg.quantities}
+    assert declared["wrapper_reserve_bytes"] == "dw"
+    assert declared["weight_bytes"] == "fitplan.builtin.model_states"  # the wrapped call went on
+
+
+def test_the_built_in_plugins_are_called_first():
+    """The registry registers the built-ins last, so that pluggy (last registered first) calls them first, in
+    BUILTIN_PLUGINS order, and an extra plugin after them."""
+    from fitplan.api import hookimpl
+    from fitplan.pluginmgr.registry import BUILTIN_PLUGINS
+
+    class Extra:
+        @hookimpl
+        def fitplan_register_names(self, register):
+            pass
+
+    reg = make_registry(entry_points=False, extra_plugins=[("extra", Extra())], blocked=())
+    assert reg.plugin_names() == [*BUILTIN_PLUGINS, "extra"]
+    order = [impl.plugin_name for impl in reversed(reg.pm.hook.fitplan_register_names.get_hookimpls())]
+    assert order == [n for n in [*BUILTIN_PLUGINS, "extra"] if n in order] and order[-1] == "extra"
