@@ -20,6 +20,7 @@ arguments through ``__wrapped__``), so that:
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -49,16 +50,16 @@ def raised(plugin: str, e: BaseException, where: str) -> PluginError:
                        suggestion=f"block it with {BLOCK_ENV}={plugin}")
 
 
-class StandIn:
+class StandIn(types.ModuleType):
     """What pluggy registers for one plugin: its guarded hook implementations as attributes (:attr:`plugin` is the
-    plugin itself)."""
+    plugin itself). A module, so that pluggy's scan of it reads its few attributes, not an instance's class."""
 
     def __init__(self, plugin: object, name: str) -> None:
+        super().__init__(f"fitplan-plugin:{name}")
         self.plugin = plugin
-        self.name = name
 
     def __repr__(self) -> str:
-        return f"<guarded plugin {self.name!r}: {self.plugin!r}>"
+        return f"<guarded plugin {self.__name__.partition(':')[2]!r}: {self.plugin!r}>"
 
 
 class Guard:
@@ -79,7 +80,7 @@ class Guard:
     def stand_in(self, pm: Any, plugin: object, name: str) -> StandIn:
         """A :class:`StandIn` for ``plugin``: each attribute that ``pm`` takes for a hook implementation, guarded."""
         out = StandIn(plugin, name)
-        for attr in dir(plugin):
+        for attr in self._candidates(plugin):
             opts = pm.parse_hookimpl_opts(plugin, attr)
             if opts is None:
                 continue
@@ -94,6 +95,16 @@ class Guard:
             setattr(guarded, self.marker, dict(opts))
             setattr(out, attr, guarded)
         return out
+
+    def _candidates(self, plugin: object) -> list[str]:
+        """The attributes of ``plugin`` that may be hook implementations: of a module, those marked (a look at its
+        dictionary, which is all pluggy's scan would find there); of any other object, every name (pluggy's
+        own scan decides, without running properties)."""
+        if isinstance(plugin, types.ModuleType):
+            return [k for k, v in vars(plugin).items()
+                    if getattr(v, self.marker, None) is not None or getattr(getattr(v, "__func__", None), self.marker, None)
+                    is not None]
+        return dir(plugin)
 
     def answers(self, results: list[Any]) -> list[tuple[str, Any]]:
         """``(plugin, result)`` for each result of a hook call, in pluggy's order: the plugin whose implementation
