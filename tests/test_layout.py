@@ -318,8 +318,6 @@ LONG_FUNCTIONS = {
                                              "those that change the ops, then the joint probes over what is left",
     (f"{LEARNER}/derive.py", "learn_variant"): "one variant's probes, fit and regime reuse in one pass; "
                                                "the reuse reads the fit's intermediate tables",
-    (f"{LEARNER}/derive.py", "learn_full"): "the whole learning: record, derive, fold, in one function; issue #26 "
-                                            "splits it by phase",
     (f"{LEARNER}/patterns.py", "learn_pattern"): "the layer-kind search: record, compare layers, fit one rule per "
                                                  "feature, each step reading the last's tables",
     (f"{LEARNER}/record.py", "_module_hooks"): "the recorder's module hooks are closures over the recording "

@@ -16,12 +16,10 @@ import json
 import re
 from typing import Any
 
-from fitplan.api import archformat
-
-from . import files
+from . import learner
 from .fit import FitError, Fitter
 from .fold import fold
-from .limits import LAYERDROP_WHY, data_dependent_note, dropout_fields
+from .limits import data_dependent_note
 from .record import FUNCTION_OP, Recording, align_backward, decoder_layers, is_linear_site, linear_types, record
 from .segments import Cut
 
@@ -980,217 +978,13 @@ def _combine(regs: list[Regime]) -> Regime:
     return Regime("+".join(r.name for r in regs) or "base", when, setup, couple, valid, fixed)
 
 
+learn_full = learner.learn_full
+"""The file's content, the per-variant results and regimes (:func:`.learner.learn_full`: record, derive, fold)."""
+
+
 def learn(config: dict[str, Any], **kw) -> dict[str, Any]:
     """Learn the architecture of ``config``'s ``model_type``; returns the file's content (a dict)."""
     return learn_full(config, **kw)[0]
-
-
-def learn_full(config: dict[str, Any], *, log=print, variants=VARIANTS, b: int = 2, s: int = 16,
-               regimes: bool = True, first_only: bool = False, known: dict[str, Any] | None = None):
-    """:func:`learn`, also returning the per-variant results and regimes (for :mod:`.verify`); ``known``:
-    switches an earlier learning of this type found (see :func:`structural_flags`)."""
-    import itertools
-
-    import peft
-    import torch
-    import transformers
-
-    from . import configrules
-    from .. import __version__
-
-    model_type = config["model_type"]
-    base = hf_config(config).to_dict()
-    for k in ("_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype"):
-        base.pop(k, None)
-    if "tie_word_embeddings" in base:
-        base["tie_word_embeddings"] = False  # record distinct tensors; the file says when they are one
-    vocab = base.get("vocab_size")
-    for k, v in list(base.items()):  # token ids must lie inside the (small) recorded vocabulary
-        if k.endswith("_token_id") and isinstance(v, int) and isinstance(vocab, int) and v >= vocab // 2:
-            base[k] = None if k != "pad_token_id" else 0
-        elif k.endswith("_token_id") and isinstance(v, list):
-            base[k] = None
-    cls = configrules.config_class(model_type)
-    _, skipping = dropout_fields(base)
-    base.update({k: 0.0 for k in skipping})  # every layer runs: a stated assumption of the file (``assumed``)
-    NESTED.clear()
-    FOLLOWERS.clear()
-    NESTED.update(nested_variables(base))
-    variables = size_variables(base) + list(NESTED)
-    log(f"learning {model_type}: variables {variables}")
-    from . import patterns
-
-    pattern = patterns.learn_pattern(base, variables, log)
-    kind_expr = None
-    if pattern is not None:
-        base = patterns.with_layers(pattern["cfg"], pattern["record_layers"])
-        kind_expr = " + '|' + ".join(f'("1" if ({r}) else "0")' for r in pattern["rules"].values())
-        log(f"  layer pattern: {pattern['rules']}, recorded with {pattern['record_layers']} layers")
-    switches = toggles(base, cls) if regimes else []
-    results = {}
-    entries_spec = []
-    drops, _ = dropout_fields(base)
-    distinct = {f: DISTINCT_P[i] for i, f in enumerate(drops)}
-    supported = []
-    for precision, attn in variants:
-        try:
-            build(base, precision, attn)
-        except ValueError as e:
-            log(f"  {precision}/{attn}: not supported by this model ({str(e).splitlines()[0][:90]})")
-            continue
-        supported.append((precision, attn))
-    if not supported:
-        raise LearnError(f"the model runs none of the variants {', '.join('/'.join(v) for v in variants)}")
-    others = tuple(v for v in supported if v[1] != supported[0][1])[:1]
-    flags = structural_flags(base, supported[0], b, s, log, cls, known, others,
-                             skip=set(variables) | {n for sw in switches for r in sw for n in _names(r.when)})
-    flag_when = flag_condition(flags)
-    if flags:
-        log(f"  switches that change the graph, learned as given: {flags}")
-    for precision, attn in supported:
-        # dropout: every probability distinct and nonzero, so each call site tells which field it reads; SDPA
-        # is recorded without dropout (the CPU would take the math path, whose output layout CUDA's kernels
-        # do not have), its field found from a recording with it on
-        mapped = {**base, **distinct}
-        rec_map = None
-        for combo in itertools.product(*switches):
-            default = _combine(list(combo))
-            bb = 1 if "b" in default.fixed else b
-            try:
-                rec_map = run(default.setup(mapped, bb, s), precision, attn, bb, s)
-                break
-            except Exception as e:  # noqa: BLE001 - e.g. DeepSeek-V2's attention needs kv heads == heads
-                log(f"    regime {default.name} does not run: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
-        if rec_map is None:
-            raise LearnError(f"{precision}/{attn}: the model runs in none of the regimes")
-        pf = []
-        sdpa_fields = set()
-        for o in rec_map.ops:
-            if o.get("pseudo"):
-                pv = o["scalars"].get("p", 0.0)
-                field = next((f for f, v in distinct.items() if abs(v - pv) < 1e-9), None)
-                pf.append(field)
-                if o["pseudo"] == "sdpa" and field:
-                    sdpa_fields.add(field)
-        vbase = {**mapped, **{f: 0.0 for f in sdpa_fields}}
-        # record every combination of regime states once (ops only); learn one per distinct set of ops,
-        # from its most general combination (the states are ordered general-first)
-        classes: dict[Any, list[tuple[Regime, ...]]] = {}
-        for combo in itertools.product(*switches):
-            reg = _combine(list(combo))
-            bb = 1 if "b" in reg.fixed else b
-            try:
-                sig = signature(run(reg.setup(vbase, bb, s), precision, attn, bb, s))
-            except Exception as e:  # noqa: BLE001 - a combination this model cannot take
-                log(f"    regime {reg.name} not learnable: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
-                continue
-            classes.setdefault(json.dumps(sig), []).append(combo)
-        log(f"  {precision}/{attn}: {len(classes)} distinct graph(s) over {sum(len(c) for c in classes.values())} regimes")
-        learned: list[dict[str, Any]] = []
-        for combos in list(classes.values())[:1] if first_only else classes.values():
-            reg = _combine(list(combos[0]))
-            if len(classes) == 1:
-                reg.when = None
-            else:
-                reg.when = " or ".join("(" + " and ".join(f"({r.when})" for r in combo if r.when) + ")" for combo in combos)
-            if flag_when:
-                reg.when = f"({flag_when}) and ({reg.when})" if reg.when else flag_when
-            bb = 1 if "b" in reg.fixed else b
-            res = learn_variant(vbase, variables, precision, attn, reg, bb, s, log, pf, refs=learned)
-            learned.append(res)
-            res["variables"] = variables
-            results[(precision, attn, reg.name)] = res
-            entries_spec.append((precision, attn, reg))
-    ref = next(iter(results.values()))
-    meta = ref["meta"]
-    layer_prefix = _layer_prefix(ref["rec"])
-    segments: dict[str, Any] = {}
-    entries = [variant_entry(results[(p, a, r.name)], p, a, r.when, segments, layer_prefix, kind_expr)
-               for p, a, r in entries_spec]
-    kinds = entries[0]["kinds"]
-    for e in entries:
-        if len(set(e["kinds"])) != len(set(kinds)):
-            raise LearnError("the layer pattern differs between precisions / attention kernels")
-        del e["kinds"]
-    kind_names = sorted(set(kinds), key=kinds.index)
-    ref16 = next((r for (p, a, _), r in results.items() if p == "16"), ref)  # a mixed-only learning (drift test)
-    # parameters, from the 16-bit recording (its dtypes say which tensors stay fp32)
-    params = []
-    seen = set()
-    for name, (dims, dtype) in ref16["params"].items():
-        tmpl, layer = _layer_template(name, layer_prefix)
-        if tmpl in seen:
-            continue
-        seen.add(tmpl)
-        role = meta["roles"].get(name, "other")
-        where = None
-        if layer is not None:
-            suffix = tmpl.split(".{i}.", 1)[1]
-            where = sorted({kinds[i] for i in range(len(kinds)) if f"{layer_prefix}.{i}.{suffix}" in ref16["params"]})
-        cond = None
-        if role == "output" and "tie_word_embeddings" in base:
-            cond = "not tie_word_embeddings"
-        entry = [tmpl, dims, role, where, cond, dtype]
-        if name in meta["conv1d"]:
-            entry.append("conv1d")
-        elif name in meta.get("custom", ()):
-            entry.append("custom")  # a subclass of nn.Linear: peft adapts it, bitsandbytes does not quantize it
-        params.append(entry)
-    tied = []
-    out_param = next((p[0] for p in params if p[2] == "output"), None)
-    in_param = next((p[0] for p in params if p[2] == "embedding"), None)
-    if out_param and in_param and "tie_word_embeddings" in base:
-        tied.append([out_param, in_param, "tie_word_embeddings"])
-    buffers = []
-    for name, (dims, dtype) in ref16["buffers"].items():
-        tmpl, layer = _layer_template(name, layer_prefix)
-        if any(bb[0] == tmpl for bb in buffers):
-            continue
-        buffers.append([tmpl, dims, dtype, layer is not None])
-    repeats = {}
-    for name, n_expr in ref16["repeats"].items():  # a repeated block's parameters (norms.{h}.weight): how many
-        repeats.setdefault(_layer_template(name, layer_prefix)[0], n_expr)
-    used = _used_names(segments, params, buffers)
-    used.update(_names_in(list(repeats.values())))
-    used.update(flags)
-    if kind_expr:
-        used.update(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", kind_expr))
-    for e in entries:
-        if e.get("when"):
-            used.update(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", e["when"]))
-    n_layers = configrules.attribute_map(cls).get("num_hidden_layers", "num_hidden_layers")
-    fields = [f for f in base if f in used] + [f for f in NESTED if f in used] + [n_layers]
-    if "tie_word_embeddings" in base:
-        fields.append("tie_word_embeddings")
-    fields += [k for k, lead in FOLLOWERS.items() if lead in fields and not derived_by_config(base, k, base.get(k))]
-    fields = list(dict.fromkeys(fields))
-    cfg_rules = configrules.learn_config(model_type, fields, ref["probes"], log, dict(NESTED))
-    cfg_rules["checks"] += [c for c in follower_checks(base, cfg_rules["fields"]) if c not in cfg_rules["checks"]]
-    return ({
-        "format": archformat.FORMAT,
-        "model_type": model_type,
-        "learned": {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
-                    "peft": peft.__version__, "fitplan_torch": __version__, "config_class": meta["config_class"],
-                    "model_class": meta["model_class"]},
-        "config": cfg_rules,
-        "spec": configrules.spec_map(base, cls, cfg_rules["fields"]),
-        "params": params,
-        "tied": tied,
-        "buffers": buffers,
-        **({"repeats": repeats} if repeats else {}),
-        "output_module": meta["output_module"],
-        "layers": {"kind": kind_expr, "kinds": kind_names, "prefix": layer_prefix},
-        "variants": entries,
-        "segments": segments,
-        "accumulate_clone": sorted(n for n, how in ref["accumulate"].items() if how == "clone"),
-        "flags": {"values": flags, "when": flag_when},
-        **files.held_sizes(results.values()),
-        "autograd": _missing_rules(segments),
-        "lora": {**peft_parameter_targets(model_type),
-                 **_non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix)},
-        "attn_implementations": sorted({a for _, a in supported}),
-        **({"assumed": {k: {"value": 0.0, "why": LAYERDROP_WHY} for k in skipping}} if skipping else {}),
-    }, results, entries_spec)
 
 
 def _missing_rules(segments: dict[str, Any]) -> dict[str, Any]:
