@@ -166,3 +166,45 @@ def test_the_built_in_plugins_are_called_first():
     assert reg.plugin_names() == [*BUILTIN_PLUGINS, "extra"]
     order = [impl.plugin_name for impl in reversed(reg.pm.hook.fitplan_register_names.get_hookimpls())]
     assert order == [n for n in [*BUILTIN_PLUGINS, "extra"] if n in order] and order[-1] == "extra"
+
+
+DIRS = """
+from fitplan.api import hookimpl
+
+@hookimpl{options}
+def fitplan_ruleset_dirs():
+    return [{path!r}]
+"""
+DIRS_WRAPPER = """
+from fitplan.api import hookimpl
+
+@hookimpl(wrapper=True)
+def fitplan_ruleset_dirs():
+    answers = yield
+    return [*answers, [{path!r}]]
+"""
+
+
+def ruleset_dir(path, provider: str):
+    """A directory holding one valid ruleset: a provider without instances."""
+    path.mkdir()
+    (path / "prices.toml").write_text(f'[[provider]]\nid = "{provider}"\nname = "{provider}"\nbilling = "hour"\n'
+                                      'currency = "USD"\nsource = "tests/test_hook_calls.py"\n', encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("tryfirst", [False, True])
+def test_ruleset_directories_come_in_call_order(plugins, tmp_path, tryfirst):
+    a, b = ruleset_dir(tmp_path / "rules-a", "hook-a"), ruleset_dir(tmp_path / "rules-b", "hook-b")
+    reg = plugins(a=DIRS.format(options="", path=str(a)),
+                  b=DIRS.format(options="(tryfirst=True)" if tryfirst else "", path=str(b)))
+    assert reg.errors == []
+    assert reg.ruleset_dirs() == ([str(b), str(a)] if tryfirst else [str(a), str(b)])
+    assert reg.ruleset_dirs_by_plugin() == {"a": [str(a)], "b": [str(b)]}
+
+
+def test_a_directory_a_wrapper_adds_is_the_wrappers(plugins, tmp_path):
+    a, w = ruleset_dir(tmp_path / "rules-a", "hook-a"), ruleset_dir(tmp_path / "rules-w", "hook-w")
+    reg = plugins(a=DIRS.format(options="", path=str(a)), w=DIRS_WRAPPER.format(path=str(w)))
+    assert reg.errors == []
+    assert reg.ruleset_dirs_by_plugin() == {"a": [str(a)], "w": [str(w)]}

@@ -108,8 +108,9 @@ class Guard:
 
     def answers(self, results: list[Any]) -> list[tuple[str, Any]]:
         """``(plugin, result)`` for each result of a hook call, in pluggy's order: the plugin whose implementation
-        returned it, or the wrapper's that put it there (``"?"`` when neither is known)."""
-        return [(self._answers.get(id(r), ("?", r))[0], r) for r in results]
+        returned it, or the wrapper's that put it there (``"?"`` when neither is known). Read once: the record of
+        each result is dropped here."""
+        return [(self._answers.pop(id(r), ("?", r))[0], r) for r in results]
 
     # ---- the guards
 
