@@ -1,7 +1,7 @@
 """The plugin registry: loading plugins and collecting what they declare.
 
-Built-in plugins are the modules in :data:`BUILTIN_PLUGINS`, registered after entry points (group
-``fitplan``) exactly like third-party plugins; the built-in commands and output formats come through the
+Built-in plugins are the modules in :data:`BUILTIN_PLUGINS`, loaded after the entry points (group
+``fitplan``) and registered exactly like third-party plugins; the built-in commands and output formats come through the
 same hooks. ``FITPLAN_BLOCK_PLUGINS`` (comma-separated plugin names) keeps named plugins from loading,
 except the :data:`ESSENTIAL` ones the rest of fitplan cannot work without (blocking one, or naming a
 plugin that does not exist, is an error).
@@ -340,7 +340,7 @@ def make_registry(*, blocked: Iterable[str] | None = None, entry_points: bool | 
     :param blocked: plugin names not to load (default: from ``FITPLAN_BLOCK_PLUGINS``).
     :param entry_points: load third-party plugins from the ``fitplan`` entry-point group: ``True`` for
         all of them, ``False`` for none, or the names of the entry points to load (tests).
-    :param extra_plugins: ``(name, plugin object)`` pairs registered after the built-ins (tests).
+    :param extra_plugins: ``(name, plugin object)`` pairs called after the built-ins and entry points (tests).
     """
     blocked_set = frozenset(blocked) if blocked is not None else blocked_from_env()
     pm = pluggy.PluginManager("fitplan")
