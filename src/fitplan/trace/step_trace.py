@@ -665,6 +665,7 @@ class Replay:
         self.after_head = (0, 0)
 
     def run(self) -> StepTrace:
+        """The step trace: forward, end of forward, backward."""
         if DEBUG is not None:
             DEBUG.append(("replay", self.tr.spec))
         self.forward()
@@ -675,6 +676,7 @@ class Replay:
     # ---- what holds a storage
 
     def _lifetimes(self) -> None:
+        """Each storage's allocating segment and the last op that touches it (the recorded lifetimes)."""
         for i, op in enumerate(self.ops):
             for sid in op.allocs:
                 self.alloc_seg.setdefault(sid, op.seg)
@@ -683,6 +685,8 @@ class Replay:
                 self.last_read[sid] = i
 
     def _holders(self) -> None:
+        """What holds each storage from the start: the nodes that saved it (outside checkpointed segments, whose
+        saves are counted when they are recomputed) and the checkpoints that keep it."""
         for op in self.ops:
             if not self.ckpt[op.seg]:
                 for sid in op.saved:
@@ -697,6 +701,8 @@ class Replay:
                 or sid in self.tr.external)
 
     def alloc(self, sid: int) -> None:
+        """``sid`` is allocated, under its part: the loss head's, autocast's, a saved (or kept) activation, or else
+        a temporary."""
         self.alive.add(sid)
         self.live += self.size[sid]
         kind = self.tr.kind[sid]
@@ -802,6 +808,7 @@ class Replay:
         return -(-n // self.tr.spec.block) * self.tr.spec.block if self.tr.rounding else n
 
     def release(self, buf: GradBuffer) -> None:
+        """One holder lets ``buf`` go; the last frees it."""
         buf.refs -= 1
         if buf.refs == 0:
             self.live -= buf.nbytes
@@ -1023,6 +1030,8 @@ class Replay:
     # ---- the result
 
     def result(self) -> StepTrace:
+        """The :class:`StepTrace` of the walked timelines (frontiers of the backward points, the forward's peak and
+        what it retained, the last layer's share)."""
         tr, points, weight, last_layer = self.tr, self.points, self.weight, self.nseg - 2
         layer_delta = self.seg_delta.get(last_layer, 0)
         layer_delta_parts = self.seg_delta_parts.get(last_layer, Parts())
