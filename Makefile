@@ -18,6 +18,8 @@ STACK_EXTRAS := deepspeed==0.19.8 accelerate==1.16.0 trl==1.16.0
 # (and PYTHONPATH) for the test session only.
 PLUGINS := plugins/fitplan-torch
 EXAMPLE_PLUGINS := plugins/acme-fitplan-rules plugins/fitplan-optimizers-extra
+# plugins/fitplan-settings-example is installed nowhere: its setting would be a scenario field of every test (and of
+# every report's scenario); tests/test_settings_example.py registers it for its own tests only.
 TEST_PLUGINS := .test-plugins
 
 .PHONY: demo serve test check lint install install-test bench screenshots clean

@@ -2,7 +2,8 @@
 
 Runs ``fitplan estimate`` in process over a fixed set of scenarios (models of several architecture types; full,
 LoRA and QLoRA; checkpointing on and off; precisions; DPO, KTO, ORPO, GRPO; DeepSpeed ZeRO 1-3 and FSDP;
-``--format table`` and ``--format json``) with the disk cache off, and writes one line per scenario and format:
+activation offloading's modes with checkpointing on and off; LoRA over 8-bit base weights; ``--format table`` and
+``--format json``) with the disk cache off, and writes one line per scenario and format:
 the arguments, the exit status and the SHA-256 of what the command printed. Every step trace the estimates
 build is hashed too (``repr`` of :class:`fitplan.trace.step_trace.StepTrace`, every backward point included),
 one line per trace in the order they were built.
@@ -89,13 +90,32 @@ EXTRA = (
      "--num-examples", "10000", "--tokens-per-example", "400", "--provider", "lambda"),
 )
 
+OFFLOAD_MODES = ("torchtune", "trl", "trl_sync", "unsloth")
+"""``--activation-offloading`` modes (src/fitplan/trace/offload.py), each with checkpointing on and off."""
+OFFLOAD = (
+    ("--model", "llama-3.2-1b", *SHAPES[0], *METHODS[0]),
+    ("--model", "mistral-7b", *SHAPES[0], *METHODS[1]),
+)
+INT8 = (
+    ("--model", "llama-3.2-1b", *SHAPES[0], "--method", "qlora", "--load-in-8bit", "--precision", "bf16-mixed",
+     "--optim", "adamw_torch_fused", "--lora-target-modules", "all-linear"),
+    ("--model", "mistral-7b", *SHAPES[1], "--method", "qlora", "--load-in-8bit", "--precision", "bf16-mixed",
+     "--optim", "paged_adamw_8bit"),
+)
+"""LoRA over LLM.int8 base Linears (``--load-in-8bit``: src/fitplan/trace/int8.py), checkpointing on and off, and
+with TRL's offloading."""
+
 
 def scenarios() -> list[tuple[str, ...]]:
     """The argument lists, in a fixed order."""
     out = [("--model", m, *shape, *method, *ck)
            for m, shape, method, ck in itertools.product(MODELS, SHAPES[:1], METHODS, CHECKPOINTING)]
     out += [("--model", m, *SHAPES[1], *METHODS[0], *CHECKPOINTING[0]) for m in MODELS]
-    return out + list(EXTRA)
+    out += list(EXTRA)
+    out += [(*base, "--activation-offloading", mode, *ck)
+            for base, mode, ck in itertools.product(OFFLOAD, OFFLOAD_MODES, CHECKPOINTING)]
+    out += [(*base, *ck) for base, ck in itertools.product(INT8, CHECKPOINTING)]
+    return out + [(*INT8[0], "--activation-offloading", "trl", *CHECKPOINTING[0])]
 
 
 def main(path: str) -> None:

@@ -1,7 +1,8 @@
 """Fit the time model's efficiency factors on published fine-tuning runs; report the leave-one-out error.
 
 The published runs are the ``[[finetune_run]]`` rows of ``rulesets/throughput/published.toml`` without an
-``exclude`` reason. For each, fitplan evaluates the run's scenario once; what the step costs at 100 % of
+``exclude`` reason. For each, fitplan evaluates the run's scenario once (a run that states its network,
+``network_gbps``, on an unpriced reference instance with that network: :func:`cluster_dir`); what the step costs at 100 % of
 every peak (the roofline's terms, the optimizer's and the gradients' bytes, the communication) does not
 depend on the efficiency factors, so the fit re-prices those parts only (:func:`predict`, which must agree
 with ``fitplan estimate``: the script checks it on every row).
@@ -59,7 +60,29 @@ def evaluate(run, tmp: Path, ruleset_dirs=()):
         path = tmp / f"{run.id}.json"
         path.write_text(json.dumps(run.config), encoding="utf-8")
         fields["model"] = str(path)
+    if run.network_gbps is not None:
+        ruleset_dirs = (*ruleset_dirs, str(cluster_dir(run, tmp)))
+        fields["provider"], fields["instance"] = CLUSTER, run.id
     return fitplan.estimate(total_tokens=1_000_000, ruleset_dirs=ruleset_dirs, **fields)
+
+
+CLUSTER = "published-cluster"
+
+
+def cluster_dir(run, tmp: Path) -> Path:
+    """A ruleset folder with the servers a run's source states (``network_gbps`` GB/s between servers of
+    ``num_gpus`` GPUs): an unpriced reference provider, so that the communication model sees the stated network
+    (``builtin/sharding/comm.py`` ``topology``: an instance's ``network_gbps`` over its GPUs)."""
+    folder = tmp / f"{run.id}-cluster"
+    folder.mkdir(exist_ok=True)
+    s = run.scenario
+    (folder / "cluster.toml").write_text("\n".join([
+        "[[provider]]", f'id = "{CLUSTER}"', 'name = "the servers a published run states"', "reference = true",
+        'source = "bench/time_loo.py"', "",
+        "[[instance]]", f'provider = "{CLUSTER}"', f'id = "{run.id}"', f'gpu = "{s["gpu"]}"', f"gpus = {s.get('num_gpus', 1)}",
+        "on_demand_per_hour = 0", f"network_gbps = {run.network_gbps}", f"source = {json.dumps(run.source)}", ""]),
+        encoding="utf-8")
+    return folder
 
 
 def parts(run, est) -> dict:

@@ -208,3 +208,40 @@ def test_a_directory_a_wrapper_adds_is_the_wrappers(plugins, tmp_path):
     reg = plugins(a=DIRS.format(options="", path=str(a)), w=DIRS_WRAPPER.format(path=str(w)))
     assert reg.errors == []
     assert reg.ruleset_dirs_by_plugin() == {"a": [str(a)], "w": [str(w)]}
+
+
+SETTINGS_WRAPPER = """
+from fitplan.api import Setting, hookimpl
+
+@hookimpl(wrapper=True)
+def fitplan_register_settings(register):
+    yield
+    register(Setting("hook_calls_probe", "training", type="int", default=3, minimum=0,
+                     help="a field declared by a wrapper after the others"))
+"""
+SETTINGS_RAISES = """
+from fitplan.api import hookimpl
+
+@hookimpl(tryfirst=True)
+def fitplan_register_settings(register):
+    raise RuntimeError("no settings today")
+"""
+
+
+def test_settings_are_declared_through_pluggy_like_every_hook(plugins):
+    """fitplan_register_settings goes through pm.hook as the other declaring hooks do: a wrapper's setting is its
+    own, a plugin that raises is named and answers nothing, and the built-in offload_params is still installed."""
+    from fitplan.inputs.settings import declared, restore_point
+
+    declared()
+    restore = restore_point()
+    try:
+        reg = plugins(sw=SETTINGS_WRAPPER, boom=SETTINGS_RAISES)
+        assert [e.message for e in reg.errors] == [
+            "plugin 'boom' raised RuntimeError: no settings today in fitplan_register_settings"]
+        table = declared()
+        assert (table["hook_calls_probe"].plugin, table["hook_calls_probe"].default) == ("sw", 3)
+        assert table["offload_params"].plugin == "fitplan.builtin.sharding"
+    finally:
+        restore()
+    assert "hook_calls_probe" not in declared()

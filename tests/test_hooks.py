@@ -12,6 +12,7 @@ import pytest
 
 import fitplan
 from fitplan import OptimizerSpec, hookimpl, quantity, reducer
+from fitplan.api import Setting
 from fitplan.pluginmgr import hookspecs
 from fitplan.pluginmgr.registry import make_registry
 
@@ -192,6 +193,58 @@ def test_fitplan_register_report_sections():
     a = assess(fitplan.estimate(params="1B", num_gpus=2, registry=reg), advice=False)
     assert estimate_report.to_json(a)["lab"] == {"nodes": 2}
     assert "- **lab**: 2 GPU(s)" in estimate_report.to_markdown(a)
+
+
+class Settings:
+    """A fictional launcher's setting: MiB it pins on each GPU, and the reducer that counts them."""
+
+    @hookimpl
+    def fitplan_register_settings(self, register):
+        register(Setting("pinned_buffer_mib", "hardware", type="int", default=0, minimum=0, maximum=4096,
+                         help="MiB the launcher pins on each GPU."))
+
+    @hookimpl
+    def fitplan_register_reducers(self, register):
+        register(reducer("framework_overhead_bytes", when=lambda pinned_buffer_mib: pinned_buffer_mib > 0,
+                         name="pinned_buffers")(lambda value, pinned_buffer_mib: value + pinned_buffer_mib * 2**20))
+
+
+def test_fitplan_register_settings(fitplan_registry):
+    reg = fitplan_registry(Settings())
+    assert reg.errors == []
+    kw = dict(params="1B", precision="32-true", optim="adamw_torch")
+    plain = fitplan.estimate(**kw, registry=reg)
+    pinned = fitplan.estimate(**kw, pinned_buffer_mib=512, registry=reg)
+    assert pinned["framework_overhead_bytes"] - plain["framework_overhead_bytes"] == 512 * 2**20  # 512 MiB
+    assert (pinned.scenario.hardware.pinned_buffer_mib, plain.scenario.hardware.pinned_buffer_mib) == (512, 0)
+    assert fitplan.scenario_from_dict({"hardware": {"pinned_buffer_mib": "64"}}).hardware.pinned_buffer_mib == 64
+    with pytest.raises(fitplan.FitplanError) as e:
+        fitplan.scenario_from_dict({"hardware": {"pinned_buffer_mib": 5000}}, file="run.toml")
+    assert (e.value.message, e.value.file, e.value.field) == (
+        "Hardware.pinned_buffer_mib must be an integer in [0, 4096], got 5000", "run.toml", "pinned_buffer_mib")
+
+
+class BadSettings:
+    @hookimpl
+    def fitplan_register_settings(self, register):
+        register(Setting("zero_stage", "parallel", type="int", default=0))
+        register(Setting("launcher_mode", "paralel", type="text", default="a"))
+        register(Setting("launcher-mode", "parallel", type="text", default="a"))
+        register(Setting("launcher_threads", "parallel", type="int", default=0, minimum=1))
+
+
+def test_a_setting_cannot_replace_a_field_or_another_plugins_setting(fitplan_registry):
+    reg = fitplan_registry(Settings(), ("Again", Settings()), BadSettings())
+    assert sorted(e.message for e in reg.errors) == [
+        "plugin 'BadSettings': setting 'launcher-mode' is no field name (a Python identifier such as monitor_agent)",
+        "plugin 'BadSettings': setting 'launcher_mode' names section 'paralel' (sections: model, training, lora, "
+        "parallel, hardware, dataset, cost, trl)",
+        "plugin 'BadSettings': setting 'launcher_threads' has a default it refuses: Parallel.launcher_threads must be "
+        "an integer in [1, inf], got 0",
+        "plugin 'BadSettings': setting 'zero_stage' is already a scenario field",
+        "setting 'pinned_buffer_mib' is declared by plugin 'Settings' and again by plugin 'Again'",
+    ]
+    assert fitplan.Scenario().hardware.pinned_buffer_mib == 0  # the first declaration stays
 
 
 def test_essential_and_unknown_plugins_cannot_be_blocked():

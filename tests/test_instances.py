@@ -137,7 +137,7 @@ def test_an_instance_without_a_network_figure_says_the_assumption(rdir):
 JOB = dict(params="1B", gpu="netgpu", precision="bf16-true", optim="adamw_torch", total_tokens=1_000_000, num_gpus=8)
 ONE_PLAN_SPACE = SearchSpace(methods=("full",), precisions=("bf16-true",), optimizers=("adamw_torch",),
                              checkpointing=(False,), attn_implementations=("sdpa",), zero_stages=(0,),
-                             offload_optimizer=(False,), offload_params=(False,), gpus=("netgpu",), gpu_counts=(8,),
+                             offload_optimizer=(False,), settings=(("offload_params", (False,)),), gpus=("netgpu",), gpu_counts=(8,),
                              num_nodes=(1,), max_gpus=8, effective_batch_size=8, micro_batch_size=1,
                              accumulation_steps=1, markets=("on_demand",))
 

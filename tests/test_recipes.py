@@ -225,7 +225,6 @@ def test_each_imported_scenario_is_one_fitplan_estimates(path, want):
 
 
 @pytest.mark.parametrize(("path", "key", "value"), [
-    (RECIPES / "axolotl" / "llama-3-lora-8b.yml", "load_in_8bit", True),
     (RECIPES / "axolotl" / "llama-2-fft_optimized.yml", "flash_attn_fuse_mlp", True),
     (RECIPES / "llamafactory" / "train_lora-llama3_lora_dpo.yaml", "stage", "dpo"),
     (RECIPES / "llamafactory" / "train_lora-llama3_lora_reward.yaml", "stage", "rm"),
@@ -242,17 +241,16 @@ TORCHTUNE_HEAD = ("model:\n  _component_: torchtune.models.llama3_2.lora_llama3_
 
 
 @pytest.mark.parametrize(("text", "field", "value"), [
-    (TORCHTUNE_HEAD + "enable_activation_offloading: True\n", "$.enable_activation_offloading", True),
     (TORCHTUNE_HEAD + "optimizer:\n  _component_: torchao.prototype.low_bit_optim.AdamW4bit\n",
      "$.optimizer._component_", "torchao.prototype.low_bit_optim.AdamW4bit"),
     (TORCHTUNE_HEAD + "loss:\n  _component_: torch.nn.CrossEntropyLoss\n", "$.loss._component_",
      "torch.nn.CrossEntropyLoss"),
     (TORCHTUNE_HEAD + "loss:\n  _component_: torchtune.modules.loss.CEWithChunkedOutputLoss\n  num_output_chunks: 16\n",
      "$.loss.num_output_chunks", 16),
-    ("base_model: x/y\nactivation_offloading: true\n", "$.activation_offloading", True),
-    ("base_model: x/y\ngradient_checkpointing: offload\n", "$.gradient_checkpointing", "offload"),
+    ("base_model: x/y\nactivation_offloading: disk\n", "$.activation_offloading", "disk"),
+    ("base_model: x/y\ngradient_checkpointing: offload_disk\n", "$.gradient_checkpointing", "offload_disk"),
     ("base_model: x/y\nadapter: lora\npeft_use_dora: true\n", "$.peft_use_dora", True),
-    ("model_name_or_path: x/y\nstage: sft\nquantization_bit: 8\n", "$.quantization_bit", 8),
+    ("model_name_or_path: x/y\nstage: sft\nquantization_bit: 2\n", "$.quantization_bit", 2),
     ("model_name_or_path: x/y\nstage: sft\nuse_dora: true\n", "$.use_dora", True),
     ("model_name_or_path: x/y\nstage: sft\nfinetuning_type: freeze\n", "$.finetuning_type", "freeze"),
 ])
@@ -292,9 +290,9 @@ def _cli(*args: str):
 
 
 def test_the_cli_refuses_with_exit_2_and_no_traceback():
-    r = _cli(str(RECIPES / "axolotl" / "llama-3-lora-8b.yml"))
+    r = _cli(str(RECIPES / "axolotl" / "llama-2-fft_optimized.yml"))
     assert r.returncode == 2
-    assert "load_in_8bit" in r.stderr and "Traceback" not in r.stderr
+    assert "flash_attn_fuse_mlp" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_estimating_a_recipe_is_estimating_its_scenario_and_flags_win():
@@ -364,6 +362,27 @@ def test_torchtune_readme_lora_row_sits_above_what_its_tensors_need(tmp_path):
     assert floor / GIB > 16.2 * 1.045
     peak = _readme_row(tmp_path, "llama3_1-8B_lora_single_device.yaml").role("peak")
     assert floor < peak < 1.07 * 16.2 * GIB
+
+
+def test_torchtune_readme_rows_with_activation_offloading(tmp_path):
+    """What enable_activation_offloading (False in both configs at 30b8519; the LoRA/QLoRA recipe reads it, the full
+    recipe does not have it at that commit) would give: the LoRA row's 30 layer checkpoints leave the GPU (32 minus
+    h_0, a leaf AccumulateGrad holds, and h_31, in the stream's stash with the final norm's 4 packs: 30 · 2^25
+    bytes; tests/test_offload.py), which brings it within 1 % of 16.2 GiB, but the QLoRA row then falls 9 % under
+    7.4 GiB: one setting does not explain both rows, and the README states none (docs/accuracy.md)."""
+    rows = {}
+    for name in ("llama3_1-8B_lora_single_device.yaml", "llama3_1-8B_qlora_single_device.yaml"):
+        path = _compiled(tmp_path, name)
+        path.write_text(path.read_text().replace("enable_activation_offloading: False", "enable_activation_offloading: True"))
+        fields = recipe_fields(path)[0]
+        assert fields["activation_offloading"] == "torchtune"
+        fields.update(max_seq_length=2048, padding="pack", gradient_accumulation_steps=1, gpu="rtx-4090")
+        on = fitplan.estimate(**fields)
+        off = fitplan.estimate(**{**fields, "activation_offloading": "none"})
+        assert off.role("peak") - on.role("peak") == 30 * 2 * 2 * 2048 * 4096
+        rows[name.split("-")[1]] = on.role("peak") / GIB
+    assert abs(rows["8B_lora_single_device.yaml"] / 16.2 - 1) < 0.01
+    assert rows["8B_qlora_single_device.yaml"] / 7.4 - 1 < -0.05
 
 
 def test_torchtune_readme_full_row_counts_the_paged_states_out(tmp_path):

@@ -233,7 +233,7 @@ def test_an_offload_plan_on_an_instance_without_stated_host_ram_is_not_proposed(
 
 
 TWO_GPUS = attrs.evolve(ONE_GPU, gpu_counts=(2,), effective_batch_size=2, zero_stages=(0,), offload_optimizer=(False,),
-                        offload_params=(False,))
+                        settings=(("offload_params", (False,)),))
 
 
 def test_instances_that_state_no_network_are_never_combined(tmp_path):

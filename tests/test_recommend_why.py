@@ -65,7 +65,7 @@ BIG = 200_000_000_000
 JOB = dict(params="1B", method="full", optim="adamw_torch", precision="32-true", total_tokens=1_000_000)
 ONE = SearchSpace(gpus=("smallgpu", "biggpu", "midgpu"), gpu_counts=(1,), num_nodes=(1,), attn_implementations=("sdpa",),
                   checkpointing=(False,), effective_batch_size=1, zero_stages=(0,), offload_optimizer=(False,),
-                  offload_params=(False,))
+                  settings=(("offload_params", (False,)),))
 
 
 def _device_total() -> int:

@@ -240,6 +240,24 @@ def test_zero2_with_accumulation_keeps_its_collectives():
     assert ov["exposed_transfer_seconds"] >= ag > 0
 
 
+def test_zero3_gathers_are_exposed_and_its_reduce_scatters_overlap():
+    # DeepSpeed ZeRO-3 (partitioned_param_coordinator.py fetch_sub_module): before each module the compute stream
+    # waits for every gather issued so far (wait_stream on the gather stream, :414-415) and the host for the oldest
+    # of more than two outstanding fetches (synchronize, :403-404): the parameter gathers run in series with the
+    # modules, exposed whole; the gradients are reduce-scattered in reduce_bucket_size buckets (5e8 elements)
+    # during every micro-step's backward (overlap_comm, stage 3's default), beside half of the micro-steps
+    for k in (1, 4):
+        e = est(num_gpus=8, zero_stage=3, precision="bf16-master", gradient_accumulation_steps=k)
+        windows = e["comm_seconds_by_window"]
+        rs = k * nccl(F * G16, DS_CALLS, N - 1)
+        gathers = e["comm_seconds_per_step"] - rs
+        assert windows["micro"] == pytest.approx(rs, rel=1e-9)
+        assert windows["serial"] == pytest.approx(gathers, rel=1e-9)
+        assert gathers > rs  # forward and backward gathers of the 16-bit parameters (2·f·P) against one f·G
+        micro = e["micro_step_time"]["micro_step"]
+        assert e["exposed_transfer_seconds"] == pytest.approx(gathers + max(0.0, rs - 0.5 * k * micro), rel=1e-9)
+
+
 def test_ddp_all_reduces_once_per_step_under_no_sync():
     # the HF Trainer runs all micro-steps but the last under accelerator.no_sync (trainer.py:1904-1916): one
     # all-reduce of the fp32 gradients (bf16-mixed) per optimizer step, 2·f·G

@@ -363,12 +363,76 @@ def test_published_runs_are_valid_and_enough():
     rules = loader.load()
     used = [r for r in rules.finetune_runs.values() if not r.exclude]
     assert len(used) >= 80  # issue #28: at least 80 published runs
-    assert len({r.source.split()[0] for r in used}) >= 7
+    assert len({r.source.split()[0] for r in used}) >= 8  # ... from at least 8 independent sources
     assert {r.scenario.get("method") for r in used} == {"full", "lora", "qlora"}
     assert {r.scenario["gpu"] for r in used} >= {"a100-80gb", "h100-sxm", "rtx-4090"}
     assert max(r.scenario.get("num_gpus", 1) * r.scenario.get("num_nodes", 1) for r in used) >= 16
     assert rules.time_model is not None and rules.time_model.runs == len(used)
     assert rules.time_model.loo_median <= 0.08 and abs(rules.time_model.loo_worst) <= 0.40
+
+
+def test_used_multi_server_runs_state_their_network():
+    # the exclusion rule every source's rows get (docs/time-and-cost.md): a run across servers is used only where
+    # its source states the network between them, entered as network_gbps (a bundled instance would also do)
+    from fitplan.rulesets import loader
+
+    rules = loader.load()
+    across = [r for r in rules.finetune_runs.values() if r.scenario.get("num_nodes", 1) > 1]
+    used = [r for r in across if not r.exclude]
+    assert used and len(used) < len(across)  # some are used, some were excluded for it
+    unstated = [r.id for r in used if r.network_gbps is None and not r.scenario.get("instance")]
+    assert unstated == []
+
+
+def _time_loo():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import time_loo
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return time_loo
+
+
+def test_a_published_run_is_priced_on_the_network_it_states(rdir, tmp_path):
+    import attrs
+
+    from fitplan.rulesets.schema import FinetuneRun
+
+    scenario = {"model": "llama-3.2-1b", "gpu": "rooflinegpu", "num_gpus": 8, "num_nodes": 2, "method": "full",
+                "precision": "bf16-mixed", "optim": "adamw_torch", "per_device_train_batch_size": 1,
+                "max_seq_length": 512}
+    run = FinetuneRun(id="two-servers", source="test", location="", stack="", tokens_per_second_per_gpu=1.0,
+                      scenario=scenario, network_gbps=40.0)
+    topo = _time_loo().evaluate(run, tmp_path, [rdir])["topology"]
+    # 40 GB/s per server of 8 GPUs: 5 GB/s per GPU, where the fixture GPU's own figure is 20
+    assert topo["network_gbps"] == pytest.approx(40.0 / 8)
+    assert topo["instances"] == 2 and topo["gpus_per_instance"] == 8
+    unstated = _time_loo().evaluate(attrs.evolve(run, network_gbps=None), tmp_path, [rdir])["topology"]
+    assert unstated["network_gbps"] == pytest.approx(20.0)
+
+
+def test_a_published_run_states_its_network_or_an_instance_not_both(tmp_path):
+    from fitplan.errors import FitplanError
+    from fitplan.rulesets import loader
+
+    (tmp_path / "runs.toml").write_text("""
+[[finetune_run]]
+id = "both"
+source = "test"
+location = "row 1"
+stack = "test"
+tokens_per_second_per_gpu = 100.0
+network_gbps = 50
+[finetune_run.scenario]
+model = "llama-2-7b"
+gpu = "a100-80gb"
+provider = "aws"
+instance = "p4de.24xlarge"
+num_gpus = 8
+num_nodes = 2
+""", encoding="utf-8")
+    with pytest.raises(FitplanError, match="network_gbps or a bundled provider/instance, not both"):
+        loader.load([tmp_path])
 
 
 @pytest.mark.slow

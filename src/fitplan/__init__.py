@@ -20,9 +20,21 @@ from fitplan.engine.declarations import Name, Quantity, Reducer, quantity, reduc
 from fitplan.errors import FitplanError, PluginError
 from fitplan.inputs.optimizer import OptimizerContext, OptimizerSpec
 from fitplan.pluginmgr.hookspecs import hookimpl
+from fitplan.inputs import settings as _settings
 from fitplan.inputs.scenario import Scenario
 
 __version__ = "0.1.0"
+
+
+def _install_plugin_settings() -> None:
+    """The default registry's settings become scenario fields (``inputs/settings.py``): loaded the first time a
+    scenario needs them, so that ``Scenario`` built without a registry knows every installed plugin's fields."""
+    from fitplan.pluginmgr.registry import default_registry
+
+    default_registry()
+
+
+_settings.set_loader(_install_plugin_settings)
 
 __all__ = [
     "Estimate", "FitplanError", "Name", "OptimizerContext", "OptimizerSpec", "PluginError", "Quantity", "Reducer", "Scenario",

@@ -19,10 +19,11 @@ from fitplan.engine.declarations import Name, Quantity, Reducer, quantity, reduc
 from fitplan.errors import FitplanError, PluginError, did_you_mean
 from fitplan.inputs.optimizer import OptimizerContext, OptimizerSpec
 from fitplan.inputs.scenario import Scenario
+from fitplan.inputs.settings import Search, Setting
 from fitplan.output.formats import OutputFormat, RenderOptions, ReportSection
 from fitplan.pluginmgr.hookspecs import hookimpl
 
-PLUGIN_API = (1, 0)
+PLUGIN_API = (1, 1)
 """(major, minor): the minor grows when a name is added; the major when a name is removed or changes its
 signature or meaning, after a minor release that warned about it (docs/hooks.md)."""
 
@@ -55,7 +56,7 @@ DEPRECATED: dict[str, tuple[str, str]] = {}
 
 __all__ = [
     "PLUGIN_API", "FitplanError", "Name", "OptimizerContext", "OptimizerSpec", "OutputFormat", "PluginError",
-    "Quantity", "Reducer", "RenderOptions", "ReportSection", "Scenario", "clear_arch_caches", "did_you_mean",
+    "Quantity", "Reducer", "RenderOptions", "ReportSection", "Scenario", "Search", "Setting", "clear_arch_caches", "did_you_mean",
     "estimate", "hookimpl", "quantity", "reducer", "scenario_from_dict", *LAZY,
 ]
 

@@ -25,7 +25,7 @@ See ``docs/writing-plugins.md`` for a walkthrough.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -114,18 +114,32 @@ def estimate_with_registry(registry: Registry, *, ruleset_dirs: Sequence[str | P
 # --------------------------------------------------------------------------- fixtures
 
 
+def _undoing_settings(value: Any) -> Iterator[Any]:
+    """Yield ``value``; then remove the settings that registries built meanwhile installed (plugin settings are
+    scenario fields process-wide: ``fitplan.inputs.settings``)."""
+    from fitplan.inputs.settings import declared, restore_point
+
+    declared()  # the default registry's settings are installed first, and kept
+    restore = restore_point()
+    try:
+        yield value
+    finally:
+        restore()
+
+
 @pytest.fixture
-def fitplan_registry() -> Callable[..., Registry]:
+def fitplan_registry() -> Iterator[Callable[..., Registry]]:
     """Factory: ``fitplan_registry(MyPlugin(), "my-entry-point", blocked=["fitplan.builtin.seed"])``.
 
     Returns a fresh :class:`fitplan.pluginmgr.registry.Registry` (built-ins + the given plugins) each call. Its
-    ``errors`` list holds every plugin problem; ``compiled()`` raises graph problems.
+    ``errors`` list holds every plugin problem; ``compiled()`` raises graph problems. The settings its plugins
+    declare are scenario fields until the test ends.
     """
 
     def make(*plugins: PluginLike, entry_points: bool | Iterable[str] = False, blocked: Iterable[str] = ()) -> Registry:
         return build_registry(plugins, entry_points=entry_points, blocked=blocked)
 
-    return make
+    yield from _undoing_settings(make)
 
 
 @pytest.fixture
@@ -143,7 +157,7 @@ def make_scenario() -> Callable[..., Scenario]:
 
 
 @pytest.fixture
-def estimate_with() -> Callable[..., Estimate]:
+def estimate_with() -> Iterator[Callable[..., Estimate]]:
     """``estimate_with(plugins=[MyPlugin()], model="llama-2-7b", optim="lion")`` -> Estimate.
 
     :param plugins: as for ``fitplan_registry`` (objects, ``(name, plugin)`` pairs, entry-point names).
@@ -160,7 +174,7 @@ def estimate_with() -> Callable[..., Estimate]:
         reg = registry if registry is not None else build_registry(plugins, entry_points=entry_points, blocked=blocked)
         return _estimate(reg, fields, ruleset_dirs)
 
-    return run
+    yield from _undoing_settings(run)
 
 
 def write_dist_info(directory: str | Path, dist: str, entry_points: Mapping[str, str], *, version: str = "0.0.0",

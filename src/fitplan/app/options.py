@@ -11,6 +11,7 @@ import attrs
 import click
 
 from fitplan.inputs import scenario as sc
+from fitplan.inputs.settings import Setting
 from fitplan.inputs.sources import flag_for
 
 HELP = {
@@ -60,6 +61,12 @@ HELP = {
                            "log-prob head as GRPO/RLOO run it: their default).",
     "optimizer_in_bwd": "torchtune optimizer_in_bwd: each parameter steps in its gradient's hook, which frees the "
                         "gradient (no optimizer-step phase holding every gradient); one GPU, no accumulation.",
+    "activation_offloading": "none (default) | torchtune (its recipes' enable_activation_offloading: saved tensors to "
+                             "pinned host memory on a second CUDA stream, the loss outside the hooks) | trl (TRL's "
+                             "OffloadActivations as axolotl's activation_offloading: true runs it) | trl_sync (without "
+                             "streams: axolotl's legacy) | unsloth (Unsloth's offloaded checkpointing, LLaMA-Factory's "
+                             "use_unsloth_gc: only the layer inputs). With checkpointing the layer inputs move.",
+    "load_in_8bit": "With --method qlora: the base Linears in LLM.int8 (bitsandbytes Linear8bitLt) instead of NF4.",
     "torch_compile": "HF torch_compile: the model runs under torch.compile (fused elementwise kernels; changes time only).",
     "provider": "Pricing provider id (aws, gcp, lambda, runpod, seed, ...) to price the run.",
     "instance": "Force an instance type of the provider (default: the cheapest shape covering the GPUs).",
@@ -88,9 +95,10 @@ HELP = {
 }
 
 
-def _click_type(field: attrs.Attribute) -> Any:
-    t = field.type
-    text = str(t)
+def _click_type(field: attrs.Attribute | Setting) -> Any:
+    if isinstance(field, Setting):
+        return {"bool": bool, "int": int, "float": float, "text": str}[field.type]
+    text = str(field.type)
     if "bool" in text:
         return bool
     if "int" in text and "float" not in text:
@@ -120,12 +128,13 @@ def plugin_optimizers() -> list[str]:
 
 
 def scenario_options(func: Callable) -> Callable:
-    """Add one option per scenario field (default None, so only given flags override a scenario file)."""
-    for section, cls in reversed(list(sc.SECTIONS.items())):
-        for f in reversed(attrs.fields(attrs.resolve_types(cls))):
+    """Add one option per scenario field, plugin settings included (default None, so only given flags override a
+    scenario file)."""
+    for section, fields in reversed(list(sc.ORDER.items())):
+        for f in reversed(fields):
             flag = flag_for(f.name)
             typ = _click_type(f)
-            help_text = HELP.get(f.name, f"{section}.{f.name} (default: {f.default!r})")
+            help_text = (f.help if isinstance(f, Setting) else HELP.get(f.name)) or f"{section}.{f.name} (default: {f.default!r})"
             if typ is bool:
                 opt = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=help_text)
             else:

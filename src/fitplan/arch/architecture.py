@@ -101,6 +101,10 @@ class ModelSpec:
     assumed: tuple[str, ...] = ()
     """What the learned file assumes about a switch this config sets otherwise (its ``assumed``: layerdrop 0, every
     layer runs), one sentence each, said with the estimate."""
+    routing: str | None = None
+    """The routing the learned file's experts are sized by (``"balanced"``: the learner fixed the routers while
+    recording experts that loop over the rows each received, JetMoE's), or None where the sizes do not depend on
+    it (transformers 5's ``grouped_mm`` experts) or the model has no experts."""
     unverified: str | None = None
     """The learned file, when it was written with ``fitplan learn-architecture --no-verify`` (its ``verified`` is
     false): no fresh torch run checked it, so the figures it gives are not known exactly (builtin/confidence.py)."""
@@ -333,6 +337,7 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         checkpoint_dtype=config_dtype(c, file),
         unverified=str(af.path) if af.data.get("verified") is False else None,
         assumed=assumed_statements(af, c),
+        routing=((af.data.get("assumed") or {}).get("routing") or {}).get("value"),
     )
     _check_size(spec, file)
     return spec
@@ -351,9 +356,13 @@ def _check_size(spec: ModelSpec, file: str | None) -> None:
 
 def assumed_statements(af, c: dict[str, Any]) -> tuple[str, ...]:
     """One sentence per field of the file's ``assumed`` that the config states at another value (a config that
-    states none, or the assumed value, is what was learned)."""
+    states none, or the assumed value, is what was learned), and one per assumption no config field states
+    (``"always": true``: the balanced routing the learner fixed for experts sized by it), said every time."""
     out = []
     for name, a in (af.data.get("assumed") or {}).items():
+        if a.get("always"):
+            out.append(f"{af.model_type}'s learned file assumes {name} = {a.get('value')!r}: {a.get('why', '')}")
+            continue
         v = c.get(name)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v != a.get("value"):
             out.append(f"{name} = {v!r}: the figures assume {name} = {a.get('value')!r}, {a.get('why', '')}")

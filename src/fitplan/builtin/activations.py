@@ -46,7 +46,8 @@ that its id stays unique."""
 
 def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,
               framework=None, adapter_dtype: str = "fp32", quant_compute: str | None = None,
-              linear_saves_input: bool = False, loss: str = "hf", saved: tuple[str, ...] = ()) -> StepTrace | None:
+              linear_saves_input: bool = False, loss: str = "hf", saved: tuple[str, ...] = (),
+              offload: str = "none", quant_bits: int = 4) -> StepTrace | None:
     if arch.is_bare:
         return None
     attn = "sdpa" if attn == "flash_attention_2" else attn
@@ -54,7 +55,7 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
     targets = tuple(lora_target_modules or ()) if method != "full" else ()
     block = framework.allocator_block_bytes if framework is not None else 512
     key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_dtype,
-           quant_compute if method == "qlora" else None, linear_saves_input, loss, saved)
+           quant_compute if method == "qlora" else None, linear_saves_input, loss, saved, offload, quant_bits)
     hit = _TRACES.get(key)
     if hit is None:
         if len(_TRACES) > 4096:
@@ -62,7 +63,8 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
         trace = build(TraceSpec(arch, int(b), int(s), precision, attn, bool(ckpt), method, int(lora_r), targets,
                                 float(lora_dropout) if method != "full" else 0.0, device, int(block),
                                 adapter_dtype if method != "full" else "fp32", quant_compute if method == "qlora" else None,
-                                bool(linear_saves_input), str(loss), tuple(saved) if method != "full" else ()))
+                                bool(linear_saves_input), str(loss), tuple(saved) if method != "full" else (),
+                                offload=str(offload), quant_bits=int(quant_bits) if method == "qlora" else 4))
         hit = _TRACES[key] = (arch, trace)
     return hit[1]
 
@@ -72,7 +74,7 @@ TRUE_TWIN = {"bf16-mixed": "bf16-true", "16-mixed": "16-true"}
 
 @quantity("preset", type="object")
 def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_compute_dtype, autocast_adapter_dtype,
-                zero3_linear_saves_input):
+                zero3_linear_saves_input, load_in_8bit, activation_offloading, trainer, gradient_checkpointing):
     """How the step's ops run, when the stack or the QLoRA script changes it from ``precision``:
     ``(precision, adapter dtype, 4-bit compute dtype, Linears save their input)``.
 
@@ -98,6 +100,24 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
     * ``autocast_adapter_dtype = false`` (peft's option): adapters in the weights' dtype;
     * DeepSpeed ZeRO-3 replaces ``F.linear`` by a function that saves its input also for a frozen weight
       (``zero3_linear_saves_input``, builtin/sharding/deepspeed.py)."""
+    if load_in_8bit and method != "qlora":
+        from fitplan.errors import FitplanError
+
+        raise FitplanError(f"Lora.load_in_8bit quantizes the base model of a LoRA run (k-bit training), not of a {method} "
+                           "run", field="load_in_8bit", value=True, suggestion="method = \"qlora\" with load_in_8bit")
+    if trainer != "sft" and (load_in_8bit or activation_offloading != "none"):
+        from fitplan.errors import FitplanError
+
+        what = "load_in_8bit" if load_in_8bit else "activation_offloading"
+        raise FitplanError(f"{what} is modelled for the HF Trainer's step (trainer sft); TRL's {trainer} trainer builds "
+                           "its own traces (builtin/trl/), which do not model it", field=what,
+                           value=True if load_in_8bit else activation_offloading, suggestion="trainer = \"sft\"")
+    if activation_offloading == "unsloth" and not gradient_checkpointing:
+        from fitplan.errors import FitplanError
+
+        raise FitplanError("activation_offloading \"unsloth\" is a gradient checkpointing function (it offloads each "
+                           "checkpointed layer's input)", field="activation_offloading", value="unsloth",
+                           suggestion="gradient_checkpointing = true")
     trace = precision
     if sharding_kind.startswith("hf_fsdp"):
         trace = TRUE_TWIN.get(precision, precision)
@@ -122,27 +142,28 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
 @quantity("trace", type="object")
 def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
                                      method, lora_r, lora_target_modules, lora_dropout, device, framework, loss_implementation,
-                                     lora_modules_to_save):
+                                     lora_modules_to_save, activation_offloading, load_in_8bit):
     """The symbolic trace of one step without gradient checkpointing (trace/step_trace.py): saved tensors
     per storage, the forward and backward live-byte timelines. ``flash_attention_2`` saves what SDPA's
-    flash kernel saves. ``loss_implementation``: how the loss head runs (trace/loss_heads.py)."""
+    flash kernel saves. ``loss_implementation``: how the loss head runs (trace/loss_heads.py);
+    ``activation_offloading``: which saved tensors the hooks move to the host (trace/offload.py)."""
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, False, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input,
-                     loss_implementation, lora_modules_to_save)
+                     loss_implementation, lora_modules_to_save, activation_offloading, 8 if load_in_8bit else 4)
 
 
 @quantity("trace", type="object")
 def step_trace(step_trace_without_checkpointing, gradient_checkpointing, arch, per_device_train_batch_size,
                realized_seq_length, trace_setup, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
-               device, framework, loss_implementation, lora_modules_to_save):
+               device, framework, loss_implementation, lora_modules_to_save, activation_offloading, load_in_8bit):
     """The symbolic trace of one step as configured (with gradient checkpointing when it is on)."""
     if not gradient_checkpointing:
         return step_trace_without_checkpointing
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, True, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input,
-                     loss_implementation, lora_modules_to_save)
+                     loss_implementation, lora_modules_to_save, activation_offloading, 8 if load_in_8bit else 4)
 
 
 @quantity("bytes")
@@ -207,6 +228,50 @@ def autocast_weight_copy_bytes(step_trace):
     return 0 if step_trace is None else step_trace.autocast_copy_bytes
 
 
+@quantity("bytes", label="pinned host RAM for offloaded activations")
+def activation_offload_host_bytes(step_trace):
+    """Activation offloading (``activation_offloading``, trace/offload.py): the pinned host memory one GPU's
+    process holds for the tensors its hooks packed in one forward, each pack rounded up to a power of two by the
+    caching host allocator (torch 2.13 ``ATen/core/CachingHostAllocator.h``), which keeps the blocks for the next
+    step. With gradient checkpointing about one layer input ``E·b·s·h`` per decoder layer. 0 without offloading.
+    Reported within ``cpu_offload_bytes`` (JSON ``memory.cpu_offload_bytes``, the table's "CPU RAM (offload)")."""
+    return 0 if step_trace is None else step_trace.offload_host_bytes
+
+
+@quantity("bytes")
+def activation_offload_copy_bytes(step_trace):
+    """Bytes the offloading hooks copy to the host in one micro-step's forward (and back in its backward)."""
+    return 0 if step_trace is None else step_trace.offload_copy_bytes
+
+
+@reducer("offload_host_bytes", when=lambda activation_offloading: activation_offloading != "none")
+def offloaded_activations_on_host(value, activation_offload_host_bytes):
+    """Activation offloading adds its pinned host tensors to the host memory of each GPU's process (category
+    ``activations``), so ``cpu_offload_bytes`` counts them per node."""
+    return {**value, "activations": int(activation_offload_host_bytes)}
+
+
+@reducer("offload_seconds_per_step", when=lambda activation_offloading: activation_offloading in ("torchtune", "trl"))
+def streamed_activation_copies(value, activation_offload_copy_bytes, gradient_accumulation_steps):
+    """Activation offloading with streams: every micro-step copies its packed tensors to the host and back on a
+    second CUDA stream (torchtune/TRL ``OffloadActivations``), overlapped with the compute as the other offload
+    copies are (``exposed_transfer_seconds``): ``2 · copied bytes · k`` at the PCIe host rate."""
+    from fitplan.builtin.time.comm import PCIE_HOST_GBPS
+
+    return value + 2 * activation_offload_copy_bytes * gradient_accumulation_steps / (PCIE_HOST_GBPS * 1e9)
+
+
+@reducer("exposed_transfer_seconds", when=lambda activation_offloading: activation_offloading in ("trl_sync", "unsloth"))
+def synchronous_activation_copies(value, activation_offload_copy_bytes, gradient_accumulation_steps):
+    """Activation offloading without streams (axolotl's ``legacy``): the copies run on the compute stream (pack:
+    ``copy_(non_blocking=True)`` on the current stream; unpack: ``.to("cuda")``), so nothing hides them."""
+    from fitplan.builtin.time.comm import PCIE_HOST_GBPS
+
+    if value is None:
+        return None
+    return value + 2 * activation_offload_copy_bytes * gradient_accumulation_steps / (PCIE_HOST_GBPS * 1e9)
+
+
 @quantity("routing")
 def moe_routing(arch, per_device_train_batch_size, max_seq_length):
     """How MoE memory depends on routing, and what fitplan assumes (None for dense models).
@@ -217,11 +282,19 @@ def moe_routing(arch, per_device_train_batch_size, max_seq_length):
     routing. Per expert the rows range from k·b·s/E (balanced routing, what FLOPs and time assume) to
     b·s (a bound: each token visits an expert at most once, so one expert gets at most every token).
     The ``eager`` experts implementation (a Python loop over the experts hit) allocates per expert and is
-    not modelled."""
+    not modelled. A learned file whose experts loop over the rows each one received (JetMoE's split by
+    ``expert_size``) was learned under balanced routing (``arch.routing``): each expert's rows are
+    ``ceil(k·T/E)`` there, the saved activations summed over experts still k·T rows."""
     if not getattr(arch, "num_experts", 0):
         return None
     k, E = arch.num_experts_per_tok or 1, arch.num_experts
     T = int(per_device_train_batch_size) * int(max_seq_length)
+    if getattr(arch, "routing", None) == "balanced":
+        return {"experts": E, "top_k": k, "expert_rows": k * T, "rows_per_expert_balanced": k * T / E,
+                "rows_per_expert_bound": T,
+                "assumption": f"experts loop over the rows each one receives; the learned file assumes balanced routing "
+                              f"({-(-k * T // E)} rows per expert, rounded up): the saved activations ({k * T} rows over "
+                              f"all experts) do not depend on routing, each expert's transient does (at most {T} rows)"}
     return {"experts": E, "top_k": k, "expert_rows": k * T, "rows_per_expert_balanced": k * T / E,
             "rows_per_expert_bound": T,
             "assumption": f"grouped_mm experts: all {k * T} (token, expert) rows are processed together, so memory does "
@@ -232,7 +305,7 @@ def moe_routing(arch, per_device_train_batch_size, max_seq_length):
 @hookimpl
 def fitplan_register_quantities(register):
     for q in (trace_setup, step_trace_without_checkpointing, step_trace, activation_bytes_per_layer, activation_bytes_korthikanti, activation_bytes, logits_bytes,
-              autocast_weight_copy_bytes, moe_routing):
+              autocast_weight_copy_bytes, activation_offload_host_bytes, activation_offload_copy_bytes, moe_routing):
         register(q)
 
 
@@ -240,3 +313,5 @@ def fitplan_register_quantities(register):
 def fitplan_register_reducers(register):
     register(gradient_checkpointing)
     register(tensor_parallel_activations)
+    for r in (offloaded_activations_on_host, streamed_activation_copies, synchronous_activation_copies):
+        register(r)

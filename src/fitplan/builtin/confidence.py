@@ -91,22 +91,28 @@ def _unverified(path: str) -> dict[str, Any]:
 
 @quantity("confidence", json_key="memory.confidence", type="object", role="confidence")
 def memory_confidence(device, method, optimizer_spec, shard_stage, shard_degree, peak_breakdown, peak_phase, precision,
-                      arch):
+                      arch, activation_offloading, load_in_8bit):
     """How each row of the peak breakdown (and the peak itself) is known: ``{row: entry}`` (module doc). The rows
     a learned file written with ``--no-verify`` gives are approximate (``ModelSpec.unverified``)."""
     o = optimizer_spec
     used = tuple(r for r, b in peak_breakdown.items() if b)
+    derived = ("8-bit LoRA: bitsandbytes' MatMul8bitLt read from its source (the CPU runs another Function)"
+               if load_in_8bit else "activation offloading with streams: the forward stash read from torchtune's and "
+               "TRL's source (the referee runs it without streams)" if activation_offloading in ("torchtune", "trl")
+               else None)
     return _memory_confidence(device, method, (o.name, o.source, o.measured_on_cpu, o.frees_gradients),
                               bool(shard_stage) and shard_degree > 1, used, peak_phase, precision in CROSS_AUTOCAST,
-                              getattr(arch, "unverified", None))
+                              getattr(arch, "unverified", None), derived, bool(load_in_8bit))
 
 
 @functools.lru_cache(maxsize=1024)
-def _memory_confidence(device, method, optimizer, sharded, used, peak_phase, cross_autocast=False, unverified=None):
+def _memory_confidence(device, method, optimizer, sharded, used, peak_phase, cross_autocast=False, unverified=None,
+                       derived=None, int8=False):
     optimizer_spec = _Optimizer(*optimizer)
-    acts = _cross_autocast() if cross_autocast else _activations(device)
+    acts = _cross_autocast() if cross_autocast else entry("source", derived) if derived else _activations(device)
     rows = {
-        "weights": entry("source", "bitsandbytes NF4 storage with double quantisation (source)") if method == "qlora"
+        "weights": entry("source", "bitsandbytes LLM.int8 storage, int8 and an fp32 scale per row (source)") if int8
+        else entry("source", "bitsandbytes NF4 storage with double quantisation (source)") if method == "qlora"
         else entry("exact", "parameter count × bytes per weight, as the referee counts them"),
         "master_weights": entry("source", "DeepSpeed / Megatron fp32 master copy (source)"),
         "gradients": entry("approximate", f"{optimizer_spec.name} frees each gradient as backward produces it: "
@@ -114,7 +120,7 @@ def _memory_confidence(device, method, optimizer, sharded, used, peak_phase, cro
         else entry("exact", "one gradient per trainable parameter, in its dtype"),
         "optimizer_states": _optimizer(optimizer_spec, sharded),
         "activations": acts, "logits": acts, "autocast_copies": acts,
-        "temporaries": acts if cross_autocast else _temporaries(device, optimizer_spec, peak_phase),
+        "temporaries": acts if cross_autocast or derived else _temporaries(device, optimizer_spec, peak_phase),
         "comm_buffers": entry("source", "DDP buckets / DeepSpeed buffers sized from their source defaults"),
         "gathered_params": entry("source", "FSDP / ZeRO-3 all-gathered layers (source; 4 of 6 sharded CPU runs exact)"),
         "other": entry("exact", "buffers, the batch, allocator rounding"),

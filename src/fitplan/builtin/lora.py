@@ -236,13 +236,18 @@ def kbit_base_bytes(weight_dtype_bytes: float, kbit_preparation: str) -> float:
 
 @reducer("weight_bytes", when=lambda method, assumptions: method == "qlora" and assumptions != "seed")
 def qlora(value, arch, param_count, weight_dtype_bytes, adapter_param_count, trainable_dtype_bytes,
-          bnb_4bit_use_double_quant, kbit_preparation, fp32_param_count):
+          bnb_4bit_use_double_quant, kbit_preparation, fp32_param_count, load_in_8bit):
     """The decoder layers' Linear weights in 4 bits with their constants; every other base parameter in the
     load dtype (fp32 for those the model keeps in fp32), or fp32 after ``prepare_model_for_kbit_training``
-    (``kbit_preparation = "peft"``); the adapters in their own dtype."""
+    (``kbit_preparation = "peft"``); the adapters in their own dtype. ``load_in_8bit``: LLM.int8 instead of NF4,
+    one byte per element and one fp32 scale per output row (bitsandbytes 0.50.2 ``Int8Params``: ``CB`` and
+    ``SCB`` from ``int8_vectorwise_quant``, nn/modules.py)."""
     groups = quantized_groups(arch)
     q = sum(g.total for g in groups)
-    packed = sum(nf4_bytes(g.numel, bnb_4bit_use_double_quant) * g.count for g in groups)
+    if load_in_8bit:
+        packed = sum((g.numel + 4 * g.shape[0]) * g.count for g in groups)
+    else:
+        packed = sum(nf4_bytes(g.numel, bnb_4bit_use_double_quant) * g.count for g in groups)
     per = kbit_base_bytes(weight_dtype_bytes, kbit_preparation)
     base = (param_count - q) * per + fp32_param_count * max(0, 4 - per)
     return int(base + packed + adapter_param_count * trainable_dtype_bytes)
@@ -266,7 +271,7 @@ def qlora_unquantized_bytes(qlora_unquantized_param_count, weight_dtype_bytes, k
     return int(qlora_unquantized_param_count * per + kept * max(0, 4 - per))
 
 
-def qlora_line(values, arch, kbit_preparation: str) -> str | None:
+def qlora_line(values, arch, kbit_preparation: str, bits: int = 4) -> str | None:
     """The report's line for QLoRA: what bitsandbytes quantized and what it left (and in which dtype)."""
     kept = values.get("qlora_unquantized_param_count") or 0
     if not kept:
@@ -279,7 +284,7 @@ def qlora_line(values, arch, kbit_preparation: str) -> str | None:
     what = f"{experts / 1e9:.2f}B in fused MoE experts, " if experts else ""
     if custom:  # transformers 5.24 replaces modules whose type is nn.Linear (integrations/bitsandbytes.py:189)
         what += f"{custom / 1e9:.2f}B in subclasses of nn.Linear, "
-    return (f"bitsandbytes quantized {q / 1e9:.2f}B Linear parameters to 4 bits; {kept / 1e9:.2f}B stay unquantized "
+    return (f"bitsandbytes quantized {q / 1e9:.2f}B Linear parameters to {bits} bits; {kept / 1e9:.2f}B stay unquantized "
             f"({what}embeddings, norms, head) in {dtype}: {values['qlora_unquantized_bytes'] / 1e9:.2f} GB")
 
 

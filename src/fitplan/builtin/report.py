@@ -91,7 +91,9 @@ def memory_lines(est, units: str) -> list[tuple[str, str]]:
         ("model", f"{est.arch.name} ({format_count(v['param_count'])} params, {format_count(v['trainable_param_count'])} trainable)"),
         ("setup", f"{s.model.method}, {s.training.precision}, {v['optimizer_spec'].name}, micro-batch "
                   f"{s.training.per_device_train_batch_size} × seq {s.training.max_seq_length}"
-                  + (", grad. checkpointing" if s.training.gradient_checkpointing else "")),
+                  + (", grad. checkpointing" if s.training.gradient_checkpointing else "")
+                  + (f", activation offloading ({off})" if (off := getattr(s.training, "activation_offloading", "none"))
+                     != "none" else "")),
         ("stack", stack),
         ("assumptions", s.model.assumptions),
         *([("defaults", "; ".join(v["assumed_defaults"]))] if v.get("assumed_defaults") else []),
@@ -105,9 +107,10 @@ def memory_lines(est, units: str) -> list[tuple[str, str]]:
                              f"(headroom {format_bytes(v['headroom_bytes'], units)})"))
     if v["cpu_offload_bytes"]:
         lines.append(("CPU RAM (offload)", format_bytes(v["cpu_offload_bytes"], units) + " per node"))
-    q = qlora_line(v, est.arch, s.lora.kbit_preparation)
+    bits = 8 if getattr(s.lora, "load_in_8bit", False) else 4
+    q = qlora_line(v, est.arch, s.lora.kbit_preparation, bits)
     if q:
-        lines.append(("4-bit", q))
+        lines.append((f"{bits}-bit", q))
     if v.get("optimizer_host_bytes"):
         lines.append(("CPU RAM (optimizer)", format_bytes(v["optimizer_host_bytes"], units)
                       + f" per process ({v['optimizer_spec'].name} keeps its states in host memory)"))

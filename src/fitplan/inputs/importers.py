@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from fitplan.errors import FitplanError
+from fitplan.inputs import settings
 from fitplan.inputs.precision import MASTER_FOR_FLAG
 
 
@@ -216,7 +217,7 @@ TRAINING_ARGS_FIELDS = {
 ``deepspeed`` and ``fsdp`` are read too (see :func:`training_args_fields`); every other key is ignored."""
 _TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "auto_find_batch_size", "bf16_full_eval",
              "fp16_full_eval", "use_liger_kernel", "beta", "precompute_ref_log_probs", "sync_ref_model", "loss_type",
-             "loss_weights", "padding_free", "cpo_alpha")
+             "loss_weights", "padding_free", "cpo_alpha", "activation_offloading")
 
 
 def training_args_fields(path: str | Path, known_optimizers: Any = None,
@@ -249,6 +250,7 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
 
     ta_checks.check(data, str(p))
     out = _ta_plain_fields(data, bad, known_optimizers)
+    out.update(_ta_settings(data, bad))
     bf16, fp16 = data.get("bf16"), data.get("fp16")
     for key, v in (("bf16", bf16), ("fp16", fp16)):
         if v is not None and not isinstance(v, bool):
@@ -264,6 +266,7 @@ def training_args_fields(path: str | Path, known_optimizers: Any = None,
         warnings.append(f"{p}: auto_find_batch_size is true: the Trainer may halve the batch after an OOM; "
                         "`fitplan recommend --max micro-batch` finds the largest that fits")
     out.update(_ta_liger(data, p, bad, warnings))
+    out.update(_ta_offloading(data, bad))
     out.update(_ta_trl(data, p, bad, warnings))
     out.update(fsdp_keys.ta_fsdp(data, str(p), warnings))
     ds = data.get("deepspeed")
@@ -321,6 +324,20 @@ def _ta_plain_fields(data: dict[str, Any], bad: Any, known_optimizers: Any) -> d
     return out
 
 
+def _ta_settings(data: dict[str, Any], bad: Any) -> dict[str, Any]:
+    """The plugin settings a TrainingArguments key sets (``Setting.keys["training_args"]``), checked by their
+    declarations (:mod:`fitplan.inputs.settings`)."""
+    out: dict[str, Any] = {}
+    for s in settings.declared().values():
+        key = s.keys.get("training_args")
+        if key is not None and data.get(key) is not None:
+            try:
+                out[s.name] = s.check(data[key])
+            except FitplanError as e:
+                raise bad(key, f"{key}: {e.message}", e.suggestion) from None
+    return out
+
+
 def _ta_liger(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dict[str, Any]:
     """``use_liger_kernel: true``: the Trainer patches the model with Liger-Kernel (transformers 5.24 trainer.py,
     ``_apply_liger_kernel_to_instance``), whose loss is the fused linear cross-entropy (``loss_implementation``
@@ -336,6 +353,18 @@ def _ta_liger(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> d
                     "(loss_implementation = \"liger\"); Liger's RMSNorm, SwiGLU and RoPE kernels are not modelled "
                     "(the model's own ops are)")
     return {"loss_implementation": "liger"}
+
+
+def _ta_offloading(data: dict[str, Any], bad: Any) -> dict[str, Any]:
+    """TRL's ``SFTConfig.activation_offloading: true``: ``SFTTrainer.training_step`` runs inside
+    ``get_act_offloading_ctx_manager(model)`` (trl 1.16 trainer/sft_trainer.py; streams, ``lm_head`` under
+    ``NoOpManager``, the model's loss inside): ``activation_offloading = "trl"``, checkpointing as configured."""
+    v = data.get("activation_offloading")
+    if v is None:
+        return {}
+    if not isinstance(v, bool):
+        raise bad("activation_offloading", f"activation_offloading must be true or false, got {v!r}")
+    return {"activation_offloading": "trl"} if v else {}
 
 
 def _ta_trl(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dict[str, Any]:
@@ -383,7 +412,8 @@ def _ta_misspelt(data: dict[str, Any], p: Path) -> list[str]:
     """A warning for each ignored key that looks like a misspelt key fitplan reads."""
     import difflib
 
-    read = set(TRAINING_ARGS_FIELDS) | set(_TA_OTHER)
+    read = set(TRAINING_ARGS_FIELDS) | set(_TA_OTHER) | {k for s in settings.declared().values()
+                                                        if (k := s.keys.get("training_args"))}
     out = []
     for key in sorted(data):
         if key in read:

@@ -5,11 +5,12 @@ What axolotl does with its keys (axolotl-ai-cloud/axolotl @ 067b021, ``src/axolo
 
 * ``base_model``: the Hub id (fitplan's catalog resolves ids and aliases); ``adapter`` ``lora`` / ``qlora``
   (``qlora`` with ``load_in_4bit``: bitsandbytes NF4, double quantization, compute dtype the load dtype);
-  ``load_in_8bit`` (LLM.int8) is not modelled: refused;
+  ``lora`` with ``load_in_8bit``: LLM.int8 (``loaders/model.py``: ``BitsAndBytesConfig(load_in_8bit=True)``;
+  fitplan's ``method = "qlora"`` with ``load_in_8bit``);
 * the load dtype (``normalize_config``): ``bf16`` / ``bfloat16`` -> bfloat16, ``fp16`` / ``float16`` -> float16,
   else float32; ``bf16: auto`` (the default) is taken as true (a GPU with bf16); the Trainer's ``bf16`` / ``fp16``
   autocast follows ``bf16`` / ``fp16``; ``bfloat16`` / ``float16`` without them train with no autocast;
-* QLoRA: ``prepare_model_for_kbit_training`` upcasts the non-quantized parameters to fp32, then
+* QLoRA and 8-bit LoRA: ``prepare_model_for_kbit_training`` upcasts the non-quantized parameters to fp32, then
   ``_configure_embedding_dtypes`` casts the norms and the embeddings back to the load dtype
   (``kbit_preparation = "none"``, the LoRA adapters fp32);
 * ``lora_target_linear: true`` is peft's ``all-linear``; ``lora_target_modules`` the names;
@@ -30,8 +31,6 @@ from fitplan.inputs.recipe_reader import Recipe
 ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager"}
 ATTENTION_FLAGS = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager"}
 REFUSED = {
-    "load_in_8bit": "8-bit LoRA over LLM.int8 weights (bitsandbytes Linear8bitLt)",
-    "activation_offloading": "activations move to the CPU between forward and backward",
     "xformers_attention": "xformers' attention kernels", "s2_attention": "shifted-sparse attention",
     "flash_attn_cross_entropy": "flash-attn's cross-entropy kernel", "flash_attn_rms_norm": "flash-attn's RMSNorm",
     "flash_attn_fuse_qkv": "fused QKV projections", "flash_attn_fuse_mlp": "fused MLP projections",
@@ -112,18 +111,24 @@ def _precision(r: Recipe) -> tuple[bool, bool]:
 def _method(r: Recipe, bf16: bool) -> None:
     adapter = r.text("adapter")
     four = r.flag("load_in_4bit", False)
+    eight = r.flag("load_in_8bit", False)
     if adapter is None:
-        if four:
-            raise r.bad("load_in_4bit", "load_in_4bit without an adapter: a 4-bit model trains only through LoRA",
-                        "adapter: qlora")
+        if four or eight:
+            key = "load_in_4bit" if four else "load_in_8bit"
+            raise r.bad(key, f"{key} without an adapter: a quantized model trains only through LoRA",
+                        "adapter: qlora" if four else "adapter: lora")
         r.set("method", "full")
         return
+    if four and eight:
+        raise r.bad("load_in_8bit", "load_in_8bit and load_in_4bit together: one quantization", "keep one")
     if adapter not in ("lora", "qlora"):
         raise r.refuse("adapter", "an adapter fitplan does not model", "lora or qlora")
     if adapter == "qlora" and not four:
         raise r.bad("adapter", "adapter: qlora needs load_in_4bit: true (axolotl's config check)")
-    method = "qlora" if four else "lora"
+    method = "qlora" if four or eight else "lora"
     r.set("method", method)
+    if eight:  # loaders/model.py _set_quantization_config: adapter lora with load_in_8bit
+        r.set("load_in_8bit", True)
     r.set("lora_r", r.integer("lora_r"))
     r.set("lora_alpha", r.integer("lora_alpha"))
     r.set("lora_dropout", r.probability("lora_dropout"))
@@ -131,8 +136,9 @@ def _method(r: Recipe, bf16: bool) -> None:
     r.set("lora_modules_to_save", r.names("lora_modules_to_save"))
     if method == "qlora":
         r.set("kbit_preparation", "none")
-        r.set("bnb_4bit_use_double_quant", True)
-        r.set("bnb_4bit_compute_dtype", r.fields["dtype"])
+        if four:
+            r.set("bnb_4bit_use_double_quant", True)
+            r.set("bnb_4bit_compute_dtype", r.fields["dtype"])
         r.warn("QLoRA: axolotl's prepare_model_for_kbit_training upcast is undone for the norms and embeddings "
                "(loaders/model.py _configure_embedding_dtypes): estimated with kbit_preparation = \"none\"")
 
@@ -148,15 +154,42 @@ def _targets(r: Recipe) -> tuple[str, ...] | None:
     return names
 
 
+def _checkpointing(r: Recipe) -> None:
+    """``gradient_checkpointing`` and ``activation_offloading`` (axolotl @ 067b021). ``gradient_checkpointing:
+    offload`` is ``true`` with ``activation_offloading: true`` (``utils/schemas/validation.py``
+    ``check_gradient_checkpointing_w_offload``). With offloading axolotl turns the HF Trainer's checkpointing off
+    (``core/builders/base.py`` ``_configure_gradient_checkpointing``) and enters TRL's ``OffloadActivations`` around
+    each ``training_step`` (``core/trainers/mixins/activation_checkpointing.py``: streams, except ``legacy``); for a
+    full fine-tune it wraps the decoder layers in non-reentrant checkpoints again (``loaders/model.py``
+    ``_apply_activation_checkpointing``, ``ac_wrap_hf_model``), for an adapter it does not (every saved tensor moves)."""
+    ckpt = r.value("gradient_checkpointing")
+    offload = r.value("activation_offloading")
+    if ckpt == "offload":
+        ckpt, offload = True, offload or True
+    elif isinstance(ckpt, str):
+        raise r.refuse("gradient_checkpointing", "offloaded checkpointing to disk")
+    if offload in ("disk", "hidden_states"):
+        raise r.refuse("activation_offloading", "activations offloaded to disk, or the hidden states offloaded inside "
+                       "reentrant checkpoints")
+    if offload not in (None, False, True, "legacy"):
+        raise r.bad("activation_offloading", f"activation_offloading must be true, false, legacy, disk or "
+                    f"hidden_states, got {offload!r}")
+    if offload:
+        r.set("activation_offloading", "trl_sync" if offload == "legacy" else "trl")
+        r.set("gradient_checkpointing", r.text("adapter") is None)
+        return
+    if ckpt is not None and not isinstance(ckpt, bool):
+        raise r.bad("gradient_checkpointing", f"gradient_checkpointing must be true, false, offload or offload_disk, "
+                    f"got {ckpt!r}")
+    r.set("gradient_checkpointing", ckpt)
+
+
 def _training(r: Recipe) -> None:
     r.set("max_seq_length", r.integer("sequence_len") or 512)
     r.set("per_device_train_batch_size", r.integer("micro_batch_size"))
     r.set("gradient_accumulation_steps", r.integer("gradient_accumulation_steps"))
     r.set("num_train_epochs", r.number("num_epochs"))
-    ckpt = r.value("gradient_checkpointing")
-    if isinstance(ckpt, str):
-        raise r.refuse("gradient_checkpointing", "offloaded checkpointing moves the saved layer inputs to the CPU")
-    r.set("gradient_checkpointing", r.flag("gradient_checkpointing"))
+    _checkpointing(r)
     if r.flag("sample_packing", False):
         r.set("padding", "pack")
     else:

@@ -10,12 +10,14 @@ What LLaMA-Factory does with its keys (hiyouga/LLaMA-Factory @ ff6d4d1, ``src/ll
   (default 0), ``lora_target`` (default ``all``: every linear layer but the output, peft's ``all-linear``),
   ``additional_target`` (peft's ``modules_to_save``);
 * ``quantization_bit: 4`` with bitsandbytes: QLoRA (``double_quantization`` default true, compute dtype the
-  load dtype); LLaMA-Factory calls no ``prepare_model_for_kbit_training`` (``kbit_preparation = "none"``);
+  load dtype); ``8``: LLM.int8 (``model/model_utils/quantization.py``: ``BitsAndBytesConfig(load_in_8bit=True)``,
+  ``load_in_8bit``); LLaMA-Factory calls no ``prepare_model_for_kbit_training`` (``kbit_preparation = "none"``);
 * the load dtype is the compute dtype (``parser.py``: ``bf16`` or ``pure_bf16`` -> bfloat16, ``fp16`` -> float16,
   else the checkpoint's); ``init_adapter`` casts the trainable parameters to fp32 unless ``pure_bf16`` or
   (unquantized) ZeRO-3: a full fine-tune then keeps fp32 weights under autocast (``bf16-mixed`` / ``16-mixed``),
   LoRA keeps fp32 adapters (peft's ``autocast_adapter_dtype``); with ``pure_bf16`` everything stays bf16;
 * gradient checkpointing is on unless ``disable_gradient_checkpointing`` (``model_args.py``: default false);
+  ``use_unsloth_gc`` makes it Unsloth's offloaded checkpointing (``activation_offloading = "unsloth"``);
 * ``cutoff_len`` (default 2048), ``packing`` (default: on for ``stage: pt``) and ``neat_packing``, the HF
   TrainingArguments keys (batch, accumulation, epochs, ``optim``, ``deepspeed``), ``flash_attn``,
   ``enable_liger_kernel`` (Liger's fused linear cross-entropy: ``liger``).
@@ -29,7 +31,7 @@ ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash_attention_2", "disabl
 """``flash_attn``: ``auto`` lets transformers choose (SDPA in 5.24), ``disabled`` is eager attention."""
 REFUSED = {
     "use_dora": "DoRA's magnitude vectors and norms", "use_unsloth": "Unsloth's kernels",
-    "use_unsloth_gc": "Unsloth's offloaded gradient checkpointing", "shift_attn": "LongLoRA's shifted attention",
+    "shift_attn": "LongLoRA's shifted attention",
     "mixture_of_depths": "mixture of depths", "upcast_layernorm": "fp32 layer norms",
     "upcast_lmhead_output": "an fp32 copy of the LM head's output", "use_galore": "GaLore (use optim galore_*)",
     "use_apollo": "APOLLO", "use_badam": "BAdam's block updates", "use_llama_pro": "LLaMA Pro's expanded blocks",
@@ -76,9 +78,11 @@ def _quantization(r: Recipe) -> bool:
     if bits is None:
         return False
     method = r.text("quantization_method") or "bnb"
-    if bits != 4 or method not in ("bnb", "bitsandbytes"):
-        raise r.refuse("quantization_bit", f"{bits}-bit {method} quantization (fitplan models 4-bit bitsandbytes "
-                       "QLoRA)", "quantization_bit: 4 with quantization_method: bnb")
+    if bits not in (4, 8) or method not in ("bnb", "bitsandbytes"):
+        raise r.refuse("quantization_bit", f"{bits}-bit {method} quantization (fitplan models bitsandbytes' 4-bit "
+                       "and 8-bit LoRA)", "quantization_bit: 4 or 8 with quantization_method: bnb")
+    if bits == 8:  # model/model_utils/quantization.py: BitsAndBytesConfig(load_in_8bit=True)
+        r.set("load_in_8bit", True)
     return True
 
 
@@ -148,7 +152,10 @@ def _training(r: Recipe, stage: str) -> None:
     r.set("per_device_train_batch_size", r.integer("per_device_train_batch_size"))
     r.set("gradient_accumulation_steps", r.integer("gradient_accumulation_steps"))
     r.set("num_train_epochs", r.number("num_train_epochs"))
-    r.set("gradient_checkpointing", not r.flag("disable_gradient_checkpointing", False))
+    ckpt = not r.flag("disable_gradient_checkpointing", False)
+    r.set("gradient_checkpointing", ckpt)
+    if r.flag("use_unsloth_gc", False) and ckpt:  # model/model_utils/checkpointing.py: the checkpointing function
+        r.set("activation_offloading", "unsloth")
     optim = r.text("optim")
     if optim is not None:
         r.optim("optim", optim)

@@ -16,8 +16,9 @@ What the recipes do with their keys (torchtune @ 30b8519, the commit of its READ
 * ``loss._component_``: ``CEWithChunkedOutputLoss`` is fitplan's ``chunked`` (8 chunks); with ``compile: True``
   ``chunked_compiled`` (``training.compile_loss`` compiles its ``compute_cross_entropy``).
 * ``optimizer._component_``: :data:`OPTIMIZERS`; ``optimizer_in_bwd`` (``training/memory.py``
-  ``register_optim_in_bwd_hooks``) is the scenario's ``optimizer_in_bwd``; ``enable_activation_offloading``
-  changes memory in a way fitplan does not model: refused.
+  ``register_optim_in_bwd_hooks``) is the scenario's ``optimizer_in_bwd``; ``enable_activation_offloading`` is
+  ``activation_offloading = "torchtune"`` (``training/_activation_offloading.py`` ``OffloadActivations()``: streams
+  on torch >= 2.5, the output projection under ``NoOpManager``, the loss outside the hooks: ``trace/offload.py``).
 * ``batch_size``, ``gradient_accumulation_steps``, ``epochs``, ``tokenizer.max_seq_len``, ``dataset.packed``,
   ``enable_activation_checkpointing``, ``compile``.
 """
@@ -193,7 +194,8 @@ def _loss(r: Recipe) -> None:
 def _unmodelled(r: Recipe) -> None:
     """Keys that change memory or time and are not modelled (refused), and the distributed recipes' sharding."""
     r.refuse_if("device", lambda v: v != "cuda", "fitplan estimates torchtune recipes on CUDA devices")
-    r.refuse_if("enable_activation_offloading", bool, "activations move to the CPU between forward and backward")
+    if r.flag("enable_activation_offloading", False):
+        r.set("activation_offloading", "torchtune")
     r.refuse_if("tensor_parallel_dim", lambda v: v != 1, "torchtune's tensor parallelism")
     for key in ("fsdp_cpu_offload", "fsdp_reshard_after_forward", "custom_sharded_layers", "dp_shard", "dp_replicate"):
         if key in r.data:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import math
 import unicodedata
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 from attrs import field, frozen
 
 from fitplan.errors import FitplanError
+from fitplan.inputs import settings
 from fitplan.inputs.convert import structure
 from fitplan.inputs.precision import PRECISIONS, dtype_code, load_dtype_word
 
@@ -24,6 +26,8 @@ METHODS = ("full", "lora", "qlora")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 LOSS_IMPLEMENTATIONS = ("hf", "chunked", "chunked_compiled", "liger", "cce", "trl_grpo")
 """How the loss head runs (trace/loss_heads.py, docs/memory-model.md "Loss implementations")."""
+ACTIVATION_OFFLOADING = ("none", "torchtune", "trl", "trl_sync", "unsloth")
+"""Activation offloading (trace/offload.py ``OFFLOAD_MODES``): torchtune's and TRL's ``OffloadActivations``."""
 FSDP_MODES = ("full_shard", "shard_grad_op", "hybrid_shard")
 STACKS = ("deepspeed", "fsdp1", "fsdp2", "ddp", "torch")
 """Who shards (``inputs/stacks.py``): DeepSpeed ZeRO 0-3, accelerate's FSDP1 / FSDP2 as the HF Trainer sets them
@@ -175,8 +179,9 @@ def _optim_args(inst: Any, att: attrs.Attribute, value: Any) -> None:
 
 
 @frozen
-class Model:
+class Model(settings.Section):
     """Which model: a catalog name or a path to an HF ``config.json`` (``model``), or a bare count (``params``)."""
+    extra: settings.Values = settings.extra_field()
 
     model: str | None = field(default=None, validator=_text)
     params: str | None = field(default=None, validator=_text)
@@ -185,8 +190,9 @@ class Model:
 
 
 @frozen
-class Training:
+class Training(settings.Section):
     """The HF TrainingArguments that change memory and time."""
+    extra: settings.Values = settings.extra_field()
 
     per_device_train_batch_size: int = field(default=1, validator=_at_least_one)
     gradient_accumulation_steps: int = field(default=1, validator=_at_least_one)
@@ -224,6 +230,13 @@ class Training:
     ``CEWithChunkedOutputLoss``, 8 chunks, eager), ``chunked_compiled`` (the same with its ``compute_cross_entropy``
     under ``torch.compile``, torchtune's ``compile: True``), ``liger`` (Liger-Kernel's fused linear cross-entropy,
     TrainingArguments ``use_liger_kernel``), ``cce`` (Apple's Cut Cross-Entropy)."""
+    activation_offloading: str = field(default="none", validator=_one_of(ACTIVATION_OFFLOADING))
+    """Saved tensors moved to pinned host memory in the forward and brought back in the backward: ``torchtune``
+    (its recipes' ``enable_activation_offloading``: copies on a second CUDA stream, the last five kept on the GPU,
+    the loss outside the hooks), ``trl`` (TRL's ``OffloadActivations`` as axolotl's ``activation_offloading: true``
+    runs it: the same, the model's own loss inside the hooks), ``trl_sync`` (``use_streams=False``, axolotl's
+    ``legacy``); with gradient checkpointing the layer inputs move; ``unsloth`` (Unsloth's offloaded checkpointing,
+    LLaMA-Factory's ``use_unsloth_gc``: only the layer inputs, with checkpointing) (trace/offload.py)."""
 
 
     @fp16.validator
@@ -241,8 +254,9 @@ class Training:
 
 
 @frozen
-class Lora:
+class Lora(settings.Section):
     """peft's LoraConfig fields (used when ``method`` is lora or qlora)."""
+    extra: settings.Values = settings.extra_field()
 
     lora_r: int = field(default=8, validator=_at_least_one)
     lora_alpha: int = field(default=16, validator=_positive)
@@ -255,6 +269,9 @@ class Lora:
     """peft's ``modules_to_save``: modules outside the decoder layers (``embed_tokens``, ``lm_head``) trained whole,
     as a copy beside the frozen original (``ModulesToSaveWrapper``); builtin/lora.py says where fitplan models it."""
     bnb_4bit_use_double_quant: bool = True
+    load_in_8bit: bool = False
+    """With ``method = "qlora"``: the base Linears in LLM.int8 (transformers' ``BitsAndBytesConfig(load_in_8bit=True)``,
+    bitsandbytes ``Linear8bitLt``) instead of NF4: axolotl's and LLaMA-Factory's 8-bit LoRA (trace/kernels.py)."""
     autocast_adapter_dtype: bool = True
     """peft's ``get_peft_model(..., autocast_adapter_dtype=True)``: 16-bit adapters are upcast to fp32 (their
     GEMMs then run in fp32 without autocast). False keeps them in the base weights' dtype, as torchtune's
@@ -296,13 +313,13 @@ def _ds_value(inst: Any, att: attrs.Attribute, value: Any) -> None:
 
 
 @frozen
-class Parallel:
+class Parallel(settings.Section):
     """Sharding and parallelism."""
+    extra: settings.Values = settings.extra_field()
 
     zero_stage: int = field(default=0, validator=_one_of((0, 1, 2, 3)))  # type: ignore[arg-type]
     fsdp: str | None = field(default=None, validator=_one_of((None, *FSDP_MODES)))  # type: ignore[arg-type]
     offload_optimizer: bool = False
-    offload_params: bool = False
     tensor_parallel: int = field(default=1, validator=_at_least_one)
     stack: str | None = field(default=None, validator=_one_of((None, *STACKS)))  # type: ignore[arg-type]
     """Which implementation shards (None: ``--zero``/offload/``*-master`` mean DeepSpeed, ``--fsdp`` means the HF
@@ -329,8 +346,9 @@ class Parallel:
 
 
 @frozen
-class Hardware:
+class Hardware(settings.Section):
     """Where it runs."""
+    extra: settings.Values = settings.extra_field()
 
     gpu: str | None = field(default=None, validator=_text)
     num_gpus: int = field(default=1, validator=_at_least_one)
@@ -342,10 +360,11 @@ class Hardware:
 
 
 @frozen
-class Dataset:
+class Dataset(settings.Section):
     """How much data: examples × tokens per example, or total tokens; × epochs (in Training). Or the dataset
     itself (``dataset_path``: a data file or directory, or a summary TOML), read as TRL's SFT trainer reads it
     (docs/dataset.md)."""
+    extra: settings.Values = settings.extra_field()
 
     num_examples: int | None = field(default=None, validator=_positive)
     tokens_per_example: float | None = field(default=None, validator=_positive)
@@ -364,8 +383,9 @@ class Dataset:
 
 
 @frozen
-class Cost:
+class Cost(settings.Section):
     """How it is paid for and how fast it goes, when stated."""
+    extra: settings.Values = settings.extra_field()
 
     provider: str | None = field(default=None, validator=_text)
     instance: str | None = field(default=None, validator=_text)
@@ -408,10 +428,11 @@ def _optional_count(inst: Any, att: attrs.Attribute, value: Any) -> None:
 
 
 @frozen
-class Trl:
+class Trl(settings.Section):
     """TRL 1.16's trainer and the fields of its config (``DPOConfig``, ``KTOConfig``, ``RewardConfig``,
     ``GRPOConfig``, ``RLOOConfig``) that change memory or time, spelled as TRL spells them. ``None``: the
     trainer's own default (``trl/trainer/*_config.py``), stated in the report's assumed defaults."""
+    extra: settings.Values = settings.extra_field()
 
     trainer: str = field(default="sft", validator=_one_of(TRAINERS))
     beta: float | None = field(default=None, validator=_non_negative)
@@ -478,41 +499,54 @@ class Scenario:
         return from_flat({**flatten(self), **flat})
 
 
-def _resolve_sections() -> dict[str, type]:
-    hints = attrs.resolve_types(Scenario)
-    return {f.name: f.type for f in attrs.fields(hints)}
+SECTIONS: dict[str, type] = {f.name: f.type for f in attrs.fields(attrs.resolve_types(Scenario))}
 
 
-SECTIONS = _resolve_sections()
-FIELD_SECTION: dict[str, str] = {
-    f.name: section for section, cls in SECTIONS.items() for f in attrs.fields(cls)
-}
-"""Flat field name -> its section. Field names are unique across sections."""
-CHOICES: dict[str, tuple[Any, ...]] = {
-    f.name: tuple(c for c in f.validator.choices if c is not None)
-    for cls in SECTIONS.values() for f in attrs.fields(cls) if hasattr(f.validator, "choices")}
+def builtin_fields(cls: type) -> list[attrs.Attribute]:
+    """A section's own fields (without ``extra``, where its plugin settings are kept)."""
+    return [f for f in attrs.fields(cls) if f.name != "extra"]
+
+
+settings.OWN_FIELDS.update({name: frozenset(f.name for f in builtin_fields(cls)) for name, cls in SECTIONS.items()})
+
+
+ORDER: settings.LiveTable = settings.LiveTable(
+    lambda: {section: settings.ordered(builtin_fields(cls), section) for section, cls in SECTIONS.items()})
+"""Section -> its fields in order: its own, each plugin setting after the field it names (``after``), the others at
+the end: the order of the TOML file, ``--help`` and :func:`flatten`."""
+FIELD_SECTION: settings.LiveTable = settings.LiveTable(lambda: {f.name: s for s, fs in ORDER.items() for f in fs})
+"""Flat field name -> its section, plugin settings included (names are unique across sections)."""
+CHOICES: Mapping[str, tuple[Any, ...]] = settings.LiveTable(lambda: {
+    f.name: f.choices if isinstance(f, settings.Setting) else tuple(c for c in f.validator.choices if c is not None)
+    for fs in ORDER.values() for f in fs if (f.choices if isinstance(f, settings.Setting) else hasattr(f.validator, "choices"))})
 """Field -> the values it can take (``method``: full, lora, qlora): a rule condition comparing it with anything
 else can never match (``fitplan rulesets check``)."""
-FIELD_TYPES: dict[str, str] = {
-    f.name: "any" if f.validator is _ds_value else {"bool": "bool", "int": "number", "float": "number", "str": "text"}.get(
-        str(f.type).replace(" | None", ""), "any")
-    for cls in SECTIONS.values() for f in attrs.fields(cls)}
+FIELD_TYPES: Mapping[str, str] = settings.LiveTable(lambda: {
+    f.name: settings.RULE_TYPES[f.type] if isinstance(f, settings.Setting) else "any" if f.validator is _ds_value
+    else settings.rule_type(f.type) for fs in ORDER.values() for f in fs})
 """Field -> its type as rule conditions name types (``number``, ``text``, ``bool``; ``any`` otherwise)."""
 
 
+def section_values(s: Scenario, section: str) -> dict[str, Any]:
+    """One section's fields, plugin settings included, in :data:`ORDER`: name -> value."""
+    return {f.name: getattr(getattr(s, section), f.name) for f in ORDER[section]}
+
+
 def flatten(s: Scenario) -> dict[str, Any]:
-    """The scenario as one flat dict of field name -> value."""
+    """The scenario as one flat dict of field name -> value (plugin settings included)."""
     out: dict[str, Any] = {}
-    for section in SECTIONS:
-        out.update(attrs.asdict(getattr(s, section), recurse=False))
+    for section, fs in ORDER.current().items():
+        part = getattr(s, section)
+        out.update((f.name, getattr(part, f.name)) for f in fs)
     return out
 
 
 def from_flat(values: dict[str, Any]) -> Scenario:
     """Build a scenario from flat field names (unknown names are errors)."""
     nested: dict[str, dict[str, Any]] = {}
+    sections = FIELD_SECTION.current()
     for name, value in values.items():
-        section = FIELD_SECTION.get(name)
+        section = sections.get(name)
         if section is None:
             from fitplan.errors import unknown
 
@@ -522,5 +556,6 @@ def from_flat(values: dict[str, Any]) -> Scenario:
 
 
 def from_nested(nested: dict[str, Any], *, file: str | None = None) -> Scenario:
-    """Build a scenario from ``{"section": {field: value}}`` (strict: wrong types and unknown keys are errors)."""
-    return structure(nested, Scenario, file=file)
+    """Build a scenario from ``{"section": {field: value}}`` (strict: wrong types and unknown keys are errors;
+    a plugin setting is checked by its declaration, :meth:`fitplan.inputs.settings.Setting.check`)."""
+    return structure(settings.split(nested, file), Scenario, file=file)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from fitplan import __version__
 from fitplan.output.console import escape, md, render_rich
 from fitplan.output.formats import RenderOptions
@@ -24,10 +22,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def scenario_json(est: Estimate) -> dict[str, Any]:
+    from fitplan.inputs.scenario import SECTIONS, section_values
+
     out = {}
-    for section in attrs.fields(type(est.scenario)):
-        value = attrs.asdict(getattr(est.scenario, section.name))
-        out[section.name] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in value.items()}
+    for section in SECTIONS:
+        value = section_values(est.scenario, section)
+        out[section] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in value.items()}
     return out
 
 

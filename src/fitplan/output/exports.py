@@ -224,13 +224,12 @@ def accelerate_config(s: sc.Scenario, deepspeed_file: str | None = None) -> str:
 
 def scenario_toml(s: sc.Scenario) -> str:
     """The scenario as a fitplan scenario TOML file: every field that differs from its default, by section."""
-    import attrs
     import tomli_w
 
     default = sc.Scenario()
     out: dict[str, dict[str, Any]] = {}
-    for section in sc.SECTIONS:
-        here, there = attrs.asdict(getattr(s, section)), attrs.asdict(getattr(default, section))
+    for section in sc.SECTIONS:  # plugin settings included, each where its declaration puts it (sc.ORDER)
+        here, there = sc.section_values(s, section), sc.section_values(default, section)
         diff = {k: (list(v) if isinstance(v, tuple) else v) for k, v in here.items() if v != there[k] and v is not None}
         if diff:
             out[section] = diff

@@ -16,8 +16,8 @@ def plugins_terminal(data: dict[str, Any], options: RenderOptions) -> str:
             kind = "built-in" if r["builtin"] else "third-party"
             dist = f", {r['distribution']} {r['version']}" if r.get("distribution") and not r["builtin"] else ""
             console.print(f"[bold]{escape(r['name'])}[/] [dim]({kind}{escape(dist)})[/]")
-            for key in ("quantities", "reducers", "optimizers", "optimizers_not_hf", "names", "commands", "formats",
-                        "ruleset_dirs"):
+            for key in ("quantities", "reducers", "optimizers", "optimizers_not_hf", "names", "settings", "commands",
+                        "formats", "ruleset_dirs"):
                 if r.get(key):
                     label = {"optimizers_not_hf": "optimizers that are not HF TrainingArguments.optim names"}.get(key, key)
                     console.print(f"    {label}: {escape(', '.join(r[key]))}")

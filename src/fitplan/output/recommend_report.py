@@ -11,6 +11,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from fitplan import __version__
+from fitplan.inputs.settings import plan_labels
 from fitplan.output.console import md, printable, render_rich
 from fitplan.output.formats import RenderOptions
 from fitplan.output.why_text import why_lines
@@ -161,8 +162,7 @@ def _sharding(plan: Plan) -> str:
     parts = [zero_label(f) if deepspeed else "DDP" if plan.world_size > 1 else "-"]
     if f["offload_optimizer"]:
         parts.append("offload opt.")
-    if f["offload_params"]:
-        parts.append("offload params")
+    parts += plan_labels(f)
     return ", ".join(parts)
 
 

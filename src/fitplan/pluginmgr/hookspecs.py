@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fitplan.estimation import Estimate
     from fitplan.inputs.optimizer import OptimizerSpec
     from fitplan.inputs.scenario import Scenario
+    from fitplan.inputs.settings import Setting
     from fitplan.output.formats import OutputFormat, ReportSection
 
 hookspec = pluggy.HookspecMarker("fitplan")
@@ -74,6 +75,21 @@ def fitplan_register_names(register: Callable[[Name], None]) -> None:
 
     :param register: the callback that adds one :class:`fitplan.Name`. A name already declared (by a
         quantity, an input or another plugin) is an error naming both plugins.
+    """
+
+
+# --------------------------------------------------------------------------- the scenario
+
+
+@hookspec
+def fitplan_register_settings(register: Callable[[Setting], None]) -> None:
+    """Declare scenario fields (settings): each one, in one :class:`fitplan.api.Setting`, is a field of its
+    scenario section with its type, default and bounds, a CLI flag and a field of the page's form with its help,
+    a search dimension of ``fitplan recommend`` when it says how (``search``), a key of the scenario TOML export,
+    and an input of the quantities that name it.
+
+    :param register: the callback that adds one :class:`fitplan.api.Setting`. A name that is already a scenario
+        field, or that another plugin declared, is an error naming the plugin(s).
     """
 
 

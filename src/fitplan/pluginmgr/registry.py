@@ -30,6 +30,7 @@ import pluggy
 from fitplan.engine.declarations import Name, Quantity, Reducer
 from fitplan.errors import PluginError, did_you_mean
 from fitplan.inputs.optimizer import OptimizerContext, OptimizerSpec
+from fitplan.inputs.settings import Setting, install
 from fitplan.output.formats import OutputFormat, ReportSection
 from fitplan.pluginmgr import discovery, hookspecs
 from fitplan.pluginmgr.guard import BLOCK_ENV, Guard, interrupt
@@ -126,6 +127,7 @@ class Registry:
             "fitplan_register_names": (Name, self._add_name),
             "fitplan_register_formats": (OutputFormat, self._add_format),
             "fitplan_register_report_sections": (ReportSection, lambda s, p: self.sections.append(attrs.evolve(s, plugin=p))),
+            "fitplan_register_settings": (Setting, lambda s, p: install([attrs.evolve(s, plugin=p)], self.add_error)),
         }
         for hook, (kind, sink) in sinks.items():
             getattr(self.pm.hook, hook)(register=self._registrar(kind, sink, hook))
@@ -453,6 +455,7 @@ _BUILD_HINT = {
     "Name": "build one with fitplan.Name(name=..., get=..., doc=...)",
     "OutputFormat": "build one with fitplan.output.formats.OutputFormat(name=..., extension=..., kinds=..., render=...)",
     "ReportSection": "build one with fitplan.output.formats.ReportSection(name=..., json=..., lines=...)",
+    "Setting": "build one with fitplan.api.Setting(name=..., section=..., type=..., default=..., help=...)",
 }
 
 _PROBE = None
@@ -502,7 +505,6 @@ def _unknown_hooks(pm: pluggy.PluginManager) -> list[PluginError]:
 
 
 _DEFAULT: dict[frozenset[str], Registry] = {}
-
 
 
 def default_registry() -> Registry:

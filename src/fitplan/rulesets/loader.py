@@ -189,6 +189,8 @@ def _check_run(run: FinetuneRun) -> list[tuple[str, str]]:
         problems.append((e.message, f"scenario.{e.field or ''}"))
     if not run.scenario.get("gpu"):
         problems.append(("the scenario names no gpu", "scenario"))
+    if run.network_gbps is not None and (run.scenario.get("provider") or run.scenario.get("instance")):
+        problems.append(("give either network_gbps or a bundled provider/instance, not both", "network_gbps"))
     if bool(run.config) == bool(run.scenario.get("model")):
         problems.append(("give either scenario.model (a catalog name) or an inline config", "scenario.model"))
     if run.config:

@@ -280,6 +280,10 @@ class FinetuneRun:
     note: str = ""
     exclude: str = ""
     """Why the row is not used to fit the time model (empty: it is used)."""
+    network_gbps: float | None = field(default=None, validator=_nonneg)
+    """GB/s between the run's servers, per server, as its source states it (``bench/time_loo.py`` prices the run
+    on an instance of ``num_gpus`` GPUs with this network); None: a bundled instance in ``scenario``, or the GPU
+    ruleset's ``inter_node_gbps``."""
 
 
 @frozen

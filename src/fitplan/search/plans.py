@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from fitplan.inputs import scenario as sc
+from fitplan.inputs import settings
 from fitplan.search.space import SearchSpace
 
 _INF = float("inf")
@@ -106,15 +107,27 @@ class Plan:
             parts.append("ckpt")
         if f["zero_stage"] or (f["num_gpus"] * f["num_nodes"] > 1 and str(f["precision"]).endswith("-master")):
             parts.append(("torch " if f.get("stack") == "torch" else "DeepSpeed ") + f"ZeRO-{f['zero_stage']}")
-        if f["offload_optimizer"] or f["offload_params"]:
-            parts.append("offload " + "+".join(x for x, on in (("optimizer", f["offload_optimizer"]),
-                                                             ("params", f["offload_params"])) if on))
+        offloads = (["offload optimizer"] if f["offload_optimizer"] else []) + settings.plan_labels(f)
+        parts += _joined(offloads)
         if f["attn_implementation"] != "sdpa":
             parts.append(f["attn_implementation"])
         if f.get("provider"):
             where = f"{f['provider']}/{f['instance']}" if f.get("instance") else f"{f['provider']}"
             parts.append(where + (" spot" if self.market == "spot" else ""))
         return " · ".join(parts)
+
+
+def _joined(labels: list[str]) -> list[str]:
+    """Labels that begin with the same word joined: ``offload optimizer``, ``offload params`` ->
+    ``offload optimizer+params``."""
+    out: list[str] = []
+    for label in labels:
+        head, _, rest = label.partition(" ")
+        if out and rest and out[-1].partition(" ")[0] == head:
+            out[-1] += "+" + rest
+        else:
+            out.append(label)
+    return out
 
 
 @attrs.define
@@ -293,14 +306,25 @@ def ranking_key(objective: str, factor: float, cost: float | None, seconds: floa
 
 
 PLAN_FIELDS = ("gpu", "provider", "num_gpus", "num_nodes", "method", "precision", "optim", "gradient_checkpointing",
-               "attn_implementation", "zero_stage", "offload_optimizer", "offload_params", "per_device_train_batch_size",
+               "attn_implementation", "zero_stage", "offload_optimizer", "per_device_train_batch_size",
                "gradient_accumulation_steps")
+"""The fields a plan sets, besides the plugin settings the search loops over (:func:`plan_fields`)."""
+
+
+def plan_fields() -> tuple[str, ...]:
+    """:data:`PLAN_FIELDS` with the searched plugin settings (parameter offload, declared by
+    ``builtin/sharding/offload.py``) after the shard level's own fields (``offload_optimizer``), in declaration
+    order."""
+    mine = tuple(s.name for s in settings.searched("shard"))
+    at = PLAN_FIELDS.index("offload_optimizer") + 1
+    return PLAN_FIELDS[:at] + mine + PLAN_FIELDS[at:]
+
 
 
 def make_plan(cur, market, dt, usable, seconds, cost, od, spot, world, score, order) -> Plan:
     """The candidate as a plan. ``instance`` is a field only when the search chose a shape other than the one the
     estimate picks by itself (or the user forced one): :func:`fitplan.rulesets.pricing.instance_shapes`."""
-    fields = {f: cur[f] for f in PLAN_FIELDS}
+    fields = {f: cur[f] for f in plan_fields()}
     if cur.get("instance") is not None:
         fields["instance"] = cur["instance"]
     return Plan(fields, market, dt, usable, seconds, cost, od, spot, world, score, order)

@@ -40,11 +40,11 @@ from fitplan.rulesets.conditions import Namespace
 from fitplan.rules.policy import PolicySet
 from fitplan.search.plans import (METHOD_RANK, Collector, Plan, Result, Side, Stats, make_plan, plan_scenario,
                                   ranking_key)
-from fitplan.search.staged import (L_ATTN, L_BATCH, L_CKPT, L_METHOD, L_OPTIM, L_PRECISION, L_SHARD, L_WORLD, SEARCHED,
-                                   PlanValues, Staged, staged, usable_memory)
+from fitplan.search.staged import (L_ATTN, L_BATCH, L_CKPT, L_METHOD, L_OPTIM, L_PRECISION, L_SHARD, L_WORLD,
+                                   PlanValues, Staged, searched_fields, staged, usable_memory)
 from fitplan.search.why import explain, gpu_hour_prices
 from fitplan.search.space import (OBJECTIVES, SearchSpace, batch_options, gpu_allows, hardware_options, narrowed,
-                                  parse_headroom, precision_twins, semantics, shard_options)
+                                  parse_headroom, precision_twins, semantics, shard_options, simplicity_of)
 
 _INF = float("inf")
 _NO_MARKET = (None,)
@@ -158,7 +158,7 @@ def _prepare(base: sc.Scenario, arch, flat: dict[str, Any], ctx, space: SearchSp
     tp = flat["tensor_parallel"]
     probe = base if (flat["num_gpus"] * flat["num_nodes"]) % tp == 0 else base.replace(num_gpus=tp, num_nodes=1)
     inputs = build_inputs(probe, registry, rules, arch)
-    for name in SEARCHED | {"gpu_spec", "optimizer_spec"}:
+    for name in searched_fields() | {"gpu_spec", "optimizer_spec"}:
         inputs.pop(name, None)
     st = staged(compiled, inputs, policies, roles, stats)
     space = narrowed(space, flat, fixed, rules)
@@ -264,9 +264,9 @@ def _search_world(setup: _Search, st: Staged, n: int, m: int, rank: tuple[int, i
     if not per_ag:
         return
     method_rank, optim_rank, precision_rank = rank
-    for z, oo, op in shard_options(setup.space, dp, precision, setup.fsdp):
-        st.set({"zero_stage": z, "offload_optimizer": oo, "offload_params": op}, L_SHARD)
-        simplicity = (method_rank, optim_rank, oo + 2 * op, z, precision_rank)
+    for option in shard_options(setup.space, dp, precision, setup.fsdp):
+        st.set(option, L_SHARD)
+        simplicity = (method_rank, optim_rank, simplicity_of(option), option["zero_stage"], precision_rank)
         dead: set[tuple[str, str]] = set()
         for b, k in batches:
             if k > 1 and dead and len(dead) == len(per_ag):

@@ -15,11 +15,14 @@ plan of each value side by side, never one ranking mixing them.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import attrs
 
 from fitplan.errors import FitplanError
+from fitplan.inputs import settings
+from fitplan.inputs.settings import Setting
 from fitplan.inputs.precision import MIXED_FOR_FLAG, PRESETS, deepspeed_twin
 
 OBJECTIVES = ("cost", "time", "gpus")
@@ -47,7 +50,9 @@ class SearchSpace:
     attn_implementations: tuple[str, ...] = ATTN_PREFERENCE
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     offload_optimizer: tuple[bool, ...] = (False, True)
-    offload_params: tuple[bool, ...] = (False, True)
+    settings: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    """``(name, values)`` of plugin settings searched with other values than their declaration's
+    (:class:`fitplan.inputs.settings.Search`: parameter offload); the others search the declared values."""
     gpus: tuple[str, ...] | None = None
     providers: tuple[str, ...] | None = None
     gpu_counts: tuple[int, ...] = GPU_COUNTS
@@ -58,6 +63,10 @@ class SearchSpace:
     accumulation_steps: int | None = None
     markets: tuple[str, ...] = ("on_demand",)
     """On demand unless spot is asked for (``--markets spot`` or ``on_demand,spot``)."""
+
+    def values(self, setting: Setting) -> tuple[Any, ...]:
+        """The values the search tries for a plugin setting: this space's, else its declaration's."""
+        return dict(self.settings).get(setting.name, setting.search.values if setting.search else (setting.default,))
 
     @property
     def opened(self) -> tuple[str, ...]:
@@ -89,10 +98,12 @@ def narrowed(space: SearchSpace, flat: dict[str, Any], fixed: set[str], rules: A
     """``space`` with the fields the user fixed (``fixed``, values in ``flat``) reduced to their value."""
     changes: dict[str, Any] = {}
     for name, attr in (("zero_stage", "zero_stages"), ("offload_optimizer", "offload_optimizer"),
-                       ("offload_params", "offload_params"), ("provider", "providers"), ("num_gpus", "gpu_counts"),
-                       ("num_nodes", "num_nodes")):
+                       ("provider", "providers"), ("num_gpus", "gpu_counts"), ("num_nodes", "num_nodes")):
         if name in fixed:
             changes[attr] = (flat[name],)
+    mine = [(s.name, (flat[s.name],)) for s in settings.declared().values() if s.search is not None and s.name in fixed]
+    if mine:
+        changes["settings"] = tuple({**dict(space.settings), **dict(mine)}.items())
     if "gpu" in fixed:
         changes["gpus"] = (rules.gpu(flat["gpu"]).id,)
     if "per_device_train_batch_size" in fixed:
@@ -216,28 +227,43 @@ def batch_options(space: SearchSpace, dp: int) -> list[tuple[int, int]]:
     return [(b, per // b) for b in divisors if per // b > 1] + [(per, 1)]
 
 
-def shard_options(space: SearchSpace, dp: int, precision: str, fsdp: str | None) -> list[tuple[int, bool, bool]]:
-    """The (ZeRO stage, offload optimizer, offload parameters) options for ``dp`` data-parallel GPUs. DeepSpeed
-    (any stage or offload) runs fp32 or its 16-bit optimizer (``*-master``); a ``*-master`` preset is searched
-    only under DeepSpeed, its ``*-mixed`` twin only without (the HF flag's pairing: :func:`semantics`)."""
+def shard_options(space: SearchSpace, dp: int, precision: str, fsdp: str | None) -> list[dict[str, Any]]:
+    """The ZeRO stage, optimizer offload and shard-level plugin settings (:func:`fitplan.inputs.settings.searched`)
+    for ``dp`` data-parallel GPUs, each option a dict of their values. DeepSpeed (any stage or offload; a setting
+    whose ``Search.stack`` is ``deepspeed`` at another value than its first) runs fp32 or its 16-bit optimizer
+    (``*-master``); a ``*-master`` preset is searched only under DeepSpeed, its ``*-mixed`` twin only without (the
+    HF flag's pairing: :func:`semantics`). Under FSDP (``fsdp``) no DeepSpeed option is tried. An option is
+    searched only where every setting's ``Search.allowed`` holds (parameter offload: ZeRO-3)."""
+    mine = settings.searched("shard")
+    first = {s.name: s.search.values[0] for s in mine}
     if fsdp:
-        return [(0, False, False)] if 0 in space.zero_stages and False in space.offload_optimizer and \
-            not PRESETS[precision].master else []
-    if dp == 1:
-        combos = [(0, False, False), (2, True, False), (3, True, True)]
+        combos = [(0, False)]
+    elif dp == 1:
+        combos = [(0, False), (2, True), (3, True)]
     else:
-        combos = [(0, False, False), (1, False, False), (2, False, False), (3, False, False),
-                  (1, True, False), (2, True, False), (3, True, False), (3, True, True), (3, False, True)]
+        combos = [(0, False), (1, False), (2, False), (3, False), (1, True), (2, True), (3, True)]
     preset = PRESETS[precision]
     out = []
-    for z, oo, op in combos:
-        if z not in space.zero_stages or oo not in space.offload_optimizer or op not in space.offload_params:
+    for z, oo in combos:
+        if z not in space.zero_stages or oo not in space.offload_optimizer:
             continue
-        deepspeed = z >= 1 or oo or op
-        if deepspeed and not preset.deepspeed or preset.master and not deepspeed:
-            continue
-        out.append((z, oo, op))
+        tried = [(first[s.name],) if fsdp and s.search.stack == "deepspeed" else space.values(s) for s in mine]
+        for values in itertools.product(*tried):
+            option = {"zero_stage": z, "offload_optimizer": oo, **dict(zip(first, values))}
+            if not all(s.search.allowed({**option, "data_parallel": dp}) for s in mine):
+                continue
+            deepspeed = z >= 1 or oo or any(s.search.stack == "deepspeed" and option[s.name] != first[s.name] for s in mine)
+            if deepspeed and not preset.deepspeed or preset.master and not deepspeed:
+                continue
+            out.append(option)
     return out
+
+
+def simplicity_of(option: dict[str, Any]) -> int:
+    """How far a shard option is from the simplest: offloading the optimizer counts 1, each plugin setting its
+    ``Search.weight`` per step away from its first value (parameter offload: 2)."""
+    return option["offload_optimizer"] + sum(s.search.weight * s.search.values.index(option[s.name])
+                                             for s in settings.searched("shard"))
 
 
 def gpu_allows(g, precision: str, attn: str, *, precision_opened: bool = False) -> bool:

@@ -15,6 +15,7 @@ import attrs
 
 from fitplan.engine.staging import StagedGraph
 from fitplan.errors import FitplanError, PluginError
+from fitplan.inputs import settings
 from fitplan.search.plans import Stats
 
 # loop levels, outermost first: what varies at each
@@ -24,14 +25,29 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("optim", "optimizer_spec"),
     ("gradient_checkpointing",),
     ("num_gpus", "num_nodes"),
-    ("zero_stage", "offload_optimizer", "offload_params"),
+    ("zero_stage", "offload_optimizer"),  # and the plugin settings searched at the "shard" level: levels()
     ("per_device_train_batch_size", "gradient_accumulation_steps"),
     ("attn_implementation",),
     ("gpu", "gpu_spec"),
     ("provider", "instance"),
 )
 L_METHOD, L_PRECISION, L_OPTIM, L_CKPT, L_WORLD, L_SHARD, L_BATCH, L_ATTN, L_GPU, L_PROVIDER = range(len(LEVELS))
-SEARCHED = frozenset(n for names in LEVELS for n in names if n not in ("optimizer_spec", "gpu_spec"))
+LEVEL_OF_SETTINGS = {"shard": L_SHARD}
+"""Where the settings searched at a level (``inputs/settings.py`` ``SEARCH_LEVELS``) join :data:`LEVELS`."""
+
+
+def levels() -> tuple[tuple[str, ...], ...]:
+    """:data:`LEVELS` with each searched plugin setting (parameter offload) after its level's own inputs."""
+    out = [list(names) for names in LEVELS]
+    for s in settings.declared().values():
+        if s.search is not None:
+            out[LEVEL_OF_SETTINGS[s.search.level]].append(s.name)
+    return tuple(tuple(names) for names in out)
+
+
+def searched_fields() -> frozenset[str]:
+    """The scenario fields the search loops set (the resolved ``optimizer_spec`` and ``gpu_spec`` left out)."""
+    return frozenset(n for names in levels() for n in names if n not in ("optimizer_spec", "gpu_spec"))
 
 
 class PlanValues:
@@ -118,7 +134,7 @@ def staged(compiled, inputs: dict[str, Any], policies: Any, roles: dict[str, str
                          if n in compiled.quantities and n not in set_by_search}
     mem_targets = [roles["device_total"], roles["peak"], roles.get("cpu_offload"), *compiled.memory]
     mem_targets = list(dict.fromkeys(t for t in mem_targets if t is not None))
-    M = StagedGraph(compiled, mem_targets, LEVELS)
+    M = StagedGraph(compiled, mem_targets, levels())
     if M.depends_on("provider") or M.depends_on("gpu_spec") or M.depends_on("gpu"):
         raise PluginError("a memory quantity depends on the GPU model or the provider; the recommender assumes it does "
                           "not (one memory evaluation serves every GPU)", field=roles["device_total"],
@@ -126,10 +142,10 @@ def staged(compiled, inputs: dict[str, Any], policies: Any, roles: dict[str, str
     mem_names = set(mem_targets) | {n for n in policy_quantities if n in M.level_of}
     tc_targets = [t for t in (roles["seconds"], roles["cost.on_demand"], roles["cost.spot"]) if t is not None]
     tc_targets += sorted(n for n in policy_quantities if n not in mem_names and n not in tc_targets)
-    T = StagedGraph(compiled, tc_targets, LEVELS) if tc_targets else None
+    T = StagedGraph(compiled, tc_targets, levels()) if tc_targets else None
     st = Staged(M, T, dict(inputs), dict(inputs), dict(inputs), mem_names, roles, stats)
     # time and cost are memoised on the loop inputs they depend on (not the optimizer, not the kernel, ...)
-    st.t_key_names = [n for names in LEVELS[:L_GPU] for n in names
+    st.t_key_names = [n for names in levels()[:L_GPU] for n in names
                       if T is not None and T.depends_on(n) and n != "optimizer_spec"]
     if T is not None and T.depends_on("optimizer_spec") and "optim" not in st.t_key_names:
         st.t_key_names.append("optim")
@@ -141,7 +157,7 @@ def staged(compiled, inputs: dict[str, Any], policies: Any, roles: dict[str, str
 
 def usable_memory(compiled, inputs: dict[str, Any], hardware: dict, usable_name: str | None) -> dict[str, int]:
     """Each GPU's usable memory (the quantity holding the ``usable`` role)."""
-    graph = StagedGraph(compiled, [usable_name], LEVELS)
+    graph = StagedGraph(compiled, [usable_name], levels())
     vu: dict[str, Any] = dict(inputs)
     out: dict[str, int] = {}
     for opts in hardware.values():

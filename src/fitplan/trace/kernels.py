@@ -27,7 +27,8 @@ the dropout probability. The rules below choose the expansion, each from the PyT
   cached for the forward because it is a leaf that requires grad);
 * QLoRA (bitsandbytes ``Linear4bit`` -> ``matmul_4bit``): the NF4 weight is dequantised to the compute
   dtype for the matmul (a transient) and nothing batch-sized is saved beyond the input's cast; the
-  backward dequantises again (a transient of the weight's size).
+  backward dequantises again (a transient of the weight's size);
+* 8-bit LoRA (bitsandbytes 0.50.2 ``Linear8bitLt`` -> ``bnb.matmul``): :func:`fitplan.trace.int8.int8_linear`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 
 from fitplan.arch.archexpr import compile_expr
 from fitplan.arch.archfile import BYTES
+from fitplan.trace.int8 import int8_linear
 from fitplan.trace.lora_targets import embedding_matches, lora_site_matches
 
 HALF = ("bf16", "f16")
@@ -59,6 +61,12 @@ EXTRA_RULES = {
     # bitsandbytes' MatMul4Bit autograd Function: the gradient of the input only; saves nothing batch-sized
     "bnb.matmul_4bit": {"d": ["A"], "s": [], "p": [0]},
     "bnb.dequantize_4bit": None,
+    # bitsandbytes' MatMul8bitLt / MatMul8bitFp autograd Functions: the gradient of the input only; what they keep
+    # is a ctx attribute (the fitplan op's explicit saves), the ops inside run with grad mode off
+    "bnb.matmul_8bit": {"d": ["A"], "s": [], "p": []},
+    "bnb.int8_vectorwise_quant": None,
+    "bnb.int8_linear_matmul": None,
+    "bnb.int8_vectorwise_dequant": None,
     # the math SDPA's grouped-query expansion (attention.cpp pre_process_group_query_attention_input):
     # CompositeImplicit (unsqueeze, expand, clone, view), so derivatives.yaml has no entry; differentiable,
     # saves nothing, its backward sums the gradient over the repeats (a new tensor)
@@ -453,7 +461,9 @@ def _replace_output(inst, site: dict[str, Any], t) -> None:
 def qlora_linear(inst, site: dict[str, Any]) -> None:
     """A QLoRA base layer in place of the recorded Linear: bitsandbytes 0.50.2 ``Linear4bit.forward``
     (nn/modules.py:609-638) casts the input to ``bnb_4bit_compute_dtype``, dequantizes the weight to it,
-    runs ``matmul_4bit`` and returns the result in the input's dtype."""
+    runs ``matmul_4bit`` and returns the result in the input's dtype. 8-bit: :mod:`.int8`."""
+    if inst.b.spec.quant_bits == 8:
+        return int8_linear(inst, site, _replace_output)
     b = inst.b
     tr = b.tr
     x = inst.refs.get(site["input"]) or inst.ref(site["input"])

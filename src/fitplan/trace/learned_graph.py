@@ -287,7 +287,13 @@ class Builder:
                     else:
                         bind.append(pro.refs["t" + ref[1:]])
                 if self.spec.checkpointing:  # each layer is its own checkpoint (GradientCheckpointingLayer)
-                    tr.ckpt_keep[i] = {t.sid for t in bind if t is not None and t.sid >= 0}
+                    # the hidden states are its one positional argument, saved through the saved-tensor hooks
+                    # (torch/utils/checkpoint.py save_inputs); the keyword ones stay in a functools.partial
+                    # (transformers/modeling_layers.py GradientCheckpointingLayer.__call__)
+                    tr.ckpt_keep[i] = {}
+                    for ref, t in zip(v["layer_args"][kind], bind):
+                        if t is not None and t.sid >= 0:
+                            tr.ckpt_keep[i][t.sid] = tr.ckpt_keep[i].get(t.sid, False) or ref == "h"
                 tr.unit = i
                 inst = self.segment(seg, f"layer {i}", args=bind, layer=i)
                 tr.unit = -1

@@ -115,11 +115,14 @@ class Segment:
         if embed is not None and self._embedding_trains():
             embed = None
         head = loss_heads.head_site(self) if first == 0 else None
+        output = b.af.data.get("output_module") or "lm_head"
         for k, op in enumerate(seg["ops"]):
             if k < first:
                 continue
             if last is not None and k >= last:
                 break
+            if any(s["module"] == output for s in self.site_start.get(k, ())):
+                tr.head_from = len(tr.ops)  # the LM head's first op (activation offloading stops there: trace/offload.py)
             if head is not None and k == head["start"]:
                 loss_heads.run(self, head)  # the loss implementation's head replaces the recorded one
                 if b.spec.loss not in loss_heads.OWN_LIFETIMES:

@@ -246,7 +246,8 @@ def _fused_bytes(tr, ops, run: list[int], last_read: dict[int, int], saved_anywh
 # --------------------------------------------------------------------------- the work of a recorded aten op
 
 GEMMS = {"mm": ("self", "mat2"), "addmm": ("mat1", "mat2"), "bmm": ("self", "mat2"),
-         "baddbmm": ("batch1", "batch2"), "_grouped_mm": ("self", "mat2"), "bnb.matmul_4bit": ("A", "B")}
+         "baddbmm": ("batch1", "batch2"), "_grouped_mm": ("self", "mat2"), "bnb.matmul_4bit": ("A", "B"),
+         "bnb.matmul_8bit": ("A", "B")}
 """Matrix products and their two operands (the argument names of ``native_functions.yaml``; bitsandbytes'
 ``matmul_4bit`` reads the dequantized weight)."""
 FUSED_ATTENTION = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -269,7 +270,7 @@ def aten(name: str, named: dict[str, Any], outs, saved, grad_ins, grad_kinds, pa
         rows = idx.numel
         return embedding(rows, outs[0].numel // max(rows, 1), BYTES[w.dtype], w.numel,
                          BYTES[w.dtype] if (w.rg and backward) else 0)
-    if name == "bnb.dequantize_4bit":
+    if name in ("bnb.dequantize_4bit", "bnb.int8_vectorwise_dequant"):
         return dequant(outs[0].numel, BYTES[outs[0].dtype], backward=False)
     passes = bool(grad_kinds) and all(k >= 0 for k in grad_kinds) and not param_grad
     return elementwise(flat, outs, saved, grad_ins, param_grad, backward, passes)
@@ -291,7 +292,7 @@ def _aten_gemm(name: str, named: dict[str, Any], out, backward: bool) -> Work:
     an, bn = GEMMS[name]
     a, b = named[an], named[bn]
     k = _contract(a, b, out)
-    quantized = name == "bnb.matmul_4bit"
+    quantized = name in ("bnb.matmul_4bit", "bnb.matmul_8bit")
     mm = gemm(out.numel, k, 1, out.dtype, a.nbytes, b.nbytes, out.nbytes, input_grad=backward and a.rg,
               weight_grad=backward and b.rg and not quantized)
     extra: tuple[Kernel, ...] = ()

@@ -55,7 +55,7 @@ import attrs
 from attrs import frozen
 
 from fitplan.arch.archfile import BYTES  # the dtype codes of learned files
-from fitplan.trace import op_work
+from fitplan.trace import offload, op_work
 
 PARTS = ("activations", "logits", "autocast_copies", "temporaries")
 """What live bytes above the model states are, at any instant of the replay: tensors saved for backward (or
@@ -102,6 +102,10 @@ class TraceSpec:
     """peft's ``modules_to_save``: these modules' parameters train under LoRA (:mod:`.lora`)."""
     frozen: bool = False
     """No parameter trains: a forward under ``torch.no_grad`` (TRL's reference model, builtin/trl/preference.py)."""
+    offload: str = "none"
+    """Activation offloading: ``none``, ``torchtune``, ``trl`` or ``trl_sync`` (:mod:`.offload`)."""
+    quant_bits: int = 4
+    """QLoRA's base Linears: 4 (NF4, ``Linear4bit``) or 8 (LLM.int8, ``Linear8bitLt``: :mod:`.kernels`)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,6 +182,10 @@ class StepTrace:
     """``forward_before_last_layer_bytes`` split into :data:`PARTS`."""
     backward_parts: tuple[tuple[int, tuple[int, int, int, int]], ...] = ()
     """For each backward frontier point's ``other_bytes``: that value split into :data:`PARTS` (sums to it)."""
+    offload_host_bytes: int = 0
+    """Activation offloading: the pinned host bytes the step's packs hold (:mod:`.offload`)."""
+    offload_copy_bytes: int = 0
+    """Activation offloading: bytes copied to the host per micro-step (and back in the backward)."""
     param_ops: tuple[tuple[str, bool], ...] = ()
     """``(parameter name, whether an output of an op reading it requires grad)``. A parameter none of whose ops
     has such an output (under LoRA the embedding and the frozen Linears before the first adapter) belongs to a
@@ -265,6 +273,8 @@ class Trace:
     def __init__(self, spec: TraceSpec) -> None:
         self.spec = spec
         self.size: list[int] = []
+        self.raw: list[int] = []
+        """Each storage's bytes before the allocator's rounding (activation offloading's size threshold)."""
         self.label: list[str] = []
         self.kind: list[str] = []
         self.ops: list[Op] = []
@@ -274,10 +284,16 @@ class Trace:
         self.seg_ckpt: list[bool] = [False]
         self.pinned: set[int] = set()
         self.uncached: set[int] = set()
-        self.ckpt_keep: dict[int, set[int]] = {}
-        """Decoder layer -> the storages its checkpoint keeps (its arguments)."""
+        self.ckpt_keep: dict[int, dict[int, bool]] = {}
+        """Decoder layer -> the storages its checkpoint keeps (its arguments, in order) -> whether it is the layer's
+        positional argument, the one the checkpoint saves through the saved-tensor hooks."""
         self.unit = -1
         """The decoder layer being recorded (-1: outside the layers)."""
+        self.head_from: int | None = None
+        """The index of the LM head's first op (None: not recorded)."""
+        self.ctx_kept: set[int] = set()
+        """Storages an autograd Function keeps as a ``ctx`` attribute (bitsandbytes' 8-bit matmul keeps its input):
+        no saved-tensor hook sees them, so neither checkpointing nor offloading moves them."""
         self.param_grad_total = 0
         self.loss: T | None = None
         self.external: set[int] = set()
@@ -295,6 +311,7 @@ class Trace:
 
     # ---- storages
     def _storage(self, nbytes: int, label: str) -> int:
+        self.raw.append(nbytes)
         if self.rounding and nbytes:
             nbytes = -(-nbytes // self.spec.block) * self.spec.block
         self.size.append(nbytes)
@@ -308,6 +325,7 @@ class Trace:
     def external_tensor(self, numel: int, dtype: str, label: str) -> T:
         """A tensor alive before the step (the batch): never counted, never freed."""
         sid = self._storage(0, label)
+        self.raw[sid] = numel * BYTES[dtype]  # (what activation offloading copies when an op saves it)
         self.external.add(sid)
         return T(sid, numel, dtype, False)
 
@@ -429,9 +447,9 @@ class Trace:
 TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
 TRACE_MODULES = ("trace/step_trace.py", "trace/learned_graph.py", "trace/learned_segment.py",
-                 "trace/kernels.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py", "arch/archformat.py",
+                 "trace/kernels.py", "trace/int8.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py", "arch/archformat.py",
                  "arch/learned_repeat.py", "trace/lora_targets.py", "trace/loss_heads.py", "trace/fused_head.py", "trace/score_head.py",
-                 "trace/logits_head.py", "inputs/precision.py", "inputs/files.py", "inputs/convert.py", "errors.py")
+                 "trace/logits_head.py", "trace/offload.py", "inputs/precision.py", "inputs/files.py", "inputs/convert.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
 KEEP_TRACES = 4000
@@ -624,6 +642,10 @@ class Replay:
         """Storage -> how many checkpointed layers keep it (their arguments)."""
         self._holders()
         self.pinned = (set(tr.pinned) - tr.uncached) | {tr.loss.sid} | tr.leaves
+        self.plan = offload.plan(tr)
+        """Activation offloading's plan (:mod:`.offload`; None: no offloading)."""
+        self.stash = offload.Stash(self.plan) if self.plan is not None else None
+        """The forward stash of the streamed copies, and what the GPU holds while the forward runs."""
         self.alive: set[int] = set()
         self.live = 0
         self.phantom = 0
@@ -643,6 +665,8 @@ class Replay:
         """Segment -> what one copy of it leaves alive (its live bytes at its end minus at its start)."""
         self.seg_delta_parts: dict[int, Parts] = {}
         self.before_last, self.before_last_parts = 0, Parts()
+        self.stash_start: tuple[int, Parts] = (0, Parts())
+        """What only the forward stash held when the current segment started (:meth:`stash_only`)."""
         self.forward_peak = 0
         self.retained = 0
         self.saved_by_kind = {"activation": 0, "logits": 0, "autocast": 0}
@@ -663,6 +687,8 @@ class Replay:
         self.seg_parts: list[Parts] = []
         self.seg_once: list[tuple[int, Parts]] = []
         self.after_head = (0, 0)
+        self.unpacked = False
+        """An offloaded tensor has been brought back (:meth:`bring_back`): the next node's hook empties the stash."""
 
     def run(self) -> StepTrace:
         """The step trace: forward, end of forward, backward."""
@@ -696,7 +722,12 @@ class Replay:
                 self.keepers[sid] = self.keepers.get(sid, 0) + 1
 
     def held(self, sid: int) -> bool:
-        """Something keeps ``sid`` alive: an autograd node, a checkpoint, the end of the forward, or the caller."""
+        """Something keeps ``sid`` alive: an autograd node, a checkpoint, the end of the forward, or the caller.
+        While the forward runs under activation offloading, an offloaded save or input holds nothing on the GPU
+        (the forward stash may: :meth:`.offload.Stash.gpu_held`)."""
+        if self.stash is not None and self.stash.forward:
+            return (self.stash.gpu_held(sid, self.savers, self.keepers) or sid in self.pinned
+                    or sid in self.tr.external)
         return (self.savers.get(sid, 0) > 0 or self.keepers.get(sid, 0) > 0 or sid in self.pinned
                 or sid in self.tr.external)
 
@@ -736,7 +767,7 @@ class Replay:
         self.seg_start_parts = self.live_parts.copy()
         for i, op in enumerate(self.ops):
             if op.seg != self.seg:
-                self._forward_segment_ends(op.seg)
+                self._forward_segment_ends(op.seg, i)
             for sid in op.allocs:
                 if sid not in self.alive:
                     self.alloc(sid)
@@ -747,6 +778,8 @@ class Replay:
                 self.seg_max, self.seg_max_parts = self.live, self.live_parts.copy()
             if DEBUG is not None:
                 DEBUG.append(("forward", op.name, cur))
+            if self.stash is not None and i in self.plan.packs:
+                self._pack(i)
             for sid in (*op.reads, *op.allocs):
                 if self.last_read.get(sid, -1) <= i and not self.held(sid):
                     self.free(sid, self.seg)
@@ -755,9 +788,29 @@ class Replay:
                 if not self.held(sid):
                     self.free(sid, self.seg)
 
-    def _forward_segment_ends(self, next_seg: int) -> None:
-        """The segment ``self.seg`` ends: its delta is kept and, when it stands for ``w`` copies, the other
-        ``w - 1`` copies' delta goes to the phantom (and their highest instant may be the peak)."""
+    def _pack(self, i: int) -> None:
+        """Activation offloading's packs at op ``i``: into the forward stash; what leaves it (or, without streams,
+        each offloaded tensor at once) goes when nothing else holds it."""
+        for sid in self.stash.push(self.plan.packs[i]):
+            if self.last_read.get(sid, -1) <= i and not self.held(sid):
+                self.free(sid, self.seg)
+
+    def stash_only(self, i: int) -> tuple[int, Parts, list[int]]:
+        """The bytes (total, by part) and storages alive at op ``i`` only because the forward stash holds them."""
+        stash = self.stash
+        sids = [sid for sid in dict.fromkeys(stash.order) if sid in self.alive and self.last_read.get(sid, -1) < i
+                and not (stash.gpu_held(sid, self.savers, self.keepers, False) or sid in self.pinned
+                         or sid in self.tr.external)]
+        parts = Parts()
+        for sid in sids:
+            parts.add(self.part_of[sid], self.size[sid])
+        return sum(parts.astuple()), parts, sids
+
+    def _forward_segment_ends(self, next_seg: int, i: int) -> None:
+        """The segment ``self.seg`` ends (op ``i`` starts the next): its delta is kept and, when it stands for ``w``
+        copies, the other ``w - 1`` copies' delta goes to the phantom (and their highest instant may be the peak).
+        Under activation offloading, what only the forward stash holds leaves with the next copy's packs: it is
+        not repeated."""
         seg, w = self.seg, self.weight[self.seg]
         self.seg_delta[seg] = self.live - self.seg_start
         self.seg_delta_parts[seg] = self.live_parts - self.seg_start_parts
@@ -767,6 +820,11 @@ class Replay:
         if w > 1:
             delta = self.live - self.seg_start
             delta_parts = self.live_parts - self.seg_start_parts
+            if self.stash is not None:
+                so, so_parts, sids = self.stash_only(i)
+                delta -= so - self.stash_start[0]
+                delta_parts = delta_parts - so_parts + self.stash_start[1]
+                self.carried.update(sid for sid in sids if self.alloc_seg.get(sid) == seg)
             if self.ckpt[seg]:  # what outlives a checkpointed layer is its output: the next layer's kept input
                 delta_parts = Parts(delta_parts.activations + delta_parts.temporaries, delta_parts.logits,
                                     delta_parts.autocast_copies, 0)
@@ -777,6 +835,8 @@ class Replay:
             self.phantom_parts = self.phantom_parts + delta_parts * (w - 1)
         self.seg, self.seg_start, self.seg_max = next_seg, self.live, 0
         self.seg_start_parts = self.live_parts.copy()
+        if self.stash is not None:
+            self.stash_start = self.stash_only(i)[:2]
 
     def end_forward(self) -> None:
         """The forward returns: what only the forward held goes (the caller keeps the loss, autograd the leaves);
@@ -790,6 +850,8 @@ class Replay:
                 self.free(sid, self.seg)
         self.pinned.clear()
         self.pinned.update(tr.leaves)
+        if self.stash is not None:
+            self.stash.forward = False
         self.retained = self.live + self.phantom - self.size[tr.loss.sid]
         for sid in self.alive:
             if sid == tr.loss.sid:
@@ -991,12 +1053,35 @@ class Replay:
             DEBUG.append(("end", "pending: " + ", ".join(str(b) for b in self.pending.values()), 0))
 
     def _layer_backward_ends(self, seg: int, unit: int) -> None:
-        """A checkpointed layer's backward ends: the inputs its checkpoint kept go."""
+        """A checkpointed layer's backward ends: the inputs its checkpoint kept go (an offloaded input too, when no
+        node saved it: each layer brought back its own copy)."""
         if self.ckpt[seg] and unit in self.tr.ckpt_keep:
             for sid in self.tr.ckpt_keep[unit]:
                 self.keepers[sid] -= 1
-                if not self.held(sid):
+                if not self.held(sid) or self._offloaded_input(sid):
                     self.free(sid, seg)
+
+    def _offloaded_input(self, sid: int) -> bool:
+        """``sid`` is a checkpoint input activation offloading moved and nothing else holds on the GPU."""
+        return (self.stash is not None and sid in self.plan.kept and self.savers.get(sid, 0) <= 0
+                and sid not in self.pinned and sid not in self.tr.external)
+
+    def bring_back(self, sids: list[int]) -> None:
+        """Activation offloading's unpack: an offloaded tensor not in the forward stash is copied back (a new GPU
+        allocation), held like any saved tensor from here on."""
+        for sid in sids:
+            self.unpacked = True
+            if sid not in self.alive:
+                self.alloc(sid)
+
+    def _clear_stash(self, seg: int) -> None:
+        """The first backward node that unpacked an offloaded tensor has run: its hook empties the forward stash,
+        and what only the stash held goes."""
+        stash = self.stash
+        for sid in stash.clear():
+            if not (stash.gpu_held(sid, self.savers, self.keepers, False) or sid in self.pinned
+                    or sid in self.tr.external):
+                self.free(sid, seg)
 
     def _backward_op(self, op: Op, seg: int, entered: set[int]) -> None:
         """One op's backward, when a gradient reaches it: its inputs' and parameters' gradients; then what it
@@ -1009,8 +1094,12 @@ class Replay:
             # recomputation; the layer's ops saving nothing (residual adds, views, LoRA's scaling) ran their
             # backward before it
             entered.add(op.unit)
+            if self.stash is not None:  # its offloaded inputs come back first
+                self.bring_back([sid for sid in self.tr.ckpt_keep.get(op.unit, ()) if sid in self.plan.kept])
             self.recompute(seg, op.unit)
         if bufs:
+            if self.stash is not None and not self.ckpt[seg]:
+                self.bring_back([sid for sid in op.saved if sid in self.plan.saved])
             if op.bwd_temp > 0:
                 self.before_sum(op, incoming)
             for t, kind in zip(op.grad_ins, op.grad_kinds):
@@ -1026,6 +1115,8 @@ class Replay:
             self.savers[sid] = self.savers.get(sid, 0) - 1
             if not self.held(sid):
                 self.free(sid, seg)
+        if self.stash is not None and not self.stash.cleared and self.unpacked:
+            self._clear_stash(seg)
 
     # ---- the result
 
@@ -1060,6 +1151,8 @@ class Replay:
             forward_before_last_layer_parts=(self.before_last_parts + layer_delta_parts
                                              * max(0, weight[last_layer] - 1)).astuple(),
             backward_parts=_frontier_parts(self.point_parts, points, self.layer_points),
+            offload_host_bytes=self.plan.host_bytes if self.plan is not None else 0,
+            offload_copy_bytes=self.plan.copy_bytes if self.plan is not None else 0,
         )
 
 

@@ -404,12 +404,14 @@ def field_rows(ctx) -> list[dict[str, Any]]:
     from fitplan.app.options import HELP
     from fitplan.inputs import scenario as sc
     from fitplan.inputs.precision import LOAD_DTYPES, PRECISIONS
+    from fitplan.inputs.settings import declared
 
     opts = {o[2:]: p for p in command("estimate").params for o in getattr(p, "opts", ()) if o.startswith("--")}
     default = sc.flatten(sc.Scenario())
     closed: dict[str, Any] = {f: getattr(sc, t) for f, t in CHOICES.items()}
     closed.update(precision=PRECISIONS, dtype=LOAD_DTYPES, zero_stage=(0, 1, 2, 3), gpu=tuple(ctx.rulesets.gpus),
                   provider=tuple(ctx.rulesets.providers), optim=tuple(ctx.registry.optimizers))
+    closed.update({s.name: s.choices for s in declared().values() if s.choices})  # plugin settings
     rows = []
     for name, field in SCENARIO_PARAMS.items():
         opt, value = opts[name], default[field]

@@ -3,7 +3,7 @@ training (docs/serve.md).
 
 The recommender keeps a field the user set (``fitplan recommend --gpu a100-80gb`` searches only that GPU), and
 the page's scenario always sets a GPU, a micro-batch and more. So the card's query is the page's scenario
-without the fields a plan chooses (:data:`SEARCHED`: GPU type and count, nodes, provider, instance and region,
+without the fields a plan chooses (:func:`searched`: GPU type and count, nodes, provider, instance and region,
 micro-batch and accumulation, checkpointing, ZeRO stage and offload, attention kernel), with the page's
 effective batch as ``effective-batch-size``: the method, optimizer, precision, sequence length, dataset and
 effective batch stay the page's, so plan 1 trains the same model the same way. It ranks by cost when the
@@ -15,14 +15,17 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from fitplan.search.plans import PLAN_FIELDS
+from fitplan.search.plans import plan_fields
 from fitplan.search.space import VARY_DIMENSIONS
 from fitplan.web.params import SCENARIO_PARAMS
 
-SEARCHED = tuple(f for f in PLAN_FIELDS if f not in VARY_DIMENSIONS) + ("instance", "region")
-"""The scenario fields a plan chooses (``search/plans.py`` ``PLAN_FIELDS`` less the ``--vary`` dimensions, which
-change the trained model), plus the instance and region, which belong to a provider."""
-FLAG_OF = {field: name for name, field in SCENARIO_PARAMS.items()}
+
+
+def searched() -> tuple[str, ...]:
+    """The scenario fields a plan chooses (``search/plans.py`` ``plan_fields``, plugin settings included, less the
+    ``--vary`` dimensions, which change the trained model), plus the instance and region, which belong to a
+    provider."""
+    return tuple(f for f in plan_fields() if f not in VARY_DIMENSIONS) + ("instance", "region")
 
 
 def effective_batch_size(flat: dict[str, Any]) -> int:
@@ -42,7 +45,8 @@ def request(flat: dict[str, Any], query: Any, wait_seconds: float) -> dict[str, 
     one: the server answers within it)."""
     from fitplan.search.recommend import has_dataset_size
 
-    dropped = {FLAG_OF[f] for f in SEARCHED}
+    flag_of = {field: name for name, field in SCENARIO_PARAMS.items()}
+    dropped = {flag_of[f] for f in searched()}
     sized = has_dataset_size(flat)
     objective = "cost" if sized else "gpus"
     batch = effective_batch_size(flat)

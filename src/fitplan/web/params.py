@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import click
 
 from fitplan.errors import FitplanError
 from fitplan.inputs import scenario as sc
+from fitplan.inputs.settings import LiveTable
 from fitplan.inputs.sources import flag_for
 
-SCENARIO_PARAMS: dict[str, str] = {flag_for(f)[2:]: f for f in sc.FIELD_SECTION}
-"""Query name -> scenario field (``per-device-train-batch-size`` -> ``per_device_train_batch_size``)."""
+SCENARIO_PARAMS: Mapping[str, str] = LiveTable(lambda: {flag_for(f)[2:]: f for f in sc.FIELD_SECTION})
+"""Query name -> scenario field (``per-device-train-batch-size`` -> ``per_device_train_batch_size``), plugin
+settings included."""
 PRECISION_FLAGS = ("bf16", "fp16")
 UPLOAD_PREFIX = "upload:"
 """``model=upload:<id>`` names a config.json uploaded to ``POST /api/upload``."""

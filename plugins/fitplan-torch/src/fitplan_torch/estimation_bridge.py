@@ -47,6 +47,8 @@ class RunConfig:
     """How the loss head runs (:mod:`.loss_heads`): ``hf`` or ``chunked``."""
     optimizer_in_bwd: bool = False
     """torchtune's ``optimizer_in_bwd`` (:mod:`.in_backward`)."""
+    activation_offloading: str = "none"
+    """Activation offloading (:mod:`.offload`): ``none``, ``sync`` (the CPU runs it) or ``streams`` (CUDA)."""
     driver: str = "accelerate"
     """accelerate FSDP: ``accelerate`` (``Accelerator.prepare`` and a bare step, :mod:`.accel_fsdp`) or ``trainer``
     (``Trainer.train()``, :mod:`.trainer_fsdp`); DeepSpeed: ``accelerate`` (``deepspeed.initialize`` driven
@@ -82,6 +84,7 @@ def run_config(estimate, options: dict[str, Any], mode: str) -> RunConfig:
         stack=str(estimate["stack_name"]), ds_config=ds_config(estimate) if estimate["stack_name"] == "deepspeed" else {},
         loss_implementation=getattr(s.training, "loss_implementation", "hf"),
         optimizer_in_bwd=bool(getattr(s.training, "optimizer_in_bwd", False)),
+        activation_offloading=str(getattr(s.training, "activation_offloading", "none")),
         driver=str(options.get("driver") or "accelerate"), use_orig_params=bool(options.get("use_orig_params", True)),
         fsdp1_strategy=str(options.get("fsdp1_strategy") or getattr(s.parallel, "fsdp_sharding_strategy", None) or ""),
         ds_config_raw=dict(options.get("ds_config") or {}),

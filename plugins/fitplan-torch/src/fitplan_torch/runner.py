@@ -171,6 +171,20 @@ def check_supported(estimate) -> None:
     if loss != "hf" and sharded(estimate):
         raise FitplanError("the torch referee runs a chunked loss on one device only", field="loss_implementation",
                            value=loss, suggestion="validate the chunked loss with --num-gpus 1")
+    if getattr(s.lora, "load_in_8bit", False):
+        raise FitplanError("the torch referee does not build 8-bit models: bitsandbytes 0.50.2 trains them with "
+                           "MatMul8bitFp on the CPU and MatMul8bitLt on CUDA (autograd/_functions.py matmul), so a CPU "
+                           "run would not measure what a GPU keeps (tests/test_int8_lora.py derives it from the source)",
+                           field="load_in_8bit", value=True, suggestion="validate the 4-bit QLoRA scenario")
+    offload = getattr(s.training, "activation_offloading", "none")
+    if offload != "none" and sharded(estimate):
+        raise FitplanError("the torch referee runs activation offloading on one device only",
+                           field="activation_offloading", value=offload, suggestion="validate it with --num-gpus 1")
+    if offload != "none" and (offload != "trl_sync" or loss != "hf"):
+        raise FitplanError("the torch referee runs TRL's activation offloading without streams around the model's "
+                           "own loss (CUDA streams need a GPU; tests/test_offload.py derives the stream's stash from the "
+                           "source)", field="activation_offloading", value=offload,
+                           suggestion="validate activation_offloading = \"trl_sync\" with loss_implementation = \"hf\"")
     if s.parallel.tensor_parallel > 1:
         raise FitplanError("the torch referee does not implement tensor parallelism", field="tensor_parallel",
                            value=s.parallel.tensor_parallel, suggestion="validate with --tensor-parallel 1")

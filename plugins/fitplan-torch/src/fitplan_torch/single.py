@@ -25,6 +25,10 @@ def build_all(rc: RunConfig, fake=None):
     model = build_model(rc.config, precision=rc.precision, attn_implementation=rc.attn_implementation, method=rc.method,
                         lora=rc.lora, gradient_checkpointing=rc.gradient_checkpointing, device=rc.device, fake=rc.fake,
                         seed=rc.seed)
+    if rc.activation_offloading == "trl_sync":
+        from .offload import SyncOffload
+
+        model._fitplan_offload = SyncOffload(model)  # kept with the model (its hooks refer to it)
     # named, so optimizers that treat embeddings and the LM head differently (Muon, GaLore, Adam-mini) can tell
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if rc.optimizer_in_bwd:

@@ -53,3 +53,9 @@ def fitplan_register_quantities(register):
 def fitplan_register_reducers(register):
     for r in (*torch_native.REDUCERS, *deepspeed.REDUCERS, *fsdp.REDUCERS, *offload.REDUCERS):
         register(r)
+
+
+@hookimpl
+def fitplan_register_settings(register):
+    for s in offload.SETTINGS:
+        register(s)

@@ -172,13 +172,18 @@ def _data_parallel(out, kind, k, t, param_count, trainable_param_count, weight_d
                               else "none (reduce-scatter on the compute stream)") + "; all-gather after the step"
         else:
             # gathered for the forward and again for the backward, except what stays gathered in between and
-            # the modules with no backward (a LoRA base before the first adapter)
+            # the modules with no backward (a LoRA base before the first adapter). The gathers are exposed whole:
+            # before each module the compute stream waits for every gather issued so far (fetch_sub_module:
+            # current_stream().wait_stream(allgather_stream), partitioned_param_coordinator.py:414-415; CUDA does
+            # not resolve the dependency itself, cuda_accelerator.py resolves_data_dependency) and the host stops
+            # at the oldest of more than two outstanding fetches (__max_ongoing_fetch_events = 2, synchronize(),
+            # :403-404), so a gather runs at most one prefetch bucket ahead and the host's launches wait behind it
             r = deepspeed_rank
             kept = (r.gathered_kept + r.gathered_once) if r is not None else 0
             gathered = 2 * P - min(kept, P)
-            _put(out, "micro", "all_gather", k * gathered, k * round(2 * tensors * gathered / (2 * P)) if P else 0)
+            _put(out, "serial", "all_gather", k * gathered, k * round(2 * tensors * gathered / (2 * P)) if P else 0)
             _put(out, "micro", "reduce_scatter", k * G, k * reduce_calls)
-            out["overlap"] = "prefetched gathers and bucketed reduce-scatter (overlap_comm)"
+            out["overlap"] = "gathers in series with the modules; bucketed reduce-scatter during the backward (overlap_comm)"
     elif kind.startswith("hf_fsdp") or kind in ("fsdp_zero2", "fsdp_zero3"):
         gb = fsdp_rank["gather_b"] if fsdp_rank is not None else weight_dtype_bytes
         P, G = param_count * gb / t, trainable_param_count * gb / t

@@ -10,7 +10,29 @@ kernel cannot page them out.
 from __future__ import annotations
 
 from fitplan.engine.declarations import quantity, reducer
+from fitplan.inputs.settings import Search, Setting
 from fitplan.inputs.stacks import ds_cpu_optimizer
+
+
+
+def _searched_with(option):
+    """The shard options the recommender tries with or without parameter offload: DeepSpeed offloads parameters
+    at ZeRO-3 only (``inputs/stacks.py`` refuses it below); on one GPU ZeRO-3 is tried only with it (ZeRO-3 shards
+    nothing over one rank: only its parameter offload can lower the peak)."""
+    if option["offload_params"]:
+        return option["zero_stage"] == 3
+    return not (option["data_parallel"] == 1 and option["zero_stage"] == 3)
+
+
+OFFLOAD_PARAMS = Setting(
+    "offload_params", "parallel", type="bool", default=False, after="offload_optimizer",
+    help="Parameters offloaded to the CPU: DeepSpeed ZeRO-3 offload_param (device cpu), or FSDP's "
+         "CPUOffload(offload_params=True) together with --offload-optimizer.",
+    search=Search(values=(False, True), level="shard", weight=2, allowed=_searched_with, stack="deepspeed"),
+    plan_label="offload params")
+"""The one declaration of ``offload_params`` (a field of ``[parallel]``): the scenario field, its flag and help,
+the recommender's shard-level dimension (a plan offloading parameters is less simple than one offloading the
+optimizer: weight 2) and the word a plan's offload list shows. Where it applies: ``inputs/stacks.py``."""
 
 
 def _fsdp_offload(sharding_kind, offload_params):
@@ -60,3 +82,4 @@ def cpu_offload_bytes(offload_host_bytes, num_gpus):
 
 QUANTITIES = (offload_host_bytes, cpu_offload_bytes)
 REDUCERS = (fsdp_off_weights, fsdp_off_grads, fsdp_off_states, fsdp_off_temp)
+SETTINGS = (OFFLOAD_PARAMS,)

@@ -19,7 +19,8 @@ def add(cli: click.Group) -> None:
 @click.option("--check", is_flag=True, help="Load every plugin and report every problem at once (exit 2 if any).")
 @format_option("plugins")
 def plugins(check: bool, fmt: str) -> None:
-    """List plugins and what each registers (quantities, reducers, optimizers, names, commands, formats, ruleset dirs)."""
+    """List plugins and what each registers (quantities, reducers, optimizers, names, settings, commands, formats, ruleset
+    dirs)."""
     from fitplan.output.console import console, escape
     from fitplan.pluginmgr.registry import make_registry
 
@@ -37,6 +38,7 @@ def plugins(check: bool, fmt: str) -> None:
 def listing(reg) -> dict[str, Any]:
     """What ``fitplan plugins`` shows of a registry (its problems included, a graph error among them)."""
     from fitplan.errors import PluginError
+    from fitplan.inputs.settings import declared
 
     dirs_by_plugin: dict[str, list[str]] = {}
     for name, result in reg.ruleset_dirs_answered():
@@ -63,6 +65,7 @@ def listing(reg) -> dict[str, Any]:
             "optimizers_refused": {o.name: o.refused for o in sorted(reg.optimizers.values(), key=lambda o: o.name)
                                    if o.plugin == name and o.refused},
             "names": sorted(n.name for n in reg.names.values() if n.plugin == name),
+            "settings": sorted(s.name for s in declared().values() if s.plugin == name),
             "commands": commands.get(name, []),
             "formats": sorted({f"{f.name} ({k})" for (k, _), f in reg.formats.items() if f.plugin == name}),
             "ruleset_dirs": dirs_by_plugin.get(name, []),

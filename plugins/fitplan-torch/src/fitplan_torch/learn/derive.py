@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from . import learner
+from . import learner, routing
 from .fit import FitError, Fitter
 from .fold import fold
 from .limits import data_dependent_note
@@ -27,7 +27,8 @@ DISTINCT_P = (0.11, 0.13, 0.17, 0.19, 0.23, 0.29, 0.31, 0.37, 0.41, 0.43)
 VARIANTS = (("16", "sdpa"), ("16", "eager"), ("mixed", "sdpa"), ("mixed", "eager"))
 DTYPE_OF = {"16": "bfloat16", "mixed": "float32", "32": "float32"}
 NOT_SIZES = re.compile(r"(_token_id|token_ids|^num_hidden_layers$|^n_layer$|_layers$|^max_window_layers$|seed|"
-                       r"^first_k_dense_replace$|_step$|_freq$|_interval$|_pattern$|^sliding_window$|^attention_chunk_size$|"
+                       r"^first_k_dense_replace$|_step$|_freq$|_interval$|_pattern$|_layer_period$|_layer_offset$|^sliding_window$|"
+                       r"^attention_chunk_size$|"
                        r"^num_labels$|^chunk_size_feed_forward$|^pretraining_tp$|^max_position_embeddings$)")
 
 
@@ -78,11 +79,12 @@ def run(cfg: dict[str, Any], precision: str, attn: str, b: int, s: int, *, backw
     model, config = build(cfg, precision, attn)
     batch = batch_for(config, b, s)
     ac = torch.bfloat16 if precision == "mixed" else None
-    rec = record(model, batch, autocast_dtype=ac)
-    if backward:
-        recb = record(model, batch, autocast_dtype=ac, lifetimes=False, backward=True)
-        rec.backward = align_backward(rec, recb)
-        rec.accumulate = recb.accumulate
+    with routing.balanced(model, config.to_dict()):  # the declared routing, where experts are sized by it
+        rec = record(model, batch, autocast_dtype=ac)
+        if backward:
+            recb = record(model, batch, autocast_dtype=ac, lifetimes=False, backward=True)
+            rec.backward = align_backward(rec, recb)
+            rec.accumulate = recb.accumulate
     rec.meta = _meta(model, config, rec.sites)
     return fold(rec, rec.meta)  # a loop over heads (StableLM's per-head LayerNorm): one repeated block
 

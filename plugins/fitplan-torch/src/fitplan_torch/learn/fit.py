@@ -8,7 +8,8 @@ order, for the simplest expression over exactly those variables that reproduces 
 1. a constant (no dependency);
 2. ``c · Π vᵢ^eᵢ`` (exponents -1, 1, 2; c a small integer or a half);
 3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m;
-4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``).
+4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``); before it, ``ceil_div(c·m, d)``, a
+   count rounded up (the first expert's rows under balanced routing, :mod:`.routing`).
 
 A wrong expression would have to agree with every probe, including the joint ones; the learner then
 checks the whole file against a fresh recording at sizes no probe used (:mod:`.verify`).
@@ -105,6 +106,22 @@ class Fitter:
         self._monos[key] = out
         return out
 
+    def _ceil_quotient(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
+        """``ceil_div(c·m, d)``: a count rounded up, such as the rows of the first expert under the learner's
+        balanced routing (:mod:`.routing`: k·b·s rows over E experts, the first gets ``ceil_div(k·b·s, E)``)."""
+        for mono, _ in self.monos(deps, True):
+            neg = [v for v, p in mono if p == -1]
+            if len(neg) != 1:
+                continue
+            numer = tuple((v, p) for v, p in mono if p != -1)
+            for c in (1, 2, 4):
+                m = _fmt(Fraction(c), numer)
+                if m is not None:
+                    expr = f"ceil_div({m}, {neg[0]})"
+                    if self.check(expr, y):
+                        return expr
+        return None
+
     def fit(self, values) -> str:
         y = tuple(int(v) for v in values)
         got = self.cache.get(y)
@@ -134,6 +151,9 @@ class Fitter:
                 if self.check(s, y):
                     best = s
                     break
+        if best is not None:
+            return best
+        best = self._ceil_quotient(deps, y)
         if best is not None:
             return best
         for f in self.floats:

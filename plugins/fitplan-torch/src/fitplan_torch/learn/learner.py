@@ -22,6 +22,7 @@ from typing import Any
 
 from fitplan.api import FitplanError, archformat
 
+from . import routing
 from .limits import LAYERDROP_WHY, dropout_fields
 
 
@@ -131,16 +132,27 @@ def _supported(base: dict[str, Any], variants, log) -> list[tuple[str, str]]:
     from . import derive as D
 
     supported = []
+    routing.FORCED.clear()
     for precision, attn in variants:
         try:
-            D.build(base, precision, attn)
+            model, _ = D.build(base, precision, attn)
         except ValueError as e:
             log(f"  {precision}/{attn}: not supported by this model ({str(e).splitlines()[0][:90]})")
             continue
         supported.append((precision, attn))
+        _fix_routing(base, model, log)
     if not supported:
         raise D.LearnError(f"the model runs none of the variants {', '.join('/'.join(v) for v in variants)}")
     return supported
+
+
+def _fix_routing(base: dict[str, Any], model, log) -> None:
+    """Where the model's routers pick experts per token (:mod:`.routing`), record them fixed to balanced routing
+    (``routing.FORCED``, read by ``derive.run`` and the file's ``assumed``)."""
+    names = routing.fields(base)
+    if names and routing.routers(model, base[names[0]]) and not routing.FORCED:
+        routing.FORCED.update({"experts": names[0], "top_k": names[1]})
+        log(f"  routers fixed to balanced routing while recording ({names[1]} of {names[0]} experts per token)")
 
 
 # --------------------------------------------------------------------------- 2. derive
@@ -290,8 +302,17 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
         "lora": {**D.peft_parameter_targets(rec.model_type),
                  **D._non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix)},
         "attn_implementations": sorted({a for _, a in supported}),
-        **({"assumed": {k: {"value": 0.0, "why": LAYERDROP_WHY} for k in rec.skipping}} if rec.skipping else {}),
+        **_assumed(rec.skipping),
     }
+
+
+def _assumed(skipping: list[str]) -> dict[str, Any]:
+    """The file's ``assumed``: layer skipping off (every layer runs), and balanced routing where the routers were
+    fixed while recording (:mod:`.routing`)."""
+    out: dict[str, Any] = {k: {"value": 0.0, "why": LAYERDROP_WHY} for k in skipping}
+    if routing.FORCED:
+        out["routing"] = {"value": "balanced", "why": routing.ROUTING_WHY, "always": True}
+    return {"assumed": out} if out else {}
 
 
 def _parameters(rec: ModelRecord, ref16: dict[str, Any], meta: dict[str, Any], kinds: list[str],

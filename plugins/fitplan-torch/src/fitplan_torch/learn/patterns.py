@@ -9,7 +9,8 @@ explained by the first rule of a small template family that holds over every con
 
 * a list field of the config: ``layer_types[i] == "sliding_attention"``, ``i in mlp_only_layers``,
   ``no_rope_layers[i]``;
-* an integer field P: ``i >= P``, ``i < P``, ``(i + 1) % P == 0``, ``i % P == 0``, ``(i + 1) % P != 0``.
+* an integer field P: ``i >= P``, ``i < P``, ``(i + 1) % P == 0``, ``i % P == 0``, ``(i + 1) % P != 0``, and with
+  a second one Q, ``i % P == Q`` (a period and an offset: Jamba's attention and expert layers).
 
 When the config class derives a list (``layer_types``) from integer fields, the rule is written for both
 cases: ``(rule on the list) if layer_types is not None else (rule on the integers)``. The file's layer
@@ -143,7 +144,9 @@ DEFAULTS: dict[str, Any] = {}
 
 
 def _given(c, f):
-    return f in c[0] and c[0][f] is not None
+    """Whether the core sees a list for ``f``: the config's own value, else the class default (RecurrentGemma's
+    ``block_types`` defaults to a 3-long list, Olmo3's ``layer_types`` to None, which the class then derives)."""
+    return _lv(c, f) is not None
 
 
 def _lv(c, f):
@@ -162,6 +165,9 @@ def candidates(cfg: dict[str, Any], ints: list[str], lists: list[str], resolved:
         base.append((f"i < {p}", lambda i, c, p=p: i < c[1][p]))
         base.append((f"(i + 1) % {p} == 0", lambda i, c, p=p: c[1][p] != 0 and (i + 1) % c[1][p] == 0))
         base.append((f"i % {p} == 0", lambda i, c, p=p: c[1][p] != 0 and i % c[1][p] == 0))
+    for p, q in itertools.permutations(ints, 2):
+        # a period and an offset (JambaConfig.layers_block_type: ``i % attn_layer_period == attn_layer_offset``)
+        base.append((f"i % {p} == {q}", lambda i, c, p=p, q=q: c[1][p] != 0 and i % c[1][p] == c[1][q]))
     for k in (2, 3, 4, 5, 6, 8):
         base.append((f"(i + 1) % {k} == 0", lambda i, c, k=k: (i + 1) % k == 0))
         base.append((f"i % {k} == 0", lambda i, c, k=k: i % k == 0))
@@ -174,6 +180,10 @@ def candidates(cfg: dict[str, Any], ints: list[str], lists: list[str], resolved:
             continue
         if vals and all(isinstance(x, str) for x in vals):
             list_rules = [(f'{f}[i] == "{x}"', lambda i, c, f=f, x=x: _lv(c, f)[i] == x) for x in sorted(set(vals))]
+            # a list shorter than the layers, cycled by the class (RecurrentGemmaConfig.layers_block_type:
+            # ``(block_types * 100)[:num_hidden_layers]``, configuration_recurrent_gemma.py)
+            list_rules += [(f'{f}[i % len({f})] == "{x}"', lambda i, c, f=f, x=x: _lv(c, f)[i % len(_lv(c, f))] == x)
+                           for x in sorted(set(vals))]
         else:
             list_rules = [(f"i in {f}", lambda i, c, f=f: i in (_lv(c, f) or ())),
                           (f"i not in {f}", lambda i, c, f=f: i not in (_lv(c, f) or ())),
@@ -232,12 +242,20 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
     no_lists = {k: v for k, v in cfg.items() if k not in lists}
     observed = []  # (config as given, resolved config, layer features)
 
+    forms = {name: {f.get(name) for f in feats} for name in names}
+
     def observe(c):
         try:
             used = with_layers(c, N_LAYERS)
-            observed.append((used, hf_config(used).to_dict(), layer_features(c, N_LAYERS)))
+            fe = layer_features(c, N_LAYERS)
+            observed.append((used, hf_config(used).to_dict(), fe))
         except Exception:  # noqa: BLE001 - a value the class rejects
-            pass
+            return
+        if any(f.get(name) not in forms[name] for f in fe for name in names):
+            # a form the base config's layers do not have: the varied value shows in every layer of one kind
+            # (Cohere2's sliding_window = 1 is kept as a 0/1 flag by the projection), so this config says
+            # nothing about which layer is which kind
+            observed.pop()
 
     # lists absent (the class derives them from integers or constants), integers varied
     for c in [no_lists] + [{**no_lists, f: v} for f in ints for v in (1, 2, 3, 4)]:
@@ -256,6 +274,8 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
                 continue
             for _ in range(8):
                 observe({**cfg, f: [rnd.choice(vals) for _ in range(N_LAYERS)]})
+            for _ in range(4):  # shorter than the layers: cycled by a class that allows it, else refused
+                observe({**cfg, f: [rnd.choice(vals) for _ in range(3)]})
         elif all(isinstance(x, (int, bool)) and x in (0, 1) for x in base) and len(base) == len(feats_layers(cfg)):
             for _ in range(6):
                 observe({**cfg, f: [rnd.choice((0, 1)) for _ in range(N_LAYERS)]})

@@ -1,0 +1,108 @@
+"""Routing as a learned file assumes it: experts whose sizes depend on which tokens the router sends them.
+
+transformers 5's ``grouped_mm`` experts size every tensor by the k·T (token, expert) rows, whatever the router
+picks, so the bundled MoE types learn without an assumption. Older MoE code loops over the experts with the
+rows each one received: JetMoE's ``JetMoeTopKGating`` (modeling_jetmoe.py) counts them (``expert_size =
+gates.long().sum(0).tolist()``) and ``JetMoeParallelExperts`` splits its input by those counts, one ``F.linear``
+per expert. Those sizes depend on the data, so no expression over the config fits them.
+
+The learner declares the routing instead: while it records, each router (an ``nn.Linear`` whose outputs are the
+config's experts) scores token t's experts so that its j-th choice is expert ``(t·k + j) mod E``: every expert
+receives k·T/E rows, rounded up for the first experts when E does not divide k·T (balanced routing, what fitplan's
+FLOPs already assume, ``moe_routing``), and the file states it under ``assumed``. A loop over the experts is folded
+into one repeated block (:mod:`.fold`), expert 0's, whose rows fit ``ceil_div(k·b·s, E)`` (:mod:`.fit`): the
+core repeats it E times, at most E - 1 rows more than k·T. The total rows, k·T, are the routing's own, so the
+saved activations summed over experts are what any routing saves; what balanced routing sets is each expert's
+transient, from k·T/E rows (balanced) up to T (every token on one expert).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from .configrules import EXPERTS
+
+TOP_K = ("num_experts_per_tok", "moe_top_k", "top_k")
+"""Config fields that hold the number of experts each token is routed to."""
+
+ROUTING_WHY = ("each expert receives k·b·s/E (token, expert) rows, rounded up (balanced routing; the learner fixed "
+               "the router's choices while recording), so the per-expert transients are the balanced ones; the "
+               "saved activations, summed over the experts, do not depend on the routing")
+"""What a file whose experts are sized by the routing assumes (docs/architectures.md, "What the learner assumes")."""
+
+FORCED: dict[str, str] = {}
+"""While a type is learned: the config fields of its expert count and top-k when its routers are fixed, else
+empty (the file's ``assumed`` says so)."""
+
+
+def _field(cfg: dict[str, Any], names: tuple[str, ...]) -> tuple[str, int] | None:
+    for k in names:
+        v = cfg.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return k, v
+    return None
+
+
+def fields(cfg: dict[str, Any]) -> tuple[str, str] | None:
+    """The names of the config's expert count and top-k (top-level fields), or None."""
+    e, k = _field(cfg, EXPERTS + ("moe_num_experts",)), _field(cfg, TOP_K)
+    return (e[0], k[0]) if e and k and k[1] <= e[1] else None
+
+
+ROUTER_NAMES = ("router", "gate", "gating", "switch")
+"""A router's module path holds one of these as a part (JetMoE's and DBRX's ``router.layer``, Mixtral-style
+``mlp.gate``; ``gate_proj`` is an MLP's, not a router)."""
+
+
+def routers(model, n_experts: int) -> list:
+    """The model's ``nn.Linear`` modules with one output per expert whose path names a router (JetMoE's
+    ``router.layer``): a width equal to the expert count by chance (a tiny model's 4-wide projection) is not."""
+    import torch
+
+    def named(path: str) -> bool:
+        return any(part in ROUTER_NAMES or part.endswith("router") for part in path.split("."))
+
+    return [m for path, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and m.out_features == n_experts and named(path)]
+
+
+def _balanced_scores(out, n_experts: int, k: int):
+    """Scores of ``out``'s shape whose top k for token t are experts (t·k + j) mod E, j = 0..k-1, in that order."""
+    import torch
+
+    rows = out.numel() // n_experts
+    scores = torch.full((rows, n_experts), -30.0, dtype=out.dtype, device=out.device)
+    t = torch.arange(rows, device=out.device)
+    for j in range(k):
+        scores[t, (t * k + j) % n_experts] = float(k - j)
+    return scores.view(out.shape)
+
+
+@contextlib.contextmanager
+def balanced(model, cfg: dict[str, Any]):
+    """Fix every router's choices to balanced routing while the model runs (see the module doc); yields whether
+    any router was found. The scores are written into the router's output in place, with no dispatch mode active
+    and no autograd, so the recording sees the router's own ops only."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    names = fields(cfg)
+    found = routers(model, cfg[names[0]]) if names else []
+    if not found:
+        yield False
+        return
+    n_experts, k = cfg[names[0]], cfg[names[1]]
+
+    def hook(module, args, out):
+        if isinstance(out, torch.Tensor) and out.shape[-1] == n_experts:
+            with _disable_current_modes(), torch.no_grad():
+                out.detach().copy_(_balanced_scores(out, n_experts, k))
+        return None
+
+    handles = [m.register_forward_hook(hook) for m in found]
+    try:
+        yield True
+    finally:
+        for h in handles:
+            h.remove()
