@@ -77,7 +77,7 @@ def test_no_import_cycles():
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("units", "diskcache", "files"),
-    ("engine",),
+    ("engine", "codecache"),
     ("inputs",),
     ("arch",),
     ("trace",),

@@ -8,8 +8,6 @@ only), so their bytes are derived here by hand from their sources. Every scenari
 from __future__ import annotations
 
 import json
-import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ import pytest
 import fitplan
 from fitplan import FitplanError
 from fitplan.inputs.importers import training_args_fields
+from referee_support import fitplan_torch_referee
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "data" / "configs"
@@ -162,21 +161,6 @@ def test_unknown_loss_implementation_is_refused():
 
 # --------------------------------------------------------------------------- chunked: the torch referee
 
-def _referee():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    pytest.importorskip("peft")
-    try:
-        import fitplan_torch  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(ROOT / "plugins" / "fitplan-torch" / "src"))
-    import fitplan_torch
-
-    warnings.filterwarnings("ignore", module="transformers")
-    warnings.filterwarnings("ignore", module="peft")
-    return fitplan_torch
-
-
 CASES = [
     # (precision, method, checkpointing): full fine-tuning differentiates the LM head 8 times (its gradient summed
     # as each chunk's arrives); LoRA freezes it; autocast casts its weight once (cached) for the 8 chunks
@@ -198,7 +182,7 @@ def test_chunked_loss_with_tied_embeddings_against_torch():
 
 
 def _check_chunked_against_torch(name, precision, method, ckpt):
-    fitplan_torch = _referee()
+    fitplan_torch = fitplan_torch_referee()
     lora = dict(method="lora", lora_r=8, lora_target_modules=("q_proj", "v_proj")) if method == "lora" else {}
     est = fitplan.estimate(model=str(CONFIGS / name / "config.json"), precision=precision, optim="adamw_torch",
                            per_device_train_batch_size=2, max_seq_length=64, gradient_checkpointing=ckpt,
@@ -211,7 +195,7 @@ def _check_chunked_against_torch(name, precision, method, ckpt):
 
 @pytest.mark.parametrize("loss", ["liger", "cce"])
 def test_the_referee_refuses_the_triton_losses(loss):
-    fitplan_torch = _referee()
+    fitplan_torch = fitplan_torch_referee()
     est = fitplan.estimate(model=str(CONFIGS / "tiny-llama" / "config.json"), precision="bf16-true", optim="adamw_torch",
                            per_device_train_batch_size=1, max_seq_length=16, loss_implementation=loss, device="cpu")
     with pytest.raises(FitplanError, match="Triton"):

@@ -8,14 +8,13 @@ in_backward.py builds the same optimizers and hooks). Every scenario states ``op
 
 from __future__ import annotations
 
-import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
 import fitplan
 from fitplan import FitplanError
+from referee_support import fitplan_torch_referee
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "data" / "configs" / "tiny-llama" / "config.json")
@@ -49,28 +48,13 @@ def test_accumulation_and_sharding_are_refused():
         _tiny(optimizer_in_bwd=True, num_gpus=2, device="cuda", gpu="a100-80gb")["peak_bytes"]
 
 
-def _referee():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    pytest.importorskip("peft")
-    try:
-        import fitplan_torch  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(ROOT / "plugins" / "fitplan-torch" / "src"))
-    import fitplan_torch
-
-    warnings.filterwarnings("ignore", module="transformers")
-    warnings.filterwarnings("ignore", module="peft")
-    return fitplan_torch
-
-
 @pytest.mark.parametrize(("method", "loss", "ckpt", "optim"), [
     ("full", "hf", False, "adamw_torch"),           # foreach AdamW per parameter: its temporaries in the backward
     ("lora", "hf", True, "adamw_torch"),
     ("full", "chunked", True, "adamw_torch_fused"),  # the LM head's 8 gradients summed before its hook runs
 ])
 def test_optimizer_in_bwd_against_torch(method, loss, ckpt, optim):
-    fitplan_torch = _referee()
+    fitplan_torch = fitplan_torch_referee()
     lora = dict(method="lora", lora_r=8, lora_target_modules=("q_proj", "v_proj")) if method == "lora" else {}
     est = _tiny(optim=optim, gradient_checkpointing=ckpt, loss_implementation=loss, optimizer_in_bwd=True, **lora)
     report = fitplan_torch.validate(est, mode="cpu", memtracker=False)

@@ -278,6 +278,25 @@ def test_a_wrongly_typed_value_names_file_key_and_value(tmp_path):
     assert (e.value.file, e.value.field, e.value.value) == (str(path), "$.micro_batch_size", "two")
 
 
+def test_axolotl_fsdp_config_is_read_by_the_rules_accelerate_applies(tmp_path):
+    # fitplan/inputs/fsdp_keys.py, shared with the TrainingArguments and accelerate channels: str_to_bool
+    # (accelerate/utils/environment.py) reads "false" as false, where a truth test would have offloaded
+    path = tmp_path / "recipe.yml"
+    path.write_text("base_model: x/y\nfsdp: full_shard\nfsdp_config:\n  fsdp_offload_params: 'false'\n"
+                    "  fsdp_activation_checkpointing: 'true'\nfsdp_version: 1\n")
+    fields, _ = recipe_fields(path)
+    assert (fields["stack"], fields["fsdp"], fields.get("offload_params"), fields["gradient_checkpointing"]) == \
+        ("fsdp1", "full_shard", None, True)
+    path.write_text("base_model: x/y\nfsdp: full_shard\nfsdp_config:\n  fsdp_backward_prefetch: SOMETIMES\n")
+    with pytest.raises(FitplanError) as e:
+        recipe_fields(path)
+    assert (e.value.file, e.value.field, e.value.value) == (str(path), "$.fsdp_config.fsdp_backward_prefetch", "SOMETIMES")
+    path.write_text("base_model: x/y\nfsdp: full_shard\nfsdp_version: 3\n")
+    with pytest.raises(FitplanError, match="fsdp_config.version must be 1 or 2") as e:
+        recipe_fields(path)
+    assert e.value.field == "$.fsdp_version"
+
+
 def test_a_yaml_no_framework_wrote_is_refused(tmp_path):
     path = tmp_path / "recipe.yaml"
     path.write_text("hello: world\n")

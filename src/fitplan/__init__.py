@@ -16,6 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fitplan import codecache
+
+codecache.install()  # before the first attrs class: its generated methods come compiled from the disk cache
+
 from fitplan.engine.declarations import Name, Quantity, Reducer, quantity, reducer
 from fitplan.errors import FitplanError, PluginError
 from fitplan.inputs.optimizer import OptimizerContext, OptimizerSpec

@@ -99,7 +99,8 @@ def check_keys(cfg: dict[str, Any], version: int, path: str, field: Any) -> None
                        "requires `fsdp_version=2` (accelerate/utils/dataclasses.py:1845)")
 
 
-def _version(cfg: dict[str, Any], path: str, field: str) -> int:
+def version_of(cfg: dict[str, Any], path: str, field: str) -> int:
+    """``cfg``'s ``version``, 2 when absent (the Trainer's default), else 1 or 2 (axolotl's recipes share it)."""
     v = cfg.get("version", 2)
     if isinstance(v, bool) or str(v) not in ("1", "2"):
         raise _bad(path, field, v, f"fsdp_config.version must be 1 or 2, got {v!r} (transformers/training_args.py:2826 "
@@ -145,7 +146,7 @@ def ta_fsdp(data: dict[str, Any], path: str, warnings: list[str]) -> dict[str, A
     def field(key: str) -> str:
         return f"$.fsdp_config.{original.get(key, key)}"
 
-    version = _version(cfg, path, field("version"))
+    version = version_of(cfg, path, field("version"))
     words = _words(fsdp, path)
     for w in words:  # _apply_legacy_fsdp_to_config: setdefault, so fsdp_config's own value and the first word win
         if w.upper() in SHARDING_STRATEGIES:

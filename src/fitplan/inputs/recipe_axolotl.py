@@ -243,53 +243,55 @@ def _sharding(r: Recipe, bf16: bool, fp16: bool) -> None:
         r.deepspeed("deepspeed", bf16=bf16, fp16=fp16)
     fsdp = r.value("fsdp")
     cfg = r.value("fsdp_config")
-    version = r.value("fsdp_version")
     if not fsdp and not cfg:
         return
-    def bad(key: str, message: str, suggestion: str | None = None):
-        return r.bad(key, message, suggestion)
-
-    r.fields.update(_ta_fsdp(fsdp or ["full_shard"], bad))
-    merged: dict[str, Any] = dict(cfg or {})
-    if version is not None:
-        merged.setdefault("version", version)
-    merged = {k.removeprefix("fsdp_"): v for k, v in merged.items()}
-    if merged.get("offload_params"):
-        r.set("offload_params", True)
-        r.set("offload_optimizer", True)
-    if merged.get("reshard_after_forward") is False:
-        r.set("fsdp", "shard_grad_op")
-    r.fields.update(_ta_fsdp_config(merged, bad))
+    r.fields.update(_fsdp_words(fsdp or ["full_shard"], r))
+    r.fields.update(_fsdp_config(cfg, r.value("fsdp_version"), r))
 
 
-def _ta_fsdp(fsdp: Any, bad: Any) -> dict[str, Any]:
+def _fsdp_words(fsdp: Any, r: Recipe) -> dict[str, Any]:
     """``fsdp`` (``"full_shard auto_wrap"``, ``"shard_grad_op"``, ``"full_shard offload"``, or a list)."""
     words = fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, list) else None
     if not words or not all(isinstance(w, str) for w in words):
-        raise bad("fsdp", f"fsdp must be a string or a list of strings, got {fsdp!r}")
+        raise r.bad("fsdp", f"fsdp must be a string or a list of strings, got {fsdp!r}")
     modes = [w for w in words if w in ("full_shard", "shard_grad_op", "hybrid_shard")]
     if not modes:
-        raise bad("fsdp", f"fsdp {fsdp!r} names no sharding strategy",
-                  "one of full_shard, shard_grad_op, hybrid_shard (with offload / auto_wrap)")
+        raise r.bad("fsdp", f"fsdp {fsdp!r} names no sharding strategy",
+                    "one of full_shard, shard_grad_op, hybrid_shard (with offload / auto_wrap)")
     out: dict[str, Any] = {"fsdp": modes[0]}
     if "offload" in words:
         out.update(offload_params=True, offload_optimizer=True)
     return out
 
 
-def _ta_fsdp_config(cfg: Any, bad: Any) -> dict[str, Any]:
-    """``fsdp_config``: ``version`` (the Trainer's default is 2: training_args.py:2826) and
-    ``activation_checkpointing`` (every wrapped layer checkpointed: accelerator.py:1944-1960, what
-    ``gradient_checkpointing`` models). ``fsdp_`` prefixes are accepted, as the Trainer strips them."""
-    if cfg is None:
-        return {"stack": "fsdp2"}
-    if not isinstance(cfg, dict):
-        raise bad("fsdp_config", f"fsdp_config must be an object, got {type(cfg).__name__}")
-    cfg = {k.removeprefix("fsdp_"): v for k, v in cfg.items()}
-    version = cfg.get("version", 2)
-    if version not in (1, 2, "1", "2"):
-        raise bad("fsdp_config", f"fsdp_config.version must be 1 or 2, got {version!r}")
-    out: dict[str, Any] = {"stack": f"fsdp{int(version)}"}
-    if cfg.get("activation_checkpointing") is True:
+def _fsdp_config(cfg: Any, version: Any, r: Recipe) -> dict[str, Any]:
+    """``fsdp_config`` (its ``fsdp_`` prefixes accepted, as accelerate's plugin takes them) and ``fsdp_version``,
+    read and checked by the rules the TrainingArguments and accelerate channels share
+    (:mod:`fitplan.inputs.fsdp_keys`): the version (the Trainer's default is 2: training_args.py:2826), every
+    key accelerate's FSDP plugin checks, ``offload_params``, ``reshard_after_forward: false`` (FSDP2's
+    SHARD_GRAD_OP) and ``activation_checkpointing`` (every wrapped layer checkpointed: accelerator.py:1944-1960,
+    what ``gradient_checkpointing`` models)."""
+    from fitplan.inputs import fsdp_keys
+
+    if cfg is not None and not isinstance(cfg, dict):
+        raise r.bad("fsdp_config", f"fsdp_config must be an object, got {type(cfg).__name__}")
+    original = {k.removeprefix("fsdp_"): k for k in cfg or {}}
+    merged = {k.removeprefix("fsdp_"): v for k, v in (cfg or {}).items()}
+    if version is not None:
+        merged.setdefault("version", version)
+
+    def field(key: str) -> str:
+        if key == "version" and key not in original:
+            return "$.fsdp_version"
+        return f"$.fsdp_config.{original.get(key, key)}"
+
+    v = fsdp_keys.version_of(merged, r.path, field("version"))
+    fsdp_keys.check_keys(merged, v, r.path, field)
+    out: dict[str, Any] = {"stack": f"fsdp{v}"}
+    if merged.get("offload_params") is not None and fsdp_keys.truth(merged["offload_params"], r.path, field("offload_params")):
+        out.update(offload_params=True, offload_optimizer=True)
+    if merged.get("reshard_after_forward") is False:
+        out["fsdp"] = "shard_grad_op"
+    if fsdp_keys.truth(merged.get("activation_checkpointing", False), r.path, field("activation_checkpointing")):
         out["gradient_checkpointing"] = True
     return out

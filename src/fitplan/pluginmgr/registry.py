@@ -34,6 +34,7 @@ from fitplan.inputs.settings import Setting, install
 from fitplan.output.formats import OutputFormat, ReportSection
 from fitplan.pluginmgr import discovery, hookspecs
 from fitplan.pluginmgr.guard import BLOCK_ENV, Guard, interrupt
+from fitplan.pluginmgr.manager import PluginManager
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "fitplan.builtin.inputs",
@@ -345,7 +346,7 @@ def make_registry(*, blocked: Iterable[str] | None = None, entry_points: bool | 
     :param extra_plugins: ``(name, plugin object)`` pairs called after the built-ins and entry points (tests).
     """
     blocked_set = frozenset(blocked) if blocked is not None else blocked_from_env()
-    pm = pluggy.PluginManager("fitplan")
+    pm = PluginManager("fitplan")
     pm.add_hookspecs(hookspecs)
     reg = Registry(pm=pm, blocked=blocked_set)
     reg.guard = Guard(pm.project_name, reg.add_error)

@@ -10,8 +10,8 @@ on macOS), one snapshot per ruleset path, and used only when all of its key stil
   parsed again, whatever its size and mtime; a plain comparison is exact and needs no hash library);
 * the file's path (error messages name it);
 * fitplan's version, the Python version and the size and modification time of every module that parsing
-  and validation run (``fitplan/rulesets``, ``fitplan/inputs``, ``fitplan/errors.py``, the learned
-  architecture reader, the condition compiler and the template names of ``fitplan/rules`` that the schema uses) and of every learned architecture file (bundled and user-learned: validating a
+  and validation run (``fitplan/rulesets``, with the condition compiler and the template names the schema uses,
+  ``fitplan/inputs``, ``fitplan/errors.py``, the learned architecture reader ``fitplan/arch``) and of every learned architecture file (bundled and user-learned: validating a
   ``[[model]]`` reads its model type's file): changed code or data never reads an old snapshot. Plugins take no part in parsing a file, so they are not in the key (their ruleset
   directories are files like any other).
 
@@ -42,9 +42,7 @@ def _modules() -> tuple[Path, ...]:
     """The modules that parse and validate a file."""
     package = Path(__file__).resolve().parent.parent
     return tuple(sorted([*package.joinpath("rulesets").glob("*.py"), *package.joinpath("inputs").glob("*.py"),
-                         package / "errors.py", package / "builtin" / "archfile.py",
-                         package / "builtin" / "archexpr.py", package / "builtin" / "archformat.py",
-                         package / "rules" / "conditions.py", package / "rules" / "templates.py"]))
+                         *package.joinpath("arch").glob("*.py"), package / "errors.py"]))
 
 
 def _key(path: Path, data: bytes) -> tuple[int, str, bytes, str]:

@@ -87,16 +87,11 @@ def training_arguments(rc, out_dir: str, steps: int):
 def _trainer_class(counter, record: dict[str, Any]):
     """The Trainer with the instruments: phases, each step's peak, the categories after the last step."""
     transformers = _deps.transformers()
+    from .trainer_fsdp import begin_step, end_step, host_batches_counted
 
     class MeasuredTrainer(transformers.Trainer):
         def get_batch_samples(self, epoch_iterator, num_batches, device):
-            # as trainer_fsdp: a GPU run keeps the collated and prefetched batches on the host
-            before = counter.live_ids()
-            out = super().get_batch_samples(epoch_iterator, num_batches, device)
-            batches = [t for b in out[0] for t in b.values()] + [out[1]]
-            record["host_batches"] = record.get("host_batches", 0) + counter.forget_new(before, batches)
-            counter.track(batches)
-            return out
+            return host_batches_counted(counter, record, super().get_batch_samples, epoch_iterator, num_batches, device)
 
         def compute_loss(self, model, inputs, *args, **kwargs):
             _instrument_engine(model, counter, record)
@@ -113,17 +108,12 @@ def _trainer_class(counter, record: dict[str, Any]):
 
     class StepCallback(transformers.TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            _deps.torch().distributed.barrier()
-            counter.set_phase("setup")
-            counter.reset_peak()
-            record["start"] = counter.current
+            begin_step(counter, record)
 
         def on_step_end(self, args, state, control, **kwargs):
-            phases = {k: v for k, v in counter.phase_peaks.items() if k != "setup"}
             if counter.peak_snapshot:
                 record.setdefault("snapshots", []).append(snapshot_summary(counter.peak_snapshot))
-            record["steps"].append({"peak": counter.peak, "peak_phase": counter.peak_phase, "phase_peaks": phases,
-                                    "start": record["start"]})
+            end_step(counter, record)
             counter.set_phase("between_steps")
 
     return MeasuredTrainer, StepCallback

@@ -80,6 +80,36 @@ class _Dataset:
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+def host_batches_counted(counter, record: dict[str, Any], get_batch_samples, *args):
+    """``Trainer.get_batch_samples(*args)`` with its batches counted as host memory, not as the step's: a GPU
+    run keeps the collated and prefetched batches on the host and copies the current one to the device
+    (accelerate/data_loader.py:566-590), so only the batches handed to the step are counted (in
+    ``record["host_batches"]``) and then tracked as live. Shared by the FSDP and DeepSpeed Trainer drivers."""
+    before = counter.live_ids()
+    out = get_batch_samples(*args)
+    batches = [t for b in out[0] for t in b.values()] + [out[1]]
+    record["host_batches"] = record.get("host_batches", 0) + counter.forget_new(before, batches)
+    counter.track(batches)
+    return out
+
+
+def begin_step(counter, record: dict[str, Any]) -> None:
+    """At a step's start, once every rank is there: the phase ``setup``, the peak reset, the live bytes kept as
+    the step's start. Shared by the FSDP and DeepSpeed Trainer drivers."""
+    _deps.torch().distributed.barrier()
+    counter.set_phase("setup")
+    counter.reset_peak()
+    record["start"] = counter.current
+
+
+def end_step(counter, record: dict[str, Any]) -> None:
+    """At a step's end: its peak, the peak's phase and each phase's peak (``setup`` left out), appended to
+    ``record["steps"]``."""
+    phases = {k: v for k, v in counter.phase_peaks.items() if k != "setup"}
+    record["steps"].append({"peak": counter.peak, "peak_phase": counter.peak_phase, "phase_peaks": phases,
+                            "start": record["start"]})
+
+
 def _trainer_class(counter, record: dict[str, Any], plugin_mp: dict[str, Any]):
     """The Trainer with the CPU switch and the instruments (module doc)."""
     transformers = _deps.transformers()
@@ -97,14 +127,7 @@ def _trainer_class(counter, record: dict[str, Any], plugin_mp: dict[str, Any]):
             self.is_fsdp_enabled = True
 
         def get_batch_samples(self, epoch_iterator, num_batches, device):
-            # a GPU run keeps the collated and prefetched batches on the host and copies the current one to the
-            # device (accelerate/data_loader.py:566-590): only the batches handed to the step are counted
-            before = counter.live_ids()
-            out = super().get_batch_samples(epoch_iterator, num_batches, device)
-            batches = [t for b in out[0] for t in b.values()] + [out[1]]
-            record["host_batches"] = record.get("host_batches", 0) + counter.forget_new(before, batches)
-            counter.track(batches)
-            return out
+            return host_batches_counted(counter, record, super().get_batch_samples, epoch_iterator, num_batches, device)
 
         def compute_loss(self, model, inputs, *args, **kwargs):
             counter.set_phase("forward")
@@ -123,10 +146,7 @@ def _trainer_class(counter, record: dict[str, Any], plugin_mp: dict[str, Any]):
 
     class StepCallback(transformers.TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            _deps.torch().distributed.barrier()
-            counter.set_phase("setup")
-            counter.reset_peak()
-            record["start"] = counter.current
+            begin_step(counter, record)
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             counter.set_phase("optimizer_step")
@@ -135,9 +155,7 @@ def _trainer_class(counter, record: dict[str, Any], plugin_mp: dict[str, Any]):
             counter.set_phase("zero_grad")
 
         def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
-            phases = {k: v for k, v in counter.phase_peaks.items() if k != "setup"}
-            record["steps"].append({"peak": counter.peak, "peak_phase": counter.peak_phase, "phase_peaks": phases,
-                                    "start": record["start"]})
+            end_step(counter, record)
             record["stale_flat_grads"] = _stale_flat_grads(model) if record["v1"] else 0
             record["optimizer_states"] = storage_bytes(_state_tensors(optimizer))
             counter.set_phase("between_steps")

@@ -131,6 +131,50 @@ def _instrument(trainer, phases: _Phases) -> None:
     trainer.accelerator.backward = marked_backward
 
 
+def _model(config: dict[str, Any], auto_class: str, **overrides: Any):
+    """``(cfg, model)``: a model of ``config`` (a config.json as a dict) built by ``transformers.<auto_class>``
+    with random weights (seed 0) in the config's ``torch_dtype``; ``overrides`` set on the config first."""
+    torch = _deps.torch()
+    transformers = _deps.transformers()
+    cfg = transformers.AutoConfig.for_model(**config)
+    for name, value in overrides.items():
+        setattr(cfg, name, value)
+    torch.manual_seed(0)
+    return cfg, getattr(transformers, auto_class).from_config(cfg, dtype=_dtype(config))
+
+
+def _dtype(config: dict[str, Any]):
+    return getattr(_deps.torch(), str(config.get("torch_dtype", "float32")).removeprefix("torch."))
+
+
+def _lora(method: str, lora_r: int, lora_target_modules: tuple[str, ...], task_type: str):
+    """peft's ``LoraConfig`` for ``method="lora"`` (alpha ``2r``, no dropout), else None."""
+    if method != "lora":
+        return None
+    import peft
+
+    return peft.LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=list(lora_target_modules),
+                           lora_dropout=0.0, task_type=task_type)
+
+
+def _args(batch: int, optim: str, bf16: bool, gradient_checkpointing: bool) -> dict[str, Any]:
+    """The training arguments every referee run shares: two optimizer steps on the CPU, no clipping, saving,
+    logging or workers."""
+    return dict(output_dir="/tmp/fitplan-trl-referee", per_device_train_batch_size=batch, max_steps=2,
+                use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, max_grad_norm=0.0, optim=optim,
+                logging_steps=100, bf16=bf16, gradient_checkpointing=gradient_checkpointing, dataloader_num_workers=0)
+
+
+def _second_step_peaks(trainer_class, **kwargs: Any) -> dict[str, int]:
+    """Build ``trainer_class(**kwargs)`` with the phase marks, train, and return the second step's phase peaks."""
+    phases = _Phases()
+    run = trainer_class(**kwargs, callbacks=[_callback(phases)])
+    phases.trainer = run
+    _instrument(run, phases)
+    run.train()
+    return phases.steps[-1]
+
+
 def measure_dpo(config: dict[str, Any], *, trainer: str = "dpo", method: str = "full", batch: int = 1, prompt: int = 4,
                 completion: int = 12, bf16: bool = False, gradient_checkpointing: bool = False,
                 lora_r: int = 8, lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
@@ -140,36 +184,20 @@ def measure_dpo(config: dict[str, Any], *, trainer: str = "dpo", method: str = "
     ``KTOTrainer``, whose no-grad KL forwards count as ``reference_forward``) on the CPU (module doc).
     ``config``: a model's config.json as a dict (weights loaded in its ``torch_dtype``); the reference model
     for full fine-tuning is a second model of the same config and dtype (what ``create_model_from_path`` loads)."""
-    torch = _deps.torch()
     transformers = _deps.transformers()
     import trl
 
-    cfg = transformers.AutoConfig.for_model(**config)
-    dtype = getattr(torch, str(config.get("torch_dtype", "float32")).removeprefix("torch."))
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    cfg, model = _model(config, "AutoModelForCausalLM")
     ref = None
     if method == "full" and not precompute_ref_log_probs:
-        ref = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    peft_config = None
-    if method == "lora":
-        import peft
-
-        peft_config = peft.LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=list(lora_target_modules),
-                                      lora_dropout=0.0, task_type="CAUSAL_LM")
-    phases = _Phases()
+        ref = transformers.AutoModelForCausalLM.from_config(cfg, dtype=_dtype(config))
     config_class, trainer_class = (trl.KTOConfig, trl.KTOTrainer) if trainer == "kto" else (trl.DPOConfig, trl.DPOTrainer)
-    args = config_class(output_dir="/tmp/fitplan-trl-referee", per_device_train_batch_size=batch, max_steps=2,
-                         use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, max_grad_norm=0.0,
-                         optim=optim, logging_steps=100, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
-                         precompute_ref_log_probs=precompute_ref_log_probs, beta=beta, dataloader_num_workers=0)
-    run = trainer_class(model=model, ref_model=ref, args=args, processing_class=_tokenizer(cfg.vocab_size),
-                        train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size, unpaired=trainer == "kto"),
-                        peft_config=peft_config, callbacks=[_callback(phases)])
-    phases.trainer = run
-    _instrument(run, phases)
-    run.train()
-    return phases.steps[-1]
+    args = config_class(**_args(batch, optim, bf16, gradient_checkpointing),
+                        precompute_ref_log_probs=precompute_ref_log_probs, beta=beta)
+    return _second_step_peaks(trainer_class, model=model, ref_model=ref, args=args,
+                              processing_class=_tokenizer(cfg.vocab_size),
+                              train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size, unpaired=trainer == "kto"),
+                              peft_config=_lora(method, lora_r, lora_target_modules, "CAUSAL_LM"))
 
 
 def measure_reward(config: dict[str, Any], *, method: str = "full", batch: int = 1, prompt: int = 4,
@@ -180,33 +208,13 @@ def measure_reward(config: dict[str, Any], *, method: str = "full", batch: int =
     ``AutoModelForSequenceClassification`` with ``num_labels=1`` (what ``RewardTrainer`` loads), in the config's
     ``torch_dtype``; LoRA with peft's ``SEQ_CLS`` task (which trains ``score`` whole). No reference forward:
     the phases are ``forward``, ``backward`` and ``optimizer_step``."""
-    torch = _deps.torch()
-    transformers = _deps.transformers()
     import trl
 
-    cfg = transformers.AutoConfig.for_model(**config)
-    cfg.num_labels = 1
-    dtype = getattr(torch, str(config.get("torch_dtype", "float32")).removeprefix("torch."))
-    torch.manual_seed(0)
-    model = transformers.AutoModelForSequenceClassification.from_config(cfg, dtype=dtype)
-    peft_config = None
-    if method == "lora":
-        import peft
-
-        peft_config = peft.LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=list(lora_target_modules),
-                                      lora_dropout=0.0, task_type="SEQ_CLS")
-    phases = _Phases()
-    args = trl.RewardConfig(output_dir="/tmp/fitplan-trl-referee", per_device_train_batch_size=batch, max_steps=2,
-                            use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, max_grad_norm=0.0,
-                            optim=optim, logging_steps=100, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
-                            dataloader_num_workers=0)
-    run = trl.RewardTrainer(model=model, args=args, processing_class=_tokenizer(cfg.vocab_size),
-                            train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size),
-                            peft_config=peft_config, callbacks=[_callback(phases)])
-    phases.trainer = run
-    _instrument(run, phases)
-    run.train()
-    return phases.steps[-1]
+    cfg, model = _model(config, "AutoModelForSequenceClassification", num_labels=1)
+    args = trl.RewardConfig(**_args(batch, optim, bf16, gradient_checkpointing))
+    return _second_step_peaks(trl.RewardTrainer, model=model, args=args, processing_class=_tokenizer(cfg.vocab_size),
+                              train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size),
+                              peft_config=_lora(method, lora_r, lora_target_modules, "SEQ_CLS"))
 
 
 def measure_orpo(config: dict[str, Any], *, trainer: str = "orpo", method: str = "full", batch: int = 1, prompt: int = 4,
@@ -218,32 +226,13 @@ def measure_orpo(config: dict[str, Any], *, trainer: str = "orpo", method: str =
     ``cpo_alpha`` passed to its config) on the CPU (module doc). No reference model: the phases are ``forward``,
     ``backward`` and ``optimizer_step``. ``config``: a model's config.json as a dict (weights in its
     ``torch_dtype``)."""
-    torch = _deps.torch()
-    transformers = _deps.transformers()
     if trainer == "cpo":
         from trl.experimental.cpo import CPOConfig as config_class, CPOTrainer as trainer_class
     else:
         from trl.experimental.orpo import ORPOConfig as config_class, ORPOTrainer as trainer_class
 
-    cfg = transformers.AutoConfig.for_model(**config)
-    dtype = getattr(torch, str(config.get("torch_dtype", "float32")).removeprefix("torch."))
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    peft_config = None
-    if method == "lora":
-        import peft
-
-        peft_config = peft.LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=list(lora_target_modules),
-                                      lora_dropout=0.0, task_type="CAUSAL_LM")
-    phases = _Phases()
-    args = config_class(output_dir="/tmp/fitplan-trl-referee", per_device_train_batch_size=batch, max_steps=2,
-                        use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, max_grad_norm=0.0,
-                        optim=optim, logging_steps=100, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
-                        dataloader_num_workers=0, max_length=prompt + completion, **trl_fields)
-    run = trainer_class(model=model, args=args, processing_class=_tokenizer(cfg.vocab_size),
-                        train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size),
-                        peft_config=peft_config, callbacks=[_callback(phases)])
-    phases.trainer = run
-    _instrument(run, phases)
-    run.train()
-    return phases.steps[-1]
+    cfg, model = _model(config, "AutoModelForCausalLM")
+    args = config_class(**_args(batch, optim, bf16, gradient_checkpointing), max_length=prompt + completion, **trl_fields)
+    return _second_step_peaks(trainer_class, model=model, args=args, processing_class=_tokenizer(cfg.vocab_size),
+                              train_dataset=_pairs(2 * batch, prompt, completion, cfg.vocab_size),
+                              peft_config=_lora(method, lora_r, lora_target_modules, "CAUSAL_LM"))
