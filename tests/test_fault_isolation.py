@@ -35,8 +35,9 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                        "declarations go through register()",),
     "broken-registers": ("plugin 'broken-registers' registered a function ('broken_bare_function_bytes') in "
                          "fitplan_register_quantities, expected a fitplan.Quantity", "@fitplan.quantity(unit)"),
-    "broken-duplicate": ("quantity 'gradient_bytes' is declared by plugin 'broken-duplicate' and again by plugin "
-                         "'fitplan.builtin.model_states'",),
+    # pluggy calls the built-in plugins first (registry.py): the built-in declaration is the first one
+    "broken-duplicate": ("quantity 'gradient_bytes' is declared by plugin 'fitplan.builtin.model_states' and again "
+                         "by plugin 'broken-duplicate'",),
     "broken-cycle": ("dependency cycle: broken_cycle_a_bytes -> broken_cycle_b_bytes -> broken_cycle_a_bytes",
                      "broken-cycle"),
     "broken-target": ("plugin 'broken-target': reducer 'broken_halve' targets unknown quantity 'optimizer_state_byte'",
@@ -381,33 +382,3 @@ def test_ruleset_dir_hook_returning_a_string_or_an_invalid_directory(tmp_path):
     ]
     assert any(str(bad / "prices.toml") in d for d in reg.errors[1].details)
     assert reg.ruleset_dirs() == []
-
-
-# --------------------------------------------------------------------------- pluggy's call options
-
-
-def test_call_options_are_refused_not_ignored():
-    """fitplan collects each plugin's declarations on its own (to name and isolate a failing one), so pluggy's
-    tryfirst / trylast / hookwrapper would do nothing: each is an error naming the plugin and the hook, a wrapper is
-    never called, and blocking the plugin leaves the rest working."""
-    calls = []
-
-    class First:
-        @hookimpl(tryfirst=True)
-        def fitplan_register_quantities(self, register):
-            calls.append("first")
-
-    class Wrapper:
-        @hookimpl(hookwrapper=True)
-        def fitplan_register_quantities(self, register):
-            calls.append("wrapper")
-            yield
-
-    reg = make_registry(entry_points=False, extra_plugins=[("first", First()), ("wrapping", Wrapper())], blocked=())
-    texts = [e.render() for e in reg.errors]
-    assert any("plugin 'first' marks its fitplan_register_quantities with tryfirst" in t for t in texts), texts
-    assert any("plugin 'wrapping' marks its fitplan_register_quantities with hookwrapper" in t for t in texts), texts
-    assert calls == ["first"]  # the wrapper is not called by hand (it would be a generator, not a declaration)
-    clean = make_registry(entry_points=False, extra_plugins=[("first", First()), ("wrapping", Wrapper())],
-                          blocked=("first", "wrapping"))
-    assert clean.errors == []

@@ -1,14 +1,18 @@
 """The plugin registry: loading plugins and collecting what they declare.
 
-Built-in plugins are the modules in :data:`BUILTIN_PLUGINS`, registered after entry points (group
-``fitplan``) exactly like third-party plugins; the built-in commands and output formats come through the
+Built-in plugins are the modules in :data:`BUILTIN_PLUGINS`, loaded after the entry points (group
+``fitplan``) and registered exactly like third-party plugins; the built-in commands and output formats come through the
 same hooks. ``FITPLAN_BLOCK_PLUGINS`` (comma-separated plugin names) keeps named plugins from loading,
 except the :data:`ESSENTIAL` ones the rest of fitplan cannot work without (blocking one, or naming a
 plugin that does not exist, is an error).
 
-Each hook implementation is called on its own, so a plugin that raises (``SystemExit`` included), returns
-the wrong type or declares a duplicate is reported by name (a :class:`~fitplan.errors.PluginError`)
-instead of breaking the rest. A ``KeyboardInterrupt`` stops fitplan, as the user asked.
+Hooks are called through pluggy (``pm.hook``), so its call order, ``tryfirst`` / ``trylast``, wrappers and
+``firstresult`` work as pluggy documents. The plugins are registered so that pluggy (which calls the last
+registered first) calls the built-in ones first, in :data:`BUILTIN_PLUGINS` order, then the entry points by
+name, then the ``extra_plugins`` of tests. Each implementation is guarded (:mod:`.guard`), so a plugin that
+raises (``SystemExit`` included), returns the wrong type or declares a duplicate is reported by name (a
+:class:`~fitplan.errors.PluginError`) instead of breaking the rest. A ``KeyboardInterrupt`` stops fitplan, as
+the user asked.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from fitplan.inputs.optimizer import OptimizerContext, OptimizerSpec
 from fitplan.inputs.settings import Setting, install
 from fitplan.output.formats import OutputFormat, ReportSection
 from fitplan.pluginmgr import discovery, hookspecs
+from fitplan.pluginmgr.guard import BLOCK_ENV, Guard, interrupt
 from fitplan.pluginmgr.manager import PluginManager
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
@@ -69,26 +74,13 @@ them: sharding orders its reducers after LoRA's, cost prices time), the report, 
 The cost, the seed's assumptions and the derived condition names can be blocked; tests/test_hooks.py checks
 both lists."""
 ENTRY_POINT_GROUP = discovery.GROUP
-BLOCK_ENV = "FITPLAN_BLOCK_PLUGINS"
 _STOPS = BaseException
 """What a plugin may raise without stopping fitplan: anything (``SystemExit``, a ``BaseException`` subclass of
-its own) but ``KeyboardInterrupt``, which :func:`_interrupt` raises again so that Ctrl-C stops fitplan."""
-
-
-def _interrupt(e: BaseException) -> None:
-    """Ctrl-C (and ``GeneratorExit``) go on; anything else a plugin raises is recorded as its error."""
-    if isinstance(e, (KeyboardInterrupt, GeneratorExit)):
-        raise e
+its own) but ``KeyboardInterrupt``, which :func:`.guard.interrupt` raises again so that Ctrl-C stops fitplan."""
 
 
 def blocked_from_env() -> frozenset[str]:
     return frozenset(x.strip() for x in os.environ.get(BLOCK_ENV, "").split(",") if x.strip())
-
-
-def _raised(plugin: str, e: BaseException, where: str) -> PluginError:
-    what = f"exited (sys.exit({e.code!r}))" if isinstance(e, SystemExit) else f"raised {type(e).__name__}: {e}"
-    return PluginError(f"plugin {plugin!r} {what} in {where}", field=where, value=plugin,
-                       suggestion=f"block it with {BLOCK_ENV}={plugin}")
 
 
 @attrs.define
@@ -110,33 +102,25 @@ class Registry:
     """Plugin name -> (distribution, version) it was installed by."""
     derived: dict[str, Any] = attrs.Factory(dict)
     """What other layers derive once from this registry (the conditions' vocabulary)."""
+    guard: Guard = attrs.field(default=None)
+    """The guards of the registered implementations (which plugin is running, who answered what)."""
     _compiled: Any = None
     _ruleset_dirs: dict[str, list[str]] | None = None
 
     # ------------------------------------------------------------------ declarations
-
-    def _call_each(self, hook_name: str, kwargs: dict[str, Any]) -> Iterable[tuple[str, Any]]:
-        hook = getattr(self.pm.hook, hook_name)
-        for impl in _plain(hook.get_hookimpls()):  # registration order (pluggy calls them last-registered first)
-            name = self.pm.get_name(impl.plugin) or repr(impl.plugin)
-            try:
-                result = impl.function(*[kwargs[a] for a in impl.argnames])
-            except PluginError as e:
-                self.add_error(e)
-                continue
-            except _STOPS as e:  # isolate third-party failures
-                _interrupt(e)
-                self.add_error(_raised(name, e, hook_name))
-                continue
-            yield name, result
 
     def add_error(self, error: PluginError) -> None:
         """Record a plugin problem once (hooks may be called again, e.g. by ``fitplan plugins``)."""
         if all(e.render() != error.render() for e in self.errors):
             self.errors.append(error)
 
+    def register(self, name: str, plugin: object) -> None:
+        """Register ``plugin`` under ``name`` through its guarded stand-in (:meth:`.guard.Guard.stand_in`)."""
+        self.pm.register(self.guard.stand_in(self.pm, plugin, name), name=name)
+
     def collect(self) -> None:
-        """Call every declaring hook, one implementation at a time, and keep what each plugin registered."""
+        """Call every declaring hook through pluggy and keep what each plugin registered (the plugin whose
+        implementation is running when ``register`` is called, :attr:`.guard.Guard.plugin`)."""
         sinks: dict[str, tuple[type, Callable[[Any, str], None]]] = {
             "fitplan_register_quantities": (Quantity, lambda q, p: self.quantities.append(attrs.evolve(q, plugin=p))),
             "fitplan_register_reducers": (Reducer, lambda r, p: self.reducers.append(attrs.evolve(r, plugin=p))),
@@ -147,31 +131,12 @@ class Registry:
             "fitplan_register_settings": (Setting, lambda s, p: install([attrs.evolve(s, plugin=p)], self.add_error)),
         }
         for hook, (kind, sink) in sinks.items():
-            impls = _plain(getattr(self.pm.hook, hook).get_hookimpls())  # registration order: entry points, then built-ins
-            if hook in ("fitplan_register_names", "fitplan_register_formats"):
-                impls = self._builtins_first(impls)  # where the first declaration wins, the built-in one does
-            for impl in impls:
-                plugin = self.pm.get_name(impl.plugin) or repr(impl.plugin)
-                register = self._registrar(kind, sink, plugin, hook)
-                try:
-                    out = impl.function(*[{"register": register}[a] for a in impl.argnames])
-                except _STOPS as e:
-                    _interrupt(e)
-                    self.add_error(_raised(plugin, e, hook))
-                    continue
-                if out is not None:
-                    self.add_error(PluginError(
-                        f"plugin {plugin!r} returned {type(out).__name__} from {hook}; declarations go through register()",
-                        field=hook, value=plugin))
+            getattr(self.pm.hook, hook)(register=self._registrar(kind, sink, hook))
         self.sections.sort(key=lambda s: s.order)
 
-    def _builtins_first(self, impls: list[Any]) -> list[Any]:
-        """Hook implementations in registration order, the built-in plugins' first: on a conflict (a command or
-        format declared twice), the built-in one stays."""
-        return sorted(impls, key=lambda i: self.pm.get_name(i.plugin) not in BUILTIN_PLUGINS)
-
-    def _registrar(self, kind: type, sink: Callable[[Any, str], None], plugin: str, hook: str) -> Callable[[Any], None]:
+    def _registrar(self, kind: type, sink: Callable[[Any, str], None], hook: str) -> Callable[[Any], None]:
         def register(item: Any) -> None:
+            plugin = self.guard.plugin or "?"
             if not isinstance(item, kind):
                 what = getattr(item, "__name__", None) or getattr(item, "name", None)
                 self.add_error(PluginError(
@@ -239,34 +204,47 @@ class Registry:
         return [n for (k, n) in self.formats if k == kind]
 
     def register_commands(self, group: Any) -> None:
-        """Add every plugin's commands to the click ``group``: each plugin fills its own group, whose commands
-        join ``group`` unless another plugin already added that name (a problem naming both). When ``group``
-        can defer commands (:class:`fitplan.app.commands.Group`), so can each plugin's group, and deferred commands stay
-        deferred."""
+        """Add every plugin's commands to the click ``group``, in pluggy's call order: a name another plugin
+        already added is a problem naming both (the first one stays). When ``group`` can defer commands
+        (:class:`fitplan.app.commands.Group`), deferred commands stay deferred."""
+        owner: dict[str, str] = {}
+        for plugin, name, command, deferred in self._command_declarations(type(group)):
+            if name in owner:
+                self.add_error(PluginError(f"command {name!r} is added by plugin {owner[name]!r} and again by plugin "
+                                           f"{plugin!r}", field="fitplan_register_commands", value=name,
+                                           suggestion=f"block one with {BLOCK_ENV}"))
+                continue
+            owner[name] = plugin
+            if deferred and hasattr(group, "defer"):
+                group.defer(name, command)
+            else:
+                group.add_command(command() if deferred else command, name)
+
+    def commands_by_plugin(self) -> dict[str, list[str]]:
+        """plugin name -> the names of the commands it adds (what ``fitplan plugins`` lists)."""
         import click
 
-        owner: dict[str, str] = {}
-        for impl in self._builtins_first(_plain(self.pm.hook.fitplan_register_commands.get_hookimpls())):
-            plugin = self.pm.get_name(impl.plugin) or repr(impl.plugin)
-            mine = type(group)() if hasattr(group, "defer") else click.Group()  # can defer when ``group`` can
-            try:
-                impl.function(*[{"cli": mine}[a] for a in impl.argnames])
-            except _STOPS as e:
-                _interrupt(e)
-                self.add_error(_raised(plugin, e, "fitplan_register_commands"))
-                continue
-            deferred = getattr(mine, "deferred", {})
-            for name, command in [*mine.commands.items(), *deferred.items()]:
-                if name in owner:
-                    self.add_error(PluginError(f"command {name!r} is added by plugin {owner[name]!r} and again by plugin "
-                                               f"{plugin!r}", field="fitplan_register_commands", value=name,
-                                               suggestion=f"block one with {BLOCK_ENV}"))
-                    continue
-                owner[name] = plugin
-                if name in deferred:
-                    group.defer(name, command)
-                else:
-                    group.add_command(command, name)
+        out: dict[str, list[str]] = {}
+        for plugin, name, _, _ in self._command_declarations(click.Group):
+            out.setdefault(plugin, []).append(name)
+        return {p: sorted(names) for p, names in out.items()}
+
+    def _command_declarations(self, base: type) -> list[tuple[str, str, Any, bool]]:
+        """``(plugin, name, command or loader, deferred)`` for each command the plugins add, in call order: the
+        hook is called with a group (a ``base``, so it can defer when ``base`` can) that records each addition
+        with the plugin running (:attr:`.guard.Guard.plugin`)."""
+        found: list[tuple[str, str, Any, bool]] = []
+        guard = self.guard
+
+        class Recorder(base):  # type: ignore[misc, valid-type]
+            def add_command(self, cmd: Any, name: str | None = None) -> None:
+                found.append((guard.plugin or "?", name or cmd.name, cmd, False))
+
+            def defer(self, name: str, load: Any) -> None:
+                found.append((guard.plugin or "?", name, load, True))
+
+        self.pm.hook.fitplan_register_commands(cli=Recorder())
+        return found
 
     def ruleset_dirs(self) -> list[str]:
         """Every plugin's ruleset directories, in registration order (see :meth:`ruleset_dirs_by_plugin`)."""
@@ -280,9 +258,7 @@ class Registry:
         from fitplan.rulesets.loader import check_paths
 
         out: dict[str, list[str]] = {}
-        for name, result in self._call_each("fitplan_ruleset_dirs", {}):
-            if result is None:
-                continue
+        for name, result in self.ruleset_dirs_answered():
             if isinstance(result, (str, os.PathLike)) or not isinstance(result, (list, tuple)):
                 self.add_error(PluginError(f"plugin {name!r} returned {type(result).__name__} from fitplan_ruleset_dirs, expected a list of paths",
                                            field="fitplan_ruleset_dirs", value=name))
@@ -308,6 +284,10 @@ class Registry:
         self._ruleset_dirs = out
         return out
 
+    def ruleset_dirs_answered(self) -> list[tuple[str, Any]]:
+        """``(plugin, what it returned)`` from ``fitplan_ruleset_dirs``, in pluggy's call order, unchecked."""
+        return self.guard.answers(self.pm.hook.fitplan_ruleset_dirs())
+
     def raise_errors(self) -> None:
         if self.errors:
             if len(self.errors) == 1:
@@ -332,7 +312,8 @@ class Registry:
         return self._compiled
 
     def plugin_names(self) -> list[str]:
-        return [n for n, p in self.pm.list_name_plugin() if p is not None]
+        """The registered plugins in the order pluggy calls them (the reverse of registration's)."""
+        return [n for n, p in reversed(self.pm.list_name_plugin()) if p is not None]
 
     def resolve_optimizer(self, name: str) -> OptimizerSpec:
         key = self.optimizer_aliases.get(name, name)
@@ -362,34 +343,31 @@ def make_registry(*, blocked: Iterable[str] | None = None, entry_points: bool | 
     :param blocked: plugin names not to load (default: from ``FITPLAN_BLOCK_PLUGINS``).
     :param entry_points: load third-party plugins from the ``fitplan`` entry-point group: ``True`` for
         all of them, ``False`` for none, or the names of the entry points to load (tests).
-    :param extra_plugins: ``(name, plugin object)`` pairs registered after the built-ins (tests).
+    :param extra_plugins: ``(name, plugin object)`` pairs called after the built-ins and entry points (tests).
     """
     blocked_set = frozenset(blocked) if blocked is not None else blocked_from_env()
     pm = PluginManager("fitplan")
     pm.add_hookspecs(hookspecs)
     reg = Registry(pm=pm, blocked=blocked_set)
+    reg.guard = Guard(pm.project_name, reg.add_error)
     known = _block_problems(reg, blocked_set, extra_plugins)
     for name in blocked_set - ESSENTIAL:
         pm.set_blocked(name)
-    if entry_points:
-        _load_entry_points(reg, None if entry_points is True else set(entry_points), known)
+    loaded = _load_entry_points(reg, None if entry_points is True else set(entry_points), known) if entry_points else []
     from fitplan import __version__
 
+    builtins = []
     for modname in BUILTIN_PLUGINS:
         short = modname.rsplit(".", 1)[1]
         if modname not in ESSENTIAL and (pm.is_blocked(modname) or pm.is_blocked(short)):
             continue
-        pm.register(importlib.import_module(modname), name=modname)
+        builtins.append((modname, importlib.import_module(modname), f"plugin {modname!r} failed to register"))
         reg.distributions[modname] = ("fitplan", __version__)
-    for name, plugin in extra_plugins:
-        if not pm.is_blocked(name):
-            try:
-                pm.register(plugin, name=name)
-            except _STOPS as e:
-                _interrupt(e)
-                reg.add_error(PluginError(f"plugin {name!r} failed to register: {e}", value=name,
-                                          suggestion=f"block it with {BLOCK_ENV}={name}"))
-    for error in [*_unknown_hooks(pm), *_call_options(pm)]:
+    extras = [(name, plugin, f"plugin {name!r} failed to register") for name, plugin in extra_plugins
+              if not pm.is_blocked(name)]
+    for name, plugin, failure in reversed([*builtins, *loaded, *extras]):  # pluggy calls the last registered first
+        _register(reg, name, plugin, failure)
+    for error in _unknown_hooks(pm):
         reg.add_error(error)
     reg.collect()
     reg.ruleset_dirs_by_plugin()
@@ -411,14 +389,27 @@ def _block_problems(reg: Registry, blocked: frozenset[str], extra_plugins: Itera
     return eps
 
 
-def _load_entry_points(reg: Registry, wanted: set[str] | None, known: set[str]) -> None:
+def _register(reg: Registry, name: str, plugin: object, failure: str) -> None:
+    """Register ``plugin``; pluggy's refusal (an implementation whose arguments its hook does not have, a name
+    taken) is a problem: ``failure`` and the reason."""
+    try:
+        reg.register(name, plugin)
+    except _STOPS as e:
+        interrupt(e)
+        what = f"exited (sys.exit({e.code!r}))" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
+        reg.add_error(PluginError(f"{failure}: {what}", value=name, suggestion=f"block it with {BLOCK_ENV}={name}"))
+
+
+def _load_entry_points(reg: Registry, wanted: set[str] | None, known: set[str]) -> list[tuple[str, object, str]]:
     """Import every wanted entry point (its stdout goes to stderr while it imports, so that a plugin printing
-    at import cannot corrupt ``--format json``). An entry point named like a built-in plugin, or declared by
-    two distributions, is not loaded: an error names the distributions."""
+    at import cannot corrupt ``--format json``); returns ``(name, plugin, what a failure to register says)`` for
+    each, by name. An entry point named like a built-in plugin, or declared by two distributions, is not loaded:
+    an error names the distributions."""
     import contextlib
 
     pm = reg.pm
     found: dict[str, discovery.EntryPoint] = {}
+    loaded: list[tuple[str, object, str]] = []
     builtin = set(BUILTIN_PLUGINS) | {m.rsplit(".", 1)[1] for m in BUILTIN_PLUGINS}
     for ep in discovery.entry_points():
         if wanted is not None and ep.name not in wanted:
@@ -434,23 +425,24 @@ def _load_entry_points(reg: Registry, wanted: set[str] | None, known: set[str]) 
                                       value=ep.name, suggestion="uninstall one of them (pip uninstall NAME)"))
             continue
         found[ep.name] = ep
-        if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
+        if pm.is_blocked(ep.name):
             continue
         try:
             with contextlib.redirect_stdout(sys.stderr):
                 plugin = ep.load()
-            pm.register(plugin, name=ep.name)
         except _STOPS as e:  # a broken third-party plugin must not take the rest down
-            _interrupt(e)
+            interrupt(e)
             what = f"exited (sys.exit({e.code!r}))" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
             reg.add_error(PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {what}",
                                       value=ep.name, suggestion=f"block it with {BLOCK_ENV}={ep.name}"))
             continue
+        loaded.append((ep.name, plugin, f"plugin {ep.name!r} ({ep.value}) failed to load"))
         if ep.dist_name:
             reg.distributions[ep.name] = (ep.dist_name, ep.dist_version)
     for name in sorted((wanted or set()) - set(found)):
         reg.add_error(PluginError(f"no installed distribution declares a {ENTRY_POINT_GROUP!r} entry point named {name!r}",
                                   value=name, suggestion="pip install the plugin's distribution (pip install -e path/to/it)"))
+    return loaded
 
 
 def _dist(ep: "discovery.EntryPoint") -> str:
@@ -510,33 +502,6 @@ def _unknown_hooks(pm: pluggy.PluginManager) -> list[PluginError]:
             out.append(PluginError(f"plugin {impl.plugin_name!r} implements unknown hook {hook_name!r}",
                                    field=hook_name, value=impl.plugin_name,
                                    suggestion=did_you_mean(hook_name, known) or "see fitplan.pluginmgr.hookspecs"))
-    return out
-
-
-def _plain(impls: list[Any]) -> list[Any]:
-    """The implementations fitplan calls: every one but wrappers (``_call_options`` names those)."""
-    return [i for i in impls if not (i.hookwrapper or i.wrapper)]
-
-
-def _call_options(pm: pluggy.PluginManager) -> list[PluginError]:
-    """An error per hook implementation marked ``hookwrapper``, ``wrapper``, ``tryfirst`` or ``trylast``: fitplan
-    calls each plugin's implementation on its own, in registration order (built-ins first where the first
-    declaration wins), so that a failing plugin is named and isolated; pluggy's call options would be silently
-    ignored, so a plugin relying on them is refused instead (docs/writing-plugins.md)."""
-    out = []
-    for hook_name in sorted(vars(pm.hook)):
-        caller = getattr(pm.hook, hook_name)
-        if hook_name.startswith("_") or not caller.has_spec():
-            continue
-        for impl in caller.get_hookimpls():
-            used = [o for o in ("hookwrapper", "wrapper", "tryfirst", "trylast") if getattr(impl, o)]
-            if used:
-                out.append(PluginError(
-                    f"plugin {impl.plugin_name!r} marks its {hook_name} with {', '.join(used)}, which fitplan does not "
-                    "apply: each plugin's declarations are collected on their own, in registration order",
-                    field=hook_name, value=impl.plugin_name,
-                    suggestion="drop the marker; to change a built-in quantity, declare a Reducer on it "
-                               "(docs/writing-plugins.md)"))
     return out
 
 

@@ -1,8 +1,8 @@
 """Activation offloading: which saved tensors a ``saved_tensors_hooks`` pair moves to pinned host memory.
 
-What the step trace's replay (:func:`fitplan.trace.step_trace.replay`) needs to model torchtune's
-``OffloadActivations`` (pytorch/torchtune @ 30b8519, ``torchtune/training/_activation_offloading.py``) and TRL's
-copy of it, which axolotl runs (trl 1.16.0 ``trl/models/activation_offloading.py``; axolotl @ 067b021
+What the step trace's replay (:class:`fitplan.trace.step_trace.Replay`: its ``plan`` and ``stash``) needs to model
+torchtune's ``OffloadActivations`` (pytorch/torchtune @ 30b8519, ``torchtune/training/_activation_offloading.py``) and
+TRL's copy of it, which axolotl runs (trl 1.16.0 ``trl/models/activation_offloading.py``; axolotl @ 067b021
 ``core/trainers/mixins/activation_checkpointing.py``). Both are a pack/unpack hook pair around the model's forward:
 
 * **pack** (forward): a saved tensor of at least ``min_offload_size`` = 1,024 bytes (``element_size · nelement``)

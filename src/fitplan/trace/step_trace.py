@@ -316,12 +316,12 @@ class Trace:
         self.buffer_bytes = 0
         self.param_last_use: dict[int, int] = {}
         self.clone_params: set[str] = set()
+        self.params: list[T] = []
+        """Every parameter tensor made (alive as long as the recording, so that their ids stay distinct)."""
         self.param_outs: dict[str, list[T]] = {}
         """Parameter name -> the outputs of the ops that read it (their ``rg`` is final once the forward is built)."""
-        self.param_tensors: list[T] = []
         self.shared_ops = False
         """The :class:`Op` objects are shared with a checkpointing twin (:meth:`checkpointed`)."""
-        """Every parameter tensor made for the recording (:meth:`param`), kept so that their ids stay unique."""
 
     # ---- storages
     def _storage(self, nbytes: int, label: str) -> int:
@@ -344,12 +344,10 @@ class Trace:
         return T(sid, numel, dtype, False)
 
     def param(self, numel: int, dtype: str, rg: bool) -> T:
-        """A parameter (or buffer) tensor, held by the trace for as long as it lives: a parameter's gradient is
-        known by :attr:`T.key`, its ``id``, which must stay unique through the recording and the replay (a LoRA
-        adapter that nothing else holds would otherwise leave its ``id`` to the next site's adapter, whose
-        gradient and autocast copy would then be taken for its own)."""
+        """A parameter's tensor. The trace keeps it: an op records a parameter by its :attr:`T.key` (its ``id``), and
+        a tensor let go (a LoRA adapter made inside a call site's function) would hand its id to the next one."""
         t = T(-1, numel, dtype, rg, param=True)
-        self.param_tensors.append(t)
+        self.params.append(t)
         return t
 
     @staticmethod
@@ -616,270 +614,434 @@ def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace:
 
 
 def replay(tr: Trace) -> StepTrace:
-    """Walk the recorded forward, then the backward, counting live bytes (see the module doc)."""
-    ops, size, nseg = tr.ops, tr.size, len(tr.seg_names)
-    if DEBUG is not None:
-        DEBUG.append(("replay", tr.spec))
-    weight, ckpt = tr.seg_weight, tr.seg_ckpt
-    alloc_seg: dict[int, int] = {}
-    last_read: dict[int, int] = {}
-    for i, op in enumerate(ops):
-        for sid in op.allocs:
-            alloc_seg.setdefault(sid, op.seg)
-            last_read.setdefault(sid, i)
-        for sid in op.reads:
-            last_read[sid] = i
-    carried = {sid for sid, i in last_read.items() if ops[i].seg != alloc_seg.get(sid, ops[i].seg)}
-    savers: dict[int, int] = {}
-    for op in ops:
-        if not ckpt[op.seg]:
-            for sid in op.saved:
-                savers[sid] = savers.get(sid, 0) + 1
-    keepers: dict[int, int] = {}
-    for sids in tr.ckpt_keep.values():
-        for sid in sids:
-            keepers[sid] = keepers.get(sid, 0) + 1
-    pinned = (set(tr.pinned) - tr.uncached) | {tr.loss.sid} | tr.leaves
-    plan = offload.plan(tr)
-    stash = offload.Stash(plan) if plan is not None else None  # activation offloading (trace/offload.py)
-    alive: set[int] = set()
-    state = {"live": 0, "phantom": 0}
-    # live and phantom bytes by category (PARTS: saved activations, logits/loss, autocast copies, temporaries)
-    cat_of: dict[int, int] = {}
-    first_cat: dict[int, int] = {}
-    live_v, ph_v = [0, 0, 0, 0], [0, 0, 0, 0]
+    """Walk the recorded forward, then the backward, counting live bytes (see the module doc and :class:`Replay`)."""
+    return Replay(tr).run()
 
-    def alloc(sid: int) -> None:
-        alive.add(sid)
-        state["live"] += size[sid]
-        k = tr.kind[sid]
-        c = 1 if k == "logits" else 2 if k == "autocast" else 0 if savers.get(sid, 0) > 0 or keepers.get(sid, 0) > 0 else 3
-        cat_of[sid] = c
-        first_cat.setdefault(sid, c)  # the category its forward phantom copies were counted under
-        live_v[c] += size[sid]
 
-    def held(sid: int) -> bool:
-        if stash is not None and stash.forward:
-            return stash.gpu_held(sid, savers, keepers) or sid in pinned or sid in tr.external
-        return savers.get(sid, 0) > 0 or keepers.get(sid, 0) > 0 or sid in pinned or sid in tr.external
+@attrs.define(slots=True)
+class Parts:
+    """Bytes split into :data:`PARTS`, one named field each; the replay adds, subtracts and scales whole splits."""
 
-    once = {"bytes": 0, "v": [0, 0, 0, 0], "on": False}
-    """Backward frees, in a repeated segment, of what the prologue made for every layer (rotary tables,
-    masks): they happen once, in the last copy the backward reaches, not once per copy."""
+    activations: int = 0
+    logits: int = 0
+    autocast_copies: int = 0
+    temporaries: int = 0
 
-    def free(sid: int, cur_seg: int) -> None:
-        if sid not in alive:
-            return
-        alive.discard(sid)
-        state["live"] -= size[sid]
-        live_v[cat_of[sid]] -= size[sid]
-        sg = alloc_seg.get(sid, cur_seg)
-        if once["on"] and sg == 0 and cur_seg != 0 and weight[cur_seg] > 1:
-            once["bytes"] += size[sid]
-            once["v"][cat_of[sid]] += size[sid]
-        if sg != cur_seg and weight[sg] > 1 and sid not in carried:
-            state["phantom"] -= (weight[sg] - 1) * size[sid]
-            ph_v[first_cat[sid]] -= (weight[sg] - 1) * size[sid]
+    def add(self, part: str, n: int) -> None:
+        """Count ``n`` more bytes under ``part`` (a name of :data:`PARTS`; negative: fewer)."""
+        setattr(self, part, getattr(self, part) + n)
 
-    # ---- forward
-    seg_delta: dict[int, int] = {}
-    seg_delta_v: dict[int, list[int]] = {}
-    before_last, before_last_v = 0, [0, 0, 0, 0]
-    peak, peak_v = 0, [0, 0, 0, 0]
-    seg, seg_start, seg_max = 0, 0, 0
-    seg_start_v, seg_max_v = list(live_v), [0, 0, 0, 0]
-    so_start: tuple[int, list[int]] = (0, [0, 0, 0, 0])
+    def __add__(self, other: Parts) -> Parts:
+        return Parts(self.activations + other.activations, self.logits + other.logits,
+                     self.autocast_copies + other.autocast_copies, self.temporaries + other.temporaries)
 
-    def stash_only(i: int) -> tuple[int, list[int], list[int]]:
-        """The bytes (total, by part) and storages alive only because the forward stash holds them at op ``i``."""
-        sids = [sid for sid in dict.fromkeys(stash.order) if sid in alive and last_read.get(sid, -1) < i
-                and not (stash.gpu_held(sid, savers, keepers, False) or sid in pinned or sid in tr.external)]
-        v = [0, 0, 0, 0]
-        for sid in sids:
-            v[cat_of[sid]] += size[sid]
-        return sum(v), v, sids
-    for i, op in enumerate(ops):
-        if op.seg != seg:
-            seg_delta[seg] = state["live"] - seg_start
-            seg_delta_v[seg] = [a - b for a, b in zip(live_v, seg_start_v)]
-            if op.seg == nseg - 2:  # the last layer segment starts (its last repetition, with the phantom)
-                before_last = state["live"] + state["phantom"]
-                before_last_v = [a + b for a, b in zip(live_v, ph_v)]
-            if weight[seg] > 1:
-                delta = state["live"] - seg_start
-                delta_v = [a - b for a, b in zip(live_v, seg_start_v)]
-                if stash is not None:  # what only the stash holds leaves with the next copy's packs: not repeated
-                    so, so_v, sids = stash_only(i)
-                    delta -= so - so_start[0]
-                    delta_v = [d - a + b for d, a, b in zip(delta_v, so_v, so_start[1])]
-                    carried.update(sid for sid in sids if alloc_seg.get(sid) == seg)
-                if ckpt[seg]:  # what outlives a checkpointed layer is its output: the next layer's kept input
-                    delta_v = [delta_v[0] + delta_v[3], delta_v[1], delta_v[2], 0]
-                if seg_max + max(0, (weight[seg] - 1) * delta) > peak:
-                    peak = seg_max + max(0, (weight[seg] - 1) * delta)
-                    peak_v = [m + (weight[seg] - 1) * d * (delta > 0) for m, d in zip(seg_max_v, delta_v)]
-                state["phantom"] += (weight[seg] - 1) * delta
-                ph_v = [p + (weight[seg] - 1) * d for p, d in zip(ph_v, delta_v)]
-            seg, seg_start, seg_max = op.seg, state["live"], 0
-            seg_start_v = list(live_v)
-            so_start = stash_only(i)[:2] if stash is not None else (0, [])
-        for sid in op.allocs:
-            if sid not in alive:
-                alloc(sid)
-        cur = state["live"] + state["phantom"]
-        if cur > peak:
-            peak, peak_v = cur, [a + b for a, b in zip(live_v, ph_v)]
-        if state["live"] > seg_max:
-            seg_max, seg_max_v = state["live"], list(live_v)
+    def __sub__(self, other: Parts) -> Parts:
+        return Parts(self.activations - other.activations, self.logits - other.logits,
+                     self.autocast_copies - other.autocast_copies, self.temporaries - other.temporaries)
+
+    def __mul__(self, k: int) -> Parts:
+        return Parts(self.activations * k, self.logits * k, self.autocast_copies * k, self.temporaries * k)
+
+    def copy(self) -> Parts:
+        return Parts(self.activations, self.logits, self.autocast_copies, self.temporaries)
+
+    def saved(self) -> int:
+        """The three parts that are tensors kept for the backward (all but the temporaries)."""
+        return self.activations + self.logits + self.autocast_copies
+
+    def astuple(self) -> tuple[int, int, int, int]:
+        return (self.activations, self.logits, self.autocast_copies, self.temporaries)
+
+
+@attrs.define(slots=True, eq=False)
+class GradBuffer:
+    """A gradient tensor flowing between backward ops: its bytes and how many pending inputs still hold it."""
+
+    nbytes: int
+    refs: int = 0
+
+    def __str__(self) -> str:
+        return f"[{self.nbytes}, {self.refs}]"
+
+
+@attrs.define(slots=True)
+class OnceFrees:
+    """Backward frees, in a repeated segment, of what the prologue made for every layer (rotary tables, masks):
+    they happen once, in the last copy the backward reaches, not once per copy."""
+
+    on: bool = False
+    """Counting (the backward has started)."""
+    nbytes: int = 0
+    parts: Parts = attrs.Factory(Parts)
+
+    def reset(self) -> None:
+        self.nbytes, self.parts = 0, Parts()
+
+
+class Replay:
+    """One replay of a finished :class:`Trace`: the forward's timeline (:meth:`forward`), what it leaves for the
+    backward (:meth:`end_forward`), then the backward's timeline (:meth:`backward`), each instant's live bytes
+    kept as points, and the :class:`StepTrace` they make (:meth:`result`).
+
+    Live bytes are counted for one copy of each repeated segment (``live``, split into ``live_parts``); the
+    other copies of a segment of weight ``w`` are counted arithmetically (``phantom``, ``phantom_parts``):
+    saved bytes are additive and live bytes affine in the repetitions (module doc)."""
+
+    def __init__(self, tr: Trace) -> None:
+        self.tr = tr
+        self.ops, self.size, self.nseg = tr.ops, tr.size, len(tr.seg_names)
+        self.weight, self.ckpt = tr.seg_weight, tr.seg_ckpt
+        self.alloc_seg: dict[int, int] = {}
+        """Storage -> the segment that allocated it."""
+        self.last_read: dict[int, int] = {}
+        """Storage -> the index of the last op that reads (or allocates) it."""
+        self._lifetimes()
+        self.carried = {sid for sid, i in self.last_read.items()
+                        if self.ops[i].seg != self.alloc_seg.get(sid, self.ops[i].seg)}
+        """Storages read in a later segment than the one that allocated them (not repeated per copy)."""
+        self.savers: dict[int, int] = {}
+        """Storage -> how many live autograd nodes saved it."""
+        self.keepers: dict[int, int] = {}
+        """Storage -> how many checkpointed layers keep it (their arguments)."""
+        self._holders()
+        self.pinned = (set(tr.pinned) - tr.uncached) | {tr.loss.sid} | tr.leaves
+        self.plan = offload.plan(tr)
+        """Activation offloading's plan (:mod:`.offload`; None: no offloading)."""
+        self.stash = offload.Stash(self.plan) if self.plan is not None else None
+        """The forward stash of the streamed copies, and what the GPU holds while the forward runs."""
+        self.alive: set[int] = set()
+        self.live = 0
+        self.phantom = 0
+        self.live_parts = Parts()
+        self.phantom_parts = Parts()
+        self.part_of: dict[int, str] = {}
+        """Storage -> its part (:data:`PARTS`) while alive."""
+        self.first_part: dict[int, str] = {}
+        """Storage -> the part its forward phantom copies were counted under."""
+        self.once = OnceFrees()
+        # the forward
+        self.seg = 0
+        self.seg_start, self.seg_start_parts = 0, Parts()
+        self.seg_max, self.seg_max_parts = 0, Parts()
+        self.peak, self.peak_parts = 0, Parts()
+        self.seg_delta: dict[int, int] = {}
+        """Segment -> what one copy of it leaves alive (its live bytes at its end minus at its start)."""
+        self.seg_delta_parts: dict[int, Parts] = {}
+        self.before_last, self.before_last_parts = 0, Parts()
+        self.stash_start: tuple[int, Parts] = (0, Parts())
+        """What only the forward stash held when the current segment started (:meth:`stash_only`)."""
+        self.forward_peak = 0
+        self.retained = 0
+        self.saved_by_kind = {"activation": 0, "logits": 0, "autocast": 0}
+        self.labels: dict[str, int] = {}
+        # the backward
+        self.grads_live = 0
+        self.grads_phantom = 0
+        self.pending: dict[int, GradBuffer] = {}
+        """Tensor key -> its gradient, waiting for the op that produced the tensor."""
+        self.pending_param: dict[int, list[GradBuffer]] = {}
+        """Parameter key -> its gradient contributions, waiting for its last use."""
+        self.points: list[tuple[int, int, int]] = []
+        """``(other bytes, parameter gradient bytes, the op's parameter gradient bytes)`` per backward instant."""
+        self.layer_points: list[tuple[int, int, int]] = []
+        self.point_parts: dict[int, tuple[int, int, int, int]] = {}
+        """A point's other bytes -> its :data:`PARTS`."""
+        self.seg_points: list[tuple[int, int, int]] = []
+        self.seg_parts: list[Parts] = []
+        self.seg_once: list[tuple[int, Parts]] = []
+        self.after_head = (0, 0)
+        self.unpacked = False
+        """An offloaded tensor has been brought back (:meth:`bring_back`): the next node's hook empties the stash."""
+
+    def run(self) -> StepTrace:
+        """The step trace: forward, end of forward, backward."""
         if DEBUG is not None:
-            DEBUG.append(("forward", op.name, cur))
-        for sid in stash.push(plan.packs[i]) if stash is not None and i in plan.packs else ():
-            if last_read.get(sid, -1) <= i and not held(sid):
-                free(sid, seg)
-        for sid in (*op.reads, *op.allocs):
-            if last_read.get(sid, -1) <= i and not held(sid):
-                free(sid, seg)
-        for sid in op.releases:
-            pinned.discard(sid)
-            if not held(sid):
-                free(sid, seg)
-    forward_peak = peak
-    pinned.clear()
-    pinned.update({tr.loss.sid} | tr.leaves)  # the caller holds the loss, autograd the leaves
-    for sid in list(alive):
-        if not held(sid):
-            free(sid, seg)
-    pinned.clear()
-    pinned.update(tr.leaves)
-    if stash is not None:
-        stash.forward = False
-    retained_total = state["live"] + state["phantom"] - size[tr.loss.sid]
-    saved_by_kind = {"activation": 0, "logits": 0, "autocast": 0}
-    labels: dict[str, int] = {}
-    for sid in alive:
-        if sid == tr.loss.sid:
-            continue
-        sg = alloc_seg.get(sid, 0)
-        n = size[sid] * (1 if sid in carried else weight[sg])
-        saved_by_kind[tr.kind[sid]] += n
-        key = f"{tr.seg_names[sg]}: {tr.label[sid]}"
-        labels[key] = labels.get(key, 0) + n
+            DEBUG.append(("replay", self.tr.spec))
+        self.forward()
+        self.end_forward()
+        self.backward()
+        return self.result()
 
-    # ---- backward
-    points: list[tuple[int, int, int]] = []
-    layer_points: list[tuple[int, int, int]] = []
-    grads = {"live": 0, "phantom": 0}
-    pending: dict[int, list[int]] = {}  # id(T) -> [bytes, refs]
-    pending_param: dict[int, list[list[int]]] = {}
+    # ---- what holds a storage
 
-    def gbytes(t: T) -> int:
-        n = t.nbytes
-        return -(-n // tr.spec.block) * tr.spec.block if tr.rounding else n
+    def _lifetimes(self) -> None:
+        """Each storage's allocating segment and the last op that touches it (the recorded lifetimes)."""
+        for i, op in enumerate(self.ops):
+            for sid in op.allocs:
+                self.alloc_seg.setdefault(sid, op.seg)
+                self.last_read.setdefault(sid, i)
+            for sid in op.reads:
+                self.last_read[sid] = i
 
-    def release(buf: list[int]) -> None:
-        buf[1] -= 1
-        if buf[1] == 0:
-            state["live"] -= buf[0]
+    def _holders(self) -> None:
+        """What holds each storage from the start: the nodes that saved it (outside checkpointed segments, whose
+        saves are counted when they are recomputed) and the checkpoints that keep it."""
+        for op in self.ops:
+            if not self.ckpt[op.seg]:
+                for sid in op.saved:
+                    self.savers[sid] = self.savers.get(sid, 0) + 1
+        for sids in self.tr.ckpt_keep.values():
+            for sid in sids:
+                self.keepers[sid] = self.keepers.get(sid, 0) + 1
 
-    def give(t: T, buf: list[int] | None) -> None:
-        if buf is None or buf[0] != gbytes(t):
-            buf = [gbytes(t), 0]
-            state["live"] += buf[0]
-        buf[1] += 1
-        old = pending.get(t.key)
-        if old is None:
-            pending[t.key] = buf
+    def held(self, sid: int) -> bool:
+        """Something keeps ``sid`` alive: an autograd node, a checkpoint, the end of the forward, or the caller.
+        While the forward runs under activation offloading, an offloaded save or input holds nothing on the GPU
+        (the forward stash may: :meth:`.offload.Stash.gpu_held`)."""
+        if self.stash is not None and self.stash.forward:
+            return (self.stash.gpu_held(sid, self.savers, self.keepers) or sid in self.pinned
+                    or sid in self.tr.external)
+        return (self.savers.get(sid, 0) > 0 or self.keepers.get(sid, 0) > 0 or sid in self.pinned
+                or sid in self.tr.external)
+
+    def alloc(self, sid: int) -> None:
+        """``sid`` is allocated, under its part: the loss head's, autocast's, a saved (or kept) activation, or else
+        a temporary."""
+        self.alive.add(sid)
+        self.live += self.size[sid]
+        kind = self.tr.kind[sid]
+        part = ("logits" if kind == "logits" else "autocast_copies" if kind == "autocast" else
+                "activations" if self.savers.get(sid, 0) > 0 or self.keepers.get(sid, 0) > 0 else "temporaries")
+        self.part_of[sid] = part
+        self.first_part.setdefault(sid, part)
+        self.live_parts.add(part, self.size[sid])
+
+    def free(self, sid: int, cur_seg: int) -> None:
+        """``sid`` goes, in segment ``cur_seg``: a storage another repeated segment allocated takes its copies'
+        bytes with it (the phantom), and the prologue's go once (:class:`OnceFrees`)."""
+        if sid not in self.alive:
             return
-        summed = [gbytes(t), 1]  # InputBuffer accumulation: old + new, out of place
-        state["live"] += summed[0]
-        point()
-        release(old)
-        release(buf)
-        pending[t.key] = summed
+        n = self.size[sid]
+        self.alive.discard(sid)
+        self.live -= n
+        self.live_parts.add(self.part_of[sid], -n)
+        sg = self.alloc_seg.get(sid, cur_seg)
+        if self.once.on and sg == 0 and cur_seg != 0 and self.weight[cur_seg] > 1:
+            self.once.nbytes += n
+            self.once.parts.add(self.part_of[sid], n)
+        if sg != cur_seg and self.weight[sg] > 1 and sid not in self.carried:
+            self.phantom -= (self.weight[sg] - 1) * n
+            self.phantom_parts.add(self.first_part[sid], -(self.weight[sg] - 1) * n)
 
-    def param_grad(key: int, nbytes: int, buf: list[int] | None, last: bool, clone: bool) -> None:
-        if buf is None or buf[0] != nbytes:
-            buf = [nbytes, 0]
-            state["live"] += nbytes
-        buf[1] += 1
-        parts = pending_param.setdefault(key, [])
+    # ---- the forward
+
+    def forward(self) -> None:
+        """Run the ops in order: allocate their outputs, record the peak, free what nothing holds any more."""
+        self.seg_start_parts = self.live_parts.copy()
+        for i, op in enumerate(self.ops):
+            if op.seg != self.seg:
+                self._forward_segment_ends(op.seg, i)
+            for sid in op.allocs:
+                if sid not in self.alive:
+                    self.alloc(sid)
+            cur = self.live + self.phantom
+            if cur > self.peak:
+                self.peak, self.peak_parts = cur, self.live_parts + self.phantom_parts
+            if self.live > self.seg_max:
+                self.seg_max, self.seg_max_parts = self.live, self.live_parts.copy()
+            if DEBUG is not None:
+                DEBUG.append(("forward", op.name, cur))
+            if self.stash is not None and i in self.plan.packs:
+                self._pack(i)
+            for sid in (*op.reads, *op.allocs):
+                if self.last_read.get(sid, -1) <= i and not self.held(sid):
+                    self.free(sid, self.seg)
+            for sid in op.releases:
+                self.pinned.discard(sid)
+                if not self.held(sid):
+                    self.free(sid, self.seg)
+
+    def _pack(self, i: int) -> None:
+        """Activation offloading's packs at op ``i``: into the forward stash; what leaves it (or, without streams,
+        each offloaded tensor at once) goes when nothing else holds it."""
+        for sid in self.stash.push(self.plan.packs[i]):
+            if self.last_read.get(sid, -1) <= i and not self.held(sid):
+                self.free(sid, self.seg)
+
+    def stash_only(self, i: int) -> tuple[int, Parts, list[int]]:
+        """The bytes (total, by part) and storages alive at op ``i`` only because the forward stash holds them."""
+        stash = self.stash
+        sids = [sid for sid in dict.fromkeys(stash.order) if sid in self.alive and self.last_read.get(sid, -1) < i
+                and not (stash.gpu_held(sid, self.savers, self.keepers, False) or sid in self.pinned
+                         or sid in self.tr.external)]
+        parts = Parts()
+        for sid in sids:
+            parts.add(self.part_of[sid], self.size[sid])
+        return sum(parts.astuple()), parts, sids
+
+    def _forward_segment_ends(self, next_seg: int, i: int) -> None:
+        """The segment ``self.seg`` ends (op ``i`` starts the next): its delta is kept and, when it stands for ``w``
+        copies, the other ``w - 1`` copies' delta goes to the phantom (and their highest instant may be the peak).
+        Under activation offloading, what only the forward stash holds leaves with the next copy's packs: it is
+        not repeated."""
+        seg, w = self.seg, self.weight[self.seg]
+        self.seg_delta[seg] = self.live - self.seg_start
+        self.seg_delta_parts[seg] = self.live_parts - self.seg_start_parts
+        if next_seg == self.nseg - 2:  # the last layer segment starts (its last repetition, with the phantom)
+            self.before_last = self.live + self.phantom
+            self.before_last_parts = self.live_parts + self.phantom_parts
+        if w > 1:
+            delta = self.live - self.seg_start
+            delta_parts = self.live_parts - self.seg_start_parts
+            if self.stash is not None:
+                so, so_parts, sids = self.stash_only(i)
+                delta -= so - self.stash_start[0]
+                delta_parts = delta_parts - so_parts + self.stash_start[1]
+                self.carried.update(sid for sid in sids if self.alloc_seg.get(sid) == seg)
+            if self.ckpt[seg]:  # what outlives a checkpointed layer is its output: the next layer's kept input
+                delta_parts = Parts(delta_parts.activations + delta_parts.temporaries, delta_parts.logits,
+                                    delta_parts.autocast_copies, 0)
+            if self.seg_max + max(0, (w - 1) * delta) > self.peak:
+                self.peak = self.seg_max + max(0, (w - 1) * delta)
+                self.peak_parts = self.seg_max_parts + delta_parts * ((w - 1) * (delta > 0))
+            self.phantom += (w - 1) * delta
+            self.phantom_parts = self.phantom_parts + delta_parts * (w - 1)
+        self.seg, self.seg_start, self.seg_max = next_seg, self.live, 0
+        self.seg_start_parts = self.live_parts.copy()
+        if self.stash is not None:
+            self.stash_start = self.stash_only(i)[:2]
+
+    def end_forward(self) -> None:
+        """The forward returns: what only the forward held goes (the caller keeps the loss, autograd the leaves);
+        what is left is what the step retains for the backward, counted by kind and by label."""
+        tr = self.tr
+        self.forward_peak = self.peak
+        self.pinned.clear()
+        self.pinned.update({tr.loss.sid} | tr.leaves)
+        for sid in list(self.alive):
+            if not self.held(sid):
+                self.free(sid, self.seg)
+        self.pinned.clear()
+        self.pinned.update(tr.leaves)
+        if self.stash is not None:
+            self.stash.forward = False
+        self.retained = self.live + self.phantom - self.size[tr.loss.sid]
+        for sid in self.alive:
+            if sid == tr.loss.sid:
+                continue
+            sg = self.alloc_seg.get(sid, 0)
+            n = self.size[sid] * (1 if sid in self.carried else self.weight[sg])
+            self.saved_by_kind[tr.kind[sid]] += n
+            key = f"{tr.seg_names[sg]}: {tr.label[sid]}"
+            self.labels[key] = self.labels.get(key, 0) + n
+
+    # ---- the backward: gradients
+
+    def gbytes(self, t: T) -> int:
+        """The bytes of ``t``'s gradient (rounded to the allocator's block on CUDA)."""
+        n = t.nbytes
+        return -(-n // self.tr.spec.block) * self.tr.spec.block if self.tr.rounding else n
+
+    def release(self, buf: GradBuffer) -> None:
+        """One holder lets ``buf`` go; the last frees it."""
+        buf.refs -= 1
+        if buf.refs == 0:
+            self.live -= buf.nbytes
+
+    def give(self, t: T, buf: GradBuffer | None) -> None:
+        """``t`` receives a gradient: ``buf`` passed through, or a new tensor; a second gradient of ``t`` is
+        added to the first out of place (``input_buffer.cpp``)."""
+        if buf is None or buf.nbytes != self.gbytes(t):
+            buf = GradBuffer(self.gbytes(t))
+            self.live += buf.nbytes
+        buf.refs += 1
+        old = self.pending.get(t.key)
+        if old is None:
+            self.pending[t.key] = buf
+            return
+        summed = GradBuffer(self.gbytes(t), 1)  # InputBuffer accumulation: old + new, out of place
+        self.live += summed.nbytes
+        self.point()
+        self.release(old)
+        self.release(buf)
+        self.pending[t.key] = summed
+
+    def param_grad(self, key: int, nbytes: int, buf: GradBuffer | None, last: bool, clone: bool) -> None:
+        """A parameter's gradient contribution: summed with the earlier ones, and at its last use (its first in
+        the forward) handed to AccumulateGrad, which steals the tensor (or clones it: ``clone``)."""
+        if buf is None or buf.nbytes != nbytes:
+            buf = GradBuffer(nbytes)
+            self.live += nbytes
+        buf.refs += 1
+        parts = self.pending_param.setdefault(key, [])
         parts.append(buf)
         if len(parts) > 1:  # AccumulateGrad's input buffer adds each contribution as it comes, out of place
-            summed = [nbytes, 1]
-            state["live"] += nbytes
-            point()
+            summed = GradBuffer(nbytes, 1)
+            self.live += nbytes
+            self.point()
             for p in parts:
-                release(p)
+                self.release(p)
             parts[:] = [summed]
         if not last:
             return  # AccumulateGrad waits for the parameter's other uses (a tied embedding, a chunked LM head)
-        del pending_param[key]
+        del self.pending_param[key]
         b = parts[0]
-        grads["live"] += nbytes
+        self.grads_live += nbytes
         if clone:
-            point()
-            release(b)
+            self.point()
+            self.release(b)
         else:  # AccumulateGrad steals the tensor: its bytes are the parameter's gradient now
-            state["live"] -= b[0]
-            b[0] = 0
-            release(b)
+            self.live -= b.nbytes
+            b.nbytes = 0
+            self.release(b)
 
-    seg_points: list[tuple[int, int, int]] = []
-    seg_parts: list[list[int]] = []
-    parts: dict[int, tuple[int, int, int, int]] = {}  # a point's other bytes -> its PARTS
+    # ---- the backward: instants and segments
 
-    seg_once: list[tuple[int, list[int]]] = []
-
-    def point(extra: int = 0, name: str = "", op_grad: int = 0) -> None:
-        seg_points.append((state["live"] + extra, grads["live"], op_grad))
-        seg_once.append((once["bytes"], list(once["v"])))
-        saved = live_v[0] + live_v[1] + live_v[2]
-        seg_parts.append([live_v[0], live_v[1], live_v[2], state["live"] + extra - saved])
+    def point(self, extra: int = 0, name: str = "", op_grad: int = 0) -> None:
+        """Record this instant of the current segment's copy (``extra``: the running op's temporaries)."""
+        self.seg_points.append((self.live + extra, self.grads_live, op_grad))
+        self.seg_once.append((self.once.nbytes, self.once.parts.copy()))
+        lp = self.live_parts
+        self.seg_parts.append(Parts(lp.activations, lp.logits, lp.autocast_copies, self.live + extra - lp.saved()))
         if DEBUG is not None:
-            DEBUG.append(("backward", name, state["live"] + extra + grads["live"] + state["phantom"] + grads["phantom"],
-                          state["live"], extra, grads["live"],
-                          tuple((tr.label[sid], size[sid], cat_of[sid]) for sid in alive),
-                          tuple(b[0] for b in pending.values())))
+            DEBUG.append(("backward", name,
+                          self.live + extra + self.grads_live + self.phantom + self.grads_phantom,
+                          self.live, extra, self.grads_live,
+                          tuple((self.tr.label[sid], self.size[sid], PARTS.index(self.part_of[sid]))
+                                for sid in self.alive),
+                          tuple(b.nbytes for b in self.pending.values())))
 
-    def flush(sg: int, start: tuple[int, int], start_v: list[int]) -> None:
-        nonlocal ph_v
-        w = weight[sg]
-        pa, pg = state["phantom"], grads["phantom"]
-        first = len(points)
+    def flush(self, sg: int, start: tuple[int, int], start_parts: Parts) -> None:
+        """The backward leaves segment ``sg``: its instants become points, once per copy when it stands for
+        ``w`` copies (the first copy's and the last's: the others lie between), and the other copies' delta goes
+        to the phantom."""
+        w = self.weight[sg]
+        pa, pg, ph = self.phantom, self.grads_phantom, self.phantom_parts
+        first = len(self.points)
         if w > 1:
             # per copy: the segment's delta without its one-time frees; the first copy has not made them yet,
             # the last copy makes them at the same instants
-            da, dg = state["live"] - start[0] + once["bytes"], grads["live"] - start[1]
-            da_v = [live_v[i] - start_v[i] + once["v"][i] for i in range(3)]
-            da_v.append(da - sum(da_v))
-            for (a, g, o), pv, (e, ev) in zip(seg_points, seg_parts, seg_once):
-                points.append((a + e + pa, g + pg, o))
-                parts.setdefault(a + e + pa, tuple(x + y + z for x, y, z in zip(pv, ph_v, ev)))
-                points.append((a + pa + (w - 1) * da, g + pg + (w - 1) * dg, o))
-                parts.setdefault(a + pa + (w - 1) * da, tuple(x + y + (w - 1) * d for x, y, d in zip(pv, ph_v, da_v)))
-            state["phantom"] += (w - 1) * da
-            ph_v = [p + (w - 1) * d for p, d in zip(ph_v, da_v)]
-            grads["phantom"] += (w - 1) * dg
+            da, dg = self.live - start[0] + self.once.nbytes, self.grads_live - start[1]
+            dp = self.live_parts - start_parts + self.once.parts
+            dp.temporaries = da - dp.saved()
+            for (a, g, o), pv, (e, ev) in zip(self.seg_points, self.seg_parts, self.seg_once):
+                self.points.append((a + e + pa, g + pg, o))
+                self.point_parts.setdefault(a + e + pa, (pv + ph + ev).astuple())
+                self.points.append((a + pa + (w - 1) * da, g + pg + (w - 1) * dg, o))
+                self.point_parts.setdefault(a + pa + (w - 1) * da, (pv + ph + dp * (w - 1)).astuple())
+            self.phantom += (w - 1) * da
+            self.phantom_parts = ph + dp * (w - 1)
+            self.grads_phantom += (w - 1) * dg
         else:
-            points.extend((a + pa, g + pg, o) for a, g, o in seg_points)
-            for (a, _, _), pv in zip(seg_points, seg_parts):
-                parts.setdefault(a + pa, tuple(x + y for x, y in zip(pv, ph_v)))
-        if 0 < sg < nseg - 1:
-            layer_points.extend(points[first:])
-        seg_points.clear()
-        seg_parts.clear()
-        seg_once.clear()
-        once["bytes"], once["v"] = 0, [0, 0, 0, 0]
+            self.points.extend((a + pa, g + pg, o) for a, g, o in self.seg_points)
+            for (a, _, _), pv in zip(self.seg_points, self.seg_parts):
+                self.point_parts.setdefault(a + pa, (pv + ph).astuple())
+        if 0 < sg < self.nseg - 1:
+            self.layer_points.extend(self.points[first:])
+        self.seg_points.clear()
+        self.seg_parts.clear()
+        self.seg_once.clear()
+        self.once.reset()
 
-    def recompute(sg: int, unit: int) -> None:
+    def recompute(self, sg: int, unit: int) -> None:
         """Non-reentrant checkpoint's recomputation (torch/utils/checkpoint.py, torch 2.13): the layer's forward
         runs again until it has packed as many saved tensors as the original forward, parameters included
-        ("early stop": the pack hook raises ``_StopRecomputationError``). Tensors live as long as the model's Python code holds them
-        (the recorded lifetimes, holds past the stop included) until the stop unwinds the layer's frames,
-        which frees every recomputed tensor nothing saved. Autograd packs an op's inputs before its kernel
-        runs and its outputs after (torchgen ``gen_variable_type.py``): a last op saving only inputs stops
-        before allocating its outputs."""
-        seg_ops = [(i, op) for i, op in enumerate(ops) if op.seg == sg and op.unit == unit]  # one layer's checkpoint
+        ("early stop": the pack hook raises ``_StopRecomputationError``). Tensors live as long as the model's
+        Python code holds them (the recorded lifetimes, holds past the stop included) until the stop unwinds the
+        layer's frames, which frees every recomputed tensor nothing saved. Autograd packs an op's inputs before
+        its kernel runs and its outputs after (torchgen ``gen_variable_type.py``): a last op saving only inputs
+        stops before allocating its outputs."""
+        seg_ops = [(i, op) for i, op in enumerate(self.ops) if op.seg == sg and op.unit == unit]  # one layer
         last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved or op.saves_param), default=-1)
         if last_saving < 0:
             return
@@ -891,138 +1053,170 @@ def replay(tr: Trace) -> StepTrace:
                 last_in[sid] = i
         for i, op in seg_ops[:last_saving + 1]:
             for sid in op.saved:
-                savers[sid] = savers.get(sid, 0) + 1
+                self.savers[sid] = self.savers.get(sid, 0) + 1
         made: list[int] = []
         for i, op in seg_ops[:last_saving + 1 if packs_output else last_saving]:
             for sid in op.allocs:
-                if sid not in alive:
-                    alloc(sid)
+                if sid not in self.alive:
+                    self.alloc(sid)
                     made.append(sid)
-            point()
+            self.point()
             for sid in (*op.reads, *op.allocs):
-                if last_in.get(sid, -1) <= i and alloc_seg.get(sid) == sg and not held(sid):
-                    free(sid, sg)
+                if last_in.get(sid, -1) <= i and self.alloc_seg.get(sid) == sg and not self.held(sid):
+                    self.free(sid, sg)
         for sid in made:  # the stop: what only the layer's Python frames held goes
-            if not held(sid):
-                free(sid, sg)
+            if not self.held(sid):
+                self.free(sid, sg)
 
-    def before_sum(op: Op, incoming: list) -> None:
+    def before_sum(self, op: Op, incoming: list[GradBuffer | None]) -> None:
         """An op whose backward holds temporaries (``bwd_temp``) returns its gradients before autograd adds them to
         the gradients already waiting for the same tensors (torch/csrc/autograd/input_buffer.cpp accumulates
         after the node returns): at its peak its temporaries, the gradients it made and the waiting ones are all
-        alive. :func:`give` sums at once, so that instant is recorded here, when a sum follows (RMSNorm's
+        alive. :meth:`give` sums at once, so that instant is recorded here, when a sum follows (RMSNorm's
         ``pow`` backward: its two temporaries beside the other branch's gradient of the same input)."""
         new = 0
         summed = False
         for t, kind in zip(op.grad_ins, op.grad_kinds):
             buf = incoming[kind] if 0 <= kind < len(incoming) else None
-            if buf is None or buf[0] != gbytes(t):
-                new += gbytes(t)
-            summed = summed or t.key in pending
+            if buf is None or buf.nbytes != self.gbytes(t):
+                new += self.gbytes(t)
+            summed = summed or t.key in self.pending
         if summed:
-            point(op.bwd_temp + new, op.name)
+            self.point(op.bwd_temp + new, op.name)
 
-    unpacked = {"any": False}
+    # ---- the backward: the walk
 
-    def bring_back(sids: list[int]) -> None:
+    def backward(self) -> None:
+        """Run the ops in reverse: the loss's gradient first, each op's gradients, checkpointed layers
+        recomputed when first unpacked, what each op saved released after its backward."""
+        tr = self.tr
+        self.once.on = True
+        self.give(tr.loss, None)
+        self.pending[tr.loss.key].refs += 1  # torch.autograd.backward holds the root's gradient until it returns
+        seg = self.nseg - 1
+        start, start_parts = (self.live, self.grads_live), self.live_parts.copy()
+        entered: set[int] = set()
+        unit = -1
+        for i in range(len(self.ops) - 1, -1, -1):
+            op = self.ops[i]
+            if op.unit != unit:
+                self._layer_backward_ends(seg, unit)
+                unit = op.unit
+            if op.seg != seg:
+                self.flush(seg, start, start_parts)
+                if seg == self.nseg - 1:
+                    self.after_head = (self.live + self.phantom, self.grads_live + self.grads_phantom)
+                seg = op.seg
+                start, start_parts = (self.live, self.grads_live), self.live_parts.copy()
+            self._backward_op(op, seg, entered)
+        self.flush(seg, start, start_parts)
+        if DEBUG is not None:
+            DEBUG.append(("end", "alive: " + ", ".join(f"{tr.label[i]}={self.size[i]}" for i in sorted(self.alive)),
+                          self.live))
+            DEBUG.append(("end", "pending: " + ", ".join(str(b) for b in self.pending.values()), 0))
+
+    def _layer_backward_ends(self, seg: int, unit: int) -> None:
+        """A checkpointed layer's backward ends: the inputs its checkpoint kept go (an offloaded input too, when no
+        node saved it: each layer brought back its own copy)."""
+        if self.ckpt[seg] and unit in self.tr.ckpt_keep:
+            for sid in self.tr.ckpt_keep[unit]:
+                self.keepers[sid] -= 1
+                if not self.held(sid) or self._offloaded_input(sid):
+                    self.free(sid, seg)
+
+    def _offloaded_input(self, sid: int) -> bool:
+        """``sid`` is a checkpoint input activation offloading moved and nothing else holds on the GPU."""
+        return (self.stash is not None and sid in self.plan.kept and self.savers.get(sid, 0) <= 0
+                and sid not in self.pinned and sid not in self.tr.external)
+
+    def bring_back(self, sids: list[int]) -> None:
         """Activation offloading's unpack: an offloaded tensor not in the forward stash is copied back (a new GPU
         allocation), held like any saved tensor from here on."""
         for sid in sids:
-            unpacked["any"] = True
-            if sid not in alive:
-                alloc(sid)
+            self.unpacked = True
+            if sid not in self.alive:
+                self.alloc(sid)
 
-    after_head = (0, 0)
-    once["on"] = True
-    loss = tr.loss
-    give(loss, None)
-    pending[loss.key][1] += 1  # torch.autograd.backward holds the root's gradient (ones_like) until it returns
-    seg = nseg - 1
-    seg_start = (state["live"], grads["live"])
-    seg_start_v = list(live_v)
-    entered: set[int] = set()
-    unit = -1
-    for i in range(len(ops) - 1, -1, -1):
-        op = ops[i]
-        if op.unit != unit:
-            if ckpt[seg] and unit in tr.ckpt_keep:  # the layer's checkpoint backward ends: its inputs go
-                for sid in tr.ckpt_keep[unit]:
-                    keepers[sid] -= 1
-                    if not held(sid) or (stash is not None and sid in plan.kept and savers.get(sid, 0) <= 0
-                                         and sid not in pinned and sid not in tr.external):
-                        free(sid, seg)  # (an offloaded input: each layer brings back its own copy)
-            unit = op.unit
-        if op.seg != seg:
-            flush(seg, seg_start, seg_start_v)
-            if seg == nseg - 1:
-                after_head = (state["live"] + state["phantom"], grads["live"] + grads["phantom"])
-            seg = op.seg
-            seg_start = (state["live"], grads["live"])
-            seg_start_v = list(live_v)
-        incoming = [pending.pop(t.key, None) for t in op.outs]
+    def _clear_stash(self, seg: int) -> None:
+        """The first backward node that unpacked an offloaded tensor has run: its hook empties the forward stash,
+        and what only the stash held goes."""
+        stash = self.stash
+        for sid in stash.clear():
+            if not (stash.gpu_held(sid, self.savers, self.keepers, False) or sid in self.pinned
+                    or sid in self.tr.external):
+                self.free(sid, seg)
+
+    def _backward_op(self, op: Op, seg: int, entered: set[int]) -> None:
+        """One op's backward, when a gradient reaches it: its inputs' and parameters' gradients; then what it
+        saved is released."""
+        incoming = [self.pending.pop(t.key, None) for t in op.outs]
         bufs = [b for b in incoming if b is not None]
-        if ckpt[seg] and op.unit not in entered and bufs and (op.saved or op.saves_param):
+        if self.ckpt[seg] and op.unit not in entered and bufs and (op.saved or op.saves_param):
             # the first backward op of the layer that unpacks a saved tensor (a frozen weight too: the checkpoint's
             # pack hook wraps every saved tensor, torch/utils/checkpoint.py _checkpoint_hook) triggers the
-            # recomputation; the
-            # layer's ops saving nothing (residual adds, views, LoRA's scaling) ran their backward before it
+            # recomputation; the layer's ops saving nothing (residual adds, views, LoRA's scaling) ran their
+            # backward before it
             entered.add(op.unit)
-            if stash is not None:  # its offloaded inputs come back first
-                bring_back([sid for sid in tr.ckpt_keep.get(op.unit, ()) if sid in plan.kept])
-            recompute(seg, op.unit)
+            if self.stash is not None:  # its offloaded inputs come back first
+                self.bring_back([sid for sid in self.tr.ckpt_keep.get(op.unit, ()) if sid in self.plan.kept])
+            self.recompute(seg, op.unit)
         if bufs:
-            if stash is not None and not ckpt[seg]:
-                bring_back([sid for sid in op.saved if sid in plan.saved])
+            if self.stash is not None and not self.ckpt[seg]:
+                self.bring_back([sid for sid in op.saved if sid in self.plan.saved])
             if op.bwd_temp > 0:
-                before_sum(op, incoming)
+                self.before_sum(op, incoming)
             for t, kind in zip(op.grad_ins, op.grad_kinds):
-                give(t, incoming[kind] if 0 <= kind < len(incoming) else None)
+                self.give(t, incoming[kind] if 0 <= kind < len(incoming) else None)
             made = 0
             for key, nb, kind, last in op.params:
-                param_grad(key, nb, incoming[kind] if 0 <= kind < len(incoming) else None, last, op.clone_grad)
+                self.param_grad(key, nb, incoming[kind] if 0 <= kind < len(incoming) else None, last, op.clone_grad)
                 made += nb if last else 0
-            point(op.bwd_temp, op.name, made)
+            self.point(op.bwd_temp, op.name, made)
             for buf in bufs:
-                release(buf)
+                self.release(buf)
         for sid in op.saved:
-            savers[sid] = savers.get(sid, 0) - 1
-            if not held(sid):
-                free(sid, seg)
-        if stash is not None and not stash.cleared and unpacked["any"]:  # its node hook empties the forward stash:
-            for sid in stash.clear():  # an offloaded tensor comes back from the host when its node runs
-                if not (stash.gpu_held(sid, savers, keepers, False) or sid in pinned or sid in tr.external):
-                    free(sid, seg)
-    flush(seg, seg_start, seg_start_v)
-    if DEBUG is not None:
-        DEBUG.append(("end", "alive: " + ", ".join(f"{tr.label[i]}={size[i]}" for i in sorted(alive)), state["live"]))
-        DEBUG.append(("end", "pending: " + ", ".join(str(b) for b in pending.values()), 0))
-    return StepTrace(
-        saved=tuple(sorted(labels.items(), key=lambda kv: -kv[1])),
-        backward_frontier=_frontier([(a, g) for a, g, _ in points]),
-        backward_frontier_accumulating=_frontier([(a, o) for a, _, o in points]),
-        backward_frontier_layers=_frontier([(a, g) for a, g, _ in layer_points]),
-        backward_before_grads=max((a for a, g, _ in points if g == 0), default=0),
-        backward_frontier_bucketed=_frontier([(a, o) for a, g, o in points if g > 0]),
-        retained_bytes=int(retained_total),
-        activation_bytes=int(retained_total - saved_by_kind["logits"] - saved_by_kind["autocast"]),
-        logits_bytes=int(saved_by_kind["logits"]),
-        autocast_copy_bytes=int(saved_by_kind["autocast"]),
-        forward_peak_bytes=int(forward_peak),
-        backward_points=tuple(points),
-        param_grad_bytes=int(tr.param_grad_total),
-        buffer_bytes=int(tr.buffer_bytes),
-        layer_bytes=int(seg_delta.get(nseg - 2, 0)),
-        max_param_grad_bytes=max((op.param_grad for op in ops), default=0),
-        loss_bytes=int(size[tr.loss.sid]),
-        backward_after_head=(int(after_head[0]), int(after_head[1])),
-        forward_before_last_layer_bytes=int(before_last + max(0, weight[nseg - 2] - 1) * seg_delta.get(nseg - 2, 0)),
-        forward_peak_parts=_nonnegative(peak_v),
-        forward_before_last_layer_parts=tuple(int(b + max(0, weight[nseg - 2] - 1) * d) for b, d in
-                                              zip(before_last_v, seg_delta_v.get(nseg - 2, [0, 0, 0, 0]))),
-        backward_parts=_frontier_parts(parts, points, layer_points),
-        offload_host_bytes=plan.host_bytes if plan is not None else 0,
-        offload_copy_bytes=plan.copy_bytes if plan is not None else 0,
-    )
+            self.savers[sid] = self.savers.get(sid, 0) - 1
+            if not self.held(sid):
+                self.free(sid, seg)
+        if self.stash is not None and not self.stash.cleared and self.unpacked:
+            self._clear_stash(seg)
+
+    # ---- the result
+
+    def result(self) -> StepTrace:
+        """The :class:`StepTrace` of the walked timelines (frontiers of the backward points, the forward's peak and
+        what it retained, the last layer's share)."""
+        tr, points, weight, last_layer = self.tr, self.points, self.weight, self.nseg - 2
+        layer_delta = self.seg_delta.get(last_layer, 0)
+        layer_delta_parts = self.seg_delta_parts.get(last_layer, Parts())
+        kinds = self.saved_by_kind
+        return StepTrace(
+            saved=tuple(sorted(self.labels.items(), key=lambda kv: -kv[1])),
+            backward_frontier=_frontier([(a, g) for a, g, _ in points]),
+            backward_frontier_accumulating=_frontier([(a, o) for a, _, o in points]),
+            backward_frontier_layers=_frontier([(a, g) for a, g, _ in self.layer_points]),
+            backward_before_grads=max((a for a, g, _ in points if g == 0), default=0),
+            backward_frontier_bucketed=_frontier([(a, o) for a, g, o in points if g > 0]),
+            retained_bytes=int(self.retained),
+            activation_bytes=int(self.retained - kinds["logits"] - kinds["autocast"]),
+            logits_bytes=int(kinds["logits"]),
+            autocast_copy_bytes=int(kinds["autocast"]),
+            forward_peak_bytes=int(self.forward_peak),
+            backward_points=tuple(points),
+            param_grad_bytes=int(tr.param_grad_total),
+            buffer_bytes=int(tr.buffer_bytes),
+            layer_bytes=int(layer_delta),
+            max_param_grad_bytes=max((op.param_grad for op in self.ops), default=0),
+            loss_bytes=int(self.size[tr.loss.sid]),
+            backward_after_head=(int(self.after_head[0]), int(self.after_head[1])),
+            forward_before_last_layer_bytes=int(self.before_last + max(0, weight[last_layer] - 1) * layer_delta),
+            forward_peak_parts=_nonnegative(self.peak_parts.astuple()),
+            forward_before_last_layer_parts=(self.before_last_parts + layer_delta_parts
+                                             * max(0, weight[last_layer] - 1)).astuple(),
+            backward_parts=_frontier_parts(self.point_parts, points, self.layer_points),
+            offload_host_bytes=self.plan.host_bytes if self.plan is not None else 0,
+            offload_copy_bytes=self.plan.copy_bytes if self.plan is not None else 0,
+        )
 
 
 def _frontier_parts(parts: dict[int, tuple[int, int, int, int]], points: list, layer_points: list) -> tuple:

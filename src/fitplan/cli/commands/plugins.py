@@ -41,14 +41,14 @@ def listing(reg) -> dict[str, Any]:
     from fitplan.inputs.settings import declared
 
     dirs_by_plugin: dict[str, list[str]] = {}
-    for name, result in reg._call_each("fitplan_ruleset_dirs", {}):
+    for name, result in reg.ruleset_dirs_answered():
         if isinstance(result, (list, tuple)):
             dirs_by_plugin[name] = [str(d) for d in result]
     try:
         reg.compiled()
     except FitplanError as e:
         reg.errors.append(PluginError(e.message, details=e.details))
-    commands = _commands_by_plugin(reg)
+    commands = reg.commands_by_plugin()
     rows = []
     for name in reg.plugin_names():
         dist, version = reg.distributions.get(name, ("", ""))
@@ -71,16 +71,3 @@ def listing(reg) -> dict[str, Any]:
             "ruleset_dirs": dirs_by_plugin.get(name, []),
         })
     return {"plugins": rows, "blocked": sorted(reg.blocked), "problems": [e.render() for e in reg.errors]}
-
-
-def _commands_by_plugin(reg) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for impl in reg.pm.hook.fitplan_register_commands.get_hookimpls():
-        name = reg.pm.get_name(impl.plugin)
-        group = click.Group()
-        try:
-            impl.function(*[{"cli": group}[a] for a in impl.argnames])
-        except (Exception, SystemExit):  # noqa: BLE001 - reported by the registry when the CLI loads commands
-            continue
-        out[name] = sorted(group.commands)
-    return out

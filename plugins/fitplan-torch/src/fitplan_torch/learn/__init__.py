@@ -10,5 +10,6 @@ reproduce a fresh recording at sizes it was not derived from.
 
 Modules: :mod:`.record` (the recorder), :mod:`.autograd_rules` (save rules from PyTorch's
 derivatives.yaml), :mod:`.fit` (symbolic sizes), :mod:`.configrules` (reading config.json like the
-config class), :mod:`.derive` (the file), :mod:`.verify` (the check), :mod:`.command` (the CLI).
+config class), :mod:`.derive` (the file's parts), :mod:`.learner` (the phases: record, derive, fold, verify, write),
+:mod:`.verify` (the check), :mod:`.command` (the CLI).
 """
