@@ -16,7 +16,9 @@ and that describes the same layers:
   the class only warns, the model fails in its rotary embedding), resampled to the shrunk head size;
 * a relation the class checks between widths (Mamba-2's ``hidden_size * expand == num_heads * head_dim``) that the
   shrunk widths break is repaired by leaving a field to the class (it derives it) or keeping one at its size;
-  when nothing makes the class accept the config, the error names the fields and the class's message.
+  when nothing makes the class accept the config, the error names the fields and the class's message;
+* a relation only the model needs (the class does not check it) is found by running the shrunk config once
+  (:mod:`.shrink_run`): repaired from the error, or refused naming the field.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from fitplan.api import FitplanError
 
 SMALL = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128, "ffn_hidden_size": 128,
          "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "vocab_size": 512,
-         "max_position_embeddings": 256, "n_positions": 256, "num_attention_heads": 4, "n_head": 4,
+         "max_position_embeddings": 256, "n_positions": 256, "model_max_length": 256, "num_attention_heads": 4, "n_head": 4,
          "num_key_value_heads": 2, "head_dim": 16, "d_head": 16, "num_local_experts": 4, "num_experts": 4,
          "n_routed_experts": 4, "num_experts_per_tok": 2, "num_heads": 8, "mamba_n_heads": 8, "mamba_d_head": 16,
          "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 32, "q_lora_rank": 32,
@@ -62,10 +64,11 @@ def shrink(cfg: dict[str, Any], log=lambda msg: None) -> dict[str, Any]:
     _token_ids(out, full)
     try:
         hf_config(out)
-        return out
     except Exception as e:  # noqa: BLE001 - the class rejects the shrunk widths: repair below
-        first = e
-    return _repair(cfg, out, first, log)
+        out = _repair(cfg, out, e, log)
+    from .shrink_run import runnable
+
+    return runnable(cfg, out, log)
 
 
 def _resolved(cfg: dict[str, Any]) -> dict[str, Any]:
