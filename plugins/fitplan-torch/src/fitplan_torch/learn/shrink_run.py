@@ -164,21 +164,26 @@ def _quoted_fields(out: dict[str, Any], e: BaseException) -> dict[str, int]:
 
 
 def _candidates(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, repaired: list[str]):
-    """``(trial config, what)`` pairs: fields shrinking did not touch first (the relation is theirs), each at the
-    tiny widths below its value, then fields shrinking made, put back at their given size. A field an earlier
-    round repaired with a progress (the error changed) is tried again, smaller (BailingHybrid: 8 expert groups
-    over 4 experts fail in a ``view``; 4 groups then fail in ``topk(2)`` over each group's one expert; 2 run)."""
-    quoted = _quoted_fields(out, e)
+    """``(trial config, what)`` pairs for the fields to repair: those the failing line reads first (Kimi-Linear's
+    ``topk(..., k=self.top_k)`` over fewer experts than ``num_experts_per_token``: "selected index k out of
+    range" quotes no number), then those whose value the error quotes. A field shrinking did not touch (the
+    relation is its) is tried at the tiny widths below its value; a field shrinking made is put back at its
+    given size (Marian's ``vocab_size``: the logits keep ``decoder_vocab_size``). A field an earlier round
+    repaired with a progress (the error changed) is tried again, smaller (BailingHybrid: 8 expert groups over 4
+    experts fail in a ``view``; 4 groups then fail in ``topk(2)`` over each group's one expert; 2 run)."""
     resolved = _resolved(out)
-    quoted.update({k: resolved[k] for k in repaired if type(resolved.get(k)) is int})
-    untouched = [k for k in quoted if k in repaired or not (k in cfg and k in out and cfg[k] != out[k])]
-    for k in untouched:
+    fields = {k: resolved[k] for k in [*sorted(config_names_read(e, line_only=True)), *repaired]
+              if type(resolved.get(k)) is int and not any(x in k for x in NOT_A_WIDTH[:3])}
+    fields.update({k: v for k, v in _quoted_fields(out, e).items() if k not in fields})
+    touched = {k for k in fields if k not in repaired and k in cfg and k in out and cfg[k] != out[k]}
+    for k, value in fields.items():
+        if k in touched:
+            if type(cfg.get(k)) is int:
+                yield {**out, k: cfg[k]}, f"{k} kept at {cfg[k]}"
+            continue
         for v in TINY:
-            if v < quoted[k]:
+            if v < value:
                 yield {**out, k: v}, f"{k} = {v}"
-    for k in quoted:
-        if k not in untouched and type(cfg.get(k)) is int:
-            yield {**out, k: cfg[k]}, f"{k} kept at {cfg[k]}"
 
 
 def _repair(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, tries: int, repaired: list[str]):
