@@ -27,7 +27,7 @@ TINY = (128, 64, 32, 16, 8, 4, 2)
 """The widths a quoted field is tried at, largest first (a field is only ever made smaller)."""
 MAX_TRIES = 24
 """Runs spent on repairs (each builds and steps the tiny model once)."""
-MAX_ROUNDS = 4
+MAX_ROUNDS = 6
 """Errors read one after another (Whisper: the decoder's heads, then the encoder's)."""
 NOT_A_WIDTH = ("_token_id", "layers", "_layer", "max_position_embeddings", "n_positions", "vocab_size",
                "num_labels", "seed")
@@ -135,13 +135,30 @@ def _reads(src: str) -> set[str]:
     return set(re.findall(_READ, src)) | {x for _, x in re.findall(_GETATTR, src)}
 
 
+_MISSING = object()
+
+
+def read_values(out: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    """``{field: value}`` of the names the model code reads, through the config object (an alias of the class's
+    ``attribute_map``, Dots1's ``num_local_experts`` for ``n_routed_experts``, is named by its field)."""
+    from .derive import hf_config
+
+    c = hf_config(out)
+    amap = getattr(c, "attribute_map", {}) or {}
+    out_values = {}
+    for k in sorted(names):
+        v = getattr(c, k, _MISSING)
+        if v is not _MISSING:
+            out_values[amap.get(k, k)] = v
+    return out_values
+
+
 def _refuse_unset(cfg: dict[str, Any], out: dict[str, Any], e: BaseException) -> None:
     """:raises FitplanError: the error is about ``None`` and the failing code reads a field that is None."""
     if "None" not in str(e) and not isinstance(e, TypeError):  # torch.empty(None, 2) says "takes 1 argument"
         return
-    resolved = _resolved(out)
-    unset = sorted(k for k in config_names_read(e, line_only=True) if k in resolved and resolved[k] is None)
-    unset = unset or sorted(k for k in config_names_read(e) if k in resolved and resolved[k] is None)
+    unset = sorted(k for k, v in read_values(out, config_names_read(e, line_only=True)).items() if v is None)
+    unset = unset or sorted(k for k, v in read_values(out, config_names_read(e)).items() if v is None)
     if not unset:
         return
     from .verify import failing_line
@@ -171,30 +188,30 @@ def _candidates(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, repa
     given size (Marian's ``vocab_size``: the logits keep ``decoder_vocab_size``). A field an earlier round
     repaired with a progress (the error changed) is tried again, smaller (BailingHybrid: 8 expert groups over 4
     experts fail in a ``view``; 4 groups then fail in ``topk(2)`` over each group's one expert; 2 run)."""
-    resolved = _resolved(out)
-    fields = {k: resolved[k] for k in [*sorted(config_names_read(e, line_only=True)), *repaired]
-              if type(resolved.get(k)) is int and not any(x in k for x in NOT_A_WIDTH[:3])}
+    read = read_values(out, config_names_read(e, line_only=True) | set(repaired))
+    fields = {k: v for k, v in read.items() if type(v) is int and not any(x in k for x in NOT_A_WIDTH[:3])}
+    strong = set(fields)
     fields.update({k: v for k, v in _quoted_fields(out, e).items() if k not in fields})
     touched = {k for k in fields if k not in repaired and k in cfg and k in out and cfg[k] != out[k]}
     for k, value in fields.items():
         if k in touched:
             if type(cfg.get(k)) is int:
-                yield {**out, k: cfg[k]}, f"{k} kept at {cfg[k]}"
+                yield {**out, k: cfg[k]}, f"{k} kept at {cfg[k]}", k in strong
             continue
         for v in TINY:
             if v < value:
-                yield {**out, k: v}, f"{k} = {v}"
+                yield {**out, k: v}, f"{k} = {v}", k in strong
 
 
 def _repair(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, tries: int, repaired: list[str]):
-    """The first candidate that runs, else the first whose error differs (progress); ``((config, what) or None,
-    its error, runs spent)``."""
+    """The first candidate that runs, else the first whose error differs (progress: of a field the failing line
+    reads, before any quoted field is tried); ``((config, what) or None, its error, runs spent)``."""
     from .derive import hf_config
 
     progress = None
-    for trial, what in _candidates(cfg, out, e, repaired):
-        if tries >= MAX_TRIES:
-            break
+    for trial, what, strong in _candidates(cfg, out, e, repaired):
+        if tries >= MAX_TRIES or (progress is not None and progress[2] and not strong):
+            break  # the fields the failing line reads came first: their progress before any other field
         try:
             hf_config(trial)
         except Exception:  # noqa: BLE001 - the class rejects it
@@ -204,7 +221,7 @@ def _repair(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, tries: i
         if err is None:
             return (trial, what), None, tries
         if progress is None and _short(err) != _short(e):
-            progress = ((trial, what), err)
+            progress = ((trial, what), err, strong)
     if progress is not None:
         return progress[0], progress[1], tries
     return None, e, tries
