@@ -110,3 +110,19 @@ def test_a_config_that_does_not_run_names_the_model_line():
     line = failing_line(run_error({**small, "rotary_dim": 64}))
     assert line.startswith("RuntimeError: The size of tensor a (16) must match the size of tensor b (64)")
     assert "models/codegen/modeling_codegen.py:" in line and "rotate_every_two" in line
+
+
+def test_a_sum_with_a_large_constant_term_is_fitted():
+    """Bamba's ``in_proj`` is ``intermediate_size + conv_dim + num_heads`` wide, ``conv_dim = intermediate_size +
+    2 * n_groups * ssm_state_size`` (modeling_bamba.py ``BambaMixer.__init__``). Shrunk: intermediate 2 × 64 =
+    128 and 8 heads held, so the width is 2·128 + 8 + 2·n_groups·d_state = 264 + 2·n_groups·d_state; over the
+    probes (d_state 256 or 384, n_groups 1 or 2) that is 776, 1032, 1288, 1800. A constant term above 64 was
+    refused (\"no expression ... fits\"), so Bamba, Falcon-H1, NemotronH and GraniteMoeHybrid did not learn."""
+    from fitplan_torch.learn.fit import Fitter
+
+    env = [{"mamba_d_state": d, "mamba_n_groups": g} for d, g in ((256, 1), (384, 1), (256, 2), (384, 2))]
+    expr = Fitter(env, {"mamba_d_state": 1, "mamba_n_groups": 2}).fit([776, 1032, 1288, 1800])
+    assert expr == "264 + 2*mamba_d_state*mamba_n_groups"
+    with pytest.raises(ValueError, match="no expression"):  # a coefficient above 64 on a variable stays refused
+        Fitter(env, {"mamba_d_state": 1, "mamba_n_groups": 2}).fit([100 * d * g for d, g in ((256, 1), (384, 1),
+                                                                                             (256, 2), (384, 2))])

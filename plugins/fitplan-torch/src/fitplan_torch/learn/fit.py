@@ -27,6 +27,13 @@ class FitError(ValueError):
     pass
 
 
+def _too_big(c: Fraction, mono: tuple) -> bool:
+    """A coefficient above 64 is no size relation, except an integer constant term: the held sizes a sum
+    carries (Bamba's ``in_proj`` width ``2·intermediate + n_heads + 2·n_groups·d_state`` with the widths
+    held is ``264 + 2·n_groups·d_state``)."""
+    return abs(c) > 64 and (bool(mono) or c.denominator != 1)
+
+
 def _fmt_mono(mono: tuple[tuple[str, int], ...]) -> str:
     num = []
     for v, e in mono:
@@ -160,7 +167,7 @@ class Fitter:
                 continue
             c1 = (fy[i] * v2[j] - fy[j] * v2[i]) / det
             c2 = (v1[i] * fy[j] - v1[j] * fy[i]) / det
-            if c1 == 0 or c2 == 0 or c1.denominator > 2 or c2.denominator > 2 or abs(c1) > 64 or abs(c2) > 64:
+            if c1 == 0 or c2 == 0 or c1.denominator > 2 or c2.denominator > 2 or _too_big(c1, m1) or _too_big(c2, m2):
                 continue
             t1, t2 = _fmt(c1, m1), _fmt(c2, m2)
             if t1 is None or t2 is None:
