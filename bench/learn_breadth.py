@@ -158,7 +158,7 @@ def wait(proc: subprocess.Popen, t0: float, timeout: float, mem: int):
             killed = "timeout"
         if killed:
             proc.kill()
-        time.sleep(0.2)
+        time.sleep(1.0)
 
 
 def classify(rc: int, why: str) -> str:
@@ -173,14 +173,17 @@ def classify(rc: int, why: str) -> str:
 
 
 def reason(stderr: str) -> str:
-    """The error line of a child's stderr (fitplan's ``error:`` line with its first detail, or the last line of a
-    traceback)."""
+    """The error of a child's stderr: fitplan's ``error:`` line without its suggestion, with its first detail
+    (a verification names the variant and the op or tensor there), or the last line of a traceback."""
     lines = [x.strip() for x in stderr.splitlines() if x.strip() and not x.startswith(("[transformers]", "W1", "Failed to load"))]
     for i, x in enumerate(lines):
         if x.startswith("error:"):
+            head = x[len("error: "):]
+            for hint in (" (report it", " (--no-shrink"):  # the suggestion, not the reason
+                head = head.split(hint)[0]
             detail = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("error:") else ""
-            return (x[len("error: "):] + (" / " + detail if detail else ""))[:300]
-    return (lines[-1] if lines else "")[:300]
+            return (head + (" / " + detail if detail else ""))[:400]
+    return (lines[-1] if lines else "")[:400]
 
 
 def table(rows: list[dict], bundled: set[str]) -> str:
