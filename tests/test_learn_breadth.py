@@ -126,3 +126,14 @@ def test_a_sum_with_a_large_constant_term_is_fitted():
     with pytest.raises(ValueError, match="no expression"):  # a coefficient above 64 on a variable stays refused
         Fitter(env, {"mamba_d_state": 1, "mamba_n_groups": 2}).fit([100 * d * g for d, g in ((256, 1), (384, 1),
                                                                                              (256, 2), (384, 2))])
+
+
+def test_a_causal_convolution_s_length_is_fitted():
+    """Bamba's (and every Mamba's) ``conv1d`` pads ``d_conv - 1`` on both sides and the step keeps the first
+    ``s`` outputs (modeling_bamba.py ``torch_forward``: ``self.conv1d(...)[..., :seq_len]``): the convolution's
+    output is ``s + d_conv - 1`` long, two terms and a constant, which no two-term sum fits."""
+    from fitplan_torch.learn.fit import Fitter
+
+    env = [{"mamba_d_conv": d, "s": s} for d, s in ((4, 16), (6, 16), (4, 20), (6, 22))]
+    assert Fitter(env, {"mamba_d_conv": 1, "s": 2}).fit([s + d - 1 for d, s in ((4, 16), (6, 16), (4, 20),
+                                                                                  (6, 22))]) == "mamba_d_conv + s - 1"

@@ -153,6 +153,18 @@ class Fitter:
                     expr = wrap.format(x=inner)
                     if self.check(expr, y):
                         return expr
+        cand = self._sum2(deps, y)
+        if cand is not None:
+            return cand
+        for off in (-1, 1, -2, 2):  # a causal convolution's output: s + d_conv - 1 (two terms and a constant)
+            cand = self._sum2(deps, tuple(v - off for v in y))
+            if cand is not None and self.check(f"{cand} {'-' if off < 0 else '+'} {abs(off)}", y):
+                return f"{cand} {'-' if off < 0 else '+'} {abs(off)}"
+        raise FitError(f"no expression over {sorted(deps)} fits the values {list(y)}")
+
+    def _sum2(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
+        """The shortest sum of two terms ``c₁·m₁ + c₂·m₂`` over exactly ``deps`` that gives ``y``, or None."""
+        fy = tuple(Fraction(v) for v in y)
         cand = None
         parts = self.monos(deps, False)
         for (m1, v1), (m2, v2) in itertools.combinations(parts, 2):
@@ -175,6 +187,4 @@ class Fitter:
             s = f"{t1} - {t2[1:]}" if t2.startswith("-") else f"{t1} + {t2}"
             if (cand is None or len(s) < len(cand)) and self.check(s, y):
                 cand = s
-        if cand is not None:
-            return cand
-        raise FitError(f"no expression over {sorted(deps)} fits the values {list(y)}")
+        return cand
