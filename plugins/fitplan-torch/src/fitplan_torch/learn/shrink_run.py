@@ -29,6 +29,8 @@ MAX_TRIES = 24
 """Runs spent on repairs (each builds and steps the tiny model once)."""
 MAX_ROUNDS = 6
 """Errors read one after another (Whisper: the decoder's heads, then the encoder's)."""
+MODEL_WIDTHS = ("hidden_size", "n_embd", "d_model")
+"""Never put back at their given size by a repair (the model would no longer be tiny)."""
 NOT_A_WIDTH = ("_token_id", "layers", "_layer", "max_position_embeddings", "n_positions", "vocab_size",
                "num_labels", "seed")
 
@@ -194,13 +196,11 @@ def _candidates(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, repa
     fields.update({k: v for k, v in _quoted_fields(out, e).items() if k not in fields})
     touched = {k for k in fields if k not in repaired and k in cfg and k in out and cfg[k] != out[k]}
     for k, value in fields.items():
-        if k in touched:
-            if type(cfg.get(k)) is int:
-                yield {**out, k: cfg[k]}, f"{k} kept at {cfg[k]}", k in strong
-            continue
-        for v in TINY:
-            if v < value:
-                yield {**out, k: v}, f"{k} = {v}", k in strong
+        if k not in touched:
+            yield from (({**out, k: v}, f"{k} = {v}", k in strong) for v in TINY if v < value)
+    for k in fields:  # never the model width itself: a 4096-wide model is no repair of a tiny one
+        if k in touched and type(cfg.get(k)) is int and k not in MODEL_WIDTHS:
+            yield {**out, k: cfg[k]}, f"{k} kept at {cfg[k]}", k in strong
 
 
 def _repair(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, tries: int, repaired: list[str]):
