@@ -137,3 +137,14 @@ def test_a_causal_convolution_s_length_is_fitted():
     env = [{"mamba_d_conv": d, "s": s} for d, s in ((4, 16), (6, 16), (4, 20), (6, 22))]
     assert Fitter(env, {"mamba_d_conv": 1, "s": 2}).fit([s + d - 1 for d, s in ((4, 16), (6, 16), (4, 20),
                                                                                   (6, 22))]) == "mamba_d_conv + s - 1"
+
+
+def test_verification_leaves_out_checkpointing_a_model_cannot_do():
+    """``CTRLLMHeadModel.supports_gradient_checkpointing`` is False (modeling_ctrl.py; ``gradient_checkpointing_enable``
+    raises "does not support activation checkpointing", modeling_utils.py): the memory check ran its
+    checkpointing cases anyway and the learning ended in an internal error. Llama's is True."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn.verify import supports_checkpointing
+
+    assert supports_checkpointing(_defaults("ctrl")) is False
+    assert supports_checkpointing(_defaults("llama")) is True

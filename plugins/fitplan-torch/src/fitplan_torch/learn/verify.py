@@ -196,8 +196,11 @@ def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance
     problems: list[str] = []
     rows: list[dict[str, Any]] = []
     if cases is None:
+        ckpts = (False, True) if supports_checkpointing(config) else (False,)
+        if len(ckpts) == 1:
+            log("  memory: no checkpointing cases (the model class does not support gradient checkpointing)")
         cases = [(p, a, ck, m) for p in ("32-true", "bf16-true", "bf16-mixed") for a in ("sdpa", "eager")
-                 for ck in (False, True) for m in ("full", "lora")]
+                 for ck in ckpts for m in ("full", "lora")]
     with installed(data), tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"
         path.write_text(json.dumps(config), encoding="utf-8")
@@ -221,6 +224,21 @@ def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance
             log(f"  memory {precision:10s} {attn:5s} {'ckpt' if ckpt else '    '} {method:4s}: activations "
                 f"{comp['activations']['relative_error']:+.4%}, peak {comp['peak']['relative_error']:+.4%}")
     return problems, rows
+
+
+def supports_checkpointing(config: dict[str, Any]) -> bool:
+    """The model class's ``supports_gradient_checkpointing`` (``PreTrainedModel.gradient_checkpointing_enable``
+    raises "does not support activation checkpointing" otherwise: transformers/modeling_utils.py): CTRL's is
+    False, so the referee cannot run its checkpointing cases."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    from .derive import hf_config
+
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config(config))]
+    except (KeyError, ValueError):
+        return True
+    return bool(getattr(cls, "supports_gradient_checkpointing", True))
 
 
 def _isclose(a: float, b: float) -> bool:
