@@ -33,11 +33,13 @@ SMALL = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 12
          "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "vocab_size": 512,
          "max_position_embeddings": 256, "n_positions": 256, "model_max_length": 256, "num_attention_heads": 4, "n_head": 4,
          "num_key_value_heads": 2, "head_dim": 16, "d_head": 16, "num_local_experts": 4, "num_experts": 4,
-         "n_routed_experts": 4, "num_experts_per_tok": 2, "num_experts_per_token": 2, "num_heads": 8, "mamba_n_heads": 8, "mamba_d_head": 16,
+         "n_routed_experts": 4, "num_experts_per_tok": 2, "num_experts_per_token": 2, "num_heads": 8, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_ssm": 128, "mamba_d_state": 16,
+         "ssm_state_size": 16,
          "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 32, "q_lora_rank": 32,
          "n_group": 2, "topk_group": 1}
 """The tiny widths (a field is only ever made smaller). ``num_heads`` / ``mamba_n_heads`` with ``head_dim`` 16:
-Mamba-2 heads of a 64-wide model expanded twice (8 × 16 = 2 × 64); DeepSeek-style MLA widths and expert groups (2
+Mamba-2 heads of a 64-wide model expanded twice (8 × 16 = 2 × 64; Falcon-H1's ``mamba_d_ssm`` the same 128), a
+state of 16 (Falcon-H1 learned at its default 1024-wide SSM and 256-wide state passed 4 GB resident); DeepSeek-style MLA widths and expert groups (2
 groups of the 4 experts, 1 of them routed to)."""
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 MAX_KINDS = 8
