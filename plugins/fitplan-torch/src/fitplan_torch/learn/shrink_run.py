@@ -148,7 +148,7 @@ def read_values(out: dict[str, Any], names: set[str]) -> dict[str, Any]:
     c = hf_config(out)
     amap = getattr(c, "attribute_map", {}) or {}
     out_values = {}
-    for k in sorted(names):
+    for k in sorted(n for n in names if not n.startswith("_")):  # not the class's own state (_attn_implementation)
         v = getattr(c, k, _MISSING)
         if v is not _MISSING:
             out_values[amap.get(k, k)] = v
