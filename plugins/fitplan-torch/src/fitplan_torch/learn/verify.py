@@ -108,7 +108,8 @@ def check_graph(data: dict[str, Any], results: dict, specs, log) -> list[str]:
         af = load_arch_file(data["model_type"])
         for precision, attn, reg in specs:
             res = results[(precision, attn, reg.name)]
-            cfg, b, s = heldout(res["probes"][0].cfg, res["variables"], reg, res["probes"][0].b, res["probes"][0].s,
+            free = [v for v in res["variables"] if v not in res.get("held", {})]  # a held size is the file's own
+            cfg, b, s = heldout(res["probes"][0].cfg, free, reg, res["probes"][0].b, res["probes"][0].s,
                                 runs=steps(precision, attn))
             where = f"{precision}/{attn} [{reg.name}]"
             try:
