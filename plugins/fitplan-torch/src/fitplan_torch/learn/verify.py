@@ -200,8 +200,9 @@ def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance
         ckpts = (False, True) if supports_checkpointing(config) else (False,)
         if len(ckpts) == 1:
             log("  memory: no checkpointing cases (the model class does not support gradient checkpointing)")
-        cases = [(p, a, ck, m) for p in ("32-true", "bf16-true", "bf16-mixed") for a in ("sdpa", "eager")
-                 for ck in ckpts for m in ("full", "lora")]
+        kernels = [a for a in ("sdpa", "eager") if a in data.get("attn_implementations", ("sdpa", "eager"))]
+        cases = [(p, a, ck, m) for p in ("32-true", "bf16-true", "bf16-mixed") for a in kernels
+                 for ck in ckpts for m in ("full", "lora")]  # OpenAI-GPT has no SDPA: eager only
     with installed(data), tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"
         path.write_text(json.dumps(config), encoding="utf-8")
