@@ -48,6 +48,32 @@ print("recorded")
 """
 
 
+SAMPLE = {
+    **dict.fromkeys(("apertus", "arcee", "cwm", "exaone", "glm", "helium", "internlm3", "olmo3", "seed_oss",
+                     "ministral3", "smollm3", "llama"), "dense"),
+    **dict.fromkeys(("afmoe", "dots1", "ernie4_5_moe", "glm4_moe", "granitemoe", "hunyuan_v1_moe", "jetmoe",
+                     "minimax_m2", "olmoe", "phimoe", "deepseek_v2", "qwen3_moe"), "MoE"),
+    **dict.fromkeys(("bamba", "falcon_h1", "falcon_mamba", "jamba", "lfm2", "mamba", "mamba2", "nemotron_h",
+                     "qwen3_next", "recurrent_gemma", "zamba2"), "hybrid/SSM"),
+    **dict.fromkeys(("biogpt", "bloom", "codegen", "ctrl", "gpt_neo", "gptj", "mpt", "openai-gpt", "opt", "persimmon",
+                     "xglm"), "old"),
+}
+"""The stratified sample (``--sample``): new dense decoders, MoE, hybrid / state-space, and older types (GPT-2
+era, ALiBi, parallel blocks); a few bundled ones (llama, qwen3_moe, deepseek_v2, bloom...) as a check that a
+type fitplan learned before still learns from its class defaults."""
+
+
+def interleaved(sample: dict[str, str]) -> list[str]:
+    """The sample's types taking one of each stratum in turn, so that a run cut by ``--deadline`` covers all."""
+    strata: dict[str, list[str]] = {}
+    for t, kind in sample.items():
+        strata.setdefault(kind, []).append(t)
+    out: list[str] = []
+    while any(strata.values()):
+        out += [ts.pop(0) for ts in strata.values() if ts]
+    return out
+
+
 def causal_lm_types() -> list[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -97,51 +123,79 @@ def run_one(model_type: str, stage: str, timeout: float, mem: int, env: dict) ->
             cmd = [sys.executable, "-m", "fitplan", "learn-architecture", str(path), "--out", str(Path(d) / "out"),
                    "--quiet"]
         t0 = time.monotonic()
-        proc = subprocess.Popen(["nice", "-n", "10", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                text=True, cwd=d)
-        peak, killed = 0, None
-        while proc.poll() is None:
-            peak = max(peak, rss_bytes(proc.pid))
-            if peak > mem:
-                killed = "memory"
-            elif time.monotonic() - t0 > timeout:
-                killed = "timeout"
-            if killed:
-                proc.kill()
-                break
-            time.sleep(0.2)
-        out, err = proc.communicate()
+        with open(Path(d) / "stdout", "w+") as fo, open(Path(d) / "stderr", "w+") as fe:
+            proc = subprocess.Popen(["nice", "-n", "10", *cmd], stdout=fo, stderr=fe, env=env, text=True, cwd=d)
+            rc, usage, peak, killed = wait(proc, t0, timeout, mem)
+            fe.seek(0)
+            err = fe.read()
         secs = time.monotonic() - t0
-    row = {"model_type": model_type, "seconds": round(secs, 1), "rss_mb": peak // 2**20}
+    cpu = usage.ru_utime + usage.ru_stime if usage else 0.0
+    row = {"model_type": model_type, "seconds": round(secs, 1), "cpu_s": round(cpu, 1),
+           "rss_mb": max(peak, (usage.ru_maxrss * 1024) if usage else 0) // 2**20}
     if killed:
         return {**row, "result": killed, "reason": f"past {timeout:.0f} s" if killed == "timeout" else
                 f"past {mem // 2**20} MB resident"}
-    if proc.returncode == 0:
+    if rc == 0:
         return {**row, "result": "recorded" if stage == "record" else "verified", "reason": ""}
-    return {**row, "result": "refused" if proc.returncode == 2 else f"failed (exit {proc.returncode})",
-            "reason": reason(err)}
+    why = reason(err)
+    return {**row, "result": classify(rc, why), "reason": why}
+
+
+def wait(proc: subprocess.Popen, t0: float, timeout: float, mem: int):
+    """Poll ``proc`` until it ends, is past ``timeout`` seconds or ``mem`` resident bytes; ``(exit status,
+    rusage, peak resident bytes polled, killed)``. The rusage (``os.wait4``) holds the child's own CPU seconds
+    (user + system, its waited-for descendants included): the learner's cost, whatever the machine's load."""
+    peak, killed = 0, None
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage, peak, killed
+        peak = max(peak, rss_bytes(proc.pid))
+        if not killed and peak > mem:
+            killed = "memory"
+        elif not killed and time.monotonic() - t0 > timeout:
+            killed = "timeout"
+        if killed:
+            proc.kill()
+        time.sleep(1.0)
+
+
+def classify(rc: int, why: str) -> str:
+    """The learn stage's result from the exit status and the error line: the verification refused the file
+    (``learned, not verified``), the learner refused a construct (``refused``, the reason names it), shrinking or
+    the config class refused the config (``refused``), or it crashed (``failed``)."""
+    if rc != 2:
+        return f"failed (exit {rc})"
+    if "does not reproduce a fresh run" in why:
+        return "not verified"
+    return "refused"
 
 
 def reason(stderr: str) -> str:
-    """The error line of a child's stderr (fitplan's ``error:`` line with its first detail, or the last line of a
-    traceback)."""
+    """The error of a child's stderr: fitplan's ``error:`` line without its suggestion, with its first detail
+    (a verification names the variant and the op or tensor there), or the last line of a traceback."""
     lines = [x.strip() for x in stderr.splitlines() if x.strip() and not x.startswith(("[transformers]", "W1", "Failed to load"))]
     for i, x in enumerate(lines):
         if x.startswith("error:"):
+            head = x[len("error: "):]
+            for hint in (" (report it", " (--no-shrink"):  # the suggestion, not the reason
+                head = head.split(hint)[0]
             detail = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("error:") else ""
-            return (x[len("error: "):] + (" / " + detail if detail else ""))[:300]
-    return (lines[-1] if lines else "")[:300]
+            return (head + (" / " + detail if detail else ""))[:400]
+    return (lines[-1] if lines else "")[:400]
 
 
 def table(rows: list[dict], bundled: set[str]) -> str:
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["result"]] = counts.get(r["result"], 0) + 1
-    out = ["| model_type | bundled | result | s | MB | reason |", "|---|---|---|---|---|---|"]
+    out = ["| model_type | bundled | sample | result | CPU s | wall s | MB | reason |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: r["model_type"]):
         why = r["reason"].replace("|", "\\|").replace("\n", " ")
-        out.append(f"| {r['model_type']} | {'yes' if r['model_type'] in bundled else ''} | {r['result']} | "
-                   f"{r['seconds']} | {r['rss_mb']} | {why} |")
+        out.append(f"| {r['model_type']} | {'yes' if r['model_type'] in bundled else ''} | "
+                   f"{SAMPLE.get(r['model_type'], '')} | {r['result']} | {r.get('cpu_s', '')} | {r['seconds']} | "
+                   f"{r['rss_mb']} | {why} |")
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
     return f"{len(rows)} model types: {summary}\n\n" + "\n".join(out) + "\n"
 
@@ -150,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stage", choices=("record", "learn"), default="learn")
     ap.add_argument("--types", default="", help="comma-separated model types (default: every causal LM type)")
+    ap.add_argument("--sample", action="store_true", help="the stratified sample (SAMPLE) only")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per type")
     ap.add_argument("--mem-gb", type=float, default=3.0, help="resident memory cap per type")
     ap.add_argument("--deadline", type=float, default=0.0, help="stop starting new types after this many minutes")
@@ -159,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "plugins/fitplan-torch/src"),
                                                         os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "FITPLAN_NO_CACHE": "1", "OMP_NUM_THREADS": "1"}
-    types = [t for t in a.types.split(",") if t] or causal_lm_types()
+    types = [t for t in a.types.split(",") if t] or (interleaved(SAMPLE) if a.sample else causal_lm_types())
     path = Path(a.json)
     done = {r["model_type"]: r for r in json.loads(path.read_text())} if path.is_file() else {}
     start = time.monotonic()
@@ -170,13 +225,15 @@ def main(argv: list[str] | None = None) -> int:
             break
         row = run_one(t, a.stage, a.timeout, int(a.mem_gb * 2**30), env)
         done[t] = row
-        print(f"{t:28s} {row['result']:10s} {row['seconds']:6.1f} s {row['rss_mb']:5d} MB  {row['reason'][:120]}",
+        print(f"{t:28s} {row['result']:14s} {row.get('cpu_s', 0):6.1f} CPU s {row['seconds']:6.1f} s "
+              f"{row['rss_mb']:5d} MB  {row['reason'][:120]}",
               flush=True)
         path.write_text(json.dumps(list(done.values()), indent=1))
     bundled = {p.name[:-5] for p in (ROOT / "rulesets/architectures").glob("*.json") if not p.name.endswith(".graphs.json")}
     if a.md:
-        rows = [done.get(t) or {"model_type": t, "result": "not run", "reason": "time box (--deadline)", "seconds": "",
-                                "rss_mb": ""} for t in types]
+        every = sorted(set(causal_lm_types()) | set(types))
+        rows = [done.get(t) or {"model_type": t, "result": "not run", "reason": "", "seconds": "", "rss_mb": ""}
+                for t in every]
         Path(a.md).write_text(table(rows, bundled))
     return 0
 

@@ -68,6 +68,7 @@ SLOW = {
     "tests/test_exports.py::test_scenario_toml_round_trip": "3 s CPU",
     "tests/test_exports.py::test_emit_deepspeed_for_a_plan_without_deepspeed": "a recommend search: 2 s CPU",
     "tests/test_learn_new_types.py::test_an_unverified_file_is_not_exact_in_any_format": "every report format: 3 s CPU",
+    "tests/test_learn_new_types.py::test_an_unverified_file_says_so_in_markdown_and_html": "a recommendation in two formats: 4 s CPU",
     "tests/test_third_party.py::test_org_policies_restrict_recommend": "a recommend search: 2 s CPU",
     "tests/test_serve.py::test_fitplan_serve_serves_the_page_and_stops_on_ctrl_c": "a real fitplan serve process: 2 s CPU",
     "tests/test_serve.py::test_recommend_matches_the_cli_but_its_timings": "a recommend search twice: 2 s CPU",

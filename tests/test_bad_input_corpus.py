@@ -103,8 +103,12 @@ for cid, body, needle in [
     ("config-layers-bool", cfg(num_hidden_layers=True), "num_hidden_layers"),
     ("config-vocab-zero", cfg(vocab_size=0), "vocab_size"),
     ("config-huge-int", b'{"model_type": "llama", "hidden_size": ' + b"9" * 5000 + b"}", "digits"),
-    ("config-nan", b'{"model_type": "llama", "attention_dropout": NaN}', "non-finite"),
-    ("config-infinity", b'{"model_type": "llama", "rope_theta": Infinity}', "non-finite"),
+    # a config.json is read as transformers reads it (json.loads: NaN and Infinity are floats, inputs/files.py);
+    # a field fitplan uses then refuses the non-finite value by name
+    ("config-nan", b'{"model_type": "llama", "attention_dropout": NaN}', "attention_dropout must be a number"),
+    ("config-infinity", b'{"model_type": "llama", "hidden_size": Infinity}', "hidden_size must be an integer, got inf"),
+    ("config-tagged-infinity", b'{"model_type": "llama", "hidden_size": {"__float__": "Infinity"}}',
+     "hidden_size must be an integer, got inf"),
     ("config-deep", nested_json(100_000), "nested"),
     ("config-deep-70", nested_json(70), "nested more than 64 levels"),
 ]:

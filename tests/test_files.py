@@ -4,6 +4,7 @@ a traceback or a silent NaN. Expected messages are the boundary's own contract (
 from __future__ import annotations
 
 import codecs
+import math
 import os
 
 import pytest
@@ -50,6 +51,22 @@ def test_size_limit(tmp_path):
 def test_json_non_finite_numbers_are_refused(text):
     with pytest.raises(FitplanError, match="non-finite number"):
         files.loads_json(text, file="f.json")
+
+
+@pytest.mark.parametrize("text, value", [('{"x": [0.0, Infinity]}', [0.0, math.inf]),
+                                         ('{"x": -Infinity}', -math.inf), ('{"x": 1e999}', math.inf),
+                                         ('{"x": {"__float__": "Infinity"}}', math.inf),
+                                         ('{"x": {"__float__": "-Infinity"}}', -math.inf),
+                                         ('{"x": {"__float__": "pi"}}', {"__float__": "pi"})])
+def test_a_model_config_reads_non_finite_numbers_as_transformers_does(text, value):
+    """``PreTrainedConfig._dict_from_json_file`` (transformers/configuration_utils.py, 5.24): ``json.loads``, which
+    reads ``Infinity`` and ``1e999`` as inf, then ``_decode_special_floats`` for its own ``{"__float__": ...}``
+    objects (an unknown tag stays an object). Mamba-2's class default ``time_step_limit`` is ``(0.0, inf)``."""
+    assert files.loads_json(text, file="config.json", special_floats=True) == {"x": value}
+
+
+def test_a_model_config_reads_nan():
+    assert math.isnan(files.loads_json('{"x": NaN}', file="config.json", special_floats=True)["x"])
 
 
 @pytest.mark.parametrize("text", ["x = nan", "x = inf", "x = -inf", "x = 1e999"])

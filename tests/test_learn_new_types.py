@@ -265,6 +265,18 @@ def test_an_unverified_file_is_not_exact_in_any_format(unverified_llama, cli):
     assert "known: approx." in cli("explain", "peak", *FLAGS).stdout
 
 
+def test_an_unverified_file_says_so_in_markdown_and_html(unverified_llama, cli):
+    """The estimate's markdown marks the file's rows ``approx.`` and carries the warning; a recommendation
+    (markdown, HTML) says in its header that the memory figures are approximate, naming the file."""
+    text = cli("estimate", *FLAGS, "--format", "markdown").stdout
+    assert "| approx. |" in text and "--no-verify" in text and "llama.json" in text
+    rec = ["recommend", *FLAGS[:6], "--objective", "gpus", "--gpu", "a10g"]
+    for fmt in ("markdown", "html"):
+        out = cli(*rec, "--format", fmt).stdout
+        head = out[:out.index("Ranked plans")]
+        assert "memory figures approximate, not exact" in head and "llama.json" in head and "--no-verify" in head
+
+
 def test_a_verified_or_bundled_file_stays_exact():
     conf = fitplan.estimate(**KW)["memory_confidence"]
     assert conf["activations"]["level"] == "exact" and conf["peak"]["level"] == "exact"

@@ -497,4 +497,4 @@ def hf_config_for(s: sc.Scenario, rules: Rulesets) -> dict[str, Any]:
         return dict(where.config)
     from fitplan.inputs.files import read_json
 
-    return read_json(Path(where), field="--model")
+    return read_json(Path(where), field="--model", special_floats=True)

@@ -420,7 +420,7 @@ def load_config_json(path: str | Path) -> ModelSpec:
 
     p = Path(path)
     try:
-        data = read_json(p)
+        data = read_json(p, special_floats=True)  # as transformers reads it (inputs/files.py)
     except FitplanError as e:
         if e.message == "file not found":
             e.suggestion = "pass a catalog name (fitplan models list) or a path to config.json"

@@ -6,6 +6,12 @@ their byte-order marks, are decoded too; anything else is an error naming the by
 JSON, TOML and YAML are parsed with their nesting and number sizes bounded, and non-finite numbers (NaN, infinity:
 JSON's ``NaN``/``Infinity`` extensions, TOML's ``nan``/``inf``) are refused: every error is a
 :class:`~fitplan.errors.FitplanError` naming the file and, where the parser says, the line.
+
+One exception: a model's ``config.json`` is read as transformers reads it (``special_floats=True``):
+``PreTrainedConfig._dict_from_json_file`` parses it with a plain ``json.loads``, which accepts ``NaN``,
+``Infinity`` and ``-Infinity``, then decodes the ``{"__float__": "Infinity"}`` objects its own writer uses for them
+(``_decode_special_floats``, transformers/configuration_utils.py, 5.24). The config classes of Mamba-2, Bamba,
+Falcon-H1, NemotronH and GraniteMoeHybrid default ``time_step_limit`` to ``(0.0, inf)``.
 """
 
 from __future__ import annotations
@@ -89,10 +95,18 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"non-finite number {name}")
 
 
-def loads_json(text: str, *, file: str | None = None, field: str | None = None) -> Any:
-    """Parse JSON: no NaN or infinity, nesting and integer length bounded."""
+_SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+FLOAT_TAG = "__float__"
+"""transformers' tag for a non-finite float in a config it wrote (``_FLOAT_TAG_KEY``, configuration_utils.py)."""
+
+
+def loads_json(text: str, *, file: str | None = None, field: str | None = None, special_floats: bool = False) -> Any:
+    """Parse JSON: no NaN or infinity, nesting and integer length bounded. ``special_floats``: a model's
+    config.json, read as transformers reads it (module doc): non-finite numbers are floats."""
+    constant = _SPECIAL_FLOATS.__getitem__ if special_floats else _reject_constant
+    number = _parse_any_float if special_floats else _parse_float
     try:
-        data = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int, parse_float=_parse_float)
+        data = json.loads(text, parse_constant=constant, parse_int=_parse_int, parse_float=number)
     except json.JSONDecodeError as e:
         raise FitplanError(f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})", file=file, field=field) from None
     except (ValueError, RecursionError) as e:
@@ -100,7 +114,19 @@ def loads_json(text: str, *, file: str | None = None, field: str | None = None) 
     check_depth(data, file=file, field=field)
     if _ESCAPED_SURROGATE.search(text):
         check_surrogates(data, file=file)
-    return data
+    return decode_special_floats(data) if special_floats else data
+
+
+def decode_special_floats(obj: Any) -> Any:
+    """``{"__float__": "Infinity"}`` (and ``"NaN"``, ``"-Infinity"``) as the float, everywhere in ``obj``, as
+    transformers' ``_decode_special_floats`` does; any other object is kept."""
+    if isinstance(obj, dict):
+        if set(obj) == {FLOAT_TAG} and obj[FLOAT_TAG] in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[obj[FLOAT_TAG]]
+        return {k: decode_special_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode_special_floats(v) for v in obj]
+    return obj
 
 
 _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89abcdefABCDEF]")
@@ -123,9 +149,9 @@ def check_surrogates(data: Any, *, file: str | None = None, path: str = "$") -> 
             check_surrogates(v, file=file, path=f"{path}[{i}]")
 
 
-def read_json(path: str | Path, *, field: str | None = None) -> Any:
-    """A JSON file (see the module doc)."""
-    return loads_json(read_text(path, field=field), file=str(path), field=field)
+def read_json(path: str | Path, *, field: str | None = None, special_floats: bool = False) -> Any:
+    """A JSON file (see the module doc; ``special_floats``: a model's config.json, as transformers reads it)."""
+    return loads_json(read_text(path, field=field), file=str(path), field=field, special_floats=special_floats)
 
 
 def loads_toml(text: str, *, file: str | None = None, field: str | None = None) -> dict[str, Any]:
@@ -216,6 +242,12 @@ def _parse_float(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"non-finite number {text}")
     return value
+
+
+def _parse_any_float(text: str) -> float:
+    if len(text) > MAX_INT_DIGITS + 30:
+        raise ValueError(f"a number of {len(text):,} characters")
+    return float(text)  # 1e999 is inf, as json.loads reads it
 
 
 def _check_int_literals(text: str, *, file: str | None, field: str | None) -> None:

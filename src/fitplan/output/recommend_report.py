@@ -232,6 +232,10 @@ def _header(result: Result) -> list[str]:
     if result.vary:
         lines.append(f"varied: {', '.join(result.vary)}: each value's plans are ranked on their own, side by side "
                      "(they train different models)")
+    unverified = sorted({u for p in result.all_plans() if p.estimate is not None
+                         for u in [getattr(p.estimate.arch, "unverified", None)] if u})
+    lines += [f"memory figures approximate, not exact: the learned architecture file {u} was written with "
+              "`fitplan learn-architecture --no-verify`" for u in unverified]
     if any(likely(p, "seconds") is not None for p in result.all_plans()):
         lines.append("time and cost: plans are ranked on the central value; in parentheses the likely range (the 10th "
                      "to 90th percentile of the time model's leave-one-out error on published runs)")

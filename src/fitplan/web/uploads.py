@@ -61,7 +61,7 @@ class UploadStore:
         if len(data) > MAX_UPLOAD_BYTES:
             raise FitplanError(f"upload larger than {MAX_UPLOAD_BYTES:,} bytes", file=shown,
                                suggestion="a config.json is a few kB; upload the model's config.json only")
-        config = loads_json(decode(data, file=shown), file=shown)  # the CLI's input boundary (inputs/files.py)
+        config = loads_json(decode(data, file=shown), file=shown, special_floats=True)  # as the CLI reads it
         if not isinstance(config, dict):
             raise FitplanError("a model config must be a JSON object", file=shown, value=type(config).__name__)
         name = display_name(config, shown)

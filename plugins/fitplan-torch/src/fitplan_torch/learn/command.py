@@ -16,7 +16,8 @@ def _read_config(path: str) -> dict:
         p = p / "config.json"
     from fitplan.api import read_json
 
-    data = read_json(p, field="CONFIG")  # the input boundary: a regular file, bounded, no NaN, no lone surrogate
+    # the input boundary (a regular file, bounded, no lone surrogate), reading Infinity as transformers does
+    data = read_json(p, field="CONFIG", special_floats=True)
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise FitplanError("a config.json must name its model_type", file=str(p), field="$.model_type",
                            value=data.get("model_type") if isinstance(data, dict) else None)

@@ -398,10 +398,11 @@ def learn_and_check(cfg: dict[str, Any], target: Path, *, verify: bool = True, t
                     log=print, memory: bool = True) -> list[Path]:
     """Learn ``cfg``'s architecture (``derive.learn_full``), verify it unless told not to, and write it."""
     from . import derive
+    from .patterns import PatternError
 
     try:
         data, results, specs = derive.learn_full(cfg, log=log)
-    except derive.LearnError as e:
+    except (derive.LearnError, PatternError) as e:
         raise FitplanError(f"cannot learn {cfg.get('model_type')!r}: {e}", field="model_type",
                            value=cfg.get("model_type")) from None
     if verify:

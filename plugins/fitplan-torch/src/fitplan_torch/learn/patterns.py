@@ -24,6 +24,11 @@ import itertools
 import json
 from typing import Any
 
+
+class PatternError(ValueError):
+    """A layer pattern the templates above cannot express (``fitplan learn-architecture`` refuses the type,
+    naming the layer part): more than two forms of one part, or no rule of the family."""
+
 SKIP_ATTRS = {"training", "_is_hf_initialized", "layer_idx", "_modules", "_parameters", "_buffers"}
 N_LAYERS = 8
 
@@ -294,11 +299,13 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
     for name in names:
         values = sorted({f.get(name) for f in feats}, key=str)
         if len(values) != 2:
-            raise ValueError(f"layer part {name!r} takes {len(values)} forms; only two-way patterns are learned")
+            raise PatternError(f"layer part {name!r} takes {len(values)} forms; only two-way patterns are learned")
         a = values[0]
         rule = _fit(name, a, observed, candidates(cfg, ints, lists, resolved))
         if rule is None:
-            raise ValueError(f"no rule explains which layers have which {name!r}")
+            raise PatternError(f"no rule of the layer-pattern family explains which layers have which {name!r} "
+                               "(a condition over several fields, such as ERNIE-4.5-MoE's interval, start and end "
+                               "index, is not learned)")
         rules[name] = rule
         log(f"    layer feature {name}: {rules[name]}")
     kinds_seen: dict[tuple, int] = {}

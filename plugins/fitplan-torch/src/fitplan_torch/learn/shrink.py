@@ -16,7 +16,9 @@ and that describes the same layers:
   the class only warns, the model fails in its rotary embedding), resampled to the shrunk head size;
 * a relation the class checks between widths (Mamba-2's ``hidden_size * expand == num_heads * head_dim``) that the
   shrunk widths break is repaired by leaving a field to the class (it derives it) or keeping one at its size;
-  when nothing makes the class accept the config, the error names the fields and the class's message.
+  when nothing makes the class accept the config, the error names the fields and the class's message;
+* a relation only the model needs (the class does not check it) is found by running the shrunk config once
+  (:mod:`.shrink_run`): repaired from the error, or refused naming the field.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ from fitplan.api import FitplanError
 
 SMALL = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128, "ffn_hidden_size": 128,
          "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "vocab_size": 512,
-         "max_position_embeddings": 256, "n_positions": 256, "num_attention_heads": 4, "n_head": 4,
+         "max_position_embeddings": 256, "n_positions": 256, "model_max_length": 256, "num_attention_heads": 4, "n_head": 4,
          "num_key_value_heads": 2, "head_dim": 16, "d_head": 16, "num_local_experts": 4, "num_experts": 4,
-         "n_routed_experts": 4, "num_experts_per_tok": 2, "num_heads": 8, "mamba_n_heads": 8, "mamba_d_head": 16,
+         "n_routed_experts": 4, "num_experts_per_tok": 2, "num_experts_per_token": 2, "num_heads": 8, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_ssm": 128, "mamba_d_state": 16,
+         "ssm_state_size": 16,
          "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 32, "q_lora_rank": 32,
          "n_group": 2, "topk_group": 1}
 """The tiny widths (a field is only ever made smaller). ``num_heads`` / ``mamba_n_heads`` with ``head_dim`` 16:
-Mamba-2 heads of a 64-wide model expanded twice (8 × 16 = 2 × 64); DeepSeek-style MLA widths and expert groups (2
+Mamba-2 heads of a 64-wide model expanded twice (8 × 16 = 2 × 64; Falcon-H1's ``mamba_d_ssm`` the same 128), a
+state of 16 (Falcon-H1 learned at its default 1024-wide SSM and 256-wide state passed 4 GB resident); DeepSeek-style MLA widths and expert groups (2
 groups of the 4 experts, 1 of them routed to)."""
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 MAX_KINDS = 8
@@ -62,10 +66,11 @@ def shrink(cfg: dict[str, Any], log=lambda msg: None) -> dict[str, Any]:
     _token_ids(out, full)
     try:
         hf_config(out)
-        return out
     except Exception as e:  # noqa: BLE001 - the class rejects the shrunk widths: repair below
-        first = e
-    return _repair(cfg, out, first, log)
+        out = _repair(cfg, out, e, log)
+    from .shrink_run import runnable
+
+    return runnable(cfg, out, log)
 
 
 def _resolved(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -94,16 +99,17 @@ def _widths(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def derived_widths(cfg: dict[str, Any], full: dict[str, Any]) -> list[str]:
-    """The widths of :data:`SMALL` whose class default is None and that ``cfg`` states at the value the class's
-    ``__post_init__`` derives without them (``head_dim``
-    = ``hidden_size // num_attention_heads`` for Llama, = ``qk_rope_head_dim`` for DeepSeek-V3): left to the
-    class, so they follow the shrunk widths they derive from instead of breaking the relation."""
+    """The integer fields whose class default is None and that ``cfg`` states at the value the class's
+    ``__post_init__`` derives without them (``head_dim`` = ``hidden_size // num_attention_heads`` for Llama, =
+    ``qk_rope_head_dim`` for DeepSeek-V3; Zamba-2's ``attention_hidden_size`` = ``2 * hidden_size``, a width
+    :data:`SMALL` does not name): left to the class, so they follow the shrunk widths they derive from instead
+    of breaking the relation."""
     from .configrules import class_defaults, config_class
     from .derive import hf_config
 
     defaults = class_defaults(config_class(cfg["model_type"]))
     out = []
-    for k in SMALL:
+    for k in [*SMALL, *(k for k in cfg if k not in SMALL and not k.endswith("_token_id") and k not in LAYER_KEYS)]:
         if k not in cfg or not isinstance(cfg[k], int) or isinstance(cfg[k], bool) or defaults.get(k) is not None:
             continue  # a field with a default of its own is not derived (its value may just be the default)
         try:

@@ -54,13 +54,17 @@ def installed(data: dict[str, Any]):
             clear_arch_caches()
 
 
-def heldout(base: dict[str, Any], variables: list[str], regime, b: int, s: int) -> tuple[dict[str, Any], int, int]:
+def heldout(base: dict[str, Any], variables: list[str], regime, b: int, s: int,
+            runs=None) -> tuple[dict[str, Any], int, int]:
     """A config in ``regime`` with every variable at a size no probe used (scaled by 5/2 or nudged), kept
     :func:`.derive.typical` as the probes are: a hidden size of 480 over 36 heads gives 13-wide heads, whose
-    rotary halves do not pair up, and the model itself fails (OLMo-3, 12 GQA heads scaled by 3)."""
+    rotary halves do not pair up, and the model itself fails (OLMo-3, 12 GQA heads scaled by 3). ``runs(cfg, b,
+    s)``: a candidate must also run (a relation the model needs and neither the class nor ``typical`` states,
+    such as experts divisible by the expert groups): a held-out config that does not run checks nothing."""
     from .derive import hf_config, typical
 
     cfg = regime.setup(copy.deepcopy(base), b, s)
+    bb = b if "b" in regime.fixed else b + 1
     for v in variables:
         if v in regime.fixed or not isinstance(cfg.get(v), int):
             continue
@@ -72,11 +76,25 @@ def heldout(base: dict[str, Any], variables: list[str], regime, b: int, s: int) 
                 hf_config(trial)
             except Exception:  # noqa: BLE001 - the class rejects it: try another
                 continue
-            if regime.valid(trial, b + 1, s + 5):
+            if regime.valid(trial, b + 1, s + 5) and (runs is None or runs(trial, bb, s + 5)):
                 cfg = trial
                 break
-    bb = b if "b" in regime.fixed else b + 1
     return cfg, bb, s + 5
+
+
+def steps(precision: str, attn: str):
+    """``runs(cfg, b, s)`` for :func:`heldout`: one training step of the model, in ``precision`` under ``attn``,
+    raises nothing."""
+    def runs(cfg: dict[str, Any], b: int, s: int) -> bool:
+        from .derive import batch_for, build
+
+        try:
+            model, config = build(cfg, precision, attn)
+            model(**batch_for(config, b, s)).loss.backward()
+        except Exception:  # noqa: BLE001 - it does not run: the caller tries another size
+            return False
+        return True
+    return runs
 
 
 def check_graph(data: dict[str, Any], results: dict, specs, log) -> list[str]:
@@ -90,7 +108,9 @@ def check_graph(data: dict[str, Any], results: dict, specs, log) -> list[str]:
         af = load_arch_file(data["model_type"])
         for precision, attn, reg in specs:
             res = results[(precision, attn, reg.name)]
-            cfg, b, s = heldout(res["probes"][0].cfg, res["variables"], reg, res["probes"][0].b, res["probes"][0].s)
+            free = [v for v in res["variables"] if v not in res.get("held", {})]  # a held size is the file's own
+            cfg, b, s = heldout(res["probes"][0].cfg, free, reg, res["probes"][0].b, res["probes"][0].s,
+                                runs=steps(precision, attn))
             where = f"{precision}/{attn} [{reg.name}]"
             try:
                 rec = run(cfg, precision, attn, b, s)
@@ -177,8 +197,12 @@ def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance
     problems: list[str] = []
     rows: list[dict[str, Any]] = []
     if cases is None:
-        cases = [(p, a, ck, m) for p in ("32-true", "bf16-true", "bf16-mixed") for a in ("sdpa", "eager")
-                 for ck in (False, True) for m in ("full", "lora")]
+        ckpts = (False, True) if supports_checkpointing(config) else (False,)
+        if len(ckpts) == 1:
+            log("  memory: no checkpointing cases (the model class does not support gradient checkpointing)")
+        kernels = [a for a in ("sdpa", "eager") if a in data.get("attn_implementations", ("sdpa", "eager"))]
+        cases = [(p, a, ck, m) for p in ("32-true", "bf16-true", "bf16-mixed") for a in kernels
+                 for ck in ckpts for m in ("full", "lora")]  # OpenAI-GPT has no SDPA: eager only
     with installed(data), tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"
         path.write_text(json.dumps(config), encoding="utf-8")
@@ -202,6 +226,21 @@ def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance
             log(f"  memory {precision:10s} {attn:5s} {'ckpt' if ckpt else '    '} {method:4s}: activations "
                 f"{comp['activations']['relative_error']:+.4%}, peak {comp['peak']['relative_error']:+.4%}")
     return problems, rows
+
+
+def supports_checkpointing(config: dict[str, Any]) -> bool:
+    """The model class's ``supports_gradient_checkpointing`` (``PreTrainedModel.gradient_checkpointing_enable``
+    raises "does not support activation checkpointing" otherwise: transformers/modeling_utils.py): CTRL's is
+    False, so the referee cannot run its checkpointing cases."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    from .derive import hf_config
+
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config(config))]
+    except (KeyError, ValueError):
+        return True
+    return bool(getattr(cls, "supports_gradient_checkpointing", True))
 
 
 def _isclose(a: float, b: float) -> bool:

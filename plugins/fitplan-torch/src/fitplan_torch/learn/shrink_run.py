@@ -1,0 +1,227 @@
+"""Running the shrunk config once, and repairing what only the model (not its config class) needs.
+
+A config class checks some relations between its fields; the model code relies on more. CodeGen's and GPT-J's
+``rotary_dim`` (64 by default) must not exceed the head width (``n_embd // n_head``: 16 once shrunk), Whisper's
+``decoder_attention_heads`` (6) must divide ``d_model`` (64 once shrunk); neither class says so. So the shrunk
+config is run once (one bf16 training step, b=2, s=16, on random weights: a few seconds) and, when the model
+raises:
+
+* a field the model reads is unset (``None``: DeepSeek-V2's ``num_experts_per_tok``, a class default no published
+  config keeps): refused naming the field and its value, with the model line that fails; the config must state it;
+* otherwise the numbers in the error name the fields to repair: a field whose value the message quotes (``got
+  embed_dim: 64 and num_heads: 6``; ``tensor a (16) must match tensor b (64)``) is set to a smaller tiny width
+  (64, 32, ... 2) or, if shrinking made it, put back at its given size, until the model runs (at most
+  :data:`MAX_TRIES` runs); a repair that only changes the error is kept and the next error read;
+* when nothing runs, refused with the model's error and the line it came from.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+from fitplan.api import FitplanError
+
+TINY = (128, 64, 32, 16, 8, 4, 2)
+"""The widths a quoted field is tried at, largest first (a field is only ever made smaller)."""
+MAX_TRIES = 24
+"""Runs spent on repairs (each builds and steps the tiny model once)."""
+MAX_ROUNDS = 6
+"""Errors read one after another (Whisper: the decoder's heads, then the encoder's)."""
+MODEL_WIDTHS = ("hidden_size", "n_embd", "d_model")
+"""Never put back at their given size by a repair (the model would no longer be tiny)."""
+NOT_A_WIDTH = ("_token_id", "layers", "_layer", "max_position_embeddings", "n_positions", "vocab_size",
+               "num_labels", "seed")
+
+
+def run_error(cfg: dict[str, Any]) -> BaseException | None:
+    """The exception one bf16 training step of ``cfg`` raises (SDPA, or eager where the model has none), or None."""
+    from .derive import batch_for, build
+
+    try:
+        try:
+            model, config = build(cfg, "16", "sdpa")
+        except ValueError as e:
+            if "attention implementation" not in str(e) and "sdpa" not in str(e).lower():
+                raise
+            model, config = build(cfg, "16", "eager")
+        out = model(**batch_for(config, 2, 16))
+        out.loss.backward()
+    except Exception as e:  # noqa: BLE001 - whatever the model raises is the finding
+        return e
+    return None
+
+
+def runnable(cfg: dict[str, Any], out: dict[str, Any], log=lambda msg: None) -> dict[str, Any]:
+    """``out`` (the shrunk ``cfg``) if it runs, else repaired so that it does (module doc).
+
+    :raises FitplanError: naming the unset field, or the fields the error quotes, with the model's error."""
+    err = run_error(out)
+    tries = 0
+    repaired: list[str] = []
+    for _ in range(MAX_ROUNDS):
+        if err is None:
+            return out
+        _refuse_unset(cfg, out, err)
+        fixed, err2, tries = _repair(cfg, out, err, tries, repaired)
+        if fixed is None:
+            break
+        log(f"  shrink: {fixed[1]} (the model needs it: {_short(err)})")
+        out, err = fixed[0], err2
+        repaired.append(fixed[1].split()[0])
+    if err is None:
+        return out
+    from .verify import failing_line
+
+    quoted = sorted(_quoted_fields(out, err)) or sorted(config_names_read(err, line_only=True))
+    raise FitplanError(f"the shrunk config does not run, and no repair made it run: {failing_line(err)}",
+                       field=", ".join(quoted) or "model_type", value=cfg.get("model_type"),
+                       suggestion="--no-shrink learns it at its own size")
+
+
+def _short(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+
+
+def _resolved(cfg: dict[str, Any]) -> dict[str, Any]:
+    from .derive import hf_config
+
+    return hf_config(cfg).to_dict()
+
+
+# --------------------------------------------------------------------------- an unset field
+
+
+def _model_frame(e: BaseException):
+    """The last traceback frame in transformers' model code (``transformers/models``), or None."""
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        if "/transformers/models/" in tb.tb_frame.f_code.co_filename:
+            last = tb
+        tb = tb.tb_next
+    return last
+
+
+def config_names_read(e: BaseException, line_only: bool = False) -> set[str]:
+    """The config fields the failing model code reads: on the failing line, ``config.X`` and ``self.a`` where the
+    module's ``__init__`` set ``self.a = config.X`` (DeepSeek-V2's ``k=self.top_k``, set from
+    ``config.num_experts_per_tok``); when none of those (and not ``line_only``), every ``config.X`` of the failing
+    function and of the module's class."""
+    import linecache
+
+    tb = _model_frame(e)
+    if tb is None:
+        return set()
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+    sources = []
+    for obj in (tb.tb_frame.f_code, type(tb.tb_frame.f_locals.get("self", None))):
+        try:
+            sources.append(inspect.getsource(obj))
+        except (OSError, TypeError):
+            continue
+    attrs = {a: x for src in sources for a, x in re.findall(r"self\.(\w+)\s*=\s*" + _READ, src)}
+    attrs.update({a: x for src in sources for a, _, x in re.findall(r"self\.(\w+)\s*=\s*" + _GETATTR, src)})
+    on_line = _reads(line) | {attrs[a] for a in re.findall(r"self\.(\w+)", line) if a in attrs}
+    if on_line or line_only:
+        return on_line
+    return {m for src in sources for m in _reads(src)}
+
+
+_READ = r"(?:self\.)?config\.(\w+)"
+_GETATTR = r"getattr\((?:self\.)?config,\s*(['\"])(\w+)\1"
+"""``config.X`` and ``getattr(config, "X", ...)`` (HunYuan's ``self.head_dim = getattr(config, "head_dim", ...)``)."""
+
+
+def _reads(src: str) -> set[str]:
+    return set(re.findall(_READ, src)) | {x for _, x in re.findall(_GETATTR, src)}
+
+
+_MISSING = object()
+
+
+def read_values(out: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    """``{field: value}`` of the names the model code reads, through the config object (an alias of the class's
+    ``attribute_map``, Dots1's ``num_local_experts`` for ``n_routed_experts``, is named by its field)."""
+    from .derive import hf_config
+
+    c = hf_config(out)
+    amap = getattr(c, "attribute_map", {}) or {}
+    out_values = {}
+    for k in sorted(n for n in names if not n.startswith("_")):  # not the class's own state (_attn_implementation)
+        v = getattr(c, k, _MISSING)
+        if v is not _MISSING:
+            out_values[amap.get(k, k)] = v
+    return out_values
+
+
+def _refuse_unset(cfg: dict[str, Any], out: dict[str, Any], e: BaseException) -> None:
+    """:raises FitplanError: the error is about ``None`` and the failing code reads a field that is None."""
+    if "None" not in str(e) and not isinstance(e, TypeError):  # torch.empty(None, 2) says "takes 1 argument"
+        return
+    unset = sorted(k for k, v in read_values(out, config_names_read(e, line_only=True)).items() if v is None)
+    unset = unset or sorted(k for k, v in read_values(out, config_names_read(e)).items() if v is None)
+    if not unset:
+        return
+    from .verify import failing_line
+
+    raise FitplanError(f"{', '.join(unset)} {'is' if len(unset) == 1 else 'are'} None, which the model cannot run: "
+                       f"{failing_line(e)}",
+                       field=", ".join(unset), value=None,
+                       suggestion=f"state {unset[0]} in the config (a published config of this type does)")
+
+
+# --------------------------------------------------------------------------- a relation the model needs
+
+
+def _quoted_fields(out: dict[str, Any], e: BaseException) -> dict[str, int]:
+    """Integer fields of the resolved config whose value the error message quotes (not 0 or 1)."""
+    numbers = {int(x) for x in re.findall(r"(?<![\w.])\d+(?![\w.])", str(e))} - {0, 1}
+    resolved = _resolved(out)
+    return {k: v for k, v in resolved.items() if type(v) is int and v in numbers
+            and not any(x in k for x in NOT_A_WIDTH)}
+
+
+def _candidates(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, repaired: list[str]):
+    """``(trial config, what)`` pairs for the fields to repair: those the failing line reads first (Kimi-Linear's
+    ``topk(..., k=self.top_k)`` over fewer experts than ``num_experts_per_token``: "selected index k out of
+    range" quotes no number), then those whose value the error quotes. A field shrinking did not touch (the
+    relation is its) is tried at the tiny widths below its value; a field shrinking made is put back at its
+    given size (Marian's ``vocab_size``: the logits keep ``decoder_vocab_size``). A field an earlier round
+    repaired with a progress (the error changed) is tried again, smaller (BailingHybrid: 8 expert groups over 4
+    experts fail in a ``view``; 4 groups then fail in ``topk(2)`` over each group's one expert; 2 run)."""
+    read = read_values(out, config_names_read(e, line_only=True) | set(repaired))
+    fields = {k: v for k, v in read.items() if type(v) is int and not any(x in k for x in NOT_A_WIDTH[:3])}
+    strong = set(fields)
+    fields.update({k: v for k, v in _quoted_fields(out, e).items() if k not in fields})
+    touched = {k for k in fields if k not in repaired and k in cfg and k in out and cfg[k] != out[k]}
+    for k, value in fields.items():
+        if k not in touched:
+            yield from (({**out, k: v}, f"{k} = {v}", k in strong) for v in TINY if v < value)
+    for k in fields:  # never the model width itself: a 4096-wide model is no repair of a tiny one
+        if k in touched and type(cfg.get(k)) is int and k not in MODEL_WIDTHS:
+            yield {**out, k: cfg[k]}, f"{k} kept at {cfg[k]}", k in strong
+
+
+def _repair(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, tries: int, repaired: list[str]):
+    """The first candidate that runs, else the first whose error differs (progress: of a field the failing line
+    reads, before any quoted field is tried); ``((config, what) or None, its error, runs spent)``."""
+    from .derive import hf_config
+
+    progress = None
+    for trial, what, strong in _candidates(cfg, out, e, repaired):
+        if tries >= MAX_TRIES or (progress is not None and progress[2] and not strong):
+            break  # the fields the failing line reads came first: their progress before any other field
+        try:
+            hf_config(trial)
+        except Exception:  # noqa: BLE001 - the class rejects it
+            continue
+        tries += 1
+        err = run_error(trial)
+        if err is None:
+            return (trial, what), None, tries
+        if progress is None and _short(err) != _short(e):
+            progress = ((trial, what), err, strong)
+    if progress is not None:
+        return progress[0], progress[1], tries
+    return None, e, tries
