@@ -97,6 +97,14 @@ def test_training_args_and_their_notes():
     assert "loaded in 4-bit NF4" in text
 
 
+
+def test_an_8bit_lora_run_is_told_to_load_its_base_in_8bit_not_nf4():
+    # load_in_8bit (transformers' BitsAndBytesConfig(load_in_8bit=True), bitsandbytes Linear8bitLt): the note names
+    # the 8-bit loading, never NF4 (it said "4-bit NF4" for every qlora scenario)
+    s = scenario(method="qlora", precision="bf16-true", optim="adamw_torch_fused", load_in_8bit=True)
+    text = "\n".join(exports.training_args(s)[1])
+    assert "BitsAndBytesConfig(load_in_8bit=True)" in text and "NF4" not in text
+
 # --------------------------------------------------------------------------- importing TrainingArguments
 
 

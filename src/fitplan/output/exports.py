@@ -169,12 +169,20 @@ def training_args(s: sc.Scenario, deepspeed_file: str | None = None,
                      f"lora_alpha={s.lora.lora_alpha}, target_modules="
                      + (repr(list(s.lora.lora_target_modules)) if s.lora.lora_target_modules is not None else "None")
                      + ")"
-                     + (", loaded in 4-bit NF4 (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", "
-                        f"bnb_4bit_use_double_quant={s.lora.bnb_4bit_use_double_quant}))" if s.model.method == "qlora" else ""))
+                     + (_quantization_note(s) if s.model.method == "qlora" else ""))
     if s.training.attn_implementation != "sdpa":
         notes.append(f"attention: load the model with attn_implementation=\"{s.training.attn_implementation}\"")
     notes.append(f"sequence length {t.max_seq_length}: TRL SFTConfig(max_length={t.max_seq_length}) or your tokenizer's truncation")
     return out, notes
+
+
+def _quantization_note(s: sc.Scenario) -> str:
+    """How a QLoRA scenario's base weights are loaded: LLM.int8 with ``load_in_8bit`` (bitsandbytes ``Linear8bitLt``),
+    else 4-bit NF4."""
+    if getattr(s.lora, "load_in_8bit", False):
+        return ", loaded in 8-bit LLM.int8 (BitsAndBytesConfig(load_in_8bit=True))"
+    return (", loaded in 4-bit NF4 (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", "
+            f"bnb_4bit_use_double_quant={s.lora.bnb_4bit_use_double_quant}))")
 
 
 def fsdp_config(s: sc.Scenario) -> dict[str, Any]:
