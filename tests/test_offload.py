@@ -10,8 +10,6 @@ here by hand from the sources (torchtune @ 30b8519 ``torchtune/training/_activat
 
 from __future__ import annotations
 
-import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import pytest
 import fitplan
 from fitplan import FitplanError
 from fitplan.inputs.recipes import recipe_fields
+from referee_support import fitplan_torch_referee
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "data" / "configs"
@@ -148,21 +147,6 @@ def test_an_axolotl_offloading_value_it_does_not_know_names_file_key_and_value(t
 # --------------------------------------------------------------------------- the torch referee (trl_sync)
 
 
-def _referee():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    pytest.importorskip("peft")
-    try:
-        import fitplan_torch  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(ROOT / "plugins" / "fitplan-torch" / "src"))
-    import fitplan_torch
-
-    warnings.filterwarnings("ignore", module="transformers")
-    warnings.filterwarnings("ignore", module="peft")
-    return fitplan_torch
-
-
 CASES = [
     # (model, precision, method, checkpointing): checkpointed layer inputs, every saved tensor, autocast's weight
     # copies under the LM head's NoOpManager, an MoE layer, a fused QKV projection, LayerNorm and dropout (GPT-2)
@@ -179,7 +163,7 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "precision", "method", "ckpt"), CASES, ids=lambda v: str(v))
 def test_synchronous_offloading_against_torch(name, precision, method, ckpt):
-    fitplan_torch = _referee()
+    fitplan_torch = fitplan_torch_referee()
     lora = dict(method="lora", lora_r=8, lora_target_modules=("q_proj", "v_proj")) if method == "lora" else {}
     est = fitplan.estimate(model=str(CONFIGS / name / "config.json"), precision=precision, optim="adamw_torch",
                            per_device_train_batch_size=2, max_seq_length=64, gradient_checkpointing=ckpt,
@@ -192,7 +176,7 @@ def test_synchronous_offloading_against_torch(name, precision, method, ckpt):
 
 def test_the_referee_packs_what_fitplan_copies():
     # the referee's hooks count the bytes they copy in one forward: fitplan's activation_offload_copy_bytes
-    fitplan_torch = _referee()
+    fitplan_torch = fitplan_torch_referee()
     import torch
 
     from fitplan_torch.estimation_bridge import run_config
@@ -211,7 +195,7 @@ def test_the_referee_packs_what_fitplan_copies():
 
 
 def test_the_referee_refuses_streams():
-    fitplan_torch = _referee()
+    fitplan_torch = fitplan_torch_referee()
     est = fitplan.estimate(model=str(CONFIGS / "tiny-llama" / "config.json"), precision="bf16-true", optim="adamw_torch",
                            per_device_train_batch_size=1, max_seq_length=16, device="cpu", activation_offloading="trl")
     with pytest.raises(FitplanError, match="without streams"):
