@@ -184,3 +184,35 @@ def test_codegen_learns_and_verifies_from_its_class_defaults(tmp_path):
     assert tmp_path / "codegen.json" in written
     spec = json.loads((tmp_path / "codegen.json").read_text())["spec"]
     assert (spec["hidden_size"], spec["intermediate_size"]) == ("64", "4*64")
+
+
+def test_the_layer_pattern_probe_resizes_an_aliased_layer_types():
+    """Zamba2Config names ``layer_types`` ``layers_block_type`` (its ``attribute_map``) and checks its length against
+    ``num_hidden_layers`` (``validate_layer_type``). Shrinking keeps the 7 layers up to the first hybrid one
+    (defaults: hybrid at 6, configuration_zamba2.py); the layer-pattern probe builds 8 layers and resized only lists
+    named ``*layer_types``, so the class refused the probe (\"num_hidden_layers (8) must be equal to the number of
+    layer_types (7)\", exit 70). The aliased list now follows the count, its pattern repeated: layer 7 is layer
+    0's kind (linear attention) and the class derives the hybrid layers [6] from it."""
+    pytest.importorskip("transformers")
+    import copy
+
+    from fitplan_torch.learn.derive import hf_config
+    from fitplan_torch.learn.patterns import _set_layers
+    from fitplan_torch.learn.shrink import shrink
+
+    small = shrink(_defaults("zamba2"))
+    assert small["num_hidden_layers"] == 7 and small["layers_block_type"][6] == "hybrid"
+    c = copy.deepcopy(small)
+    _set_layers(c, 8)
+    assert c["layers_block_type"] == small["layers_block_type"] + ["linear_attention"]
+    assert hf_config(c).hybrid_layer_ids == [6]
+
+
+def test_jetmoe_verification_leaves_out_checkpointing():
+    """``JetMoeForCausalLM.supports_gradient_checkpointing = False`` (modeling_jetmoe.py); the README command
+    stopped at the checkpointed memory cases (\"does not support activation checkpointing\"). The check that
+    leaves them out for CTRL covers it: the class attribute, read through the causal-LM mapping."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn.verify import supports_checkpointing
+
+    assert supports_checkpointing(_defaults("jetmoe")) is False

@@ -127,15 +127,28 @@ def with_layers(cfg: dict[str, Any], n: int) -> dict[str, Any]:
     return c
 
 
+def _layer_types_key(cfg: dict[str, Any]) -> str:
+    """The config's own name of ``layer_types``: the config class's ``attribute_map`` may alias it (Zamba2Config:
+    ``"layer_types": "layers_block_type"``, transformers/models/zamba2/configuration_zamba2.py), and the class's
+    ``validate_layer_type`` then checks that list's length against the layer count."""
+    from .configrules import attribute_map, config_class
+
+    try:
+        return attribute_map(config_class(cfg["model_type"])).get("layer_types", "layer_types")
+    except Exception:  # noqa: BLE001 - no class to ask: the standard name
+        return "layer_types"
+
+
 def _set_layers(cfg: dict[str, Any], n: int) -> None:
     for k in ("num_hidden_layers", "n_layer", "num_layers"):
         if k in cfg:
             cfg[k] = n
     # lists sized by the layer count (given explicitly) follow it: repeat their pattern
+    types_key = _layer_types_key(cfg)
     for k, v in list(cfg.items()):
-        if isinstance(v, list) and v and k.endswith(("layer_types", "_layers")) and len(v) not in (0,) and \
+        if isinstance(v, list) and v and (k.endswith(("layer_types", "_layers")) or k == types_key) and \
                 all(isinstance(x, (str, int, bool)) for x in v) and k != "mlp_only_layers":
-            if k in ("layer_types",) or all(isinstance(x, (bool,)) or x in (0, 1) for x in v):
+            if k in ("layer_types", types_key) or all(isinstance(x, (bool,)) or x in (0, 1) for x in v):
                 cfg[k] = [v[i % len(v)] for i in range(n)]
 
 
