@@ -216,3 +216,26 @@ def test_jetmoe_verification_leaves_out_checkpointing():
     from fitplan_torch.learn.verify import supports_checkpointing
 
     assert supports_checkpointing(_defaults("jetmoe")) is False
+
+
+def test_the_layer_pattern_probe_resizes_a_stated_list_of_layer_kinds():
+    """GPTNeoConfig expands ``attention_types`` (``[[["global", "local"], 12]]``) into ``attention_layers`` and
+    requires one per layer (``validate_architecture``, configuration_gpt_neo.py); a stated ``attention_layers``
+    is taken as given. Shrunk to 2 layers, the config states ``["global", "local"]``; the layer-pattern probe built
+    8 layers and left the list at 2, so the class refused the probe (exit 70). The list now repeats: 8 entries
+    alternating global / local, as the defaults' expansion has them."""
+    pytest.importorskip("transformers")
+    import copy
+
+    from fitplan_torch.learn.derive import hf_config
+    from fitplan_torch.learn.patterns import _set_layers
+    from fitplan_torch.learn.shrink import shrink
+
+    small = shrink(_defaults("gpt_neo"))
+    assert small["num_layers"] == 2 and small["attention_layers"] == ["global", "local"]
+    c = copy.deepcopy(small)
+    _set_layers(c, 8)
+    assert hf_config(c).attention_layers == ["global", "local"] * 4
+    c = {**copy.deepcopy(small), "time_step_limit": [0.0, 1.0]}  # two numbers, not per layer: left alone
+    _set_layers(c, 8)
+    assert c["time_step_limit"] == [0.0, 1.0]
