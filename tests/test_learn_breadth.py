@@ -148,3 +148,94 @@ def test_verification_leaves_out_checkpointing_a_model_cannot_do():
 
     assert supports_checkpointing(_defaults("ctrl")) is False
     assert supports_checkpointing(_defaults("llama")) is True
+
+
+def test_a_held_width_is_a_constant_of_the_spec():
+    """Once CodeGen's ``rotary_dim`` is repaired to the head width (16), no probe can change ``n_embd`` or ``n_head``
+    alone: the learning holds them (``held``: constants of the sizes, not symbols of the file). The spec was built
+    from the file's symbols only, so ``hidden_size`` went missing and ``intermediate_size`` became ``4*None``: every
+    estimate, the verification's first, ended in an internal error (exit 70). A held field is now its value:
+    hidden 64 over 4 heads, a head 64 // 4 = 16 wide, and CodeGenConfig's ``n_inner`` None gives the MLP
+    ``4 * n_embd`` = 256 rows (modeling_codegen.py ``CodeGenBlock``: ``inner_dim = config.n_inner if
+    config.n_inner is not None else 4 * config.n_embd``)."""
+    pytest.importorskip("transformers")
+    from fitplan.arch.archexpr import compile_expr
+    from fitplan_torch.learn.configrules import config_class, resolve, spec_map
+
+    fields = {k: {} for k in ("vocab_size", "n_positions", "n_layer", "tie_word_embeddings")}
+    cfg = {**_defaults("codegen"), "n_embd": 64, "n_head": 4, "rotary_dim": 16}
+    spec = spec_map(resolve(cfg), config_class("codegen"), fields, {"n_embd": 64, "n_head": 4, "rotary_dim": 16})
+    env = {"vocab_size": 50400, "n_positions": 2048, "n_layer": 28, "tie_word_embeddings": False}
+    got = {k: compile_expr(v)(env) for k, v in spec.items() if isinstance(v, str)}
+    assert (got["hidden_size"], got["num_attention_heads"], got["num_key_value_heads"]) == (64, 4, 4)
+    assert (got["head_dim"], got["intermediate_size"], got["num_hidden_layers"]) == (16, 256, 28)
+    assert spec_map(resolve(cfg), config_class("codegen"), fields).get("intermediate_size") is None  # no width: none
+
+
+def test_codegen_learns_and_verifies_from_its_class_defaults(tmp_path):
+    """The README command on CodeGenConfig's defaults (as bench/learn_breadth.py writes them) ended in exit 70 at the
+    verification; it now learns, verifies and writes the file, which serves the shrunk config: 2 layers (the
+    shrink's count), hidden 64, MLP 4 * 64 = 256 (see the test above)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.command import shrink
+    from fitplan_torch.learn.learner import learn_and_check
+
+    written = learn_and_check(shrink(_defaults("codegen")), tmp_path, verify=True, tolerance=0.01, log=lambda m: None)
+    assert tmp_path / "codegen.json" in written
+    spec = json.loads((tmp_path / "codegen.json").read_text())["spec"]
+    assert (spec["hidden_size"], spec["intermediate_size"]) == ("64", "4*64")
+
+
+def test_the_layer_pattern_probe_resizes_an_aliased_layer_types():
+    """Zamba2Config names ``layer_types`` ``layers_block_type`` (its ``attribute_map``) and checks its length against
+    ``num_hidden_layers`` (``validate_layer_type``). Shrinking keeps the 7 layers up to the first hybrid one
+    (defaults: hybrid at 6, configuration_zamba2.py); the layer-pattern probe builds 8 layers and resized only lists
+    named ``*layer_types``, so the class refused the probe (\"num_hidden_layers (8) must be equal to the number of
+    layer_types (7)\", exit 70). The aliased list now follows the count, its pattern repeated: layer 7 is layer
+    0's kind (linear attention) and the class derives the hybrid layers [6] from it."""
+    pytest.importorskip("transformers")
+    import copy
+
+    from fitplan_torch.learn.derive import hf_config
+    from fitplan_torch.learn.patterns import _set_layers
+    from fitplan_torch.learn.shrink import shrink
+
+    small = shrink(_defaults("zamba2"))
+    assert small["num_hidden_layers"] == 7 and small["layers_block_type"][6] == "hybrid"
+    c = copy.deepcopy(small)
+    _set_layers(c, 8)
+    assert c["layers_block_type"] == small["layers_block_type"] + ["linear_attention"]
+    assert hf_config(c).hybrid_layer_ids == [6]
+
+
+def test_jetmoe_verification_leaves_out_checkpointing():
+    """``JetMoeForCausalLM.supports_gradient_checkpointing = False`` (modeling_jetmoe.py); the README command
+    stopped at the checkpointed memory cases (\"does not support activation checkpointing\"). The check that
+    leaves them out for CTRL covers it: the class attribute, read through the causal-LM mapping."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn.verify import supports_checkpointing
+
+    assert supports_checkpointing(_defaults("jetmoe")) is False
+
+
+def test_the_layer_pattern_probe_resizes_a_stated_list_of_layer_kinds():
+    """GPTNeoConfig expands ``attention_types`` (``[[["global", "local"], 12]]``) into ``attention_layers`` and
+    requires one per layer (``validate_architecture``, configuration_gpt_neo.py); a stated ``attention_layers``
+    is taken as given. Shrunk to 2 layers, the config states ``["global", "local"]``; the layer-pattern probe built
+    8 layers and left the list at 2, so the class refused the probe (exit 70). The list now repeats: 8 entries
+    alternating global / local, as the defaults' expansion has them."""
+    pytest.importorskip("transformers")
+    import copy
+
+    from fitplan_torch.learn.derive import hf_config
+    from fitplan_torch.learn.patterns import _set_layers
+    from fitplan_torch.learn.shrink import shrink
+
+    small = shrink(_defaults("gpt_neo"))
+    assert small["num_layers"] == 2 and small["attention_layers"] == ["global", "local"]
+    c = copy.deepcopy(small)
+    _set_layers(c, 8)
+    assert hf_config(c).attention_layers == ["global", "local"] * 4
+    c = {**copy.deepcopy(small), "time_step_limit": [0.0, 1.0]}  # two numbers, not per layer: left alone
+    _set_layers(c, 8)
+    assert c["time_step_limit"] == [0.0, 1.0]

@@ -207,13 +207,20 @@ def _rejects(base: dict[str, Any], expr: str, names: dict[str, str]) -> bool:
     return False
 
 
-def spec_map(resolved: dict[str, Any], cls, fields: dict[str, Any]) -> dict[str, Any]:
-    """ModelSpec's standard fields as expressions over the file's symbols."""
+def spec_map(resolved: dict[str, Any], cls, fields: dict[str, Any], held: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
+    """ModelSpec's standard fields as expressions over the file's symbols. A field the learning held (``held``:
+    a constant of its sizes, no symbol; CodeGen's ``n_embd`` and ``n_head`` once ``rotary_dim`` is repaired) is
+    written as its held value, so that no expression reads a name the file does not define."""
     amap = attribute_map(cls)
+    held = held or {}
 
     def name(std: str) -> str | None:
         actual = amap.get(std, std)
-        return actual if actual in fields else None
+        if actual in fields:
+            return actual
+        v = held.get(actual)
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
     out: dict[str, Any] = {}
     for std in STD:
@@ -225,13 +232,15 @@ def spec_map(resolved: dict[str, Any], cls, fields: dict[str, Any]) -> dict[str,
     out.setdefault("num_key_value_heads", heads)
     if "head_dim" not in out and hidden and heads:
         out["head_dim"] = f"{hidden}//{heads}"
-    if "intermediate_size" not in out or resolved.get(out.get("intermediate_size") or "") is None:
+    inter = out.get("intermediate_size")
+    if inter is None or (inter.isidentifier() and resolved.get(inter) is None):
         for alt in ("n_inner", "ffn_hidden_size", "intermediate_size"):
             if alt in fields and resolved.get(alt):
                 out["intermediate_size"] = alt
                 break
         else:
-            out["intermediate_size"] = f"4*{hidden}"
+            if hidden is not None:  # else no width to derive it from: the core names the missing field
+                out["intermediate_size"] = f"4*{hidden}"
     for e in EXPERTS:
         if e in fields and resolved.get(e):
             out["num_experts"] = e

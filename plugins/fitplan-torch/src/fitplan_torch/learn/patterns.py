@@ -127,16 +127,42 @@ def with_layers(cfg: dict[str, Any], n: int) -> dict[str, Any]:
     return c
 
 
+def _layer_types_key(cfg: dict[str, Any]) -> str:
+    """The config's own name of ``layer_types``: the config class's ``attribute_map`` may alias it (Zamba2Config:
+    ``"layer_types": "layers_block_type"``, transformers/models/zamba2/configuration_zamba2.py), and the class's
+    ``validate_layer_type`` then checks that list's length against the layer count."""
+    from .configrules import attribute_map, config_class
+
+    try:
+        return attribute_map(config_class(cfg["model_type"])).get("layer_types", "layer_types")
+    except Exception:  # noqa: BLE001 - no class to ask: the standard name
+        return "layer_types"
+
+
+def _per_layer_kinds(k: str, v: list, count: Any, types_key: str) -> bool:
+    """Is ``v`` (the config's ``k``) one entry per layer, to repeat at another layer count: ``layer_types``
+    (under the class's own name), a 0/1 list named ``*_layers``, or a list of layer kinds (strings) of a field
+    named for layers, one per current layer (GPT-Neo's ``attention_layers``, which the class takes as stated
+    over the one it expands from ``attention_types``: transformers/models/gpt_neo/configuration_gpt_neo.py)."""
+    if k == "mlp_only_layers" or not all(isinstance(x, (str, int, bool)) for x in v):
+        return False
+    if k in ("layer_types", types_key):
+        return True
+    if k.endswith(("layer_types", "_layers")) and all(isinstance(x, bool) or x in (0, 1) for x in v):
+        return True
+    return "layer" in k and len(v) == count and all(isinstance(x, str) for x in v)
+
+
 def _set_layers(cfg: dict[str, Any], n: int) -> None:
+    count = next((cfg[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in cfg), None)
     for k in ("num_hidden_layers", "n_layer", "num_layers"):
         if k in cfg:
             cfg[k] = n
     # lists sized by the layer count (given explicitly) follow it: repeat their pattern
+    types_key = _layer_types_key(cfg)
     for k, v in list(cfg.items()):
-        if isinstance(v, list) and v and k.endswith(("layer_types", "_layers")) and len(v) not in (0,) and \
-                all(isinstance(x, (str, int, bool)) for x in v) and k != "mlp_only_layers":
-            if k in ("layer_types",) or all(isinstance(x, (bool,)) or x in (0, 1) for x in v):
-                cfg[k] = [v[i % len(v)] for i in range(n)]
+        if isinstance(v, list) and v and _per_layer_kinds(k, v, count, types_key):
+            cfg[k] = [v[i % len(v)] for i in range(n)]
 
 
 def varying(feats: list[dict[str, str]]) -> list[str]:
