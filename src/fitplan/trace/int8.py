@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fitplan.arch.archexpr import compile_expr
 from fitplan.arch.archfile import BYTES
 
 
-def int8_linear(inst, site: dict[str, Any], replace_output) -> None:
+def int8_linear(inst, site: dict[str, Any], x, in_f: int, out_f: int, replace_output) -> None:
     """An 8-bit LoRA base layer: bitsandbytes 0.50.2 ``Linear8bitLt.forward`` (nn/modules.py:1180-1194) calls
     ``bnb.matmul(x, weight, state=...)``, whose training path is ``MatMul8bitLt`` on CUDA and ``MatMul8bitFp`` on
     the CPU and XPU (autograd/_functions.py:389-404). The weight is frozen: its int8 ``CB`` and fp32 row scales
@@ -31,12 +30,10 @@ def int8_linear(inst, site: dict[str, Any], replace_output) -> None:
       transient), then the input's gradient ``grad_output @ CB``.
 
     The recomputation of a checkpointed layer makes a second copy of such an input while the first is still held;
-    fitplan counts one. ``replace_output``: the caller's (:mod:`.kernels`) way of making ``out`` the site's output."""
+    fitplan counts one. ``x``, ``in_f``, ``out_f``: the site's input and widths, as the caller read them;
+    ``replace_output``: the caller's (:mod:`.kernels`) way of making ``out`` the site's output."""
     b = inst.b
     tr = b.tr
-    x = inst.refs.get(site["input"]) or inst.ref(site["input"])
-    in_f = int(compile_expr(site["in"])(inst.env))
-    out_f = int(compile_expr(site["out"])(inst.env))
     rows = x.numel // in_f
     label = site["module"]
     reads = [("A", x)]

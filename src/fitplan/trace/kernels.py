@@ -462,13 +462,13 @@ def qlora_linear(inst, site: dict[str, Any]) -> None:
     """A QLoRA base layer in place of the recorded Linear: bitsandbytes 0.50.2 ``Linear4bit.forward``
     (nn/modules.py:609-638) casts the input to ``bnb_4bit_compute_dtype``, dequantizes the weight to it,
     runs ``matmul_4bit`` and returns the result in the input's dtype. 8-bit: :mod:`.int8`."""
-    if inst.b.spec.quant_bits == 8:
-        return int8_linear(inst, site, _replace_output)
     b = inst.b
     tr = b.tr
     x = inst.refs.get(site["input"]) or inst.ref(site["input"])
     in_f = int(compile_expr(site["in"])(inst.env))
     out_f = int(compile_expr(site["out"])(inst.env))
+    if b.spec.quant_bits == 8:
+        return int8_linear(inst, site, x, in_f, out_f, _replace_output)
     rows = x.numel // in_f
     xin = _cast(inst, x, b.quant, site["module"] + ".input_cast")
     deq = tr.new(in_f * out_f, b.quant, False, site["module"] + ".dequantized")
