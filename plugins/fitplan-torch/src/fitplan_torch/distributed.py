@@ -254,6 +254,10 @@ def fake_process_group(world: int):
 def run_sharded(rc: RunConfig, *, steps: int, real_ranks: int) -> dict[str, Any]:
     """Per-rank measurement of a sharded scenario; rank 0's is the ``measurement``."""
     world = rc.world_size
+    if rc.stack == "deepspeed":  # every rank loads DeepSpeed's shm op behind torch's build lock
+        from .ext_lock import check_extension_lock
+
+        check_extension_lock()
     if real_ranks > 1:
         ranks = run_real_ranks(rc, steps=steps, world=world)
         device, how = "cpu", f"{world} gloo ranks"
