@@ -42,7 +42,9 @@ affine in the number of repetitions).
 A built trace is kept on disk (``fitplan/diskcache.py``, kind ``traces``) under its exact :class:`TraceSpec`
 and the fingerprint of the code and learned files that build it (:data:`TRACE_MODULES`): loading one takes
 about 0.3 ms where replaying takes 10-30 ms. A full fine-tuning step is recorded once for both gradient
-checkpointing settings (:func:`build_sharing`): the recording is about half of a trace's time.
+checkpointing settings (:func:`build_sharing`): the recording is about half of a trace's time. A scenario with
+checkpointing reads only the forward's figures of its trace without it (:class:`ForwardTrace`,
+``TraceSpec.forward_only``): that one is replayed forward only, a fifth of a whole replay.
 """
 
 from __future__ import annotations
@@ -527,18 +529,15 @@ KEEP_TRACES = 4000
 
 
 @functools.lru_cache(maxsize=512)
-def build(spec: TraceSpec) -> StepTrace:
+def build(spec: TraceSpec) -> StepTrace | ForwardTrace:
     """The step trace of ``spec``: kept on disk from an earlier run, else built (see the module doc), from the
     recording its checkpointing twin left when there is one (:func:`build_sharing`)."""
     import pickle
-    from pathlib import Path
 
     from fitplan import diskcache
     from fitplan.arch.archfile import BUNDLED, user_dirs
 
-    package = Path(__file__).resolve().parent.parent
-    key = (TRACE_FORMAT, pickle.dumps(spec, protocol=4),
-           diskcache.code_fingerprint(tuple(package / m for m in TRACE_MODULES), (*user_dirs(), BUNDLED)))
+    key = (TRACE_FORMAT, pickle.dumps(spec, protocol=4), diskcache.code_fingerprint(_module_paths(), (*user_dirs(), BUNDLED)))
     name = diskcache.entry_name(spec.arch.model_type, key[1])
     trace = diskcache.load("traces", name, key)
     if not isinstance(trace, ForwardTrace if spec.forward_only else StepTrace):
@@ -546,6 +545,15 @@ def build(spec: TraceSpec) -> StepTrace:
             trace = build_sharing(spec, key[2])
         diskcache.store("traces", name, key, trace, keep=KEEP_TRACES)
     return trace
+
+
+@functools.lru_cache(maxsize=1)
+def _module_paths() -> tuple:
+    """:data:`TRACE_MODULES` as paths (made once: :func:`build` runs for every trace a scenario asks for)."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent.parent
+    return tuple(package / m for m in TRACE_MODULES)
 
 
 _GC = {"pauses": 0, "was_enabled": False}
