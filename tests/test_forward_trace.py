@@ -121,13 +121,23 @@ def test_an_estimate_with_checkpointing_replays_its_plain_trace_forward_only(mon
     config = str(CONFIGS / "tiny-llama" / "config.json")
     replays = []
     monkeypatch.setattr(step_trace, "DEBUG", replays)
-    for ckpt, seq in ((True, 61), (False, 67)):  # sequence lengths no other test asks for
+    expected = {(True, 61): [("replay forward", False), ("replay", True)], (False, 67): [("replay", False)],
+                (True, 67): [("replay", True)]}  # the last: the forward's figures copied from the whole trace
+    for (ckpt, seq), replayed in expected.items():  # sequence lengths no other test asks for
         replays.clear()
-        fitplan.estimate(model=config, per_device_train_batch_size=2, max_seq_length=seq, gradient_checkpointing=ckpt,
-                         optim="adamw_torch", precision="bf16-mixed")
+        est = fitplan.estimate(model=config, per_device_train_batch_size=2, max_seq_length=seq,
+                               gradient_checkpointing=ckpt, optim="adamw_torch", precision="bf16-mixed")
         mine = [(e[0], e[1].checkpointing) for e in replays if e[0] in ("replay", "replay forward")
                 and e[1].seq == seq and e[1].batch == 2]
-        assert mine == ([("replay forward", False), ("replay", True)] if ckpt else [("replay", False)])
+        assert mine == replayed
+        assert type(est.values["step_trace_without_checkpointing"]) is (ForwardTrace if ckpt else StepTrace)
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3-moe"])
+def test_the_forward_of_a_whole_trace_is_the_forward_only_trace(model):
+    spec = spec_of(model)
+    assert step_trace.forward_of(step_trace.build_afresh(spec)) == step_trace.build_afresh(
+        attrs.evolve(spec, forward_only=True))
 
 
 def no_recording(spec):

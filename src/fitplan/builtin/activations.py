@@ -50,8 +50,8 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
               framework=None, adapter_dtype: str = "fp32", quant_compute: str | None = None,
               linear_saves_input: bool = False, loss: str = "hf", saved: tuple[str, ...] = (),
               offload: str = "none", quant_bits: int = 4, forward_only: bool = False) -> StepTrace | ForwardTrace | None:
-    """The step trace of these inputs (``forward_only``: its forward's figures, :class:`ForwardTrace`, unless the
-    whole trace is at hand already), built once per process (:data:`_TRACES`) and kept on disk (``build``)."""
+    """The step trace of these inputs (``forward_only``: its forward's figures, :class:`ForwardTrace`), built once per
+    process (:data:`_TRACES`, ``build``) and kept on disk (``build``)."""
     if arch.is_bare:
         return None
     attn = "sdpa" if attn == "flash_attention_2" else attn
@@ -60,10 +60,9 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
     block = framework.allocator_block_bytes if framework is not None else 512
     key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_dtype,
            quant_compute if method == "qlora" else None, linear_saves_input, loss, saved, offload, quant_bits)
-    hit = _TRACES.get(key)  # a whole trace serves a forward_only ask too: it has every forward figure
-    if forward_only and hit is None:
+    if forward_only:
         key = (*key, "forward")
-        hit = _TRACES.get(key)
+    hit = _TRACES.get(key)
     if hit is None:
         if len(_TRACES) > 4096:
             _TRACES.clear()

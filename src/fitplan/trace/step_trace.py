@@ -237,6 +237,11 @@ FORWARD_FIELDS = tuple(f.name for f in attrs.fields(ForwardTrace))
 """The :class:`StepTrace` fields the forward's replay decides alone (:meth:`Replay.forward_fields`)."""
 
 
+def forward_of(trace: StepTrace) -> ForwardTrace:
+    """The :class:`ForwardTrace` of a whole trace (its forward's figures, copied)."""
+    return ForwardTrace(**{f: getattr(trace, f) for f in FORWARD_FIELDS})
+
+
 # --------------------------------------------------------------------------- symbolic tensors and ops
 
 
@@ -541,10 +546,26 @@ def build(spec: TraceSpec) -> StepTrace | ForwardTrace:
     name = diskcache.entry_name(spec.arch.model_type, key[1])
     trace = diskcache.load("traces", name, key)
     if not isinstance(trace, ForwardTrace if spec.forward_only else StepTrace):
-        with gc_paused():
-            trace = build_sharing(spec, key[2])
+        whole = _WHOLE.get(attrs.evolve(spec, forward_only=False)) if spec.forward_only else None
+        if whole is not None:
+            trace = forward_of(whole)  # the forward's figures of the whole trace this process built
+        else:
+            with gc_paused():
+                trace = build_sharing(spec, key[2])
         diskcache.store("traces", name, key, trace, keep=KEEP_TRACES)
+    if not spec.forward_only:
+        with _RECORDINGS_LOCK:
+            _WHOLE[spec] = trace
+            while len(_WHOLE) > WHOLE_KEPT:
+                del _WHOLE[next(iter(_WHOLE))]
     return trace
+
+
+WHOLE_KEPT = 512
+"""Whole traces remembered for the forward-only asks of the same spec (as many as :func:`build` caches)."""
+_WHOLE: dict[TraceSpec, StepTrace] = {}
+"""Spec -> the whole trace :func:`build` returned for it: a scenario with checkpointing after the same one without
+it (the page's checkbox) copies the forward's figures (:func:`forward_of`) instead of recording again."""
 
 
 @functools.lru_cache(maxsize=1)
