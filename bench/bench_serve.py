@@ -76,16 +76,25 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def measure(name: str, pid: int, run) -> float:
-    """Time the requests ``run()`` makes; print p50 / p95 / max of the wall time and the server's CPU time per
-    request (less sensitive to a loaded machine than the wall time)."""
+    """Time the requests ``run()`` makes; print p50 / p95 / max of the wall time, the server's CPU time per
+    request (less sensitive to a loaded machine than the wall time) and the load average when they ended."""
     c0 = cpu_seconds(pid)
     ms = sorted(run())
     c1 = cpu_seconds(pid)
     p95 = percentile(ms, 0.95)
     cpu = f"   server CPU {1e3 * (c1 - c0) / len(ms):5.2f} ms/request" if c0 is not None and c1 is not None else ""
     print(f"{name:>11}: p50 {statistics.median(ms):6.2f} ms   p95 {p95:6.2f} ms   max {ms[-1]:6.2f} ms   "
-          f"({len(ms)} requests){cpu}")
+          f"({len(ms)} requests){cpu}{load_average()}")
     return p95
+
+
+def load_average() -> str:
+    """``   load N.N`` (the last minute's load average, where the system tells it): the wall times above grow with
+    it."""
+    try:
+        return f"   load {os.getloadavg()[0]:.1f}"
+    except (AttributeError, OSError):
+        return ""
 
 
 def percentile(ms: list[float], q: float) -> float:
@@ -167,7 +176,7 @@ def main() -> int:
         return 0
     for case, ms in page.items():
         print(f"page, input to verdict, {case:>4}: median {statistics.median(ms):6.1f} ms   "
-              f"p90 {percentile(ms, 0.9):6.1f} ms   max {max(ms):6.1f} ms   ({len(ms)} changes)")
+              f"p90 {percentile(ms, 0.9):6.1f} ms   max {max(ms):6.1f} ms   ({len(ms)} changes){load_average()}")
     median = statistics.median(page["new"])
     print(f"goal: input to verdict under {PAGE_GOAL_MS:.0f} ms in the median for a never-seen shape: "
           f"{'met' if median < PAGE_GOAL_MS else 'NOT met'} ({median:.1f} ms)")

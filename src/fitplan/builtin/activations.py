@@ -37,7 +37,7 @@ from fitplan.engine.declarations import quantity, reducer
 from fitplan.inputs.settings import Setting
 from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.trace.offload import OFFLOAD_MODES
-from fitplan.trace.step_trace import StepTrace, TraceSpec, build, trace_precision
+from fitplan.trace.step_trace import ForwardTrace, StepTrace, TraceSpec, build, trace_precision
 
 
 _TRACES: dict[tuple, tuple] = {}
@@ -49,7 +49,9 @@ that its id stays unique."""
 def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,
               framework=None, adapter_dtype: str = "fp32", quant_compute: str | None = None,
               linear_saves_input: bool = False, loss: str = "hf", saved: tuple[str, ...] = (),
-              offload: str = "none", quant_bits: int = 4) -> StepTrace | None:
+              offload: str = "none", quant_bits: int = 4, forward_only: bool = False) -> StepTrace | ForwardTrace | None:
+    """The step trace of these inputs (``forward_only``: its forward's figures, :class:`ForwardTrace`), built once per
+    process (:data:`_TRACES`, ``build``) and kept on disk (``build``)."""
     if arch.is_bare:
         return None
     attn = "sdpa" if attn == "flash_attention_2" else attn
@@ -58,6 +60,8 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
     block = framework.allocator_block_bytes if framework is not None else 512
     key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_dtype,
            quant_compute if method == "qlora" else None, linear_saves_input, loss, saved, offload, quant_bits)
+    if forward_only:
+        key = (*key, "forward")
     hit = _TRACES.get(key)
     if hit is None:
         if len(_TRACES) > 4096:
@@ -66,7 +70,8 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
                                 float(lora_dropout) if method != "full" else 0.0, device, int(block),
                                 adapter_dtype if method != "full" else "fp32", quant_compute if method == "qlora" else None,
                                 bool(linear_saves_input), str(loss), tuple(saved) if method != "full" else (),
-                                offload=str(offload), quant_bits=int(quant_bits) if method == "qlora" else 4))
+                                offload=str(offload), quant_bits=int(quant_bits) if method == "qlora" else 4,
+                                forward_only=bool(forward_only)))
         hit = _TRACES[key] = (arch, trace)
     return hit[1]
 
@@ -144,15 +149,18 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
 @quantity("trace", type="object")
 def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
                                      method, lora_r, lora_target_modules, lora_dropout, device, framework, loss_implementation,
-                                     lora_modules_to_save, activation_offloading, load_in_8bit):
+                                     lora_modules_to_save, activation_offloading, load_in_8bit, gradient_checkpointing):
     """The symbolic trace of one step without gradient checkpointing (trace/step_trace.py): saved tensors
     per storage, the forward and backward live-byte timelines. ``flash_attention_2`` saves what SDPA's
     flash kernel saves. ``loss_implementation``: how the loss head runs (trace/loss_heads.py);
-    ``activation_offloading``: which saved tensors the hooks move to the host (trace/offload.py)."""
+    ``activation_offloading``: which saved tensors the hooks move to the host (trace/offload.py). With gradient
+    checkpointing on, only its forward's figures (``ForwardTrace``): what the activations without checkpointing
+    and one layer's share read of it; the step's timelines are the checkpointed trace's (:func:`step_trace`)."""
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, False, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input,
-                     loss_implementation, lora_modules_to_save, activation_offloading, 8 if load_in_8bit else 4)
+                     loss_implementation, lora_modules_to_save, activation_offloading, 8 if load_in_8bit else 4,
+                     forward_only=bool(gradient_checkpointing))
 
 
 @quantity("trace", type="object")

@@ -42,7 +42,9 @@ affine in the number of repetitions).
 A built trace is kept on disk (``fitplan/diskcache.py``, kind ``traces``) under its exact :class:`TraceSpec`
 and the fingerprint of the code and learned files that build it (:data:`TRACE_MODULES`): loading one takes
 about 0.3 ms where replaying takes 10-30 ms. A full fine-tuning step is recorded once for both gradient
-checkpointing settings (:func:`build_sharing`): the recording is about half of a trace's time.
+checkpointing settings (:func:`build_sharing`): the recording is about half of a trace's time. A scenario with
+checkpointing reads only the forward's figures of its trace without it (:class:`ForwardTrace`,
+``TraceSpec.forward_only``): that one is replayed forward only, a fifth of a whole replay.
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ class TraceSpec:
     """Activation offloading: ``none``, ``torchtune``, ``trl`` or ``trl_sync`` (:mod:`.offload`)."""
     quant_bits: int = 4
     """QLoRA's base Linears: 4 (NF4, ``Linear4bit``) or 8 (LLM.int8, ``Linear8bitLt``: :mod:`.kernels`)."""
+    forward_only: bool = False
+    """Only the forward's figures (a :class:`ForwardTrace`, no backward replayed): what a scenario with gradient
+    checkpointing reads of its trace without it (``builtin/activations.py``)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,6 +204,42 @@ class StepTrace:
             if a == other_bytes:
                 return p
         return (0, 0, 0, int(other_bytes))
+
+
+@frozen
+class ForwardTrace:
+    """What :func:`build` returns for a :attr:`TraceSpec.forward_only` spec: these fields (:data:`FORWARD_FIELDS`) of
+    the :class:`StepTrace` the same spec would give, each computed by the same code, without the backward's replay
+    (about four fifths of a replay) or the time model's work. A scenario with gradient checkpointing reads only
+    these of its trace without checkpointing (the activations it would keep, one layer's share); a reader of a
+    backward figure gets an AttributeError, never a wrong number. tests/test_forward_trace.py compares the fields
+    with full traces."""
+
+    saved: tuple[tuple[str, int], ...]
+    retained_bytes: int
+    activation_bytes: int
+    logits_bytes: int
+    autocast_copy_bytes: int
+    forward_peak_bytes: int
+    param_grad_bytes: int
+    buffer_bytes: int
+    layer_bytes: int
+    max_param_grad_bytes: int
+    loss_bytes: int
+    forward_before_last_layer_bytes: int
+    forward_peak_parts: tuple[int, int, int, int]
+    forward_before_last_layer_parts: tuple[int, int, int, int]
+    offload_host_bytes: int
+    offload_copy_bytes: int
+
+
+FORWARD_FIELDS = tuple(f.name for f in attrs.fields(ForwardTrace))
+"""The :class:`StepTrace` fields the forward's replay decides alone (:meth:`Replay.forward_fields`)."""
+
+
+def forward_of(trace: StepTrace) -> ForwardTrace:
+    """The :class:`ForwardTrace` of a whole trace (its forward's figures, copied)."""
+    return ForwardTrace(**{f: getattr(trace, f) for f in FORWARD_FIELDS})
 
 
 # --------------------------------------------------------------------------- symbolic tensors and ops
@@ -493,25 +534,47 @@ KEEP_TRACES = 4000
 
 
 @functools.lru_cache(maxsize=512)
-def build(spec: TraceSpec) -> StepTrace:
+def build(spec: TraceSpec) -> StepTrace | ForwardTrace:
     """The step trace of ``spec``: kept on disk from an earlier run, else built (see the module doc), from the
     recording its checkpointing twin left when there is one (:func:`build_sharing`)."""
     import pickle
-    from pathlib import Path
 
     from fitplan import diskcache
     from fitplan.arch.archfile import BUNDLED, user_dirs
 
-    package = Path(__file__).resolve().parent.parent
-    key = (TRACE_FORMAT, pickle.dumps(spec, protocol=4),
-           diskcache.code_fingerprint(tuple(package / m for m in TRACE_MODULES), (*user_dirs(), BUNDLED)))
+    key = (TRACE_FORMAT, pickle.dumps(spec, protocol=4), diskcache.code_fingerprint(_module_paths(), (*user_dirs(), BUNDLED)))
     name = diskcache.entry_name(spec.arch.model_type, key[1])
     trace = diskcache.load("traces", name, key)
-    if not isinstance(trace, StepTrace):
-        with gc_paused():
-            trace = build_sharing(spec, key[2])
+    if not isinstance(trace, ForwardTrace if spec.forward_only else StepTrace):
+        whole = _WHOLE.get(attrs.evolve(spec, forward_only=False)) if spec.forward_only else None
+        if whole is not None:
+            trace = forward_of(whole)  # the forward's figures of the whole trace this process built
+        else:
+            with gc_paused():
+                trace = build_sharing(spec, key[2])
         diskcache.store("traces", name, key, trace, keep=KEEP_TRACES)
+    if not spec.forward_only:
+        with _RECORDINGS_LOCK:
+            _WHOLE[spec] = trace
+            while len(_WHOLE) > WHOLE_KEPT:
+                del _WHOLE[next(iter(_WHOLE))]
     return trace
+
+
+WHOLE_KEPT = 512
+"""Whole traces remembered for the forward-only asks of the same spec (as many as :func:`build` caches)."""
+_WHOLE: dict[TraceSpec, StepTrace] = {}
+"""Spec -> the whole trace :func:`build` returned for it: a scenario with checkpointing after the same one without
+it (the page's checkbox) copies the forward's figures (:func:`forward_of`) instead of recording again."""
+
+
+@functools.lru_cache(maxsize=1)
+def _module_paths() -> tuple:
+    """:data:`TRACE_MODULES` as paths (made once: :func:`build` runs for every trace a scenario asks for)."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent.parent
+    return tuple(package / m for m in TRACE_MODULES)
 
 
 _GC = {"pauses": 0, "was_enabled": False}
@@ -556,9 +619,12 @@ def record(spec: TraceSpec) -> Trace:
     return tr
 
 
-def finished(tr: Trace) -> StepTrace:
-    """The step trace of a recorded forward: :meth:`Trace.finish`, :func:`replay` and the time model's work."""
+def finished(tr: Trace) -> StepTrace | ForwardTrace:
+    """The step trace of a recorded forward: :meth:`Trace.finish`, :func:`replay` and the time model's work (a
+    :attr:`~TraceSpec.forward_only` spec: :meth:`Trace.finish` and the forward's replay only)."""
     tr.finish()
+    if tr.spec.forward_only:
+        return Replay(tr).run_forward()
     param_ops = tuple((name, any(o.rg for o in outs)) for name, outs in tr.param_outs.items())
     return attrs.evolve(replay(tr), work=op_work.step_work(tr), param_ops=param_ops)
 
@@ -584,27 +650,32 @@ def shares_recording(spec: TraceSpec) -> bool:
     return spec.method not in ("lora", "qlora")
 
 
-def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace:
+def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace | ForwardTrace:
     """:func:`build_afresh`'s trace of ``spec``. A spec that :func:`shares_recording` is recorded with
     checkpointing on, and the recording is kept for its twin (the same spec, checkpointing the other way): the
     estimate of a scenario with checkpointing needs both traces (its activations without checkpointing are the
     reducer's input), and one without it asks for the checkpointed one in its advice. The twin then skips the
-    recording (about half of a trace's time). ``fingerprint``: the code and learned files' (:func:`build`); a kept
-    recording serves only while ``archfile.load`` still returns the learned file it was made from (a relearned
-    file, ``fitplan learn-architecture``'s verification, clears that cache)."""
+    recording (about half of a trace's time). A :attr:`~TraceSpec.forward_only` spec (what a scenario with
+    checkpointing reads without it) keeps the recording for its whole self too, which the same scenario without
+    checkpointing then replays without recording; it takes a kept recording without removing it.
+    ``fingerprint``: the code and learned files' (:func:`build`); a kept recording serves only while
+    ``archfile.load`` still returns the learned file it was made from (a relearned file, ``fitplan
+    learn-architecture``'s verification, clears that cache)."""
     from fitplan.arch.archfile import load
 
+    whole = attrs.evolve(spec, forward_only=False) if spec.forward_only else spec
     with _RECORDINGS_LOCK:
-        kept = _RECORDINGS.pop((spec, fingerprint), None)
+        kept = (_RECORDINGS.get if spec.forward_only else _RECORDINGS.pop)((whole, fingerprint), None)
     if kept is not None and kept[0] is load(spec.arch.model_type):
-        return finished(kept[1])
+        return finished(kept[1].checkpointed(spec, copy=spec.forward_only))
     if not shares_recording(spec):
         return build_afresh(spec)
     af = load(spec.arch.model_type)
-    tr = record(attrs.evolve(spec, checkpointing=True))
-    twin = attrs.evolve(spec, checkpointing=not spec.checkpointing)
+    tr = record(attrs.evolve(whole, checkpointing=True))
+    twins = [attrs.evolve(whole, checkpointing=not spec.checkpointing)] + ([whole] if spec.forward_only else [])
     with _RECORDINGS_LOCK:
-        _RECORDINGS[(twin, fingerprint)] = (af, tr.checkpointed(twin, copy=True))
+        for twin in twins:
+            _RECORDINGS[(twin, fingerprint)] = (af, tr.checkpointed(twin, copy=True))
         while len(_RECORDINGS) > RECORDINGS_KEPT:
             del _RECORDINGS[next(iter(_RECORDINGS))]
     return finished(tr.checkpointed(spec, copy=False))
@@ -761,6 +832,14 @@ class Replay:
         self.end_forward()
         self.backward()
         return self.result()
+
+    def run_forward(self) -> ForwardTrace:
+        """The forward's figures only (:class:`ForwardTrace`): forward and end of forward."""
+        if DEBUG is not None:
+            DEBUG.append(("replay forward", self.tr.spec))
+        self.forward()
+        self.end_forward()
+        return ForwardTrace(**self.forward_fields())
 
     # ---- what holds a storage
 
@@ -1186,46 +1265,54 @@ class Replay:
     def result(self) -> StepTrace:
         """The :class:`StepTrace` of the walked timelines (frontiers of the backward points, the forward's peak and
         what it retained, the last layer's share)."""
-        tr, points, weight, last_layer = self.tr, self.points, self.weight, self.nseg - 2
+        points = self.points
+        frontiers = dict(backward_frontier=_frontier([(a, g) for a, g, _ in points]),
+                         backward_frontier_accumulating=_frontier([(a, o) for a, _, o in points]),
+                         backward_frontier_layers=_frontier([(a, g) for a, g, _ in self.layer_points]),
+                         backward_frontier_bucketed=_frontier([(a, o) for a, g, o in points if g > 0]))
+        before_grads = max((a for a, g, _ in points if g == 0), default=0)
+        return StepTrace(
+            **self.forward_fields(),
+            **frontiers,
+            backward_before_grads=before_grads,
+            backward_points=tuple(points),
+            backward_after_head=(int(self.after_head[0]), int(self.after_head[1])),
+            backward_parts=_frontier_parts(self.point_parts, frontiers.values(), before_grads),
+        )
+
+    def forward_fields(self) -> dict[str, Any]:
+        """The :data:`FORWARD_FIELDS` once the forward has ended (:meth:`end_forward`): what it retained, by kind
+        and label, its peak, the last layer's share, the offloading plan's bytes."""
+        tr, weight, last_layer = self.tr, self.weight, self.nseg - 2
         layer_delta = self.seg_delta.get(last_layer, 0)
         layer_delta_parts = self.seg_delta_parts.get(last_layer, Parts())
         kinds = self.saved_by_kind
-        return StepTrace(
+        return dict(
             saved=tuple(sorted(self.labels.items(), key=lambda kv: -kv[1])),
-            backward_frontier=_frontier([(a, g) for a, g, _ in points]),
-            backward_frontier_accumulating=_frontier([(a, o) for a, _, o in points]),
-            backward_frontier_layers=_frontier([(a, g) for a, g, _ in self.layer_points]),
-            backward_before_grads=max((a for a, g, _ in points if g == 0), default=0),
-            backward_frontier_bucketed=_frontier([(a, o) for a, g, o in points if g > 0]),
             retained_bytes=int(self.retained),
             activation_bytes=int(self.retained - kinds["logits"] - kinds["autocast"]),
             logits_bytes=int(kinds["logits"]),
             autocast_copy_bytes=int(kinds["autocast"]),
             forward_peak_bytes=int(self.forward_peak),
-            backward_points=tuple(points),
             param_grad_bytes=int(tr.param_grad_total),
             buffer_bytes=int(tr.buffer_bytes),
             layer_bytes=int(layer_delta),
             max_param_grad_bytes=max((op.param_grad for op in self.ops), default=0),
             loss_bytes=int(self.size[tr.loss.sid]),
-            backward_after_head=(int(self.after_head[0]), int(self.after_head[1])),
             forward_before_last_layer_bytes=int(self.before_last + max(0, weight[last_layer] - 1) * layer_delta),
             forward_peak_parts=_nonnegative(self.peak_parts.astuple()),
             forward_before_last_layer_parts=(self.before_last_parts + layer_delta_parts
                                              * max(0, weight[last_layer] - 1)).astuple(),
-            backward_parts=_frontier_parts(self.point_parts, points, self.layer_points),
             offload_host_bytes=self.plan.host_bytes if self.plan is not None else 0,
             offload_copy_bytes=self.plan.copy_bytes if self.plan is not None else 0,
         )
 
 
-def _frontier_parts(parts: dict[int, tuple[int, int, int, int]], points: list, layer_points: list) -> tuple:
-    """The PARTS of the points on the three frontiers only (what the peak's breakdown looks up)."""
-    keep = {a for a, _ in _frontier([(a, g) for a, g, _ in points])}
-    keep |= {a for a, _ in _frontier([(a, o) for a, _, o in points])}
-    keep |= {a for a, _ in _frontier([(a, g) for a, g, _ in layer_points])}
-    keep |= {a for a, _ in _frontier([(a, o) for a, g, o in points if g > 0])}  # DeepSpeed's bucketed backward
-    keep.add(max((a for a, g, _ in points if g == 0), default=0))
+def _frontier_parts(parts: dict[int, tuple[int, int, int, int]], frontiers, before_grads: int) -> tuple:
+    """The PARTS of the points on the frontiers only (the three of the peak's breakdown and DeepSpeed's bucketed
+    backward's) and of the last point before the first gradient (what the peak's breakdown looks up)."""
+    keep = {a for frontier in frontiers for a, _ in frontier}
+    keep.add(before_grads)
     return tuple(sorted((a, _nonnegative(p)) for a, p in parts.items() if a in keep))
 
 
@@ -1247,7 +1334,7 @@ def _frontier(pairs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """The pairs not dominated by another (for non-negative weights x, y the maximum of ``x·a + y·g`` is
     reached on these)."""
     out: list[tuple[int, int]] = []
-    for a, g in sorted(set(pairs), key=lambda p: (-p[0], -p[1])):
+    for a, g in sorted(set(pairs), reverse=True):  # by a, then g, decreasing (the pairs are distinct)
         if not out or g > out[-1][1]:
             out.append((a, g))
     return tuple(out)

@@ -255,7 +255,15 @@ def make_server(settings: api.Settings, host: str = "127.0.0.1", port: int = 0, 
 
 def warm_up(settings: api.Settings) -> None:
     """Load the rulesets and plugins (their errors stop the server before it listens) and evaluate the page's
-    first view once, so that the first request is as fast as the next."""
+    first view once, so that the first request is as fast as the next. Then what the server holds from here on
+    (modules, rulesets, plugins, the compiled graph: about 120,000 objects) leaves the cyclic garbage collector's
+    generations (``gc.freeze``): a full collection, which a never-seen shape's request triggers about once in
+    sixty, walked all of them (~44 ms of that request's time, measured); the requests' own objects are collected
+    as before."""
+    import gc
+
     ctx = settings.context()
     if ctx.rulesets.models and ctx.rulesets.gpus:
         api.answer(view.view, settings, [("model", min(ctx.rulesets.models)), ("gpu", next(iter(ctx.rulesets.gpus)))])
+    gc.collect()
+    gc.freeze()
