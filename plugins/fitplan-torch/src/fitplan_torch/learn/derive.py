@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from . import learner, routing
+from . import learner, relations, routing
 from .fit import FitError, Fitter
 from .fold import fold
 from .limits import data_dependent_note
@@ -357,7 +357,15 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
             if name in single:
                 break
         else:
-            unprobed.append((name, val))
+            got = relations.coupled_probe(base, variables, name, b, s, attempt, env_of, regime.fixed)
+            if got is None:
+                unprobed.append((name, val))
+                continue
+            log(f"    {name} probed with {relations.PRODUCTS} (the model needs the product)")
+            single[name] = len(probes)
+            probes.append(Probe(got[0], b, s, got[1]))
+            recs.append(got[2])
+    unprobed = [(n, v) for n, v in unprobed if n not in relations.PRODUCTS]
     held.update(_held(base, unprobed, followers, log))
     # joint probes: every variable that could change alone changes at once (with the fields that follow it)
     for mult in (0, 1):
@@ -375,7 +383,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
                 new = get_var(p.cfg, name) if mult == 0 else alternatives(name, get_var(p.cfg, name))[0]
                 for k in [name] + [f for f, lead in followers.items() if lead == name]:
                     put_var(cfg, k, new)
-        rec, used = attempt(cfg, bb, ss)
+        rec, used = attempt(relations.keep_products(cfg), bb, ss)
         if rec is not None:
             probes.append(Probe(used, bb, ss, env_of(used, bb, ss)))
             recs.append(rec)
