@@ -123,7 +123,8 @@ def _meta(model, config, sites) -> dict[str, Any]:
     custom = {f"{s['module']}.weight" for s in sites if s["custom"]}
     return {"roles": roles, "conv1d": conv1d, "custom": custom, "output_module": names.get(emb_out),
             "input_module": names.get(emb_in), "n_layers": len(decoder_layers(model)),
-            "model_class": type(model).__name__, "config_class": type(config).__name__}
+            "model_class": type(model).__name__, "config_class": type(config).__name__,
+            "frozen": {n for n, p in model.named_parameters() if not p.requires_grad}}  # afmoe's expert_bias
 
 
 # --------------------------------------------------------------------------- probes

@@ -261,7 +261,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
     import torch
     import transformers
 
-    from . import configrules, files
+    from . import configrules, files, layerkinds
     from . import derive as D
     from .. import __version__
 
@@ -272,6 +272,11 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
     segments: dict[str, Any] = {}
     entries = [D.variant_entry(results[(p, a, r.name)], p, a, r.when, segments, layer_prefix, rec.kind_expr)
                for p, a, r in rec.specs]
+    if rec.kind_expr is None and len({tuple(e["kinds"]) for e in entries}) > 1:
+        rec.kind_expr = layerkinds.first_layer_rule(rec, entries, log)  # bf16's first layer casts (Mamba)
+        if rec.kind_expr:
+            entries = [D.variant_entry(results[(p, a, r.name)], p, a, r.when, segments, layer_prefix, rec.kind_expr)
+                       for p, a, r in rec.specs]
     kinds = entries[0]["kinds"]
     for e in entries:
         if len(set(e["kinds"])) != len(set(kinds)):
@@ -300,6 +305,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
         "variants": entries,
         "segments": segments,
         "accumulate_clone": sorted(n for n, how in ref["accumulate"].items() if how == "clone"),
+        **_frozen(meta, layer_prefix),
         "flags": {"values": rec.flags, "when": rec.flag_when},
         **files.held_sizes(results.values()),
         "autograd": D._missing_rules(segments),
@@ -308,6 +314,16 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
         "attn_implementations": sorted({a for _, a in supported}),
         **_assumed(rec.skipping),
     }
+
+
+def _frozen(meta: dict[str, Any], layer_prefix: str) -> dict[str, Any]:
+    """The file's ``frozen``: the parameters the model creates with ``requires_grad=False`` (AfMoE's router
+    ``expert_bias``, transformers 5.24 modeling_afmoe.py ``AfmoeTokenChoiceRouter``): weights without a gradient
+    or optimizer states, full fine-tuning included."""
+    from . import derive as D
+
+    names = sorted({D._layer_template(n, layer_prefix)[0] for n in meta.get("frozen", ())})
+    return {"frozen": names} if names else {}
 
 
 def _assumed(skipping: list[str]) -> dict[str, Any]:
