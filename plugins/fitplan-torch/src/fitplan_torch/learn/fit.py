@@ -139,8 +139,8 @@ class Fitter:
         if len(deps) != 1:
             return None
         v = next(iter(deps))
-        for f in ("pow2_floor", "pow2_ceil"):
-            for wrap in ("{x}", "{x}//2", "2*{x}", "{v} - {x}", "{x} - {v}"):
+        for wrap in ("{x}", "{x}//2", "2*{x}", "{v} - {x}", "{x} - {v}"):
+            for f in ("pow2_floor", "pow2_ceil"):
                 expr = wrap.format(x=f"{f}({v})", v=v)
                 if self.check(expr, y):
                     return expr

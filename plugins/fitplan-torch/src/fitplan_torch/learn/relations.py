@@ -42,7 +42,8 @@ def coupled_probe(base: dict[str, Any], variables: list[str], name: str, b: int,
     from .derive import alternatives, get_var, put_var
 
     env0 = env_of(base, b, s)
-    for x, z in relations(base, variables, name):
+    known = [(x, z if y == name else y) for x, (y, z) in PRODUCTS.items() if name in (y, z)]  # another regime's
+    for x, z in dict.fromkeys(known + relations(base, variables, name)):
         for alt in alternatives(name, get_var(base, name)):
             cfg = copy.deepcopy(base)
             put_var(cfg, name, alt)
@@ -52,8 +53,8 @@ def coupled_probe(base: dict[str, Any], variables: list[str], name: str, b: int,
                 continue
             env = env_of(used, b, s)
             changed = {k for k in env if env[k] != env0[k]} - set(fixed)
-            if changed == {name, x}:
-                PRODUCTS[x] = (name, z)
+            if changed - {x} == {name}:  # x is no probe variable where this regime reuses segments
+                PRODUCTS.setdefault(x, (name, z))
                 return used, env, rec
     return None
 
