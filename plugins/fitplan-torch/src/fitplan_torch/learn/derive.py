@@ -366,7 +366,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
             single[name] = len(probes)
             probes.append(Probe(got[0], b, s, got[1]))
             recs.append(got[2])
-    unprobed = [(n, v) for n, v in unprobed if n not in relations.PRODUCTS]
+    unprobed = [(n, v) for n, v in unprobed if not (n in relations.PRODUCTS and relations.holds(base, n))]
     held.update(_held(base, unprobed, followers, log))
     # joint probes: every variable that could change alone changes at once (with the fields that follow it)
     for mult in (0, 1):
@@ -384,7 +384,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
                 new = get_var(p.cfg, name) if mult == 0 else alternatives(name, get_var(p.cfg, name))[0]
                 for k in [name] + [f for f, lead in followers.items() if lead == name]:
                     put_var(cfg, k, new)
-        rec, used = attempt(relations.keep_products(cfg), bb, ss)
+        rec, used = attempt(relations.keep_products(cfg, base), bb, ss)
         if rec is not None:
             probes.append(Probe(used, bb, ss, env_of(used, bb, ss)))
             recs.append(rec)

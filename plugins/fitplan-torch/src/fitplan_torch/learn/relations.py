@@ -42,7 +42,8 @@ def coupled_probe(base: dict[str, Any], variables: list[str], name: str, b: int,
     from .derive import alternatives, get_var, put_var
 
     env0 = env_of(base, b, s)
-    known = [(x, z if y == name else y) for x, (y, z) in PRODUCTS.items() if name in (y, z)]  # another regime's
+    known = [(x, z if y == name else y) for x, (y, z) in PRODUCTS.items()
+             if name in (y, z) and holds(base, x)]  # another regime's
     for x, z in dict.fromkeys(known + relations(base, variables, name)):
         for alt in alternatives(name, get_var(base, name)):
             cfg = copy.deepcopy(base)
@@ -59,12 +60,22 @@ def coupled_probe(base: dict[str, Any], variables: list[str], name: str, b: int,
     return None
 
 
-def keep_products(cfg: dict[str, Any]) -> dict[str, Any]:
-    """``cfg`` with every product of :data:`PRODUCTS` set from its factors (a joint probe changes the factors)."""
+def holds(base: dict[str, Any], x: str) -> bool:
+    """Whether product ``x`` of :data:`PRODUCTS` holds in ``base`` (a learning's own products, not a stale one)."""
+    from .derive import get_var
+
+    y, z = PRODUCTS[x]
+    vals = [get_var(base, k) for k in (x, y, z)]
+    return all(isinstance(v, int) for v in vals) and vals[0] == vals[1] * vals[2]
+
+
+def keep_products(cfg: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with every product of :data:`PRODUCTS` that ``base`` keeps set from its factors (a joint probe
+    changes the factors)."""
     from .derive import get_var, put_var
 
     for x, (y, z) in PRODUCTS.items():
-        if isinstance(get_var(cfg, y), int) and isinstance(get_var(cfg, z), int):
+        if holds(base, x) and isinstance(get_var(cfg, y), int) and isinstance(get_var(cfg, z), int):
             put_var(cfg, x, get_var(cfg, y) * get_var(cfg, z))
     return cfg
 
