@@ -9,9 +9,9 @@ order, for the simplest expression over exactly those variables that reproduces 
 2. ``c · Π vᵢ^eᵢ`` (exponents -1, 1, 2; c a small integer or a half);
 3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m;
 4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``); before it, ``ceil_div(c·m, d)``, a
-   count rounded up (the first expert's rows under balanced routing, :mod:`.routing`), and a power of two near
-   one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's slopes for a head count that is
-   no power of two, learned in their own regime, :mod:`.sizeregimes`).
+   count rounded up (the first expert's rows under balanced routing, :mod:`.routing`);
+5. last, a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
+   slopes for a head count that is no power of two, learned in their own regime, :mod:`.sizeregimes`).
 
 A wrong expression would have to agree with every probe, including the joint ones; the learner then
 checks the whole file against a fresh recording at sizes no probe used (:mod:`.verify`).
@@ -177,7 +177,7 @@ class Fitter:
                     break
         if best is not None:
             return best
-        best = self._ceil_quotient(deps, y) or self._pow2(deps, y)
+        best = self._ceil_quotient(deps, y)
         if best is not None:
             return best
         for f in self.floats:
@@ -197,6 +197,9 @@ class Fitter:
             cand = self._sum2(deps, tuple(v - off for v in y))
             if cand is not None and self.check(f"{cand} {'-' if off < 0 else '+'} {abs(off)}", y):
                 return f"{cand} {'-' if off < 0 else '+'} {abs(off)}"
+        cand = self._pow2(deps, y)  # last: only where no arithmetic of the sizes fits
+        if cand is not None:
+            return cand
         raise FitError(f"no expression over {sorted(deps)} fits the values {list(y)}")
 
     def _sum2(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
