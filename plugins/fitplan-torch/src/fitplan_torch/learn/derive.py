@@ -367,6 +367,10 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
             probes.append(Probe(got[0], b, s, got[1]))
             recs.append(got[2])
     unprobed = [(n, v) for n, v in unprobed if not (n in relations.PRODUCTS and relations.holds(base, n))]
+    if any(n == "s" for n, _ in unprobed):  # every size would be fitted at this one length: refused, not written
+        raise LearnError(f"the recorded ops change with the sequence length (s = {s}, {s + 4}, {s + 6}, {s - 2} each "
+                         "record other ops: a Python loop over the sequence, such as Mamba's reference scan off "
+                         "CUDA), which a learned file cannot express yet")
     held.update(_held(base, unprobed, followers, log))
     # joint probes: every variable that could change alone changes at once (with the fields that follow it)
     for mult in (0, 1):
