@@ -10,8 +10,10 @@ config fields, ``b`` (micro-batch), ``s`` (sequence length) and ``i`` (layer ind
 
 Grammar: literals (int, float, string, True/False/None), names, ``+ - * / // % **``, comparisons
 (``== != < <= > >= in``, ``not in``, ``is None``, ``is not None``), ``and or not``, ``x if c else y``,
-subscripts ``name[expr]``, parentheses and the functions ``int min max len ceil_div``. Nothing else is
-accepted (rules are data, never ``eval``). Compiled once per file and cached; evaluation is a call.
+subscripts ``name[expr]``, parentheses and the functions ``int min max len ceil_div pow2_floor pow2_ceil``
+(the power of two at or below / at or above a positive integer: ALiBi's slopes are built for the power of two
+nearest the head count, transformers 5.24 modeling_bloom.py ``_get_alibi_slopes``, modeling_mpt.py
+``build_mpt_alibi_tensor``). Nothing else is accepted (rules are data, never ``eval``). Compiled once per file and cached; evaluation is a call.
 """
 
 from __future__ import annotations
@@ -38,8 +40,17 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _pow2_floor(n: int) -> int:
+    return 1 << (int(n).bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (int(n) - 1).bit_length()
+
+
 _FUNCS: dict[str, Callable[..., Any]] = {"int": int, "min": min, "max": max, "len": len, "ceil_div": _ceil_div,
-                                         "bool": bool, "float": float}
+                                         "bool": bool, "float": float, "pow2_floor": _pow2_floor,
+                                         "pow2_ceil": _pow2_ceil}
 Env = dict[str, Any]
 
 

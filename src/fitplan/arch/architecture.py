@@ -52,6 +52,9 @@ class ParamGroup:
     """The model keeps this tensor in fp32 whatever dtype it is built in (DeepSeek's router weight, created
     with ``dtype=torch.float32`` and listed in ``_keep_in_fp32_modules_strict``): the learned file's dtype
     ``f32`` from its 16-bit recording. Its gradient and its torch optimizer states are fp32 too."""
+    frozen: bool = False
+    """Created with ``requires_grad=False`` (the learned file's ``frozen``: AfMoE's ``expert_bias``): a weight that
+    no method trains, so without gradient or optimizer states."""
 
     @property
     def numel(self) -> int:
@@ -154,6 +157,13 @@ class ModelSpec:
         return 0 if self.bare_param_count is not None else _fp32_param_count(self)
 
     @property
+    def frozen_fp32_param_count(self) -> int:
+        """The fp32-kept parameters that no method trains (:attr:`ParamGroup.frozen`): no fp32 gradient."""
+        if self.bare_param_count is not None:
+            return 0
+        return sum(g.total for g in self.param_groups() if g.fp32 and g.frozen)
+
+    @property
     def active_param_count(self) -> int:
         """Parameters used per token (MoE: only ``num_experts_per_tok`` experts)."""
         if not self.is_moe:
@@ -188,6 +198,7 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
     af = load(spec.model_type)
     env = dict(spec.symbols)
     groups: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
+    frozen = set(af.data.get("frozen") or ())
     for name, shape, role, per_layer, layer, entry in af.param_list(env):
         template = entry[0]
         key = (template, shape)
@@ -199,9 +210,9 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
         if role.startswith("linear:"):
             linear = (shape[0], shape[1]) if mark == "conv1d" else (shape[1], shape[0])
         groups[key] = [template, shape, 1, per_layer, _module(role, template), template.rsplit(".", 1)[0], linear,
-                       mark == "custom", len(entry) > 5 and entry[5] == "f32"]
-    return tuple(ParamGroup(t, shape, module, count, per_layer, path, linear, custom, fp32)
-                 for t, shape, count, per_layer, module, path, linear, custom, fp32 in groups.values())
+                       mark == "custom", len(entry) > 5 and entry[5] == "f32", template in frozen]
+    return tuple(ParamGroup(t, shape, module, count, per_layer, path, linear, custom, fp32, fz)
+                 for t, shape, count, per_layer, module, path, linear, custom, fp32, fz in groups.values())
 
 
 def sequence_classifier(spec: ModelSpec) -> ModelSpec:

@@ -16,8 +16,9 @@ from fitplan.pluginmgr.hookspecs import hookimpl
 @quantity("tensors", type="object")
 def trainable_tensors(arch):
     """The trainable parameter tensors as ``(shape, count)`` pairs: every parameter for full
-    fine-tuning (the LoRA reducer replaces them with the adapters)."""
-    return tuple((g.shape, g.count) for g in arch.param_groups())
+    fine-tuning but those created with ``requires_grad=False`` (``ParamGroup.frozen``; the LoRA reducer replaces
+    them with the adapters)."""
+    return tuple((g.shape, g.count) for g in arch.param_groups() if not g.frozen)
 
 
 @quantity("params")
@@ -80,7 +81,7 @@ def master_weight_bytes(trainable_param_count, master_weight_dtype_bytes):
 
 @quantity("bytes", category="memory", label="gradients", json_key="memory.per_gpu_bytes.gradients", short="gradients", row="gradients")
 def gradient_bytes(trainable_param_count, trainable_dtype_bytes, optimizer_spec, trainable_tensors, method,
-                   fp32_param_count, optimizer_in_bwd):
+                   fp32_param_count, optimizer_in_bwd, arch):
     """Gradients: one per trainable parameter, in the parameter's dtype (fp32 for the fp32-kept tensors full
     fine-tuning trains; frozen weights have none).
     Seed: "même taille que les poids". Optimizers that consume each gradient as backward produces it (LOMO,
@@ -91,8 +92,8 @@ def gradient_bytes(trainable_param_count, trainable_dtype_bytes, optimizer_spec,
         return 0
     if optimizer_spec.frees_gradients:
         return max((math.prod(shape) for shape, _ in trainable_tensors), default=0) * trainable_dtype_bytes
-    return (trainable_param_count * trainable_dtype_bytes
-            + (fp32_extra(fp32_param_count, trainable_dtype_bytes) if method == "full" else 0))
+    fp32 = max(0, fp32_param_count - arch.frozen_fp32_param_count)  # a frozen fp32 tensor has no gradient
+    return trainable_param_count * trainable_dtype_bytes + (fp32_extra(fp32, trainable_dtype_bytes) if method == "full" else 0)
 
 
 def _kind(g) -> str:
@@ -106,7 +107,7 @@ def _kind(g) -> str:
 @functools.lru_cache(maxsize=256)
 def _modules(arch) -> tuple[tuple[str, str], ...]:
     """``(name, kind)`` of each parameter tensor of ``arch``."""
-    return tuple((g.name, _kind(g)) for g in arch.param_groups())
+    return tuple((g.name, _kind(g)) for g in arch.param_groups() if not g.frozen)
 
 
 CONV1D_MODULES = ("c_attn", "c_proj", "c_fc")
@@ -124,7 +125,7 @@ def optimizer_context(trainable_tensors, optimizer_state_dtype_bytes, trainable_
     else:
         modules = tuple(("lora", "adapter") for _ in trainable_tensors) if method != "full" else ()
     pairs = tuple(tuple(kv.strip().split("=", 1)) for kv in optim_args.split(",") if "=" in kv)
-    fp32 = tuple(g.fp32 for g in arch.param_groups()) if method == "full" and not arch.count_only else ()
+    fp32 = tuple(g.fp32 for g in arch.param_groups() if not g.frozen) if method == "full" and not arch.count_only else ()
     return OptimizerContext(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device, modules,
                             pairs, tuple(optim_target_modules), fp32)
 

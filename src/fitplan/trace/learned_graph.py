@@ -92,6 +92,7 @@ class Builder:
         """id(segment) -> (the segment, kept alive; its repeated blocks unrolled for this scenario)."""
         self.ac_cache: dict[str, Any] = {}
         self.param_dtypes = {p[0]: p[5] if len(p) > 5 else "bf16" for p in af.params}
+        self.frozen = set(af.data.get("frozen") or ())  # parameters the model creates with requires_grad=False
         self.param_uses: dict[int, int] = {}
         self.embed_out = None
         self.param_targets: dict[str, int] = {}
@@ -115,7 +116,8 @@ class Builder:
             else:
                 dtype = self.dt(code)
             numel = self.param_numel(template or name, name)
-            trainable = (not self.lora or self.saved(name)) and not self.spec.frozen and dtype in FLOAT
+            trainable = ((not self.lora or self.saved(name)) and not self.spec.frozen and dtype in FLOAT
+                         and (template or name) not in self.frozen)  # requires_grad=False in the model
             t = self.tr.param(numel, dtype, trainable)
             t.name = name
             self.params[name] = t

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from . import learner, routing
+from . import learner, relations, routing
 from .fit import FitError, Fitter
 from .fold import fold
 from .limits import data_dependent_note
@@ -123,7 +123,8 @@ def _meta(model, config, sites) -> dict[str, Any]:
     custom = {f"{s['module']}.weight" for s in sites if s["custom"]}
     return {"roles": roles, "conv1d": conv1d, "custom": custom, "output_module": names.get(emb_out),
             "input_module": names.get(emb_in), "n_layers": len(decoder_layers(model)),
-            "model_class": type(model).__name__, "config_class": type(config).__name__}
+            "model_class": type(model).__name__, "config_class": type(config).__name__,
+            "frozen": {n for n, p in model.named_parameters() if not p.requires_grad}}  # afmoe's expert_bias
 
 
 # --------------------------------------------------------------------------- probes
@@ -357,7 +358,19 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
             if name in single:
                 break
         else:
-            unprobed.append((name, val))
+            got = relations.coupled_probe(base, variables, name, b, s, attempt, env_of, regime.fixed)
+            if got is None:
+                unprobed.append((name, val))
+                continue
+            log(f"    {name} probed with {relations.PRODUCTS} (the model needs the product)")
+            single[name] = len(probes)
+            probes.append(Probe(got[0], b, s, got[1]))
+            recs.append(got[2])
+    unprobed = [(n, v) for n, v in unprobed if not (n in relations.PRODUCTS and relations.holds(base, n))]
+    if any(n == "s" for n, _ in unprobed):  # every size would be fitted at this one length: refused, not written
+        raise LearnError(f"the recorded ops change with the sequence length (s = {s}, {s + 4}, {s + 6}, {s - 2} each "
+                         "record other ops: a Python loop over the sequence, such as Mamba's reference scan off "
+                         "CUDA), which a learned file cannot express yet")
     held.update(_held(base, unprobed, followers, log))
     # joint probes: every variable that could change alone changes at once (with the fields that follow it)
     for mult in (0, 1):
@@ -375,7 +388,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
                 new = get_var(p.cfg, name) if mult == 0 else alternatives(name, get_var(p.cfg, name))[0]
                 for k in [name] + [f for f, lead in followers.items() if lead == name]:
                     put_var(cfg, k, new)
-        rec, used = attempt(cfg, bb, ss)
+        rec, used = attempt(relations.keep_products(cfg, base), bb, ss)
         if rec is not None:
             probes.append(Probe(used, bb, ss, env_of(used, bb, ss)))
             recs.append(rec)

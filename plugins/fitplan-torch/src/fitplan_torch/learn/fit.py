@@ -9,7 +9,9 @@ order, for the simplest expression over exactly those variables that reproduces 
 2. ``c · Π vᵢ^eᵢ`` (exponents -1, 1, 2; c a small integer or a half);
 3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m;
 4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``); before it, ``ceil_div(c·m, d)``, a
-   count rounded up (the first expert's rows under balanced routing, :mod:`.routing`).
+   count rounded up (the first expert's rows under balanced routing, :mod:`.routing`);
+5. last, a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
+   slopes for a head count that is no power of two, learned in their own regime, :mod:`.sizeregimes`).
 
 A wrong expression would have to agree with every probe, including the joint ones; the learner then
 checks the whole file against a fresh recording at sizes no probe used (:mod:`.verify`).
@@ -129,6 +131,21 @@ class Fitter:
                         return expr
         return None
 
+    def _pow2(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
+        """A power of two at or near one variable ``v``: ``pow2_floor(v)``, ``pow2_ceil(v)``, half or twice
+        either, or ``v`` minus the one below (transformers 5.24 modeling_bloom.py ``_get_alibi_slopes``: slopes for
+        the power of two below the heads, then ``heads - pow2_floor(heads)`` more; modeling_mpt.py
+        ``build_mpt_alibi_tensor``: ``2 ** ceil(log2(heads))`` slopes, every second one taken)."""
+        if len(deps) != 1:
+            return None
+        v = next(iter(deps))
+        for wrap in ("{x}", "{x}//2", "2*{x}", "{v} - {x}", "{x} - {v}"):
+            for f in ("pow2_floor", "pow2_ceil"):
+                expr = wrap.format(x=f"{f}({v})", v=v)
+                if self.check(expr, y):
+                    return expr
+        return None
+
     def fit(self, values) -> str:
         y = tuple(int(v) for v in values)
         got = self.cache.get(y)
@@ -180,6 +197,9 @@ class Fitter:
             cand = self._sum2(deps, tuple(v - off for v in y))
             if cand is not None and self.check(f"{cand} {'-' if off < 0 else '+'} {abs(off)}", y):
                 return f"{cand} {'-' if off < 0 else '+'} {abs(off)}"
+        cand = self._pow2(deps, y)  # last: only where no arithmetic of the sizes fits
+        if cand is not None:
+            return cand
         raise FitError(f"no expression over {sorted(deps)} fits the values {list(y)}")
 
     def _sum2(self, deps: frozenset, y: tuple[int, ...]) -> str | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from fitplan.api import FitplanError, archformat
 
-from . import routing
+from . import relations, routing
 from .limits import LAYERDROP_WHY, dropout_fields
 
 
@@ -76,7 +76,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
                  known: dict[str, Any] | None) -> ModelRecord:
     """Phase 1: the base config, the layer pattern, the supported variants, the regime switches and the structural
     flags (each found by recording the model)."""
-    from . import configrules, patterns
+    from . import configrules, patterns, sizeregimes
     from . import derive as D
 
     model_type = config["model_type"]
@@ -84,6 +84,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     cls = configrules.config_class(model_type)
     D.NESTED.clear()
     D.FOLLOWERS.clear()
+    relations.PRODUCTS.clear()
     D.NESTED.update(D.nested_variables(base))
     variables = D.size_variables(base) + list(D.NESTED)
     log(f"learning {model_type}: variables {variables}")
@@ -97,6 +98,8 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     drops, _ = dropout_fields(base)
     distinct = {f: D.DISTINCT_P[i] for i, f in enumerate(drops)}
     supported = _supported(base, variants, log)
+    pow2 = sizeregimes.power_of_two_heads(base, cls, supported[0], log) if regimes else None
+    switches += [pow2] if pow2 else []
     others = tuple(v for v in supported if v[1] != supported[0][1])[:1]
     flags = D.structural_flags(base, supported[0], b, s, log, cls, known, others,
                                skip=set(variables) | {n for sw in switches for r in sw for n in D._names(r.when)})
@@ -258,7 +261,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
     import torch
     import transformers
 
-    from . import configrules, files
+    from . import configrules, files, layerkinds
     from . import derive as D
     from .. import __version__
 
@@ -269,6 +272,11 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
     segments: dict[str, Any] = {}
     entries = [D.variant_entry(results[(p, a, r.name)], p, a, r.when, segments, layer_prefix, rec.kind_expr)
                for p, a, r in rec.specs]
+    if rec.kind_expr is None and len({tuple(e["kinds"]) for e in entries}) > 1:
+        rec.kind_expr = layerkinds.first_layer_rule(rec, entries, log)  # bf16's first layer casts (Mamba)
+        if rec.kind_expr:
+            entries = [D.variant_entry(results[(p, a, r.name)], p, a, r.when, segments, layer_prefix, rec.kind_expr)
+                       for p, a, r in rec.specs]
     kinds = entries[0]["kinds"]
     for e in entries:
         if len(set(e["kinds"])) != len(set(kinds)):
@@ -297,6 +305,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
         "variants": entries,
         "segments": segments,
         "accumulate_clone": sorted(n for n, how in ref["accumulate"].items() if how == "clone"),
+        **_frozen(meta, layer_prefix),
         "flags": {"values": rec.flags, "when": rec.flag_when},
         **files.held_sizes(results.values()),
         "autograd": D._missing_rules(segments),
@@ -305,6 +314,16 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
         "attn_implementations": sorted({a for _, a in supported}),
         **_assumed(rec.skipping),
     }
+
+
+def _frozen(meta: dict[str, Any], layer_prefix: str) -> dict[str, Any]:
+    """The file's ``frozen``: the parameters the model creates with ``requires_grad=False`` (AfMoE's router
+    ``expert_bias``, transformers 5.24 modeling_afmoe.py ``AfmoeTokenChoiceRouter``): weights without a gradient
+    or optimizer states, full fine-tuning included."""
+    from . import derive as D
+
+    names = sorted({D._layer_template(n, layer_prefix)[0] for n in meta.get("frozen", ())})
+    return {"frozen": names} if names else {}
 
 
 def _assumed(skipping: list[str]) -> dict[str, Any]:
@@ -386,9 +405,11 @@ def _config_rules(rec: ModelRecord, ref: dict[str, Any], segments, params, buffe
     if "tie_word_embeddings" in base:
         fields.append("tie_word_embeddings")
     fields += [k for k, lead in D.FOLLOWERS.items() if lead in fields and not D.derived_by_config(base, k, base.get(k))]
+    fields += [x for x, yz in relations.PRODUCTS.items() if set(yz) <= set(fields)]  # the spec reads it
     fields = list(dict.fromkeys(fields))
     cfg_rules = configrules.learn_config(rec.model_type, fields, ref["probes"], log, dict(D.NESTED))
-    cfg_rules["checks"] += [c for c in D.follower_checks(base, cfg_rules["fields"]) if c not in cfg_rules["checks"]]
+    checks = D.follower_checks(base, cfg_rules["fields"]) + relations.product_checks(cfg_rules["fields"])
+    cfg_rules["checks"] += [c for c in checks if c not in cfg_rules["checks"]]
     return cfg_rules
 
 
