@@ -258,6 +258,21 @@ def columns(t: str, before: dict, now: dict) -> tuple[list[str], dict | None, st
     return cols, shown, why
 
 
+HINTS = (" (report it", " (--no-shrink", " (learn this config", " (state ")
+"""How fitplan's suggestions after an error begin: the table keeps the reason, not the advice."""
+
+
+def short_reason(why: str, width: int = 240) -> str:
+    """``why`` without the suggestion in its head (kept: the detail after `` / ``, which names the variant and op
+    of a failed verification), on one line, cut to ``width`` characters."""
+    head, sep, detail = why.partition(") / ")
+    for hint in HINTS:
+        if hint in head:
+            head = head.split(hint)[0]
+            why = head + (" / " + detail if sep else "")
+    return why.replace("\n", " ")[:width]
+
+
 def cpu_cell(row: dict | None) -> str:
     """CPU seconds of a learn row; a row measured by hand, outside the bench, has wall seconds only (``~N wall``)."""
     if not row:
@@ -265,17 +280,17 @@ def cpu_cell(row: dict | None) -> str:
     return str(row["cpu_s"]) if row.get("cpu_s") is not None else f"~{row['seconds']:.0f} wall"
 
 
-def table(types: list[str], before: dict, now: dict, bundled: set[str]) -> str:
-    """The breadth table of docs/architectures.md over ``types``, with a line counting the learn stage's
-    latest results."""
+def table(types: list[str], before: dict, now: dict, bundled: set[str], strata: dict[str, str]) -> str:
+    """The breadth table of docs/architectures.md over ``types`` (``before`` and ``now``: ``merged`` rows;
+    ``strata``: each type's stratum), with a line counting the learn stage's latest results."""
     counts: dict[str, int] = {}
     lines = [HEADER]
     for t in sorted(types):
         cols, shown, why = columns(t, before, now)
         counts[cols[3]] = counts.get(cols[3], 0) + 1
         mb = (shown or {}).get("rss_mb") or ""
-        cells = [t, "yes" if t in bundled else "", stratum(t), *cols, cpu_cell(shown), str(mb),
-                 why.replace("|", "\\|").replace("\n", " ")]
+        cells = [t, "yes" if t in bundled else "", strata.get(t, ""), *cols, cpu_cell(shown), str(mb),
+                 short_reason(why).replace("|", "\\|")]
         lines.append("| " + " | ".join(cells) + " |")
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
     return f"{len(types)} model types, learn (now): {summary}\n\n" + "\n".join(lines) + "\n"
@@ -327,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         bundled = {p.name[:-5] for p in (ROOT / "rulesets/architectures").glob("*.json")
                    if not p.name.endswith(".graphs.json")}
         now = merged([p for p in paths if Path(p).is_file()])
-        Path(a.md).write_text(table(causal_lm_types(), merged(a.before), now, bundled))
+        every = causal_lm_types()
+        Path(a.md).write_text(table(every, merged(a.before), now, bundled, {t: stratum(t) for t in every}))
     return 0
 
 
