@@ -231,11 +231,12 @@ def row_stage(row: dict, path: str) -> str:
 
 
 def merged(paths: list[str]) -> dict[tuple[str, str], dict]:
-    """The rows of the JSON files by ``(stage, model_type)``, a later file's row replacing an earlier one's."""
+    """The rows of the JSON files by ``(stage, model_type)``, a later file's row replacing an earlier one's; each
+    row's ``from`` names its file."""
     out: dict[tuple[str, str], dict] = {}
     for path in paths:
         for row in json.loads(Path(path).read_text()):
-            out[row_stage(row, path), row["model_type"]] = row
+            out[row_stage(row, path), row["model_type"]] = {**row, "from": Path(path).name}
     return out
 
 
