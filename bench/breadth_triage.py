@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learn_breadth import merged, short_reason  # noqa: E402
 
 CLASSES: tuple[tuple[str, str], ...] = (
-    (r"invalid ruleset directory", "harness: the bench ran from a ruleset directory that is not the checkout's"),
+    (r"invalid ruleset directory", "memory check: the bundled model presets of a bundled type are validated "
+                                   "against the file being learned, whose switches are only the class defaults'"),
     (r"^memory$", "cost: past the resident-memory cap"),
     (r"^timeout$", "cost: past the wall-clock timeout"),
     (r"^failed", "internal error (a crash of fitplan: exit other than 0 / 2)"),
@@ -49,8 +50,9 @@ def failure_class(row: dict) -> str:
     return "other (no pattern yet)"
 
 
-def triage(rows: list[dict]) -> str:
-    """TRIAGE.md: counts of outcomes and classes, then one line per non-verified type under its class."""
+def triage(rows: list[dict], notes: str = "") -> str:
+    """TRIAGE.md: counts of outcomes and classes, ``notes`` (the measurer's, in markdown), then one line per
+    non-verified type under its class."""
     learned = [r for r in rows if r["result"] != "verified"]
     groups: dict[str, list[dict]] = {}
     for r in sorted(learned, key=lambda r: r["model_type"]):
@@ -61,7 +63,7 @@ def triage(rows: list[dict]) -> str:
     order = sorted(groups, key=lambda c: (-len(groups[c]), c))
     out = [f"# Breadth triage (learn stage, the README command): {time.strftime('%H:%M UTC', time.gmtime())}", "",
            f"{len(rows)} types run; " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())), "",
-           "## Classes (non-verified types), largest first", ""]
+           *([notes.strip(), ""] if notes.strip() else []), "## Classes (non-verified types), largest first", ""]
     out += [f"* {len(groups[c])}: {c} ({', '.join(r['model_type'] for r in groups[c])})" for c in order]
     for c in order:
         out += ["", f"## {c} ({len(groups[c])})", ""]
@@ -74,12 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", nargs="+", action="extend", required=True, help="result files, later wins")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--notes", default="", help="a markdown file put after the counts")
     a = ap.parse_args(argv)
     rows = []
     for (stage, _), r in merged([p for p in a.json if Path(p).is_file()]).items():
         if stage == "learn":
             rows.append(r)
-    Path(a.out).write_text(triage(rows))
+    notes = Path(a.notes).read_text() if a.notes and Path(a.notes).is_file() else ""
+    Path(a.out).write_text(triage(rows, notes))
     return 0
 
 

@@ -162,7 +162,8 @@ def run_one(model_type: str, stage: str, timeout: float, mem: int, env: dict) ->
             err = fe.read()
         secs = time.monotonic() - t0
     cpu = usage.ru_utime + usage.ru_stime if usage else 0.0
-    row = {"model_type": model_type, "stage": stage, "seconds": round(secs, 1), "cpu_s": round(cpu, 1),
+    row = {"model_type": model_type, "stage": stage, "at": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+           "seconds": round(secs, 1), "cpu_s": round(cpu, 1),
            "rss_mb": max(peak, (usage.ru_maxrss * 1024) if usage else 0) // 2**20}
     if killed:
         return {**row, "result": killed, "reason": f"past {timeout:.0f} s" if killed == "timeout" else
