@@ -27,11 +27,17 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"^failed", "internal error (a crash of fitplan: exit other than 0 / 2)"),
     (r"(is|are) None, which the model cannot run", "class defaults leave a field None that the model needs (refusal "
                                                   "naming the field; a published config states it)"),
-    (r"config class rejects", "the config class rejects its own defaults or every shrunk config"),
+    (r"config class rejects every shrunk", "shrinking: the config class rejects every shrunk config (a relation "
+                                           "between fields that shrinking breaks)"),
+    (r"config class rejects", "the config class rejects its own defaults"),
     (r"shrunk config does not run", "the model's code does not run from its shrunk class defaults (no repair)"),
     (r"cannot build .* with sdpa", "no SDPA in the model class and the learner asked for it"),
     (r"serves only", "verification: a size the learning held as a constant differs in the held-out config"),
-    (r"does not reproduce a fresh run", "verification: the learned file does not reproduce a held-out trace"),
+    (r"(parameters|gradients|optimizer_states) predicted", "verification (memory check): parameter, gradient or "
+                                                          "optimizer-state bytes differ from the referee's"),
+    (r"(activations|peak) predicted", "verification (memory check): activations or peak differ from the referee's"),
+    (r"does not reproduce a fresh run", "verification (graph check): the file's ops differ from a held-out "
+                                        "recording"),
     (r"takes \d+ forms", "layer pattern: a layer part with more than two forms"),
     (r"layer pattern differs between", "layer pattern: differs between precisions / attention kernels"),
     (r"no rule of the layer-pattern family", "layer pattern: a condition over several fields"),
