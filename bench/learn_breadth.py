@@ -307,6 +307,7 @@ def selected(a: argparse.Namespace, known: set[str]) -> list[str]:
         types = [t for t in (list(SAMPLE) if a.sample else causal_lm_types()) if t not in known]
     else:
         return []
+    types = [t for t in types if t not in a.skip.split(",")]
     return interleaved({t: stratum(t) for t in types}) if a.interleave else types
 
 
@@ -317,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample", action="store_true", help="the stratified sample (SAMPLE), less the types run")
     ap.add_argument("--all", action="store_true", help="every causal LM type, less the types run")
     ap.add_argument("--interleave", action="store_true", help="one type of each stratum in turn")
+    ap.add_argument("--skip", default="", help="comma-separated model types not to run (e.g. past the timeout at "
+                    "the record stage already)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per type")
     ap.add_argument("--mem-gb", type=float, default=3.0, help="resident memory cap per type")
     ap.add_argument("--deadline", type=float, default=0.0, help="stop starting new types after this many minutes")
