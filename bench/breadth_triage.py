@@ -30,6 +30,8 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"config class rejects every shrunk", "shrinking: the config class rejects every shrunk config (a relation "
                                            "between fields that shrinking breaks)"),
     (r"config class rejects", "the config class rejects its own defaults"),
+    (r"Unrecognized configuration class", "multimodal: the text part's config class is not in "
+                                          "AutoModelForCausalLM's mapping (which names the outer type)"),
     (r"shrunk config does not run", "the model's code does not run from its shrunk class defaults (no repair)"),
     (r"cannot build .* with sdpa", "no SDPA in the model class and the learner asked for it"),
     (r"serves only", "verification: a size the learning held as a constant differs in the held-out config"),
