@@ -207,7 +207,8 @@ def classify(rc: int, why: str) -> str:
 
 def reason(stderr: str) -> str:
     """The error of a child's stderr: fitplan's ``error:`` line without its suggestion, with its first detail
-    (a verification names the variant and the op or tensor there), or the last line of a traceback."""
+    (a verification names the variant and the op or tensor there), its internal error's message whole, or the
+    last line of a traceback."""
     lines = [x.strip() for x in stderr.splitlines() if x.strip() and not x.startswith(("[transformers]", "W1", "Failed to load"))]
     for i, x in enumerate(lines):
         if x.startswith("error:"):
@@ -216,6 +217,9 @@ def reason(stderr: str) -> str:
                 head = head.split(hint)[0]
             detail = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("error:") else ""
             return (head + (" / " + detail if detail else ""))[:400]
+    for i, x in enumerate(lines):  # fitplan's internal error (exit 70): its message may span several lines
+        if x.startswith("internal error:"):
+            return " ".join(lines[i:])[:400]
     return (lines[-1] if lines else "")[:400]
 
 

@@ -85,3 +85,14 @@ def test_a_reason_keeps_its_detail_and_drops_the_suggestion():
                                     "written / 16/eager [b>1] prologue: op 5 differs")
     assert lb.short_reason("k is None @ k (state k in the config)") == "k is None @ k"
     assert lb.short_reason("x" * 300) == "x" * 240
+
+
+def test_an_internal_error_spanning_lines_is_kept_whole():
+    """fitplan's exit-70 message can wrap; the row took its last line only ("FITPLAN_DEBUG=1 shows the traceback)"
+    for gemma3n in a fixer's rerun). A refusal keeps its ``error:`` line and the detail line after it."""
+    lb = _bench()
+    err = ("[transformers] a warning\ninternal error: ValueError: the set of layer types\nproducing a cache differs "
+           "(a bug in fitplan or a plugin;\nFITPLAN_DEBUG=1 shows the traceback)\n")
+    assert lb.reason(err) == ("internal error: ValueError: the set of layer types producing a cache differs (a bug "
+                              "in fitplan or a plugin; FITPLAN_DEBUG=1 shows the traceback)")
+    assert lb.reason("error: k is None (report it here)\n16/eager: op 5 differs\n") == "k is None / 16/eager: op 5 differs"
