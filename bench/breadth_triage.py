@@ -40,6 +40,9 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"(activations|peak) predicted", "verification (memory check): activations or peak differ from the referee's"),
     (r"does not reproduce a fresh run", "verification (graph check): the file's ops differ from a held-out "
                                         "recording"),
+    (r"change with the sequence length", "recording: a Python loop over the sequence (the ops change with s)"),
+    (r"no learned graph for precision class", "memory check: a precision / attention kernel the learned file has "
+                                              "no graph for"),
     (r"takes \d+ forms", "layer pattern: a layer part with more than two forms"),
     (r"layer pattern differs between", "layer pattern: differs between precisions / attention kernels"),
     (r"no rule of the layer-pattern family", "layer pattern: a condition over several fields"),
