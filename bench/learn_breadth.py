@@ -10,10 +10,15 @@ timeout and a resident-memory cap (polled from ``/proc/<pid>/status``: ``VmRSS``
 * ``--stage learn`` (heavy): the README command, ``fitplan learn-architecture config.json --out DIR``
   (learning and verification; exit 0: the file verified and was written, 2: refused with a reason).
 
-Results go to a JSON file (resumed: types already there are skipped) and a markdown table for
-docs/architectures.md. Heavy: run it once, on an otherwise idle machine if the timings matter::
+What runs: ``--only a,b`` (reruns them even where a result exists), ``--sample`` (the stratified sample) or
+``--all`` (every type); ``--interleave`` orders them one stratum at a time. Each result is a row of the last
+``--json`` file (written as it goes); types that any ``--json`` file already holds are skipped, except those
+named by ``--only``. ``--md`` writes the table of docs/architectures.md over all types from every ``--json`` file
+(later files win per type; ``--before`` files fill the "earlier / before" columns); with nothing to run, it only
+writes the table. Heavy: run it on an otherwise idle machine if the timings matter::
 
-    python bench/learn_breadth.py --stage learn --timeout 60 --mem-gb 3 --json /tmp/breadth.json --md /tmp/breadth.md
+    python bench/learn_breadth.py --stage learn --all --interleave --timeout 900 --mem-gb 4 --json /tmp/breadth.json
+    python bench/learn_breadth.py --before bench/breadth/learn-before.json --json bench/breadth/*.json --md /tmp/b.md
 """
 
 from __future__ import annotations
@@ -63,15 +68,42 @@ era, ALiBi, parallel blocks); a few bundled ones (llama, qwen3_moe, deepseek_v2,
 type fitplan learned before still learns from its class defaults."""
 
 
-def interleaved(sample: dict[str, str]) -> list[str]:
-    """The sample's types taking one of each stratum in turn, so that a run cut by ``--deadline`` covers all."""
+def interleaved(strata_of: dict[str, str]) -> list[str]:
+    """The types taking one of each stratum in turn, so that a run cut by ``--deadline`` covers all."""
     strata: dict[str, list[str]] = {}
-    for t, kind in sample.items():
+    for t, kind in strata_of.items():
         strata.setdefault(kind, []).append(t)
     out: list[str] = []
     while any(strata.values()):
         out += [ts.pop(0) for ts in strata.values() if ts]
     return out
+
+
+HYBRID_KEYS = ("ssm", "mamba", "conv", "linear_", "block_type", "recurrent")
+"""Config keys of a state-space, convolution or linear-attention layer (Mamba, LFM2, Qwen3-Next, RecurrentGemma)."""
+
+
+def stratum(model_type: str) -> str:
+    """The sample's stratum of ``model_type``, or one guessed from its config class's defaults (for ordering and
+    the table only, never for a result): a config with a text, vision or audio part is ``multimodal``, an encoder or
+    encoder-decoder type (``is_encoder_decoder``, or a masked-LM type of modeling_auto.py) ``encoder-style``, keys
+    of a state-space / convolution / linear-attention layer ``hybrid/SSM``, an expert count ``MoE``, no rotary
+    key (learned or fixed absolute positions, ALiBi) ``old``, the rest ``dense``."""
+    if model_type in SAMPLE:
+        return SAMPLE[model_type]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    cfg = default_config(model_type) or {}
+    keys = " ".join(cfg)
+    if any(f"{part}_config" in cfg for part in ("text", "vision", "audio", "vq")):
+        return "multimodal"
+    if cfg.get("is_encoder_decoder") or model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "encoder-style"
+    if any(k in keys for k in HYBRID_KEYS) or model_type in ("rwkv", "xlstm"):
+        return "hybrid/SSM"
+    if "expert" in keys:
+        return "MoE"
+    return "dense" if ("rope" in keys or "rotary" in keys) else "old"
 
 
 def causal_lm_types() -> list[str]:
@@ -112,8 +144,8 @@ def rss_bytes(pid: int) -> int:
 def run_one(model_type: str, stage: str, timeout: float, mem: int, env: dict) -> dict:
     cfg = default_config(model_type)
     if cfg is None:
-        return {"model_type": model_type, "result": "refused", "reason": "the config class rejects its own defaults",
-                "seconds": 0.0, "rss_mb": 0}
+        return {"model_type": model_type, "stage": stage, "result": "refused",
+                "reason": "the config class rejects its own defaults", "seconds": 0.0, "rss_mb": 0}
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"
         path.write_text(json.dumps(cfg), encoding="utf-8")
@@ -130,7 +162,8 @@ def run_one(model_type: str, stage: str, timeout: float, mem: int, env: dict) ->
             err = fe.read()
         secs = time.monotonic() - t0
     cpu = usage.ru_utime + usage.ru_stime if usage else 0.0
-    row = {"model_type": model_type, "seconds": round(secs, 1), "cpu_s": round(cpu, 1),
+    row = {"model_type": model_type, "stage": stage, "at": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+           "seconds": round(secs, 1), "cpu_s": round(cpu, 1),
            "rss_mb": max(peak, (usage.ru_maxrss * 1024) if usage else 0) // 2**20}
     if killed:
         return {**row, "result": killed, "reason": f"past {timeout:.0f} s" if killed == "timeout" else
@@ -174,7 +207,8 @@ def classify(rc: int, why: str) -> str:
 
 def reason(stderr: str) -> str:
     """The error of a child's stderr: fitplan's ``error:`` line without its suggestion, with its first detail
-    (a verification names the variant and the op or tensor there), or the last line of a traceback."""
+    (a verification names the variant and the op or tensor there), its internal error's message whole, or the
+    last line of a traceback."""
     lines = [x.strip() for x in stderr.splitlines() if x.strip() and not x.startswith(("[transformers]", "W1", "Failed to load"))]
     for i, x in enumerate(lines):
         if x.startswith("error:"):
@@ -183,58 +217,142 @@ def reason(stderr: str) -> str:
                 head = head.split(hint)[0]
             detail = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("error:") else ""
             return (head + (" / " + detail if detail else ""))[:400]
+    for i, x in enumerate(lines):  # fitplan's internal error (exit 70): its message may span several lines
+        if x.startswith("internal error:"):
+            return " ".join(lines[i:])[:400]
     return (lines[-1] if lines else "")[:400]
 
 
-def table(rows: list[dict], bundled: set[str]) -> str:
+HEADER = ("| model_type | bundled | stratum | record (earlier) | record (now) | learn (before) | learn (now) | CPU s "
+          "| MB | reason (now) |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def row_stage(row: dict, path: str) -> str:
+    """The stage a row came from: its ``stage`` key; a row written before rows had one is ``record`` when its
+    file's name says so or it was recorded, else ``learn``."""
+    if "stage" in row:
+        return row["stage"]
+    return "record" if "record" in Path(path).name or row["result"] == "recorded" else "learn"
+
+
+def merged(paths: list[str]) -> dict[tuple[str, str], dict]:
+    """The rows of the JSON files by ``(stage, model_type)``, a later file's row replacing an earlier one's; each
+    row's ``from`` names its file."""
+    out: dict[tuple[str, str], dict] = {}
+    for path in paths:
+        for row in json.loads(Path(path).read_text()):
+            out[row_stage(row, path), row["model_type"]] = {**row, "from": Path(path).name}
+    return out
+
+
+def columns(t: str, before: dict, now: dict) -> tuple[list[str], dict | None, str]:
+    """The four result columns of type ``t``, the learn row its figures come from, and its reason: the latest
+    learn row's, else (a type not learned) the record stage's where it did not record."""
+    rec_e, rec_n = before.get(("record", t)), now.get(("record", t))
+    learn_b, learn_n = before.get(("learn", t)), now.get(("learn", t))
+    if rec_n:
+        rec_now = rec_n["result"]
+    elif rec_e:
+        rec_now = "recorded" if rec_e["result"] == "recorded" else f"{rec_e['result']} (not rerun)"
+    else:
+        rec_now = "not run"
+    learn_now = learn_n["result"] if learn_n else ("not rerun" if learn_b else "not run")
+    cols = [rec_e["result"] if rec_e else "not run", rec_now, learn_b["result"] if learn_b else "not run", learn_now]
+    shown = learn_n or learn_b
+    rec = rec_n or rec_e
+    why = (shown or {}).get("reason", "") or (rec["reason"] if rec and rec["result"] != "recorded" else "")
+    return cols, shown, why
+
+
+HINTS = (" (report it", " (--no-shrink", " (learn this config", " (state ")
+"""How fitplan's suggestions after an error begin: the table keeps the reason, not the advice."""
+
+
+def short_reason(why: str, width: int = 240) -> str:
+    """``why`` without the suggestion in its head (kept: the detail after `` / ``, which names the variant and op
+    of a failed verification), on one line, cut to ``width`` characters."""
+    head, sep, detail = why.partition(") / ")
+    for hint in HINTS:
+        if hint in head:
+            head = head.split(hint)[0]
+            why = head + (" / " + detail if sep else "")
+    return why.replace("\n", " ")[:width]
+
+
+def cpu_cell(row: dict | None) -> str:
+    """CPU seconds of a learn row; a row measured by hand, outside the bench, has wall seconds only (``~N wall``)."""
+    if not row:
+        return ""
+    return str(row["cpu_s"]) if row.get("cpu_s") is not None else f"~{row['seconds']:.0f} wall"
+
+
+def table(types: list[str], before: dict, now: dict, bundled: set[str], strata: dict[str, str]) -> str:
+    """The breadth table of docs/architectures.md over ``types`` (``before`` and ``now``: ``merged`` rows;
+    ``strata``: each type's stratum), with a line counting the learn stage's latest results."""
     counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["result"]] = counts.get(r["result"], 0) + 1
-    out = ["| model_type | bundled | sample | result | CPU s | wall s | MB | reason |", "|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: r["model_type"]):
-        why = r["reason"].replace("|", "\\|").replace("\n", " ")
-        out.append(f"| {r['model_type']} | {'yes' if r['model_type'] in bundled else ''} | "
-                   f"{SAMPLE.get(r['model_type'], '')} | {r['result']} | {r.get('cpu_s', '')} | {r['seconds']} | "
-                   f"{r['rss_mb']} | {why} |")
+    lines = [HEADER]
+    for t in sorted(types):
+        cols, shown, why = columns(t, before, now)
+        counts[cols[3]] = counts.get(cols[3], 0) + 1
+        mb = (shown or {}).get("rss_mb") or ""
+        cells = [t, "yes" if t in bundled else "", strata.get(t, ""), *cols, cpu_cell(shown), str(mb),
+                 short_reason(why).replace("|", "\\|")]
+        lines.append("| " + " | ".join(cells) + " |")
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-    return f"{len(rows)} model types: {summary}\n\n" + "\n".join(out) + "\n"
+    return f"{len(types)} model types, learn (now): {summary}\n\n" + "\n".join(lines) + "\n"
+
+
+def selected(a: argparse.Namespace, known: set[str]) -> list[str]:
+    """The types to run: ``--only`` (all of them), else ``--sample`` or ``--all`` less those already ``known``;
+    ``--interleave`` orders them one stratum at a time."""
+    if a.only:
+        types = [t for t in a.only.split(",") if t]
+    elif a.sample or a.all:
+        types = [t for t in (list(SAMPLE) if a.sample else causal_lm_types()) if t not in known]
+    else:
+        return []
+    types = [t for t in types if t not in a.skip.split(",")]
+    return interleaved({t: stratum(t) for t in types}) if a.interleave else types
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stage", choices=("record", "learn"), default="learn")
-    ap.add_argument("--types", default="", help="comma-separated model types (default: every causal LM type)")
-    ap.add_argument("--sample", action="store_true", help="the stratified sample (SAMPLE) only")
+    ap.add_argument("--only", "--types", dest="only", default="", help="comma-separated model types, rerun")
+    ap.add_argument("--sample", action="store_true", help="the stratified sample (SAMPLE), less the types run")
+    ap.add_argument("--all", action="store_true", help="every causal LM type, less the types run")
+    ap.add_argument("--interleave", action="store_true", help="one type of each stratum in turn")
+    ap.add_argument("--skip", default="", help="comma-separated model types not to run (e.g. past the timeout at "
+                    "the record stage already)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per type")
     ap.add_argument("--mem-gb", type=float, default=3.0, help="resident memory cap per type")
     ap.add_argument("--deadline", type=float, default=0.0, help="stop starting new types after this many minutes")
-    ap.add_argument("--json", default="/tmp/learn_breadth.json")
+    ap.add_argument("--json", nargs="+", action="extend", help="result files; the last one is written")
+    ap.add_argument("--before", nargs="+", action="extend", default=[], help="earlier results (table only)")
     ap.add_argument("--md", default="")
     a = ap.parse_args(argv)
+    paths = a.json or ["/tmp/learn_breadth.json"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "plugins/fitplan-torch/src"),
                                                         os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "FITPLAN_NO_CACHE": "1", "OMP_NUM_THREADS": "1"}
-    types = [t for t in a.types.split(",") if t] or (interleaved(SAMPLE) if a.sample else causal_lm_types())
-    path = Path(a.json)
-    done = {r["model_type"]: r for r in json.loads(path.read_text())} if path.is_file() else {}
+    known = {t for (stage, t) in merged([p for p in [*a.before, *paths] if Path(p).is_file()]) if stage == a.stage}
+    out = Path(paths[-1])
+    rows = json.loads(out.read_text()) if out.is_file() else []
     start = time.monotonic()
-    for t in types:
-        if t in done:
-            continue
+    for t in selected(a, known):
         if a.deadline and time.monotonic() - start > 60 * a.deadline:
             break
         row = run_one(t, a.stage, a.timeout, int(a.mem_gb * 2**30), env)
-        done[t] = row
+        rows = [r for r in rows if (row_stage(r, str(out)), r["model_type"]) != (a.stage, t)] + [row]
         print(f"{t:28s} {row['result']:14s} {row.get('cpu_s', 0):6.1f} CPU s {row['seconds']:6.1f} s "
-              f"{row['rss_mb']:5d} MB  {row['reason'][:120]}",
-              flush=True)
-        path.write_text(json.dumps(list(done.values()), indent=1))
-    bundled = {p.name[:-5] for p in (ROOT / "rulesets/architectures").glob("*.json") if not p.name.endswith(".graphs.json")}
+              f"{row['rss_mb']:5d} MB  {row['reason'][:120]}", flush=True)
+        out.write_text(json.dumps(rows, indent=1))
     if a.md:
-        every = sorted(set(causal_lm_types()) | set(types))
-        rows = [done.get(t) or {"model_type": t, "result": "not run", "reason": "", "seconds": "", "rss_mb": ""}
-                for t in every]
-        Path(a.md).write_text(table(rows, bundled))
+        bundled = {p.name[:-5] for p in (ROOT / "rulesets/architectures").glob("*.json")
+                   if not p.name.endswith(".graphs.json")}
+        now = merged([p for p in paths if Path(p).is_file()])
+        every = causal_lm_types()
+        Path(a.md).write_text(table(every, merged(a.before), now, bundled, {t: stratum(t) for t in every}))
     return 0
 
 

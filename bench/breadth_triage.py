@@ -1,0 +1,102 @@
+"""Triage of bench/learn_breadth.py's learn-stage results: each type that did not verify, grouped by failure class
+(the construct or harness fault, in general words), classes counted at the top, largest first.
+
+The class is read from the result and the reason's text by the patterns of ``CLASSES`` (first match wins); a reason
+no pattern matches is ``other`` (a new class: add its pattern). Later ``--json`` files win per type, as in the
+table::
+
+    python bench/breadth_triage.py --json bench/breadth/*.json /work/notes/breadth/*.json --out TRIAGE.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learn_breadth import merged, short_reason  # noqa: E402
+
+CLASSES: tuple[tuple[str, str], ...] = (
+    (r"invalid ruleset directory", "memory check: the bundled model presets of a bundled type are validated "
+                                   "against the file being learned, whose switches are only the class defaults'"),
+    (r"^memory$", "cost: past the resident-memory cap"),
+    (r"^timeout$", "cost: past the wall-clock timeout"),
+    (r"^failed", "internal error (a crash of fitplan: exit other than 0 / 2)"),
+    (r"(is|are) None, which the model cannot run", "class defaults leave a field None that the model needs (refusal "
+                                                  "naming the field; a published config states it)"),
+    (r"config class rejects every shrunk", "shrinking: the config class rejects every shrunk config (a relation "
+                                           "between fields that shrinking breaks)"),
+    (r"config class rejects", "the config class rejects its own defaults"),
+    (r"Unrecognized configuration class", "multimodal: the text part's config class is not in "
+                                          "AutoModelForCausalLM's mapping (which names the outer type)"),
+    (r"shrunk config does not run", "the model's code does not run from its shrunk class defaults (no repair)"),
+    (r"cannot build .* with sdpa", "no SDPA in the model class and the learner asked for it"),
+    (r"serves only", "verification: a size the learning held as a constant differs in the held-out config"),
+    (r"(parameters|gradients|optimizer_states) predicted", "verification (memory check): parameter, gradient or "
+                                                          "optimizer-state bytes differ from the referee's"),
+    (r"(activations|peak) predicted", "verification (memory check): activations or peak differ from the referee's"),
+    (r"does not reproduce a fresh run", "verification (graph check): the file's ops differ from a held-out "
+                                        "recording"),
+    (r"change with the sequence length", "recording: a Python loop over the sequence (the ops change with s)"),
+    (r"no learned graph for precision class", "memory check: a precision / attention kernel the learned file has "
+                                              "no graph for"),
+    (r"takes \d+ forms", "layer pattern: a layer part with more than two forms"),
+    (r"layer pattern differs between", "layer pattern: differs between precisions / attention kernels"),
+    (r"no rule of the layer-pattern family", "layer pattern: a condition over several fields"),
+    (r"no expression over", "sizes: no expression fits a recorded size (data-dependent or uncommon formula)"),
+    (r"distinct layers", "layers: more distinct layer kinds than the learner records"),
+    (r"must be (an integer|a positive integer), got", "memory check: a field the learned file cannot derive"),
+    (r"differs|records other ops|records different ops", "recording: probes record different ops"),
+)
+
+
+def failure_class(row: dict) -> str:
+    """The failure class of a result row (``CLASSES``, matched against its result, then its reason)."""
+    for pattern, name in CLASSES:
+        if re.search(pattern, row["result"]) or re.search(pattern, row.get("reason", "")):
+            return name
+    return "other (no pattern yet)"
+
+
+def triage(rows: list[dict], notes: str = "") -> str:
+    """TRIAGE.md: counts of outcomes and classes, ``notes`` (the measurer's, in markdown), then one line per
+    non-verified type under its class."""
+    learned = [r for r in rows if r["result"] != "verified"]
+    groups: dict[str, list[dict]] = {}
+    for r in sorted(learned, key=lambda r: r["model_type"]):
+        groups.setdefault(failure_class(r), []).append(r)
+    outcomes: dict[str, int] = {}
+    for r in rows:
+        outcomes[r["result"]] = outcomes.get(r["result"], 0) + 1
+    order = sorted(groups, key=lambda c: (-len(groups[c]), c))
+    out = [f"# Breadth triage (learn stage, the README command): {time.strftime('%H:%M UTC', time.gmtime())}", "",
+           f"{len(rows)} types run; " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())), "",
+           *([notes.strip(), ""] if notes.strip() else []), "## Classes (non-verified types), largest first", ""]
+    out += [f"* {len(groups[c])}: {c} ({', '.join(r['model_type'] for r in groups[c])})" for c in order]
+    for c in order:
+        out += ["", f"## {c} ({len(groups[c])})", ""]
+        out += [f"* {r['model_type']}: {r['result']} ({r.get('cpu_s')} CPU s, {r.get('rss_mb')} MB; {r['from']}): "
+                f"{short_reason(r.get('reason', ''), 300)}" for r in groups[c]]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", nargs="+", action="extend", required=True, help="result files, later wins")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--notes", default="", help="a markdown file put after the counts")
+    a = ap.parse_args(argv)
+    rows = []
+    for (stage, _), r in merged([p for p in a.json if Path(p).is_file()]).items():
+        if stage == "learn":
+            rows.append(r)
+    notes = Path(a.notes).read_text() if a.notes and Path(a.notes).is_file() else ""
+    Path(a.out).write_text(triage(rows, notes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

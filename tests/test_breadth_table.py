@@ -1,0 +1,98 @@
+"""The breadth table of docs/architectures.md ("Breadth") built by bench/learn_breadth.py from several result files
+(issue #32): later files win per type and stage, ``--before`` files fill the earlier columns, a row without a
+stage takes it from its file's name, and a reason keeps its detail without fitplan's suggestion.
+
+Rows are hand-built in ``tmp_path``; the expected cells are the columns' definitions applied by hand. No torch,
+no transformers (the table is given the types and strata).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import learn_breadth
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return learn_breadth
+
+
+def _row(t: str, result: str, reason: str = "", cpu: float | None = 10.0, **extra) -> dict:
+    return {"model_type": t, "result": result, "reason": reason, "cpu_s": cpu, "seconds": 99.0, "rss_mb": 500,
+            **extra}
+
+
+def _write(path: Path, rows: list[dict]) -> str:
+    path.write_text(json.dumps(rows))
+    return str(path)
+
+
+def _cells(md: str) -> dict[str, list[str]]:
+    rows = [x for x in md.splitlines() if x.startswith("| ") and not x.startswith("| model_type")]
+    return {c[0]: c for c in ([y.strip() for y in x.strip().strip("|").split(" | ")] for x in rows)}
+
+
+def test_later_files_win_and_before_files_fill_the_earlier_columns(tmp_path):
+    lb = _bench()
+    before = lb.merged([
+        _write(tmp_path / "rec0.json", [_row("a", "recorded", stage="record"), _row("b", "failed (exit 1)",
+                                                                                     stage="record")]),
+        _write(tmp_path / "learn0.json", [_row("a", "not verified", "old reason", cpu=7.5)]),
+    ])
+    now = lb.merged([
+        # no "stage" key: a file named record... holds record rows, others learn rows
+        _write(tmp_path / "record-after.json", [_row("a", "recorded")]),
+        _write(tmp_path / "sweep.json", [_row("a", "refused", "first"), _row("c", "refused", "c's reason")]),
+        _write(tmp_path / "fixer.json", [_row("a", "verified", cpu=42.0, stage="learn")]),
+    ])
+    md = lb.table(["a", "b", "c", "d"], before, now, {"c"}, {"a": "dense"})
+    cells = _cells(md)
+    # model_type, bundled, stratum, record (earlier), record (now), learn (before), learn (now), CPU s, MB, reason
+    assert cells["a"] == ["a", "", "dense", "recorded", "recorded", "not verified", "verified", "42.0", "500", ""]
+    # b: not recorded earlier and not rerun; never learned: its reason would be the record stage's (empty here)
+    assert cells["b"][3:7] == ["failed (exit 1)", "failed (exit 1) (not rerun)", "not run", "not run"]
+    assert cells["b"][7:9] == ["", ""]
+    assert cells["c"][1] == "yes" and cells["c"][3:7] == ["not run", "not run", "not run", "refused"]
+    assert cells["c"][9] == "c's reason"
+    assert cells["d"][3:] == ["not run"] * 4 + ["", "", ""]
+    # the count is over learn (now): a verified, c refused, b and d not run
+    assert md.splitlines()[0] == "4 model types, learn (now): not run: 2, refused: 1, verified: 1"
+
+
+def test_a_type_learned_only_before_is_not_rerun_with_its_figures(tmp_path):
+    lb = _bench()
+    before = lb.merged([_write(tmp_path / "learn0.json", [_row("a", "not verified", "why", cpu=7.5)])])
+    hand = lb.merged([_write(tmp_path / "hand.json", [_row("b", "verified", "by hand", cpu=None)])])
+    cells = _cells(lb.table(["a", "b"], before, hand, set(), {}))
+    assert cells["a"][5:10] == ["not verified", "not rerun", "7.5", "500", "why"]
+    # a row measured outside the bench has wall seconds only
+    assert cells["b"][6:8] == ["verified", "~99 wall"]
+
+
+def test_a_reason_keeps_its_detail_and_drops_the_suggestion():
+    lb = _bench()
+    why = ("the learned file for 'x' does not reproduce a fresh run, so it was not written (report it with the "
+           "config; --no-verify writes it anyway, marked unverified (its figures are then approximate, not exact))"
+           " / 16/eager [b>1] prologue: op 5 differs")
+    assert lb.short_reason(why) == ("the learned file for 'x' does not reproduce a fresh run, so it was not "
+                                    "written / 16/eager [b>1] prologue: op 5 differs")
+    assert lb.short_reason("k is None @ k (state k in the config)") == "k is None @ k"
+    assert lb.short_reason("x" * 300) == "x" * 240
+
+
+def test_an_internal_error_spanning_lines_is_kept_whole():
+    """fitplan's exit-70 message can wrap; the row took its last line only ("FITPLAN_DEBUG=1 shows the traceback)"
+    for gemma3n in a fixer's rerun). A refusal keeps its ``error:`` line and the detail line after it."""
+    lb = _bench()
+    err = ("[transformers] a warning\ninternal error: ValueError: the set of layer types\nproducing a cache differs "
+           "(a bug in fitplan or a plugin;\nFITPLAN_DEBUG=1 shows the traceback)\n")
+    assert lb.reason(err) == ("internal error: ValueError: the set of layer types producing a cache differs (a bug "
+                              "in fitplan or a plugin; FITPLAN_DEBUG=1 shows the traceback)")
+    assert lb.reason("error: k is None (report it here)\n16/eager: op 5 differs\n") == "k is None / 16/eager: op 5 differs"
