@@ -89,6 +89,11 @@ def _widths(cfg: dict[str, Any]) -> dict[str, Any]:
     for k, v in SMALL.items():
         if isinstance(out.get(k), int) and not isinstance(out[k], bool) and out[k] > v:
             out[k] = v
+        elif isinstance(out.get(k), list) and out[k] and all(type(x) is int for x in out[k]):
+            out[k] = [min(x, v) for x in out[k]]  # one width per layer (gemma-3n's intermediate_size)
+    for k, v in cfg.items():  # every other vocabulary: an embedding of its rows (gemma-3n's per-layer inputs)
+        if "vocab_size" in k and k not in SMALL and type(v) is int and v > SMALL["vocab_size"]:
+            out[k] = SMALL["vocab_size"]
     heads, kv = out.get("num_attention_heads"), out.get("num_key_value_heads")
     if isinstance(heads, int) and isinstance(kv, int) and cfg.get("num_key_value_heads") == cfg.get("num_attention_heads"):
         out["num_key_value_heads"] = heads  # multi-head stays multi-head (DeepSeek's MLA runs only so)
@@ -200,10 +205,38 @@ def _cut(value: Any, how: str, n: int, total: int) -> Any:
     return {k: x for k, x in value.items() if _index_key(k, total) is not None and _index_key(k, total) < n}
 
 
-def _cut_layers(cfg, out, full, layers_key, log) -> dict[str, Any]:
+def derived_layer_lists(c: Any, n: int) -> dict[str, list]:
+    """The config object's properties that give one value per layer, which no config states: gemma-3n's and
+    gemma-4's ``kv_sharing_modes`` (None, "store" or "reuse" per layer, derived from ``num_kv_shared_layers``:
+    the last that many layers reuse the cache of an earlier layer of their type; the property raises when a
+    type has no earlier layer: transformers/models/gemma3n/configuration_gemma3n.py, gemma4_unified/...)."""
+    out = {}
+    for name in dir(type(c)):
+        if name.startswith("_") or not isinstance(getattr(type(c), name, None), property):
+            continue
+        try:
+            v = getattr(c, name)
+        except Exception:  # noqa: BLE001 - a property the class cannot derive at this config
+            continue
+        if isinstance(v, list) and len(v) == n and all(_scalar(x) for x in v):
+            out[name] = v
+    return out
+
+
+def _with_derived(cfg: dict[str, Any], full: dict[str, Any], n: int) -> dict[str, Any] | None:
+    """``full`` with the class's per-layer properties at ``n`` layers (:func:`derived_layer_lists`); None when
+    the class rejects ``cfg``."""
     from .derive import hf_config
 
+    try:
+        return {**full, **derived_layer_lists(hf_config(cfg), n)}
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _cut_layers(cfg, out, full, layers_key, log) -> dict[str, Any]:
     total = full[layers_key]
+    full = _with_derived(cfg, full, total) or full
     fields = per_layer_fields(full, total)
     sigs = layer_signatures(full, fields, total)
     if len(set(sigs)) > MAX_KINDS:
@@ -214,10 +247,62 @@ def _cut_layers(cfg, out, full, layers_key, log) -> dict[str, Any]:
     n = kept_layers(sigs) if total > 2 else total
     if n == total:
         return out
+    trial = _cut_at(cfg, out, full, fields, layers_key, n, log)
+    if _kinds(trial, fields, n) == set(sigs):
+        return trial
+    return _layer_counts(cfg, out, full, fields, layers_key, n, set(sigs), log) or trial
+
+
+def _kinds(trial: dict[str, Any], fields: dict[str, str], n: int) -> set[str] | None:
+    """The distinct layers of the shrunk ``trial`` (its resolved per-layer fields and properties), or None when
+    the class rejects it or does not derive every field."""
+    from .derive import hf_config
+
+    try:
+        resolved = _with_derived(trial, hf_config(trial).to_dict(), n)
+    except Exception:  # noqa: BLE001
+        return None
+    if resolved is None or any(k not in resolved for k in fields):
+        return None
+    return set(layer_signatures(resolved, fields, n))
+
+
+def _is_property(cfg: dict[str, Any], k: str) -> bool:
+    from .configrules import config_class
+
+    return isinstance(getattr(config_class(cfg["model_type"]), k, None), property)
+
+
+def _layer_counts(cfg, out, full, fields, layers_key, n, want, log) -> dict[str, Any] | None:
+    """The cut config with a layer-count field (an integer field named ``*layers*`` below the layer count:
+    gemma-3n's ``num_kv_shared_layers``) set so that the class derives every kind of layer again, at the
+    fewest layers from ``n`` up: gemma-3n's 15 cache-sharing layers of 35 (period 5) become 5 of 10, so that
+    both the sharing and the shared layers hold a full-attention layer; gemma-4 assistants share all (30 of 30
+    become 6 of 6). None when no count does."""
+    total = full[layers_key]
+    counts = [k for k, v in cfg.items() if "layers" in k and type(v) is int and 0 < v <= total
+              and k not in LAYER_KEYS and k not in fields]
+    for m in range(n, total):
+        for k in counts:
+            scaled = round(cfg[k] * m / total)
+            for v in sorted(range(m + 1), key=lambda x: (abs(x - scaled), x)):
+                trial = _cut_at({**cfg, k: v}, {**out, k: v}, full, fields, layers_key, m, lambda msg: None)
+                if _kinds(trial, fields, m) == want:
+                    log(f"  shrink: {k} = {v} of {m} layers (was {cfg[k]} of {total}: every kind of layer kept)")
+                    return trial
+    return None
+
+
+def _cut_at(cfg, out, full, fields, layers_key, n, log) -> dict[str, Any]:
+    """``out`` cut to its first ``n`` layers: the given per-layer fields cut, the derived ones left to the
+    class when it derives the cut, else stated."""
+    from .derive import hf_config
+
+    total = full[layers_key]
     out = {**out, _given_key(cfg, layers_key): n}
     cut = {k: _cut(full[k], how, n, total) for k, how in fields.items()}
     trial = {**out, **{k: v for k, v in cut.items() if k in cfg}}  # given lists: cut
-    for k in [k for k in fields if k not in cfg]:  # derived lists: the class's own, if it derives the cut
+    for k in [k for k in fields if k not in cfg and not _is_property(cfg, k)]:  # derived: the class's, if it derives the cut
         try:
             derived = hf_config(trial).to_dict().get(k)
         except Exception:  # noqa: BLE001 - it cannot derive at n: state it
