@@ -50,9 +50,28 @@ INDEX_NAMES = ("_layers", "_idxs", "_indices", "_ids")
 
 
 def shrink(cfg: dict[str, Any], log=lambda msg: None) -> dict[str, Any]:
-    """A tiny config of ``cfg``'s model type that its config class accepts (module doc).
+    """A tiny config of ``cfg``'s model type that its config class accepts (module doc). When the model does not
+    run with one layer of each kind but runs with two (Zamba ties its one shared attention block across its
+    hybrid layers through ``_tied_weights_keys``, a pattern over the other hybrid layers' indices, and
+    ``PreTrainedModel.get_expanded_tied_weights_keys`` rejects a pattern that matches no layer:
+    transformers/models/zamba/modeling_zamba.py, modeling_utils.py, 5.24), it keeps two.
 
     :raises FitplanError: naming the field when a per-layer field cannot be cut or the class rejects every repair."""
+    from .shrink_run import run_error, runnable
+
+    out = shrunk_config(cfg, 1, log)
+    err = run_error(out)
+    if err is not None:
+        twice = shrunk_config(cfg, 2)
+        if twice != out and run_error(twice) is None:
+            log("  shrink: two layers of each kind (the model does not run with one)")
+            return twice
+    return runnable(cfg, out, err, log)
+
+
+def shrunk_config(cfg: dict[str, Any], each: int = 1, log=lambda msg: None) -> dict[str, Any]:
+    """The shrunk config with ``each`` layers of each kind, before the model runs it (:func:`shrink` then runs
+    it and repairs what only the model needs)."""
     from .derive import hf_config
 
     full = _resolved(cfg)
@@ -61,16 +80,14 @@ def shrink(cfg: dict[str, Any], log=lambda msg: None) -> dict[str, Any]:
         del out[k]  # the class derives it from the shrunk widths, as it did from the given ones
     layers_key = next((k for k in LAYER_KEYS if isinstance(full.get(k), int)), None)
     if layers_key is not None:
-        out = _cut_layers(cfg, out, full, layers_key, log)
+        out = _cut_layers(cfg, out, full, layers_key, log, each)
     _resize_factor_lists(out, full)
     _token_ids(out, full)
     try:
         hf_config(out)
     except Exception as e:  # noqa: BLE001 - the class rejects the shrunk widths: repair below
         out = _repair(cfg, out, e, log)
-    from .shrink_run import runnable
-
-    return runnable(cfg, out, log)
+    return out
 
 
 def _resolved(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -186,13 +203,14 @@ def layer_signatures(full: dict[str, Any], fields: dict[str, str], n: int) -> li
     return sigs
 
 
-def kept_layers(sigs: list[str], minimum: int = 2) -> int:
-    """The shortest prefix holding every distinct layer, at least ``minimum`` layers (or all there are)."""
-    need = set(sigs)
-    seen: set[str] = set()
+def kept_layers(sigs: list[str], minimum: int = 2, each: int = 1) -> int:
+    """The shortest prefix holding every distinct layer ``each`` times (or as often as there are), at least
+    ``minimum`` layers (or all there are)."""
+    need = {s: min(each, sigs.count(s)) for s in set(sigs)}
+    seen: dict[str, int] = {}
     for i, s in enumerate(sigs):
-        seen.add(s)
-        if seen == need and i + 1 >= minimum:
+        seen[s] = seen.get(s, 0) + 1
+        if all(seen.get(k, 0) >= v for k, v in need.items()) and i + 1 >= minimum:
             return i + 1
     return len(sigs)
 
@@ -234,7 +252,7 @@ def _with_derived(cfg: dict[str, Any], full: dict[str, Any], n: int) -> dict[str
         return None
 
 
-def _cut_layers(cfg, out, full, layers_key, log) -> dict[str, Any]:
+def _cut_layers(cfg, out, full, layers_key, log, each: int = 1) -> dict[str, Any]:
     total = full[layers_key]
     full = _with_derived(cfg, full, total) or full
     fields = per_layer_fields(full, total)
@@ -244,7 +262,7 @@ def _cut_layers(cfg, out, full, layers_key, log) -> dict[str, Any]:
         raise FitplanError(f"{len(set(sigs))} distinct layers (more than {MAX_KINDS}): the learner records one "
                            "layer of each kind", field=", ".join(varying[:4]) or layers_key, value=total,
                            suggestion="--no-shrink learns it at its own size")
-    n = kept_layers(sigs) if total > 2 else total
+    n = kept_layers(sigs, each=each) if total > 2 else total
     if n == total:
         return out
     trial = _cut_at(cfg, out, full, fields, layers_key, n, log)
