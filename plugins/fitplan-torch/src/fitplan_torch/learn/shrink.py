@@ -266,9 +266,11 @@ def _cut_layers(cfg, out, full, layers_key, log, each: int = 1) -> dict[str, Any
     if n == total:
         return out
     trial = _cut_at(cfg, out, full, fields, layers_key, n, log)
-    if _kinds(trial, fields, n) == set(sigs):
+    want = _kinds(out, fields, total)  # at the shrunk widths (gemma-4's per-layer head_dim override shrunk too)
+    want = want if want is not None else set(layer_signatures(full, _not_widths(fields), total))
+    if _kinds(trial, fields, n) == want:
         return trial
-    return _layer_counts(cfg, out, full, fields, layers_key, n, set(sigs), log) or trial
+    return _layer_counts(cfg, out, full, fields, layers_key, n, want, log) or trial
 
 
 def _kinds(trial: dict[str, Any], fields: dict[str, str], n: int) -> set[str] | None:
@@ -282,7 +284,13 @@ def _kinds(trial: dict[str, Any], fields: dict[str, str], n: int) -> set[str] | 
         return None
     if resolved is None or any(k not in resolved for k in fields):
         return None
-    return set(layer_signatures(resolved, fields, n))
+    return set(layer_signatures(resolved, _not_widths(fields), n))
+
+
+def _not_widths(fields: dict[str, str]) -> dict[str, str]:
+    """The per-layer fields that say which kind a layer is, not how wide it is (gemma-3n's ``intermediate_size``
+    per layer is shrunk, so its values differ from the given ones)."""
+    return {k: how for k, how in fields.items() if k not in SMALL}
 
 
 def _is_property(cfg: dict[str, Any], k: str) -> bool:
@@ -318,7 +326,7 @@ def _cut_at(cfg, out, full, fields, layers_key, n, log) -> dict[str, Any]:
 
     total = full[layers_key]
     out = {**out, _given_key(cfg, layers_key): n}
-    cut = {k: _cut(full[k], how, n, total) for k, how in fields.items()}
+    cut = {k: _cut(out.get(k, full[k]), how, n, total) for k, how in fields.items()}  # given: as shrunk
     trial = {**out, **{k: v for k, v in cut.items() if k in cfg}}  # given lists: cut
     for k in [k for k in fields if k not in cfg and not _is_property(cfg, k)]:  # derived: the class's, if it derives the cut
         try:
