@@ -127,3 +127,34 @@ def test_fit_a_held_size_over_one_variable():
     assert fitter.fit([8 // g for g in groups]) == "8//n_groups"
     with pytest.raises(FitError):  # two probes at 4 groups that disagree (2, 5): no function of n_groups
         fitter.fit([1, 1, 1, 1, 1, 1, 2, 1, 1, 5])
+
+
+# --------------------------------------------------------------------------- cost
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["lifetimes", "backward"])
+def test_a_recorded_model_is_released(backward, monkeypatch):
+    """The recorder marks a storage's death with a ``weakref.finalize`` callback bound to itself; the recorder
+    holds the model, and the model its parameters, buffers and gradients, so the callbacks of those storages
+    kept every recorded model alive through finalize's global registry (Jamba's learning grew by a few hundred
+    MB per variant, past 4 GB). After a recording, with or without its backward, the model is garbage."""
+    pytest.importorskip("torch")
+    import gc
+    import weakref
+
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.shrink import shrink
+
+    built = []
+    build = derive.build
+
+    def tracked(*a, **k):
+        model, config = build(*a, **k)
+        built.append(weakref.ref(model))
+        return model, config
+
+    monkeypatch.setattr(derive, "build", tracked)
+    cfg = shrink({**_defaults("llama"), "num_hidden_layers": 2})
+    assert derive.run(cfg, "16", "sdpa", 2, 16, backward=backward).ops
+    gc.collect()
+    assert built and all(ref() is None for ref in built)
