@@ -72,6 +72,22 @@ def test_shrink_keeps_a_gemma4_assistant_sharing_every_layer():
     assert "shared_kv_states" in str(e.value) and "producing a cache" not in str(e.value)
 
 
+def test_shrink_keeps_every_dory_layer_role():
+    """DoryConfig: ``n_input_layers`` + ``n_recurrent_layers`` + ``n_output_layers`` == ``num_hidden_layers``
+    (``validate_architecture``; the recurrent count derived when not given), 8 + 20 + 8 of 36 layers by default
+    (stated doubled, as attention and mlp blocks). A layer-count field set alone must not leave another at no
+    layer or at every layer: after shrinking, each of the three roles still holds at least one layer and not all."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn.shrink import shrunk_config
+
+    full = _resolved(_defaults("dory"))
+    assert (full.n_input_layers, full.n_recurrent_layers, full.n_output_layers) == (8, 20, 8)
+    c = _resolved(shrunk_config(_defaults("dory")))
+    counts = (c.n_input_layers, c.n_recurrent_layers, c.n_output_layers)
+    assert c.num_hidden_layers < full.num_hidden_layers and sum(counts) == c.num_hidden_layers
+    assert all(0 < v < c.num_hidden_layers for v in counts)
+
+
 def test_shrink_keeps_two_zamba_hybrid_layers():
     """ZambaModel ties its one shared attention block across the hybrid layers: ``_tied_weights_keys`` maps
     every other hybrid layer (``layers.(?!2\\.)\\d+.shared_transf``) to the first, and

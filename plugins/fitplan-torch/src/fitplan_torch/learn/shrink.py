@@ -313,10 +313,34 @@ def _layer_counts(cfg, out, full, fields, layers_key, n, want, log) -> dict[str,
             scaled = round(cfg[k] * m / total)
             for v in sorted(range(m + 1), key=lambda x: (abs(x - scaled), x)):
                 trial = _cut_at({**cfg, k: v}, {**out, k: v}, full, fields, layers_key, m, lambda msg: None)
-                if _kinds(trial, fields, m) == want:
+                if _kinds(trial, fields, m) == want and _counts_kept(cfg, trial):
                     log(f"  shrink: {k} = {v} of {m} layers (was {cfg[k]} of {total}: every kind of layer kept)")
                     return trial
     return None
+
+
+def _layer_count_fields(c) -> dict[str, tuple[int, int]]:
+    """The config object's layer-count fields (``*_layers`` integers, stated or derived) with its layer count:
+    ``{field: (value, layers)}``."""
+    n = getattr(c, "num_hidden_layers", None)
+    if type(n) is not int:
+        return {}
+    return {k: (getattr(c, k), n) for k in c.to_dict() if k.endswith("_layers") and k not in LAYER_KEYS
+            and type(getattr(c, k, None)) is int}
+
+
+def _counts_kept(cfg: dict[str, Any], trial: dict[str, Any]) -> bool:
+    """Every layer-count field stands where it stood against the layer count: none, some (strictly between), or
+    all of the layers. Dory's ``n_input_layers`` + ``n_recurrent_layers`` + ``n_output_layers`` make up the
+    layer count (configuration_dory.py ``validate_architecture``): one of them set alone leaves another at
+    every layer or none, which drops a kind of layer no per-layer field names."""
+    from .derive import hf_config
+
+    def where(v: int, n: int) -> int:
+        return 0 if v <= 0 else 2 if v >= n else 1
+
+    given, small = _layer_count_fields(hf_config(cfg)), _layer_count_fields(hf_config(trial))
+    return all(k in small and where(*small[k]) == where(*v) for k, v in given.items())
 
 
 def _cut_at(cfg, out, full, fields, layers_key, n, log) -> dict[str, Any]:
