@@ -21,10 +21,19 @@ def _read_config(path: str) -> dict:
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise FitplanError("a config.json must name its model_type", file=str(p), field="$.model_type",
                            value=data.get("model_type") if isinstance(data, dict) else None)
+    data = text_config(data)
+    _check_known(data["model_type"], p)
+    return data
+
+
+def text_config(data: dict) -> dict:
+    """A multimodal config's ``text_config`` under its own ``model_type`` (the outer one where it names none),
+    as fitplan's estimates read it (fitplan/arch/architecture.py ``spec_from_config``); any other config as
+    given. A text type that ``AutoModelForCausalLM`` lists only under the outer type (emu3's
+    ``emu3_text_model``) is built as that type's causal LM (:func:`.derive.register_text_model`)."""
     if isinstance(data.get("text_config"), dict) and "hidden_size" not in data:
         inner = data["text_config"]
-        data = {**inner, "model_type": inner.get("model_type") or data["model_type"]}
-    _check_known(data["model_type"], p)
+        return {**inner, "model_type": inner.get("model_type") or data["model_type"]}
     return data
 
 

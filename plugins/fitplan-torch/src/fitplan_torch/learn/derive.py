@@ -11,6 +11,7 @@ the parameter list and the backward behaviour seen in a run with real saves.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import re
@@ -44,7 +45,29 @@ def hf_config(cfg: dict[str, Any]):
 
     c = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if not k.startswith("_")})
     c.use_cache = False
+    register_text_model(type(c))
     return c
+
+
+@functools.cache
+def register_text_model(config_class) -> None:
+    """Make ``AutoModelForCausalLM`` take a multimodal type's text config that its mapping lists only under the
+    outer type (emu3's ``emu3_text_model``, mllama's ``mllama_text_model``): for the outer config, ``from_config``
+    builds the outer type's causal-LM class on ``config.get_text_config()`` when that class's ``config_class`` is
+    the text config class (transformers/models/auto/auto_factory.py ``from_config``, 5.24); registered the same
+    (``register``) so the learner and the referee build that class from the text config alone."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, model_type_to_module_name
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if config_class in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return
+    module = model_type_to_module_name(config_class.model_type)
+    for outer in [t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if model_type_to_module_name(t) == module]:
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[CONFIG_MAPPING[outer]]
+        if getattr(model_class, "config_class", None) is config_class:
+            AutoModelForCausalLM.register(config_class, model_class, exist_ok=True)
+            return
 
 
 def build(cfg: dict[str, Any], precision: str, attn: str):

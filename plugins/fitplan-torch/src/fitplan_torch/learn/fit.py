@@ -10,7 +10,8 @@ order, for the simplest expression over exactly those variables that reproduces 
 3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m;
 4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``); before it, ``ceil_div(c·m, d)``, a
    count rounded up (the first expert's rows under balanced routing, :mod:`.routing`);
-5. last, a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
+5. ``C // v``, a held size over one variable (Mamba-2's heads per group with the heads held);
+6. last, a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
    slopes for a head count that is no power of two, learned in their own regime, :mod:`.sizeregimes`).
 
 A wrong expression would have to agree with every probe, including the joint ones; the learner then
@@ -197,10 +198,29 @@ class Fitter:
             cand = self._sum2(deps, tuple(v - off for v in y))
             if cand is not None and self.check(f"{cand} {'-' if off < 0 else '+'} {abs(off)}", y):
                 return f"{cand} {'-' if off < 0 else '+'} {abs(off)}"
+        best = self._held_over(deps, y)
+        if best is not None:
+            return best
         cand = self._pow2(deps, y)  # last: only where no arithmetic of the sizes fits
         if cand is not None:
             return cand
         raise FitError(f"no expression over {sorted(deps)} fits the values {list(y)}")
+
+    def _held_over(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
+        """``C // v``: a held size divided by one variable, rounded down (Mamba-2's heads per group,
+        ``num_heads // n_groups`` with the heads held by the learner: ``repeat_interleave(num_heads // num_groups,
+        ...)`` in transformers/models/mamba2/modeling_mamba2.py ``mamba2_chunk_scan``, 5.24). ``C`` is every
+        integer whose quotient by the base value gives the base size (the smallest that fits every probe)."""
+        if len(deps) != 1:
+            return None
+        (v,) = deps
+        x0 = self.env[0][v]
+        if type(x0) is not int or x0 <= 0:
+            return None
+        for c in range(max(y[0] * x0, 1), (y[0] + 1) * x0):
+            if self.check(f"{c}//{v}", y):
+                return f"{c}//{v}"
+        return None
 
     def _sum2(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
         """The shortest sum of two terms ``c₁·m₁ + c₂·m₂`` over exactly ``deps`` that gives ``y``, or None."""

@@ -94,6 +94,7 @@ class _Recorder:
         self.bwd_live = 0
         self.bwd_cur: dict[str, Any] | None = None
         self.names = {m: n for n, m in model.named_modules()}
+        self.finalizers: dict[int, Any] = {}
 
     # ---- identities
     def storage(self, t) -> int:
@@ -103,7 +104,7 @@ class _Recorder:
             s = len(self.rec.storages)
             self.sid[st] = s
             self.rec.storages.append({"nbytes": st.nbytes(), "owner": None, "death": None, "phase": self.phase})
-            weakref.finalize(st, self._dead, s)
+            self.finalizers[s] = weakref.finalize(st, self._dead, s)
             if self.phase == "backward":
                 self.bwd_live += st.nbytes()
                 cur = self.bwd_cur
@@ -485,9 +486,27 @@ def record(model, batch, *, autocast_dtype=None, lifetimes: bool = True, backwar
         if backward:
             _record_backward(r, model, loss, dmode)
     del loss
+    _release_model(r)
     rec.non_tensor_sites = sorted({site["module"] for site in rec.sites if site.get("drop")})
     rec.sites = [site for site in rec.sites if not site.get("drop")]
     return rec
+
+
+def _release_model(r: _Recorder) -> None:
+    """Detach the death callbacks of the storages the model holds (parameters, buffers, gradients, tensors kept as
+    module attributes): each callback holds the recorder, which holds the model, which holds those storages, so
+    through ``weakref.finalize``'s global registry every recorded model stayed alive to the end of the process
+    (Jamba's learning passed 4 GB resident). They die with the model, after the recording: their death was never
+    recorded and is not now."""
+    torch = r.torch
+    held = [*r.model.parameters(), *r.model.buffers()]
+    held += [p.grad for p in r.model.parameters() if p.grad is not None]
+    held += [v for m in r.model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
+    for t in held:
+        s = r.sid.get(t.untyped_storage())
+        f = r.finalizers.pop(s, None) if s is not None else None
+        if f is not None:
+            f.detach()
 
 
 def _record_backward(r: _Recorder, model, loss, dmode) -> None:

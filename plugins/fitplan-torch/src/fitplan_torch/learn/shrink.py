@@ -50,9 +50,28 @@ INDEX_NAMES = ("_layers", "_idxs", "_indices", "_ids")
 
 
 def shrink(cfg: dict[str, Any], log=lambda msg: None) -> dict[str, Any]:
-    """A tiny config of ``cfg``'s model type that its config class accepts (module doc).
+    """A tiny config of ``cfg``'s model type that its config class accepts (module doc). When the model does not
+    run with one layer of each kind but runs with two (Zamba ties its one shared attention block across its
+    hybrid layers through ``_tied_weights_keys``, a pattern over the other hybrid layers' indices, and
+    ``PreTrainedModel.get_expanded_tied_weights_keys`` rejects a pattern that matches no layer:
+    transformers/models/zamba/modeling_zamba.py, modeling_utils.py, 5.24), it keeps two.
 
     :raises FitplanError: naming the field when a per-layer field cannot be cut or the class rejects every repair."""
+    from .shrink_run import run_error, runnable
+
+    out = shrunk_config(cfg, 1, log)
+    err = run_error(out)
+    if err is not None:
+        twice = shrunk_config(cfg, 2)
+        if twice != out and run_error(twice) is None:
+            log("  shrink: two layers of each kind (the model does not run with one)")
+            return twice
+    return runnable(cfg, out, err, log)
+
+
+def shrunk_config(cfg: dict[str, Any], each: int = 1, log=lambda msg: None) -> dict[str, Any]:
+    """The shrunk config with ``each`` layers of each kind, before the model runs it (:func:`shrink` then runs
+    it and repairs what only the model needs)."""
     from .derive import hf_config
 
     full = _resolved(cfg)
@@ -61,16 +80,14 @@ def shrink(cfg: dict[str, Any], log=lambda msg: None) -> dict[str, Any]:
         del out[k]  # the class derives it from the shrunk widths, as it did from the given ones
     layers_key = next((k for k in LAYER_KEYS if isinstance(full.get(k), int)), None)
     if layers_key is not None:
-        out = _cut_layers(cfg, out, full, layers_key, log)
+        out = _cut_layers(cfg, out, full, layers_key, log, each)
     _resize_factor_lists(out, full)
     _token_ids(out, full)
     try:
         hf_config(out)
     except Exception as e:  # noqa: BLE001 - the class rejects the shrunk widths: repair below
         out = _repair(cfg, out, e, log)
-    from .shrink_run import runnable
-
-    return runnable(cfg, out, log)
+    return out
 
 
 def _resolved(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +106,11 @@ def _widths(cfg: dict[str, Any]) -> dict[str, Any]:
     for k, v in SMALL.items():
         if isinstance(out.get(k), int) and not isinstance(out[k], bool) and out[k] > v:
             out[k] = v
+        elif isinstance(out.get(k), list) and out[k] and all(type(x) is int for x in out[k]):
+            out[k] = [min(x, v) for x in out[k]]  # one width per layer (gemma-3n's intermediate_size)
+    for k, v in cfg.items():  # every other vocabulary: an embedding of its rows (gemma-3n's per-layer inputs)
+        if "vocab_size" in k and k not in SMALL and type(v) is int and v > SMALL["vocab_size"]:
+            out[k] = SMALL["vocab_size"]
     heads, kv = out.get("num_attention_heads"), out.get("num_key_value_heads")
     if isinstance(heads, int) and isinstance(kv, int) and cfg.get("num_key_value_heads") == cfg.get("num_attention_heads"):
         out["num_key_value_heads"] = heads  # multi-head stays multi-head (DeepSeek's MLA runs only so)
@@ -181,13 +203,14 @@ def layer_signatures(full: dict[str, Any], fields: dict[str, str], n: int) -> li
     return sigs
 
 
-def kept_layers(sigs: list[str], minimum: int = 2) -> int:
-    """The shortest prefix holding every distinct layer, at least ``minimum`` layers (or all there are)."""
-    need = set(sigs)
-    seen: set[str] = set()
+def kept_layers(sigs: list[str], minimum: int = 2, each: int = 1) -> int:
+    """The shortest prefix holding every distinct layer ``each`` times (or as often as there are), at least
+    ``minimum`` layers (or all there are)."""
+    need = {s: min(each, sigs.count(s)) for s in set(sigs)}
+    seen: dict[str, int] = {}
     for i, s in enumerate(sigs):
-        seen.add(s)
-        if seen == need and i + 1 >= minimum:
+        seen[s] = seen.get(s, 0) + 1
+        if all(seen.get(k, 0) >= v for k, v in need.items()) and i + 1 >= minimum:
             return i + 1
     return len(sigs)
 
@@ -200,10 +223,38 @@ def _cut(value: Any, how: str, n: int, total: int) -> Any:
     return {k: x for k, x in value.items() if _index_key(k, total) is not None and _index_key(k, total) < n}
 
 
-def _cut_layers(cfg, out, full, layers_key, log) -> dict[str, Any]:
+def derived_layer_lists(c: Any, n: int) -> dict[str, list]:
+    """The config object's properties that give one value per layer, which no config states: gemma-3n's and
+    gemma-4's ``kv_sharing_modes`` (None, "store" or "reuse" per layer, derived from ``num_kv_shared_layers``:
+    the last that many layers reuse the cache of an earlier layer of their type; the property raises when a
+    type has no earlier layer: transformers/models/gemma3n/configuration_gemma3n.py, gemma4_unified/...)."""
+    out = {}
+    for name in dir(type(c)):
+        if name.startswith("_") or not isinstance(getattr(type(c), name, None), property):
+            continue
+        try:
+            v = getattr(c, name)
+        except Exception:  # noqa: BLE001 - a property the class cannot derive at this config
+            continue
+        if isinstance(v, list) and len(v) == n and all(_scalar(x) for x in v):
+            out[name] = v
+    return out
+
+
+def _with_derived(cfg: dict[str, Any], full: dict[str, Any], n: int) -> dict[str, Any] | None:
+    """``full`` with the class's per-layer properties at ``n`` layers (:func:`derived_layer_lists`); None when
+    the class rejects ``cfg``."""
     from .derive import hf_config
 
+    try:
+        return {**full, **derived_layer_lists(hf_config(cfg), n)}
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _cut_layers(cfg, out, full, layers_key, log, each: int = 1) -> dict[str, Any]:
     total = full[layers_key]
+    full = _with_derived(cfg, full, total) or full
     fields = per_layer_fields(full, total)
     sigs = layer_signatures(full, fields, total)
     if len(set(sigs)) > MAX_KINDS:
@@ -211,13 +262,97 @@ def _cut_layers(cfg, out, full, layers_key, log) -> dict[str, Any]:
         raise FitplanError(f"{len(set(sigs))} distinct layers (more than {MAX_KINDS}): the learner records one "
                            "layer of each kind", field=", ".join(varying[:4]) or layers_key, value=total,
                            suggestion="--no-shrink learns it at its own size")
-    n = kept_layers(sigs) if total > 2 else total
+    n = kept_layers(sigs, each=each) if total > 2 else total
     if n == total:
         return out
+    trial = _cut_at(cfg, out, full, fields, layers_key, n, log)
+    want = _kinds(out, fields, total)  # at the shrunk widths (gemma-4's per-layer head_dim override shrunk too)
+    want = want if want is not None else set(layer_signatures(full, _not_widths(fields), total))
+    if _kinds(trial, fields, n) == want:
+        return trial
+    return _layer_counts(cfg, out, full, fields, layers_key, n, want, log) or trial
+
+
+def _kinds(trial: dict[str, Any], fields: dict[str, str], n: int) -> set[str] | None:
+    """The distinct layers of the shrunk ``trial`` (its resolved per-layer fields and properties), or None when
+    the class rejects it or does not derive every field."""
+    from .derive import hf_config
+
+    try:
+        resolved = _with_derived(trial, hf_config(trial).to_dict(), n)
+    except Exception:  # noqa: BLE001
+        return None
+    if resolved is None or any(k not in resolved for k in fields):
+        return None
+    return set(layer_signatures(resolved, _not_widths(fields), n))
+
+
+def _not_widths(fields: dict[str, str]) -> dict[str, str]:
+    """The per-layer fields that say which kind a layer is, not how wide it is (gemma-3n's ``intermediate_size``
+    per layer is shrunk, so its values differ from the given ones)."""
+    return {k: how for k, how in fields.items() if k not in SMALL}
+
+
+def _is_property(cfg: dict[str, Any], k: str) -> bool:
+    from .configrules import config_class
+
+    return isinstance(getattr(config_class(cfg["model_type"]), k, None), property)
+
+
+def _layer_counts(cfg, out, full, fields, layers_key, n, want, log) -> dict[str, Any] | None:
+    """The cut config with a layer-count field (an integer field named ``*layers*`` below the layer count:
+    gemma-3n's ``num_kv_shared_layers``) set so that the class derives every kind of layer again, at the
+    fewest layers from ``n`` up: gemma-3n's 15 cache-sharing layers of 35 (period 5) become 5 of 10, so that
+    both the sharing and the shared layers hold a full-attention layer; gemma-4 assistants share all (30 of 30
+    become 6 of 6). None when no count does."""
+    total = full[layers_key]
+    counts = [k for k, v in cfg.items() if "layers" in k and type(v) is int and 0 < v <= total
+              and k not in LAYER_KEYS and k not in fields]
+    for m in range(n, total):
+        for k in counts:
+            scaled = round(cfg[k] * m / total)
+            for v in sorted(range(m + 1), key=lambda x: (abs(x - scaled), x)):
+                trial = _cut_at({**cfg, k: v}, {**out, k: v}, full, fields, layers_key, m, lambda msg: None)
+                if _kinds(trial, fields, m) == want and _counts_kept(cfg, trial):
+                    log(f"  shrink: {k} = {v} of {m} layers (was {cfg[k]} of {total}: every kind of layer kept)")
+                    return trial
+    return None
+
+
+def _layer_count_fields(c) -> dict[str, tuple[int, int]]:
+    """The config object's layer-count fields (``*_layers`` integers, stated or derived) with its layer count:
+    ``{field: (value, layers)}``."""
+    n = getattr(c, "num_hidden_layers", None)
+    if type(n) is not int:
+        return {}
+    return {k: (getattr(c, k), n) for k in c.to_dict() if k.endswith("_layers") and k not in LAYER_KEYS
+            and type(getattr(c, k, None)) is int}
+
+
+def _counts_kept(cfg: dict[str, Any], trial: dict[str, Any]) -> bool:
+    """Every layer-count field stands where it stood against the layer count: none, some (strictly between), or
+    all of the layers. Dory's ``n_input_layers`` + ``n_recurrent_layers`` + ``n_output_layers`` make up the
+    layer count (configuration_dory.py ``validate_architecture``): one of them set alone leaves another at
+    every layer or none, which drops a kind of layer no per-layer field names."""
+    from .derive import hf_config
+
+    def where(v: int, n: int) -> int:
+        return 0 if v <= 0 else 2 if v >= n else 1
+
+    given, small = _layer_count_fields(hf_config(cfg)), _layer_count_fields(hf_config(trial))
+    return all(k in small and where(*small[k]) == where(*v) for k, v in given.items())
+
+
+def _cut_at(cfg, out, full, fields, layers_key, n, log) -> dict[str, Any]:
+    """``out`` cut to its first ``n`` layers: the given per-layer fields cut, the derived ones left to the
+    class when it derives the cut, else stated."""
+    from .derive import hf_config
+
+    total = full[layers_key]
     out = {**out, _given_key(cfg, layers_key): n}
-    cut = {k: _cut(full[k], how, n, total) for k, how in fields.items()}
+    cut = {k: _cut(out.get(k, full[k]), how, n, total) for k, how in fields.items()}  # given: as shrunk
     trial = {**out, **{k: v for k, v in cut.items() if k in cfg}}  # given lists: cut
-    for k in [k for k in fields if k not in cfg]:  # derived lists: the class's own, if it derives the cut
+    for k in [k for k in fields if k not in cfg and not _is_property(cfg, k)]:  # derived: the class's, if it derives the cut
         try:
             derived = hf_config(trial).to_dict().get(k)
         except Exception:  # noqa: BLE001 - it cannot derive at n: state it

@@ -53,11 +53,14 @@ def run_error(cfg: dict[str, Any]) -> BaseException | None:
     return None
 
 
-def runnable(cfg: dict[str, Any], out: dict[str, Any], log=lambda msg: None) -> dict[str, Any]:
-    """``out`` (the shrunk ``cfg``) if it runs, else repaired so that it does (module doc).
+def runnable(cfg: dict[str, Any], out: dict[str, Any], err: BaseException | None, log=lambda msg: None
+             ) -> dict[str, Any]:
+    """``out`` (the shrunk ``cfg``) if it runs, else repaired so that it does (module doc); ``err``: what its
+    run raised (:func:`run_error`), None when it ran.
 
     :raises FitplanError: naming the unset field, or the fields the error quotes, with the model's error."""
-    err = run_error(out)
+    if err is None:
+        return out
     tries = 0
     repaired: list[str] = []
     for _ in range(MAX_ROUNDS):
