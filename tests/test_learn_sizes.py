@@ -174,3 +174,16 @@ def test_a_recorded_model_is_released(backward, monkeypatch):
     assert derive.run(cfg, "16", "sdpa", 2, 16, backward=backward).ops
     gc.collect()
     assert built and all(ref() is None for ref in built)
+
+
+def test_a_layer_count_named_n_layers_is_cut():
+    """MptConfig names its layer count ``n_layers`` (``attribute_map`` num_hidden_layers -> n_layers, default 24:
+    transformers/models/mpt/configuration_mpt.py, 5.24); left at 24 it cost MPT's learning past 4 GB."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn.derive import hf_config
+    from fitplan_torch.learn.shrink import shrunk_config
+
+    cfg = _defaults("mpt")
+    assert cfg["n_layers"] == 24
+    out = shrunk_config(cfg)
+    assert out["n_layers"] < 24 and hf_config(out).num_hidden_layers == out["n_layers"]

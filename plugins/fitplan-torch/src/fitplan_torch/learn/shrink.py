@@ -41,7 +41,7 @@ SMALL = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 12
 Mamba-2 heads of a 64-wide model expanded twice (8 × 16 = 2 × 64; Falcon-H1's ``mamba_d_ssm`` the same 128), a
 state of 16 (Falcon-H1 learned at its default 1024-wide SSM and 256-wide state passed 4 GB resident); DeepSeek-style MLA widths and expert groups (2
 groups of the 4 experts, 1 of them routed to)."""
-LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 MAX_KINDS = 8
 """More distinct layers than this: refused (the learner records one layer of each kind; patterns.N_LAYERS)."""
 FACTOR_LISTS = ("short_factor", "long_factor")
