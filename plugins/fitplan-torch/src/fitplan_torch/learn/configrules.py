@@ -127,7 +127,11 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
                 else "list" if isinstance(v, (list, tuple)) else "str" if isinstance(v, str) else "any")
         kind = annotated_kind(cls, f) or kind
         spec: dict[str, Any] = {"type": kind, "default": defaults.get(f)}
-        if spec["default"] is None:
+        by_layers = _layer_count_default(cls, f, kind, amap) if spec["default"] is not None else None
+        if by_layers:
+            log(f"    {f}: the class replaces its default {spec['default']!r} by {by_layers}")
+            spec = {"type": kind, "default": None, "derive": by_layers}
+        if spec["default"] is None and "derive" not in spec:
             derived, used = [], []
             for p in probes:
                 try:
@@ -141,7 +145,11 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
                 try:
                     spec["derive"] = fitter.fit(derived)
                 except FitError as e:
-                    log(f"    cannot express how {f} is derived: {e}")
+                    same = _same_as(f, fields, used, derived)
+                    if same:
+                        spec["derive"] = same
+                    else:
+                        log(f"    cannot express how {f} is derived: {e}")
         if kind == "int" and f in sizes:
             spec["size"] = True
         out_fields[f] = spec
@@ -166,6 +174,43 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
         if _rejects(base, e, names):
             checks.append([e, field.format(**names), msg])
     return {"class": cls.__name__, "aliases": aliases, "fields": out_fields, "checks": checks}
+
+
+def _layer_count_default(cls, field: str, kind: str, amap: dict[str, str]) -> str | None:
+    """``num_hidden_layers + c`` when the config class replaces ``field``'s own default by the layer count plus a
+    constant (Ernie4_5_MoeConfig: ``moe_layer_end_index = num_hidden_layers - 1 if moe_layer_end_index == -1``,
+    transformers/models/ernie4_5_moe/configuration_ernie4_5_moe.py), checked at three layer counts; else None. A
+    config that leaves the field out then reads it as the class does."""
+    n_layers = amap.get("num_hidden_layers", "num_hidden_layers")
+    if kind != "int" or field == n_layers:
+        return None
+    offsets = set()
+    for n in (3, 5, 8):
+        try:
+            got = resolve({"model_type": cls.model_type, n_layers: n}).get(field)
+        except Exception:  # noqa: BLE001 - the class rejects the count: no such rule
+            return None
+        if not isinstance(got, int) or isinstance(got, bool) or got == class_defaults(cls).get(field):
+            return None
+        offsets.add(got - n)
+    if len(offsets) != 1:
+        return None
+    c = offsets.pop()
+    return n_layers if c == 0 else f"{n_layers} {'+' if c > 0 else '-'} {abs(c)}"
+
+
+def _same_as(field: str, fields: list[str], probes, derived: list[int]) -> str | None:
+    """Another field of the file whose value the class copies into ``field`` in every probe, when that value varies
+    over the probes but with no single variable of its own (Zamba2Config: ``num_key_value_heads =
+    num_attention_heads`` when None, transformers/models/zamba2/configuration_zamba2.py, where the heads change
+    only together with other sizes); else None."""
+    if len(set(derived)) < 2:
+        return None
+    resolved = [resolve(p.cfg) for p in probes]
+    for g in fields:
+        if g != field and all(r.get(g) == d for r, d in zip(resolved, derived)):
+            return g
+    return None
 
 
 def probes_single(probes) -> dict[str, int]:

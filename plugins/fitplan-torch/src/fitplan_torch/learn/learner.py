@@ -90,8 +90,9 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     pattern = patterns.learn_pattern(base, variables, log)
     kind_expr = None
     if pattern is not None:
+        variables = [v for v in variables if v not in pattern["positions"]]  # layer indices, not sizes
         base = patterns.with_layers(pattern["cfg"], pattern["record_layers"])
-        kind_expr = " + '|' + ".join(f'("1" if ({r}) else "0")' for r in pattern["rules"].values())
+        kind_expr = patterns.kind_expression(pattern["rules"])
         log(f"  layer pattern: {pattern['rules']}, recorded with {pattern['record_layers']} layers")
     switches = D.toggles(base, cls) if regimes else []
     drops, _ = dropout_fields(base)
