@@ -226,8 +226,9 @@ def candidates(cfg: dict[str, Any], ints: list[str], lists: list[str], resolved:
 
 
 def _int_rules(ints: list[str], bounds: bool = False) -> list[tuple[str, Any]]:
-    """The rules over the layer index and integer fields (and constants), each with its negation; ``bounds`` adds
-    ``i > P`` (negated: ``i <= P``, ERNIE-4.5-MoE's end index) for the conjunctions of :func:`_conjunction`."""
+    """The rules over the layer index and integer fields (and constants), each with its negation; ``bounds``, for
+    the conjunctions of :func:`_conjunction`, adds ``i > P`` (negated: ``i <= P``, ERNIE-4.5-MoE's end index) and
+    leaves out the rules that read no field (constant periods could carve any few layers of one config)."""
     base: list[tuple[str, Any]] = []
     for p in ints:
         base.append((f"i >= {p}", lambda i, c, p=p: i >= c[1][p]))
@@ -239,10 +240,11 @@ def _int_rules(ints: list[str], bounds: bool = False) -> list[tuple[str, Any]]:
     for p, q in itertools.permutations(ints, 2):
         # a period and an offset (JambaConfig.layers_block_type: ``i % attn_layer_period == attn_layer_offset``)
         base.append((f"i % {p} == {q}", lambda i, c, p=p, q=q: c[1][p] != 0 and i % c[1][p] == c[1][q]))
-    for k in (2, 3, 4, 5, 6, 8):
+    for k in () if bounds else (2, 3, 4, 5, 6, 8):
         base.append((f"(i + 1) % {k} == 0", lambda i, c, k=k: (i + 1) % k == 0))
         base.append((f"i % {k} == 0", lambda i, c, k=k: i % k == 0))
-    base.append(("True", lambda i, c: True))
+    if not bounds:
+        base.append(("True", lambda i, c: True))
     return base + [(f"not ({e})", lambda i, c, f=f: not f(i, c)) for e, f in base]
 
 
