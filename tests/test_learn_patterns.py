@@ -181,3 +181,23 @@ def test_zamba2_key_value_heads_are_derived_as_the_attention_heads():
     fields = ["hidden_size", "num_attention_heads", "num_key_value_heads"]
     assert C._same_as("num_key_value_heads", fields, probes, derived) == "num_attention_heads"
     assert C._same_as("num_key_value_heads", fields, probes[:1], derived[:1]) is None  # one value: a constant fits
+
+
+def test_bamba_head_width_is_left_to_the_class_that_derives_it_from_auto():
+    """BambaConfig derives ``mamba_d_head`` from ``"auto"`` as ``mamba_expand * hidden_size // mamba_n_heads`` and
+    rejects a stated head width that no longer matches (configuration_bamba.py ``validate_architecture``). The
+    learner's base stated the derived 16, so its GQA regime (hidden size widened to 192) was rejected and the file
+    had no GQA graph. The base now keeps ``"auto"``, and the class accepts the widened config."""
+    pytest.importorskip("transformers")
+    from transformers import BambaConfig
+
+    from fitplan_torch.learn import configrules as C
+
+    tiny = dict(hidden_size=64, mamba_n_heads=8, mamba_expand=2, num_attention_heads=4, num_key_value_heads=2)
+    resolved = {**BambaConfig(**tiny).to_dict(), "model_type": "bamba"}
+    assert resolved["mamba_d_head"] == 16
+    found = C.sentinels(resolved, BambaConfig)
+    assert found == {"mamba_d_head": "auto"}
+    assert BambaConfig(**{**tiny, "hidden_size": 192, "mamba_d_head": "auto"}).mamba_d_head == 48
+    with pytest.raises(Exception, match="Mamba head state"):
+        BambaConfig(**{**tiny, "hidden_size": 192, "mamba_d_head": 16})

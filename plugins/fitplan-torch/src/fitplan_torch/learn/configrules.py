@@ -59,6 +59,27 @@ SCALAR_KINDS = ("str", "int")
 None`` (``"LLLG"`` or ``4``). A number that may also be a float stays ``float`` (the core accepts an int there)."""
 
 
+def sentinels(resolved: dict[str, Any], cls) -> dict[str, str]:
+    """Fields whose class default is a string the class replaces by a width it derives (BambaConfig:
+    ``mamba_d_head = "auto"`` becomes ``mamba_expand * hidden_size // mamba_n_heads``,
+    transformers/models/bamba/configuration_bamba.py; Mamba's ``time_step_rank``), where ``resolved`` states
+    exactly the derived value: ``{field: the string}``. The learner records them as the string, so that the class
+    derives them again at every probe size (stated, they would hold the widths they derive from fixed: BambaConfig
+    rejects a hidden size that no longer matches its stated head width)."""
+    out = {}
+    for f, d in class_defaults(cls).items():
+        v = resolved.get(f)
+        if not isinstance(d, str) or isinstance(v, str) or v is None:
+            continue
+        try:
+            again = resolve({**resolved, f: d}).get(f)
+        except Exception:  # noqa: BLE001 - the class rejects the string here: keep the value
+            continue
+        if again == v:
+            out[f] = d
+    return out
+
+
 def annotated_kind(cls, field: str) -> str | None:
     """``"str|int"`` when the config class's annotation of ``field`` admits both a string and an integer
     (transformers 5.24 configuration_exaone4.py: ``sliding_window_pattern: str | int | None = 4``), else None
@@ -131,7 +152,10 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
         if by_layers:
             log(f"    {f}: the class replaces its default {spec['default']!r} by {by_layers}")
             spec = {"type": kind, "default": None, "derive": by_layers}
-        if spec["default"] is None and "derive" not in spec:
+        auto = isinstance(spec["default"], str) and base.get(f) == spec["default"]  # see sentinels()
+        if auto:
+            spec["rewrite"] = {spec["default"]: None}  # the core then derives it, as the class does
+        if (spec["default"] is None or auto) and "derive" not in spec:
             derived, used = [], []
             for p in probes:
                 try:

@@ -123,6 +123,9 @@ def _base_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             base[k] = None if k != "pad_token_id" else 0
         elif k.endswith("_token_id") and isinstance(v, list):
             base[k] = None
+    from .configrules import config_class, sentinels
+
+    base.update(sentinels(base, config_class(config["model_type"])))  # widths the class derives from "auto"
     _, skipping = dropout_fields(base)
     base.update({k: 0.0 for k in skipping})  # every layer runs: a stated assumption of the file (``assumed``)
     return base, skipping
