@@ -174,11 +174,12 @@ def test_zamba2_key_value_heads_are_derived_as_the_attention_heads():
 
     from fitplan_torch.learn import configrules as C
 
-    probes = [SimpleNamespace(cfg={"model_type": "zamba2", "hidden_size": h, "num_attention_heads": a})
-              for h, a in ((64, 4), (128, 8), (96, 4))]
-    derived = [Zamba2Config(hidden_size=h, num_attention_heads=a).num_key_value_heads for h, a in ((64, 4), (128, 8),
-                                                                                                     (96, 4))]
-    fields = ["hidden_size", "num_attention_heads", "num_key_value_heads"]
+    sizes = ((64, 4), (128, 8), (96, 4))
+    # n_mamba_heads equals the heads in every probe by coincidence: the class does not copy it (checked)
+    probes = [SimpleNamespace(cfg={"model_type": "zamba2", "hidden_size": h, "num_attention_heads": a,
+                                   "n_mamba_heads": a}) for h, a in sizes]
+    derived = [Zamba2Config(hidden_size=h, num_attention_heads=a).num_key_value_heads for h, a in sizes]
+    fields = ["hidden_size", "n_mamba_heads", "num_attention_heads", "num_key_value_heads"]
     assert C._same_as("num_key_value_heads", fields, probes, derived) == "num_attention_heads"
     assert C._same_as("num_key_value_heads", fields, probes[:1], derived[:1]) is None  # one value: a constant fits
 

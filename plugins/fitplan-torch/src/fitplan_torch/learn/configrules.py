@@ -232,9 +232,27 @@ def _same_as(field: str, fields: list[str], probes, derived: list[int]) -> str |
         return None
     resolved = [resolve(p.cfg) for p in probes]
     for g in fields:
-        if g != field and all(r.get(g) == d for r, d in zip(resolved, derived)):
+        if g != field and all(r.get(g) == d for r, d in zip(resolved, derived)) and _copies(probes[0].cfg, field, g):
             return g
     return None
+
+
+def _copies(cfg: dict[str, Any], field: str, g: str) -> bool:
+    """Whether the class sets an absent ``field`` to ``g``'s value (not a coincidence of the probes): ``g`` set to
+    other values, ``field`` left out, each value the class accepts comes back as ``field``."""
+    v = cfg.get(g)
+    if not isinstance(v, int) or isinstance(v, bool):
+        return False
+    seen = False
+    for alt in (v * 2, v + 2, v * 3, max(v // 2, 1)):
+        try:
+            got = resolve({**{k: x for k, x in cfg.items() if k != field}, g: alt}).get(field)
+        except Exception:  # noqa: BLE001 - the class rejects this value: no evidence either way
+            continue
+        if got != alt:
+            return False
+        seen = True
+    return seen
 
 
 def probes_single(probes) -> dict[str, int]:
