@@ -13,8 +13,12 @@ explained by the first rule of a small template family that holds over every con
   a second one Q, ``i % P == Q`` (a period and an offset: Jamba's attention and expert layers).
 
 When the config class derives a list (``layer_types``) from integer fields, the rule is written for both
-cases: ``(rule on the list) if layer_types is not None else (rule on the integers)``. The file's layer
-``kind`` expression joins the features; :mod:`.derive` then records one layer of each kind.
+cases: ``(rule on the list) if layer_types is not None else (rule on the integers)``. When no single rule holds,
+the integer fields that move layers from one kind to another (found by varying each, sizes included: ERNIE's
+start and end index) are varied together and the rule is a conjunction of rules over them (:func:`_conjunction`);
+those fields are then layer positions, not sizes. A part of n forms gets n - 1 rules, each separating one form
+from the rest (NemotronH's four mixers). The file's layer ``kind`` expression joins the features
+(:func:`kind_expression`); :mod:`.derive` then records one layer of each kind.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 class PatternError(ValueError):
     """A layer pattern the templates above cannot express (``fitplan learn-architecture`` refuses the type,
-    naming the layer part): more than two forms of one part, or no rule of the family."""
+    naming the layer part): no rule of the family, nor a conjunction of them, places one of its forms."""
 
 SKIP_ATTRS = {"training", "_is_hf_initialized", "layer_idx", "_modules", "_parameters", "_buffers"}
 N_LAYERS = 8
@@ -448,14 +452,6 @@ def kind_expression(rules: dict[str, Any]) -> str:
     return " + '|' + ".join(one(r) for r in rules.values())
 
 
-def _constants() -> list[tuple[str, Any]]:
-    out = []
-    for k in (2, 3, 4, 5, 6, 8):
-        out.append((f"(i + 1) % {k} == 0", lambda i, c, k=k: (i + 1) % k == 0))
-        out.append((f"i % {k} == 0", lambda i, c, k=k: i % k == 0))
-    return out
-
-
 def _structural_ints(cfg: dict[str, Any], variables: list[str]) -> list[tuple[str, int]]:
     from .derive import hf_config
 
@@ -467,22 +463,6 @@ def _structural_ints(cfg: dict[str, Any], variables: list[str]) -> list[tuple[st
         if k in ("num_hidden_layers", "n_layer", "max_position_embeddings", "n_positions", "chunk_size_feed_forward"):
             continue
         out.append((k, v))
-    return out
-
-
-def _pattern_configs(cfg: dict[str, Any], ints: list[str], lists: list[str]) -> list[dict[str, Any]]:
-    out = [copy.deepcopy(cfg)]
-    for f in ints:
-        for v in (1, 2, 3, 4):
-            out.append({**cfg, f: v})
-    for f in lists:
-        base = cfg.get(f)
-        if isinstance(base, list) and base and all(isinstance(x, str) for x in base):
-            vals = sorted(set(base))
-            for combo in itertools.islice(itertools.product(vals, repeat=N_LAYERS), 1, 40, 7):
-                out.append({**cfg, f: list(combo)})
-        elif f in cfg and cfg[f] is None or isinstance(base, list):
-            out.append({**{k: v for k, v in cfg.items() if k != f}})
     return out
 
 
