@@ -202,3 +202,27 @@ def test_bamba_head_width_is_left_to_the_class_that_derives_it_from_auto():
     assert BambaConfig(**{**tiny, "hidden_size": 192, "mamba_d_head": "auto"}).mamba_d_head == 48
     with pytest.raises(Exception, match="Mamba head state"):
         BambaConfig(**{**tiny, "hidden_size": 192, "mamba_d_head": 16})
+
+
+def test_mamba2_in_proj_width_fits_as_a_sum_of_three_products():
+    """BambaMixer's ``in_proj`` is ``intermediate_size + conv_dim + num_heads`` wide, with ``conv_dim =
+    intermediate_size + 2 * n_groups * ssm_state_size`` and ``intermediate_size = mamba_expand * hidden_size``
+    (modeling_bamba.py): three terms once the widths vary, past the two-term sums of the fitter. The fitted
+    expression reproduces the width at sizes no probe used."""
+    from fitplan_torch.learn.fit import Fitter
+
+    def width(e):  # by hand, from the lines cited above
+        inter = e["mamba_expand"] * e["hidden_size"]
+        return inter + (inter + 2 * e["mamba_n_groups"] * e["mamba_d_state"]) + e["mamba_n_heads"]
+
+    base = {"hidden_size": 64, "mamba_expand": 2, "mamba_n_groups": 1, "mamba_d_state": 16, "mamba_n_heads": 8}
+    env, single = [dict(base)], {}
+    for k in base:
+        single[k] = len(env)
+        env.append({**base, k: base[k] * 2 + (k == "mamba_d_state")})
+    env += [{k: v * m for k, v in base.items()} for m in (3, 5)]
+    # the three-term stage itself (the earlier stages, tried first by ``fit``, take seconds over five fields)
+    expr = Fitter(env, single)._sum3(frozenset(base), tuple(width(e) for e in env))
+    assert expr is not None
+    unseen = {"hidden_size": 96, "mamba_expand": 3, "mamba_n_groups": 4, "mamba_d_state": 24, "mamba_n_heads": 6}
+    assert compile_expr(expr)(unseen) == width(unseen)

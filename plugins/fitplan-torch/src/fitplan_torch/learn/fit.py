@@ -9,7 +9,8 @@ order, for the simplest expression over exactly those variables that reproduces 
 2. ``c · Π vᵢ^eᵢ`` (exponents -1, 1, 2; c a small integer or a half);
 3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m;
 4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``); before it, ``ceil_div(c·m, d)``, a
-   count rounded up (the first expert's rows under balanced routing, :mod:`.routing`).
+   count rounded up (the first expert's rows under balanced routing, :mod:`.routing`);
+5. a sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``).
 
 A wrong expression would have to agree with every probe, including the joint ones; the learner then
 checks the whole file against a fresh recording at sizes no probe used (:mod:`.verify`).
@@ -180,7 +181,43 @@ class Fitter:
             cand = self._sum2(deps, tuple(v - off for v in y))
             if cand is not None and self.check(f"{cand} {'-' if off < 0 else '+'} {abs(off)}", y):
                 return f"{cand} {'-' if off < 0 else '+'} {abs(off)}"
+        cand = self._sum3(deps, y)
+        if cand is not None:
+            return cand
         raise FitError(f"no expression over {sorted(deps)} fits the values {list(y)}")
+
+    def _sum3(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
+        """A sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``
+        width ``2·expand·hidden + 2·n_groups·d_state + n_heads``: BambaMixer, NemotronHMamba2Mixer), or None."""
+        parts = [(m, v) for m, v in self.monos(deps, False) if m and all(p == 1 for _, p in m) and len(m) <= 2]
+        fy = tuple(Fraction(v) for v in y)
+        for trio in itertools.combinations(parts, 3):
+            if {v for m, _ in trio for v, _ in m} != set(deps):
+                continue
+            cs = self._solve3([v for _, v in trio], fy)
+            if cs is None or any(c <= 0 or c.denominator != 1 or c > 8 for c in cs):
+                continue
+            expr = " + ".join(_fmt(c, m) for c, (m, _) in zip(cs, trio))
+            if self.check(expr, y):
+                return expr
+        return None
+
+    def _solve3(self, cols, fy) -> tuple[Fraction, ...] | None:
+        """The coefficients ``c`` with ``Σ cₖ·colsₖ = fy`` on the first three probes whose rows are independent."""
+        def det(m):
+            return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+                    + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
+        for rows in itertools.combinations(range(self.n), 3):
+            a = [[cols[k][r] for k in range(3)] for r in rows]
+            d = det(a)
+            if d == 0:
+                continue
+            out = []
+            for k in range(3):
+                ak = [[fy[r] if j == k else a[i][j] for j in range(3)] for i, r in enumerate(rows)]
+                out.append(det(ak) / d)
+            return tuple(out)
+        return None
 
     def _sum2(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
         """The shortest sum of two terms ``c₁·m₁ + c₂·m₂`` over exactly ``deps`` that gives ``y``, or None."""
