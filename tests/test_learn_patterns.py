@@ -199,6 +199,7 @@ def test_bamba_head_width_is_left_to_the_class_that_derives_it_from_auto():
     assert resolved["mamba_d_head"] == 16
     found = C.sentinels(resolved, BambaConfig)
     assert found == {"mamba_d_head": "auto"}
+    assert C.replaced(BambaConfig, "mamba_d_head") and not C.replaced(BambaConfig, "hidden_act")  # "silu" is kept
     assert BambaConfig(**{**tiny, "hidden_size": 192, "mamba_d_head": "auto"}).mamba_d_head == 48
     with pytest.raises(Exception, match="Mamba head state"):
         BambaConfig(**{**tiny, "hidden_size": 192, "mamba_d_head": 16})

@@ -59,6 +59,19 @@ SCALAR_KINDS = ("str", "int")
 None`` (``"LLLG"`` or ``4``). A number that may also be a float stays ``float`` (the core accepts an int there)."""
 
 
+def replaced(cls, field: str) -> bool:
+    """Whether ``field``'s class default is a string the class replaces by a number (``"auto"``), unlike a string
+    it keeps (``hidden_act = "gelu"``)."""
+    d = class_defaults(cls).get(field)
+    if not isinstance(d, str):
+        return False
+    try:
+        v = getattr(cls(), field, d)
+    except Exception:  # noqa: BLE001 - the class's own defaults do not build: no evidence
+        return False
+    return v is not None and not isinstance(v, str)
+
+
 def sentinels(resolved: dict[str, Any], cls) -> dict[str, str]:
     """Fields whose class default is a string the class replaces by a width it derives (BambaConfig:
     ``mamba_d_head = "auto"`` becomes ``mamba_expand * hidden_size // mamba_n_heads``,
@@ -69,7 +82,7 @@ def sentinels(resolved: dict[str, Any], cls) -> dict[str, str]:
     out = {}
     for f, d in class_defaults(cls).items():
         v = resolved.get(f)
-        if not isinstance(d, str) or isinstance(v, str) or v is None:
+        if not replaced(cls, f) or isinstance(v, str) or v is None:
             continue
         try:
             again = resolve({**resolved, f: d}).get(f)
@@ -152,7 +165,7 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
         if by_layers:
             log(f"    {f}: the class replaces its default {spec['default']!r} by {by_layers}")
             spec = {"type": kind, "default": None, "derive": by_layers}
-        auto = isinstance(spec["default"], str) and base.get(f) == spec["default"]  # see sentinels()
+        auto = base.get(f) == spec["default"] and replaced(cls, f)  # see sentinels()
         if auto:
             spec["rewrite"] = {spec["default"]: None}  # the core then derives it, as the class does
         if (spec["default"] is None or auto) and "derive" not in spec:
