@@ -59,6 +59,40 @@ SCALAR_KINDS = ("str", "int")
 None`` (``"LLLG"`` or ``4``). A number that may also be a float stays ``float`` (the core accepts an int there)."""
 
 
+def replaced(cls, field: str) -> bool:
+    """Whether ``field``'s class default is a string the class replaces by a number (``"auto"``), unlike a string
+    it keeps (``hidden_act = "gelu"``)."""
+    d = class_defaults(cls).get(field)
+    if not isinstance(d, str):
+        return False
+    try:
+        v = getattr(cls(), field, d)
+    except Exception:  # noqa: BLE001 - the class's own defaults do not build: no evidence
+        return False
+    return v is not None and not isinstance(v, str)
+
+
+def sentinels(resolved: dict[str, Any], cls) -> dict[str, str]:
+    """Fields whose class default is a string the class replaces by a width it derives (BambaConfig:
+    ``mamba_d_head = "auto"`` becomes ``mamba_expand * hidden_size // mamba_n_heads``,
+    transformers/models/bamba/configuration_bamba.py; Mamba's ``time_step_rank``), where ``resolved`` states
+    exactly the derived value: ``{field: the string}``. The learner records them as the string, so that the class
+    derives them again at every probe size (stated, they would hold the widths they derive from fixed: BambaConfig
+    rejects a hidden size that no longer matches its stated head width)."""
+    out = {}
+    for f, d in class_defaults(cls).items():
+        v = resolved.get(f)
+        if not replaced(cls, f) or isinstance(v, str) or v is None:
+            continue
+        try:
+            again = resolve({**resolved, f: d}).get(f)
+        except Exception:  # noqa: BLE001 - the class rejects the string here: keep the value
+            continue
+        if again == v:
+            out[f] = d
+    return out
+
+
 def annotated_kind(cls, field: str) -> str | None:
     """``"str|int"`` when the config class's annotation of ``field`` admits both a string and an integer
     (transformers 5.24 configuration_exaone4.py: ``sliding_window_pattern: str | int | None = 4``), else None
@@ -127,7 +161,14 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
                 else "list" if isinstance(v, (list, tuple)) else "str" if isinstance(v, str) else "any")
         kind = annotated_kind(cls, f) or kind
         spec: dict[str, Any] = {"type": kind, "default": defaults.get(f)}
-        if spec["default"] is None:
+        by_layers = _layer_count_default(cls, f, kind, amap) if spec["default"] is not None else None
+        if by_layers:
+            log(f"    {f}: the class replaces its default {spec['default']!r} by {by_layers}")
+            spec = {"type": kind, "default": None, "derive": by_layers}
+        auto = base.get(f) == spec["default"] and replaced(cls, f)  # see sentinels()
+        if auto:
+            spec["rewrite"] = {spec["default"]: None}  # the core then derives it, as the class does
+        if (spec["default"] is None or auto) and "derive" not in spec:
             derived, used = [], []
             for p in probes:
                 try:
@@ -141,7 +182,11 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
                 try:
                     spec["derive"] = fitter.fit(derived)
                 except FitError as e:
-                    log(f"    cannot express how {f} is derived: {e}")
+                    same = _same_as(f, fields, used, derived)
+                    if same:
+                        spec["derive"] = same
+                    else:
+                        log(f"    cannot express how {f} is derived: {e}")
         if kind == "int" and f in sizes:
             spec["size"] = True
         out_fields[f] = spec
@@ -166,6 +211,61 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
         if _rejects(base, e, names):
             checks.append([e, field.format(**names), msg])
     return {"class": cls.__name__, "aliases": aliases, "fields": out_fields, "checks": checks}
+
+
+def _layer_count_default(cls, field: str, kind: str, amap: dict[str, str]) -> str | None:
+    """``num_hidden_layers + c`` when the config class replaces ``field``'s own default by the layer count plus a
+    constant (Ernie4_5_MoeConfig: ``moe_layer_end_index = num_hidden_layers - 1 if moe_layer_end_index == -1``,
+    transformers/models/ernie4_5_moe/configuration_ernie4_5_moe.py), checked at three layer counts; else None. A
+    config that leaves the field out then reads it as the class does."""
+    n_layers = amap.get("num_hidden_layers", "num_hidden_layers")
+    if kind != "int" or field == n_layers:
+        return None
+    offsets = set()
+    for n in (3, 5, 8):
+        try:
+            got = resolve({"model_type": cls.model_type, n_layers: n}).get(field)
+        except Exception:  # noqa: BLE001 - the class rejects the count: no such rule
+            return None
+        if not isinstance(got, int) or isinstance(got, bool) or got == class_defaults(cls).get(field):
+            return None
+        offsets.add(got - n)
+    if len(offsets) != 1:
+        return None
+    c = offsets.pop()
+    return n_layers if c == 0 else f"{n_layers} {'+' if c > 0 else '-'} {abs(c)}"
+
+
+def _same_as(field: str, fields: list[str], probes, derived: list[int]) -> str | None:
+    """Another field of the file whose value the class copies into ``field`` in every probe, when that value varies
+    over the probes but with no single variable of its own (Zamba2Config: ``num_key_value_heads =
+    num_attention_heads`` when None, transformers/models/zamba2/configuration_zamba2.py, where the heads change
+    only together with other sizes); else None."""
+    if len(set(derived)) < 2:
+        return None
+    resolved = [resolve(p.cfg) for p in probes]
+    for g in fields:
+        if g != field and all(r.get(g) == d for r, d in zip(resolved, derived)) and _copies(probes[0].cfg, field, g):
+            return g
+    return None
+
+
+def _copies(cfg: dict[str, Any], field: str, g: str) -> bool:
+    """Whether the class sets an absent ``field`` to ``g``'s value (not a coincidence of the probes): ``g`` set to
+    other values, ``field`` left out, each value the class accepts comes back as ``field``."""
+    v = cfg.get(g)
+    if not isinstance(v, int) or isinstance(v, bool):
+        return False
+    seen = False
+    for alt in (v * 2, v + 2, v * 3, max(v // 2, 1)):
+        try:
+            got = resolve({**{k: x for k, x in cfg.items() if k != field}, g: alt}).get(field)
+        except Exception:  # noqa: BLE001 - the class rejects this value: no evidence either way
+            continue
+        if got != alt:
+            return False
+        seen = True
+    return seen
 
 
 def probes_single(probes) -> dict[str, int]:

@@ -11,7 +11,8 @@ order, for the simplest expression over exactly those variables that reproduces 
 4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``); before it, ``ceil_div(c·m, d)``, a
    count rounded up (the first expert's rows under balanced routing, :mod:`.routing`);
 5. ``C // v``, a held size over one variable (Mamba-2's heads per group with the heads held);
-6. last, a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
+6. a sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``);
+7. last, a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
    slopes for a head count that is no power of two, learned in their own regime, :mod:`.sizeregimes`).
 
 A wrong expression would have to agree with every probe, including the joint ones; the learner then
@@ -201,6 +202,9 @@ class Fitter:
         best = self._held_over(deps, y)
         if best is not None:
             return best
+        cand = self._sum3(deps, y)
+        if cand is not None:
+            return cand
         cand = self._pow2(deps, y)  # last: only where no arithmetic of the sizes fits
         if cand is not None:
             return cand
@@ -220,6 +224,37 @@ class Fitter:
         for c in range(max(y[0] * x0, 1), (y[0] + 1) * x0):
             if self.check(f"{c}//{v}", y):
                 return f"{c}//{v}"
+    def _sum3(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
+        """A sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``
+        width ``2·expand·hidden + 2·n_groups·d_state + n_heads``: BambaMixer, NemotronHMamba2Mixer), or None."""
+        parts = [(m, v) for m, v in self.monos(deps, False) if m and all(p == 1 for _, p in m) and len(m) <= 2]
+        fy = tuple(Fraction(v) for v in y)
+        for trio in itertools.combinations(parts, 3):
+            if {v for m, _ in trio for v, _ in m} != set(deps):
+                continue
+            cs = self._solve3([v for _, v in trio], fy)
+            if cs is None or any(c <= 0 or c.denominator != 1 or c > 8 for c in cs):
+                continue
+            expr = " + ".join(_fmt(c, m) for c, (m, _) in zip(cs, trio))
+            if self.check(expr, y):
+                return expr
+        return None
+
+    def _solve3(self, cols, fy) -> tuple[Fraction, ...] | None:
+        """The coefficients ``c`` with ``Σ cₖ·colsₖ = fy`` on the first three probes whose rows are independent."""
+        def det(m):
+            return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+                    + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
+        for rows in itertools.combinations(range(self.n), 3):
+            a = [[cols[k][r] for k in range(3)] for r in rows]
+            d = det(a)
+            if d == 0:
+                continue
+            out = []
+            for k in range(3):
+                ak = [[fy[r] if j == k else a[i][j] for j in range(3)] for i, r in enumerate(rows)]
+                out.append(det(ak) / d)
+            return tuple(out)
         return None
 
     def _sum2(self, deps: frozenset, y: tuple[int, ...]) -> str | None:

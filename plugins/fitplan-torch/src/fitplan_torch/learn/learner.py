@@ -91,8 +91,9 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     pattern = patterns.learn_pattern(base, variables, log)
     kind_expr = None
     if pattern is not None:
+        variables = [v for v in variables if v not in pattern["positions"]]  # layer indices, not sizes
         base = patterns.with_layers(pattern["cfg"], pattern["record_layers"])
-        kind_expr = " + '|' + ".join(f'("1" if ({r}) else "0")' for r in pattern["rules"].values())
+        kind_expr = patterns.kind_expression(pattern["rules"])
         log(f"  layer pattern: {pattern['rules']}, recorded with {pattern['record_layers']} layers")
     switches = D.toggles(base, cls) if regimes else []
     drops, _ = dropout_fields(base)
@@ -125,6 +126,9 @@ def _base_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             base[k] = None if k != "pad_token_id" else 0
         elif k.endswith("_token_id") and isinstance(v, list):
             base[k] = None
+    from .configrules import config_class, sentinels
+
+    base.update(sentinels(base, config_class(config["model_type"])))  # widths the class derives from "auto"
     _, skipping = dropout_fields(base)
     base.update({k: 0.0 for k in skipping})  # every layer runs: a stated assumption of the file (``assumed``)
     return base, skipping

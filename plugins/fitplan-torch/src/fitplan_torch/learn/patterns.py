@@ -13,8 +13,12 @@ explained by the first rule of a small template family that holds over every con
   a second one Q, ``i % P == Q`` (a period and an offset: Jamba's attention and expert layers).
 
 When the config class derives a list (``layer_types``) from integer fields, the rule is written for both
-cases: ``(rule on the list) if layer_types is not None else (rule on the integers)``. The file's layer
-``kind`` expression joins the features; :mod:`.derive` then records one layer of each kind.
+cases: ``(rule on the list) if layer_types is not None else (rule on the integers)``. When no single rule holds,
+the integer fields that move layers from one kind to another (found by varying each, sizes included: ERNIE's
+start and end index) are varied together and the rule is a conjunction of rules over them (:func:`_conjunction`);
+those fields are then layer positions, not sizes. A part of n forms gets n - 1 rules, each separating one form
+from the rest (NemotronH's four mixers). The file's layer ``kind`` expression joins the features
+(:func:`kind_expression`); :mod:`.derive` then records one layer of each kind.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 class PatternError(ValueError):
     """A layer pattern the templates above cannot express (``fitplan learn-architecture`` refuses the type,
-    naming the layer part): more than two forms of one part, or no rule of the family."""
+    naming the layer part): no rule of the family, nor a conjunction of them, places one of its forms."""
 
 SKIP_ATTRS = {"training", "_is_hf_initialized", "layer_idx", "_modules", "_parameters", "_buffers"}
 N_LAYERS = 8
@@ -80,17 +84,21 @@ class Projection:
     """What distinguishes the layers of one config, applied to any config: per part, the module classes and
     parameter shapes, and the attributes whose values differ between that config's layers (numbers kept
     only as "set": a window copied from the config changes with the config, not with the kind of layer;
-    0/1 flags such as ``use_rope`` are kept)."""
+    0/1 flags such as ``use_rope`` are kept). An attribute equal to the layer's own index in every layer is
+    its position, not its kind, whatever its name (``SKIP_ATTRS`` has ``layer_idx``; GPT-Neo's attention keeps
+    ``self.layer_id = layer_id``: transformers/models/gpt_neo/modeling_gpt_neo.py)."""
 
     def __init__(self, base: list[dict[str, list]]) -> None:
         self.keys: dict[str, set] = {}
         for part in sorted({k for layer in base for k in layer}):
             seen: dict[tuple, set] = {}
-            for layer in base:
+            index: dict[tuple, bool] = {}
+            for i, layer in enumerate(base):
                 for name, cls, attrs, params in layer.get(part, []):
                     for k, v in attrs.items():
                         seen.setdefault((name, k), set()).add(json.dumps(v, default=str))
-            self.keys[part] = {key for key, vals in seen.items() if len(vals) > 1}
+                        index[(name, k)] = index.get((name, k), True) and v == i and not isinstance(v, bool)
+            self.keys[part] = {key for key, vals in seen.items() if len(vals) > 1 and not index[key]}
 
     @staticmethod
     def _norm(v: Any) -> Any:
@@ -190,20 +198,7 @@ def candidates(cfg: dict[str, Any], ints: list[str], lists: list[str], resolved:
 
     A rule on a list applies when the config gives the list; when it does not, the class derived it, so
     the rule falls back to one on integers or constants (written ``(list rule) if L is not None else (...)``)."""
-    base: list[tuple[str, Any]] = []
-    for p in ints:
-        base.append((f"i >= {p}", lambda i, c, p=p: i >= c[1][p]))
-        base.append((f"i < {p}", lambda i, c, p=p: i < c[1][p]))
-        base.append((f"(i + 1) % {p} == 0", lambda i, c, p=p: c[1][p] != 0 and (i + 1) % c[1][p] == 0))
-        base.append((f"i % {p} == 0", lambda i, c, p=p: c[1][p] != 0 and i % c[1][p] == 0))
-    for p, q in itertools.permutations(ints, 2):
-        # a period and an offset (JambaConfig.layers_block_type: ``i % attn_layer_period == attn_layer_offset``)
-        base.append((f"i % {p} == {q}", lambda i, c, p=p, q=q: c[1][p] != 0 and i % c[1][p] == c[1][q]))
-    for k in (2, 3, 4, 5, 6, 8):
-        base.append((f"(i + 1) % {k} == 0", lambda i, c, k=k: (i + 1) % k == 0))
-        base.append((f"i % {k} == 0", lambda i, c, k=k: i % k == 0))
-    base.append(("True", lambda i, c: True))
-    simple = base + [(f"not ({e})", lambda i, c, f=f: not f(i, c)) for e, f in base]
+    simple = _int_rules(ints)
     out: list[tuple[str, Any]] = list(simple)
     for f in lists:
         vals = resolved.get(f)
@@ -232,6 +227,93 @@ def candidates(cfg: dict[str, Any], ints: list[str], lists: list[str], resolved:
                 out.append((f"({le}) if {f} is not None else ({se})",
                             lambda i, c, f=f, lf=lf, sf=sf: lf(i, c) if _given(c, f) else sf(i, c)))
     return out
+
+
+def _int_rules(ints: list[str], bounds: bool = False) -> list[tuple[str, Any]]:
+    """The rules over the layer index and integer fields (and constants), each with its negation; ``bounds``, for
+    the conjunctions of :func:`_conjunction`, adds ``i > P`` (negated: ``i <= P``, ERNIE-4.5-MoE's end index) and
+    leaves out the rules that read no field (constant periods could carve any few layers of one config)."""
+    base: list[tuple[str, Any]] = []
+    for p in ints:
+        base.append((f"i >= {p}", lambda i, c, p=p: i >= c[1][p]))
+        base.append((f"i < {p}", lambda i, c, p=p: i < c[1][p]))
+        base.append((f"(i + 1) % {p} == 0", lambda i, c, p=p: c[1][p] != 0 and (i + 1) % c[1][p] == 0))
+        base.append((f"i % {p} == 0", lambda i, c, p=p: c[1][p] != 0 and i % c[1][p] == 0))
+        if bounds:
+            base.append((f"i > {p}", lambda i, c, p=p: i > c[1][p]))
+    for p, q in itertools.permutations(ints, 2):
+        # a period and an offset (JambaConfig.layers_block_type: ``i % attn_layer_period == attn_layer_offset``)
+        base.append((f"i % {p} == {q}", lambda i, c, p=p, q=q: c[1][p] != 0 and i % c[1][p] == c[1][q]))
+    for k in () if bounds else (2, 3, 4, 5, 6, 8):
+        base.append((f"(i + 1) % {k} == 0", lambda i, c, k=k: (i + 1) % k == 0))
+        base.append((f"i % {k} == 0", lambda i, c, k=k: i % k == 0))
+    if not bounds:
+        base.append(("True", lambda i, c: True))
+    return base + [(f"not ({e})", lambda i, c, f=f: not f(i, c)) for e, f in base]
+
+
+def _vary(cfg: dict[str, Any], fields: list[str], observe, observed, names: list[str], moved: list[str]) -> None:
+    """Observe ``cfg`` with each of ``fields`` set to 1, 2, 3, 4 in turn; a field whose value moves a layer from
+    one kind to another joins ``moved`` (``observed[0]`` is ``cfg`` itself)."""
+    for f in fields:
+        for v in (1, 2, 3, 4):
+            n = len(observed)
+            observe({**cfg, f: v})
+            if len(observed) > n and n and _kinds(observed[-1], names) != _kinds(observed[0], names) \
+                    and f not in moved:
+                moved.append(f)
+
+
+def _kinds(obs, names: list[str]) -> tuple:
+    """One observation's layer forms (its layer count included)."""
+    return tuple(tuple(f.get(n) for n in names) for f in obs[2])
+
+
+def _conjunction(name: str, a: str, observed, rules, most: int = 4) -> str | None:
+    """A conjunction of at most ``most`` rules that holds exactly on the layers whose ``name`` is ``a`` (or the
+    negation of one that holds exactly on the others), over every observation; None when there is none.
+
+    Each term must hold on every layer of the wanted form (a necessary condition); terms are then taken greedily,
+    the one ruling out most of the remaining other layers first, until none is left (a set cover)."""
+    points = [(i, (given, rc), f.get(name) == a) for given, rc, fe in observed for i, f in enumerate(fe)]
+    best: tuple[list[str], bool] | None = None
+    for negate in (False, True):
+        terms = _cover(points, rules, negate, most)
+        if terms is not None and (best is None or len(terms) < len(best[0])):
+            best = (terms, negate)
+    if best is None:
+        return None
+    expr = " and ".join(f"({e})" for e in best[0])
+    return f"not ({expr})" if best[1] else expr
+
+
+def _cover(points, rules, negate: bool, most: int) -> list[str] | None:
+    """The greedy cover of :func:`_conjunction`: terms true on every wanted point (``target != negate``) whose
+    falsehoods together cover every other point."""
+    def truth(pred, i, c):
+        try:
+            return bool(pred(i, c))
+        except (IndexError, KeyError, TypeError, ZeroDivisionError):
+            return None
+
+    want = [(i, c) for i, c, t in points if t != negate]
+    other = [(i, c) for i, c, t in points if t == negate]
+    if not want or not other:
+        return None
+    necessary = []
+    for e, pred in rules:
+        if all(truth(pred, i, c) is True for i, c in want):
+            vals = [truth(pred, i, c) for i, c in other]
+            if None not in vals:
+                necessary.append((e, frozenset(k for k, v in enumerate(vals) if not v)))
+    left, terms = set(range(len(other))), []
+    while left and len(terms) < most:
+        e, kills = max(necessary, key=lambda r: len(r[1] & left), default=(None, frozenset()))
+        if not kills & left:
+            return None
+        terms.append(e)
+        left -= kills
+    return None if left else terms
 
 
 def feats_layers(cfg):
@@ -289,8 +371,9 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
             observed.pop()
 
     # lists absent (the class derives them from integers or constants), integers varied
-    for c in [no_lists] + [{**no_lists, f: v} for f in ints for v in (1, 2, 3, 4)]:
-        observe(c)
+    observe(no_lists)
+    moved: list[str] = []  # the integers whose value moves a layer from one kind to another
+    _vary(no_lists, ints, observe, observed, names, moved)
     # lists given explicitly
     import random
 
@@ -321,31 +404,52 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
                     continue
                 given = [rnd.choice((0, 1)) for _ in range(N_LAYERS)] if flags else sorted(rnd.sample(range(N_LAYERS), 2))
                 observe({**cfg, p: v, f: given})
-    rules = {}
+    rules: dict[str, Any] = {}
+    cands = candidates(cfg, ints, lists, resolved)
+    joint: list[bool] = []
     for name in names:
         values = sorted({f.get(name) for f in feats}, key=str)
-        if len(values) != 2:
-            raise PatternError(f"layer part {name!r} takes {len(values)} forms; only two-way patterns are learned")
-        a = values[0]
-        rule = _fit(name, a, observed, candidates(cfg, ints, lists, resolved))
-        if rule is None:
-            raise PatternError(f"no rule of the layer-pattern family explains which layers have which {name!r} "
-                               "(a condition over several fields, such as ERNIE-4.5-MoE's interval, start and end "
-                               "index, is not learned)")
-        rules[name] = rule
+        # one rule per form but the last (a part of two forms: one rule; NemotronH's mixer, four forms: three)
+        forms_rules = []
+        for a in values[:-1]:
+            rule = _fit(name, a, observed, cands)
+            if rule is None and moved:
+                # a condition over several fields (ERNIE-4.5-MoE: ``(i + 1) % moe_layer_interval == 0 and i >=
+                # moe_layer_start_index and i <= moe_layer_end_index``, modeling_ernie4_5_moe.py): observed with
+                # those fields varied together, then fitted as a conjunction
+                if not joint:
+                    # a field taken for a size may be a layer index (ERNIE's start and end): varied the same way
+                    _vary(no_lists, [v for v in variables if v not in moved], observe, observed, names, moved)
+                    for _ in range(16):
+                        observe({**no_lists, **{f: rnd.randint(0, N_LAYERS - 1) for f in moved}})
+                    joint.append(True)
+                rule = _conjunction(name, a, observed, _int_rules(moved, bounds=True))
+            if rule is None:
+                raise PatternError(f"no rule of the layer-pattern family explains which layers have which {name!r}"
+                                   f" ({len(values)} forms)")
+            forms_rules.append(rule)
+        rules[name] = forms_rules[0] if len(values) == 2 else forms_rules
         log(f"    layer feature {name}: {rules[name]}")
     kinds_seen: dict[tuple, int] = {}
     for i, f in enumerate(feats):
         kinds_seen.setdefault(tuple(f.get(n) for n in names), i)
-    return {"rules": rules, "names": names, "record_layers": max(2, max(kinds_seen.values()) + 1), "cfg": cfg}
+    return {"rules": rules, "names": names, "record_layers": max(2, max(kinds_seen.values()) + 1), "cfg": cfg,
+            "positions": [v for v in moved if v in variables]}
 
 
-def _constants() -> list[tuple[str, Any]]:
-    out = []
-    for k in (2, 3, 4, 5, 6, 8):
-        out.append((f"(i + 1) % {k} == 0", lambda i, c, k=k: (i + 1) % k == 0))
-        out.append((f"i % {k} == 0", lambda i, c, k=k: i % k == 0))
-    return out
+def kind_expression(rules: dict[str, Any]) -> str:
+    """The file's layer ``kind`` expression: per feature, ``"1"``/``"0"`` for a two-form rule (as before), or for a
+    part of n forms the index of the first of its n - 1 one-against-the-rest rules that holds (``"n-1"`` when none
+    does); the features joined by ``'|'``."""
+    def one(r: Any) -> str:
+        if isinstance(r, str):
+            return f'("1" if ({r}) else "0")'
+        out = f'"{len(r)}"'
+        for k in reversed(range(len(r))):
+            out = f'("{k}" if ({r[k]}) else {out})'
+        return out
+
+    return " + '|' + ".join(one(r) for r in rules.values())
 
 
 def _structural_ints(cfg: dict[str, Any], variables: list[str]) -> list[tuple[str, int]]:
@@ -359,22 +463,6 @@ def _structural_ints(cfg: dict[str, Any], variables: list[str]) -> list[tuple[st
         if k in ("num_hidden_layers", "n_layer", "max_position_embeddings", "n_positions", "chunk_size_feed_forward"):
             continue
         out.append((k, v))
-    return out
-
-
-def _pattern_configs(cfg: dict[str, Any], ints: list[str], lists: list[str]) -> list[dict[str, Any]]:
-    out = [copy.deepcopy(cfg)]
-    for f in ints:
-        for v in (1, 2, 3, 4):
-            out.append({**cfg, f: v})
-    for f in lists:
-        base = cfg.get(f)
-        if isinstance(base, list) and base and all(isinstance(x, str) for x in base):
-            vals = sorted(set(base))
-            for combo in itertools.islice(itertools.product(vals, repeat=N_LAYERS), 1, 40, 7):
-                out.append({**cfg, f: list(combo)})
-        elif f in cfg and cfg[f] is None or isinstance(base, list):
-            out.append({**{k: v for k, v in cfg.items() if k != f}})
     return out
 
 
