@@ -224,6 +224,8 @@ class Fitter:
         for c in range(max(y[0] * x0, 1), (y[0] + 1) * x0):
             if self.check(f"{c}//{v}", y):
                 return f"{c}//{v}"
+        return None
+
     def _sum3(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
         """A sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``
         width ``2·expand·hidden + 2·n_groups·d_state + n_heads``: BambaMixer, NemotronHMamba2Mixer), or None."""
