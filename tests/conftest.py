@@ -47,6 +47,7 @@ SLOW = {
     "tests/test_recommend.py": "searches whole plan spaces: 164 s on 2 cores (issue #26)",
     "tests/test_demo_env.py": "builds the demo's virtual environment: 41 s",
     "tests/test_serve_browser.py": "drives Chromium through playwright",
+    "tests/test_serve_warm_up.py": "loads every ruleset for the server's warm-up: 5-7 s",
     "tests/test_serve.py": "starts real HTTP servers and waits out their read timeouts: 14 s wall, mostly waiting",
     "tests/test_optimizer_names.py": "runs every TrainingArguments.optim name's optimizer: about 3.5 min",
     "tests/test_fault_isolation.py": "a fitplan subprocess per broken plugin entry point",
