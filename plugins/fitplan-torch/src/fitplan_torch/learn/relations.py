@@ -50,7 +50,7 @@ def coupled_probe(base: dict[str, Any], variables: list[str], name: str, b: int,
             put_var(cfg, name, alt)
             put_var(cfg, x, alt * get_var(base, z))
             rec, used = attempt(cfg, b, s)
-            if rec is None:
+            if rec is None or _runs_apart(cfg, x):
                 continue
             env = env_of(used, b, s)
             changed = {k for k in env if env[k] != env0[k]} - set(fixed)
@@ -58,6 +58,18 @@ def coupled_probe(base: dict[str, Any], variables: list[str], name: str, b: int,
                 PRODUCTS.setdefault(x, (name, z))
                 return used, env, rec
     return None
+
+
+def _runs_apart(cfg: dict[str, Any], x: str) -> bool:
+    """Whether the model also runs (one bf16 step, any ops) with ``x`` twice the product: then it needs no
+    equality, only a bound or a divisibility (CodeGen runs wherever ``n_embd // n_head >= rotary_dim``; at
+    equality it only records other ops, a regime), and ``x`` stays a size of its own."""
+    from .derive import get_var, put_var
+    from .shrink_run import run_error
+
+    apart = copy.deepcopy(cfg)
+    put_var(apart, x, 2 * get_var(cfg, x))
+    return run_error(apart) is None
 
 
 def holds(base: dict[str, Any], x: str) -> bool:
