@@ -28,6 +28,7 @@ from fitplan.arch.archexpr import compile_expr
 from fitplan.arch.archfile import BYTES, FLOAT, ArchFile, autograd_table
 from fitplan.trace import kernels, loss_heads, op_work
 from fitplan.trace.learned_segment import Segment
+from fitplan.trace.symbolic import as_int
 from fitplan.trace.lora_targets import lora_site_matches, parameter_targets
 
 _TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
@@ -230,7 +231,7 @@ class Builder:
         saved = saved if node else []
         work = op_work.aten(name, named, outs, saved, [t for t, _ in grad_ins], [k for _, k in grad_ins],
                             sum(p.nbytes for p, _ in params), node)
-        temp = int(compile_expr(extra["bt"])(self.env)) if node and extra.get("bt") else 0
+        temp = as_int(compile_expr(extra["bt"])(self.env)) if node and extra.get("bt") else 0
         if node and name in BACKWARD_TEMPORARIES:
             arg, count = BACKWARD_TEMPORARIES[name]
             t = named.get(arg)
@@ -329,7 +330,7 @@ class Builder:
             dtype = ("f32" if code == "bf16" else code) if self.mixed else self.dt(code)
             for i in (range(L) if per_layer else (None,)):
                 env = self.env if i is None else {**self.env, "i": i}
-                total += math.prod(int(compile_expr(d)(env)) for d in dims) * BYTES[dtype]
+                total += math.prod(as_int(compile_expr(d)(env)) for d in dims) * BYTES[dtype]
         return total
 
     def layer_plan(self, kinds: list[str]) -> list[tuple[int, int, int]]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from fitplan.arch.learned_repeat import template as repeat_template
 from fitplan.arch.archexpr import compile_expr
 from fitplan.trace import kernels, loss_heads
+from fitplan.trace.symbolic import as_int
 from fitplan.arch.archfile import FLOAT
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class Segment:
         if r.startswith("t"):
             entry = self.seg["t"][int(r[1:])]
             if entry[2] == "const":  # a constant the model keeps (not a buffer): alive before the step
-                shape = tuple(int(compile_expr(d)(self.env)) for d in entry[0])
+                shape = tuple(as_int(compile_expr(d)(self.env)) for d in entry[0])
                 t = b.tr.external_tensor(math.prod(shape), b.dt(entry[1]), "constant")
                 t.shape = shape
                 self.refs[r] = t
@@ -81,7 +82,7 @@ class Segment:
             self._dims_env, self._dims = self.env, {}
         v = self._dims.get(d)
         if v is None:
-            v = self._dims[d] = int(compile_expr(d)(self.env))
+            v = self._dims[d] = as_int(compile_expr(d)(self.env))
         return v
 
     def new_tensor(self, entry: list[Any], label: str = "t", dtype: str | None = None):

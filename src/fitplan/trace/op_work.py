@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 from attrs import frozen
 
 from fitplan.arch.archfile import BYTES
+from fitplan.trace.symbolic import FOUR, TWO, as_int
 
 KINDS = ("gemm", "attention", "elementwise", "dequant", "embedding")
 """Op classes: ``gemm`` and ``attention`` are priced on the FLOP peak, the others on memory bandwidth."""
@@ -116,7 +117,7 @@ def gemm(rows: int, k: int, n: int, dtype: str, a_bytes: float, b_bytes: float, 
     """``(rows × k) @ (k × n)``: ``2·rows·k·n`` FLOPs. Backward: one GEMM per operand that needs a gradient,
     each reading the output gradient and the other operand and writing the gradient (``count`` GEMMs of the
     same shape: a batched matmul)."""
-    flops = 2.0 * rows * k * n * count
+    flops = TWO * rows * k * n * count  # (2.0: symbolic.Const)
     io = a_bytes + b_bytes + out_bytes
     fwd = (Kernel("gemm", dtype, flops, io),)
     bwd = tuple(Kernel("gemm", dtype, flops, io) for need in (input_grad, weight_grad) if need)
@@ -125,7 +126,7 @@ def gemm(rows: int, k: int, n: int, dtype: str, a_bytes: float, b_bytes: float, 
 
 def attention(b: int, heads: int, s: int, d: int, dtype: str, io_bytes: float, *, causal: bool, backward: bool) -> Work:
     """A fused attention kernel (see the module doc): ``4·b·a·s²·d`` FLOPs (× 0.5 causal), backward × 2.5."""
-    flops = 4.0 * b * heads * s * s * d * (CAUSAL_FRACTION if causal else 1.0)
+    flops = FOUR * b * heads * s * s * d * (CAUSAL_FRACTION if causal else 1.0)
     fwd = (Kernel("attention", dtype, flops, io_bytes),)
     if not backward:
         return Work(fwd)
@@ -286,7 +287,7 @@ def _contract(a, b, out) -> int:
     """The summed dimension of ``a @ b``: ``a``'s last dimension when its shape is known, else from the sizes
     (``(M·K)·(K·N)/(M·N) = K²`` for a matrix product)."""
     if a.shape:
-        return int(a.shape[-1])
+        return as_int(a.shape[-1])
     return max(1, round((a.numel * b.numel / max(out.numel, 1)) ** 0.5))
 
 
@@ -309,7 +310,7 @@ def _aten_gemm(name: str, named: dict[str, Any], out, backward: bool) -> Work:
 def _aten_attention(named: dict[str, Any], outs, backward: bool) -> Work:
     q, k, v = named["query"], named["key"], named["value"]
     shape = q.shape or (1, 1, q.numel, 1)
-    s, d = int(shape[-2]), int(shape[-1])
+    s, d = as_int(shape[-2]), as_int(shape[-1])
     bh = q.numel // max(s * d, 1)
     io = q.nbytes + k.nbytes + v.nbytes + sum(o.nbytes for o in outs[:2])
     masked = named.get("attn_mask") is not None or named.get("attn_bias") is not None

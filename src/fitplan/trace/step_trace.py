@@ -526,7 +526,8 @@ TRACE_FORMAT = 1
 TRACE_MODULES = ("trace/step_trace.py", "trace/learned_graph.py", "trace/learned_segment.py",
                  "trace/kernels.py", "trace/int8.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py", "arch/archformat.py",
                  "arch/learned_repeat.py", "trace/lora_targets.py", "trace/loss_heads.py", "trace/fused_head.py", "trace/score_head.py",
-                 "trace/logits_head.py", "trace/offload.py", "inputs/precision.py", "inputs/files.py", "inputs/convert.py", "errors.py")
+                 "trace/logits_head.py", "trace/offload.py", "trace/symbolic.py", "trace/reuse.py", "inputs/precision.py",
+                 "inputs/files.py", "inputs/convert.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
 KEEP_TRACES = 4000
@@ -609,6 +610,14 @@ def build_afresh(spec: TraceSpec) -> StepTrace:
 
 
 def record(spec: TraceSpec) -> Trace:
+    """The recorded forward of ``spec``, not yet finished: :func:`record_afresh`'s, re-evaluated from the recording
+    of the same scenario at another micro-batch and sequence length where that applies (:mod:`.reuse`)."""
+    from fitplan.trace import reuse
+
+    return reuse.record(spec, record_afresh)
+
+
+def record_afresh(spec: TraceSpec) -> Trace:
     """The recorded forward of ``spec`` (:class:`.learned_graph.Builder`), not yet finished."""
     from fitplan.arch.archfile import load
     from fitplan.trace.learned_graph import Builder
