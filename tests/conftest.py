@@ -58,6 +58,10 @@ SLOW = {
     "tests/test_fuzz.py": "fuzzed configs: 3 s CPU",
     "tests/test_emit_loaders.py": "loads the emitted files with accelerate, DeepSpeed and transformers: imports torch",
     "tests/test_recommend_why.py": "a recommend search per format: 3 s CPU",
+    "tests/test_trace_reuse.py::test_a_reevaluated_trace_is_the_fresh_recording":
+        "21 model x setup templates, each compared with fresh traces at 3 shapes: 12 s CPU",
+    "tests/test_trace_reuse.py::test_setups_reevaluate_or_refuse_but_never_differ":
+        "11 setups' templates, each compared with fresh traces at 6 shapes: 6 s CPU",
     "tests/test_architectures.py::test_bundled_files_have_not_drifted": "reads every bundled file's graphs: 7 s CPU",
     "tests/test_archformat.py::test_every_bundled_file_is_format_2_as_the_writer_lays_it_out":
         "reads and lays out again every bundled pair (19 MB of JSON): 8 s CPU",

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 from attrs import frozen
 
 from fitplan.arch.archfile import BYTES
-from fitplan.trace.symbolic import FOUR, TWO, as_int
+from fitplan.trace.symbolic import as_int
 
 KINDS = ("gemm", "attention", "elementwise", "dequant", "embedding")
 """Op classes: ``gemm`` and ``attention`` are priced on the FLOP peak, the others on memory bandwidth."""
@@ -117,7 +117,7 @@ def gemm(rows: int, k: int, n: int, dtype: str, a_bytes: float, b_bytes: float, 
     """``(rows × k) @ (k × n)``: ``2·rows·k·n`` FLOPs. Backward: one GEMM per operand that needs a gradient,
     each reading the output gradient and the other operand and writing the gradient (``count`` GEMMs of the
     same shape: a batched matmul)."""
-    flops = TWO * rows * k * n * count  # (2.0: symbolic.Const)
+    flops = 2.0 * rows * k * n * count
     io = a_bytes + b_bytes + out_bytes
     fwd = (Kernel("gemm", dtype, flops, io),)
     bwd = tuple(Kernel("gemm", dtype, flops, io) for need in (input_grad, weight_grad) if need)
@@ -126,7 +126,7 @@ def gemm(rows: int, k: int, n: int, dtype: str, a_bytes: float, b_bytes: float, 
 
 def attention(b: int, heads: int, s: int, d: int, dtype: str, io_bytes: float, *, causal: bool, backward: bool) -> Work:
     """A fused attention kernel (see the module doc): ``4·b·a·s²·d`` FLOPs (× 0.5 causal), backward × 2.5."""
-    flops = FOUR * b * heads * s * s * d * (CAUSAL_FRACTION if causal else 1.0)
+    flops = 4.0 * b * heads * s * s * d * (CAUSAL_FRACTION if causal else 1.0)
     fwd = (Kernel("attention", dtype, flops, io_bytes),)
     if not backward:
         return Work(fwd)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import attrs
 
-from fitplan.trace.symbolic import SymFloat, SymInt, Tape, start
+from fitplan.trace.symbolic import Sym, Tape, start
 
 TEMPLATES_KEPT = 64
 """Scenarios (without ``b`` and ``s``) whose templates are kept in memory; the oldest is dropped first."""
@@ -35,7 +35,7 @@ _SEEN: dict[Any, Any] = {}
 """Scenario -> the learned file it was last recorded from."""
 STATS = {"plain": 0, "recorded": 0, "reused": 0}
 """How many traces were recorded plainly, recorded as new templates, and re-evaluated from one (tests, benches)."""
-_SYM = (SymInt, SymFloat)
+_SYM = Sym
 _OP_GET: Any = None
 """``operator.attrgetter`` of every field of :class:`.step_trace.Op`, in order (set on first use: this module
 imports nothing of :mod:`.step_trace`, which imports it)."""
@@ -59,10 +59,15 @@ class Template:
     """The tensors whose numel or shape is symbolic (each gets a new tensor per evaluation)."""
     ops: list[tuple[Any, int]] = attrs.Factory(list)
     """Each op and what in it is symbolic (:data:`OUTS`, ... bits; 0: nothing, the op is shared)."""
+    unevaluated: str | None = None
+    """Where a symbolic value sits that :func:`instantiate` does not evaluate (:func:`unevaluated`): then the
+    template is never used."""
 
     def at(self, spec: Any) -> Any | None:
         """The recording of ``spec`` (this template's scenario at ``spec``'s ``b`` and ``s``): a new
         :class:`.step_trace.Trace`, or None when a guard does not hold there."""
+        if self.unevaluated is not None:
+            return None
         vals = self.tape.values(spec.batch, spec.seq)
         if vals is None:
             return None
@@ -97,6 +102,52 @@ def plan(tpl: Template) -> None:
         tpl.ops.append((op, what))
     symbolic(tr.loss)
     tpl.tensors = [t for t in seen.values() if t is not None]
+    tpl.unevaluated = unevaluated(tpl)
+
+
+def unevaluated(tpl: Template) -> str | None:
+    """Where in the template's recording a symbolic value sits that :func:`instantiate` would not evaluate (None:
+    nowhere; else the template is not used, since what reads that value after the recording would read the
+    template's number). Not walked: the spec, a view's ``base`` (read while recording only, by
+    :mod:`.learned_segment`), ``param_outs`` (read for ``rg`` only), and what :func:`instantiate` evaluates."""
+    tr = tpl.tr
+    Op, T = (type(tr.ops[0]) if tr.ops else None), type(tr.loss)
+    evaluated = {id(t) for t in tpl.tensors}
+    seen: set[int] = set()
+
+    def walk(x: Any, path: str) -> str | None:
+        if type(x) is Sym:
+            return path
+        if type(x) in (int, float, str, bool, type(None)) or id(x) in seen:
+            return None
+        seen.add(id(x))
+        if isinstance(x, (list, tuple, set, frozenset)):
+            items: Any = enumerate(x)
+        elif isinstance(x, dict):
+            items = ((f"{k!r}", v) for pair in x.items() for k, v in (pair, (f"key {pair[0]!r}", pair[0])))
+        elif type(x) is T:
+            skip = {"base"} | ({"numel", "shape"} if id(x) in evaluated else set())
+            items = ((f.name, getattr(x, f.name)) for f in attrs.fields(T) if f.name not in skip)
+        elif type(x) is Op:
+            items = ((f.name, getattr(x, f.name)) for f in attrs.fields(Op)
+                     if f.name not in ("params", "param_grad", "bwd_temp", "work"))
+        elif hasattr(x, "__dict__"):
+            items = vars(x).items()
+        else:
+            return None
+        for k, v in items:
+            found = walk(v, f"{path}.{k}")
+            if found is not None:
+                return found
+        return None
+
+    for name, v in vars(tr).items():
+        if name in ("spec", "param_outs", "buffer_bytes", "size", "raw"):
+            continue
+        found = walk(v, name)
+        if found is not None:
+            return found
+    return None
 
 
 def instantiate(tpl: Template, spec: Any, vals: list[Any]) -> Any:
@@ -203,3 +254,10 @@ def record(spec: Any, record_afresh: Callable[[Any], Any]) -> Any:
             del _TEMPLATES[next(iter(_TEMPLATES))]
     tr = tpl.at(spec)
     return tr if tr is not None else record_afresh(spec)  # (its own b and s hold every guard it wrote)
+
+
+def clear() -> None:
+    """Forget every template and every scenario seen (tests)."""
+    with _LOCK:
+        _TEMPLATES.clear()
+        _SEEN.clear()

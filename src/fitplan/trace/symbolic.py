@@ -3,19 +3,20 @@
 A step trace's recording (:mod:`.learned_graph`) is the same list of ops for every ``(b, s)`` of a scenario
 whenever no decision it takes depends on them: only the sizes change, and they are computed from ``b`` and
 ``s`` by the learned file's expressions and the trace's own arithmetic. :mod:`.reuse` records a scenario once
-with ``b`` and ``s`` given as :class:`SymInt` values: each is the plain number (so the recording computes
-exactly what it computes with plain numbers) and also a node of a :class:`Tape`, the expression that made it.
-Every arithmetic result of a symbolic value is symbolic again (a new node); every *decision* a value takes part
-in (a comparison, truth, use as an index, a hash, a conversion, a string) is written on the tape as a guard:
-that expression, and the outcome the recording saw. At another ``(b, s)``, :meth:`Tape.values` evaluates every
-node in the order they were made and checks each guard: when all hold, the recording would take every decision
-the same way, and the new sizes are the evaluated nodes; when one fails, the scenario is recorded again.
+with ``b`` and ``s`` given as :class:`Sym` values: each holds the plain number (so the recording computes
+exactly what it computes with plain numbers) and is a node of a :class:`Tape`, the expression that made it.
+Every arithmetic result of a symbolic value is symbolic again (a node); every *decision* a value takes part in
+(a comparison, truth, use as an index or a ``range`` bound, a hash, a conversion, a string, any method of the
+number) is written on the tape as a guard: that expression and the outcome the recording saw. At another
+``(b, s)``, :meth:`Tape.values` evaluates every node in the order they were made and checks each guard: when
+all hold, the recording takes every decision the same way, and the new sizes are the evaluated nodes; when one
+fails, the scenario is recorded again.
 
-The outcome is a guard, never a guess: an operation this module does not follow returns a plain value only
-after a guard pins the operand to its recorded value (the conservative direction). The one way a value escapes
-unguarded is Python's own arithmetic with a plain ``float`` on the left of a :class:`SymInt` (``2.0 * n``:
-``float.__mul__`` accepts any int); trace code writes such constants as :data:`TWO` and :data:`FOUR` (plain
-floats for plain operands). tests/test_trace_reuse.py compares re-evaluated traces with fresh recordings.
+A :class:`Sym` is not an ``int`` or ``float`` subclass, on purpose: Python's own code reads the value of an int
+subclass without asking it (``range(n)``, ``seq[n]``, ``2.0 * n`` through ``float.__mul__``), which would let a
+size escape the tape unguarded. A plain object is asked through its special methods every time, and any other
+use fails loudly (``isinstance(n, int)`` is false: tests/test_trace_reuse.py compares re-evaluated traces with
+plain recordings, which would tell a branch taken differently apart).
 """
 
 from __future__ import annotations
@@ -25,28 +26,22 @@ import operator
 from typing import Any, Callable
 
 
-class GuardFailed(Exception):
-    """A guard does not hold at the asked ``(b, s)``: the recording does not apply there."""
-
-
 class Tape:
     """The expressions of one recording: node 0 is ``b``, node 1 ``s``; each later node is an operation on
     earlier nodes and constants (made once: equal expressions are one node), and the guards."""
 
     def __init__(self) -> None:
-        self.nodes: list[tuple[Callable[..., Any], tuple[tuple[bool, Any], ...]]] = [(None, ()), (None, ())]
+        self.nodes: list[tuple[Callable[..., Any] | None, tuple[tuple[bool, Any], ...]]] = [(None, ()), (None, ())]
         self.index: dict[tuple, int] = {}
         self.guards: dict[int, Any] = {}
         """Node -> the value the recording saw (a comparison's outcome, or the value itself)."""
-        self._compiled: tuple[int, Callable[[int, int], list[Any] | None]] | None = None
-
-    def guard(self, n: int, outcome: Any) -> None:
-        self.guards[n] = outcome
+        self._compiled: tuple[tuple[int, int], Callable[[int, int], list[Any] | None]] | None = None
 
     def values(self, b: int, s: int) -> list[Any] | None:
         """Every node's value at ``(b, s)``, or None when a guard does not hold there (:meth:`compiled`)."""
-        if self._compiled is None or self._compiled[0] != len(self.nodes):
-            self._compiled = (len(self.nodes), self.compiled())
+        size = (len(self.nodes), len(self.guards))
+        if self._compiled is None or self._compiled[0] != size:
+            self._compiled = (size, self.compiled())
         return self._compiled[1](b, s)
 
     def compiled(self) -> Callable[[int, int], list[Any] | None]:
@@ -54,30 +49,22 @@ class Tape:
         each node a line applying its operation, each guard a test. Only the operators of :data:`_SOURCE` are
         written out; any other operation and every constant is read from a list, never written into the text."""
         consts: list[Any] = []
+
+        def const(v: Any) -> str:
+            consts.append(v)
+            return f"C[{len(consts) - 1}]"
+
         lines = ["def values(b, s):", " v0 = b", " v1 = s"]
-        for n in (0, 1):
-            if n in self.guards:
-                consts.append(self.guards[n])
-                lines.append(f" if v{n} != C[{len(consts) - 1}]: return None")
-        for n in range(2, len(self.nodes)):
+        for n in range(len(self.nodes)):
             fn, refs = self.nodes[n]
-            names = []
-            for r, a in refs:
-                if r:
-                    names.append(f"v{a}")
-                else:
-                    consts.append(a)
-                    names.append(f"C[{len(consts) - 1}]")
-            infix = _SOURCE.get(fn)
-            if infix is not None and len(names) == 2:
-                expr = f"{names[0]} {infix} {names[1]}"
-            else:
-                consts.append(fn)
-                expr = f"C[{len(consts) - 1}]({', '.join(names)})"
-            lines.append(f" v{n} = {expr}")
+            if fn is not None:
+                names = [f"v{a}" if r else const(a) for r, a in refs]
+                infix = _SOURCE.get(fn)
+                expr = (f"{names[0]} {infix} {names[1]}" if infix is not None and len(names) == 2 else
+                        f"{const(fn)}({', '.join(names)})")
+                lines.append(f" v{n} = {expr}")
             if n in self.guards:
-                consts.append(self.guards[n])
-                lines.append(f" if v{n} != C[{len(consts) - 1}]: return None")
+                lines.append(f" if v{n} != {const(self.guards[n])}: return None")
         lines.append(" return [" + ", ".join(f"v{n}" for n in range(len(self.nodes))) + "]")
         scope: dict[str, Any] = {"C": consts}
         exec(compile("\n".join(lines), "<fitplan trace tape>", "exec"), scope)  # noqa: S102 (our own operators only)
@@ -89,18 +76,37 @@ _SOURCE = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.flo
            operator.or_: "|", operator.xor: "^", operator.lt: "<", operator.le: "<=", operator.gt: ">",
            operator.ge: ">=", operator.eq: "==", operator.ne: "!="}
 """Operations written as Python operators in :meth:`Tape.compiled` (the same operation as the function)."""
+_CONSTANTS = frozenset({int, float, bool, str, type(None)})
+"""Plain operands a node keeps as constants (anything else pins the symbolic operands)."""
+
+
+class Sym:
+    """A number computed from ``b`` and ``s``: its plain value ``v``, node ``n`` of tape ``t`` (module doc)."""
+
+    __slots__ = ("v", "t", "n")
+
+    def __init__(self, v: int | float, tape: Tape, n: int) -> None:
+        self.v, self.t, self.n = v, tape, n
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other attribute of the number (``bit_length``, ``real``, ``is_integer``, ...): the plain value's,
+        once a guard pins it."""
+        if name in Sym.__slots__:
+            raise AttributeError(name)
+        return getattr(_pinned(self), name)
 
 
 def _apply(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` on the plain values, as a node of the symbolic arguments' tape (made once per distinct
-    operation: the key is ``fn`` and, per argument, a node's index or a constant's type and value)."""
+    operation: the key is ``fn`` and, per argument, a node's index or a constant's type and value). A result
+    that is not a number is a decision: a guard."""
     tape = None
     plain = []
     refs = []
     key: list[Any] = [fn]
     for a in args:
         ta = type(a)
-        if ta is SymInt or ta is SymFloat:
+        if ta is Sym:
             if tape is None:
                 tape = a.t
             elif a.t is not tape:  # two recordings' values: never follows one tape
@@ -121,22 +127,20 @@ def _apply(fn: Callable[..., Any], *args: Any) -> Any:
         n = tape.index[k] = len(tape.nodes)
         tape.nodes.append((fn, tuple(refs)))
     tv = type(v)
-    if tv is int:
-        return SymInt(v, tape, n)
-    if tv is float:
-        return SymFloat(v, tape, n)
+    if tv is int or tv is float:
+        return Sym(v, tape, n)
     tape.guards[n] = v  # a comparison's outcome (a decision), or a value of another kind
     return v
 
 
-def _pinned_call(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    return fn(*[_pinned(x) if isinstance(x, (SymInt, SymFloat)) else x for x in args])
-
-
-def _pinned(x: Any) -> Any:
+def _pinned(x: Sym) -> Any:
     """``x``'s plain value, with a guard that it stays what it is (a use this module does not follow)."""
-    x.t.guard(x.n, x.v)
+    x.t.guards[x.n] = x.v
     return x.v
+
+
+def _pinned_call(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    return fn(*[_pinned(x) if type(x) is Sym else x for x in args])
 
 
 _BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
@@ -145,96 +149,36 @@ _BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floor
 _COMPARE = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq,
             "ne": operator.ne}
 _UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": operator.abs, "invert": operator.invert,
-          "trunc": math.trunc, "floor": math.floor, "ceil": math.ceil}
-_PINNED = ("__index__", "__int__", "__float__", "__hash__", "__format__", "__str__", "__repr__",
-           "__getnewargs__", "__reduce__", "__reduce_ex__", "bit_length", "bit_count", "to_bytes",
-           "as_integer_ratio", "conjugate", "is_integer", "hex", "__complex__")
-_PINNED_PROPERTIES = ("real", "imag", "numerator", "denominator")
+          "trunc": math.trunc, "floor": math.floor, "ceil": math.ceil, "bool": bool}
+_PINNED = ("index", "int", "float", "complex", "hash", "format", "str", "repr", "reduce", "reduce_ex")
+"""Special methods answered by the plain value, pinned (Python looks them up on the class, not through
+``__getattr__``)."""
 
 
-def _methods(base: type) -> dict[str, Any]:
-    ns: dict[str, Any] = {}
+def _install() -> None:
     for name, fn in _BINARY.items():
-        ns[f"__{name}__"] = (lambda f: lambda a, b: _apply(f, a, b))(fn)
-        ns[f"__r{name}__"] = (lambda f: lambda a, b: _apply(f, b, a))(fn)  # b (plain) on the left
-    for name, fn in _COMPARE.items():
-        ns[f"__{name}__"] = (lambda f: lambda a, b: _apply(f, a, b))(fn)
-    for name, fn in _UNARY.items():
-        ns[f"__{name}__"] = (lambda f: lambda a: _apply(f, a))(fn)
-    ns["__bool__"] = lambda a: _apply(bool, a)  # a guard on the truth only
-    ns["__round__"] = lambda a, nd=None: _apply(round, a) if nd is None else _apply(round, a, nd)
-    ns["__divmod__"] = lambda a, b: (a // b, a % b)
-    ns["__rdivmod__"] = lambda a, b: (b // a, b % a)
+        setattr(Sym, f"__{name}__", (lambda f: lambda a, b: _apply(f, a, b))(fn))
+        setattr(Sym, f"__r{name}__", (lambda f: lambda a, b: _apply(f, b, a))(fn))  # b (plain) on the left
+    for name, fn in {**_COMPARE, **_UNARY}.items():
+        setattr(Sym, f"__{name}__", (lambda f: lambda a, *b: _apply(f, a, *b))(fn))
     for name in _PINNED:
-        if hasattr(base, name):
-            ns[name] = (lambda nm: lambda a, *rest: getattr(base(_pinned(a)), nm)(*rest))(name)
-    for name in _PINNED_PROPERTIES:
-        ns[name] = property((lambda nm: lambda a: getattr(base(_pinned(a)), nm))(name))
-    if base is float:
-        ns.pop("__invert__", None)
-        for name in ("lshift", "rshift", "and", "or", "xor"):
-            ns.pop(f"__{name}__"), ns.pop(f"__r{name}__")
-    return ns
+        setattr(Sym, f"__{name}__", (lambda nm: lambda a, *rest: getattr(_pinned(a), nm)(*rest))(f"__{name}__"))
+    Sym.__round__ = lambda a, nd=None: _apply(round, a) if nd is None else _apply(round, a, nd)
+    Sym.__divmod__ = lambda a, b: (a // b, a % b)
+    Sym.__rdivmod__ = lambda a, b: (b // a, b % a)
 
 
-class SymInt(int):
-    """An int computed from ``b`` and ``s``: node ``n`` of tape ``t`` (see the module doc)."""
-
-    def __new__(cls, v: int, tape: Tape, n: int) -> SymInt:
-        o = int.__new__(cls, v)
-        o.v, o.t, o.n = v, tape, n
-        return o
-
-
-class SymFloat(float):
-    """A float computed from ``b`` and ``s`` (see :class:`SymInt`)."""
-
-    def __new__(cls, v: float, tape: Tape, n: int) -> SymFloat:
-        o = float.__new__(cls, v)
-        o.v, o.t, o.n = v, tape, n
-        return o
-
-
-for _cls, _base in ((SymInt, int), (SymFloat, float)):
-    for _name, _fn in _methods(_base).items():
-        setattr(_cls, _name, _fn)
-
-
-class Const(float):
-    """A float constant that keeps a symbolic operand on its right symbolic (``2.0 * n``, see the module doc). A
-    product with plain numbers is a :class:`Const` again, so that a chain ``TWO * a * b * c`` stays symbolic
-    wherever its first symbolic factor comes."""
-
-    def __mul__(self, other: Any) -> Any:
-        if isinstance(other, (SymInt, SymFloat)):
-            return _apply(operator.mul, float(self), other)
-        v = float(self) * other
-        return Const(v) if type(v) is float else v
-
-
-TWO = Const(2.0)
-FOUR = Const(4.0)
+_install()
 
 
 def as_int(x: Any) -> Any:
     """``int(x)`` that stays symbolic (the learned file's sizes are evaluated through it)."""
-    if isinstance(x, SymInt):
-        return x
-    if isinstance(x, SymFloat):
-        return _apply(int, x)
+    if type(x) is Sym:
+        return x if type(x.v) is int else _apply(int, x)
     return int(x)
 
 
-_CONSTANTS = frozenset({int, float, bool, str, type(None), Const})
-"""Plain operands a node keeps as constants (anything else pins the symbolic operands)."""
-
-
-def start(b: int, s: int) -> tuple[Tape, SymInt, SymInt]:
+def start(b: int, s: int) -> tuple[Tape, Sym, Sym]:
     """A new tape and ``b``, ``s`` as its first two nodes."""
     tape = Tape()
-    return tape, SymInt(b, tape, 0), SymInt(s, tape, 1)
-
-
-def value(x: Any, vals: list[Any]) -> Any:
-    """``x`` at the evaluated nodes ``vals`` (a plain value stays)."""
-    return vals[x.n] if isinstance(x, (SymInt, SymFloat)) else x
+    return tape, Sym(b, tape, 0), Sym(s, tape, 1)
