@@ -1102,18 +1102,25 @@ class Replay:
             da, dg = self.live - start[0] + self.once.nbytes, self.grads_live - start[1]
             dp = self.live_parts - start_parts + self.once.parts
             dp.temporaries = da - dp.saved()
+            dpw = dp * (w - 1)
+            points, point_parts = self.points, self.point_parts  # (a point's parts are made once, for a new key)
             for (a, g, o), pv, (e, ev) in zip(self.seg_points, self.seg_parts, self.seg_once):
-                self.points.append((a + e + pa, g + pg, o))
-                self.point_parts.setdefault(a + e + pa, (pv + ph + ev).astuple())
-                self.points.append((a + pa + (w - 1) * da, g + pg + (w - 1) * dg, o))
-                self.point_parts.setdefault(a + pa + (w - 1) * da, (pv + ph + dp * (w - 1)).astuple())
+                first_copy, last_copy = a + e + pa, a + pa + (w - 1) * da
+                points.append((first_copy, g + pg, o))
+                if first_copy not in point_parts:
+                    point_parts[first_copy] = (pv + ph + ev).astuple()
+                points.append((last_copy, g + pg + (w - 1) * dg, o))
+                if last_copy not in point_parts:
+                    point_parts[last_copy] = (pv + ph + dpw).astuple()
             self.phantom += (w - 1) * da
             self.phantom_parts = ph + dp * (w - 1)
             self.grads_phantom += (w - 1) * dg
         else:
             self.points.extend((a + pa, g + pg, o) for a, g, o in self.seg_points)
+            point_parts = self.point_parts
             for (a, _, _), pv in zip(self.seg_points, self.seg_parts):
-                self.point_parts.setdefault(a + pa, (pv + ph).astuple())
+                if a + pa not in point_parts:
+                    point_parts[a + pa] = (pv + ph).astuple()
         if 0 < sg < self.nseg - 1:
             self.layer_points.extend(self.points[first:])
         self.seg_points.clear()
