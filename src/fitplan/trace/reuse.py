@@ -141,8 +141,9 @@ def unevaluated(tpl: Template) -> str | None:
                 return found
         return None
 
+    skipped = (tr.spec, tr.param_outs, tr.buffer_bytes, tr.size, tr.raw)  # (evaluated, or not read for sizes)
     for name, v in vars(tr).items():
-        if name in ("spec", "param_outs", "buffer_bytes", "size", "raw"):
+        if any(v is x for x in skipped):
             continue
         found = walk(v, name)
         if found is not None:
