@@ -62,6 +62,8 @@ SLOW = {
         "21 model x setup templates, each compared with fresh traces at 3 shapes: 12 s CPU",
     "tests/test_trace_reuse.py::test_setups_reevaluate_or_refuse_but_never_differ":
         "11 setups' templates, each compared with fresh traces at 6 shapes: 6 s CPU",
+    "tests/test_trace_reuse.py::test_estimates_at_never_seen_shapes_are_those_of_fresh_recordings":
+        "14 estimates of a 7B model: 4.5 s CPU",
     "tests/test_architectures.py::test_bundled_files_have_not_drifted": "reads every bundled file's graphs: 7 s CPU",
     "tests/test_archformat.py::test_every_bundled_file_is_format_2_as_the_writer_lays_it_out":
         "reads and lays out again every bundled pair (19 MB of JSON): 8 s CPU",

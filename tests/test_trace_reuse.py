@@ -171,18 +171,18 @@ def test_the_comparison_tells_shapes_apart():
         assert_same(fresh(spec_of("tiny-llama", batch=2, seq=100)), fresh(spec_of("tiny-llama", batch=2, seq=101)))
 
 
-def test_a_template_is_made_at_the_second_recording_and_reused_after(monkeypatch):
-    """One recording of a scenario is plain (a command that estimates it once pays nothing more); the second, at
-    another shape, makes the template; the third is re-evaluated."""
+def test_a_template_is_made_at_the_third_recording_and_reused_after(monkeypatch):
+    """A scenario's first two recordings are plain (a command that estimates it and its advice's micro-batch-1
+    variant pays nothing more); the third, at another shape, makes the template; the next are re-evaluated."""
     made = []
     real = reuse.make
     monkeypatch.setattr(reuse, "make", lambda *a: made.append(a[0]) or real(*a))
     before = dict(reuse.STATS)
-    shapes = [(2, 100), (3, 200), (4, 300), (5, 301)]
+    shapes = [(2, 100), (3, 200), (4, 300), (5, 301), (6, 17)]
     traces = [step_trace.finished(step_trace.record(spec_of("tiny-llama", batch=b, seq=s))) for b, s in shapes]
     assert [(k, reuse.STATS[k] - before[k]) for k in ("plain", "recorded", "reused")] == \
-           [("plain", 1), ("recorded", 1), ("reused", 2)]
-    assert [(m.batch, m.seq) for m in made] == [(3, 200)]
+           [("plain", 2), ("recorded", 1), ("reused", 2)]
+    assert [(m.batch, m.seq) for m in made] == [(4, 300)]
     for (b, s), got in zip(shapes, traces):
         assert_same(got, fresh(spec_of("tiny-llama", batch=b, seq=s)))
 
@@ -191,8 +191,9 @@ def test_a_relearned_file_is_not_served_by_an_old_template(monkeypatch):
     """A template serves only while ``archfile.load`` returns the learned file it was made from."""
     from fitplan.arch import archfile
 
-    for b, s in [(2, 100), (3, 200)]:
+    for b, s in [(2, 100), (3, 200), (4, 300)]:
         step_trace.record(spec_of("tiny-llama", batch=b, seq=s))
+    assert reuse.STATS["recorded"] >= 1
     real = archfile.load
     monkeypatch.setattr(archfile, "load", lambda name: copy.copy(real(name)))  # a new object: as if relearned
     before = reuse.STATS["reused"]
@@ -210,3 +211,34 @@ def test_a_symbolic_value_left_where_no_evaluation_reaches_refuses_the_template(
     tpl.unevaluated = reuse.unevaluated(tpl)
     assert tpl.unevaluated == "ctx_kept.0"
     assert tpl.at(attrs.evolve(base, batch=5)) is None
+
+
+def _forget_traces() -> None:
+    step_trace.build.cache_clear()
+    step_trace._WHOLE.clear()
+    step_trace._RECORDINGS.clear()
+    reuse.clear()
+
+
+def test_estimates_at_never_seen_shapes_are_those_of_fresh_recordings(monkeypatch):
+    """What ``fitplan serve`` answers for never-seen shapes, after its templates are made: every value of each
+    estimate (peak, its breakdown, the time model's) equals the estimate made with every recording fresh."""
+    import fitplan
+
+    monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
+    scenario = dict(model="llama-2-7b", gpu="a100-80gb", precision="bf16-mixed", optim="adamw_torch_fused",
+                    gradient_checkpointing=True, num_examples=10000, tokens_per_example=512)
+    shapes = [(9, 3000), (1, 3000), (10, 3001), (1, 3001), (11, 3002), (1, 3002), (12, 3003)]
+
+    def values() -> list[dict]:
+        _forget_traces()
+        return [fitplan.estimate(scenario, per_device_train_batch_size=b, max_seq_length=s).values for b, s in shapes]
+
+    before = reuse.STATS["reused"]
+    reused = values()
+    assert reuse.STATS["reused"] - before >= 2
+    monkeypatch.setattr(step_trace, "record", step_trace.record_afresh)
+    fresh_values = values()
+    _forget_traces()
+    assert not any(symbolic_inside(list(v.values())) for v in reused)
+    assert reused == fresh_values

@@ -31,8 +31,10 @@ _TEMPLATES: dict[Any, list[Template]] = {}
 _LOCK = threading.Lock()
 SEEN_KEPT = 1024
 """Scenarios (without ``b`` and ``s``) remembered as recorded once (:func:`record`)."""
-_SEEN: dict[Any, Any] = {}
-"""Scenario -> the learned file it was last recorded from."""
+_SEEN: dict[Any, tuple[Any, int]] = {}
+"""Scenario -> the learned file it was last recorded from, and how many times it was recorded from it."""
+PLAIN = 2
+"""A scenario's recordings made plainly before its first template (:func:`record`)."""
 STATS = {"plain": 0, "recorded": 0, "reused": 0}
 """How many traces were recorded plainly, recorded as new templates, and re-evaluated from one (tests, benches)."""
 _SYM = Sym
@@ -224,18 +226,20 @@ def make(spec: Any, learned: Any, record_afresh: Callable[[Any], Any]) -> Templa
 
 
 def record(spec: Any, record_afresh: Callable[[Any], Any]) -> Any:
-    """The recorded forward of ``spec`` (what ``record_afresh``, :func:`.step_trace.record_afresh`, returns), from a kept template of
-    its scenario where one applies at its ``b`` and ``s``. A scenario's first recording is a plain one (a symbolic
-    recording takes about two and a half times as long: a command that estimates one scenario once never pays
-    for it); its second, at a ``(b, s)`` no kept template applies to, makes a template and keeps it."""
+    """The recorded forward of ``spec`` (what ``record_afresh``, :func:`.step_trace.record_afresh`, returns), from a
+    kept template of its scenario where one applies at its ``b`` and ``s``. A scenario's first :data:`PLAIN`
+    recordings are plain ones (a symbolic recording takes about two and a half times as long: a command that
+    estimates one scenario, and its advice's micro-batch-1 variant, never pays for it); a later one, at a
+    ``(b, s)`` no kept template applies to, makes a template and keeps it."""
     from fitplan.arch.archfile import load
 
     learned = load(spec.arch.model_type)
     key = attrs.evolve(spec, batch=0, seq=0)
     with _LOCK:
         kept = [t for t in _TEMPLATES.get(key, ()) if t.learned is learned]
-        first = _SEEN.pop(key, None) is not learned
-        _SEEN[key] = learned
+        was = _SEEN.pop(key, None)
+        seen = was[1] + 1 if was is not None and was[0] is learned else 1
+        _SEEN[key] = (learned, seen)
         while len(_SEEN) > SEEN_KEPT:
             del _SEEN[next(iter(_SEEN))]
     for tpl in kept:
@@ -243,7 +247,7 @@ def record(spec: Any, record_afresh: Callable[[Any], Any]) -> Any:
         if tr is not None:
             STATS["reused"] += 1
             return tr
-    if first:
+    if seen <= PLAIN:
         STATS["plain"] += 1
         return record_afresh(spec)
     tpl = make(spec, learned, record_afresh)
