@@ -44,7 +44,9 @@ and the fingerprint of the code and learned files that build it (:data:`TRACE_MO
 about 0.3 ms where replaying takes 10-30 ms. A full fine-tuning step is recorded once for both gradient
 checkpointing settings (:func:`build_sharing`): the recording is about half of a trace's time. A scenario with
 checkpointing reads only the forward's figures of its trace without it (:class:`ForwardTrace`,
-``TraceSpec.forward_only``): that one is replayed forward only, a fifth of a whole replay.
+``TraceSpec.forward_only``): that one is replayed forward only, a fifth of a whole replay. A scenario recorded
+before at another micro-batch and sequence length is not recorded again where the decisions of its recording hold
+at the new sizes: its sizes are re-evaluated (:mod:`.reuse`, :mod:`.symbolic`), about a seventh of a recording.
 """
 
 from __future__ import annotations
