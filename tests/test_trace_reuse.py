@@ -242,3 +242,21 @@ def test_estimates_at_never_seen_shapes_are_those_of_fresh_recordings(monkeypatc
     _forget_traces()
     assert not any(symbolic_inside(list(v.values())) for v in reused)
     assert reused == fresh_values
+
+
+def test_a_reevaluated_recording_keeps_no_copy_for_its_twin():
+    """``build_sharing`` keeps a plain recording for the twin (the same scenario, checkpointing the other way); one
+    re-evaluated from a template is not kept (the twin re-evaluates it again: keeping its few thousand objects
+    alive cost more in the garbage collector's walks), and both traces are still the fresh ones."""
+    for b, s in [(2, 100), (3, 200)]:  # the scenario's two plain recordings (build_sharing records it checkpointed)
+        step_trace.record(spec_of("tiny-llama", batch=b, seq=s, checkpointing=True))
+    step_trace._RECORDINGS.clear()
+    spec = spec_of("tiny-llama", batch=4, seq=300)
+    before = dict(reuse.STATS)
+    got = step_trace.build_sharing(spec)  # the third recording: the template, re-evaluated at its own shape
+    assert reuse.STATS["recorded"] - before["recorded"] == 1 and step_trace._RECORDINGS == {}
+    twin = attrs.evolve(spec, checkpointing=True)
+    got_twin = step_trace.build_sharing(twin)
+    assert reuse.STATS["reused"] - before["reused"] == 1
+    assert_same(got, step_trace.build_afresh(spec))
+    assert_same(got_twin, step_trace.build_afresh(twin))

@@ -196,6 +196,7 @@ def instantiate(tpl: Template, spec: Any, vals: list[Any]) -> Any:
     tr.ops = ops
     tr.loss = memo.get(id(src.loss), src.loss)
     tr.shared_ops = True  # (the ops without a symbolic value are the template's)
+    tr.reevaluated = True
     return tr
 
 

@@ -365,6 +365,8 @@ class Trace:
         """Parameter name -> the outputs of the ops that read it (their ``rg`` is final once the forward is built)."""
         self.shared_ops = False
         """The :class:`Op` objects are shared with a checkpointing twin (:meth:`checkpointed`)."""
+        self.reevaluated = False
+        """Made by re-evaluating a kept recording at new sizes (:mod:`.reuse`): making it again costs little."""
 
     # ---- storages
     def _storage(self, nbytes: int, label: str) -> int:
@@ -683,6 +685,8 @@ def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace | Forward
         return build_afresh(spec)
     af = load(spec.arch.model_type)
     tr = record(attrs.evolve(whole, checkpointing=True))
+    if tr.reevaluated:  # the twin re-evaluates it again (a seventh of a recording): keeping a copy alive would cost
+        return finished(tr.checkpointed(spec, copy=False))  # more, in the garbage collector's walks over it
     twins = [attrs.evolve(whole, checkpointing=not spec.checkpointing)] + ([whole] if spec.forward_only else [])
     with _RECORDINGS_LOCK:
         for twin in twins:
