@@ -23,10 +23,11 @@ import attrs
 
 from fitplan.trace.symbolic import Sym, Tape, start
 
-TEMPLATES_KEPT = 64
-"""Scenarios (without ``b`` and ``s``) whose templates are kept in memory; the oldest is dropped first."""
-PER_SCENARIO = 4
-"""Templates kept per scenario (each recorded where the earlier ones' guards failed)."""
+TEMPLATES_KEPT = 16
+"""Scenarios (without ``b`` and ``s``) whose templates are kept in memory; the oldest is dropped first. A template
+holds about 3,000 objects the garbage collector walks (a kept recording about 2,500): at most 48 are kept."""
+PER_SCENARIO = 3
+"""Templates kept per scenario (each recorded where the earlier ones' guards failed: a micro-batch of one is one)."""
 _TEMPLATES: dict[Any, list[Template]] = {}
 _LOCK = threading.Lock()
 SEEN_KEPT = 1024
