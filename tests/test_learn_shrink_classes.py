@@ -41,6 +41,13 @@ def test_dory_layer_counts_shrink_together_to_four_layers():
     assert c.n_input_layers + c.n_recurrent_layers + c.n_output_layers == 4
     assert c.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
     assert run_error(small) is None
+    # the layer pattern search records fewer layers with the section counts as they are: 2 layers (4 serialized,
+    # DoryConfig.to_dict writes an attention and an mlp block per layer) under sections of 1 + 2 + 1: a refusal
+    # naming the class's check, not an internal error (exit 70 in the learner's variant build before)
+    from fitplan_torch.learn import patterns
+
+    with pytest.raises(patterns.PatternError, match="must equal num_hidden_layers"):
+        patterns.with_layers(c.to_dict(), 4)
 
 
 def test_dbrx_nested_configs_are_shrunk_and_a_field_they_lack_is_named():

@@ -143,12 +143,15 @@ def _accepted_at(c: dict[str, Any], n: int) -> None:
         from .shrink import first_line
 
         raise PatternError(f"the config class rejects this config at {n} layers ({first_line(e)}): a per-layer "
-                           "field that the layer pattern search cannot resize") from None
+                           "field or a layer count that the layer pattern search cannot resize") from None
 
 
 def with_layers(cfg: dict[str, Any], n: int) -> dict[str, Any]:
+    """``cfg`` at ``n`` layers (:raises PatternError: the class rejects it there, :func:`_accepted_at`; Dory's
+    section counts must add up to the layer count: configuration_dory.py ``validate_architecture``)."""
     c = copy.deepcopy(cfg)
     _set_layers(c, n)
+    _accepted_at(c, n)
     return c
 
 
