@@ -117,3 +117,20 @@ def test_the_referee_batch_holds_ids_inside_the_output_head():
     assert vocab_size_of(model) == 64
     ids = torch.full((1, 8), 63)
     assert model(input_ids=ids, labels=ids).loss.isfinite()
+
+
+def test_a_per_layer_type_dict_without_the_layer_type_is_named():
+    """CohereCompassTextConfig's defaults leave ``rope_parameters`` empty (``convert_rope_params_to_dict``: ``{}``
+    when None) and every layer ``full_attention``, while CohereCompassRotaryEmbedding reads
+    ``config.rope_parameters[layer_type]`` for each layer type (models/cohere_compass/modeling_cohere_compass.py:80):
+    the class defaults cannot run, and the refusal names the missing entry. Stated, the shrunk config runs."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.shrink import shrink
+    from fitplan_torch.learn.shrink_run import run_error
+
+    cfg = _defaults("cohere_compass_text")
+    with pytest.raises(FitplanError) as e:
+        shrink(cfg)
+    assert e.value.field == "rope_parameters['full_attention']" and "modeling_cohere_compass.py:80" in str(e.value)
+    small = shrink({**cfg, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}})
+    assert small["hidden_size"] == 64 and run_error(small) is None

@@ -68,6 +68,7 @@ def runnable(cfg: dict[str, Any], out: dict[str, Any], err: BaseException | None
             return out
         _refuse_unset(cfg, out, err)
         _refuse_missing(cfg, out, err)
+        _refuse_missing_key(out, err)
         fixed, err2, tries = _repair(cfg, out, err, tries, repaired)
         if fixed is None:
             break
@@ -205,6 +206,26 @@ def _refuse_missing(cfg: dict[str, Any], out: dict[str, Any], e: BaseException) 
     name = owners[m.group(1)] + m.group(2)
     raise FitplanError(f"{name} is not set and {m.group(1)} has no default for it, which the model reads: "
                        f"{failing_line(e)}", field=name, value=None,
+                       suggestion=f"state {name} in the config (a published config of this type does)")
+
+
+def _refuse_missing_key(out: dict[str, Any], e: BaseException) -> None:
+    """:raises FitplanError: the failing line looks a key up in a dict field of the config that has no such entry
+    (CohereCompassTextConfig leaves ``rope_parameters`` empty by default, and its rotary embedding reads
+    ``config.rope_parameters[layer_type]`` for every layer type: models/cohere_compass/configuration_cohere_compass.py
+    ``convert_rope_params_to_dict``, modeling_cohere_compass.py:80, 5.24)."""
+    if not isinstance(e, KeyError) or not e.args or not isinstance(e.args[0], str):
+        return
+    key = e.args[0]
+    dicts = [k for k, v in read_values(out, config_names_read(e, line_only=True)).items()
+             if isinstance(v, dict) and key not in v]
+    if not dicts:
+        return
+    from .verify import failing_line
+
+    name = f"{dicts[0]}[{key!r}]"
+    raise FitplanError(f"{dicts[0]} has no entry {key!r}, which the model reads: {failing_line(e)}",
+                       field=name, value=None,
                        suggestion=f"state {name} in the config (a published config of this type does)")
 
 
