@@ -11,6 +11,10 @@ and that describes the same layers:
   class derives it, from ``sliding_window_pattern`` or ``no_rope_layer_interval``) is left to the class when it
   derives the cut at the new count, else stated cut. The class's ``validate_layer_type`` requires one entry per
   layer (transformers/configuration_utils.py, 5.24);
+* **layer-count fields** (``*_layers`` below the layer count: gemma-3n's ``num_kv_shared_layers``) are set so that
+  the class derives every kind of layer again; those that make up the layer count together (Dory's input,
+  recurrent and output sections) are scaled together. **Nested configs** (the class's ``sub_configs``: DBRX's
+  ``attn_config``, ``ffn_config``) are shrunk like the top level;
 * **per-dimension factor lists**: longrope's ``short_factor`` / ``long_factor`` hold ``int(head_dim *
   partial_rotary_factor) // 2`` numbers (transformers/modeling_rope_utils.py ``_validate_longrope_rope_parameters``;
   the class only warns, the model fails in its rotary embedding), resampled to the shrunk head size;
