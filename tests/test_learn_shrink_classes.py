@@ -80,9 +80,9 @@ def test_dbrx_nested_configs_are_shrunk_and_a_field_they_lack_is_named():
 def test_gemma3n_per_layer_list_the_pattern_search_cannot_resize_is_a_refusal():
     """Gemma3nTextConfig requires one ``activation_sparsity_pattern`` entry and one ``intermediate_size`` entry
     (or a single one) per layer (models/gemma3n/configuration_gemma3n.py ``__post_init__``). The layer pattern
-    search builds the model at 8 layers: the shrunk ``intermediate_size`` (every entry 128) follows the layer
-    count; the sparsity pattern (0.95 for the first 10 layers, then 0.0) cannot, and the class's rejection is a
-    refusal naming it (it was an internal error, exit 70)."""
+    search builds the model at 8 layers: a list whose entries are all alike (the shrunk ``intermediate_size``, every
+    entry 128) follows the layer count; the sparsity pattern (0.95 for the first 10 layers, then 0.0) cannot, and
+    the class's rejection is a refusal naming it (it was an internal error, exit 70)."""
     pytest.importorskip("torch")
     from fitplan_torch.learn import patterns
     from fitplan_torch.learn.derive import hf_config
@@ -93,10 +93,12 @@ def test_gemma3n_per_layer_list_the_pattern_search_cannot_resize_is_a_refusal():
            "activation_sparsity_pattern": None}
     base = hf_config(cfg).to_dict()
     assert base["activation_sparsity_pattern"] == [0.95] * 10 + [0.0] * 2  # the class's default at 12 layers
-    assert patterns.with_layers(base, 8)["intermediate_size"] == [128] * 8
-    with pytest.raises(patterns.PatternError) as e:
-        patterns.layer_structure(base, 8)
-    assert "activation_sparsity_pattern" in str(e.value) and "8 layers" in str(e.value)
+    alike = patterns.with_layers({**base, "activation_sparsity_pattern": [0.0] * 12}, 8)  # every entry alike
+    assert alike["intermediate_size"] == [128] * 8 and alike["activation_sparsity_pattern"] == [0.0] * 8
+    for build in (patterns.with_layers, patterns.layer_structure):
+        with pytest.raises(patterns.PatternError) as e:
+            build(base, 8)
+        assert "activation_sparsity_pattern" in str(e.value) and "8 layers" in str(e.value)
 
 
 def test_the_referee_batch_holds_ids_inside_the_output_head():
