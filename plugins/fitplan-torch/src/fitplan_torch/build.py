@@ -306,4 +306,10 @@ def _grouped_mm_meta_for_every_dtype():
 
 
 def vocab_size_of(model) -> int:
-    return int(model.get_input_embeddings().weight.shape[0])
+    """The token ids a batch may hold: rows of the input embedding and of the output head, whichever is fewer
+    (CPM-Ant's input embedding adds ``prompt_types * prompt_length`` prompt rows to the ``vocab_size`` rows of its
+    ``lm_head``: transformers/models/cpmant/modeling_cpmant.py, 5.24; a label past the head's rows fails the loss)."""
+    rows = int(model.get_input_embeddings().weight.shape[0])
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    return min(rows, int(weight.shape[0])) if weight is not None and weight.dim() == 2 else rows

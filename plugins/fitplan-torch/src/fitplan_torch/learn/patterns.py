@@ -60,6 +60,7 @@ def layer_structure(cfg: dict[str, Any], n_layers: int) -> list[dict[str, list]]
 
     c = copy.deepcopy(cfg)
     _set_layers(c, n_layers)
+    _accepted_at(c, n_layers)
     try:
         model, _ = build(c, "16", "sdpa")
     except ValueError:  # a model without SDPA support (Gemma-2)
@@ -129,9 +130,28 @@ def layer_features(cfg: dict[str, Any], n_layers: int) -> list[dict[str, str]]:
     return [PROJECT[-1](layer) for layer in raw]
 
 
+def _accepted_at(c: dict[str, Any], n: int) -> None:
+    """:raises PatternError: the config class rejects ``c`` at ``n`` layers, a per-layer field that the layer
+    count does not resize (gemma-3n's ``activation_sparsity_pattern``, one number per layer, which
+    ``Gemma3nTextConfig.__post_init__`` requires to have ``num_hidden_layers`` entries:
+    transformers/models/gemma3n/configuration_gemma3n.py, 5.24)."""
+    from .derive import hf_config
+
+    try:
+        hf_config(c)
+    except Exception as e:  # noqa: BLE001 - the class's own message names the field
+        from .shrink import first_line
+
+        raise PatternError(f"the config class rejects this config at {n} layers ({first_line(e)}): a per-layer "
+                           "field or a layer count that the layer pattern search cannot resize") from None
+
+
 def with_layers(cfg: dict[str, Any], n: int) -> dict[str, Any]:
+    """``cfg`` at ``n`` layers (:raises PatternError: the class rejects it there, :func:`_accepted_at`; Dory's
+    section counts must add up to the layer count: configuration_dory.py ``validate_architecture``)."""
     c = copy.deepcopy(cfg)
     _set_layers(c, n)
+    _accepted_at(c, n)
     return c
 
 
@@ -171,6 +191,14 @@ def _set_layers(cfg: dict[str, Any], n: int) -> None:
     for k, v in list(cfg.items()):
         if isinstance(v, list) and v and _per_layer_kinds(k, v, count, types_key):
             cfg[k] = [v[i % len(v)] for i in range(n)]
+        elif isinstance(v, list) and _one_width(v, count):
+            cfg[k] = [v[0]] * n  # gemma-3n's intermediate_size, one per layer, all alike once shrunk
+
+
+def _one_width(v: list, count: Any) -> bool:
+    """Is ``v`` one number per layer, the same for every layer (of at least three)?"""
+    return type(count) is int and count >= 3 and len(v) == count and len(set(v)) == 1 and \
+        all(type(x) in (int, float) for x in v)
 
 
 def varying(feats: list[dict[str, str]]) -> list[str]:

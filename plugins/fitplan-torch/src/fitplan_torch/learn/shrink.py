@@ -11,6 +11,10 @@ and that describes the same layers:
   class derives it, from ``sliding_window_pattern`` or ``no_rope_layer_interval``) is left to the class when it
   derives the cut at the new count, else stated cut. The class's ``validate_layer_type`` requires one entry per
   layer (transformers/configuration_utils.py, 5.24);
+* **layer-count fields** (``*_layers`` below the layer count: gemma-3n's ``num_kv_shared_layers``) are set so that
+  the class derives every kind of layer again; those that make up the layer count together (Dory's input,
+  recurrent and output sections) are scaled together. **Nested configs** (the class's ``sub_configs``: DBRX's
+  ``attn_config``, ``ffn_config``) are shrunk like the top level;
 * **per-dimension factor lists**: longrope's ``short_factor`` / ``long_factor`` hold ``int(head_dim *
   partial_rotary_factor) // 2`` numbers (transformers/modeling_rope_utils.py ``_validate_longrope_rope_parameters``;
   the class only warns, the model fails in its rotary embedding), resampled to the shrunk head size;
@@ -96,7 +100,7 @@ def _resolved(cfg: dict[str, Any]) -> dict[str, Any]:
     try:
         return hf_config(cfg).to_dict()
     except Exception as e:  # noqa: BLE001 - the config as given is not one the class accepts
-        raise FitplanError(f"transformers' config class rejects this config: {_first_line(e)}", field="model_type",
+        raise FitplanError(f"transformers' config class rejects this config: {first_line(e)}", field="model_type",
                            value=cfg.get("model_type")) from None
 
 
@@ -117,7 +121,24 @@ def _widths(cfg: dict[str, Any]) -> dict[str, Any]:
     for k, v in out.items():
         if "layer" in k and isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()):
             out[k] = {key: _widths(x) for key, x in v.items()}
+        elif k in sub_config_keys(cfg) and isinstance(v, dict):
+            out[k] = _widths(v)  # DBRX's ffn_config: ffn_hidden_size 3584 behind a 64-wide model
     return out
+
+
+def sub_config_keys(cfg: dict[str, Any]) -> set[str]:
+    """The fields the config class keeps as nested config objects (its ``sub_configs``: DbrxConfig's
+    ``attn_config`` and ``ffn_config``, transformers/models/dbrx/configuration_dbrx.py, 5.24); their widths are
+    shrunk like the top level's (a multimodal type's other towers are not read: the CLI learns its text config)."""
+    from .configrules import config_class
+
+    if not isinstance(cfg.get("model_type"), str):
+        return set()
+    try:
+        subs = getattr(config_class(cfg["model_type"]), "sub_configs", None) or {}
+    except Exception:  # noqa: BLE001 - an unknown type: no nested configs known
+        return set()
+    return {k for k in subs if k not in ("text_config", "vision_config", "audio_config")}
 
 
 def derived_widths(cfg: dict[str, Any], full: dict[str, Any]) -> list[str]:
@@ -309,6 +330,12 @@ def _layer_counts(cfg, out, full, fields, layers_key, n, want, log) -> dict[str,
     counts = [k for k, v in cfg.items() if "layers" in k and type(v) is int and 0 < v <= total
               and k not in LAYER_KEYS and k not in fields]
     for m in range(n, total):
+        for vals in _scaled_together(cfg, counts, m, total):
+            trial = _cut_at({**cfg, **vals}, {**out, **vals}, full, fields, layers_key, m, lambda msg: None)
+            if _kinds(trial, fields, m) == want and _counts_kept(cfg, trial):
+                log(f"  shrink: {', '.join(f'{k} = {v}' for k, v in vals.items())} of {m} layers (was "
+                    f"{', '.join(str(cfg[k]) for k in vals)} of {total}: every kind of layer kept)")
+                return trial
         for k in counts:
             scaled = round(cfg[k] * m / total)
             for v in sorted(range(m + 1), key=lambda x: (abs(x - scaled), x)):
@@ -317,6 +344,24 @@ def _layer_counts(cfg, out, full, fields, layers_key, n, want, log) -> dict[str,
                     log(f"  shrink: {k} = {v} of {m} layers (was {cfg[k]} of {total}: every kind of layer kept)")
                     return trial
     return None
+
+
+def _scaled_together(cfg: dict[str, Any], counts: list[str], m: int, total: int):
+    """Every layer-count field scaled to ``m`` of ``total`` layers at once, each rounded down or up (at least 1
+    where it was above 0): the counts that make up the layer count together (Dory's ``n_input_layers +
+    n_recurrent_layers + n_output_layers == num_hidden_layers``, configuration_dory.py ``validate_architecture``)
+    are only accepted when they all move. Nothing for a single field (the loop over single fields tries it)."""
+    import itertools
+    import math
+
+    if not 2 <= len(counts) <= 4:
+        return
+    options = []
+    for k in counts:
+        x = cfg[k] * m / total
+        options.append(sorted({max(1, math.floor(x)), max(1, math.ceil(x))}))
+    for combo in itertools.product(*options):
+        yield dict(zip(counts, combo))
 
 
 def _layer_count_fields(c) -> dict[str, tuple[int, int]]:
@@ -468,12 +513,12 @@ def _repair(cfg: dict[str, Any], out: dict[str, Any], first: Exception, log) -> 
         log(f"  shrink: {what} (the class rejects the tiny widths otherwise)")
         return trial
     changed = sorted(k for k in out if k in cfg and out[k] != cfg[k])
-    raise FitplanError(f"the config class rejects every shrunk config of this type: {_first_line(first)}",
+    raise FitplanError(f"the config class rejects every shrunk config of this type: {first_line(first)}",
                        field=", ".join(changed) or "model_type", value=cfg.get("model_type"),
                        suggestion="--no-shrink learns it at its own size")
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     lines = [x.strip() for x in str(e).splitlines() if x.strip()]
     detail = next((x for x in lines if x.startswith("ValueError")), lines[-1] if lines else type(e).__name__)
     return detail[:200]

@@ -67,6 +67,8 @@ def runnable(cfg: dict[str, Any], out: dict[str, Any], err: BaseException | None
         if err is None:
             return out
         _refuse_unset(cfg, out, err)
+        _refuse_missing(cfg, out, err)
+        _refuse_missing_key(out, err)
         fixed, err2, tries = _repair(cfg, out, err, tries, repaired)
         if fixed is None:
             break
@@ -148,13 +150,22 @@ def read_values(out: dict[str, Any], names: set[str]) -> dict[str, Any]:
     ``attribute_map``, Dots1's ``num_local_experts`` for ``n_routed_experts``, is named by its field)."""
     from .derive import hf_config
 
+    from .shrink import sub_config_keys
+
     c = hf_config(out)
     amap = getattr(c, "attribute_map", {}) or {}
+    subs = {k: getattr(c, k, None) for k in sorted(sub_config_keys(out))}
     out_values = {}
     for k in sorted(n for n in names if not n.startswith("_")):  # not the class's own state (_attn_implementation)
         v = getattr(c, k, _MISSING)
         if v is not _MISSING:
             out_values[amap.get(k, k)] = v
+            continue
+        for sub, obj in subs.items():  # a nested config's field (DBRX's attn_config.clip_qkv)
+            v = getattr(obj, k, _MISSING)
+            if v is not _MISSING:
+                out_values[f"{sub}.{k}"] = v
+                break
     return out_values
 
 
@@ -172,6 +183,50 @@ def _refuse_unset(cfg: dict[str, Any], out: dict[str, Any], e: BaseException) ->
                        f"{failing_line(e)}",
                        field=", ".join(unset), value=None,
                        suggestion=f"state {unset[0]} in the config (a published config of this type does)")
+
+
+def _refuse_missing(cfg: dict[str, Any], out: dict[str, Any], e: BaseException) -> None:
+    """:raises FitplanError: the model reads a field that its config class (or one of its nested configs) has no
+    default for, so that no config object has it unless the config states it (DBRX reads
+    ``attn_config.rope_theta``, which ``DbrxAttentionConfig`` does not declare in transformers 5.24:
+    models/dbrx/modeling_dbrx.py, configuration_dbrx.py; a published DBRX config states it)."""
+    m = re.fullmatch(r"'(\w+)' object has no attribute '(\w+)'", str(e).strip())
+    if not isinstance(e, AttributeError) or m is None:
+        return
+    from .derive import hf_config
+    from .shrink import sub_config_keys
+
+    c = hf_config(out)
+    owners = {type(c).__name__: ""}
+    owners.update({type(getattr(c, k, None)).__name__: f"{k}." for k in sub_config_keys(out)})
+    if m.group(1) not in owners:
+        return
+    from .verify import failing_line
+
+    name = owners[m.group(1)] + m.group(2)
+    raise FitplanError(f"{name} is not set and {m.group(1)} has no default for it, which the model reads: "
+                       f"{failing_line(e)}", field=name, value=None,
+                       suggestion=f"state {name} in the config (a published config of this type does)")
+
+
+def _refuse_missing_key(out: dict[str, Any], e: BaseException) -> None:
+    """:raises FitplanError: the failing line looks a key up in a dict field of the config that has no such entry
+    (CohereCompassTextConfig leaves ``rope_parameters`` empty by default, and its rotary embedding reads
+    ``config.rope_parameters[layer_type]`` for every layer type: models/cohere_compass/configuration_cohere_compass.py
+    ``convert_rope_params_to_dict``, modeling_cohere_compass.py:80, 5.24)."""
+    if not isinstance(e, KeyError) or not e.args or not isinstance(e.args[0], str):
+        return
+    key = e.args[0]
+    dicts = [k for k, v in read_values(out, config_names_read(e, line_only=True)).items()
+             if isinstance(v, dict) and key not in v]
+    if not dicts:
+        return
+    from .verify import failing_line
+
+    name = f"{dicts[0]}[{key!r}]"
+    raise FitplanError(f"{dicts[0]} has no entry {key!r}, which the model reads: {failing_line(e)}",
+                       field=name, value=None,
+                       suggestion=f"state {name} in the config (a published config of this type does)")
 
 
 # --------------------------------------------------------------------------- a relation the model needs

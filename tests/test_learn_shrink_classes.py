@@ -1,0 +1,138 @@
+"""Shrinking as the config class allows, and the learner's crashes on breadth types (issue #32, bench/breadth):
+layer-count fields that make up the layer count together, nested sub-configs, a per-layer list the layer
+pattern search cannot resize, and the referee's batch inside the output vocabulary.
+
+Every config is a real type's class defaults (``AutoConfig.for_model(...).to_dict()``, what
+bench/learn_breadth.py learns from) or a tiny config of a real class; expected values are derived by hand from
+the transformers 5.24 file cited at each test. They build tiny models: slow (marked referee/slow by
+tests/conftest.py's importorskip rule).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fitplan import FitplanError
+
+
+def _defaults(model_type: str) -> dict:
+    from transformers import AutoConfig
+
+    return json.loads(json.dumps({**AutoConfig.for_model(model_type).to_dict(), "model_type": model_type}))
+
+
+def test_dory_layer_counts_shrink_together_to_four_layers():
+    """DoryConfig (models/dory/configuration_dory.py) requires ``n_input_layers + n_recurrent_layers +
+    n_output_layers == num_hidden_layers`` and derives ``layer_types`` as full attention where ``(i + 1) % 4 ==
+    0``. Every kind of layer (sliding and full attention, each of the three sections) is kept at 4 layers at
+    least: layers 0-2 slide, layer 3 is full; three sections of one layer or more fit in 4. Setting one count
+    alone kept the other two at their sizes (8 and 8 of 36: 10 layers); scaled together they give 4."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.derive import hf_config
+    from fitplan_torch.learn.shrink import shrink
+    from fitplan_torch.learn.shrink_run import run_error
+
+    small = shrink(_defaults("dory"))
+    c = hf_config(small)
+    assert c.num_hidden_layers == 4
+    assert c.n_input_layers >= 1 and c.n_recurrent_layers >= 1 and c.n_output_layers >= 1
+    assert c.n_input_layers + c.n_recurrent_layers + c.n_output_layers == 4
+    assert c.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
+    assert run_error(small) is None
+    # the layer pattern search records fewer layers with the section counts as they are: 2 layers (4 serialized,
+    # DoryConfig.to_dict writes an attention and an mlp block per layer) under sections of 1 + 2 + 1: a refusal
+    # naming the class's check, not an internal error (exit 70 in the learner's variant build before)
+    from fitplan_torch.learn import patterns
+
+    with pytest.raises(patterns.PatternError, match="must equal num_hidden_layers"):
+        patterns.with_layers(c.to_dict(), 4)
+
+
+def test_dbrx_nested_configs_are_shrunk_and_a_field_they_lack_is_named():
+    """DbrxAttentionConfig declares no ``rope_theta`` and defaults ``clip_qkv`` to None, while DbrxAttention reads
+    ``attn_config.rope_theta`` and clamps to ``clip_qkv`` (models/dbrx/configuration_dbrx.py,
+    modeling_dbrx.py:184 and :206): the class defaults cannot run, and the refusal names the nested field (not
+    ``rope_theta`` of the top level, which DbrxConfig has). Once both are stated (dbrx-instruct states 500000 and
+    8), the nested ``ffn_config`` is shrunk with the model: ``ffn_hidden_size`` 3584 to 128, its
+    ``hidden_size`` following ``d_model`` (DbrxConfig.__post_init__ copies it)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.derive import hf_config
+    from fitplan_torch.learn.shrink import shrink
+    from fitplan_torch.learn.shrink_run import run_error
+
+    cfg = _defaults("dbrx")
+    with pytest.raises(FitplanError) as e:
+        shrink(cfg)
+    assert e.value.field == "attn_config.rope_theta" and "modeling_dbrx.py:184" in str(e.value)
+    cfg["attn_config"]["rope_theta"] = 500000.0
+    with pytest.raises(FitplanError) as e:
+        shrink(cfg)
+    assert e.value.field == "attn_config.clip_qkv" and e.value.value is None
+    cfg["attn_config"]["clip_qkv"] = 8
+    small = shrink(cfg)
+    c = hf_config(small)
+    assert (c.d_model, c.ffn_config.hidden_size, c.ffn_config.ffn_hidden_size) == (64, 64, 128)
+    assert run_error(small) is None
+
+
+def test_gemma3n_per_layer_list_the_pattern_search_cannot_resize_is_a_refusal():
+    """Gemma3nTextConfig requires one ``activation_sparsity_pattern`` entry and one ``intermediate_size`` entry
+    (or a single one) per layer (models/gemma3n/configuration_gemma3n.py ``__post_init__``). The layer pattern
+    search builds the model at 8 layers: a list whose entries are all alike (the shrunk ``intermediate_size``, every
+    entry 128) follows the layer count; the sparsity pattern (0.95 for the first 10 layers, then 0.0) cannot, and
+    the class's rejection is a refusal naming it (it was an internal error, exit 70)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import patterns
+    from fitplan_torch.learn.derive import hf_config
+
+    cfg = {**_defaults("gemma3n_text"), "num_hidden_layers": 12, "num_kv_shared_layers": 0, "hidden_size": 64,
+           "intermediate_size": [128] * 12, "vocab_size": 512, "vocab_size_per_layer_input": 512,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "layer_types": None,
+           "activation_sparsity_pattern": None}
+    base = hf_config(cfg).to_dict()
+    assert base["activation_sparsity_pattern"] == [0.95] * 10 + [0.0] * 2  # the class's default at 12 layers
+    alike = patterns.with_layers({**base, "activation_sparsity_pattern": [0.0] * 12}, 8)  # every entry alike
+    assert alike["intermediate_size"] == [128] * 8 and alike["activation_sparsity_pattern"] == [0.0] * 8
+    for build in (patterns.with_layers, patterns.layer_structure):
+        with pytest.raises(patterns.PatternError) as e:
+            build(base, 8)
+        assert "activation_sparsity_pattern" in str(e.value) and "8 layers" in str(e.value)
+
+
+def test_the_referee_batch_holds_ids_inside_the_output_head():
+    """CPM-Ant's input embedding has ``vocab_size + prompt_types * prompt_length`` rows, its ``lm_head``
+    ``vocab_size`` (models/cpmant/modeling_cpmant.py: CpmAntModel.input_embedding, CpmAntForCausalLM.lm_head; the
+    model prepends prompt ids from ``vocab_size + 2 * prompt_length``, so 3 prompt types at least): at 64 + 3 * 4
+    = 76 input rows, labels drawn below 76 failed the loss (\"Target ... is out of bounds\", an internal error of
+    the learner's memory check). The batch now draws below 64."""
+    torch = pytest.importorskip("torch")
+    from transformers import CpmAntConfig, CpmAntForCausalLM
+
+    from fitplan_torch.build import vocab_size_of
+
+    cfg = CpmAntConfig(vocab_size=64, hidden_size=32, num_attention_heads=2, dim_head=16, dim_ff=64,
+                       num_hidden_layers=1, prompt_types=3, prompt_length=4)
+    model = CpmAntForCausalLM(cfg)
+    assert model.get_input_embeddings().weight.shape[0] == 76
+    assert vocab_size_of(model) == 64
+    ids = torch.full((1, 8), 63)
+    assert model(input_ids=ids, labels=ids).loss.isfinite()
+
+
+def test_a_per_layer_type_dict_without_the_layer_type_is_named():
+    """CohereCompassTextConfig's defaults leave ``rope_parameters`` empty (``convert_rope_params_to_dict``: ``{}``
+    when None) and every layer ``full_attention``, while CohereCompassRotaryEmbedding reads
+    ``config.rope_parameters[layer_type]`` for each layer type (models/cohere_compass/modeling_cohere_compass.py:80):
+    the class defaults cannot run, and the refusal names the missing entry. Stated, the shrunk config runs."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.shrink import shrink
+    from fitplan_torch.learn.shrink_run import run_error
+
+    cfg = _defaults("cohere_compass_text")
+    with pytest.raises(FitplanError) as e:
+        shrink(cfg)
+    assert e.value.field == "rope_parameters['full_attention']" and "modeling_cohere_compass.py:80" in str(e.value)
+    small = shrink({**cfg, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}})
+    assert small["hidden_size"] == 64 and run_error(small) is None
