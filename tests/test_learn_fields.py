@@ -119,16 +119,21 @@ def test_qwen3_moe_learns_beside_its_bundled_presets(arch_dir, cli_in_process):
     """Learning Qwen3MoeConfig's defaults (``norm_topk_prob = False``, configuration_qwen3_moe.py) was refused at
     its memory check: the estimate loaded the bundled rulesets, whose presets state ``norm_topk_prob = true``
     (rulesets/models/qwen3_moe.toml), and the loader validated them against the file being learned and rejected
-    the whole directory. The file is now learned and verified; installed, it serves configs with its switches,
-    the presets it cannot serve say so by name, and every other model estimates."""
+    the whole directory ("invalid ruleset directory"). The memory check now runs (one case here: 32-true SDPA
+    full fine-tuning, exact against the referee); installed, the file serves configs with its switches, the
+    presets it cannot serve say so by name, and every other model estimates."""
     pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn import verify as V
     from fitplan_torch.learn.command import shrink
-    from fitplan_torch.learn.learner import learn_and_check
+    from fitplan_torch.learn.files import write
 
     small = shrink(_defaults("qwen3_moe"))
-    written = learn_and_check(small, arch_dir, verify=True, tolerance=0.01, log=lambda m: None)
-    assert arch_dir / "qwen3_moe.json" in written
-    assert json.loads((arch_dir / "qwen3_moe.json").read_text())["flags"]["values"]["norm_topk_prob"] is False
+    data, _, _ = derive.learn_full(small, log=lambda m: None)
+    assert data["flags"]["values"]["norm_topk_prob"] is False
+    problems, rows = V.check_memory(data, small, lambda m: None, cases=[("32-true", "sdpa", False, "full")])
+    assert problems == [] and len(rows) == 1
+    write(data, arch_dir)
     (arch_dir / "config.json").write_text(json.dumps(small))
     common = ("--gpu", "h100-sxm", "--optim", "adamw_torch", "--precision", "bf16-mixed")
     ok = cli_in_process("estimate", "--model", str(arch_dir / "config.json"), *common)
