@@ -63,10 +63,13 @@ __all__ = [
 
 def clear_arch_caches() -> None:
     """Forget the architecture files read so far, the parameter groups computed from them and the traces built
-    in this process: after a plugin changes what ``FITPLAN_ARCH_DIR`` points at (a file being learned)."""
+    in this process: after a plugin changes what ``FITPLAN_ARCH_DIR`` points at (a file being learned). The ruleset
+    files parsed so far are read again too: their model presets were checked against the files then in force."""
     from fitplan.arch import archfile, architecture
+    from fitplan.rulesets import loader
     from fitplan.trace import step_trace
 
+    loader._PARSED.clear()
     archfile.load.cache_clear()
     architecture.clear_caches()
     step_trace.build.cache_clear()

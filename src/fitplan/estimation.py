@@ -33,9 +33,7 @@ def resolve_arch(s: sc.Scenario, rules: Rulesets) -> architecture.ModelSpec:
                            suggestion="pass --model NAME (see `fitplan models list`), --model path/to/config.json, or --params 7B")
     kind, where = model_source(m.model, rules)
     if kind == "catalog":
-        entry = where
-        return architecture.spec_from_config(entry.config, name=entry.id, file=rules.origin.get(f"model:{entry.id}"),
-                                             source=entry.source)
+        return rules.preset_spec(where)
     spec = architecture.load_config_json(where)
     if kind == "hub":
         spec = attrs.evolve(spec, name=m.model, source=f"Hugging Face Hub {m.model} ({where})")

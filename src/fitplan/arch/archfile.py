@@ -34,6 +34,13 @@ if not BUNDLED.is_dir():
     BUNDLED = Path(__file__).resolve().parents[3] / "rulesets" / "architectures"
 
 
+class NotLearned(FitplanError):
+    """A config that the architecture files in force do not describe: a ``model_type`` no file learned, or a
+    switch combination its file did not learn (:meth:`ArchFile.check_flags`). A fact about the installed files,
+    not a mistake in the config: a ruleset's model preset that meets it is unavailable on its own, and the rest
+    of its directory loads (:mod:`fitplan.rulesets.loader`)."""
+
+
 def user_dirs() -> list[Path]:
     """Directories searched before the bundled files: ``$FITPLAN_ARCH_DIR`` (``os.pathsep``-separated),
     then ``architectures`` in fitplan's cache directory (:func:`fitplan.diskcache.root`: ``$FITPLAN_CACHE_DIR``,
@@ -141,7 +148,7 @@ def unknown_model_type(model_type: str, *, file: str | None = None) -> FitplanEr
     msg = f"unknown model_type {model_type!r}: fitplan has no learned architecture file for it"
     if near:
         msg += f" ({near})"
-    return FitplanError(msg, file=file, field="$.model_type", value=model_type, suggestion=how)
+    return NotLearned(msg, file=file, field="$.model_type", value=model_type, suggestion=how)
 
 
 def _plugin_installed() -> bool:
@@ -343,7 +350,7 @@ class ArchFile:
         odd = next((n for n in names if (vals := re.findall(rf"\b{n} == '([^']*)'", when)) and env.get(n) not in vals),
                    None)
         shown = ", ".join(f"{k}={env.get(k)!r}" for k in names)
-        raise FitplanError(f"{self.model_type}: this config's switches ({shown}) are not among those learned ({when})",
+        raise NotLearned(f"{self.model_type}: this config's switches ({shown}) are not among those learned ({when})",
                            file=file or str(self.path), field=f"$.{odd}" if odd else "model",
                            value=env.get(odd) if odd else None,
                            suggestion="learn them from this config: fitplan learn-architecture CONFIG --install")

@@ -161,12 +161,21 @@ def _duplicates(parsed: RulesetFile, f: Path, seen: dict[tuple[str, str], Path])
 
 
 def _cross_check(parsed: RulesetFile, f: Path) -> list[str]:
+    """The model presets and published runs of a parsed file read as configs. A preset that the architecture
+    files in force do not describe (:class:`~fitplan.arch.archfile.NotLearned`: a switch combination its learned
+    file lacks, as a file learned from the class defaults lacks the bundled presets' ``norm_topk_prob``) is no
+    mistake of the file: it is reported when that preset is used (:meth:`Rulesets.preset_spec`), and the rest of
+    the directory loads."""
+    from fitplan.arch.archfile import NotLearned
+
     out = []
     for i, entry in enumerate(parsed.model):
         from fitplan.arch.architecture import spec_from_config
 
         try:
             spec_from_config(entry.config, name=entry.id)
+        except NotLearned:
+            continue
         except FitplanError as e:
             out.append(f"{f}: model {entry.id!r}: {e.message} @ $.model[{i}].config{(e.field or '').removeprefix('$')}")
     for i, run in enumerate(parsed.finetune_run):
@@ -194,11 +203,36 @@ def _check_run(run: FinetuneRun) -> list[tuple[str, str]]:
     if bool(run.config) == bool(run.scenario.get("model")):
         problems.append(("give either scenario.model (a catalog name) or an inline config", "scenario.model"))
     if run.config:
+        from fitplan.arch.archfile import NotLearned
+
         try:
             spec_from_config(run.config, name=run.id)
+        except NotLearned:
+            pass  # the architecture files in force, not the run, decide this (as a preset's: _cross_check)
         except FitplanError as e:
             problems.append((e.message, f"config{(e.field or '').removeprefix('$')}"))
     return problems
+
+
+def unavailable_presets(paths: Iterable[str | Path]) -> list[str]:
+    """The model presets of ``paths`` (files or directories that parse) that the architecture files in force do
+    not describe, each as :meth:`Rulesets.preset_spec` reports it (``fitplan rulesets check`` warns of them)."""
+    from fitplan.arch.archfile import NotLearned
+
+    out = []
+    for p in map(Path, paths):
+        for f in ruleset_files(p) if p.is_dir() else [p]:
+            parsed, _ = parse_file(f)
+            rs = Rulesets()
+            if parsed is None:
+                continue
+            rs._merge(parsed, str(f))
+            for entry in parsed.model:
+                try:
+                    rs.preset_spec(entry)
+                except NotLearned as e:
+                    out.append(e.render())
+    return out
 
 
 def bundled_dir() -> Path:
@@ -308,6 +342,29 @@ class Rulesets:
             if key in (a.lower() for a in m.aliases) or key == m.hf_id.lower():
                 return m
         raise unknown("model", name, list(self.models), field="--model")
+
+    def preset_spec(self, entry: ModelEntry) -> Any:
+        """The :class:`~fitplan.arch.architecture.ModelSpec` of a model preset, through the architecture file in
+        force for its ``model_type``.
+
+        :raises NotLearned: naming the preset, its ruleset file and the architecture file that does not describe
+            it (a learned file in the user's cache wins over the bundled one: ``fitplan learn-architecture
+            --install`` from a config with other switches replaces the combinations the bundled file learned)."""
+        from fitplan.arch.archfile import NotLearned, find
+        from fitplan.arch.architecture import spec_from_config
+
+        origin = self.origin.get(f"model:{entry.id}")
+        try:
+            return spec_from_config(entry.config, name=entry.id, file=origin, source=entry.source)
+        except NotLearned as e:
+            arch = find(str(entry.config.get("model_type")))
+            where = (e.field or "").removeprefix("$") if (e.field or "").startswith("$.") else ""
+            raise NotLearned(f"model preset {entry.id!r} is unavailable: {e.message}"
+                             + (f" (the architecture file in force: {arch})" if arch else ""), file=origin,
+                             field=f"$.model.config{where}", value=e.value if where else entry.id,
+                             suggestion=e.suggestion if arch is None else "that file was learned from other "
+                             "switches: remove it to use the bundled file again, or learn from this preset's "
+                             "config.json") from None
 
     def provider(self, name: str) -> Provider:
         if name in self.providers:

@@ -27,7 +27,10 @@ def models_list(fmt: str, ruleset_dirs: tuple[str, ...]) -> None:
     """List catalog models with their parameter counts."""
     from fitplan.context import get_context
 
-    emit("models", model_rows(get_context(ruleset_dirs).rulesets), fmt)
+    unavailable: list[str] = []
+    emit("models", model_rows(get_context(ruleset_dirs).rulesets, unavailable), fmt)
+    for line in unavailable:
+        click.echo(f"warning: {line}", err=True)
 
 
 @models.command("show")
@@ -36,7 +39,7 @@ def models_list(fmt: str, ruleset_dirs: tuple[str, ...]) -> None:
 def models_show(name: str, ruleset_dirs: tuple[str, ...]) -> None:
     """Show a catalog model (or a config.json): its fields and exact parameter count."""
     from fitplan.context import get_context
-    from fitplan.arch.architecture import load_config_json, spec_from_config, spec_to_dict
+    from fitplan.arch.architecture import load_config_json, spec_to_dict
     from fitplan.output.console import dumps_json
 
     if name.endswith(".json"):
@@ -45,7 +48,7 @@ def models_show(name: str, ruleset_dirs: tuple[str, ...]) -> None:
     else:
         rules = get_context(ruleset_dirs).rulesets
         e = rules.model_entry(name)
-        spec = spec_from_config(e.config, name=e.id, source=e.source)
+        spec = rules.preset_spec(e)
         origin = rules.origin.get(f"model:{e.id}", "")
     data = spec_to_dict(spec)
     data.update(param_count=spec.param_count, active_param_count=spec.active_param_count, ruleset=origin)
@@ -76,6 +79,10 @@ def rulesets_check(paths: tuple[str, ...]) -> None:
     if errors:
         click.echo(f"{len(errors)} error(s)", err=True)
         sys.exit(2)
+    from fitplan.rulesets.loader import unavailable_presets
+
+    for line in unavailable_presets(paths):  # they load; using one names why it cannot be estimated
+        click.echo(f"warning: {line}", err=True)
     click.echo(f"ok: {', '.join(paths)}")
 
 

@@ -42,6 +42,23 @@ def attribute_map(cls) -> dict[str, str]:
     return dict(getattr(cls, "attribute_map", {}) or {})
 
 
+def causal_field(cls, std: str) -> str:
+    """The config field the causal LM of ``cls`` reads for the standard name ``std``: its ``attribute_map``
+    alias, but the ``decoder_`` field where the alias names an ``encoder_`` one that has a decoder twin. An
+    encoder-decoder family's causal LM is its decoder alone (transformers 5.24 models/bart/modeling_bart.py
+    ``BartForCausalLM``: ``is_encoder_decoder = False``, a ``BartDecoderWrapper``), whose layers read
+    ``decoder_layers``, ``decoder_attention_heads`` and ``decoder_ffn_dim``, while BartConfig's ``attribute_map``
+    sends ``num_attention_heads`` and ``num_hidden_layers`` to the encoder's (configuration_bart.py; BigBird-Pegasus
+    and Blenderbot-Small alike). A file that read the encoder's had no heads (``num_attention_heads`` None in
+    every estimate) and counted the encoder's layers."""
+    actual = attribute_map(cls).get(std, std)
+    if actual.startswith("encoder_"):
+        twin = "decoder_" + actual.removeprefix("encoder_")
+        if twin in class_defaults(cls):
+            return twin
+    return actual
+
+
 def class_defaults(cls) -> dict[str, Any]:
     """The config class's own field defaults (None where ``__post_init__`` derives the value)."""
     import dataclasses
@@ -202,7 +219,7 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
     out_fields = {f: out_fields[f] for f in order}
     aliases = {std: actual for std, actual in amap.items() if actual in out_fields}
     checks = []
-    h, a, g = (amap.get(x, x) for x in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
+    h, a, g = (causal_field(cls, x) for x in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
     for expr, field, msg in CANDIDATE_CHECKS:
         names = {"h": h, "a": a, "g": g}
         e = expr.format(**names)
@@ -218,7 +235,7 @@ def _layer_count_default(cls, field: str, kind: str, amap: dict[str, str]) -> st
     constant (Ernie4_5_MoeConfig: ``moe_layer_end_index = num_hidden_layers - 1 if moe_layer_end_index == -1``,
     transformers/models/ernie4_5_moe/configuration_ernie4_5_moe.py), checked at three layer counts; else None. A
     config that leaves the field out then reads it as the class does."""
-    n_layers = amap.get("num_hidden_layers", "num_hidden_layers")
+    n_layers = causal_field(cls, "num_hidden_layers")  # Bart's causal LM: decoder_layers (amap sends encoder_)
     if kind != "int" or field == n_layers:
         return None
     offsets = set()
@@ -312,11 +329,10 @@ def spec_map(resolved: dict[str, Any], cls, fields: dict[str, Any], held: dict[s
     """ModelSpec's standard fields as expressions over the file's symbols. A field the learning held (``held``:
     a constant of its sizes, no symbol; CodeGen's ``n_embd`` and ``n_head`` once ``rotary_dim`` is repaired) is
     written as its held value, so that no expression reads a name the file does not define."""
-    amap = attribute_map(cls)
     held = held or {}
 
     def name(std: str) -> str | None:
-        actual = amap.get(std, std)
+        actual = causal_field(cls, std)
         if actual in fields:
             return actual
         v = held.get(actual)
@@ -334,7 +350,7 @@ def spec_map(resolved: dict[str, Any], cls, fields: dict[str, Any], held: dict[s
         out["head_dim"] = f"{hidden}//{heads}"
     inter = out.get("intermediate_size")
     if inter is None or (inter.isidentifier() and resolved.get(inter) is None):
-        for alt in ("n_inner", "ffn_hidden_size", "intermediate_size"):
+        for alt in ("n_inner", "ffn_hidden_size", "intermediate_size", "decoder_ffn_dim"):  # Bart: causal_field
             if alt in fields and resolved.get(alt):
                 out["intermediate_size"] = alt
                 break

@@ -116,6 +116,8 @@ def _meta(model, config, sites) -> dict[str, Any]:
     """What the recording cannot see by itself: parameter roles, the output module, tied keys."""
     import torch
 
+    from .ties import tied_keys
+
     names = {m: n for n, m in model.named_modules()}
     exact = linear_types()
     site_modules = {s["module"] for s in sites}  # subclasses of nn.Linear count when their forward returns a tensor
@@ -147,7 +149,8 @@ def _meta(model, config, sites) -> dict[str, Any]:
     return {"roles": roles, "conv1d": conv1d, "custom": custom, "output_module": names.get(emb_out),
             "input_module": names.get(emb_in), "n_layers": len(decoder_layers(model)),
             "model_class": type(model).__name__, "config_class": type(config).__name__,
-            "frozen": {n for n, p in model.named_parameters() if not p.requires_grad}}  # afmoe's expert_bias
+            "frozen": {n for n, p in model.named_parameters() if not p.requires_grad},  # afmoe's expert_bias
+            "tied_keys": tied_keys(model)}  # BERT's decoder bias, besides the LM head (.ties)
 
 
 # --------------------------------------------------------------------------- probes

@@ -268,6 +268,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
     from . import configrules, files, layerkinds
     from . import derive as D
     from .. import __version__
+    from .ties import tied_rows
 
     results, supported = rec.results, rec.supported
     ref = next(iter(results.values()))
@@ -289,7 +290,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
     kind_names = sorted(set(kinds), key=kinds.index)
     ref16 = next((r for (p, a, _), r in results.items() if p == "16"), ref)  # a mixed-only learning (drift test)
     params, buffers, repeats = _parameters(rec, ref16, meta, kinds, layer_prefix)
-    tied = _tied(rec, params)
+    tied = tied_rows(rec.base, params, meta.get("tied_keys") or {}, lambda n: D._layer_template(n, layer_prefix)[0])
     cfg_rules = _config_rules(rec, ref, segments, params, buffers, repeats, entries, log)
     return {
         "format": archformat.FORMAT,
@@ -378,15 +379,6 @@ def _parameters(rec: ModelRecord, ref16: dict[str, Any], meta: dict[str, Any], k
     return params, buffers, repeats
 
 
-def _tied(rec: ModelRecord, params: list[list[Any]]) -> list[list[str]]:
-    """The output projection tied to the input embedding, under ``tie_word_embeddings``."""
-    out_param = next((p[0] for p in params if p[2] == "output"), None)
-    in_param = next((p[0] for p in params if p[2] == "embedding"), None)
-    if out_param and in_param and "tie_word_embeddings" in rec.base:
-        return [[out_param, in_param, "tie_word_embeddings"]]
-    return []
-
-
 def _config_rules(rec: ModelRecord, ref: dict[str, Any], segments, params, buffers, repeats, entries,
                   log) -> dict[str, Any]:
     """The config rules (:mod:`.configrules`) over the fields the file's expressions and conditions use."""
@@ -404,7 +396,7 @@ def _config_rules(rec: ModelRecord, ref: dict[str, Any], segments, params, buffe
         if e.get("when"):
             used.update(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", e["when"]))
     base = rec.base
-    n_layers = configrules.attribute_map(rec.cls).get("num_hidden_layers", "num_hidden_layers")
+    n_layers = configrules.causal_field(rec.cls, "num_hidden_layers")  # Bart's causal LM: decoder_layers
     fields = [f for f in base if f in used] + [f for f in D.NESTED if f in used] + [n_layers]
     if "tie_word_embeddings" in base:
         fields.append("tie_word_embeddings")
