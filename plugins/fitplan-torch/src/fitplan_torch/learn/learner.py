@@ -84,6 +84,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     cls = configrules.config_class(model_type)
     D.NESTED.clear()
     D.FOLLOWERS.clear()
+    D.RECENT.clear()
     relations.PRODUCTS.clear()
     D.NESTED.update(D.nested_variables(base))
     variables = D.size_variables(base) + list(D.NESTED)
@@ -423,6 +424,7 @@ def learn_and_check(cfg: dict[str, Any], target: Path, *, verify: bool = True, t
     except (derive.LearnError, PatternError) as e:
         raise FitplanError(f"cannot learn {cfg.get('model_type')!r}: {e}", field="model_type",
                            value=cfg.get("model_type")) from None
+    derive.RECENT.clear()  # the learning's recordings: verification records other configs
     if verify:
         verify_learned(cfg, data, results, specs, log=log, tolerance=tolerance, memory=memory)
     else:
@@ -439,6 +441,7 @@ def verify_learned(cfg: dict[str, Any], data: dict[str, Any], results, specs, *,
     from . import verify as V
 
     problems = V.check_graph(data, results, specs, log)
+    derive.RECENT.clear()
     rows: list[dict[str, Any]] = []
     if memory and not problems:
         heldout, b, s = V.heldout(cfg, [], derive.Regime("as given", None), 2, 16)

@@ -64,22 +64,77 @@ class Recording:
         self.backward_order: list[int] = []
 
 
+class Recent:
+    """The last ``size`` forward recordings, by what they were recorded from (:func:`config_key` of the config,
+    precision, attention kernel and batch shape): the learner records the same config several times (a regime
+    class's signature, then its base probe, then the segments it shares with another class), and a recording
+    of the same model on the same batch is the same (``build`` seeds the weights, ``batch_for`` the ids).
+    Recordings are plain data that no consumer changes; a hit returns the same object."""
+
+    def __init__(self, size: int) -> None:
+        from collections import OrderedDict
+
+        self.size = size
+        self.items: OrderedDict[Any, Recording] = OrderedDict()
+
+    def get(self, key: Any) -> Recording | None:
+        rec = self.items.get(key)
+        if rec is not None:
+            self.items.move_to_end(key)
+        return rec
+
+    def put(self, key: Any, rec: Recording) -> None:
+        self.items[key] = rec
+        self.items.move_to_end(key)
+        while len(self.items) > self.size:
+            self.items.popitem(last=False)
+
+    def clear(self) -> None:
+        self.items.clear()
+
+
+def config_key(obj: Any) -> Any:
+    """A hashable, exact form of a config (nested dicts, lists and tuples apart, ``1`` and ``1.0`` and ``True``
+    apart): equal only for configs that build the same model."""
+    if isinstance(obj, dict):
+        return ("d", tuple(sorted((str(k), config_key(v)) for k, v in obj.items())))
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, tuple(config_key(x) for x in obj))
+    return (type(obj).__name__, repr(obj))
+
+
 def _flat(x):
     from torch.utils._pytree import tree_flatten
 
     return tree_flatten(x)[0]
 
 
+class _IdMap:
+    """Objects (tensors, storages) to numbers by identity, holding none of them alive: ``torch.utils.weak
+    .WeakIdKeyDictionary``'s contract, with a weak reference made once per object instead of once per look-up
+    (the recorder looks up every tensor an op reads or makes: a tenth of a learning's CPU went to those
+    references). An entry whose object died no longer matches an object that reuses its ``id``."""
+
+    def __init__(self) -> None:
+        self.items: dict[int, tuple[Any, int]] = {}
+
+    def get(self, obj: Any) -> int | None:
+        entry = self.items.get(id(obj))
+        return entry[1] if entry is not None and entry[0]() is obj else None
+
+    def __setitem__(self, obj: Any, value: int) -> None:
+        self.items[id(obj)] = (weakref.ref(obj), value)
+
+
 class _Recorder:
     def __init__(self, model, *, lifetimes: bool) -> None:
         import torch
-        from torch.utils.weak import WeakIdKeyDictionary
 
         self.torch = torch
         self.rec = Recording()
         self.lifetimes = lifetimes
-        self.tid = WeakIdKeyDictionary()
-        self.sid = WeakIdKeyDictionary()
+        self.tid = _IdMap()
+        self.sid = _IdMap()
         self.suppress = 0
         self.module_stack: list[str] = []
         self.layer_stack: list[int] = []

@@ -45,6 +45,10 @@ SMALL = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 12
 Mamba-2 heads of a 64-wide model expanded twice (8 × 16 = 2 × 64; Falcon-H1's ``mamba_d_ssm`` the same 128), a
 state of 16 (Falcon-H1 learned at its default 1024-wide SSM and 256-wide state passed 4 GB resident); DeepSeek-style MLA widths and expert groups (2
 groups of the 4 experts, 1 of them routed to)."""
+SUFFIXES = {"intermediate_size": 128, "ffn_dim": 128, "num_heads": 8}
+"""Widths named ``<prefix>_<kind>`` that :data:`SMALL` does not list, cut as their kind: NemotronH's
+``mamba_num_heads`` (128 heads of 64) and ``moe_shared_expert_intermediate_size`` (7688), Blenderbot's
+``encoder_ffn_dim`` / ``decoder_ffn_dim`` (10240 beside a 64-wide model): each learning past 4 GB resident."""
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 MAX_KINDS = 8
 """More distinct layers than this: refused (the learner records one layer of each kind; patterns.N_LAYERS)."""
@@ -115,6 +119,9 @@ def _widths(cfg: dict[str, Any]) -> dict[str, Any]:
     for k, v in cfg.items():  # every other vocabulary: an embedding of its rows (gemma-3n's per-layer inputs)
         if "vocab_size" in k and k not in SMALL and type(v) is int and v > SMALL["vocab_size"]:
             out[k] = SMALL["vocab_size"]
+        small = next((w for end, w in SUFFIXES.items() if k.endswith("_" + end)), None)
+        if k not in SMALL and small is not None and type(v) is int and v > small:
+            out[k] = small  # a prefixed width of a kind SMALL names (NemotronH's mamba_num_heads)
     heads, kv = out.get("num_attention_heads"), out.get("num_key_value_heads")
     if isinstance(heads, int) and isinstance(kv, int) and cfg.get("num_key_value_heads") == cfg.get("num_attention_heads"):
         out["num_key_value_heads"] = heads  # multi-head stays multi-head (DeepSeek's MLA runs only so)

@@ -97,11 +97,36 @@ def steps(precision: str, attn: str):
     return runs
 
 
+class _NotRun(Exception):
+    """The held-out config (``cfg``) does not run: ``error``."""
+
+    def __init__(self, cfg: dict[str, Any], error: BaseException) -> None:
+        super().__init__(str(error))
+        self.cfg, self.error = cfg, error
+
+
+def _heldout_run(res: dict[str, Any], free: list[str], reg, precision: str, attn: str):
+    """The held-out config of a learned class and its fresh recording: the first sizes :func:`heldout` finds,
+    recorded at once; only where that recording fails, sizes each checked by a training step (one model built
+    and stepped per variable: most of the check's cost where the first sizes run, as they mostly do).
+
+    :raises _NotRun: with the config and the error, where even the checked sizes do not run."""
+    from .derive import run
+
+    p0 = res["probes"][0]
+    for runs in (None, steps(precision, attn)):
+        cfg, b, s = heldout(p0.cfg, free, reg, p0.b, p0.s, runs=runs)
+        try:
+            return cfg, b, s, run(cfg, precision, attn, b, s)
+        except Exception as e:  # noqa: BLE001
+            if runs is not None:
+                raise _NotRun(cfg, e) from None
+    raise AssertionError("unreachable")
+
+
 def check_graph(data: dict[str, Any], results: dict, specs, log) -> list[str]:
     """Check 1 (see the module doc). Each problem names the variant, the segment, the op and the tensor."""
     from fitplan.api import load_arch_file
-
-    from .derive import run
 
     problems: list[str] = []
     with installed(data):
@@ -109,15 +134,13 @@ def check_graph(data: dict[str, Any], results: dict, specs, log) -> list[str]:
         for precision, attn, reg in specs:
             res = results[(precision, attn, reg.name)]
             free = [v for v in res["variables"] if v not in res.get("held", {})]  # a held size is the file's own
-            cfg, b, s = heldout(res["probes"][0].cfg, free, reg, res["probes"][0].b, res["probes"][0].s,
-                                runs=steps(precision, attn))
             where = f"{precision}/{attn} [{reg.name}]"
             try:
-                rec = run(cfg, precision, attn, b, s)
-            except Exception as e:  # noqa: BLE001
-                problems.append(f"{where}: the held-out config does not run ({held_sizes(cfg, res['variables'])}): "
-                                f"{failing_line(e)}")
-                log(f"  graph check {where} at b={b} s={s}: the held-out config does not run")
+                cfg, b, s, rec = _heldout_run(res, free, reg, precision, attn)
+            except _NotRun as e:
+                problems.append(f"{where}: the held-out config does not run ({held_sizes(e.cfg, res['variables'])}): "
+                                f"{failing_line(e.error)}")
+                log(f"  graph check {where}: the held-out config does not run")
                 continue
             found = _compare(af, cfg, rec, b, s, where)
             problems += found
@@ -210,7 +233,7 @@ def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance
             kw = dict(model=str(path), precision=precision, attn_implementation=attn, gradient_checkpointing=ckpt,
                       per_device_train_batch_size=b, max_seq_length=s, device="cpu", optim="adamw_torch")
             if method == "lora":
-                kw.update(method="lora", lora_r=8, lora_target_modules=("all-linear",))
+                kw.update(method="lora", lora_r=8, lora_target_modules=lora_targets(data))
             est = estimate(**kw)
             rep = validate(est, mode="cpu", memtracker=False)
             comp = rep["components"]
@@ -226,6 +249,32 @@ def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance
             log(f"  memory {precision:10s} {attn:5s} {'ckpt' if ckpt else '    '} {method:4s}: activations "
                 f"{comp['activations']['relative_error']:+.4%}, peak {comp['peak']['relative_error']:+.4%}")
     return problems, rows
+
+
+def lora_targets(data: dict[str, Any]) -> tuple[str, ...]:
+    """The memory check's LoRA targets: ``all-linear``, or where peft refuses some of the linear layers for this
+    model type, every linear layer's name but those (peft 0.21's ``_check_lora_target_modules_mamba``,
+    peft/tuners/tuners_utils.py: LoRA on ``out_proj`` / ``conv1d`` of falcon_h1, mamba, mamba2, falcon_mamba and
+    nemotron_h raises a ValueError, ``all-linear`` included; asked here of peft itself, per name)."""
+    from types import SimpleNamespace
+
+    import peft
+    from peft.tuners import tuners_utils
+
+    check = getattr(tuners_utils, "_check_lora_target_modules_mamba", None)
+    roles = [p["role"] if isinstance(p, dict) else p[2] for p in data.get("params", ())]  # a row, or as written
+    names = sorted({r.split(":", 1)[1] for r in roles if r.startswith("linear:")})
+    if check is None or not names:
+        return ("all-linear",)
+    model = SimpleNamespace(config=SimpleNamespace(model_type=data["model_type"]))
+    kept = []
+    for name in names:
+        try:
+            check(peft.LoraConfig(target_modules=[name]), model, name)
+        except ValueError:
+            continue
+        kept.append(name)
+    return ("all-linear",) if len(kept) == len(names) else tuple(kept)
 
 
 def supports_checkpointing(config: dict[str, Any]) -> bool:
