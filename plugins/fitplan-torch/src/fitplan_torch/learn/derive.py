@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from . import learner, relations, routing
+from .autograd_rules import function_temporaries
 from .fit import FitError, Fitter
 from .fold import fold
 from .limits import data_dependent_note
@@ -511,6 +512,9 @@ def segment_json(cut: Cut, sym: list[dict[str, Any]], n: int, rec: Recording, ba
             kinds = _grad_kinds(rec, bw)
             if kinds:
                 ex["g"] = kinds
+            temp = _function_temporaries(rec, gi, bw) if name == FUNCTION_OP else 0
+            if temp:  # what its Python backward holds beside the gradients (autograd_rules.function_temporaries)
+                ex["bti"] = temp
         ops.append([name, ins, outs, ex] if ex else [name, ins, outs])
     tensors = [[t[0], t[1], t[2]] for t in ssym["sym_tensors"]]
     out = {"t": tensors, "ops": ops, "args": [a[0] for a in seg["args"]]}
@@ -567,6 +571,12 @@ def _local_ref(cut: Cut, n: int, tid: int) -> str:
     if tid in seg["argmap"]:
         return f"a{seg['argmap'][tid]}"
     return cut._ref(tid, n, seg, seg["local"], seg["argmap"])
+
+
+def _function_temporaries(rec: Recording, gi: int, bw: dict[str, Any]) -> float:
+    """A custom autograd Function's (op ``gi``) backward transient per byte of its first input (autograd_rules.py)."""
+    first = rec.ops[gi]["args"][0][1][:1]
+    return function_temporaries(bw, rec.tensors[first[0]] if first else None)
 
 
 def _grad_kinds(rec: Recording, bw: dict[str, Any]) -> str | None:
