@@ -3,7 +3,9 @@ item 3), one class of construct per test, on a real transformers 5.24 type's cla
 ``learn-architecture`` shrinks them.
 
 * a custom autograd Function's backward is Python code: its temporaries are measured while the learner records the
-  backward, as a multiple of the Function's first input (BLOOM's ``GeLUFunction``).
+  backward, as a multiple of the Function's first input (BLOOM's ``GeLUFunction``);
+* a layer whose input is a view of a tensor made before it (ELECTRA's embedding projection, reshaped): the
+  layer's views are based on its argument, so every layer has one graph.
 
 Expected values are measured by torch (the referee: ``fitplan validate``'s CPU run) or derived by hand from the
 model code cited at each test, never taken from the learner's output. Tests that build models are slow
@@ -76,3 +78,30 @@ def test_bloom_gelu_function_backward_temporaries_reach_the_peak():
                 o[3].pop("bti")
     _, rows = V.check_memory(data, cfg, _quiet, cases=cases[:1])
     assert rows[0]["peak"] < -0.01
+
+
+# --------------------------------------------------------------------------- a layer input that is a view
+
+
+def test_electra_layers_view_their_argument_not_the_prologue():
+    """ELECTRA projects its embeddings (``embeddings_project``: ``embedding_size`` -> ``hidden_size``, an
+    ``addmm`` whose output is reshaped to ``(b, s, hidden)``, modeling_electra.py) and hands that view to layer 0.
+    Layer 0's query/key/value ``view(hidden_states)`` were based on the storage's owner, the prologue's ``addmm``
+    output, so layer 0's graph differed from layer 1's and the file, with no layer-kind expression, gave every
+    layer layer 0's graph: layer 1's views were based on the prologue's storage, already saved, and its saved
+    input was lost (the memory check refused ELECTRA: 32-true sdpa full, activations 904852 predicted, 920980
+    measured: 16128 = 3 x 21 x 64 x 4 bytes, one fp32 ``b·s·hidden`` tensor). Now one layer kind, and the referee
+    measures the activations and peak the file predicts."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn import verify as V
+
+    cfg = _small("electra")
+    assert cfg["embedding_size"] != cfg["hidden_size"] and cfg["num_hidden_layers"] >= 2
+    data, _, _ = derive.learn_full(cfg, log=_quiet, variants=(("16", "sdpa"),), first_only=True)
+    assert data["layers"]["kinds"] == ["k0"]
+    layer = data["segments"][data["variants"][0]["layers"]["k0"]]
+    assert not [t for t in layer["t"] if isinstance(t[2], str) and t[2].startswith("P")]
+    cases = [("32-true", "sdpa", False, "full"), ("bf16-true", "sdpa", False, "full")]
+    problems, rows = V.check_memory(data, cfg, _quiet, cases=cases)
+    assert problems == [] and all(r["activations"] == 0 and r["peak"] == 0 for r in rows)
