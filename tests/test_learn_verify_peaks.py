@@ -5,7 +5,9 @@ item 3), one class of construct per test, on a real transformers 5.24 type's cla
 * a custom autograd Function's backward is Python code: its temporaries are measured while the learner records the
   backward, as a multiple of the Function's first input (BLOOM's ``GeLUFunction``);
 * a layer whose input is a view of a tensor made before it (ELECTRA's embedding projection, reshaped): the
-  layer's views are based on its argument, so every layer has one graph.
+  layer's views are based on its argument, so every layer has one graph;
+* a dropout field whose nonzero value the model class refuses (DiffLlama's ``attention_dropout``): recorded at the
+  config's value, not "runs in none of the regimes".
 
 Expected values are measured by torch (the referee: ``fitplan validate``'s CPU run) or derived by hand from the
 model code cited at each test, never taken from the learner's output. Tests that build models are slow
@@ -105,3 +107,21 @@ def test_electra_layers_view_their_argument_not_the_prologue():
     cases = [("32-true", "sdpa", False, "full"), ("bf16-true", "sdpa", False, "full")]
     problems, rows = V.check_memory(data, cfg, _quiet, cases=cases)
     assert problems == [] and all(r["activations"] == 0 and r["peak"] == 0 for r in rows)
+
+
+# --------------------------------------------------------------------------- a dropout the class refuses
+
+
+def test_a_dropout_field_the_class_refuses_is_recorded_at_its_value():
+    """DiffLlama's attention raises ``ValueError: DiffLlama does not support attention_dropout > 0``
+    (modeling_diffllama.py ``DiffLlamaAttention.__init__``), so recording every dropout field at a distinct nonzero
+    probability built no model in any regime and the learner refused the type ("the model runs in none of the
+    regimes"). That field is now found by building the model with it alone and recorded at the config's 0.0;
+    Llama's ``attention_dropout`` is accepted and kept distinct."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.learner import _refused_dropouts
+
+    diff = _small("diffllama")
+    assert _refused_dropouts(diff, {"attention_dropout": 0.13}, "16", "sdpa", _quiet) == ["attention_dropout"]
+    llama = _small("llama")
+    assert _refused_dropouts(llama, {"attention_dropout": 0.13}, "16", "sdpa", _quiet) == []
