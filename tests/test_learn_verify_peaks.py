@@ -7,7 +7,9 @@ item 3), one class of construct per test, on a real transformers 5.24 type's cla
 * a layer whose input is a view of a tensor made before it (ELECTRA's embedding projection, reshaped): the
   layer's views are based on its argument, so every layer has one graph;
 * a dropout field whose nonzero value the model class refuses (DiffLlama's ``attention_dropout``): recorded at the
-  config's value, not "runs in none of the regimes".
+  config's value, not "runs in none of the regimes";
+* a count that must divide the expert count (DeepSeek-V3's expert groups): probed with the experts scaled by it, and
+  a size that changed in that probe only through the experts is fitted over the experts alone.
 
 Expected values are measured by torch (the referee: ``fitplan validate``'s CPU run) or derived by hand from the
 model code cited at each test, never taken from the learner's output. Tests that build models are slow
@@ -125,3 +127,58 @@ def test_a_dropout_field_the_class_refuses_is_recorded_at_its_value():
     assert _refused_dropouts(diff, {"attention_dropout": 0.13}, "16", "sdpa", _quiet) == ["attention_dropout"]
     llama = _small("llama")
     assert _refused_dropouts(llama, {"attention_dropout": 0.13}, "16", "sdpa", _quiet) == []
+
+
+# --------------------------------------------------------------------------- expert groups
+
+
+def _group_envs():
+    """Probes as ``make_probes`` lays them out for DeepSeek-V3's router (E = n_routed_experts, g = n_group): the
+    base (E 4, g 2), E's own probe (8, 2), g's probe with the experts scaled by it (3 groups of 2: 6, 3), b's, s's."""
+    return [{"E": 4, "g": 2, "b": 2, "s": 16}, {"E": 8, "g": 2, "b": 2, "s": 16}, {"E": 6, "g": 3, "b": 2, "s": 16},
+            {"E": 4, "g": 2, "b": 3, "s": 16}, {"E": 4, "g": 2, "b": 2, "s": 20}]
+
+
+def test_a_size_of_the_experts_is_fitted_over_them_alone_where_the_group_probe_moved_them():
+    """By hand from modeling_deepseek_v3.py ``DeepseekV3TopkRouter.forward``: the router's scores are
+    ``(b·s, E)``; their grouped view ``(b·s, g, E // g)``; the group scores ``(b·s, g)``. In g's probe E changes
+    too, so the scores changed there: their width is still E alone; the per-group width ``E // g`` did not change
+    there (the probe keeps 2 experts per group) and is still a quotient; the group scores are g alone. Each fitted
+    expression is checked at sizes no probe used."""
+    from fitplan_torch.learn.fit import Fitter
+
+    from fitplan.arch.archexpr import evaluate
+
+    single = {"E": 1, "g": 2, "b": 3, "s": 4}
+    envs = _group_envs()
+    f = Fitter(envs, single)
+    assert f.companions("g") == {"E"} and f.companions("E") == frozenset()
+    held_out = {"E": 16, "g": 4, "b": 5, "s": 7}
+    for by_hand in (lambda e: e["E"], lambda e: e["b"] * e["s"] * e["E"], lambda e: e["E"] // e["g"],
+                    lambda e: e["g"], lambda e: e["b"] * e["s"] * e["g"]):
+        expr = f.fit([by_hand(e) for e in envs])
+        assert evaluate(expr, held_out) == by_hand(held_out), expr
+    assert "g" not in f.fit([e["E"] for e in envs])
+
+
+def test_the_expert_group_count_is_probed_with_the_experts_scaled_by_it():
+    """DeepSeek-V3's shrunk class defaults (4 experts in 2 groups): a group count alone at 3 or 4 does not run
+    (``view(-1, 3, 1)`` is invalid; one expert per group has no top 2), so n_group was held at 2 and the file
+    refused every real DeepSeek-V3 config (n_group 8). The probe scales the experts with it: 2 experts per group,
+    at the first alternative that runs (checked here with the router's own conditions: E % g == 0, E // g >= 2)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.routing import divisor_probe
+
+    base = {"n_routed_experts": 4, "n_group": 2, "hidden_size": 64}
+    variables = ["n_routed_experts", "n_group", "hidden_size"]
+
+    def attempt(cfg, b, s):
+        e, g = cfg["n_routed_experts"], cfg["n_group"]
+        return ("rec", cfg) if e % g == 0 and e // g >= 2 else (None, None)
+
+    def env_of(cfg, b, s):
+        return {**{v: cfg[v] for v in variables}, "b": b, "s": s}
+
+    cfg, env, rec = divisor_probe(base, variables, "n_group", 2, 16, attempt, env_of, ())
+    assert rec == "rec" and cfg["n_routed_experts"] == 2 * cfg["n_group"] and cfg["n_group"] != 2
+    assert divisor_probe(base, variables, "hidden_size", 2, 16, attempt, env_of, ()) is None

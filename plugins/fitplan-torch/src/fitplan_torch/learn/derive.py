@@ -383,10 +383,14 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
                 break
         else:
             got = relations.coupled_probe(base, variables, name, b, s, attempt, env_of, regime.fixed)
-            if got is None:
-                unprobed.append((name, val))
-                continue
-            log(f"    {name} probed with {relations.PRODUCTS} (the model needs the product)")
+            if got is not None:
+                log(f"    {name} probed with {relations.PRODUCTS} (the model needs the product)")
+            else:
+                got = routing.divisor_probe(base, variables, name, b, s, attempt, env_of, regime.fixed)
+                if got is None:
+                    unprobed.append((name, val))
+                    continue
+                log(f"    {name} probed with the experts scaled by it (it divides the expert count)")
             single[name] = len(probes)
             probes.append(Probe(got[0], b, s, got[1]))
             recs.append(got[2])
@@ -412,7 +416,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
                 new = get_var(p.cfg, name) if mult == 0 else alternatives(name, get_var(p.cfg, name))[0]
                 for k in [name] + [f for f, lead in followers.items() if lead == name]:
                     put_var(cfg, k, new)
-        rec, used = attempt(relations.keep_products(cfg, base), bb, ss)
+        rec, used = attempt(routing.keep_divisors(relations.keep_products(cfg, base), base), bb, ss)
         if rec is not None:
             probes.append(Probe(used, bb, ss, env_of(used, bb, ss)))
             recs.append(rec)

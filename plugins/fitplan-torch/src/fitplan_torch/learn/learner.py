@@ -85,6 +85,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     D.NESTED.clear()
     D.FOLLOWERS.clear()
     relations.PRODUCTS.clear()
+    routing.DIVISORS.clear()
     D.NESTED.update(D.nested_variables(base))
     variables = D.size_variables(base) + list(D.NESTED)
     log(f"learning {model_type}: variables {variables}")
