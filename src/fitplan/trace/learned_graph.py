@@ -231,14 +231,32 @@ class Builder:
         saved = saved if node else []
         work = op_work.aten(name, named, outs, saved, [t for t, _ in grad_ins], [k for _, k in grad_ins],
                             sum(p.nbytes for p, _ in params), node)
-        temp = as_int(compile_expr(extra["bt"])(self.env)) if node and extra.get("bt") else 0
-        if node and name in BACKWARD_TEMPORARIES:
-            arg, count = BACKWARD_TEMPORARIES[name]
-            t = named.get(arg)
-            if t is not None and not isinstance(t, list) and t.rg:
-                n = t.nbytes
-                temp += count * (-(-n // tr.spec.block) * tr.spec.block if tr.rounding else n)
+        temp = self.backward_temporaries(name, named, extra) if node else 0
         tr.emit(label or name, flat_in, outs + clones, saved, grad_ins, params, node, bwd_temp=temp, work=work)
+
+    def backward_temporaries(self, name: str, named: dict[str, Any], extra: dict[str, Any]) -> int:
+        """Bytes the op's backward holds beside the gradients it returns: the file's ``bt`` (an expression),
+        :data:`BACKWARD_TEMPORARIES`, and ``bti``, a custom autograd Function's measured transient as a multiple of
+        its first input's bytes (its backward is Python code no derivatives.yaml entry describes: the learner saw
+        it run, fitplan-torch learn/autograd_rules.py ``function_temporaries``)."""
+        temp = as_int(compile_expr(extra["bt"])(self.env)) if extra.get("bt") else 0
+        arg, count = BACKWARD_TEMPORARIES.get(name, (None, 0))
+        if extra.get("bti"):
+            arg, count = "inputs", extra["bti"]
+        t = named.get(arg) if arg else None
+        if isinstance(t, list):
+            t = next((x for x in t if x is not None), None)
+        if t is not None and t.rg and count:  # whole tensors of the input's size, each its own allocation
+            whole, n = int(count), t.nbytes
+            temp += whole * self._rounded(n)
+            if count != whole:  # a fraction of the input (a plain number: n may be symbolic, trace/symbolic.py)
+                temp += self._rounded(as_int(round((count - whole) * n)))
+        return temp
+
+    def _rounded(self, n: int) -> int:
+        """``n`` bytes as the CUDA caching allocator hands them out (rounded up to its block), else as they are."""
+        tr = self.tr
+        return -(-n // tr.spec.block) * tr.spec.block if tr.rounding else n
 
     def differentiable_args(self, name: str, rule: dict[str, Any]) -> list[str]:
         """The argument names of op ``name``'s differentiable inputs (its rule's ``d``, a list's ``*`` mark dropped)."""

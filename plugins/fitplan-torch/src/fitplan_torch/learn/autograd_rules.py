@@ -146,3 +146,28 @@ def source() -> dict[str, str]:
 
     return {"torch": torch.__version__.split("+")[0], "file": "torchgen/packaged/autograd/derivatives.yaml",
             "guards": "torchgen/packaged/autograd/gen_variable_type.py guard_for"}
+
+
+ITEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1,
+              "c64": 8}
+"""Bytes per element of the recorder's dtype codes (learn/record.py ``DTYPES``)."""
+
+
+def function_temporaries(backward: dict[str, Any], first_input: dict[str, Any] | None) -> float:
+    """A custom ``torch.autograd.Function``'s backward transient, in units of its first input's bytes: what its
+    node held at its peak beyond the gradients it returned (``peak`` and ``new``, measured by the recorder on the
+    node's run: learn/record.py ``_record_backward``). Its backward is Python code (BLOOM's ``GeLUFunction`` calls
+    ``bloom_gelu_back``: ``tanh_out``, ``ff`` and the products between them live together, modeling_bloom.py), so
+    derivatives.yaml says nothing of it; the core multiplies it by the scenario's input bytes (``bti``,
+    fitplan/trace/learned_graph.py ``backward_temporaries``). A whole number when the temporaries are of the
+    input's size; 0 when the node holds nothing more. ``first_input``: the recorder's tensor entry (shape, dtype)."""
+    if first_input is None:
+        return 0
+    input_bytes = ITEM_BYTES.get(first_input["dtype"], 0)
+    for n in first_input["shape"]:
+        input_bytes *= n
+    extra = backward.get("peak", 0) - backward.get("new", 0)
+    if input_bytes <= 0 or extra <= 0:
+        return 0
+    ratio = extra / input_bytes
+    return round(ratio) if abs(ratio - round(ratio)) < 1e-9 else round(ratio, 6)

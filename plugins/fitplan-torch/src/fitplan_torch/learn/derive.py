@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from . import learner, relations, routing
+from .autograd_rules import function_temporaries
 from .fit import FitError, Fitter
 from .fold import fold
 from .limits import data_dependent_note
@@ -401,10 +402,14 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
                 break
         else:
             got = relations.coupled_probe(base, variables, name, b, s, attempt, env_of, regime.fixed)
-            if got is None:
-                unprobed.append((name, val))
-                continue
-            log(f"    {name} probed with {relations.PRODUCTS} (the model needs the product)")
+            if got is not None:
+                log(f"    {name} probed with {relations.PRODUCTS} (the model needs the product)")
+            else:
+                got = routing.divisor_probe(base, variables, name, b, s, attempt, env_of, regime.fixed)
+                if got is None:
+                    unprobed.append((name, val))
+                    continue
+                log(f"    {name} probed with the experts scaled by it (it divides the expert count)")
             single[name] = len(probes)
             probes.append(Probe(got[0], b, s, got[1]))
             recs.append(got[2])
@@ -430,7 +435,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
                 new = get_var(p.cfg, name) if mult == 0 else alternatives(name, get_var(p.cfg, name))[0]
                 for k in [name] + [f for f, lead in followers.items() if lead == name]:
                     put_var(cfg, k, new)
-        rec, used = attempt(relations.keep_products(cfg, base), bb, ss)
+        rec, used = attempt(routing.keep_divisors(relations.keep_products(cfg, base), base), bb, ss)
         if rec is not None:
             probes.append(Probe(used, bb, ss, env_of(used, bb, ss)))
             recs.append(rec)
@@ -530,6 +535,9 @@ def segment_json(cut: Cut, sym: list[dict[str, Any]], n: int, rec: Recording, ba
             kinds = _grad_kinds(rec, bw)
             if kinds:
                 ex["g"] = kinds
+            temp = _function_temporaries(rec, gi, bw) if name == FUNCTION_OP else 0
+            if temp:  # what its Python backward holds beside the gradients (autograd_rules.function_temporaries)
+                ex["bti"] = temp
         ops.append([name, ins, outs, ex] if ex else [name, ins, outs])
     tensors = [[t[0], t[1], t[2]] for t in ssym["sym_tensors"]]
     out = {"t": tensors, "ops": ops, "args": [a[0] for a in seg["args"]]}
@@ -586,6 +594,12 @@ def _local_ref(cut: Cut, n: int, tid: int) -> str:
     if tid in seg["argmap"]:
         return f"a{seg['argmap'][tid]}"
     return cut._ref(tid, n, seg, seg["local"], seg["argmap"])
+
+
+def _function_temporaries(rec: Recording, gi: int, bw: dict[str, Any]) -> float:
+    """A custom autograd Function's (op ``gi``) backward transient per byte of its first input (autograd_rules.py)."""
+    first = rec.ops[gi]["args"][0][1][:1]
+    return function_temporaries(bw, rec.tensors[first[0]] if first else None)
 
 
 def _grad_kinds(rec: Recording, bw: dict[str, Any]) -> str | None:

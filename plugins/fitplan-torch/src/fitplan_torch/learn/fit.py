@@ -156,12 +156,50 @@ class Fitter:
             self.cache[y] = got
         return got
 
+    def companions(self, v: str) -> frozenset:
+        """The variables that change with ``v`` in its own probe (the expert count in an expert-group count's probe,
+        :func:`.routing.divisor_probe`); empty for a probe where ``v`` alone changes."""
+        k = self.single[v]
+        return frozenset(u for u in self.env[k] if u != v and u not in ("b", "s") and self.env[k][u] != self.env[0][u])
+
     def _fit(self, y: tuple[int, ...]) -> str:
         deps = self.deps(y)
+        # where v's own probe moved its companions too (:meth:`companions`), a size that changed there may not
+        # depend on v (it changed through them: ``fewer``), and one that did not may (a quotient the probe keeps,
+        # experts per group: ``more``). Monomials over fewer, then over the size's own variables, then over more;
+        # the wider forms last (a sum or a power of two over other variables would fit a few probes by chance)
+        loose = sorted(v for v in deps if self.companions(v) and self.companions(v) <= deps)
+        fewer = [deps - set(drop) for k in range(len(loose), 0, -1) for drop in itertools.combinations(loose, k)]
+        more = [deps | {v} for v in sorted(self.single) if v not in deps and self.companions(v) & deps]
+        for d in fewer + [deps] + more:
+            got = self._monomial(d, y) if d else None
+            if got is not None:
+                return got
+        try:
+            return self._fit_over(deps, y)
+        except FitError:
+            for d in fewer + more:
+                try:
+                    return self._fit_over(d, y)
+                except FitError:
+                    continue
+            raise
+
+    def _fit_over(self, deps: frozenset, y: tuple[int, ...]) -> str:
         if not deps:
             if len(set(y)) == 1:
                 return str(y[0])
             raise FitError(f"values {list(y)} change across probes but with no single variable")
+        best = self._monomial(deps, y)
+        if best is not None:
+            return best
+        best = self._ceil_quotient(deps, y)
+        if best is not None:
+            return best
+        return self._wider(deps, y)
+
+    def _monomial(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
+        """``c · Π vᵢ^eᵢ`` over exactly ``deps`` (the shortest that fits), or None."""
         fy = tuple(Fraction(v) for v in y)
         best = None
         for mono, val in self.monos(deps, True):
@@ -177,11 +215,10 @@ class Fitter:
                 if self.check(s, y):
                     best = s
                     break
-        if best is not None:
-            return best
-        best = self._ceil_quotient(deps, y)
-        if best is not None:
-            return best
+        return best
+
+    def _wider(self, deps: frozenset, y: tuple[int, ...]) -> str:
+        """The forms after a monomial and a rounded-up count (the module doc, 3 to 7)."""
         for f in self.floats:
             if f not in deps:
                 continue

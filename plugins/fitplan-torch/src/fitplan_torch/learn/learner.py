@@ -86,6 +86,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     D.FOLLOWERS.clear()
     D.RECENT.clear()
     relations.PRODUCTS.clear()
+    routing.DIVISORS.clear()
     D.NESTED.update(D.nested_variables(base))
     variables = D.size_variables(base) + list(D.NESTED)
     log(f"learning {model_type}: variables {variables}")
@@ -207,6 +208,10 @@ def _dropout_sites(rec: ModelRecord, distinct: dict[str, float], precision: str,
         except Exception as e:  # noqa: BLE001 - e.g. DeepSeek-V2's attention needs kv heads == heads
             log(f"    regime {default.name} does not run: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
     if rec_map is None:
+        refused = _refused_dropouts(rec.base, distinct, precision, attn, log)
+        if refused:  # learned at the config's value: the model takes no other
+            return _dropout_sites(rec, {f: p for f, p in distinct.items() if f not in refused}, precision, attn, b, s,
+                                  log)
         raise D.LearnError(f"{precision}/{attn}: the model runs in none of the regimes")
     pf = []
     sdpa_fields = set()
@@ -218,6 +223,27 @@ def _dropout_sites(rec: ModelRecord, distinct: dict[str, float], precision: str,
             if o["pseudo"] == "sdpa" and found:
                 sdpa_fields.add(found)
     return {**mapped, **{f: 0.0 for f in sdpa_fields}}, pf
+
+
+def _refused_dropouts(base: dict[str, Any], distinct: dict[str, float], precision: str, attn: str, log) -> list[str]:
+    """The dropout fields whose nonzero probability the model class refuses when it is built (DiffLlama's attention:
+    ``ValueError: DiffLlama does not support attention_dropout > 0``, modeling_diffllama.py): recorded at the
+    config's value, their call sites have no dropout, as in every config the class accepts."""
+    from . import derive as D
+
+    try:
+        D.build(base, precision, attn)
+    except Exception:  # noqa: BLE001 - the config itself does not build: no field to blame
+        return []
+    refused = []
+    for f, p in distinct.items():
+        try:
+            D.build({**base, f: p}, precision, attn)
+        except Exception as e:  # noqa: BLE001 - the class's own check, whatever it raises
+            refused.append(f)
+            log(f"    dropout field {f}: the model refuses {p} ({type(e).__name__}: {str(e).splitlines()[0][:100]}); "
+                f"recorded at {base.get(f)!r}")
+    return refused
 
 
 def _regime_classes(rec: ModelRecord, vbase: dict[str, Any], precision: str, attn: str, b: int, s: int,

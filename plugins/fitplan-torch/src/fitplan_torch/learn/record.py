@@ -593,12 +593,13 @@ def _record_backward(r: _Recorder, model, loss, dmode) -> None:
             if entry is None:
                 return
             entry["out"] = [None if g is None else r.storage(g) for g in grad_inputs]
+            entry["new"] = sum(r.rec.storages[s]["nbytes"] for s in set(entry["out"]) - set(entry["in"]) - {None})
             for g in grad_inputs:
                 if g is not None:
                     grad_storages[r.storage(g)] = True
             idx = entry["op"]
             if idx is not None:
-                rec.backward[idx] = {k: entry[k] for k in ("node", "in", "out", "allocs", "frees", "peak")}
+                rec.backward[idx] = {k: entry[k] for k in ("node", "in", "out", "allocs", "frees", "peak", "new")}
                 rec.backward_order.append(idx)
             r.bwd_cur = None
         return f

@@ -19,6 +19,7 @@ transient, from k·T/E rows (balanced) up to T (every token on one expert).
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any
 
 from .configrules import EXPERTS
@@ -106,3 +107,50 @@ def balanced(model, cfg: dict[str, Any]):
     finally:
         for h in handles:
             h.remove()
+
+
+def divisor_probe(base: dict[str, Any], variables: list[str], name: str, b: int, s: int, attempt, env_of,
+                  fixed) -> tuple | None:
+    """A probe for ``name``, a count that must divide the expert count (expert groups: DeepSeek-V3's router views
+    its ``n_routed_experts`` scores as ``(n_group, n_routed_experts // n_group)`` and takes the top 2 of each group,
+    modeling_deepseek_v3.py ``DeepseekV3TopkRouter``), where no value of ``name`` alone runs with the same ops: the
+    experts scale with it, ``E = name' · (E / name)``, the experts per group kept. ``(cfg, env, recording)`` or None.
+    The expert count keeps its own probe; the fitter (:mod:`.fit`) reads a size that changes here and in the
+    experts' probe as the experts' alone when that fits."""
+    from .derive import alternatives, get_var, put_var
+
+    experts = next((e for e in EXPERTS + ("moe_num_experts",) if e in variables and e != name), None)
+    g, e = get_var(base, name), get_var(base, experts) if experts else None
+    if not (isinstance(g, int) and isinstance(e, int) and g > 0 and e % g == 0 and e > g):
+        return None
+    env0 = env_of(base, b, s)
+    for alt in alternatives(name, g):
+        cfg = copy.deepcopy(base)
+        put_var(cfg, name, alt)
+        put_var(cfg, experts, alt * (e // g))
+        rec, used = attempt(cfg, b, s)
+        if rec is None:
+            continue
+        env = env_of(used, b, s)
+        if {k for k in env if env[k] != env0[k]} - set(fixed) == {name, experts}:
+            DIVISORS[name] = experts
+            return used, env, rec
+    return None
+
+
+DIVISORS: dict[str, str] = {}
+"""``count -> expert count`` for the counts :func:`divisor_probe` probed in the current learning (cleared with
+``relations.PRODUCTS``)."""
+
+
+def keep_divisors(cfg: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` (a joint probe: every variable changed at once) with each expert count of :data:`DIVISORS` raised to
+    the next multiple of its group count, at least as many experts per group as ``base`` has (the router takes the
+    top 2 of each group)."""
+    from .derive import get_var, put_var
+
+    for name, experts in DIVISORS.items():
+        g, e, g0, e0 = (get_var(c, k) for c in (cfg, base) for k in (name, experts))
+        if all(isinstance(v, int) and v > 0 for v in (g, e, g0, e0)) and e0 % g0 == 0:
+            put_var(cfg, experts, g * max(e0 // g0, -(-e // g)))
+    return cfg

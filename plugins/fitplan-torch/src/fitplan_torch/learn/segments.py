@@ -83,6 +83,20 @@ class Cut:
             return f"t{local[tid]}"
         raise ValueError(f"segment {n} ({seg['kind']}) reads tensor {tid} {t} from outside its arguments")
 
+    def _view_base(self, owner: int, sid: int, n: int, seg: dict[str, Any], local: dict[int, int],
+                   args: dict[int, int]) -> str:
+        """The base of a view of storage ``sid``: its owner where the segment holds it, else an argument on that
+        storage. ELECTRA's first layer receives a view of the embedding projection's output (``hidden_states``
+        reshaped): its owner is a prologue tensor, but the layer sees it as ``a0``; naming the owner (``P15``) made
+        layer 0's graph differ from the others', and a file whose layers all take layer 0's graph based every
+        layer's views on the prologue's storage (one ``b·s·hidden`` saved tensor fewer per layer after the
+        first)."""
+        if owner not in local and owner not in args:
+            on_storage = [tid for tid in args if self.rec.tensors[tid]["sid"] == sid]
+            if on_storage:
+                return f"a{args[on_storage[0]]}"
+        return self._ref(owner, n, seg, local, args)
+
     def _segment(self, n: int, seg: dict[str, Any]) -> None:
         rec = self.rec
         local: dict[int, int] = {}
@@ -120,7 +134,7 @@ class Cut:
                 owner = rec.storages[t["sid"]]["owner"]
                 base = None
                 if owner != tid:
-                    base = self._ref(owner, n, seg, local, args)
+                    base = self._view_base(owner, t["sid"], n, seg, local, args)
                 local[tid] = len(tensors)
                 self.owner_seg[tid] = (n, len(tensors))
                 tensors.append([list(t["shape"]), t["dtype"], base, rec.storages[t["sid"]]["nbytes"] if base is None else None,
