@@ -754,6 +754,13 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
     from fitplan.api import compile_expr
 
     env = hf_config(res["probes"][0].cfg).to_dict()
+    built = getattr(hf_config(res["probes"][0].cfg), "num_hidden_layers", None)
+    if kind_expr and isinstance(built, int) and nlayers < built:
+        # MllamaTextModel skips its cross-attention layers without image inputs (modeling_mllama.py: ``if
+        # is_cross_attention_layer and cross_attention_states is None ...: continue``): no graph for that kind
+        raise LearnError(f"the training step runs {nlayers} of the model's {built} layers: a kind of layer the "
+                         "step skips (cross-attention without image inputs) records no ops, so the file has no "
+                         "graph for it")
     for j in range(nlayers):
         seg = dict(segs[1 + j])
         # the decoder loop holds a layer's input until the layer returns
