@@ -28,9 +28,10 @@ def _kind(cfg: dict) -> str:
     """The layer ``kind`` expression the learner writes for ``cfg`` (shrunk, then resolved by the class, as
     ``learn_full`` does)."""
     from fitplan_torch.learn import derive, patterns
+    from fitplan_torch.learn.learner import _base_config
     from fitplan_torch.learn.shrink import shrink
 
-    base = derive.hf_config(shrink(cfg)).to_dict()
+    base, _ = _base_config(shrink(cfg))  # untied, token ids inside the vocabulary: as record_model starts
     found = patterns.learn_pattern(base, derive.size_variables(base), lambda *a: None)
     assert found is not None, "every layer alike"
     return patterns.kind_expression(found["rules"])
@@ -227,3 +228,157 @@ def test_mamba2_in_proj_width_fits_as_a_sum_of_three_products():
     assert expr is not None
     unseen = {"hidden_size": 96, "mamba_expand": 3, "mamba_n_groups": 4, "mamba_d_state": 24, "mamba_n_heads": 6}
     assert compile_expr(expr)(unseen) == width(unseen)
+
+
+# --------------------------------------------------------------------------- the second search (patternsearch.py)
+
+
+def test_a_part_is_split_into_the_class_and_attributes_of_its_modules():
+    """A part's signature (module, class, attributes, parameter shapes) becomes one component per module (class and
+    shapes) and one per attribute; a module the layer lacks has none."""
+    import json
+
+    from fitplan_torch.learn import patternsearch
+
+    sig = json.dumps([["", "SlidingLayer", {"is_block_boundary": True}, {}], ["norm", "RMSNorm", {}, {"weight": [16]}]])
+    got = patternsearch.components(sig)
+    assert got == {":class": '["SlidingLayer", {}]', ".is_block_boundary": "true",
+                   "norm:class": '["RMSNorm", {"weight": [16]}]'}
+    assert patternsearch.components(None) == {}
+
+
+def _dense_first(n: int, k: int = 3) -> list[dict[str, str]]:
+    """BeamConfig's derived ``mlp_layer_types``: ``"dense"`` for the first ``min(3, n)`` layers (configuration_beam.py)."""
+    return [{"mlp": "dense" if i < min(k, n) else "sparse"} for i in range(n)]
+
+
+def test_a_list_rule_and_a_rule_over_constants_for_the_derived_list_are_fitted_apart():
+    """Where the config states the list, the layer follows it; where it does not, the class derives the first three
+    layers dense. The joined rule places configs the search never saw: a stated list and three layer counts."""
+    from fitplan_torch.learn import patterns, patternsearch
+
+    observed = []
+    for n in (8, 12):  # derived: the list absent
+        observed.append(({"L": None, "num_hidden_layers": n}, {"num_hidden_layers": n}, _dense_first(n)))
+    rnd = random.Random(2)
+    for _ in range(6):  # stated
+        types = [rnd.choice(("dense", "sparse")) for _ in range(8)]
+        observed.append(({"L": types, "num_hidden_layers": 8}, {"num_hidden_layers": 8},
+                         [{"mlp": t} for t in types]))
+    patterns.DEFAULTS.clear()
+    lists = {"L": [('L[i] == "dense"', lambda i, c: c[0]["L"][i] == "dense")]}
+    rules = patternsearch.constant_rules([], 8, "num_hidden_layers")
+    expr = patternsearch.split_rule("mlp", "dense", observed, lists, rules, patterns._given, patterns._fit,
+                                    patterns._conjunction)
+    assert expr is not None
+    f = compile_expr(expr)
+    for n in (4, 20, 61):
+        assert [f({"L": None, "num_hidden_layers": n, "i": i}) for i in range(n)] == \
+            [x["mlp"] == "dense" for x in _dense_first(n)], (expr, n)
+    stated = ["sparse", "dense", "sparse", "dense", "dense"]
+    assert [f({"L": stated, "i": i}) for i in range(5)] == [t == "dense" for t in stated]
+
+
+def test_a_rule_over_constants_must_hold_at_the_second_layer_count():
+    """Only the first layer differs (Inkling2's first decoder layer has no ``attention_input``: modeling_inkling2.py
+    ``... if layer_idx > 0 else None``). At eight layers alone ``i % 8 == 0`` places it as well as ``i == 0``; with
+    twelve layers observed too, the rule found places the first layer only, at any layer count."""
+    from fitplan_torch.learn import patterns, patternsearch
+
+    def first(n):
+        return [{"attention_input": "none" if i == 0 else "residual"} for i in range(n)]
+
+    rules = patternsearch.constant_rules([], 8, "num_hidden_layers")
+    one = [({"num_hidden_layers": 8}, {"num_hidden_layers": 8}, first(8))]
+    assert patterns._fit("attention_input", "none", one, [r for r in rules if r[0] == "i % 8 == 0"])
+    two = one + [({"num_hidden_layers": 12}, {"num_hidden_layers": 12}, first(12))]
+    expr = patternsearch.rule_for("attention_input", "none", two, rules, patterns._fit, patterns._conjunction)
+    f = compile_expr(expr)
+    assert [f({"num_hidden_layers": 24, "i": i}) for i in range(24)] == [i == 0 for i in range(24)], expr
+
+
+def _beam_forms(n: int, **kw) -> tuple[list, dict]:
+    """Per layer of a tiny BeamModel: its MLP class and whether its attention slides (modeling_beam.py
+    ``BeamDecoderLayer``), and the config as given (lists absent unless stated)."""
+    from transformers import BeamConfig, BeamModel
+
+    tiny = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, n_group=1, topk_group=1)
+    model = BeamModel(BeamConfig(**tiny, num_hidden_layers=n, **kw))
+    forms = [(type(layer.mlp).__name__, layer.self_attn.sliding_window is not None) for layer in model.layers]
+    return forms, {"num_hidden_layers": n, "layer_types": None, "mlp_layer_types": None, **kw}
+
+
+def test_beam_places_the_dense_mlps_and_full_attention_layers_its_class_derives():
+    """BeamConfig derives ``mlp_layer_types`` (``"dense"`` for the first ``min(3, num_hidden_layers)``) and
+    ``layer_types`` (full attention every sixth layer and at the last one) when a config states neither
+    (configuration_beam.py ``__post_init__``): refused before ("no rule of the layer-pattern family explains which
+    layers have which 'mlp'"). The learned rule places the layers of models transformers builds at three layer
+    counts, and at a stated pattern."""
+    pytest.importorskip("transformers")
+    f = compile_expr(_kind(_defaults("beam")))
+    for n, kw in ((5, {}), (9, {}), (13, {}),
+                  (6, {"mlp_layer_types": ["sparse", "dense"] * 3, "layer_types": ["full_attention"] * 3 +
+                       ["sliding_attention", "full_attention", "full_attention"]})):
+        forms, env = _beam_forms(n, **kw)
+        got = [f({**env, "i": i}) for i in range(n)]
+        assert _same_partition(got, forms) and len(set(forms)) > 1, (n, kw, got, forms)
+
+
+def test_zamba_places_its_hybrid_layers_counted_from_the_third():
+    """ZambaConfig derives ``layers_block_type``: layers 0 and 1 Mamba, layer 2 hybrid, then hybrid where ``(i - 3) %
+    attn_layer_period == attn_layer_offset`` (configuration_zamba.py); ZambaModel builds a ZambaHybridLayer there
+    (modeling_zamba.py). Refused before; the learned rule places the layers of models built at three (layers,
+    period, offset)."""
+    pytest.importorskip("transformers")
+    from transformers import ZambaConfig, ZambaModel
+
+    f = compile_expr(_kind(_defaults("zamba")))
+    tiny = dict(vocab_size=32, hidden_size=16, num_attention_heads=2, num_key_value_heads=2, n_mamba_heads=2,
+                intermediate_size=32, mamba_d_state=4, mamba_dt_rank=4)
+    for n, period, offset in ((9, 3, 1), (14, 6, 4), (11, 2, 0)):
+        forms = [type(layer).__name__ for layer in ZambaModel(ZambaConfig(
+            **tiny, num_hidden_layers=n, attn_layer_period=period, attn_layer_offset=offset)).layers]
+        env = {"num_hidden_layers": n, "attn_layer_period": period, "attn_layer_offset": offset,
+               "layers_block_type": None}
+        got = [f({**env, "i": i}) for i in range(n)]
+        assert _same_partition(got, forms), (n, period, offset, got, forms)
+
+
+def test_mllama_places_its_cross_attention_layers_stated_or_default():
+    """MllamaTextModel builds a cross-attention layer where ``layer_idx in cross_attention_layers``
+    (modeling_mllama.py); MllamaTextConfig's default is ``[3, 8, 13, ..., 38]`` (configuration_mllama.py). The
+    learned rule places a stated list and the default's layers, at three layer counts."""
+    pytest.importorskip("transformers")
+    from transformers import MllamaTextConfig
+    from transformers.models.mllama.modeling_mllama import MllamaTextModel
+
+    f = compile_expr(_kind(_defaults("mllama")["text_config"]))  # the text config, as the CLI reads it
+    tiny = dict(vocab_size=32, pad_token_id=0, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                num_key_value_heads=1)
+    for n, stated in ((6, [1, 4]), (9, None), (14, None)):
+        cfg = MllamaTextConfig(**tiny, num_hidden_layers=n, **({"cross_attention_layers": stated} if stated else {}))
+        forms = [type(layer).__name__ for layer in MllamaTextModel(cfg).layers]
+        got = [f({"cross_attention_layers": stated, "num_hidden_layers": n, "i": i}) for i in range(n)]
+        assert _same_partition(got, forms) and len(set(forms)) == 2, (n, stated, got, forms)
+
+
+def test_inkling2_places_its_layers_by_class_block_boundary_and_first_layer():
+    """Inkling2TextModel builds a full or sliding layer by ``layer_types[i]`` (``"hybrid"`` every sixth layer when
+    derived, configuration_inkling2.py), marks ``is_block_boundary = layer_idx % n_layers_per_attn_res_block == 0``
+    and gives the first layer no ``attention_input`` (modeling_inkling2.py): three forms of the layer's own part
+    that no one-against-the-rest rule separated. Split into components, the rule places the layers of models built
+    at three (layers, block) settings."""
+    pytest.importorskip("transformers")
+    from transformers import Inkling2TextConfig, Inkling2TextModel
+
+    f = compile_expr(_kind(_defaults("inkling2_text")))
+    tiny = dict(vocab_size=32, unpadded_vocab_size=32, hidden_size=16, num_attention_heads=2, num_key_value_heads=1,
+                head_dim=8, swa_num_attention_heads=2, swa_num_key_value_heads=1, swa_head_dim=8,
+                moe_intermediate_size=8, n_routed_experts=4, num_experts_per_tok=2)
+    for n, block in ((8, 3), (13, 2), (7, 4)):
+        model = Inkling2TextModel(Inkling2TextConfig(**tiny, num_hidden_layers=n, n_layers_per_attn_res_block=block))
+        forms = [(type(layer).__name__, layer.is_block_boundary, layer.attention_input is None) for layer in model.layers]
+        env = {"num_hidden_layers": n, "n_layers_per_attn_res_block": block, "layer_types": None}
+        got = [f({**env, "i": i}) for i in range(n)]
+        assert _same_partition(got, forms), (n, block, got, forms)

@@ -757,6 +757,17 @@ def _layer_template(name: str, layer_prefix: str) -> tuple[str, int | None]:
     return layer_prefix + ".{i}." + name[m.end():], int(m.group(1))
 
 
+def _every_layer_runs(res: dict[str, Any], nlayers: int) -> None:
+    """Refuse a model whose training step skips layers of a kind (MllamaTextModel skips its cross-attention layers
+    without image inputs, modeling_mllama.py: ``if is_cross_attention_layer and cross_attention_states is None ...:
+    continue``): they record no ops, so the file would have no graph for that kind."""
+    built = getattr(hf_config(res["probes"][0].cfg), "num_hidden_layers", None)
+    if isinstance(built, int) and nlayers < built:
+        raise LearnError(f"the training step runs {nlayers} of the model's {built} layers: a kind of layer the "
+                         "step skips (cross-attention without image inputs) records no ops, so the file has no "
+                         "graph for it")
+
+
 def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | None, segments: dict[str, Any],
                   layer_prefix: str, kind_expr: str | None = None) -> dict[str, Any]:
     cut, rec, segs = res["cut"], res["rec"], res["segments"]
@@ -787,6 +798,8 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
     from fitplan.api import compile_expr
 
     env = hf_config(res["probes"][0].cfg).to_dict()
+    if kind_expr:
+        _every_layer_runs(res, nlayers)
     for j in range(nlayers):
         seg = dict(segs[1 + j])
         # the decoder loop holds a layer's input until the layer returns

@@ -28,6 +28,9 @@ import itertools
 import json
 from typing import Any
 
+from .patternsearch import (_conjunction, _cover, components, constant_rules, rule_for,  # noqa: F401
+                            split_observed, split_rule)
+
 
 class PatternError(ValueError):
     """A layer pattern the templates above cannot express (``fitplan learn-architecture`` refuses the type,
@@ -35,6 +38,9 @@ class PatternError(ValueError):
 
 SKIP_ATTRS = {"training", "_is_hf_initialized", "layer_idx", "_modules", "_parameters", "_buffers"}
 N_LAYERS = 8
+N_LAYERS_ALT = 12
+"""A second layer count the observations include, where a rule over constants fitted at ``N_LAYERS`` alone (``i % 8
+== 0`` for the first layer) fails."""
 
 
 def _scalar(v: Any) -> bool:
@@ -228,6 +234,25 @@ def candidates(cfg: dict[str, Any], ints: list[str], lists: list[str], resolved:
     the rule falls back to one on integers or constants (written ``(list rule) if L is not None else (...)``)."""
     simple = _int_rules(ints)
     out: list[tuple[str, Any]] = list(simple)
+    for f, list_rules in list_rule_sets(lists, resolved).items():
+        out.extend(list_rules)
+        for le, lf in list_rules:
+            for se, sf in simple:
+                # membership combined with an integer rule (qwen2_moe: in mlp_only_layers or off the step)
+                out.append((f"({le}) and ({se})", lambda i, c, lf=lf, sf=sf: lf(i, c) and sf(i, c)))
+                out.append((f"({le}) or ({se})", lambda i, c, lf=lf, sf=sf: lf(i, c) or sf(i, c)))
+        for le, lf in list_rules:
+            for se, sf in simple:
+                # the list rule when the config gives the list, the fallback when the class derives it
+                out.append((f"({le}) if {f} is not None else ({se})",
+                            lambda i, c, f=f, lf=lf, sf=sf: lf(i, c) if _given(c, f) else sf(i, c)))
+    return out
+
+
+def list_rule_sets(lists: list[str], resolved: dict[str, Any]) -> dict[str, list[tuple[str, Any]]]:
+    """Per list field, the rules on it alone: one per value of a list of layer kinds (its entry at ``i``, or at ``i``
+    modulo its length), or membership and truth for a list of indices or flags."""
+    out = {}
     for f in lists:
         vals = resolved.get(f)
         if not isinstance(vals, list):
@@ -243,17 +268,7 @@ def candidates(cfg: dict[str, Any], ints: list[str], lists: list[str], resolved:
                           (f"i not in {f}", lambda i, c, f=f: i not in (_lv(c, f) or ())),
                           (f"bool({f}[i])", lambda i, c, f=f: bool(_lv(c, f)[i])),
                           (f"not {f}[i]", lambda i, c, f=f: not _lv(c, f)[i])]
-        out.extend(list_rules)
-        for le, lf in list_rules:
-            for se, sf in simple:
-                # membership combined with an integer rule (qwen2_moe: in mlp_only_layers or off the step)
-                out.append((f"({le}) and ({se})", lambda i, c, lf=lf, sf=sf: lf(i, c) and sf(i, c)))
-                out.append((f"({le}) or ({se})", lambda i, c, lf=lf, sf=sf: lf(i, c) or sf(i, c)))
-        for le, lf in list_rules:
-            for se, sf in simple:
-                # the list rule when the config gives the list, the fallback when the class derives it
-                out.append((f"({le}) if {f} is not None else ({se})",
-                            lambda i, c, f=f, lf=lf, sf=sf: lf(i, c) if _given(c, f) else sf(i, c)))
+        out[f] = list_rules
     return out
 
 
@@ -297,53 +312,6 @@ def _kinds(obs, names: list[str]) -> tuple:
     return tuple(tuple(f.get(n) for n in names) for f in obs[2])
 
 
-def _conjunction(name: str, a: str, observed, rules, most: int = 4) -> str | None:
-    """A conjunction of at most ``most`` rules that holds exactly on the layers whose ``name`` is ``a`` (or the
-    negation of one that holds exactly on the others), over every observation; None when there is none.
-
-    Each term must hold on every layer of the wanted form (a necessary condition); terms are then taken greedily,
-    the one ruling out most of the remaining other layers first, until none is left (a set cover)."""
-    points = [(i, (given, rc), f.get(name) == a) for given, rc, fe in observed for i, f in enumerate(fe)]
-    best: tuple[list[str], bool] | None = None
-    for negate in (False, True):
-        terms = _cover(points, rules, negate, most)
-        if terms is not None and (best is None or len(terms) < len(best[0])):
-            best = (terms, negate)
-    if best is None:
-        return None
-    expr = " and ".join(f"({e})" for e in best[0])
-    return f"not ({expr})" if best[1] else expr
-
-
-def _cover(points, rules, negate: bool, most: int) -> list[str] | None:
-    """The greedy cover of :func:`_conjunction`: terms true on every wanted point (``target != negate``) whose
-    falsehoods together cover every other point."""
-    def truth(pred, i, c):
-        try:
-            return bool(pred(i, c))
-        except (IndexError, KeyError, TypeError, ZeroDivisionError):
-            return None
-
-    want = [(i, c) for i, c, t in points if t != negate]
-    other = [(i, c) for i, c, t in points if t == negate]
-    if not want or not other:
-        return None
-    necessary = []
-    for e, pred in rules:
-        if all(truth(pred, i, c) is True for i, c in want):
-            vals = [truth(pred, i, c) for i, c in other]
-            if None not in vals:
-                necessary.append((e, frozenset(k for k, v in enumerate(vals) if not v)))
-    left, terms = set(range(len(other))), []
-    while left and len(terms) < most:
-        e, kills = max(necessary, key=lambda r: len(r[1] & left), default=(None, frozenset()))
-        if not kills & left:
-            return None
-        terms.append(e)
-        left -= kills
-    return None if left else terms
-
-
 def feats_layers(cfg):
     from .derive import hf_config
 
@@ -385,10 +353,10 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
 
     forms = {name: {f.get(name) for f in feats} for name in names}
 
-    def observe(c):
+    def observe(c, n=N_LAYERS):
         try:
-            used = with_layers(c, N_LAYERS)
-            fe = layer_features(c, N_LAYERS)
+            used = with_layers(c, n)
+            fe = layer_features(c, n)
             observed.append((used, hf_config(used).to_dict(), fe))
         except Exception:  # noqa: BLE001 - a value the class rejects
             return
@@ -432,37 +400,79 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
                     continue
                 given = [rnd.choice((0, 1)) for _ in range(N_LAYERS)] if flags else sorted(rnd.sample(range(N_LAYERS), 2))
                 observe({**cfg, p: v, f: given})
+    observe(no_lists, N_LAYERS_ALT)  # the same configs at another layer count (see N_LAYERS_ALT)
+    observe(cfg, N_LAYERS_ALT)
     rules: dict[str, Any] = {}
     cands = candidates(cfg, ints, lists, resolved)
     joint: list[bool] = []
+
+    def widen():
+        """A condition over several fields (ERNIE-4.5-MoE: ``(i + 1) % moe_layer_interval == 0 and i >=
+        moe_layer_start_index and i <= moe_layer_end_index``, modeling_ernie4_5_moe.py): a field taken for a size
+        may be a layer index (ERNIE's start and end, Inkling2's ``n_layers_per_attn_res_block``), so each is varied
+        the same way, then the fields that move layers together."""
+        if not joint:
+            _vary(no_lists, [v for v in variables if v not in moved], observe, observed, names, moved)
+            for _ in range(16):
+                observe({**no_lists, **{f: rnd.randint(0, N_LAYERS - 1) for f in moved}})
+            joint.append(True)
+        return moved
+
+    search = _Search(cands, ints, list_rule_sets(lists, resolved), widen,
+                     next((k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in resolved), "num_hidden_layers"))
     for name in names:
         values = sorted({f.get(name) for f in feats}, key=str)
-        # one rule per form but the last (a part of two forms: one rule; NemotronH's mixer, four forms: three)
-        forms_rules = []
-        for a in values[:-1]:
-            rule = _fit(name, a, observed, cands)
-            if rule is None and moved:
-                # a condition over several fields (ERNIE-4.5-MoE: ``(i + 1) % moe_layer_interval == 0 and i >=
-                # moe_layer_start_index and i <= moe_layer_end_index``, modeling_ernie4_5_moe.py): observed with
-                # those fields varied together, then fitted as a conjunction
-                if not joint:
-                    # a field taken for a size may be a layer index (ERNIE's start and end): varied the same way
-                    _vary(no_lists, [v for v in variables if v not in moved], observe, observed, names, moved)
-                    for _ in range(16):
-                        observe({**no_lists, **{f: rnd.randint(0, N_LAYERS - 1) for f in moved}})
-                    joint.append(True)
-                rule = _conjunction(name, a, observed, _int_rules(moved, bounds=True))
-            if rule is None:
+        found = search.part(name, values, observed)
+        if found is None:  # the part's form is a product of independent switches: a rule per component
+            comps, split = split_observed(name, observed)
+            found = {}
+            for comp in comps:
+                vals = sorted({components(f.get(name)).get(comp) for f in feats}, key=str)
+                got = search.part(comp, vals, split) if len(vals) > 1 else None
+                found[f"{name}/{comp}"] = got[comp] if got else None
+            if not found or None in found.values():
                 raise PatternError(f"no rule of the layer-pattern family explains which layers have which {name!r}"
                                    f" ({len(values)} forms)")
-            forms_rules.append(rule)
-        rules[name] = forms_rules[0] if len(values) == 2 else forms_rules
-        log(f"    layer feature {name}: {rules[name]}")
+        rules.update(found)
+        log(f"    layer feature {name}: {found}")
     kinds_seen: dict[tuple, int] = {}
     for i, f in enumerate(feats):
         kinds_seen.setdefault(tuple(f.get(n) for n in names), i)
     return {"rules": rules, "names": names, "record_layers": max(2, max(kinds_seen.values()) + 1), "cfg": cfg,
             "positions": [v for v in moved if v in variables]}
+
+
+class _Search:
+    """One rule per form of a part (a part of two forms: one rule; NemotronH's mixer, four forms: three): the
+    template family first, then a conjunction over the fields that move layers (:meth:`widen` varies them), then
+    :mod:`.patternsearch`'s rules on a list or what the class derives without it, over constants too."""
+
+    def __init__(self, cands, ints: list[str], lists: dict[str, list], widen, layer_key: str) -> None:
+        self.cands, self.ints, self.lists, self.widen, self.layer_key = cands, ints, lists, widen, layer_key
+
+    def part(self, name: str, values: list, observed) -> dict[str, Any] | None:
+        """``{name: rule}`` (``{name: [rules]}`` for more than two forms), or None when a form has no rule."""
+        out = []
+        for a in values[:-1]:
+            rule = self.form(name, a, observed)
+            if rule is None:
+                return None
+            out.append(rule)
+        return {name: out[0] if len(values) == 2 else out}
+
+    def form(self, name: str, a: str, observed) -> str | None:
+        rule = _fit(name, a, observed, self.cands)
+        if rule is not None:
+            return rule
+        moved = self.widen()
+        if moved:
+            rule = _conjunction(name, a, observed, _int_rules(moved, bounds=True))
+        if rule is not None:
+            return rule
+        fields = self.ints + [m for m in moved if m not in self.ints]
+        ext = _int_rules(fields, bounds=True) + constant_rules(moved, N_LAYERS, self.layer_key)
+        return (split_rule(name, a, observed, self.lists, ext, _given, _fit, _conjunction)
+                or rule_for(name, a, observed, ext, _fit, _conjunction))
 
 
 def kind_expression(rules: dict[str, Any]) -> str:

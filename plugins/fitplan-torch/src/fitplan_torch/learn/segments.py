@@ -81,7 +81,15 @@ class Cut:
             local[tid] = len(self._tensors)
             self._tensors.append([list(t["shape"]), t["dtype"], "const", None, tid])
             return f"t{local[tid]}"
-        raise ValueError(f"segment {n} ({seg['kind']}) reads tensor {tid} {t} from outside its arguments")
+        from .derive import LearnError
+
+        # Inkling2's epilogue (``final_input``, modeling_inkling2.py) attends over every block's output, not only
+        # the last layer's: a file's segments pass one hidden state from layer to layer (a refusal, not a crash)
+        raise LearnError(f"segment {n} ({seg['kind']}) reads a tensor made by segment "
+                         f"{(self.owner_seg.get(tid) or ('?',))[0]} that is not its argument (shape "
+                         f"{list(t['shape'])}, op {t['op']}): a layer or the epilogue reads earlier layers' outputs "
+                         "besides the previous layer's (attention residuals over blocks), which a learned file "
+                         "cannot express yet")
 
     def _view_base(self, owner: int, sid: int, n: int, seg: dict[str, Any], local: dict[int, int],
                    args: dict[int, int]) -> str:
