@@ -49,6 +49,10 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"no expression over", "sizes: no expression fits a recorded size (data-dependent or uncommon formula)"),
     (r"distinct layers", "layers: more distinct layer kinds than the learner records"),
     (r"must be (an integer|a positive integer), got", "memory check: a field the learned file cannot derive"),
+    (r"runs in none of the regimes", "probing: the model runs in none of the learner's size regimes (every "
+                                     "head / group layout it tries fails to build or run)"),
+    (r"peft cannot apply LoRA", "memory check: peft refuses LoRA on a module the learner targets (Mamba-style "
+                                "`out_proj` / `conv1d`: the LoRA targets are not the model's)"),
     (r"differs|records other ops|records different ops", "recording: probes record different ops"),
 )
 
