@@ -25,8 +25,8 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"^memory$", "cost: past the resident-memory cap"),
     (r"^timeout$", "cost: past the wall-clock timeout"),
     (r"^failed", "internal error (a crash of fitplan: exit other than 0 / 2)"),
-    (r"(is|are) None, which the model cannot run", "class defaults leave a field None that the model needs (refusal "
-                                                  "naming the field; a published config states it)"),
+    (r"(is|are) None, which the model cannot run|is not set and \w+ has no default", "class defaults leave a "
+     "field None or unset that the model needs (refusal naming the field; a published config states it)"),
     (r"config class rejects every shrunk", "shrinking: the config class rejects every shrunk config (a relation "
                                            "between fields that shrinking breaks)"),
     (r"config class rejects", "the config class rejects its own defaults"),
@@ -43,6 +43,8 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"change with the sequence length", "recording: a Python loop over the sequence (the ops change with s)"),
     (r"no learned graph for precision class", "memory check: a precision / attention kernel the learned file has "
                                               "no graph for"),
+    (r"is of kind .* has no graph for", "memory check: a layer kind of the checked config that the learned file "
+                                        "has no graph for (the learning saw fewer kinds of layer)"),
     (r"takes \d+ forms", "layer pattern: a layer part with more than two forms"),
     (r"layer pattern differs between", "layer pattern: differs between precisions / attention kernels"),
     (r"no rule of the layer-pattern family", "layer pattern: a condition over several fields"),
