@@ -24,8 +24,11 @@ CLASSES: tuple[tuple[str, str], ...] = (
                                    "against the file being learned, whose switches are only the class defaults'"),
     (r"^memory$", "cost: past the resident-memory cap"),
     (r"^timeout$", "cost: past the wall-clock timeout"),
+    (r"length \(\d+\) must equal num_hidden_layers", "shrinking: a per-layer list keeps its length when layers "
+                                                    "are cut, which the config class rejects (a crash, exit 70)"),
     (r"^failed", "internal error (a crash of fitplan: exit other than 0 / 2)"),
-    (r"(is|are) None, which the model cannot run|is not set and \w+ has no default", "class defaults leave a "
+    (r"(is|are) None, which the model cannot run|is not set and \w+ has no default|has no entry .*, which the model "
+     r"reads", "class defaults leave a "
      "field None or unset that the model needs (refusal naming the field; a published config states it)"),
     (r"config class rejects every shrunk", "shrinking: the config class rejects every shrunk config (a relation "
                                            "between fields that shrinking breaks)"),
