@@ -23,7 +23,8 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"invalid ruleset directory", "memory check: the bundled model presets of a bundled type are validated "
                                    "against the file being learned, whose switches are only the class defaults'"),
     (r"^memory$", "cost: past the resident-memory cap"),
-    (r"^timeout$", "cost: past the wall-clock timeout"),
+    (r"^timeout$", "cost: past the time limit (wall-clock: on a loaded machine, a starved type; or CPU seconds, "
+                   "where the reason says CPU s)"),
     (r"length \(\d+\) must equal num_hidden_layers", "shrinking: a per-layer list keeps its length when layers "
                                                     "are cut, which the config class rejects (a crash, exit 70)"),
     (r"^failed", "internal error (a crash of fitplan: exit other than 0 / 2)"),
