@@ -47,6 +47,8 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"change with the sequence length", "recording: a Python loop over the sequence (the ops change with s)"),
     (r"no learned graph for precision class", "memory check: a precision / attention kernel the learned file has "
                                               "no graph for"),
+    (r"the training step runs \d+ of the model's \d+ layers", "recording: a kind of layer the training step skips "
+                                                             "(no inputs for it) records no ops"),
     (r"is of kind .* has no graph for", "memory check: a layer kind of the checked config that the learned file "
                                         "has no graph for (the learning saw fewer kinds of layer)"),
     (r"takes \d+ forms", "layer pattern: a layer part with more than two forms"),
