@@ -23,10 +23,14 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"invalid ruleset directory", "memory check: the bundled model presets of a bundled type are validated "
                                    "against the file being learned, whose switches are only the class defaults'"),
     (r"^memory$", "cost: past the resident-memory cap"),
-    (r"^timeout$", "cost: past the wall-clock timeout"),
+    (r"^timeout$", "cost: past the time limit (wall-clock: on a loaded machine, a starved type; or CPU seconds, "
+                   "where the reason says CPU s)"),
+    (r"length \(\d+\) must equal num_hidden_layers", "shrinking: a per-layer list keeps its length when layers "
+                                                    "are cut, which the config class rejects (a crash, exit 70)"),
     (r"^failed", "internal error (a crash of fitplan: exit other than 0 / 2)"),
-    (r"(is|are) None, which the model cannot run", "class defaults leave a field None that the model needs (refusal "
-                                                  "naming the field; a published config states it)"),
+    (r"(is|are) None, which the model cannot run|is not set and \w+ has no default|has no entry .*, which the model "
+     r"reads", "class defaults leave a "
+     "field None or unset that the model needs (refusal naming the field; a published config states it)"),
     (r"config class rejects every shrunk", "shrinking: the config class rejects every shrunk config (a relation "
                                            "between fields that shrinking breaks)"),
     (r"config class rejects", "the config class rejects its own defaults"),
@@ -43,12 +47,20 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"change with the sequence length", "recording: a Python loop over the sequence (the ops change with s)"),
     (r"no learned graph for precision class", "memory check: a precision / attention kernel the learned file has "
                                               "no graph for"),
+    (r"the training step runs \d+ of the model's \d+ layers", "recording: a kind of layer the training step skips "
+                                                             "(no inputs for it) records no ops"),
+    (r"is of kind .* has no graph for", "memory check: a layer kind of the checked config that the learned file "
+                                        "has no graph for (the learning saw fewer kinds of layer)"),
     (r"takes \d+ forms", "layer pattern: a layer part with more than two forms"),
     (r"layer pattern differs between", "layer pattern: differs between precisions / attention kernels"),
     (r"no rule of the layer-pattern family", "layer pattern: a condition over several fields"),
     (r"no expression over", "sizes: no expression fits a recorded size (data-dependent or uncommon formula)"),
     (r"distinct layers", "layers: more distinct layer kinds than the learner records"),
     (r"must be (an integer|a positive integer), got", "memory check: a field the learned file cannot derive"),
+    (r"runs in none of the regimes", "probing: the model runs in none of the learner's size regimes (every "
+                                     "head / group layout it tries fails to build or run)"),
+    (r"peft cannot apply LoRA", "memory check: peft refuses LoRA on a module the learner targets (Mamba-style "
+                                "`out_proj` / `conv1d`: the LoRA targets are not the model's)"),
     (r"differs|records other ops|records different ops", "recording: probes record different ops"),
 )
 

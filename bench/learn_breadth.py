@@ -3,7 +3,8 @@
 For each ``model_type`` of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (transformers/models/auto/modeling_auto.py), the
 config class's defaults (``AutoConfig.for_model(model_type)``, its ``text_config`` for a multimodal one, as the
 CLI reads it) are written to a ``config.json`` and one child process runs, under ``nice -n 10``, with a wall-clock
-timeout and a resident-memory cap (polled from ``/proc/<pid>/status``: ``VmRSS`` of the child and its children):
+timeout (``--cpu-timeout``: a CPU-seconds limit too, from ``/proc/<pid>/stat``) and a resident-memory cap
+(polled from ``/proc/<pid>/status``: ``VmRSS`` of the child and its children):
 
 * ``--stage record`` (cheap): shrink the config as the learner does and record one bf16 training step (SDPA,
   or eager where the model has no SDPA) with the learner's recorder (what every learning starts with);
@@ -124,24 +125,46 @@ def default_config(model_type: str) -> dict | None:
     return json.loads(json.dumps(d, default=str))
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident bytes of ``pid`` and its descendants (``VmRSS`` in ``/proc``)."""
-    total = 0
-    todo = [pid]
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``/proc/<pid>/task/*/children``); a process that ended meanwhile is left out."""
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
         try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(k) for k in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        out.append(p)
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident bytes of ``pid`` and its descendants (``VmRSS`` in ``/proc``)."""
+    total = 0
+    for p in tree(pid):
+        try:
             status = Path(f"/proc/{p}/status").read_text()
             total += next(int(x.split()[1]) * 1024 for x in status.splitlines() if x.startswith("VmRSS:"))
-            for task in Path(f"/proc/{p}/task").iterdir():
-                kids = (task / "children").read_text().split()
-                todo += [int(k) for k in kids]
         except (OSError, StopIteration, ValueError):
             continue
     return total
 
 
-def run_one(model_type: str, stage: str, timeout: float, mem: int, env: dict) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) spent so far by ``pid`` and its live descendants: fields 14 and 15 of
+    ``/proc/<pid>/stat`` (proc(5)), in clock ticks, after the command name's closing parenthesis."""
+    ticks = 0
+    for p in tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def run_one(model_type: str, stage: str, timeout: float, mem: int, env: dict, cpu_limit: float = 0.0) -> dict:
     cfg = default_config(model_type)
     if cfg is None:
         return {"model_type": model_type, "stage": stage, "result": "refused",
@@ -157,7 +180,7 @@ def run_one(model_type: str, stage: str, timeout: float, mem: int, env: dict) ->
         t0 = time.monotonic()
         with open(Path(d) / "stdout", "w+") as fo, open(Path(d) / "stderr", "w+") as fe:
             proc = subprocess.Popen(["nice", "-n", "10", *cmd], stdout=fo, stderr=fe, env=env, text=True, cwd=d)
-            rc, usage, peak, killed = wait(proc, t0, timeout, mem)
+            rc, usage, peak, killed = wait(proc, t0, timeout, mem, cpu_limit)
             fe.seek(0)
             err = fe.read()
         secs = time.monotonic() - t0
@@ -166,17 +189,20 @@ def run_one(model_type: str, stage: str, timeout: float, mem: int, env: dict) ->
            "seconds": round(secs, 1), "cpu_s": round(cpu, 1),
            "rss_mb": max(peak, (usage.ru_maxrss * 1024) if usage else 0) // 2**20}
     if killed:
-        return {**row, "result": killed, "reason": f"past {timeout:.0f} s" if killed == "timeout" else
-                f"past {mem // 2**20} MB resident"}
+        why = {"timeout": f"past {timeout:.0f} s", "cpu": f"past {cpu_limit:.0f} CPU s"}.get(killed)
+        return {**row, "result": "memory" if killed == "memory" else "timeout",
+                "reason": why or f"past {mem // 2**20} MB resident"}
     if rc == 0:
         return {**row, "result": "recorded" if stage == "record" else "verified", "reason": ""}
     why = reason(err)
     return {**row, "result": classify(rc, why), "reason": why}
 
 
-def wait(proc: subprocess.Popen, t0: float, timeout: float, mem: int):
-    """Poll ``proc`` until it ends, is past ``timeout`` seconds or ``mem`` resident bytes; ``(exit status,
-    rusage, peak resident bytes polled, killed)``. The rusage (``os.wait4``) holds the child's own CPU seconds
+def wait(proc: subprocess.Popen, t0: float, timeout: float, mem: int, cpu_limit: float = 0.0):
+    """Poll ``proc`` until it ends, is past ``timeout`` wall seconds, ``cpu_limit`` CPU seconds (0: no limit) or
+    ``mem`` resident bytes; ``(exit status, rusage, peak resident bytes polled, killed)``. On a loaded machine a
+    wall-clock limit stops a starved type (kolibri1: 130 CPU s at 900 s wall, then verified at 214 CPU s); a CPU
+    limit stops only a costly one. The rusage (``os.wait4``) holds the child's own CPU seconds
     (user + system, its waited-for descendants included): the learner's cost, whatever the machine's load."""
     peak, killed = 0, None
     while True:
@@ -189,6 +215,8 @@ def wait(proc: subprocess.Popen, t0: float, timeout: float, mem: int):
             killed = "memory"
         elif not killed and time.monotonic() - t0 > timeout:
             killed = "timeout"
+        elif not killed and cpu_limit and cpu_seconds(proc.pid) > cpu_limit:
+            killed = "cpu"
         if killed:
             proc.kill()
         time.sleep(1.0)
@@ -324,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interleave", action="store_true", help="one type of each stratum in turn")
     ap.add_argument("--skip", default="", help="comma-separated model types not to run (e.g. past the timeout at "
                     "the record stage already)")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per type")
+    ap.add_argument("--timeout", type=float, default=60.0, help="wall-clock seconds per type")
+    ap.add_argument("--cpu-timeout", type=float, default=0.0, help="CPU seconds per type (0: none); with a loose "
+                    "--timeout, what a loaded machine should limit")
     ap.add_argument("--mem-gb", type=float, default=3.0, help="resident memory cap per type")
     ap.add_argument("--deadline", type=float, default=0.0, help="stop starting new types after this many minutes")
     ap.add_argument("--json", nargs="+", action="extend", help="result files; the last one is written")
@@ -342,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     for t in selected(a, known):
         if a.deadline and time.monotonic() - start > 60 * a.deadline:
             break
-        row = run_one(t, a.stage, a.timeout, int(a.mem_gb * 2**30), env)
+        row = run_one(t, a.stage, a.timeout, int(a.mem_gb * 2**30), env, a.cpu_timeout)
         rows = [r for r in rows if (row_stage(r, str(out)), r["model_type"]) != (a.stage, t)] + [row]
         print(f"{t:28s} {row['result']:14s} {row.get('cpu_s', 0):6.1f} CPU s {row['seconds']:6.1f} s "
               f"{row['rss_mb']:5d} MB  {row['reason'][:120]}", flush=True)

@@ -96,3 +96,26 @@ def test_an_internal_error_spanning_lines_is_kept_whole():
     assert lb.reason(err) == ("internal error: ValueError: the set of layer types producing a cache differs (a bug "
                               "in fitplan or a plugin; FITPLAN_DEBUG=1 shows the traceback)")
     assert lb.reason("error: k is None (report it here)\n16/eager: op 5 differs\n") == "k is None / 16/eager: op 5 differs"
+
+
+def test_cpu_seconds_reads_the_kernels_count_and_a_cpu_limit_stops_a_busy_child():
+    """The bench's CPU limit (``--cpu-timeout``): a wall-clock limit on a loaded machine stopped kolibri1 at 130
+    CPU s, which then verified at 214. ``cpu_seconds`` (``/proc/<pid>/stat``) must agree with the kernel's own
+    count for this process (``os.times``, from getrusage), and ``wait`` must stop a child that spins past the
+    limit, long before the wall-clock limit, saying it was the CPU."""
+    import os
+    import subprocess
+    import time
+
+    lb = _bench()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    t = os.times()
+    assert abs(lb.cpu_seconds(os.getpid()) - (t.user + t.system)) < 0.1
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    rc, usage, _, killed = lb.wait(proc, t0, 60.0, 2**40, 0.2)
+    assert killed == "cpu" and rc != 0
+    assert usage.ru_utime + usage.ru_stime >= 0.2
+    assert time.monotonic() - t0 < 30
