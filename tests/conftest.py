@@ -205,6 +205,17 @@ def run_json(*args: str, **kw) -> dict:
 
 
 @pytest.fixture
+def no_trace_templates():
+    """No re-evaluation template (:mod:`fitplan.trace.reuse`) before or after the test: for tests of what a plain
+    recording keeps, which a recording re-evaluated from a template made by an earlier test does not."""
+    from fitplan.trace import reuse
+
+    reuse.clear()
+    yield
+    reuse.clear()
+
+
+@pytest.fixture
 def cli():
     return run_cli
 

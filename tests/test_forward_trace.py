@@ -13,20 +13,16 @@ import attrs
 import pytest
 
 from fitplan.arch.architecture import load_config_json
-from fitplan.trace import reuse, step_trace
+from fitplan.trace import step_trace
 from fitplan.trace.step_trace import FORWARD_FIELDS, ForwardTrace, StepTrace, TraceSpec
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
 MODELS = ["tiny-llama", "tiny-gemma2", "tiny-qwen3-moe", "tiny-gpt2", "tiny-phi3", "tiny-gpt-oss", "tiny-deepseek-v3"]
 
 
-@pytest.fixture(autouse=True)
-def _no_templates():
-    """These tests check the recording ``build_sharing`` keeps for a twin, which it does not keep for a recording
-    re-evaluated from a template (a scenario recorded twice before, by an earlier test: trace/reuse.py)."""
-    reuse.clear()
-    yield
-    reuse.clear()
+# These tests check the recording ``build_sharing`` keeps for a twin, which a recording re-evaluated from a
+# template does not keep (trace/reuse.py): no template from an earlier test.
+pytestmark = pytest.mark.usefixtures("no_trace_templates")
 
 
 def spec_of(model: str, **changes) -> TraceSpec:

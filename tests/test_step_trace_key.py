@@ -12,7 +12,7 @@ import attrs
 
 import pytest
 
-from fitplan.trace import reuse, step_trace
+from fitplan.trace import step_trace
 from fitplan.trace.step_trace import TraceSpec, trace_precision
 from fitplan.arch.architecture import load_config_json
 from fitplan.inputs.precision import PRESETS
@@ -22,13 +22,9 @@ CONFIG = CONFIGS / "tiny-llama" / "config.json"
 MERGED = sorted(p for p in PRESETS if trace_precision(p) != p)
 
 
-@pytest.fixture(autouse=True)
-def _no_templates():
-    """These tests check the recording ``build_sharing`` keeps for a twin, which it does not keep for a recording
-    re-evaluated from a template (a scenario recorded twice before, by an earlier test: trace/reuse.py)."""
-    reuse.clear()
-    yield
-    reuse.clear()
+# These tests check the recording ``build_sharing`` keeps for a twin, which a recording re-evaluated from a
+# template does not keep (trace/reuse.py): no template from an earlier test.
+pytestmark = pytest.mark.usefixtures("no_trace_templates")
 
 
 def test_the_merged_presets_are_those_the_weights_and_compute_dtypes_say():
