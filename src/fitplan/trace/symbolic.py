@@ -45,37 +45,26 @@ class Tape:
         return self._compiled[1](b, s)
 
     def compiled(self) -> Callable[[int, int], list[Any] | None]:
-        """The nodes as one straight-line function of ``(b, s)`` (a few hundred lines; made once per recording):
-        each node a line applying its operation, each guard a test. Only the operators of :data:`_SOURCE` are
-        written out; any other operation and every constant is read from a list, never written into the text."""
-        consts: list[Any] = []
+        """The nodes as one function of ``(b, s)`` (made once per recording): a plain loop over the steps, each
+        applying its operation to earlier values and constants, each guard a comparison with the value the
+        recording saw. No code is generated."""
+        steps = [(n, fn, tuple((r, a) for r, a in refs), n in self.guards, self.guards.get(n))
+                 for n, (fn, refs) in enumerate(self.nodes) if fn is not None or n in self.guards]
 
-        def const(v: Any) -> str:
-            consts.append(v)
-            return f"C[{len(consts) - 1}]"
+        count = len(self.nodes)
 
-        lines = ["def values(b, s):", " v0 = b", " v1 = s"]
-        for n in range(len(self.nodes)):
-            fn, refs = self.nodes[n]
-            if fn is not None:
-                names = [f"v{a}" if r else const(a) for r, a in refs]
-                infix = _SOURCE.get(fn)
-                expr = (f"{names[0]} {infix} {names[1]}" if infix is not None and len(names) == 2 else
-                        f"{const(fn)}({', '.join(names)})")
-                lines.append(f" v{n} = {expr}")
-            if n in self.guards:
-                lines.append(f" if v{n} != {const(self.guards[n])}: return None")
-        lines.append(" return [" + ", ".join(f"v{n}" for n in range(len(self.nodes))) + "]")
-        scope: dict[str, Any] = {"C": consts}
-        exec(compile("\n".join(lines), "<fitplan trace tape>", "exec"), scope)  # noqa: S102 (our own operators only)
-        return scope["values"]
+        def values(b: int, s: int) -> list[Any] | None:
+            v: list[Any] = [b, s] + [None] * (count - 2)
+            for n, fn, refs, guarded, seen in steps:
+                if fn is not None:
+                    v[n] = fn(*[v[a] if r else a for r, a in refs])
+                if guarded and v[n] != seen:
+                    return None
+            return v
+
+        return values
 
 
-_SOURCE = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//", operator.truediv: "/",
-           operator.mod: "%", operator.pow: "**", operator.lshift: "<<", operator.rshift: ">>", operator.and_: "&",
-           operator.or_: "|", operator.xor: "^", operator.lt: "<", operator.le: "<=", operator.gt: ">",
-           operator.ge: ">=", operator.eq: "==", operator.ne: "!="}
-"""Operations written as Python operators in :meth:`Tape.compiled` (the same operation as the function)."""
 _CONSTANTS = frozenset({int, float, bool, str, type(None)})
 """Plain operands a node keeps as constants (anything else pins the symbolic operands)."""
 
