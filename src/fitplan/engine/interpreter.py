@@ -80,7 +80,11 @@ def straight_line(steps: Sequence[tuple]) -> Callable[[dict[str, Any]], tuple[di
     propagates its exception unnamed: the caller runs :func:`run` to name it.
 
     The generated source holds only local variable names (``x0``, ``x1``, ...), the functions as ``f0``,
-    ``f1``, ... and the value names as string literals (``repr``): nothing of a plugin's is executed as code.
+    ``f1``, ... and the value names as string literals (``repr``): nothing of a plugin's is executed as code
+    (the pattern attrs and dataclasses use for ``__init__``). Why generated code and not a loop: on the
+    default graph (243 steps) it evaluates in about half the time of :func:`run`, of a loop over integer
+    slots, or of one prepared closure per step (measured side by side, 2026-12-07); the recommender evaluates
+    the graph for every candidate plan.
     """
     local: dict[str, str] = {}
     funcs: dict[str, Callable] = {}
