@@ -685,8 +685,8 @@ def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace | Forward
         return build_afresh(spec)
     af = load(spec.arch.model_type)
     tr = record(attrs.evolve(whole, checkpointing=True))
-    if tr.reevaluated:  # the twin re-evaluates it again (a seventh of a recording): keeping a copy alive would cost
-        return finished(tr.checkpointed(spec, copy=False))  # more, in the garbage collector's walks over it
+    if tr.reevaluated:  # the twin asks reuse.record again, which keeps the last two re-evaluated recordings: keeping
+        return finished(tr.checkpointed(spec, copy=False))  # more alive costs more in the garbage collector's walks
     twins = [attrs.evolve(whole, checkpointing=not spec.checkpointing)] + ([whole] if spec.forward_only else [])
     with _RECORDINGS_LOCK:
         for twin in twins:
