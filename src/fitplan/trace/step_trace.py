@@ -557,13 +557,76 @@ def build(spec: TraceSpec) -> StepTrace | ForwardTrace:
         else:
             with gc_paused():
                 trace = build_sharing(spec, key[2])
-        diskcache.store("traces", name, key, trace, keep=KEEP_TRACES)
+        store(name, key, trace)
     if not spec.forward_only:
         with _RECORDINGS_LOCK:
             _WHOLE[spec] = trace
             while len(_WHOLE) > WHOLE_KEPT:
                 del _WHOLE[next(iter(_WHOLE))]
     return trace
+
+
+def store(name: str, key: Any, trace: StepTrace | ForwardTrace) -> None:
+    """Keep a built trace on disk: before :func:`build` returns, or by the writer thread once
+    :func:`store_in_background` has started it."""
+    from fitplan import diskcache
+
+    later = _STORE["queue"]
+    if later is None:
+        diskcache.store("traces", name, key, trace, keep=KEEP_TRACES)
+    else:
+        later.put((name, key, trace))
+
+
+_STORE: dict[str, Any] = {"queue": None, "writer": None}
+"""The traces waiting for the writer thread (a ``queue.Queue``; None: no writer, :func:`store` writes at once), and
+that thread."""
+
+
+def store_in_background() -> None:
+    """From here on the traces :func:`build` builds are written to the disk cache by one writer thread
+    (``fitplan serve``: a never-seen shape's reply does not wait for its four stores, about 0.7 ms each); what is
+    still queued at exit is written then (:func:`flush_stores`). A second call changes nothing."""
+    import atexit
+    import queue
+
+    with _RECORDINGS_LOCK:
+        if _STORE["queue"] is not None:
+            return
+        later = _STORE["queue"] = queue.Queue()
+        writer = _STORE["writer"] = threading.Thread(target=_write_stores, args=(later,), name="fitplan-trace-store",
+                                                     daemon=True)
+    writer.start()
+    atexit.register(flush_stores)
+
+
+def _write_stores(later: Any) -> None:
+    from fitplan import diskcache
+
+    while True:
+        item = later.get()
+        try:
+            if item is None:  # (stop_storing_in_background)
+                return
+            diskcache.store("traces", *item, keep=KEEP_TRACES)  # (never raises)
+        finally:
+            later.task_done()
+
+
+def flush_stores() -> None:
+    """Wait until the writer thread has written every trace queued so far (at exit; tests)."""
+    later = _STORE["queue"]
+    if later is not None:
+        later.join()
+
+
+def stop_storing_in_background() -> None:
+    """Write what is queued, stop the writer thread, and store before :func:`build` returns again (tests)."""
+    with _RECORDINGS_LOCK:
+        later, writer, _STORE["queue"], _STORE["writer"] = _STORE["queue"], _STORE["writer"], None, None
+    if later is not None:
+        later.put(None)
+        writer.join()
 
 
 WHOLE_KEPT = 512
