@@ -246,8 +246,9 @@ def test_estimates_at_never_seen_shapes_are_those_of_fresh_recordings(monkeypatc
 
 def test_a_reevaluated_recording_keeps_no_copy_for_its_twin():
     """``build_sharing`` keeps a plain recording for the twin (the same scenario, checkpointing the other way); one
-    re-evaluated from a template is not kept (the twin re-evaluates it again: keeping its few thousand objects
-    alive cost more in the garbage collector's walks), and both traces are still the fresh ones."""
+    re-evaluated from a template is not kept there (keeping its few thousand objects alive cost more in the
+    garbage collector's walks: ``reuse.record`` keeps only the last two it re-evaluated, and this one was made
+    with its template, so the twin re-evaluates it), and both traces are still the fresh ones."""
     for b, s in [(2, 100), (3, 200)]:  # the scenario's two plain recordings (build_sharing records it checkpointed)
         step_trace.record(spec_of("tiny-llama", batch=b, seq=s, checkpointing=True))
     step_trace._RECORDINGS.clear()
