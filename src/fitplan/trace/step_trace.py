@@ -484,14 +484,16 @@ class Trace:
         if self.loss is None:
             return
         live = {self.loss.sid} | (self.pinned - self.uncached)
-        for i in range(len(self.ops) - 1, -1, -1):
-            op = self.ops[i]
-            if not op.outs:
-                continue
-            if any(t.sid in live for t in op.outs):
-                live.update(t.sid for t in op.grad_ins if t.sid >= 0)
-            elif op.saved and not self.seg_ckpt[op.seg]:
-                self._own_op(i).saved = ()
+        ops, ckpt = self.ops, self.seg_ckpt
+        for i in range(len(ops) - 1, -1, -1):
+            op = ops[i]
+            for t in op.outs:  # (a loop, not ``any`` over a generator: a third of the time, four times a request)
+                if t.sid in live:
+                    live.update([g.sid for g in op.grad_ins if g.sid >= 0])
+                    break
+            else:
+                if op.outs and op.saved and not ckpt[op.seg]:
+                    self._own_op(i).saved = ()
 
     def checkpointed(self, spec: TraceSpec, *, copy: bool) -> Trace:
         """This recording (made with checkpointing on) for ``spec``, with checkpointing as ``spec`` says: without
