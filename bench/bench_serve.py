@@ -18,7 +18,8 @@ with the new query; measured in the page with ``performance.now()`` by :mod:`fit
 tests/test_serve_browser.py uses too), for
 values seen before and for never-seen micro-batch × sequence shapes; median and p90.
 
-    python bench/bench_serve.py [N]      # N requests per case (default 300; the page: N // 10 changes per case)
+    python bench/bench_serve.py [N] [--no-page]   # N requests per case (default 300; the page: N // 10 changes
+                                                  # per case; --no-page: the API's cases only)
 
 Prints p50 / p95 / max of the wall time per case, and the server's CPU time per request. Run it on an idle
 machine: on a loaded one the wall time grows with the load, the CPU time much less. The disk cache of step
@@ -138,7 +139,8 @@ def page_times(url: str, n: int, pause_ms: int = 300) -> dict[str, list[float]] 
 def main() -> int:
     import tempfile
 
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+    args = [a for a in sys.argv[1:] if a != "--no-page"]
+    n = int(args[0]) if args else 300
     cache = tempfile.TemporaryDirectory(prefix="fitplan-bench-cache-")
     proc, host, port = start(cache.name)
     try:
@@ -161,7 +163,7 @@ def main() -> int:
                          "advice": "later", "gpus": "later"}, "view")
             for i in range(min(n, 100))])
         conn.close()
-        page = page_times(f"http://{host}:{port}/", max(n // 10, 10))
+        page = None if "--no-page" in sys.argv else page_times(f"http://{host}:{port}/", max(n // 10, 10))
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -172,7 +174,7 @@ def main() -> int:
     print(f"goal: p95 under {NEW_GOAL_MS:.0f} ms for a never-seen shape: "
           f"{'met' if fresh < NEW_GOAL_MS else 'NOT met'} ({fresh:.2f} ms)")
     if page is None:
-        print("the page: not measured (playwright or chromium missing: make install-test)")
+        print("the page: not measured (--no-page, or playwright or chromium missing: make install-test)")
         return 0
     for case, ms in page.items():
         print(f"page, input to verdict, {case:>4}: median {statistics.median(ms):6.1f} ms   "

@@ -246,8 +246,9 @@ def test_estimates_at_never_seen_shapes_are_those_of_fresh_recordings(monkeypatc
 
 def test_a_reevaluated_recording_keeps_no_copy_for_its_twin():
     """``build_sharing`` keeps a plain recording for the twin (the same scenario, checkpointing the other way); one
-    re-evaluated from a template is not kept (the twin re-evaluates it again: keeping its few thousand objects
-    alive cost more in the garbage collector's walks), and both traces are still the fresh ones."""
+    re-evaluated from a template is not kept there (keeping its few thousand objects alive cost more in the
+    garbage collector's walks: ``reuse.record`` keeps only the last two it re-evaluated, and this one was made
+    with its template, so the twin re-evaluates it), and both traces are still the fresh ones."""
     for b, s in [(2, 100), (3, 200)]:  # the scenario's two plain recordings (build_sharing records it checkpointed)
         step_trace.record(spec_of("tiny-llama", batch=b, seq=s, checkpointing=True))
     step_trace._RECORDINGS.clear()
@@ -260,3 +261,39 @@ def test_a_reevaluated_recording_keeps_no_copy_for_its_twin():
     assert reuse.STATS["reused"] - before["reused"] == 1
     assert_same(got, step_trace.build_afresh(spec))
     assert_same(got_twin, step_trace.build_afresh(twin))
+
+
+def _twins_from_one_reevaluation(monkeypatch, handed_out=None) -> tuple[dict, list]:
+    """A checkpointed scenario's two asks at a never-seen shape, as ``fitplan serve`` makes them: its forward without
+    checkpointing (forward only), then its whole step with it; both need the same recording (made with
+    checkpointing on). Returns how the recordings were got and the traces next to fresh ones."""
+    if handed_out is not None:
+        monkeypatch.setattr(reuse, "handed_out", handed_out)
+    for b, s in [(2, 100), (3, 200), (4, 300)]:  # two plain recordings, then the template
+        step_trace.record(spec_of("tiny-llama", batch=b, seq=s, checkpointing=True))
+    step_trace._RECORDINGS.clear()
+    whole = spec_of("tiny-llama", batch=5, seq=301, checkpointing=True)
+    forward = attrs.evolve(whole, checkpointing=False, forward_only=True)
+    before = dict(reuse.STATS)
+    got = [step_trace.build_sharing(forward), step_trace.build_sharing(whole)]
+    counts = {k: reuse.STATS[k] - before[k] for k in before}
+    return counts, [(g, fresh(spec)) for g, spec in zip(got, (forward, whole))]
+
+
+def test_the_twin_ask_gets_the_same_reevaluation_again(monkeypatch):
+    """The second ask is handed the first's re-evaluated recording again (``again``: no second evaluation of the
+    template), a copy each caller may change: both traces equal fresh recordings field by field."""
+    counts, pairs = _twins_from_one_reevaluation(monkeypatch)
+    assert (counts["reused"], counts["again"], counts["recorded"], counts["plain"]) == (1, 1, 0, 0)
+    for got, want in pairs:
+        assert_same(got, want)
+
+
+def test_the_twin_ask_without_a_copy_differs(monkeypatch):
+    """Control: handing out the kept recording itself (no copy) lets the forward-only ask's changes (checkpointing
+    off: no checkpointed segment) reach the whole step's trace, and the comparison sees it."""
+    counts, pairs = _twins_from_one_reevaluation(monkeypatch, handed_out=lambda tr: tr)
+    assert counts["again"] == 1
+    assert_same(*pairs[0])
+    with pytest.raises(AssertionError):
+        assert_same(*pairs[1])

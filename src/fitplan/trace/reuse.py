@@ -36,8 +36,15 @@ _SEEN: dict[Any, tuple[Any, int]] = {}
 """Scenario -> the learned file it was last recorded from, and how many times it was recorded from it."""
 PLAIN = 2
 """A scenario's recordings made plainly before its first template (:func:`record`)."""
-STATS = {"plain": 0, "recorded": 0, "reused": 0}
-"""How many traces were recorded plainly, recorded as new templates, and re-evaluated from one (tests, benches)."""
+STATS = {"plain": 0, "recorded": 0, "reused": 0, "again": 0}
+"""How many traces were recorded plainly, recorded as new templates, re-evaluated from one, and handed out again
+from :data:`_LAST` (tests, benches)."""
+LAST_KEPT = 2
+"""Re-evaluated recordings kept for the next ask of the same spec (:func:`record`)."""
+_LAST: dict[Any, tuple[Any, Any]] = {}
+"""Spec -> (the learned file, a re-evaluated recording no caller has changed): a scenario with gradient
+checkpointing asks for its forward without it and then for the whole step, each the same recording (with
+checkpointing on, :func:`.step_trace.build_sharing`), one right after the other."""
 _SYM = Sym
 _OP_GET: Any = None
 """``operator.attrgetter`` of every field of :class:`.step_trace.Op`, in order (set on first use: this module
@@ -236,6 +243,11 @@ def record(spec: Any, record_afresh: Callable[[Any], Any]) -> Any:
     from fitplan.arch.archfile import load
 
     learned = load(spec.arch.model_type)
+    with _LOCK:
+        last = _LAST.get(spec)
+    if last is not None and last[0] is learned:
+        STATS["again"] += 1
+        return handed_out(last[1])
     key = attrs.evolve(spec, batch=0, seq=0)
     with _LOCK:
         kept = [t for t in _TEMPLATES.get(key, ()) if t.learned is learned]
@@ -248,7 +260,11 @@ def record(spec: Any, record_afresh: Callable[[Any], Any]) -> Any:
         tr = tpl.at(spec)
         if tr is not None:
             STATS["reused"] += 1
-            return tr
+            with _LOCK:
+                _LAST[spec] = (learned, tr)
+                while len(_LAST) > LAST_KEPT:
+                    del _LAST[next(iter(_LAST))]
+            return handed_out(tr)
     if seen <= PLAIN:
         STATS["plain"] += 1
         return record_afresh(spec)
@@ -263,8 +279,19 @@ def record(spec: Any, record_afresh: Callable[[Any], Any]) -> Any:
     return tr if tr is not None else record_afresh(spec)  # (its own b and s hold every guard it wrote)
 
 
+def handed_out(tr: Any) -> Any:
+    """A copy of the re-evaluated recording ``tr`` for a caller to change: its own op list (the ops are shared,
+    and :meth:`.step_trace.Trace.finish` copies one before changing it: ``shared_ops``), everything else shared
+    (what :meth:`.step_trace.Trace.checkpointed` and ``finish`` change they replace, never change in place)."""
+    new = object.__new__(type(tr))
+    new.__dict__.update(tr.__dict__)
+    new.ops = list(tr.ops)
+    return new
+
+
 def clear() -> None:
-    """Forget every template and every scenario seen (tests)."""
+    """Forget every template, every scenario seen and the re-evaluated recordings kept (tests)."""
     with _LOCK:
+        _LAST.clear()
         _TEMPLATES.clear()
         _SEEN.clear()

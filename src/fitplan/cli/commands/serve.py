@@ -65,6 +65,7 @@ def serve(host: str, port: int, open_browser: bool, ruleset_dirs: tuple[str, ...
     import threading
     import webbrowser
 
+    from fitplan.trace.step_trace import store_in_background
     from fitplan.web.api import Settings
     from fitplan.web.server import is_loopback, make_server, warm_up
     from fitplan.web.uploads import UploadStore
@@ -72,6 +73,7 @@ def serve(host: str, port: int, open_browser: bool, ruleset_dirs: tuple[str, ...
     settings = Settings(tuple(ruleset_dirs), tuple(policy_files), search_seconds, UploadStore(), allow_hub=allow_hub)
     try:
         warm_up(settings)
+        store_in_background()  # a reply does not wait for the disk cache's writes of the traces it built
         server, sock, url = make_server(settings, host, port, allow_hosts)
         if not is_loopback(host):
             click.echo(f"warning: listening on {host}: anyone who can reach it can use the page (no authentication)",
