@@ -28,6 +28,8 @@ import itertools
 import json
 from typing import Any
 
+from .layercounts import fit_to_class
+
 from .patternsearch import (_conjunction, _cover, components, constant_rules, rule_for,  # noqa: F401
                             split_observed, split_rule)
 
@@ -189,6 +191,7 @@ def _per_layer_kinds(k: str, v: list, count: Any, types_key: str) -> bool:
 
 def _set_layers(cfg: dict[str, Any], n: int) -> None:
     count = next((cfg[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in cfg), None)
+    before = dict(cfg)
     for k in ("num_hidden_layers", "n_layer", "num_layers"):
         if k in cfg:
             cfg[k] = n
@@ -199,6 +202,7 @@ def _set_layers(cfg: dict[str, Any], n: int) -> None:
             cfg[k] = [v[i % len(v)] for i in range(n)]
         elif isinstance(v, list) and _one_width(v, count):
             cfg[k] = [v[0]] * n  # gemma-3n's intermediate_size, one per layer, all alike once shrunk
+    fit_to_class(before, cfg, count, n)  # what the class still rejects at n: Dory's sections, per-layer numbers
 
 
 def _one_width(v: list, count: Any) -> bool:
