@@ -36,6 +36,28 @@ def test_gemma3n_sparsity_pattern_follows_the_layer_count():
     assert _resolved(probe)["activation_sparsity_pattern"] == [0.95] * 4 + [0.0] * 4
 
 
+def test_gemma3n_shared_cache_layers_keep_a_full_attention_layer_unshared():
+    """Gemma3nTextConfig's ``kv_sharing_modes`` (models/gemma3n/configuration_gemma3n.py) raises when the layers
+    before the last ``num_kv_shared_layers`` lack a type the stack has; its layer types put full attention at
+    every fifth layer (``(i + 1) % 5 == 0``). 5 shared of 25 leave layers 0-2 unshared at 8 layers, all sliding:
+    refused. Its share of 8, round(5 * 8 / 25) = 2, leaves layers 0-5 unshared, layer 4 full: accepted, and the
+    property derives two "reuse" layers at the end."""
+    from transformers import AutoConfig
+
+    from fitplan_torch.learn.patterns import with_layers
+
+    cfg = {**_resolved({"model_type": "gemma3n_text", "num_hidden_layers": 25, "num_kv_shared_layers": 5}),
+           "model_type": "gemma3n_text"}
+    with pytest.raises(ValueError, match="producing a cache"):
+        AutoConfig.for_model(**{**cfg, "num_hidden_layers": 8, "layer_types": None,
+                                "activation_sparsity_pattern": None, "intermediate_size": cfg["intermediate_size"][0]}
+                             ).kv_sharing_modes
+    probe = with_layers(cfg, 8)
+    assert probe["num_kv_shared_layers"] == 2
+    modes = AutoConfig.for_model(**probe).kv_sharing_modes
+    assert len(modes) == 8 and modes[-2:] == ["reuse", "reuse"] and "reuse" not in modes[:6]
+
+
 def test_dory_recurrent_section_is_derived_by_the_class_at_each_count():
     """DoryConfig derives ``n_recurrent_layers = num_hidden_layers - n_input_layers - n_output_layers`` when it is
     None, and ``validate_architecture`` requires the three to add up (models/dory/configuration_dory.py); a config

@@ -16,23 +16,76 @@ it came from is valid. Two such fields, each handled as the class itself would:
   gemma3n/configuration_gemma3n.py; the class would derive no sparse layer at all below 11 layers, so the list
   is kept stated, as a published config states it).
 
-Only a probe that the class rejects as set is changed; one it accepts is left as it is.
+* **a layer-count field the class does not derive** (an integer named ``*layers*`` below the count) that the
+  new count breaks: the value nearest its share of the new count that the class accepts (gemma-3n's
+  ``num_kv_shared_layers``: 5 of 25 layers leave no full-attention layer unshared at 8, which its
+  ``kv_sharing_modes`` property refuses; 3 of 8 keep layer 4 unshared).
+
+A class "accepts" a config when it builds it and its properties derive from it (:func:`rejection`). Only a probe
+that the class rejects as set is changed; one it accepts is left as it is.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 
-def accepted(cfg: dict[str, Any]) -> bool:
-    """Whether the config class accepts ``cfg``."""
+def _raising_properties(c: Any) -> dict[str, str]:
+    """The config object's properties that raise, with the first line of each error."""
+    out = {}
+    for name in dir(type(c)):
+        if not name.startswith("_") and isinstance(getattr(type(c), name, None), property):
+            try:
+                getattr(c, name)
+            except Exception as e:  # noqa: BLE001 - what the property says is the point
+                out[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return out
+
+
+@functools.cache
+def _raising_at_defaults(cls) -> frozenset[str] | None:
+    """The properties of ``cls`` that raise at its own defaults (not a per-layer property the count breaks), or
+    None where the class rejects its defaults (no baseline: no property is held against a config)."""
+    try:
+        return frozenset(_raising_properties(cls()))
+    except Exception:  # noqa: BLE001 - defaults the class rejects
+        return None
+
+
+def rejection(cfg: dict[str, Any]) -> str | None:
+    """Why the config class rejects ``cfg``, or None: the class's own error, or a property that derives per-layer
+    values from the config and raises here, not at the class defaults (gemma-3n's ``kv_sharing_modes``: "The set
+    of layer types producing a cache is different than the set of layer types using them" when no unshared layer
+    is a full-attention one; the model reads it when it builds its layers: configuration_gemma3n.py)."""
     from .derive import hf_config
 
     try:
-        hf_config(cfg)
-    except Exception:  # noqa: BLE001 - any rejection of the class
-        return False
-    return True
+        c = hf_config(cfg)
+    except Exception as e:  # noqa: BLE001 - any rejection of the class
+        from .shrink import first_line
+
+        return first_line(e)
+    baseline = _raising_at_defaults(type(c))
+    if baseline is None:
+        return None
+    bad = {k: v for k, v in _raising_properties(c).items() if k not in baseline}
+    return next((f"{k}: {v}" for k, v in sorted(bad.items())), None)
+
+
+def accepted(cfg: dict[str, Any]) -> bool:
+    """Whether the config class accepts ``cfg`` (:func:`rejection`)."""
+    return rejection(cfg) is None
+
+
+def _nearest_accepted(after: dict[str, Any], k: int | str, v: int, count: int, n: int) -> int | None:
+    """The value of the layer-count field ``k`` (``v`` of ``count`` layers) nearest ``v * n / count`` that makes
+    the class accept ``after`` at ``n`` layers, or None."""
+    scaled = round(v * n / count)
+    for x in sorted(range(n + 1), key=lambda x: (abs(x - scaled), x)):
+        if accepted({**after, k: x}):
+            return x
+    return None
 
 
 def _derived_by_class(cfg: dict[str, Any], k: str) -> bool:
@@ -67,3 +120,11 @@ def fit_to_class(before: dict[str, Any], after: dict[str, Any], count: Any, n: i
             after[k] = [v[j * count // n] for j in range(n)]
         elif isinstance(v, int) and not isinstance(v, bool) and "layers" in k and _derived_by_class(before, k):
             after[k] = None
+    if accepted(after):
+        return
+    for k, v in before.items():  # a layer-count field the class does not derive: the nearest it accepts
+        if type(v) is int and "layers" in k and 0 < v < count and after.get(k) == v:
+            x = _nearest_accepted(after, k, v, count, n)
+            if x is not None:
+                after[k] = x
+                return

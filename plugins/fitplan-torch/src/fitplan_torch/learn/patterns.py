@@ -143,14 +143,11 @@ def _accepted_at(c: dict[str, Any], n: int) -> None:
     count does not resize (gemma-3n's ``activation_sparsity_pattern``, one number per layer, which
     ``Gemma3nTextConfig.__post_init__`` requires to have ``num_hidden_layers`` entries:
     transformers/models/gemma3n/configuration_gemma3n.py, 5.24)."""
-    from .derive import hf_config
+    from .layercounts import rejection
 
-    try:
-        hf_config(c)
-    except Exception as e:  # noqa: BLE001 - the class's own message names the field
-        from .shrink import first_line
-
-        raise PatternError(f"the config class rejects this config at {n} layers ({first_line(e)}): a per-layer "
+    why = rejection(c)  # the class's own message names the field (or the per-layer property that raises)
+    if why is not None:
+        raise PatternError(f"the config class rejects this config at {n} layers ({why}): a per-layer "
                            "field or a layer count that the layer pattern search cannot resize") from None
 
 
