@@ -2,9 +2,11 @@
 
 For each ``model_type`` of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (transformers/models/auto/modeling_auto.py), the
 config class's defaults (``AutoConfig.for_model(model_type)``, its ``text_config`` for a multimodal one, as the
-CLI reads it) are written to a ``config.json`` and one child process runs, under ``nice -n 10``, with a wall-clock
-timeout (``--cpu-timeout``: a CPU-seconds limit too, from ``/proc/<pid>/stat``) and a resident-memory cap
-(polled from ``/proc/<pid>/status``: ``VmRSS`` of the child and its children):
+CLI reads it; where the defaults are not a runnable config, with the few fields of
+``bench/breadth/configs/<type>.json`` over them, which the row and the table then name as its ``config``) are
+written to a ``config.json`` and one child process runs, under ``nice -n 10``, with a wall-clock timeout
+(``--cpu-timeout``: a CPU-seconds limit too, from ``/proc/<pid>/stat``) and a resident-memory cap (polled from
+``/proc/<pid>/status``: ``VmRSS`` of the child and its children):
 
 * ``--stage record`` (cheap): shrink the config as the learner does and record one bf16 training step (SDPA,
   or eager where the model has no SDPA) with the learner's recorder (what every learning starts with);
@@ -113,12 +115,32 @@ def causal_lm_types() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+FIXTURES = ROOT / "bench/breadth/configs"
+"""Per type, ``<model_type>.json``: the few fields a real source states (transformers' own ``*ModelTester`` or the
+type's published config, named by its ``_source``) where the class defaults are not a runnable config: a field
+left None or unset that the model needs, defaults the class rejects, or defaults the model's code cannot run."""
+
+
+def fixture(model_type: str) -> dict | None:
+    """The fixture's fields for ``model_type`` (its ``_``-keys, the source notes, left out), or None: none exists."""
+    path = FIXTURES / f"{model_type}.json"
+    if not path.is_file():
+        return None
+    return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+
+
+def fixture_label(model_type: str) -> str:
+    """What the table says of a type that ran from a fixture: its ``_config`` (e.g. "transformers tests")."""
+    return json.loads((FIXTURES / f"{model_type}.json").read_text()).get("_config", "fixture")
+
+
 def default_config(model_type: str) -> dict | None:
-    """The config class's defaults as a ``config.json`` would state them, or None when the class rejects them."""
+    """The config class's defaults as a ``config.json`` would state them, with the type's fixture fields (if one
+    exists) passed to the class over them, or None when the class rejects them."""
     from transformers import AutoConfig
 
     try:
-        d = AutoConfig.for_model(model_type).to_dict()
+        d = AutoConfig.for_model(model_type, **(fixture(model_type) or {})).to_dict()
     except Exception:  # noqa: BLE001 - its own defaults do not validate
         return None
     d["model_type"] = model_type
@@ -166,9 +188,11 @@ def cpu_seconds(pid: int) -> float:
 
 def run_one(model_type: str, stage: str, timeout: float, mem: int, env: dict, cpu_limit: float = 0.0) -> dict:
     cfg = default_config(model_type)
+    source = {"config": fixture_label(model_type)} if fixture(model_type) is not None else {}
     if cfg is None:
-        return {"model_type": model_type, "stage": stage, "result": "refused",
-                "reason": "the config class rejects its own defaults", "seconds": 0.0, "rss_mb": 0}
+        return {"model_type": model_type, "stage": stage, "result": "refused", **source,
+                "reason": "the config class rejects " + ("the fixture's config" if source else "its own defaults"),
+                "seconds": 0.0, "rss_mb": 0}
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"
         path.write_text(json.dumps(cfg), encoding="utf-8")
@@ -185,7 +209,7 @@ def run_one(model_type: str, stage: str, timeout: float, mem: int, env: dict, cp
             err = fe.read()
         secs = time.monotonic() - t0
     cpu = usage.ru_utime + usage.ru_stime if usage else 0.0
-    row = {"model_type": model_type, "stage": stage, "at": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+    row = {"model_type": model_type, "stage": stage, **source, "at": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
            "seconds": round(secs, 1), "cpu_s": round(cpu, 1),
            "rss_mb": max(peak, (usage.ru_maxrss * 1024) if usage else 0) // 2**20}
     if killed:
@@ -323,6 +347,8 @@ def table(types: list[str], before: dict, now: dict, bundled: set[str], strata: 
         cols, shown, why = columns(t, before, now)
         counts[cols[3]] = counts.get(cols[3], 0) + 1
         mb = (shown or {}).get("rss_mb") or ""
+        if (shown or {}).get("config"):  # run from a fixture (FIXTURES), not the class defaults: said in the row
+            why = f"config: {shown['config']}" + (f"; {why}" if why else "")
         cells = [t, "yes" if t in bundled else "", strata.get(t, ""), *cols, cpu_cell(shown), str(mb),
                  short_reason(why).replace("|", "\\|")]
         lines.append("| " + " | ".join(cells) + " |")

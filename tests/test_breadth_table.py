@@ -119,3 +119,18 @@ def test_cpu_seconds_reads_the_kernels_count_and_a_cpu_limit_stops_a_busy_child(
     assert killed == "cpu" and rc != 0
     assert usage.ru_utime + usage.ru_stime >= 0.2
     assert time.monotonic() - t0 < 30
+
+
+def test_a_row_run_from_a_fixture_says_so_in_its_reason(tmp_path):
+    """A type whose class defaults are not a runnable config runs from ``bench/breadth/configs/<type>.json`` (the
+    row's ``config``: its ``_config`` label); the table says so in the reason cell, before any reason, never
+    silently. A row without ``config`` keeps its reason as it is."""
+    lb = _bench()
+    now = lb.merged([_write(tmp_path / "fix.json", [
+        _row("a", "verified", config="transformers tests"),
+        _row("b", "refused", "k is None @ k", config="published config"),
+        _row("c", "refused", "k is None @ k")])])
+    cells = _cells(lb.table(["a", "b", "c"], {}, now, set(), {}))
+    assert cells["a"][9] == "config: transformers tests"
+    assert cells["b"][9] == "config: published config; k is None @ k"
+    assert cells["c"][9] == "k is None @ k"

@@ -41,13 +41,14 @@ def test_dory_layer_counts_shrink_together_to_four_layers():
     assert c.n_input_layers + c.n_recurrent_layers + c.n_output_layers == 4
     assert c.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
     assert run_error(small) is None
-    # the layer pattern search records fewer layers with the section counts as they are: 2 layers (4 serialized,
-    # DoryConfig.to_dict writes an attention and an mlp block per layer) under sections of 1 + 2 + 1: a refusal
-    # naming the class's check, not an internal error (exit 70 in the learner's variant build before)
+    # the layer pattern search records fewer layers: 2 layers (4 serialized, DoryConfig.to_dict writes an attention
+    # and an mlp block per layer), where sections of 1 + 2 + 1 were refused by the class's check (exit 70 in the
+    # learner's variant build before, then a refusal); the recurrent section, which the class derives when None,
+    # is now left to it (learn/layercounts.py): 4 - 2 - 2 = 0 blocks, and the class accepts the probe
     from fitplan_torch.learn import patterns
 
-    with pytest.raises(patterns.PatternError, match="must equal num_hidden_layers"):
-        patterns.with_layers(c.to_dict(), 4)
+    probe = hf_config(patterns.with_layers(c.to_dict(), 4)).to_dict()
+    assert (probe["n_input_layers"], probe["n_recurrent_layers"], probe["n_output_layers"]) == (2, 0, 2)
 
 
 def test_dbrx_nested_configs_are_shrunk_and_a_field_they_lack_is_named():
@@ -81,8 +82,9 @@ def test_gemma3n_per_layer_list_the_pattern_search_cannot_resize_is_a_refusal():
     """Gemma3nTextConfig requires one ``activation_sparsity_pattern`` entry and one ``intermediate_size`` entry
     (or a single one) per layer (models/gemma3n/configuration_gemma3n.py ``__post_init__``). The layer pattern
     search builds the model at 8 layers: a list whose entries are all alike (the shrunk ``intermediate_size``, every
-    entry 128) follows the layer count; the sparsity pattern (0.95 for the first 10 layers, then 0.0) cannot, and
-    the class's rejection is a refusal naming it (it was an internal error, exit 70)."""
+    entry 128) follows the layer count; the sparsity pattern (0.95 for the first 10 layers, then 0.0) was refused
+    (an internal error, exit 70, before that), and is now resampled to the count (learn/layercounts.py: entry j
+    from the old j * 12 // 8 = 0, 1, 3, 4, 6, 7, 9, 10: seven sparse layers, then one dense)."""
     pytest.importorskip("torch")
     from fitplan_torch.learn import patterns
     from fitplan_torch.learn.derive import hf_config
@@ -95,10 +97,10 @@ def test_gemma3n_per_layer_list_the_pattern_search_cannot_resize_is_a_refusal():
     assert base["activation_sparsity_pattern"] == [0.95] * 10 + [0.0] * 2  # the class's default at 12 layers
     alike = patterns.with_layers({**base, "activation_sparsity_pattern": [0.0] * 12}, 8)  # every entry alike
     assert alike["intermediate_size"] == [128] * 8 and alike["activation_sparsity_pattern"] == [0.0] * 8
-    for build in (patterns.with_layers, patterns.layer_structure):
-        with pytest.raises(patterns.PatternError) as e:
-            build(base, 8)
-        assert "activation_sparsity_pattern" in str(e.value) and "8 layers" in str(e.value)
+    probe = patterns.with_layers(base, 8)
+    assert probe["activation_sparsity_pattern"] == [0.95] * 7 + [0.0]
+    assert hf_config(probe).activation_sparsity_pattern == [0.95] * 7 + [0.0]
+    assert len(patterns.layer_structure(base, 8)) == 8
 
 
 def test_the_referee_batch_holds_ids_inside_the_output_head():

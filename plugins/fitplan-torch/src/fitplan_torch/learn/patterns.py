@@ -28,6 +28,8 @@ import itertools
 import json
 from typing import Any
 
+from .layercounts import fit_to_class
+
 from .patternsearch import (_conjunction, _cover, components, constant_rules, rule_for,  # noqa: F401
                             split_observed, split_rule)
 
@@ -141,14 +143,11 @@ def _accepted_at(c: dict[str, Any], n: int) -> None:
     count does not resize (gemma-3n's ``activation_sparsity_pattern``, one number per layer, which
     ``Gemma3nTextConfig.__post_init__`` requires to have ``num_hidden_layers`` entries:
     transformers/models/gemma3n/configuration_gemma3n.py, 5.24)."""
-    from .derive import hf_config
+    from .layercounts import rejection
 
-    try:
-        hf_config(c)
-    except Exception as e:  # noqa: BLE001 - the class's own message names the field
-        from .shrink import first_line
-
-        raise PatternError(f"the config class rejects this config at {n} layers ({first_line(e)}): a per-layer "
+    why = rejection(c)  # the class's own message names the field (or the per-layer property that raises)
+    if why is not None:
+        raise PatternError(f"the config class rejects this config at {n} layers ({why}): a per-layer "
                            "field or a layer count that the layer pattern search cannot resize") from None
 
 
@@ -189,6 +188,7 @@ def _per_layer_kinds(k: str, v: list, count: Any, types_key: str) -> bool:
 
 def _set_layers(cfg: dict[str, Any], n: int) -> None:
     count = next((cfg[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in cfg), None)
+    before = dict(cfg)
     for k in ("num_hidden_layers", "n_layer", "num_layers"):
         if k in cfg:
             cfg[k] = n
@@ -199,6 +199,7 @@ def _set_layers(cfg: dict[str, Any], n: int) -> None:
             cfg[k] = [v[i % len(v)] for i in range(n)]
         elif isinstance(v, list) and _one_width(v, count):
             cfg[k] = [v[0]] * n  # gemma-3n's intermediate_size, one per layer, all alike once shrunk
+    fit_to_class(before, cfg, count, n)  # what the class still rejects at n: Dory's sections, per-layer numbers
 
 
 def _one_width(v: list, count: Any) -> bool:
