@@ -204,6 +204,8 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
                         spec["derive"] = same
                     else:
                         log(f"    cannot express how {f} is derived: {e}")
+        if spec["default"] is None and "derive" not in spec and base.get(f) is None:
+            spec.update(_list_length(base, f, fields))
         if kind == "int" and f in sizes:
             spec["size"] = True
         out_fields[f] = spec
@@ -251,6 +253,24 @@ def _layer_count_default(cls, field: str, kind: str, amap: dict[str, str]) -> st
         return None
     c = offsets.pop()
     return n_layers if c == 0 else f"{n_layers} {'+' if c > 0 else '-'} {abs(c)}"
+
+
+def _list_length(cfg: dict[str, Any], field: str, fields: list[str]) -> dict[str, str]:
+    """``{"derive": "len(L)"}`` when the config class derives ``field`` as the length of the file's list field
+    ``L``, checked at ``L``'s own length and at twice it; else ``{}``. NemotronHConfig's ``num_hidden_layers`` is a
+    property, ``len(self.layers_block_type)``, that ignores a stated value and is None in ``to_dict``
+    (transformers/models/nemotron_h/configuration_nemotron_h.py): a file that read the config's value counted
+    None layers."""
+    from .derive import hf_config
+
+    for lst in [g for g in fields if g != field and isinstance(cfg.get(g), list) and cfg[g]]:
+        try:
+            ok = all(getattr(hf_config({**cfg, lst: v}), field, None) == len(v) for v in (cfg[lst], cfg[lst] * 2))
+        except Exception:  # noqa: BLE001 - the class rejects the longer list: no evidence
+            continue
+        if ok:
+            return {"derive": f"len({lst})"}
+    return {}
 
 
 def _same_as(field: str, fields: list[str], probes, derived: list[int]) -> str | None:
