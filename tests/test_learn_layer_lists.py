@@ -149,3 +149,25 @@ def test_a_coincidence_of_the_shrunk_widths_is_no_product():
     assert _holds_again(m, "hidden_size", "num_heads", "n_groups") is False
     h = shrink(_defaults("helium"))
     assert _holds_again(h, "hidden_size", "num_attention_heads", "head_dim") is True
+
+
+def test_a_second_state_carried_between_layers_is_named():
+    """HYV4's decoder layers return ``(hidden_states, topk_indices)`` and the model passes the indexer's top-k to the
+    next layer as ``prev_topk_indices`` (modeling_hy_v4.py ``HYV4Model.forward``; a ``"shared"`` layer reuses it).
+    Recorded, layer 1 takes a tensor made inside layer 0 (segment 1) that is not layer 0's hidden state; the
+    refusal names the argument and where it was made."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.derive import _foreign_argument
+    from fitplan_torch.learn.segments import Cut
+    from fitplan_torch.learn.shrink import shrunk_config
+
+    rec = derive.run(shrunk_config(_defaults("hy_v4")), "16", "eager", 2, 16)
+    cut = Cut(rec, {})
+    layer1 = cut.segments[2]
+    foreign = [(tid, a) for tid, a in layer1["argmap"].items()
+               if tid != cut.segments[1]["out_tid"] and (cut.owner_seg.get(tid) or (0,))[0] != 0]
+    assert len(foreign) == 1
+    tid, a = foreign[0]
+    msg = _foreign_argument(cut, layer1, 1, a, cut.owner_seg.get(tid))
+    assert f"layer 1 argument {a} (prev_topk_indices)" in msg and "made by segment 1 (layer 0)" in msg
