@@ -171,3 +171,21 @@ def test_a_second_state_carried_between_layers_is_named():
     tid, a = foreign[0]
     msg = _foreign_argument(cut, layer1, 1, a, cut.owner_seg.get(tid))
     assert f"layer 1 argument {a} (prev_topk_indices)" in msg and "made by segment 1 (layer 0)" in msg
+
+
+def test_an_attention_free_model_gives_the_core_its_ssm_heads():
+    """Mamba2Config leaves ``num_attention_heads`` None and has ``num_heads`` (configuration_mamba2.py); the core
+    requires an integer head count (src/fitplan/arch/architecture.py), so the learned file's estimate refused it in
+    the memory check (\"num_attention_heads must be an integer, got None\"). The spec now reads the SSM heads; a
+    model with attention keeps its own."""
+    pytest.importorskip("transformers")
+    from fitplan_torch.learn import configrules
+
+    m = _defaults("mamba2")
+    cls = configrules.config_class("mamba2")
+    spec = configrules.spec_map(m, cls, {"hidden_size": {}, "num_heads": {}, "head_dim": {}, "vocab_size": {}})
+    assert spec["num_attention_heads"] == "num_heads" and spec["num_key_value_heads"] == "num_heads"
+    llama = _defaults("llama")
+    spec = configrules.spec_map(llama, configrules.config_class("llama"),
+                                {"hidden_size": {}, "num_attention_heads": {}, "num_heads": {}})
+    assert spec["num_attention_heads"] == "num_attention_heads"

@@ -20,6 +20,10 @@ from .fit import FitError, Fitter
 STD = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "max_position_embeddings",
        "num_key_value_heads", "head_dim", "intermediate_size", "tie_word_embeddings")
 EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+SSM_HEADS = ("num_heads", "mamba_num_heads", "mamba_n_heads")
+"""The heads an attention-free model has, which the core reads as its ``num_attention_heads`` (an integer: tensor
+parallelism splits them): Mamba2Config has ``num_heads`` and leaves ``num_attention_heads`` None
+(transformers/models/mamba2/configuration_mamba2.py); the memory check's estimate refused the learned file."""
 CANDIDATE_CHECKS = (
     ("{h} % {a} == 0", "{h}", "hidden size must be a multiple of the number of attention heads"),
     ("{a} % {g} == 0", "{g}", "the number of attention heads must be a multiple of the number of key/value heads"),
@@ -363,6 +367,11 @@ def spec_map(resolved: dict[str, Any], cls, fields: dict[str, Any], held: dict[s
         n = name(std)
         if n is not None:
             out[std] = n
+    if resolved.get(causal_field(cls, "num_attention_heads")) is None:  # no attention (Mamba-2): its SSM heads
+        out.pop("num_attention_heads", None)
+        ssm = next((n for n in map(name, SSM_HEADS) if n is not None), None)
+        if ssm is not None:
+            out["num_attention_heads"] = ssm
     heads = out.get("num_attention_heads")
     hidden = out.get("hidden_size")
     out.setdefault("num_key_value_heads", heads)
