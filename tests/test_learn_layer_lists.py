@@ -48,9 +48,11 @@ def test_a_per_layer_width_list_the_class_derives_is_left_to_it():
     Shrinking cut it to ``[48, 48]`` beside 4 heads, and the layer-pattern probe's 8 layers were refused
     (\"num_attention_heads_per_layer length (2) must equal num_hidden_layers (8)\", exit 70). Left to the class, it
     follows the shrunk heads and every layer count: each layer's ``q_proj`` is 4 heads * 16 = 64 wide (LagunaAttention:
-    ``Linear(hidden_size, num_heads * head_dim)`` with the layer's head count), at 2 layers and at 8."""
+    ``Linear(hidden_size, num_heads * head_dim)`` with the layer's head count), at 2 layers and at 8, and 12 * 16 at
+    the GQA regime's 12 heads (the heads probe held ``num_key_value_heads`` when every layer kept 4 heads)."""
     pytest.importorskip("torch")
     from fitplan_torch.learn.derive import build
+    from fitplan_torch.learn.learner import _base_config
     from fitplan_torch.learn.patterns import with_layers
     from fitplan_torch.learn.record import decoder_layers
     from fitplan_torch.learn.shrink import shrunk_config
@@ -63,6 +65,10 @@ def test_a_per_layer_width_list_the_class_derives_is_left_to_it():
     for cfg, n in ((small, 2), (with_layers(small, 8), 8)):
         model, _ = build(cfg, "16", "eager")
         assert [layer.self_attn.q_proj.out_features for layer in decoder_layers(model)] == [4 * 16] * n
+    base, _ = _base_config(small)  # the learner records from to_dict(), which states the list again: dropped
+    assert "num_attention_heads_per_layer" not in base
+    model, _ = build({**base, "num_attention_heads": 12, "num_key_value_heads": 6, "hidden_size": 192}, "16", "eager")
+    assert [layer.self_attn.q_proj.out_features for layer in decoder_layers(model)] == [12 * 16] * 2
 
 
 def test_a_stated_per_layer_list_the_class_does_not_derive_is_kept():

@@ -5,7 +5,8 @@ A ``config.json`` written from a config object (``to_dict``) states every list t
 (transformers/models/laguna/configuration_laguna.py ``__post_init__``). Shrinking cuts such a list to the kept
 layers but cannot shrink its widths (48 heads per layer beside 4 heads), and the layer pattern search, which
 records at other layer counts, would have to resize it too. Dropped, the class derives it at every config the
-learner builds, as it did for the given one.
+learner builds, as it did for the given one. The learner's own base config (``to_dict`` of the shrunk one) states
+them again: dropped there too, or the heads probe changed ``num_attention_heads`` while every layer kept 4 heads.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def derived_layer_widths(cfg: dict[str, Any], full: dict[str, Any], n: int) -> list[str]:
+def derived_layer_widths(cfg: dict[str, Any], full: dict[str, Any], n: Any) -> list[str]:
     """Per-layer width lists (one integer per layer, all alike) whose class default is None and that ``cfg``
     states exactly as the class derives them without it: LagunaConfig's ``num_attention_heads_per_layer =
     [num_attention_heads] * num_hidden_layers`` (transformers/models/laguna/configuration_laguna.py
@@ -23,6 +24,8 @@ def derived_layer_widths(cfg: dict[str, Any], full: dict[str, Any], n: int) -> l
     from .derive import hf_config
     from .shrink import attribute_targets, per_layer_fields
 
+    if type(n) is not int:
+        return []
     defaults = class_defaults(config_class(cfg["model_type"]))
     out = []
     for k, v in cfg.items():
