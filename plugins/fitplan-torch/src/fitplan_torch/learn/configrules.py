@@ -20,6 +20,10 @@ from .fit import FitError, Fitter
 STD = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "max_position_embeddings",
        "num_key_value_heads", "head_dim", "intermediate_size", "tie_word_embeddings")
 EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+SSM_HEADS = ("num_heads", "mamba_num_heads", "mamba_n_heads")
+"""The heads an attention-free model has, which the core reads as its ``num_attention_heads`` (an integer: tensor
+parallelism splits them): Mamba2Config has ``num_heads`` and leaves ``num_attention_heads`` None
+(transformers/models/mamba2/configuration_mamba2.py); the memory check's estimate refused the learned file."""
 CANDIDATE_CHECKS = (
     ("{h} % {a} == 0", "{h}", "hidden size must be a multiple of the number of attention heads"),
     ("{a} % {g} == 0", "{g}", "the number of attention heads must be a multiple of the number of key/value heads"),
@@ -204,6 +208,8 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
                         spec["derive"] = same
                     else:
                         log(f"    cannot express how {f} is derived: {e}")
+        if spec["default"] is None and "derive" not in spec and base.get(f) is None:
+            spec.update(_list_length(base, f, fields))
         if kind == "int" and f in sizes:
             spec["size"] = True
         out_fields[f] = spec
@@ -251,6 +257,24 @@ def _layer_count_default(cls, field: str, kind: str, amap: dict[str, str]) -> st
         return None
     c = offsets.pop()
     return n_layers if c == 0 else f"{n_layers} {'+' if c > 0 else '-'} {abs(c)}"
+
+
+def _list_length(cfg: dict[str, Any], field: str, fields: list[str]) -> dict[str, str]:
+    """``{"derive": "len(L)"}`` when the config class derives ``field`` as the length of the file's list field
+    ``L``, checked at ``L``'s own length and at twice it; else ``{}``. NemotronHConfig's ``num_hidden_layers`` is a
+    property, ``len(self.layers_block_type)``, that ignores a stated value and is None in ``to_dict``
+    (transformers/models/nemotron_h/configuration_nemotron_h.py): a file that read the config's value counted
+    None layers."""
+    from .derive import hf_config
+
+    for lst in [g for g in fields if g != field and isinstance(cfg.get(g), list) and cfg[g]]:
+        try:
+            ok = all(getattr(hf_config({**cfg, lst: v}), field, None) == len(v) for v in (cfg[lst], cfg[lst] * 2))
+        except Exception:  # noqa: BLE001 - the class rejects the longer list: no evidence
+            continue
+        if ok:
+            return {"derive": f"len({lst})"}
+    return {}
 
 
 def _same_as(field: str, fields: list[str], probes, derived: list[int]) -> str | None:
@@ -343,6 +367,11 @@ def spec_map(resolved: dict[str, Any], cls, fields: dict[str, Any], held: dict[s
         n = name(std)
         if n is not None:
             out[std] = n
+    if resolved.get(causal_field(cls, "num_attention_heads")) is None:  # no attention (Mamba-2): its SSM heads
+        out.pop("num_attention_heads", None)
+        ssm = next((n for n in map(name, SSM_HEADS) if n is not None), None)
+        if ssm is not None:
+            out["num_attention_heads"] = ssm
     heads = out.get("num_attention_heads")
     hidden = out.get("hidden_size")
     out.setdefault("num_key_value_heads", heads)

@@ -768,6 +768,18 @@ def _every_layer_runs(res: dict[str, Any], nlayers: int) -> None:
                          "graph for it")
 
 
+def _foreign_argument(cut, cseg: dict[str, Any], j: int, a: int, where) -> str:
+    """Why layer ``j``'s argument ``a`` cannot be a file's: HYV4's layers return ``(hidden_states,
+    topk_indices)`` and the next layer takes the indexer's top-k as ``prev_topk_indices``
+    (transformers/models/hy_v4/modeling_hy_v4.py ``HYV4Model.forward``), a second state carried from layer to
+    layer; a file's layers pass one hidden state."""
+    name = cseg["args"][a][0] if a < len(cseg["args"]) else str(a)
+    made = f"made by segment {where[0]} (layer {where[0] - 1})" if where is not None else "made outside every layer"
+    return (f"layer {j} argument {a} ({name}) comes neither from the prologue nor the previous layer's hidden state: "
+            f"{made}, a state carried from layer to layer besides the hidden state, which a learned file cannot "
+            "express yet (its layers pass one hidden state)")
+
+
 def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | None, segments: dict[str, Any],
                   layer_prefix: str, kind_expr: str | None = None) -> dict[str, Any]:
     cut, rec, segs = res["cut"], res["rec"], res["segments"]
@@ -828,7 +840,7 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
             else:
                 where = cut.owner_seg.get(tid)
                 if where is None or where[0] != 0:
-                    raise LearnError(f"layer {j} argument {a} comes neither from the prologue nor the previous layer")
+                    raise LearnError(_foreign_argument(cut, cseg, j, a, where))
                 refs.append(f"P{where[1]}")
         layer_args[kind] = refs
     first = cut.segments[1]["argmap"]

@@ -131,6 +131,10 @@ def _base_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     from .configrules import config_class, sentinels
 
     base.update(sentinels(base, config_class(config["model_type"])))  # widths the class derives from "auto"
+    from .shrink_lists import derived_layer_widths
+
+    for k in derived_layer_widths(base, base, base.get("num_hidden_layers")):
+        del base[k]  # a per-layer width list the class derives: it follows the probed widths (Laguna's heads)
     _, skipping = dropout_fields(base)
     base.update({k: 0.0 for k in skipping})  # every layer runs: a stated assumption of the file (``assumed``)
     return base, skipping

@@ -174,16 +174,20 @@ def _layer_types_key(cfg: dict[str, Any]) -> str:
 
 def _per_layer_kinds(k: str, v: list, count: Any, types_key: str) -> bool:
     """Is ``v`` (the config's ``k``) one entry per layer, to repeat at another layer count: ``layer_types``
-    (under the class's own name), a 0/1 list named ``*_layers``, or a list of layer kinds (strings) of a field
-    named for layers, one per current layer (GPT-Neo's ``attention_layers``, which the class takes as stated
-    over the one it expands from ``attention_types``: transformers/models/gpt_neo/configuration_gpt_neo.py)."""
+    (under the class's own name), a 0/1 list named ``*_layers``, or a list of layer kinds (strings), one per
+    current layer, of a field named for layers or kinds (GPT-Neo's ``attention_layers``, which the class takes as
+    stated over the one it expands from ``attention_types``: transformers/models/gpt_neo/configuration_gpt_neo.py)
+    or of any field where there are three layers or more (HYV4's ``indexer_types``, read per layer by
+    ``HYV4Attention``: ``config.indexer_types[layer_idx]``, transformers/models/hy_v4/modeling_hy_v4.py; left at
+    its length, the model built at more layers indexes past its end)."""
     if k == "mlp_only_layers" or not all(isinstance(x, (str, int, bool)) for x in v):
         return False
     if k in ("layer_types", types_key):
         return True
     if k.endswith(("layer_types", "_layers")) and all(isinstance(x, bool) or x in (0, 1) for x in v):
         return True
-    return "layer" in k and len(v) == count and all(isinstance(x, str) for x in v)
+    named = "layer" in k or k.endswith("_types")
+    return type(count) is int and len(v) == count and (named or count >= 3) and all(isinstance(x, str) for x in v)
 
 
 def _set_layers(cfg: dict[str, Any], n: int) -> None:
@@ -197,14 +201,16 @@ def _set_layers(cfg: dict[str, Any], n: int) -> None:
     for k, v in list(cfg.items()):
         if isinstance(v, list) and v and _per_layer_kinds(k, v, count, types_key):
             cfg[k] = [v[i % len(v)] for i in range(n)]
-        elif isinstance(v, list) and _one_width(v, count):
+        elif isinstance(v, list) and _one_width(k, v, count):
             cfg[k] = [v[0]] * n  # gemma-3n's intermediate_size, one per layer, all alike once shrunk
     fit_to_class(before, cfg, count, n)  # what the class still rejects at n: Dory's sections, per-layer numbers
 
 
-def _one_width(v: list, count: Any) -> bool:
-    """Is ``v`` one number per layer, the same for every layer (of at least three)?"""
-    return type(count) is int and count >= 3 and len(v) == count and len(set(v)) == 1 and \
+def _one_width(k: str, v: list, count: Any) -> bool:
+    """Is ``v`` one number per layer, the same for every layer (of at least three, or of a field named for
+    layers: Laguna's ``num_attention_heads_per_layer``, which LagunaConfig requires to have ``num_hidden_layers``
+    entries, transformers/models/laguna/configuration_laguna.py)?"""
+    return type(count) is int and (count >= 3 or "layer" in k) and len(v) == count and len(set(v)) == 1 and \
         all(type(x) in (int, float) for x in v)
 
 

@@ -50,7 +50,7 @@ def coupled_probe(base: dict[str, Any], variables: list[str], name: str, b: int,
             put_var(cfg, name, alt)
             put_var(cfg, x, alt * get_var(base, z))
             rec, used = attempt(cfg, b, s)
-            if rec is None or _runs_apart(cfg, x):
+            if rec is None or _runs_apart(cfg, x) or not _holds_again(base, x, name, z):
                 continue
             env = env_of(used, b, s)
             changed = {k for k in env if env[k] != env0[k]} - set(fixed)
@@ -70,6 +70,25 @@ def _runs_apart(cfg: dict[str, Any], x: str) -> bool:
     apart = copy.deepcopy(cfg)
     put_var(apart, x, 2 * get_var(cfg, x))
     return run_error(apart) is None
+
+
+def _holds_again(base: dict[str, Any], x: str, y: str, z: str) -> bool:
+    """Whether ``x == y * z`` is a relation, not a coincidence of the shrunk widths: the model also runs with
+    the other factor ``z`` changed and ``x`` following it (``y`` as in ``base``). Mamba-2 needs ``hidden_size *
+    expand == num_heads * head_dim`` (transformers/models/mamba2/modeling_mamba2.py ``Mamba2Mixer``: the
+    ``in_proj`` split); shrunk to 64 wide, 8 heads of 16 and 8 groups, ``hidden_size == num_heads * n_groups``
+    holds by chance and doubling ``num_heads`` with ``hidden_size`` runs, but doubling ``n_groups`` with it does
+    not: taken for a relation, the joint probes kept ``hidden_size`` at ``num_heads * n_groups``."""
+    from .derive import alternatives, get_var, put_var
+    from .shrink_run import run_error
+
+    for alt in alternatives(z, get_var(base, z))[:3]:
+        cfg = copy.deepcopy(base)
+        put_var(cfg, z, alt)
+        put_var(cfg, x, get_var(base, y) * alt)
+        if run_error(cfg) is None:
+            return True
+    return False
 
 
 def holds(base: dict[str, Any], x: str) -> bool:

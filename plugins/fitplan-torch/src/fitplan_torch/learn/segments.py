@@ -25,6 +25,25 @@ def _param_template(name: str, layer: int | None) -> str:
     return name.replace(f".{layer}.", ".{i}.", 1)
 
 
+def _each_layer_once(rec: Recording) -> None:
+    """:raises LearnError: a decoder layer runs more than once in one step. HRM-Text calls its two stacks'
+    layers once per cycle (``H_cycles * (L_cycles + 1)`` stack calls, the inputs of each re-injected between
+    calls, some cycles under ``torch.no_grad()``: transformers/models/hrm_text/modeling_hrm_text.py
+    ``HrmTextModel.forward``); a file's segments are one pass over the layers, each reading only the previous
+    layer's output."""
+    from collections import Counter
+
+    from .derive import LearnError
+
+    runs = Counter(L["index"] for L in rec.layers)
+    again = sorted(i for i, c in runs.items() if c > 1)
+    if again:
+        raise LearnError(f"decoder layer {again[0]} runs {runs[again[0]]} times in one training step ({len(again)} "
+                         f"of the {len(runs)} recorded layers run more than once): a recurrent-depth model that "
+                         "calls its layers once per cycle (HRM's H/L cycles), which a learned file cannot express "
+                         "yet (its segments run each layer once, in order)")
+
+
 class Cut:
     """One recording cut into segments (numeric shapes; :mod:`.derive` makes them symbolic)."""
 
@@ -40,6 +59,7 @@ class Cut:
     # ------------------------------------------------------------------
     def _cut(self) -> None:
         rec = self.rec
+        _each_layer_once(rec)
         bounds = [(None, 0, rec.layers[0]["start"] if rec.layers else rec.forward_end)]
         for L in rec.layers:
             bounds.append((L["index"], L["start"], L["end"]))

@@ -89,6 +89,10 @@ def shrunk_config(cfg: dict[str, Any], each: int = 1, log=lambda msg: None) -> d
     layers_key = next((k for k in LAYER_KEYS if isinstance(full.get(k), int)), None)
     if layers_key is not None:
         out = _cut_layers(cfg, out, full, layers_key, log, each)
+        from .shrink_lists import derived_layer_widths
+
+        for k in derived_layer_widths(cfg, full, full[layers_key]):
+            out.pop(k, None)  # the class derives it again at the shrunk widths and layer count
     _resize_factor_lists(out, full)
     _token_ids(out, full)
     try:
