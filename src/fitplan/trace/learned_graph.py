@@ -262,7 +262,10 @@ class Builder:
         ``at::sum_to``: torch/csrc/autograd/engine.cpp). At the node's peak each such gradient is then the
         output's size, not its input's: the difference is a temporary. Measured on torch 2.13 CPU: an MoE's
         ``proj_out * sample_weights_g.unsqueeze(-1)`` holds a second ``tokens × top_k × hidden`` tensor for the
-        routing weights' gradient (transformers integrations/moe.py ``grouped_mm_experts_forward``)."""
+        routing weights' gradient (transformers integrations/moe.py ``grouped_mm_experts_forward``). The sum itself
+        is not an instant of its own: there the reduced gradient is alive too, with the node's saved tensors where
+        nothing frees them first (without checkpointing; a recomputed layer's unpacked ones are freed when the node
+        returns), at most the broadcast input's bytes more (``b·s·4`` for a norm's statistic)."""
         if not rule.get("pw") or not outs:
             return 0
         out, passes, extra = outs[0], rule.get("p", []), 0
