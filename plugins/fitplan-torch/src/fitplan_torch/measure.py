@@ -86,9 +86,9 @@ class _LiveBytesImpl:
         self.category: dict[str, int] = {}
         self._orig_resize = None
         self.skip_meta = False
+        """Ignore ``meta`` storages (a size, no memory); off under FakeTensorMode, whose tensors are all meta."""
         self._fresh = None
         """A weak reference to the last zeros tensor an op made (:mod:`.plain_backward`)."""
-        """Ignore ``meta`` storages (a size, no memory); off under FakeTensorMode, whose tensors are all meta."""
 
     def _freed(self, entry, _ref) -> None:
         self.current -= entry[0]
