@@ -26,8 +26,9 @@ loss as one op (``trl.logits_loss``) whose bytes are worked out here from the so
 The backward, in autograd's order (the log-prob path was built after the NLL term, so it runs first): on the CPU
 with fp32 logits each row's ``logsumexp`` backward (``grad · exp(x - lse)``: two ``n × V`` temporaries beside the
 row gradients), ``unbind``'s backward stacking the ``R`` row gradients (``G = R·n·V·e``), ``gather``'s backward
-(``new_zeros`` and an out-of-place ``scatter_add``, ``G`` each) while the stacked gradient waits: ``3·G`` beside
-the saved logits; with 16-bit logits each row's ``gather`` and ``log_softmax`` backward, then the stack
+(``new_zeros``, ``G``, filled in place by ``scatter_add_``) while the stacked gradient waits: ``2·G`` beside the
+saved logits (under a dispatch mode the fill is out of place, one ``G`` more: fitplan-torch's referee runs it in
+place, as a step without the mode does, fitplan_torch/plain_backward.py); with 16-bit logits each row's ``gather`` and ``log_softmax`` backward, then the stack
 (``2·G``); on CUDA the kernel's ``grad_logits`` (``G``). ``slice``'s backward then makes the logits' gradient
 (``L = R·s·V·e``), which waits for the NLL term's: ``nll_loss``'s and ``log_softmax``'s gradients (``b·n·V·e``
 each, with its saved output), the two ``slice`` backwards (``b·s·V·e``, then ``L``) and the sum of the two
@@ -102,7 +103,7 @@ def loss_bytes(rows: int, seq: int, vocab: int, e: int, nll: bool, device: str) 
     fwd = [copy + ls if nll else 0, ls + kept]
     held = logits if path != "log_softmax" else 0  # the logits, saved until the log-prob path's backward ends
     if path == "logsumexp":
-        logp = [held + ls + g + 2 * n * vocab * 4, held + ls + 3 * g]
+        logp = [held + ls + g + 2 * n * vocab * 4, held + ls + 2 * g]
     elif path == "log_softmax":
         logp = [ls + g + 2 * n * vocab * e, ls + 2 * g]
     else:

@@ -7,7 +7,9 @@
   tensor bytes at every operator, their peak and the phase of the step the peak fell in. Tensors that
   exist before it starts (parameters, buffers, optimizer states, inputs) are registered with
   :meth:`LiveBytes.track`. On CUDA this is what ``torch.cuda.max_memory_allocated`` sees minus the
-  caching allocator's 512-byte rounding; on the CPU and under FakeTensorMode it is the only measure.
+  caching allocator's 512-byte rounding; on the CPU and under FakeTensorMode it is the only measure. Being a
+  dispatch mode, it would itself change some backward formulas (an out-of-place fill of a zeros tensor where a
+  step without it fills in place); it runs the in-place op there instead (:mod:`.plain_backward`).
 * :class:`SavedTensors` is a ``saved_tensors_hooks`` pair that records every tensor autograd saves for
   backward, deduplicated by storage, parameter storages excluded.
 """
@@ -18,7 +20,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from . import _deps
+from . import _deps, plain_backward
 
 
 def local_tensor(t):
@@ -85,6 +87,8 @@ class _LiveBytesImpl:
         self._orig_resize = None
         self.skip_meta = False
         """Ignore ``meta`` storages (a size, no memory); off under FakeTensorMode, whose tensors are all meta."""
+        self._fresh = None
+        """A weak reference to the last zeros tensor an op made (:mod:`.plain_backward`)."""
 
     def _freed(self, entry, _ref) -> None:
         self.current -= entry[0]
@@ -153,8 +157,11 @@ class _LiveBytesImpl:
         import torch
         from torch.utils._pytree import tree_flatten
 
-        out = func(*args, **(kwargs or {}))
-        self._op = str(func)
+        twin = plain_backward.in_place(func, args, self._fresh() if self._fresh is not None else None)
+        out = (twin or func)(*args, **(kwargs or {}))
+        if twin is not None or plain_backward.makes_zeros(func):  # a formula's zeros, filled in place as without us
+            self._fresh = weakref.ref(out) if twin is None and isinstance(out, torch.Tensor) else None
+        self._op = str(twin or func)
         flat, _ = tree_flatten(out)
         for t in flat:
             if isinstance(t, torch.Tensor):

@@ -16,6 +16,10 @@ whenever the op creates a node (some input requires grad). Per op the table reco
 * ``p``: per edge, whether the gradient formula passes the incoming gradient through (``grad`` itself,
   possibly wrapped in ``handle_r_to_c`` or ``maybe_multiply``): then no new tensor is allocated when
   shapes and dtypes agree.
+* ``pw``: 1 for a pointwise op (the ``pointwise`` tag of ``native_functions.yaml``): a formula that does not
+  pass the gradient through computes it at the output's broadcast shape, and autograd's engine reduces it to a
+  smaller input's shape afterwards (``validate_outputs`` in torch/csrc/autograd/engine.cpp, ``sum_to``), so a
+  broadcast input's gradient is first a tensor of the output's size.
 
 fitplan's core reads the generated file (``rulesets/architectures/autograd.json``) and never imports torch.
 """
@@ -133,6 +137,8 @@ def rule(name: str) -> dict[str, Any] | None:
         entry["inplace"] = 1
     if info.output_differentiability is not None:
         entry["o"] = [1 if x else 0 for x in info.output_differentiability]
+    if "pointwise" in info.func.tags:
+        entry["pw"] = 1
     return entry
 
 
