@@ -292,7 +292,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
     import torch
     import transformers
 
-    from . import configrules, files, layerkinds
+    from . import configrules, files, layerkinds, nograd
     from . import derive as D
     from .. import __version__
     from .ties import tied_rows
@@ -338,6 +338,8 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
         "segments": segments,
         "accumulate_clone": sorted(n for n, how in ref["accumulate"].items() if how == "clone"),
         **_frozen(meta, layer_prefix),
+        **nograd.no_grad_rows(ref.get("no_grad", []), list(ref["accumulate"]),
+                              lambda n: D._layer_template(n, layer_prefix)[0], {p[0] for p in params}, log),
         "flags": {"values": rec.flags, "when": rec.flag_when},
         **files.held_sizes(results.values()),
         "autograd": D._missing_rules(segments),
