@@ -181,8 +181,10 @@ class ModelSpec:
         modules that hold them (``model.decoder.layers.{i}.encoder_attn.*``)."""
         if self.count_only:
             return 0, ()
-        idle = [g for g in self.param_groups() if g.no_grad]
-        return sum(g.total for g in idle), tuple(dict.fromkeys(_module_pattern(g.name) for g in idle))
+        groups = self.param_groups()
+        idle = [g for g in groups if g.no_grad]
+        used = [g.name for g in groups if not g.no_grad]
+        return sum(g.total for g in idle), tuple(dict.fromkeys(_module_pattern(g.name, used) for g in idle))
 
     @property
     def active_param_count(self) -> int:
@@ -194,13 +196,15 @@ class ModelSpec:
         return self.param_count - expert + per_expert * self.num_experts_per_tok
 
 
-def _module_pattern(name: str) -> str:
-    """The module of a layer's parameter as a pattern (``model.layers.{i}.encoder_attn.*`` for every parameter of
-    ``encoder_attn``); a parameter outside the layers is named as it is."""
-    head, sep, tail = name.partition(".{i}.")
-    if not sep or "." not in tail:
-        return name
-    return f"{head}.{{i}}.{tail.split('.', 1)[0]}.*"
+def _module_pattern(name: str, used: list[str]) -> str:
+    """The outermost module that holds parameter ``name`` and none of the ``used`` ones, as a pattern
+    (``model.decoder.layers.{i}.encoder_attn.*``); ``name`` itself when every module above it holds a used one."""
+    parts = name.split(".")
+    for k in range(1, len(parts)):
+        prefix = ".".join(parts[:k])
+        if parts[k - 1] != "{i}" and not any(u.startswith(prefix + ".") for u in used):
+            return prefix + ".*"
+    return name
 
 
 @functools.lru_cache(maxsize=256)
