@@ -317,7 +317,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
     kind_names = sorted(set(kinds), key=kinds.index)
     ref16 = next((r for (p, a, _), r in results.items() if p == "16"), ref)  # a mixed-only learning (drift test)
     params, buffers, repeats = _parameters(rec, ref16, meta, kinds, layer_prefix)
-    tied = tied_rows(rec.base, params, meta.get("tied_keys") or {}, lambda n: D._layer_template(n, layer_prefix)[0])
+    tied = tied_rows(rec.base, params, meta.get("tied_keys"), lambda n: D._layer_template(n, layer_prefix)[0])
     cfg_rules = _config_rules(rec, ref, segments, params, buffers, repeats, entries, log)
     return {
         "format": archformat.FORMAT,
