@@ -126,3 +126,49 @@ def test_the_recorder_measures_bart_cross_attention_without_gradient():
     for n, p in model.named_parameters():
         assert (p.grad is None) == (n in cross), n
         assert (len(opt.state[p]) == 0) == (n in cross), n
+
+
+# --------------------------------------------------------------------------- a head the class does not tie
+
+
+def test_the_output_is_tied_by_role_only_where_the_class_ties_something():
+    """``tied_rows``: the output projection is tied to the input embedding when the class's expanded
+    ``_tied_weights_keys`` name it, or where they cannot be read (None); an empty mapping ties nothing (transformers
+    5.24 modeling_utils.py ``get_expanded_tied_weights_keys`` returns the class's own mapping, and ``tie_weights``
+    ties exactly those)."""
+    from fitplan_torch.learn.ties import tied_rows
+
+    def params():
+        return [["emb.weight", ["v", "h"], "embedding", None, None, "bf16"],
+                ["head.weight", ["v", "h"], "output", None, None, "bf16"]]
+
+    base = {"tie_word_embeddings": True}
+    for keys in (None, {"head.weight": "emb.weight"}):
+        rows = params()
+        assert tied_rows(base, rows, keys, str) == [["head.weight", "emb.weight", "tie_word_embeddings"]]
+        assert rows[1][4] == "not tie_word_embeddings"
+    rows = params()
+    assert tied_rows(base, rows, {}, str) == [] and rows[1][4] is None
+
+
+@pytest.mark.parametrize("model_type", ["cpmant", "bigbird_pegasus"])
+def test_a_class_with_no_tied_keys_keeps_its_own_head(model_type):
+    """CPM-Ant (``_tied_weights_keys = {}``: its head is a vocabulary-sized slice of the input embedding,
+    modeling_cpmant.py) and BigBirdPegasus's causal LM build ``lm_head`` as a tensor of its own even with
+    ``tie_word_embeddings`` on (torch: not the input embedding's Parameter, counted in ``parameters()``); the
+    learner reads an empty mapping for them, so its file counts the head."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig
+
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.command import shrink
+    from fitplan_torch.learn.ties import tied_keys
+
+    cfg = shrink(json.loads(json.dumps({**AutoConfig.for_model(model_type).to_dict(), "model_type": model_type})))
+    cfg["tie_word_embeddings"] = True
+    with torch.device("meta"):
+        model, _ = derive.build(cfg, "16", "eager")
+    head, emb = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    assert head is not emb and any(p is head for p in model.parameters())
+    assert tied_keys(model) == {}
