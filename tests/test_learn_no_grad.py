@@ -32,7 +32,7 @@ def with_no_grad(tmp_path, monkeypatch):
     from fitplan.arch import archfile
     from fitplan.arch.architecture import clear_caches
 
-    def estimate(no_grad, **kw):
+    def estimate(no_grad, model=CONFIG, **kw):
         d = tmp_path / str(len(no_grad))
         d.mkdir(exist_ok=True)
         header = json.loads((ROOT / "rulesets" / "architectures" / "llama.json").read_text())
@@ -44,7 +44,7 @@ def with_no_grad(tmp_path, monkeypatch):
         archfile.load.cache_clear()
         clear_caches()
         try:
-            return fitplan.estimate(model=CONFIG, precision="bf16-true", optim="adamw_torch",
+            return fitplan.estimate(model=model, precision="bf16-true", optim="adamw_torch",
                                     per_device_train_batch_size=2, max_seq_length=16, device="cpu", **kw)
         finally:
             archfile.load.cache_clear()
@@ -82,6 +82,21 @@ def test_lora_adapters_on_a_module_without_gradient_are_weights_only(with_no_gra
     assert full["gradient_bytes"] - part["gradient_bytes"] == 2 * 1024 * 4
     assert full["optimizer_state_bytes"] - part["optimizer_state_bytes"] == 2 * 2 * (2 * 512 * 4 + 4)
     assert full["trainable_param_count"] - part["trainable_param_count"] == 2 * 1024
+
+
+def test_a_parameter_tied_to_one_with_a_gradient_gets_one(with_no_grad, tmp_path):
+    """BigBird's ``cls.predictions.bias`` is unread while the learner records (untied: the head reads its own
+    ``decoder.bias``) but is that bias when ``tie_word_embeddings`` ties them: one tensor, with a gradient. Here
+    tiny-llama's input embedding (1000 × 64) listed ``no_grad``: untied it loses 64000 × 2 gradient bytes; tied to
+    ``lm_head.weight``, which the step reads, nothing."""
+    untied_full, untied = with_no_grad([]), with_no_grad(["model.embed_tokens.weight"])
+    assert untied_full["gradient_bytes"] - untied["gradient_bytes"] == 1000 * 64 * 2
+    tied_cfg = tmp_path / "tied.json"
+    tied_cfg.write_text(json.dumps({**json.loads(Path(CONFIG).read_text()), "tie_word_embeddings": True}))
+    tied_full = with_no_grad([], model=str(tied_cfg))
+    tied = with_no_grad(["model.embed_tokens.weight"], model=str(tied_cfg))
+    assert tied["gradient_bytes"] == tied_full["gradient_bytes"]
+    assert not [w for w in tied.warnings if "receive no gradient" in w]
 
 
 def test_the_learner_lists_rows_whose_parameters_all_lack_a_gradient():

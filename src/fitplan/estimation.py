@@ -76,8 +76,8 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = N
     out += list(arch.assumed)
     idle, where = arch.no_grad_params
     if idle:
-        out.append(f"{idle} parameters receive no gradient in this step: {', '.join(where)} (the model's forward "
-                   "never runs them): no gradient and no optimizer state counted for them, nor for LoRA adapters on "
+        out.append(f"{idle} parameters receive no gradient in this step: {', '.join(where)} (the loss does not "
+                   "depend on them): no gradient and no optimizer state counted for them, nor for LoRA adapters on "
                    "them (DeepSpeed ZeRO keeps zeros for them in its partitions)")
     if arch.unverified:
         out.append(f"{arch.model_type}'s learned file {arch.unverified} was written with `fitplan learn-architecture "

@@ -233,7 +233,7 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
     env = dict(spec.symbols)
     groups: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
     frozen = set(af.data.get("frozen") or ())
-    idle = set(af.data.get("no_grad") or ())  # parameters the step leaves without a gradient
+    idle = idle_params(af, env)
     for name, shape, role, per_layer, layer, entry in af.param_list(env):
         template = entry[0]
         key = (template, shape)
@@ -248,6 +248,17 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
                        mark == "custom", len(entry) > 5 and entry[5] == "f32", template in frozen, template in idle]
     return tuple(ParamGroup(t, shape, module, count, per_layer, path, linear, custom, fp32, fz, ng)
                  for t, shape, count, per_layer, module, path, linear, custom, fp32, fz, ng in groups.values())
+
+
+def idle_params(af, env: dict[str, Any]) -> set[str]:
+    """The file's ``no_grad`` names at this config: a parameter tied to another here is one tensor with it, which
+    gets a gradient if either is read (BigBird's ``cls.predictions.bias``, unread apart from the head's
+    ``decoder.bias``, is that bias itself when ``tie_word_embeddings`` holds)."""
+    idle = set(af.data.get("no_grad") or ())
+    for name, target in af.tie(env).items():
+        if (name in idle) != (target in idle):
+            idle -= {name, target}
+    return idle
 
 
 def sequence_classifier(spec: ModelSpec) -> ModelSpec:

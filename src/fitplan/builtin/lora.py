@@ -60,9 +60,10 @@ def adapter_tensors(arch, lora_r, lora_target_modules, idle: bool = False):
     out = unused if idle else trained
     linear = [g for g in groups if g.linear is not None]
     from fitplan.arch.archfile import load
+    from fitplan.arch.architecture import idle_params
 
     af = load(arch.model_type)
-    no_grad = set(af.data.get("no_grad") or ())
+    no_grad = idle_params(af, dict(arch.symbols))
     names: list[str] = []
     # every concrete Linear weight, in the layers whose kind has it (a shared expert in the MoE layers only)
     for name, shape, role, _, _, entry in af.param_list(dict(arch.symbols)):
