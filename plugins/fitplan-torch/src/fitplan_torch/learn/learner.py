@@ -388,8 +388,8 @@ def _parameters(rec: ModelRecord, ref16: dict[str, Any], meta: dict[str, Any], k
             suffix = tmpl.split(".{i}.", 1)[1]
             where = sorted({kinds[i] for i in range(len(kinds)) if f"{layer_prefix}.{i}.{suffix}" in ref16["params"]})
         cond = None
-        if role == "output" and "tie_word_embeddings" in rec.base:
-            cond = "not tie_word_embeddings"
+        if role == "output" and "tie_word_embeddings" in rec.base and meta.get("tied_keys") != {}:
+            cond = "not tie_word_embeddings"  # counted once when tied; never, where the class ties nothing (.ties)
         entry = [tmpl, dims, role, where, cond, dtype]
         if name in meta["conv1d"]:
             entry.append("conv1d")
