@@ -187,3 +187,21 @@ def test_a_class_with_no_tied_keys_keeps_its_own_head(model_type):
     head, emb = model.get_output_embeddings().weight, model.get_input_embeddings().weight
     assert head is not emb and any(p is head for p in model.parameters())
     assert tied_keys(model) == {}
+
+
+@pytest.mark.parametrize("keys, cond", [({}, None), (None, "not tie_word_embeddings"),
+                                        ({"head.weight": "emb.weight"}, "not tie_word_embeddings")])
+def test_the_head_row_is_conditional_only_where_the_class_may_tie_it(keys, cond):
+    """The learner's parameter rows: the output projection is left out when ``tie_word_embeddings`` holds (it is
+    then the embedding, counted once) unless the class ties nothing (an empty mapping: CPM-Ant, whose 512 × 64
+    head went uncounted at the flag's default, 32768 fp32 parameters)."""
+    from types import SimpleNamespace
+
+    from fitplan_torch.learn.learner import _parameters
+
+    rec = SimpleNamespace(base={"tie_word_embeddings": True})
+    ref16 = {"params": {"emb.weight": (["v", "h"], "bf16"), "head.weight": (["v", "h"], "bf16")},
+             "buffers": {}, "repeats": {}}
+    meta = {"roles": {"emb.weight": "embedding", "head.weight": "output"}, "conv1d": set(), "tied_keys": keys}
+    params, _, _ = _parameters(rec, ref16, meta, [], "model.layers")
+    assert [p[4] for p in params] == [None, cond]
