@@ -74,6 +74,11 @@ def scenario_warnings(s: sc.Scenario, arch: architecture.ModelSpec, gpu: Any = N
                    f"({arch.name.split('(approximate: ', 1)[-1].rstrip(')')}, {arch.num_hidden_layers} layers, "
                    f"vocabulary {arch.vocab_size}) and are approximate; pass --model CONFIG.json for the real shape")
     out += list(arch.assumed)
+    idle, where = arch.no_grad_params
+    if idle:
+        out.append(f"{idle} parameters receive no gradient in this step: {', '.join(where)} (the loss does not "
+                   "depend on them): no gradient and no optimizer state counted for them, nor for LoRA adapters on "
+                   "them (DeepSpeed ZeRO keeps zeros for them in its partitions)")
     if arch.unverified:
         out.append(f"{arch.model_type}'s learned file {arch.unverified} was written with `fitplan learn-architecture "
                    "--no-verify`: no fresh torch run checked it, so its weights, gradients, activations and the peak "

@@ -55,6 +55,18 @@ class ParamGroup:
     frozen: bool = False
     """Created with ``requires_grad=False`` (the learned file's ``frozen``: AfMoE's ``expert_bias``): a weight that
     no method trains, so without gradient or optimizer states."""
+    no_grad: bool = False
+    """Trainable, but the training step never reads it (the learned file's ``no_grad``: the cross-attention of a
+    causal LM taken from an encoder-decoder family, run without encoder states): autograd leaves its ``.grad``
+    None, and torch's optimizers skip a parameter whose grad is None (torch/optim/adam.py ``Adam._init_group``,
+    which AdamW inherits, adamw.py: only ``p.grad is not None`` gets a state), so it has no gradient and no
+    optimizer states. DeepSpeed ZeRO still holds both in its flat partitions (stage_1_and_2.py
+    ``set_none_gradients_to_zero``): its layout (builtin/sharding/params.py ``ordered``) counts every tensor."""
+
+    @property
+    def trained(self) -> bool:
+        """Does the step give this tensor a gradient (and so the optimizer a state for it)?"""
+        return not (self.frozen or self.no_grad)
 
     @property
     def numel(self) -> int:
@@ -161,7 +173,18 @@ class ModelSpec:
         """The fp32-kept parameters that no method trains (:attr:`ParamGroup.frozen`): no fp32 gradient."""
         if self.bare_param_count is not None:
             return 0
-        return sum(g.total for g in self.param_groups() if g.fp32 and g.frozen)
+        return sum(g.total for g in self.param_groups() if g.fp32 and not g.trained)
+
+    @property
+    def no_grad_params(self) -> tuple[int, tuple[str, ...]]:
+        """The parameters the step leaves without a gradient (:attr:`ParamGroup.no_grad`): how many, and the
+        modules that hold them (``model.decoder.layers.{i}.encoder_attn.*``)."""
+        if self.count_only:
+            return 0, ()
+        groups = self.param_groups()
+        idle = [g for g in groups if g.no_grad]
+        used = [g.name for g in groups if not g.no_grad]
+        return sum(g.total for g in idle), tuple(dict.fromkeys(_module_pattern(g.name, used) for g in idle))
 
     @property
     def active_param_count(self) -> int:
@@ -171,6 +194,17 @@ class ModelSpec:
         expert = sum(g.total for g in self.param_groups() if g.module.startswith("experts."))
         per_expert = expert // self.num_experts
         return self.param_count - expert + per_expert * self.num_experts_per_tok
+
+
+def _module_pattern(name: str, used: list[str]) -> str:
+    """The outermost module that holds parameter ``name`` and none of the ``used`` ones, as a pattern
+    (``model.decoder.layers.{i}.encoder_attn.*``); ``name`` itself when every module above it holds a used one."""
+    parts = name.split(".")
+    for k in range(1, len(parts)):
+        prefix = ".".join(parts[:k])
+        if parts[k - 1] != "{i}" and not any(u.startswith(prefix + ".") for u in used):
+            return prefix + ".*"
+    return name
 
 
 @functools.lru_cache(maxsize=256)
@@ -199,6 +233,7 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
     env = dict(spec.symbols)
     groups: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
     frozen = set(af.data.get("frozen") or ())
+    idle = idle_params(af, env)
     for name, shape, role, per_layer, layer, entry in af.param_list(env):
         template = entry[0]
         key = (template, shape)
@@ -210,9 +245,20 @@ def _param_groups(spec: ModelSpec) -> tuple[ParamGroup, ...]:
         if role.startswith("linear:"):
             linear = (shape[0], shape[1]) if mark == "conv1d" else (shape[1], shape[0])
         groups[key] = [template, shape, 1, per_layer, _module(role, template), template.rsplit(".", 1)[0], linear,
-                       mark == "custom", len(entry) > 5 and entry[5] == "f32", template in frozen]
-    return tuple(ParamGroup(t, shape, module, count, per_layer, path, linear, custom, fp32, fz)
-                 for t, shape, count, per_layer, module, path, linear, custom, fp32, fz in groups.values())
+                       mark == "custom", len(entry) > 5 and entry[5] == "f32", template in frozen, template in idle]
+    return tuple(ParamGroup(t, shape, module, count, per_layer, path, linear, custom, fp32, fz, ng)
+                 for t, shape, count, per_layer, module, path, linear, custom, fp32, fz, ng in groups.values())
+
+
+def idle_params(af, env: dict[str, Any]) -> set[str]:
+    """The file's ``no_grad`` names at this config: a parameter tied to another here is one tensor with it, which
+    gets a gradient if either is read (BigBird's ``cls.predictions.bias``, unread apart from the head's
+    ``decoder.bias``, is that bias itself when ``tie_word_embeddings`` holds)."""
+    idle = set(af.data.get("no_grad") or ())
+    for name, target in af.tie(env).items():
+        if (name in idle) != (target in idle):
+            idle -= {name, target}
+    return idle
 
 
 def sequence_classifier(spec: ModelSpec) -> ModelSpec:

@@ -24,6 +24,8 @@ QLoRA as transformers 5.24 and bitsandbytes 0.50.2 build it (Dettmers et al. 202
 
 from __future__ import annotations
 
+import math
+
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.errors import FitplanError
 from fitplan.inputs.settings import Setting
@@ -41,21 +43,27 @@ axolotl's and LLaMA-Factory's 8-bit LoRA. Where it applies: :func:`qlora` (the w
 ``trace/kernels.py`` (the step), ``builtin/activations.py`` ``trace_setup`` (which refuses it without QLoRA)."""
 
 
-def adapter_tensors(arch, lora_r, lora_target_modules):
+def adapter_tensors(arch, lora_r, lora_target_modules, idle: bool = False):
     """The LoRA A and B tensors peft 0.21 creates for ``lora_target_modules`` on ``arch``
     (:mod:`.lora_targets`): A (r, in) and B (out, r) per targeted ``nn.Linear`` / ``Conv1D``; for MoE
     models whose experts peft maps to parameter targets (the learned file's ``lora.parameter_targets``),
     ``lora.ParamWrapper`` factors A (r·E, in) and B (out, r·E) per expert stack (r doubled for the fused
-    ``gate_up_proj``) and A (r, in), B (out, r) for a 2-D router weight."""
+    ``gate_up_proj``) and A (r, in), B (out, r) for a 2-D router weight. Those on a Linear the step never runs
+    (``ParamGroup.no_grad``: peft wraps it all the same, tuners/tuners_utils.py ``inject_adapter`` matches names)
+    get no gradient: ``idle`` returns them alone, otherwise they are left out."""
     from fitplan.trace.lora_targets import ALL_LINEAR, lora_site_matches, parameter_targets, unmatched_targets
 
     targets = tuple(lora_target_modules or ())
     groups = arch.param_groups()
-    out: dict[tuple[int, ...], int] = {}
+    trained: dict[tuple[int, ...], int] = {}
+    unused: dict[tuple[int, ...], int] = {}
+    out = unused if idle else trained
     linear = [g for g in groups if g.linear is not None]
     from fitplan.arch.archfile import load
+    from fitplan.arch.architecture import idle_params
 
     af = load(arch.model_type)
+    no_grad = idle_params(af, dict(arch.symbols))
     names: list[str] = []
     # every concrete Linear weight, in the layers whose kind has it (a shared expert in the MoE layers only)
     for name, shape, role, _, _, entry in af.param_list(dict(arch.symbols)):
@@ -65,12 +73,13 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
         names.append(path)
         if lora_site_matches(path, targets, af):
             in_f, out_f = (shape[0], shape[1]) if len(entry) > 6 and entry[6] == "conv1d" else (shape[1], shape[0])
+            into = unused if entry[0] in no_grad else trained
             for shape_ in ((lora_r, in_f), (out_f, lora_r)):
-                out[shape_] = out.get(shape_, 0) + 1
+                into[shape_] = into.get(shape_, 0) + 1
     for path, shapes in head_and_embedding_adapters(af, dict(arch.symbols), targets, lora_r):
         names.append(path)
         for shape_ in shapes:
-            out[shape_] = out.get(shape_, 0) + 1
+            trained[shape_] = trained.get(shape_, 0) + 1
     param_targets = parameter_targets(af, targets)
     for g in groups:
         leaf = g.name.rsplit(".", 1)[-1]
@@ -86,11 +95,12 @@ def adapter_tensors(arch, lora_r, lora_target_modules):
             shapes = ((lora_r * mult, in_f), (out_f, lora_r * mult))
         names.append(g.name)
         del leaf
+        into = unused if g.no_grad else trained
         for shape in shapes:
-            out[shape] = out.get(shape, 0) + g.count
+            into[shape] = into.get(shape, 0) + g.count
     _refuse_non_tensor_linears(af, targets, arch)
     missing = unmatched_targets(targets, names + list(_converted_names(af)))
-    if missing or not out:
+    if missing or not (trained or unused):
         extra = {n.rsplit(".", 2)[-2] for n, _, role, per_layer, _, _ in af.param_list(dict(arch.symbols))
                  if role == "embedding" and not per_layer}  # peft wraps embeddings and the head by name too
         extra |= {af.output_module} if af.output_module else set()
@@ -263,6 +273,15 @@ def qlora(value, arch, param_count, weight_dtype_bytes, adapter_param_count, tra
 
 
 @quantity("params")
+def idle_adapter_param_count(method, arch, lora_r, lora_target_modules):
+    """LoRA parameters on Linears the step never runs (:func:`adapter_tensors` ``idle``): peft creates them, so
+    they are weights, but they get no gradient and no optimizer state; 0 for full fine-tuning."""
+    if method == "full" or arch.count_only or not arch.no_grad_params[0]:
+        return 0
+    return sum(math.prod(shape) * n for shape, n in adapter_tensors(arch, lora_r, lora_target_modules, idle=True))
+
+
+@quantity("params")
 def qlora_unquantized_param_count(method, arch, param_count):
     """Base parameters a QLoRA run leaves unquantized (bitsandbytes replaces ``nn.Linear`` only): embeddings,
     norms, routers, the LM head and the fused 3-D MoE experts; 0 without QLoRA."""
@@ -299,6 +318,7 @@ def qlora_line(values, arch, kbit_preparation: str, bits: int = 4) -> str | None
 
 @hookimpl
 def fitplan_register_quantities(register):
+    register(idle_adapter_param_count)
     register(qlora_unquantized_param_count)
     register(qlora_unquantized_bytes)
 

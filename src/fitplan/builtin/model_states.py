@@ -16,9 +16,10 @@ from fitplan.pluginmgr.hookspecs import hookimpl
 @quantity("tensors", type="object")
 def trainable_tensors(arch):
     """The trainable parameter tensors as ``(shape, count)`` pairs: every parameter for full
-    fine-tuning but those created with ``requires_grad=False`` (``ParamGroup.frozen``; the LoRA reducer replaces
-    them with the adapters)."""
-    return tuple((g.shape, g.count) for g in arch.param_groups() if not g.frozen)
+    fine-tuning but those created with ``requires_grad=False`` (``ParamGroup.frozen``) and those the step leaves
+    without a gradient (``ParamGroup.no_grad``: torch's optimizers give them no state); the LoRA reducer replaces
+    them with the adapters."""
+    return tuple((g.shape, g.count) for g in arch.param_groups() if g.trained)
 
 
 @quantity("params")
@@ -34,9 +35,10 @@ def trainable_param_count(trainable_tensors):
 
 
 @quantity("params")
-def adapter_param_count(method, trainable_param_count):
-    """Parameters added by LoRA adapters (0 for full fine-tuning)."""
-    return 0 if method == "full" else trainable_param_count
+def adapter_param_count(method, trainable_param_count, idle_adapter_param_count):
+    """Parameters added by LoRA adapters (0 for full fine-tuning): the trainable ones and those on Linears the
+    step never runs (``idle_adapter_param_count``, builtin/lora.py: weights without a gradient)."""
+    return 0 if method == "full" else trainable_param_count + idle_adapter_param_count
 
 
 @quantity("bytes/param")
@@ -92,7 +94,7 @@ def gradient_bytes(trainable_param_count, trainable_dtype_bytes, optimizer_spec,
         return 0
     if optimizer_spec.frees_gradients:
         return max((math.prod(shape) for shape, _ in trainable_tensors), default=0) * trainable_dtype_bytes
-    fp32 = max(0, fp32_param_count - arch.frozen_fp32_param_count)  # a frozen fp32 tensor has no gradient
+    fp32 = max(0, fp32_param_count - arch.frozen_fp32_param_count)  # an untrained fp32 tensor has no gradient
     return trainable_param_count * trainable_dtype_bytes + (fp32_extra(fp32, trainable_dtype_bytes) if method == "full" else 0)
 
 
@@ -107,7 +109,7 @@ def _kind(g) -> str:
 @functools.lru_cache(maxsize=256)
 def _modules(arch) -> tuple[tuple[str, str], ...]:
     """``(name, kind)`` of each parameter tensor of ``arch``."""
-    return tuple((g.name, _kind(g)) for g in arch.param_groups() if not g.frozen)
+    return tuple((g.name, _kind(g)) for g in arch.param_groups() if g.trained)
 
 
 CONV1D_MODULES = ("c_attn", "c_proj", "c_fc")
@@ -125,7 +127,7 @@ def optimizer_context(trainable_tensors, optimizer_state_dtype_bytes, trainable_
     else:
         modules = tuple(("lora", "adapter") for _ in trainable_tensors) if method != "full" else ()
     pairs = tuple(tuple(kv.strip().split("=", 1)) for kv in optim_args.split(",") if "=" in kv)
-    fp32 = tuple(g.fp32 for g in arch.param_groups() if not g.frozen) if method == "full" and not arch.count_only else ()
+    fp32 = tuple(g.fp32 for g in arch.param_groups() if g.trained) if method == "full" and not arch.count_only else ()
     return OptimizerContext(trainable_tensors, optimizer_state_dtype_bytes, trainable_dtype_bytes, device, modules,
                             pairs, tuple(optim_target_modules), fp32)
 

@@ -125,6 +125,7 @@ def _run(cfg: dict[str, Any], precision: str, attn: str, b: int, s: int, *, back
             recb = record(model, batch, autocast_dtype=ac, lifetimes=False, backward=True)
             rec.backward = align_backward(rec, recb)
             rec.accumulate = recb.accumulate
+            rec.no_grad = recb.no_grad
     rec.meta = _meta(model, config, rec.sites)
     return fold(rec, rec.meta)  # a loop over heads (StableLM's per-head LayerNorm): one repeated block
 
@@ -744,6 +745,7 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
     return {"cut": cut0, "rec": recs[0], "segments": segs, "params": params, "buffers": buffers, "sym": sym,
             "repeats": repeats,
             "sites": sites, "meta": base_rec.meta, "probes": probes, "accumulate": base_rec.accumulate,
+            "no_grad": base_rec.no_grad,
             "fitter": fitter, "regime": regime.name, "held": held, "fixed": regime.fixed}
 
 

@@ -296,7 +296,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
     import torch
     import transformers
 
-    from . import configrules, files, layerkinds
+    from . import configrules, files, layerkinds, nograd
     from . import derive as D
     from .. import __version__
     from .ties import tied_rows
@@ -321,7 +321,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
     kind_names = sorted(set(kinds), key=kinds.index)
     ref16 = next((r for (p, a, _), r in results.items() if p == "16"), ref)  # a mixed-only learning (drift test)
     params, buffers, repeats = _parameters(rec, ref16, meta, kinds, layer_prefix)
-    tied = tied_rows(rec.base, params, meta.get("tied_keys") or {}, lambda n: D._layer_template(n, layer_prefix)[0])
+    tied = tied_rows(rec.base, params, meta.get("tied_keys"), lambda n: D._layer_template(n, layer_prefix)[0])
     cfg_rules = _config_rules(rec, ref, segments, params, buffers, repeats, entries, log)
     return {
         "format": archformat.FORMAT,
@@ -342,6 +342,8 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
         "segments": segments,
         "accumulate_clone": sorted(n for n, how in ref["accumulate"].items() if how == "clone"),
         **_frozen(meta, layer_prefix),
+        **nograd.no_grad_rows(ref.get("no_grad", []), list(ref["accumulate"]),
+                              lambda n: D._layer_template(n, layer_prefix)[0], {p[0] for p in params}, log),
         "flags": {"values": rec.flags, "when": rec.flag_when},
         **files.held_sizes(results.values()),
         "autograd": D._missing_rules(segments),
@@ -390,8 +392,8 @@ def _parameters(rec: ModelRecord, ref16: dict[str, Any], meta: dict[str, Any], k
             suffix = tmpl.split(".{i}.", 1)[1]
             where = sorted({kinds[i] for i in range(len(kinds)) if f"{layer_prefix}.{i}.{suffix}" in ref16["params"]})
         cond = None
-        if role == "output" and "tie_word_embeddings" in rec.base:
-            cond = "not tie_word_embeddings"
+        if role == "output" and "tie_word_embeddings" in rec.base and meta.get("tied_keys") != {}:
+            cond = "not tie_word_embeddings"  # counted once when tied; never, where the class ties nothing (.ties)
         entry = [tmpl, dims, role, where, cond, dtype]
         if name in meta["conv1d"]:
             entry.append("conv1d")

@@ -61,6 +61,7 @@ class Recording:
         self.inputs: dict[str, int] = {}
         self.backward: dict[int, dict[str, Any]] = {}  # forward op index -> node behaviour
         self.accumulate: dict[str, str] = {}  # param name -> "steal" | "clone" | "sum"
+        self.no_grad: list[str] = []  # trainable parameters whose .grad is still None after the backward
         self.backward_order: list[int] = []
 
 
@@ -614,6 +615,9 @@ def _record_backward(r: _Recorder, model, loss, dmode) -> None:
     for h in handles:
         h.remove()
     r.phase = "after"
+    # a parameter no op of the step reads (a decoder's cross-attention run without encoder states) gets no
+    # gradient: autograd never reaches its AccumulateGrad node, so .grad stays None (torch/csrc/autograd)
+    rec.no_grad = sorted(n for n, p in model.named_parameters() if p.requires_grad and p.grad is None)
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
