@@ -55,6 +55,9 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"layer pattern differs between", "layer pattern: differs between precisions / attention kernels"),
     (r"no rule of the layer-pattern family", "layer pattern: a condition over several fields"),
     (r"no expression over", "sizes: no expression fits a recorded size (data-dependent or uncommon formula)"),
+    (r"reads a tensor made by segment .* that is not its argument", "layers: a layer or the epilogue reads outputs "
+                                                                   "of layers before the previous one (residuals "
+                                                                   "across blocks, a recurrence over layers)"),
     (r"distinct layers", "layers: more distinct layer kinds than the learner records"),
     (r"must be (an integer|a positive integer), got", "memory check: a field the learned file cannot derive"),
     (r"runs in none of the regimes", "probing: the model runs in none of the learner's size regimes (every "
