@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learn_breadth import merged, short_reason  # noqa: E402
+from learn_breadth import merged, short_reason, stratum  # noqa: E402
 
 CLASSES: tuple[tuple[str, str], ...] = (
     (r"invalid ruleset directory", "memory check: the bundled model presets of a bundled type are validated "
@@ -76,9 +76,33 @@ def failure_class(row: dict) -> str:
     return "other (no pattern yet)"
 
 
-def triage(rows: list[dict], notes: str = "") -> str:
-    """TRIAGE.md: counts of outcomes and classes, ``notes`` (the measurer's, in markdown), then one line per
-    non-verified type under its class."""
+GOAL_CPU_S, GOAL_MB = 60.0, 3 * 1024
+"""Issue #32's cost goal: a type learns in <= 60 s and <= 3 GB resident (CPU seconds: the learner's cost whatever
+the machine's load)."""
+
+
+def by_stratum(rows: list[dict], strata: dict[str, str]) -> list[str]:
+    """One line per stratum (``strata``: each type's, ``learn_breadth.stratum``): its types run and their outcomes."""
+    groups: dict[str, dict[str, int]] = {}
+    for r in rows:
+        kind = groups.setdefault(strata.get(r["model_type"], "?"), {})
+        kind[r["result"]] = kind.get(r["result"], 0) + 1
+    return [f"* {k}: {sum(v.values())} run; " + ", ".join(f"{o}: {n}" for o, n in sorted(v.items()))
+            for k, v in sorted(groups.items())]
+
+
+def within_goal(rows: list[dict]) -> list[str]:
+    """The verified rows measured (CPU seconds and resident MB), and those within the cost goal (``GOAL_CPU_S``,
+    ``GOAL_MB``)."""
+    done = [r for r in rows if r["result"] == "verified" and None not in (r.get("cpu_s"), r.get("rss_mb"))]
+    ok = sorted(r["model_type"] for r in done if r["cpu_s"] <= GOAL_CPU_S and r["rss_mb"] <= GOAL_MB)
+    return [f"Cost: {len(ok)} of {len(done)} verified types (CPU s and MB measured) within {GOAL_CPU_S:.0f} CPU s and "
+            f"{GOAL_MB} MB: {', '.join(ok)}"]
+
+
+def triage(rows: list[dict], notes: str = "", strata: dict[str, str] | None = None) -> str:
+    """TRIAGE.md: counts of outcomes (per stratum where ``strata`` is given), the cost goal, ``notes`` (the
+    measurer's, in markdown), then one line per non-verified type under its class."""
     learned = [r for r in rows if r["result"] != "verified"]
     groups: dict[str, list[dict]] = {}
     for r in sorted(learned, key=lambda r: r["model_type"]):
@@ -89,6 +113,7 @@ def triage(rows: list[dict], notes: str = "") -> str:
     order = sorted(groups, key=lambda c: (-len(groups[c]), c))
     out = [f"# Breadth triage (learn stage, the README command): {time.strftime('%H:%M UTC', time.gmtime())}", "",
            f"{len(rows)} types run; " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())), "",
+           *([*by_stratum(rows, strata), ""] if strata else []), *within_goal(rows), "",
            *([notes.strip(), ""] if notes.strip() else []), "## Classes (non-verified types), largest first", ""]
     out += [f"* {len(groups[c])}: {c} ({', '.join(r['model_type'] for r in groups[c])})" for c in order]
     for c in order:
@@ -103,13 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", nargs="+", action="extend", required=True, help="result files, later wins")
     ap.add_argument("--out", required=True)
     ap.add_argument("--notes", default="", help="a markdown file put after the counts")
+    ap.add_argument("--no-strata", action="store_true", help="no counts per stratum (they import transformers)")
     a = ap.parse_args(argv)
     rows = []
     for (stage, _), r in merged([p for p in a.json if Path(p).is_file()]).items():
         if stage == "learn":
             rows.append(r)
     notes = Path(a.notes).read_text() if a.notes and Path(a.notes).is_file() else ""
-    Path(a.out).write_text(triage(rows, notes))
+    strata = {} if a.no_strata else {r["model_type"]: stratum(r["model_type"]) for r in rows}
+    Path(a.out).write_text(triage(rows, notes, strata))
     return 0
 
 

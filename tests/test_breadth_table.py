@@ -119,3 +119,31 @@ def test_cpu_seconds_reads_the_kernels_count_and_a_cpu_limit_stops_a_busy_child(
     assert killed == "cpu" and rc != 0
     assert usage.ru_utime + usage.ru_stime >= 0.2
     assert time.monotonic() - t0 < 30
+
+
+def _triage():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import breadth_triage
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return breadth_triage
+
+
+def test_the_triage_counts_strata_and_the_cost_goal_and_names_each_class():
+    """bench/breadth_triage.py: outcomes per stratum, the verified types within issue #32's cost goal (60 CPU s,
+    3 GB resident: both bounds inclusive, a row without CPU seconds or MB left out), and a cross-layer read
+    (hrm_text's refusal) in its own class rather than ``other``. Hand-built rows; the expected lines are counted
+    by hand."""
+    bt = _triage()
+    rows = [_row("a", "verified", cpu=60.0, rss_mb=3072), _row("b", "verified", cpu=60.1),
+            _row("c", "verified", cpu=10.0, rss_mb=3073), _row("d", "verified", cpu=None),
+            _row("g", "verified", rss_mb=None),
+            _row("e", "refused", "cannot learn 'e': segment 9 (epilogue) reads a tensor made by segment ? that is "
+                                 "not its argument (shape [2, 16, 64], op 5)")]
+    assert bt.by_stratum(rows, {"a": "dense", "b": "dense", "e": "MoE"}) == [
+        "* ?: 3 run; verified: 3", "* MoE: 1 run; refused: 1", "* dense: 2 run; verified: 2"]
+    assert bt.within_goal(rows) == [
+        "Cost: 1 of 3 verified types (CPU s and MB measured) within 60 CPU s and 3072 MB: a"]
+    assert bt.failure_class(rows[-1]).startswith("layers: a layer or the epilogue reads outputs of layers before")
+    assert bt.failure_class(_row("f", "refused", "something new")) == "other (no pattern yet)"
