@@ -1,9 +1,10 @@
 """Triage of bench/learn_breadth.py's learn-stage results: each type that did not verify, grouped by failure class
-(the construct or harness fault, in general words), classes counted at the top, largest first.
+(the construct or harness fault, in general words), classes counted at the top, largest first, with outcomes per
+stratum and the verified types within the cost goal.
 
 The class is read from the result and the reason's text by the patterns of ``CLASSES`` (first match wins); a reason
 no pattern matches is ``other`` (a new class: add its pattern). Later ``--json`` files win per type, as in the
-table::
+table, unless an earlier file's row is stamped later (``newest``)::
 
     python bench/breadth_triage.py --json bench/breadth/*.json /work/notes/breadth/*.json --out TRIAGE.md
 """
@@ -123,6 +124,19 @@ def triage(rows: list[dict], notes: str = "", strata: dict[str, str] | None = No
     return "\n".join(out) + "\n"
 
 
+def newest(paths: list[str]) -> list[dict]:
+    """The learn rows of ``paths`` (``learn_breadth.merged``: a later file wins per type), except that a row stamped
+    later (``at``) than the winner wins: workers write their result files at the same time, so a fixer's rerun
+    after the sweep's row is the type's state now, whatever the files' order."""
+    best: dict[str, dict] = {}
+    for p in paths:
+        for (stage, t), r in merged([p]).items():
+            old = best.get(t)
+            if stage == "learn" and (old is None or not (old.get("at") and r.get("at")) or r["at"] >= old["at"]):
+                best[t] = r
+    return list(best.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", nargs="+", action="extend", required=True, help="result files, later wins")
@@ -130,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--notes", default="", help="a markdown file put after the counts")
     ap.add_argument("--no-strata", action="store_true", help="no counts per stratum (they import transformers)")
     a = ap.parse_args(argv)
-    rows = []
-    for (stage, _), r in merged([p for p in a.json if Path(p).is_file()]).items():
-        if stage == "learn":
-            rows.append(r)
+    rows = newest([p for p in a.json if Path(p).is_file()])
     notes = Path(a.notes).read_text() if a.notes and Path(a.notes).is_file() else ""
     strata = {} if a.no_strata else {r["model_type"]: stratum(r["model_type"]) for r in rows}
     Path(a.out).write_text(triage(rows, notes, strata))

@@ -147,3 +147,16 @@ def test_the_triage_counts_strata_and_the_cost_goal_and_names_each_class():
         "Cost: 1 of 3 verified types (CPU s and MB measured) within 60 CPU s and 3072 MB: a"]
     assert bt.failure_class(rows[-1]).startswith("layers: a layer or the epilogue reads outputs of layers before")
     assert bt.failure_class(_row("f", "refused", "something new")) == "other (no pattern yet)"
+
+
+def test_the_triage_takes_a_types_newest_row_whatever_the_files_order(tmp_path):
+    """Workers write result files at the same time: a fixer's rerun (stamped 16:40) in a file listed before the
+    sweep's (its row of the same type stamped 16:16) is the type's state; without a stamp, the later file wins."""
+    bt = _triage()
+    fixer = _write(tmp_path / "fixer.json", [_row("a", "verified", at="2026-12-07T16:40Z"),
+                                             _row("b", "verified", at="2026-12-07T16:00Z"), _row("c", "verified")])
+    sweep = _write(tmp_path / "sweep.json", [_row("a", "not verified", at="2026-12-07T16:16Z"),
+                                             _row("b", "refused", at="2026-12-07T16:16Z"),
+                                             _row("c", "refused", at="2026-12-07T16:16Z")])
+    got = {r["model_type"]: (r["result"], r["from"]) for r in bt.newest([fixer, sweep])}
+    assert got == {"a": ("verified", "fixer.json"), "b": ("refused", "sweep.json"), "c": ("refused", "sweep.json")}
