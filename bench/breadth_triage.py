@@ -59,6 +59,8 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"reads a tensor made by segment .* that is not its argument", "layers: a layer or the epilogue reads outputs "
                                                                    "of layers before the previous one (residuals "
                                                                    "across blocks, a recurrence over layers)"),
+    (r"change across probes but with no single variable", "sizes: a recorded size changes only in a probe that "
+                                                         "moves several fields at once (no one field explains it)"),
     (r"distinct layers", "layers: more distinct layer kinds than the learner records"),
     (r"must be (an integer|a positive integer), got", "memory check: a field the learned file cannot derive"),
     (r"runs in none of the regimes", "probing: the model runs in none of the learner's size regimes (every "

@@ -146,6 +146,9 @@ def test_the_triage_counts_strata_and_the_cost_goal_and_names_each_class():
     assert bt.within_goal(rows) == [
         "Cost: 1 of 3 verified types (CPU s and MB measured) within 60 CPU s and 3072 MB: a"]
     assert bt.failure_class(rows[-1]).startswith("layers: a layer or the epilogue reads outputs of layers before")
+    assert bt.failure_class(_row("q", "refused", "cannot learn 'q': segment prologue None tensor t28 f32 dim 2 (op "
+                                                 "slice.Tensor): values [1, 1, 2] change across probes but with no "
+                                                 "single variable")).startswith("sizes: a recorded size changes only")
     assert bt.failure_class(_row("f", "refused", "something new")) == "other (no pattern yet)"
 
 
