@@ -56,9 +56,11 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"layer pattern differs between", "layer pattern: differs between precisions / attention kernels"),
     (r"no rule of the layer-pattern family", "layer pattern: a condition over several fields"),
     (r"no expression over", "sizes: no expression fits a recorded size (data-dependent or uncommon formula)"),
-    (r"reads a tensor made by segment .* that is not its argument", "layers: a layer or the epilogue reads outputs "
-                                                                   "of layers before the previous one (residuals "
-                                                                   "across blocks, a recurrence over layers)"),
+    (r"reads a tensor made by segment .* that is not its argument|comes neither from the prologue nor the previous",
+     "layers: a layer or the epilogue reads what an earlier layer made besides the previous layer's hidden state "
+     "(residuals across blocks, a state carried from layer to layer)"),
+    (r"runs \d+ times in one training step", "layers: a layer runs more than once per step (recurrent depth: the "
+                                              "layers called once per cycle)"),
     (r"change across probes but with no single variable", "sizes: a recorded size changes only in a probe that "
                                                          "moves several fields at once (no one field explains it)"),
     (r"distinct layers", "layers: more distinct layer kinds than the learner records"),

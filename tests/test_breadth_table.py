@@ -145,7 +145,12 @@ def test_the_triage_counts_strata_and_the_cost_goal_and_names_each_class():
         "* ?: 3 run; verified: 3", "* MoE: 1 run; refused: 1", "* dense: 2 run; verified: 2"]
     assert bt.within_goal(rows) == [
         "Cost: 1 of 3 verified types (CPU s and MB measured) within 60 CPU s and 3072 MB: a"]
-    assert bt.failure_class(rows[-1]).startswith("layers: a layer or the epilogue reads outputs of layers before")
+    assert bt.failure_class(rows[-1]).startswith("layers: a layer or the epilogue reads what an earlier layer made")
+    carried = ("cannot learn 'h': layer 1 argument 5 (prev_topk_indices) comes neither from the prologue nor the "
+               "previous layer's hidden state: made by segment 1 (layer 0)")
+    assert bt.failure_class(_row("h", "refused", carried)) == bt.failure_class(rows[-1])
+    assert bt.failure_class(_row("r", "refused", "cannot learn 'r': decoder layer 0 runs 6 times in one training "
+                                                 "step")).startswith("layers: a layer runs more than once per step")
     assert bt.failure_class(_row("q", "refused", "cannot learn 'q': segment prologue None tensor t28 f32 dim 2 (op "
                                                  "slice.Tensor): values [1, 1, 2] change across probes but with no "
                                                  "single variable")).startswith("sizes: a recorded size changes only")
