@@ -1,9 +1,10 @@
 """Triage of bench/learn_breadth.py's learn-stage results: each type that did not verify, grouped by failure class
-(the construct or harness fault, in general words), classes counted at the top, largest first.
+(the construct or harness fault, in general words), classes counted at the top, largest first, with outcomes per
+stratum and the verified types within the cost goal.
 
 The class is read from the result and the reason's text by the patterns of ``CLASSES`` (first match wins); a reason
 no pattern matches is ``other`` (a new class: add its pattern). Later ``--json`` files win per type, as in the
-table::
+table, unless an earlier file's row is stamped later (``newest``)::
 
     python bench/breadth_triage.py --json bench/breadth/*.json /work/notes/breadth/*.json --out TRIAGE.md
 """
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learn_breadth import merged, short_reason  # noqa: E402
+from learn_breadth import merged, short_reason, stratum  # noqa: E402
 
 CLASSES: tuple[tuple[str, str], ...] = (
     (r"invalid ruleset directory", "memory check: the bundled model presets of a bundled type are validated "
@@ -55,6 +56,13 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"layer pattern differs between", "layer pattern: differs between precisions / attention kernels"),
     (r"no rule of the layer-pattern family", "layer pattern: a condition over several fields"),
     (r"no expression over", "sizes: no expression fits a recorded size (data-dependent or uncommon formula)"),
+    (r"reads a tensor made by segment .* that is not its argument|comes neither from the prologue nor the previous",
+     "layers: a layer or the epilogue reads what an earlier layer made besides the previous layer's hidden state "
+     "(residuals across blocks, a state carried from layer to layer)"),
+    (r"runs \d+ times in one training step", "layers: a layer runs more than once per step (recurrent depth: the "
+                                              "layers called once per cycle)"),
+    (r"change across probes but with no single variable", "sizes: a recorded size changes only in a probe that "
+                                                         "moves several fields at once (no one field explains it)"),
     (r"distinct layers", "layers: more distinct layer kinds than the learner records"),
     (r"must be (an integer|a positive integer), got", "memory check: a field the learned file cannot derive"),
     (r"runs in none of the regimes", "probing: the model runs in none of the learner's size regimes (every "
@@ -73,9 +81,33 @@ def failure_class(row: dict) -> str:
     return "other (no pattern yet)"
 
 
-def triage(rows: list[dict], notes: str = "") -> str:
-    """TRIAGE.md: counts of outcomes and classes, ``notes`` (the measurer's, in markdown), then one line per
-    non-verified type under its class."""
+GOAL_CPU_S, GOAL_MB = 60.0, 3 * 1024
+"""Issue #32's cost goal: a type learns in <= 60 s and <= 3 GB resident (CPU seconds: the learner's cost whatever
+the machine's load)."""
+
+
+def by_stratum(rows: list[dict], strata: dict[str, str]) -> list[str]:
+    """One line per stratum (``strata``: each type's, ``learn_breadth.stratum``): its types run and their outcomes."""
+    groups: dict[str, dict[str, int]] = {}
+    for r in rows:
+        kind = groups.setdefault(strata.get(r["model_type"], "?"), {})
+        kind[r["result"]] = kind.get(r["result"], 0) + 1
+    return [f"* {k}: {sum(v.values())} run; " + ", ".join(f"{o}: {n}" for o, n in sorted(v.items()))
+            for k, v in sorted(groups.items())]
+
+
+def within_goal(rows: list[dict]) -> list[str]:
+    """The verified rows measured (CPU seconds and resident MB), and those within the cost goal (``GOAL_CPU_S``,
+    ``GOAL_MB``)."""
+    done = [r for r in rows if r["result"] == "verified" and None not in (r.get("cpu_s"), r.get("rss_mb"))]
+    ok = sorted(r["model_type"] for r in done if r["cpu_s"] <= GOAL_CPU_S and r["rss_mb"] <= GOAL_MB)
+    return [f"Cost: {len(ok)} of {len(done)} verified types (CPU s and MB measured) within {GOAL_CPU_S:.0f} CPU s and "
+            f"{GOAL_MB} MB: {', '.join(ok)}"]
+
+
+def triage(rows: list[dict], notes: str = "", strata: dict[str, str] | None = None) -> str:
+    """TRIAGE.md: counts of outcomes (per stratum where ``strata`` is given), the cost goal, ``notes`` (the
+    measurer's, in markdown), then one line per non-verified type under its class."""
     learned = [r for r in rows if r["result"] != "verified"]
     groups: dict[str, list[dict]] = {}
     for r in sorted(learned, key=lambda r: r["model_type"]):
@@ -86,6 +118,7 @@ def triage(rows: list[dict], notes: str = "") -> str:
     order = sorted(groups, key=lambda c: (-len(groups[c]), c))
     out = [f"# Breadth triage (learn stage, the README command): {time.strftime('%H:%M UTC', time.gmtime())}", "",
            f"{len(rows)} types run; " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())), "",
+           *([*by_stratum(rows, strata), ""] if strata else []), *within_goal(rows), "",
            *([notes.strip(), ""] if notes.strip() else []), "## Classes (non-verified types), largest first", ""]
     out += [f"* {len(groups[c])}: {c} ({', '.join(r['model_type'] for r in groups[c])})" for c in order]
     for c in order:
@@ -95,18 +128,30 @@ def triage(rows: list[dict], notes: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
+def newest(paths: list[str]) -> list[dict]:
+    """The learn rows of ``paths`` (``learn_breadth.merged``: a later file wins per type), except that a row stamped
+    later (``at``) than the winner wins: workers write their result files at the same time, so a fixer's rerun
+    after the sweep's row is the type's state now, whatever the files' order."""
+    best: dict[str, dict] = {}
+    for p in paths:
+        for (stage, t), r in merged([p]).items():
+            old = best.get(t)
+            if stage == "learn" and (old is None or not (old.get("at") and r.get("at")) or r["at"] >= old["at"]):
+                best[t] = r
+    return list(best.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", nargs="+", action="extend", required=True, help="result files, later wins")
     ap.add_argument("--out", required=True)
     ap.add_argument("--notes", default="", help="a markdown file put after the counts")
+    ap.add_argument("--no-strata", action="store_true", help="no counts per stratum (they import transformers)")
     a = ap.parse_args(argv)
-    rows = []
-    for (stage, _), r in merged([p for p in a.json if Path(p).is_file()]).items():
-        if stage == "learn":
-            rows.append(r)
+    rows = newest([p for p in a.json if Path(p).is_file()])
     notes = Path(a.notes).read_text() if a.notes and Path(a.notes).is_file() else ""
-    Path(a.out).write_text(triage(rows, notes))
+    strata = {} if a.no_strata else {r["model_type"]: stratum(r["model_type"]) for r in rows}
+    Path(a.out).write_text(triage(rows, notes, strata))
     return 0
 
 

@@ -134,3 +134,50 @@ def test_a_row_run_from_a_fixture_says_so_in_its_reason(tmp_path):
     assert cells["a"][9] == "config: transformers tests"
     assert cells["b"][9] == "config: published config; k is None @ k"
     assert cells["c"][9] == "k is None @ k"
+def _triage():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import breadth_triage
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return breadth_triage
+
+
+def test_the_triage_counts_strata_and_the_cost_goal_and_names_each_class():
+    """bench/breadth_triage.py: outcomes per stratum, the verified types within issue #32's cost goal (60 CPU s,
+    3 GB resident: both bounds inclusive, a row without CPU seconds or MB left out), and a cross-layer read
+    (hrm_text's refusal) in its own class rather than ``other``. Hand-built rows; the expected lines are counted
+    by hand."""
+    bt = _triage()
+    rows = [_row("a", "verified", cpu=60.0, rss_mb=3072), _row("b", "verified", cpu=60.1),
+            _row("c", "verified", cpu=10.0, rss_mb=3073), _row("d", "verified", cpu=None),
+            _row("g", "verified", rss_mb=None),
+            _row("e", "refused", "cannot learn 'e': segment 9 (epilogue) reads a tensor made by segment ? that is "
+                                 "not its argument (shape [2, 16, 64], op 5)")]
+    assert bt.by_stratum(rows, {"a": "dense", "b": "dense", "e": "MoE"}) == [
+        "* ?: 3 run; verified: 3", "* MoE: 1 run; refused: 1", "* dense: 2 run; verified: 2"]
+    assert bt.within_goal(rows) == [
+        "Cost: 1 of 3 verified types (CPU s and MB measured) within 60 CPU s and 3072 MB: a"]
+    assert bt.failure_class(rows[-1]).startswith("layers: a layer or the epilogue reads what an earlier layer made")
+    carried = ("cannot learn 'h': layer 1 argument 5 (prev_topk_indices) comes neither from the prologue nor the "
+               "previous layer's hidden state: made by segment 1 (layer 0)")
+    assert bt.failure_class(_row("h", "refused", carried)) == bt.failure_class(rows[-1])
+    assert bt.failure_class(_row("r", "refused", "cannot learn 'r': decoder layer 0 runs 6 times in one training "
+                                                 "step")).startswith("layers: a layer runs more than once per step")
+    assert bt.failure_class(_row("q", "refused", "cannot learn 'q': segment prologue None tensor t28 f32 dim 2 (op "
+                                                 "slice.Tensor): values [1, 1, 2] change across probes but with no "
+                                                 "single variable")).startswith("sizes: a recorded size changes only")
+    assert bt.failure_class(_row("f", "refused", "something new")) == "other (no pattern yet)"
+
+
+def test_the_triage_takes_a_types_newest_row_whatever_the_files_order(tmp_path):
+    """Workers write result files at the same time: a fixer's rerun (stamped 16:40) in a file listed before the
+    sweep's (its row of the same type stamped 16:16) is the type's state; without a stamp, the later file wins."""
+    bt = _triage()
+    fixer = _write(tmp_path / "fixer.json", [_row("a", "verified", at="2026-12-07T16:40Z"),
+                                             _row("b", "verified", at="2026-12-07T16:00Z"), _row("c", "verified")])
+    sweep = _write(tmp_path / "sweep.json", [_row("a", "not verified", at="2026-12-07T16:16Z"),
+                                             _row("b", "refused", at="2026-12-07T16:16Z"),
+                                             _row("c", "refused", at="2026-12-07T16:16Z")])
+    got = {r["model_type"]: (r["result"], r["from"]) for r in bt.newest([fixer, sweep])}
+    assert got == {"a": ("verified", "fixer.json"), "b": ("refused", "sweep.json"), "c": ("refused", "sweep.json")}
