@@ -190,6 +190,18 @@ def string_constants(path: Path, *, dict_keys: bool = True) -> list[tuple[int, s
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
 
 
+def bench_module(name: str):
+    """``bench/<name>.py`` imported as a module (the bench scripts are not a package: ``bench/`` is put on the
+    path only while it imports, so that its own imports of sibling scripts resolve)."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 120) -> subprocess.CompletedProcess:
     """Run the real `fitplan` command line in a subprocess (exit codes, stderr, no traceback)."""
@@ -213,6 +225,58 @@ def no_trace_templates():
     reuse.clear()
     yield
     reuse.clear()
+
+
+@pytest.fixture
+def tiny_llama_with(tmp_path, monkeypatch):
+    """``estimate(header, **kw)``: fitplan's estimate of tests/data/configs/tiny-llama (bf16-true, ``adamw_torch``,
+    micro-batch 2 x 16 tokens on the CPU unless ``kw`` says otherwise) with the bundled llama.json's header
+    updated by ``header`` (e.g. ``{"frozen": [...]}`` or ``{"no_grad": [...]}``), read from a directory of its own
+    through ``FITPLAN_ARCH_DIR``."""
+    import shutil
+
+    import fitplan
+    from fitplan.arch import archfile
+    from fitplan.arch.architecture import clear_caches
+
+    arch = ROOT / "rulesets" / "architectures"
+    made = []
+
+    def estimate(header: dict, **kw):
+        d = tmp_path / f"arch-{len(made)}"
+        made.append(d)
+        d.mkdir()
+        data = {**json.loads((arch / "llama.json").read_text()), **header}
+        (d / "llama.json").write_text(json.dumps(data))
+        shutil.copy(arch / "llama.graphs.json", d / "llama.graphs.json")
+        monkeypatch.setenv("FITPLAN_ARCH_DIR", str(d))
+        monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
+        archfile.load.cache_clear()
+        clear_caches()
+        try:
+            return fitplan.estimate(**{"model": str(ROOT / "tests" / "data" / "configs" / "tiny-llama" / "config.json"),
+                                       "precision": "bf16-true", "optim": "adamw_torch",
+                                       "per_device_train_batch_size": 2, "max_seq_length": 16, "device": "cpu", **kw})
+        finally:
+            archfile.load.cache_clear()
+            clear_caches()
+
+    return estimate
+
+
+@pytest.fixture
+def trace_cache(tmp_path, monkeypatch) -> Path:
+    """An empty disk cache (``FITPLAN_CACHE_DIR``) with step-trace caching on and the in-process trace cache
+    cleared, before and after; a background writer (:func:`fitplan.trace.step_trace.store_in_background`) is
+    stopped after its queue is written."""
+    from fitplan.trace import step_trace
+
+    monkeypatch.setenv("FITPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FITPLAN_NO_CACHE", raising=False)
+    step_trace.build.cache_clear()
+    yield tmp_path / "cache"
+    step_trace.stop_storing_in_background()
+    step_trace.build.cache_clear()
 
 
 @pytest.fixture

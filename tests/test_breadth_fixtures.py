@@ -9,10 +9,10 @@ transformers: slow, marked by tests/conftest.py).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import bench_module
 
 pytest.importorskip("transformers")
 
@@ -21,12 +21,7 @@ FIXTURES = sorted((ROOT / "bench/breadth/configs").glob("*.json"))
 
 
 def _bench():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import learn_breadth
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return learn_breadth
+    return bench_module("learn_breadth")
 
 
 def test_there_are_fixtures():

@@ -11,17 +11,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from conftest import bench_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import learn_breadth
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return learn_breadth
+    return bench_module("learn_breadth")
 
 
 def _row(t: str, result: str, reason: str = "", cpu: float | None = 10.0, **extra) -> dict:
@@ -135,12 +131,7 @@ def test_a_row_run_from_a_fixture_says_so_in_its_reason(tmp_path):
     assert cells["b"][9] == "config: published config; k is None @ k"
     assert cells["c"][9] == "k is None @ k"
 def _triage():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import breadth_triage
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return breadth_triage
+    return bench_module("breadth_triage")
 
 
 def test_the_triage_counts_strata_and_the_cost_goal_and_names_each_class():

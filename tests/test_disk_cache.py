@@ -20,12 +20,8 @@ from test_layout import import_graph
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("FITPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("FITPLAN_NO_CACHE", raising=False)
-    step_trace.build.cache_clear()
-    yield tmp_path / "cache"
-    step_trace.build.cache_clear()
+def cache(trace_cache) -> Path:
+    return trace_cache
 
 
 def test_an_entry_comes_back_only_under_its_exact_key(cache):

@@ -15,7 +15,6 @@ a model is slow (referee/slow through tests/conftest.py's importorskip).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -26,29 +25,10 @@ V_PROJ = "model.layers.{i}.self_attn.v_proj.weight"
 
 
 @pytest.fixture
-def with_no_grad(tmp_path, monkeypatch):
+def with_no_grad(tiny_llama_with):
     """``estimate(no_grad, **kw)``: fitplan's estimate of tiny-llama with the learned file's ``no_grad`` set."""
-    import fitplan
-    from fitplan.arch import archfile
-    from fitplan.arch.architecture import clear_caches
-
     def estimate(no_grad, model=CONFIG, **kw):
-        d = tmp_path / str(len(no_grad))
-        d.mkdir(exist_ok=True)
-        header = json.loads((ROOT / "rulesets" / "architectures" / "llama.json").read_text())
-        header.update({"no_grad": no_grad} if no_grad else {})
-        (d / "llama.json").write_text(json.dumps(header))
-        shutil.copy(ROOT / "rulesets" / "architectures" / "llama.graphs.json", d / "llama.graphs.json")
-        monkeypatch.setenv("FITPLAN_ARCH_DIR", str(d))
-        monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
-        archfile.load.cache_clear()
-        clear_caches()
-        try:
-            return fitplan.estimate(model=model, precision="bf16-true", optim="adamw_torch",
-                                    per_device_train_batch_size=2, max_seq_length=16, device="cpu", **kw)
-        finally:
-            archfile.load.cache_clear()
-            clear_caches()
+        return tiny_llama_with({"no_grad": no_grad} if no_grad else {}, model=model, **kw)
 
     return estimate
 

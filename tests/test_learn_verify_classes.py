@@ -176,42 +176,20 @@ def test_a_loop_over_the_sequence_is_refused_naming_it():
 # --------------------------------------------------------------------------- frozen parameters
 
 
-def test_a_frozen_parameter_has_no_gradient_and_no_optimizer_state(tmp_path, monkeypatch):
+def test_a_frozen_parameter_has_no_gradient_and_no_optimizer_state(tiny_llama_with):
     """A parameter the model creates with ``requires_grad=False`` (AfMoE: ``nn.Parameter(torch.zeros(num_experts,
     dtype=torch.float32), requires_grad=False)``, modeling_afmoe.py) has no ``.grad`` and AdamW gives it no state
     (torch/optim/adam.py ``_init_group`` skips ``p.grad is None``). tiny-llama with its two input norms (64 each)
     listed ``frozen``, bf16-true full fine-tuning with ``adamw_torch``: the weights stay, the gradients lose
     2 × 64 × 2 bytes, the states 2 × (64 × 2 × 2 + 4) bytes (``exp_avg`` and ``exp_avg_sq`` in the parameter's
     dtype, ``step`` a 0-d fp32 tensor: ``_init_group``)."""
-    import shutil
     from pathlib import Path
 
-    import fitplan
-    from fitplan.arch import archfile
-    from fitplan.arch.architecture import clear_caches
-
-    root = Path(__file__).resolve().parents[1]
-    config = str(root / "tests" / "data" / "configs" / "tiny-llama" / "config.json")
-    kw = dict(model=config, precision="bf16-true", optim="adamw_torch", per_device_train_batch_size=2,
-              max_seq_length=16, device="cpu")
+    config = str(Path(__file__).resolve().parents[1] / "tests" / "data" / "configs" / "tiny-llama" / "config.json")
 
     def estimate(frozen):
-        d = tmp_path / str(len(frozen))
-        d.mkdir()
-        header = json.loads((root / "rulesets" / "architectures" / "llama.json").read_text())
-        header.update({"frozen": frozen} if frozen else {})
-        (d / "llama.json").write_text(json.dumps(header))
-        shutil.copy(root / "rulesets" / "architectures" / "llama.graphs.json", d / "llama.graphs.json")
-        monkeypatch.setenv("FITPLAN_ARCH_DIR", str(d))
-        monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
-        archfile.load.cache_clear()
-        clear_caches()
-        try:
-            e = fitplan.estimate(**kw)
-            return {k: e[k] for k in ("weight_bytes", "gradient_bytes", "optimizer_state_bytes")}
-        finally:
-            archfile.load.cache_clear()
-            clear_caches()
+        e = tiny_llama_with({"frozen": frozen} if frozen else {})
+        return {k: e[k] for k in ("weight_bytes", "gradient_bytes", "optimizer_state_bytes")}
 
     cfg = json.loads(Path(config).read_text())
     hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]

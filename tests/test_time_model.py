@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import fitplan
+from conftest import bench_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -385,12 +386,7 @@ def test_used_multi_server_runs_state_their_network():
 
 
 def _time_loo():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import time_loo
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return time_loo
+    return bench_module("time_loo")
 
 
 def test_a_published_run_is_priced_on_the_network_it_states(rdir, tmp_path):

@@ -15,13 +15,8 @@ CONFIGS = Path(__file__).parent / "data" / "configs"
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("FITPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("FITPLAN_NO_CACHE", raising=False)
-    step_trace.build.cache_clear()
-    yield tmp_path / "cache"
-    step_trace.stop_storing_in_background()
-    step_trace.build.cache_clear()
+def cache(trace_cache) -> Path:
+    return trace_cache
 
 
 def _spec(batch: int):
