@@ -127,6 +127,37 @@ def test_lora_targets_skip_what_peft_refuses_on_mamba_types():
     assert lora_targets({"model_type": "llama", "params": data["params"]}) == ("all-linear",)
 
 
+def test_lora_targets_leave_out_a_router_that_returns_a_tuple():
+    """PhiMoE's router subclasses ``nn.Linear`` and returns ``(logits, ...)``: peft 0.21 adapts it under
+    ``all-linear`` and the forward fails (peft/tuners/lora/layer.py, ``result.dtype`` on a tuple). With the
+    learned file's ``lora.non_tensor_linears`` the memory check names every other linear layer, and peft trains
+    with those on the real model; without that entry it would ask for ``all-linear`` (the control)."""
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.shrink import shrink
+    from fitplan_torch.learn.verify import lora_targets
+
+    cfg = shrink(_defaults("phimoe"))
+    model, _ = derive.build(cfg, "32", "eager")
+    linears = {n.rsplit(".", 1)[-1]: type(m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    plain = sorted(k for k, t in linears.items() if t is torch.nn.Linear and k != "lm_head")
+    routers = sorted(k for k, t in linears.items() if t is not torch.nn.Linear)
+    assert routers == ["router"]
+    data = {"model_type": "phimoe", "params": [[f"x.{n}.weight", [], f"linear:{n}"] for n in plain],
+            "lora": {"non_tensor_linears": ["model.layers.{i}.mlp.router"]}}
+    targets = lora_targets(data)
+    assert set(targets) == set(plain)
+    assert lora_targets({**data, "lora": {}}) == ("all-linear",)
+    ids = torch.randint(0, cfg["vocab_size"], (1, 8))
+    with pytest.raises(AttributeError, match="tuple"):
+        peft.get_peft_model(derive.build(cfg, "32", "eager")[0], peft.LoraConfig(target_modules="all-linear"))(
+            input_ids=ids, labels=ids)
+    adapted = peft.get_peft_model(model, peft.LoraConfig(target_modules=list(targets)))
+    adapted(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is not None for n, p in adapted.named_parameters() if "lora_" in n)
+
+
 def test_shrink_cuts_prefixed_widths():
     """Widths named ``<prefix>_<kind>`` of a kind the shrink table names: NemotronH's 128 Mamba heads and its
     7688-wide shared expert (configuration_nemotron_h.py defaults), Blenderbot's 10240-wide encoder and decoder

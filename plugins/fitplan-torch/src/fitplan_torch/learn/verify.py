@@ -252,29 +252,36 @@ def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance
 
 
 def lora_targets(data: dict[str, Any]) -> tuple[str, ...]:
-    """The memory check's LoRA targets: ``all-linear``, or where peft refuses some of the linear layers for this
-    model type, every linear layer's name but those (peft 0.21's ``_check_lora_target_modules_mamba``,
-    peft/tuners/tuners_utils.py: LoRA on ``out_proj`` / ``conv1d`` of falcon_h1, mamba, mamba2, falcon_mamba and
-    nemotron_h raises a ValueError, ``all-linear`` included; asked here of peft itself, per name)."""
+    """The memory check's LoRA targets: ``all-linear``, or where peft cannot adapt some of the linear layers of
+    this model type, every linear layer's name but those. Two cases: peft 0.21's
+    ``_check_lora_target_modules_mamba`` (peft/tuners/tuners_utils.py: LoRA on ``out_proj`` / ``conv1d`` of
+    falcon_h1, mamba, mamba2, falcon_mamba and nemotron_h raises a ValueError, ``all-linear`` included; asked
+    here of peft itself, per name), and an ``nn.Linear`` subclass whose forward returns a tuple (the learned
+    file's ``lora.non_tensor_linears``: Llama-4's and PhiMoE's routers), which ``all-linear`` selects and whose
+    LoRA forward then fails (peft/tuners/lora/layer.py, ``result.dtype``): the estimate refuses such targets, so
+    the check names the others."""
+    roles = [p["role"] if isinstance(p, dict) else p[2] for p in data.get("params", ())]  # a row, or as written
+    names = sorted({r.split(":", 1)[1] for r in roles if r.startswith("linear:")})
+    tuples = {m.rsplit(".", 1)[-1] for m in data.get("lora", {}).get("non_tensor_linears", ())}
+    kept = [n for n in names if n not in tuples and _peft_adapts_on(data["model_type"], n)]
+    return ("all-linear",) if not names or (len(kept) == len(names) and not tuples) else tuple(kept)
+
+
+def _peft_adapts_on(model_type: str, name: str) -> bool:
+    """Whether peft 0.21's per-model-type check (``_check_lora_target_modules_mamba``) lets LoRA target ``name``."""
     from types import SimpleNamespace
 
     import peft
     from peft.tuners import tuners_utils
 
     check = getattr(tuners_utils, "_check_lora_target_modules_mamba", None)
-    roles = [p["role"] if isinstance(p, dict) else p[2] for p in data.get("params", ())]  # a row, or as written
-    names = sorted({r.split(":", 1)[1] for r in roles if r.startswith("linear:")})
-    if check is None or not names:
-        return ("all-linear",)
-    model = SimpleNamespace(config=SimpleNamespace(model_type=data["model_type"]))
-    kept = []
-    for name in names:
-        try:
-            check(peft.LoraConfig(target_modules=[name]), model, name)
-        except ValueError:
-            continue
-        kept.append(name)
-    return ("all-linear",) if len(kept) == len(names) else tuple(kept)
+    if check is None:
+        return True
+    try:
+        check(peft.LoraConfig(target_modules=[name]), SimpleNamespace(config=SimpleNamespace(model_type=model_type)), name)
+    except ValueError:
+        return False
+    return True
 
 
 def supports_checkpointing(config: dict[str, Any]) -> bool:
