@@ -108,6 +108,33 @@ def test_a_layer_count_the_class_derives_from_a_list_is_read_as_its_length():
     assert compile_expr(spec["derive"])({"layers_block_type": blocks * 2}) == 8
 
 
+def test_a_field_read_only_by_a_derivation_becomes_a_field():
+    """ModernBertDecoderConfig derives ``sliding_window = local_attention // 2`` (configuration_modernbert_decoder.py)
+    and the model reads only ``sliding_window``. The learned derivation read ``local_attention``, which the file did
+    not hold: every estimate stopped at "unknown name 'local_attention'". The file now holds ``local_attention``
+    with the class's default, before the field derived from it; the class itself gives the expected values."""
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from fitplan.arch.archexpr import compile_expr
+    from fitplan_torch.learn import configrules
+
+    base = _defaults("modernbert-decoder")
+    probes = []
+    for la in (128, 64, 96, 40):
+        cfg = {**base, "local_attention": la}
+        cfg.pop("sliding_window", None)
+        probes.append(SimpleNamespace(cfg=cfg, env={"hidden_size": cfg["hidden_size"], "local_attention": la}))
+    out = configrules.learn_config("modernbert-decoder", ["hidden_size", "sliding_window"], probes, lambda msg: None)
+    fields = out["fields"]
+    assert fields["local_attention"]["default"] == 128
+    assert list(fields).index("local_attention") < list(fields).index("sliding_window")
+    derive = compile_expr(fields["sliding_window"]["derive"])
+    for la in (256, 130):
+        expected = configrules.resolve({"model_type": "modernbert-decoder", "local_attention": la})["sliding_window"]
+        assert derive({"local_attention": la}) == expected
+
+
 def test_a_stated_layer_count_gets_no_length_rule():
     """Llama states ``num_hidden_layers`` (an integer field, 32 by default): no ``len(...)`` rule is learned."""
     pytest.importorskip("transformers")

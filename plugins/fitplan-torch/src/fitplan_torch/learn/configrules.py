@@ -213,6 +213,7 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
         if kind == "int" and f in sizes:
             spec["size"] = True
         out_fields[f] = spec
+    out_fields = {**_read_by_derivations(out_fields, defaults, sizes), **out_fields}
     # a derived field must come after the fields it reads
     order = list(out_fields)
     for f in list(order):
@@ -234,6 +235,22 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
         if _rejects(base, e, names):
             checks.append([e, field.format(**names), msg])
     return {"class": cls.__name__, "aliases": aliases, "fields": out_fields, "checks": checks}
+
+
+def _read_by_derivations(out_fields: dict[str, Any], defaults: dict[str, Any], sizes) -> dict[str, Any]:
+    """The fields a derivation reads that the model itself does not (ModernBERT-decoder's ``sliding_window =
+    local_attention // 2``, transformers/models/modernbert_decoder/configuration_modernbert_decoder.py): each
+    becomes a field with the class's default, so that a config which states it, or leaves it to the default,
+    derives the same value the class does."""
+    out: dict[str, Any] = {}
+    for spec in out_fields.values():
+        for name in _names(spec.get("derive") or ""):
+            if name in out_fields or name in out or name not in defaults:
+                continue
+            v = defaults[name]
+            kind = "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float" if isinstance(v, float) else "any"
+            out[name] = {"type": kind, "default": v, **({"size": True} if kind == "int" and name in sizes else {})}
+    return out
 
 
 def _layer_count_default(cls, field: str, kind: str, amap: dict[str, str]) -> str | None:
