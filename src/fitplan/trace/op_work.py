@@ -22,9 +22,9 @@ How the work of each kind of op is counted (the rules come from how the kernels 
   q, k, v, the output and the logsumexp (forward); those, the output gradient and dq, dk, dv (backward).
   Eager attention is GEMMs and elementwise ops on the materialised ``s²`` scores.
 * **elementwise** (casts, norms' pieces, activations, adds, copies, dropout, softmax, the loss): no FLOPs
-  that matter; bytes = inputs read + outputs written. Backward: the incoming gradient, the saved tensors
-  and the input gradients; ops whose backward only forwards the gradient (``add``, views, copies) launch
-  nothing.
+  that matter; bytes = inputs read + outputs written. Backward: the saved tensors and the input gradients,
+  and a kernel per gradient the op computes, each reading the incoming gradient (:func:`elementwise`); ops
+  whose backward only forwards the gradient (``add``, views, copies) launch nothing.
 * **dequant** (QLoRA): bitsandbytes' ``dequantize_4bit`` reads the packed 4-bit weight (0.5 B/element plus
   the absmax) and writes it in the compute dtype before every use: forward, and again in the backward
   (``MatMul4Bit.backward`` dequantizes to compute the input gradient).
@@ -102,14 +102,27 @@ class OpWork:
 # --------------------------------------------------------------------------- the work of primitive ops
 
 
-def elementwise(ins, outs, saved, grad_ins, param_grad: int, backward: bool, passes_gradient: bool) -> Work:
-    """An elementwise op: reads its inputs, writes its outputs; its backward reads the incoming gradients and
-    the saved tensors and writes the input (and parameter) gradients, unless it only passes the gradient on."""
+def elementwise(ins, outs, saved, grad_ins, param_grad: int, backward: bool, passes_gradient: bool,
+                computed=None) -> Work:
+    """An elementwise op: reads its inputs, writes its outputs; its backward reads the saved tensors and writes
+    the input (and parameter) gradients, unless it only passes the gradient on. Each gradient it computes
+    (``computed``: the inputs whose gradient is a formula, default all of ``grad_ins``; and the parameter's) is
+    its own formula in torch's ``derivatives.yaml`` (``mul``: ``self: grad * other``, ``other: grad * self``),
+    so one kernel each, each reading the incoming gradient; an input smaller than the output (a broadcast norm
+    weight or statistic) gets its gradient at the output's shape first, which ``at::sum_to`` then reduces
+    (autograd's ``validate_outputs``, torch/csrc/autograd/engine.cpp): the full-size product is written and read
+    once more."""
     fwd = (Kernel("elementwise", "", 0, _nbytes(ins) + _nbytes(outs)),)
     if not backward or passes_gradient:
         return Work(fwd)
-    bwd = _nbytes([t for t in outs if t.rg]) + _nbytes(saved) + _nbytes(grad_ins) + param_grad
-    return Work(fwd, (Kernel("elementwise", "", 0, bwd),))
+    grad = _nbytes([t for t in outs if t.rg])
+    computed = list(grad_ins) if computed is None else computed
+    full = max((t.nbytes for t in outs if t.rg), default=0)
+    sizes = [t.nbytes for t in computed] + ([param_grad] if param_grad else [])
+    kernels = max(1, len(sizes))
+    reduced = sum(2 * full for size in sizes if size < full)
+    bwd = kernels * grad + _nbytes(saved) + _nbytes(grad_ins) + param_grad + reduced
+    return Work(fwd, (Kernel("elementwise", "", 0, bwd / kernels, kernels),))
 
 
 def gemm(rows: int, k: int, n: int, dtype: str, a_bytes: float, b_bytes: float, out_bytes: float, *,
@@ -280,7 +293,8 @@ def aten(name: str, named: dict[str, Any], outs, saved, grad_ins, grad_kinds, pa
     if name in ("bnb.dequantize_4bit", "bnb.int8_vectorwise_dequant"):
         return dequant(outs[0].numel, BYTES[outs[0].dtype], backward=False)
     passes = bool(grad_kinds) and all(k >= 0 for k in grad_kinds) and not param_grad
-    return elementwise(flat, outs, saved, grad_ins, param_grad, backward, passes)
+    computed = [t for t, k in zip(grad_ins, grad_kinds) if k < 0] if grad_kinds else list(grad_ins)
+    return elementwise(flat, outs, saved, grad_ins, param_grad, backward, passes, computed)
 
 
 def _contract(a, b, out) -> int:
