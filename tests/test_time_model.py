@@ -267,26 +267,6 @@ def test_aten_work_of_views_in_place_ops_and_products():
     assert len(frozen.bwd) == 1  # a frozen weight has no weight-gradient GEMM
 
 
-def test_elementwise_backward_runs_one_formula_per_gradient():
-    # torch's derivatives.yaml gives mul one formula per input (self: grad * other, other: grad * self): two
-    # kernels, each reading the incoming gradient; a broadcast input (a norm's weight) gets its gradient at the
-    # output's shape, which at::sum_to then reduces: the full-size product is written and read once more.
-    from fitplan.trace.op_work import aten
-    from fitplan.trace.step_trace import T
-
-    x, y, out = T(0, 24, "f32", True), T(1, 24, "f32", True), T(2, 24, "f32", True)  # 96 bytes each
-    both = aten("mul.Tensor", {"self": x, "other": y}, [out], [x, y], [x, y], [-1, -1], 0, True)
-    # 2 × the gradient (96) + the saved x and y (2 × 96) + the two input gradients (2 × 96)
-    assert [(k.n, k.n * k.bytes) for k in both.bwd] == [(2, 6 * 96)]
-    h, w, hw = T(3, 24, "bf16", True), T(-1, 4, "bf16", True, param=True), T(4, 24, "bf16", True)  # 48, 8, 48 B
-    norm = aten("mul.Tensor", {"self": w, "other": h}, [hw], [w, h], [h], [-1], 8, True)
-    # 2 × 48 (gradient read twice) + 48 + 8 (saved) + 48 (h's gradient) + 8 (w's) + 2 × 48 (the product summed)
-    assert [(k.n, k.n * k.bytes) for k in norm.bwd] == [(2, 96 + 56 + 48 + 8 + 96)]
-    one = aten("silu", {"self": x}, [out], [x], [x], [-1], 0, True)
-    assert [(k.n, k.bytes) for k in one.bwd] == [(1, 3 * 96)]  # gradient + saved input + input gradient
-    assert aten("add.Tensor", {"self": x, "other": y}, [out], [], [x, y], [0, 0], 0, True).bwd == ()  # passes it on
-
-
 def test_checkpointing_recomputes_the_forward():
     e = fitplan.estimate(model="llama-2-7b", precision="bf16-true", gradient_checkpointing=True, max_seq_length=512)
     work = e["step_trace"].work

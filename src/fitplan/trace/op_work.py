@@ -205,6 +205,8 @@ def step_work(tr: Any) -> tuple[OpWork, ...]:
                     add(k.kind, "recompute", k.dtype, k.flops, k.bytes, weight * k.n, mode)
             for k in w.bwd:
                 add(k.kind, "backward", k.dtype, k.flops, k.bytes, weight * k.n, mode)
+        for nbytes in accumulated_gradients(op for op in ops if op.seg == seg):
+            add("elementwise", "backward", "", 0, 3 * nbytes, weight, "eager")
         for run in _runs(ops, idx):
             fwd, bwd = _fused_bytes(tr, ops, run, last_read, saved_anywhere)
             add("elementwise", "forward", "", 0, fwd, weight, "compiled")
@@ -213,6 +215,20 @@ def step_work(tr: Any) -> tuple[OpWork, ...]:
             if bwd:
                 add("elementwise", "backward", "", 0, bwd, weight, "compiled")
     return tuple(OpWork(k[0], k[1], k[2], k[3], k[4], n, k[5]) for k, n in acc.items())
+
+
+def accumulated_gradients(ops) -> list[int]:
+    """The bytes of each gradient sum the backward of ``ops`` runs: a tensor that several ops differentiate
+    receives one gradient from each, and autograd's engine adds each further one into the first (``InputBuffer::add``
+    -> ``accumulate``: ``old_var.add_(var)`` or ``old_var + var``, torch/csrc/autograd/input_buffer.cpp), a kernel
+    reading two gradients and writing one (3 × the tensor's bytes; compiled, the sums fuse into the backward's
+    kernels). A hidden state read by a norm and a residual add, a norm's output cast for three projections."""
+    seen: dict[int, tuple[Any, int]] = {}
+    for op in ops:
+        for t in op.grad_ins:
+            t0, n = seen.get(id(t), (t, 0))
+            seen[id(t)] = (t0, n + 1)
+    return [t.nbytes for t, n in seen.values() for _ in range(n - 1)]
 
 
 def _fusible(w: Work) -> bool:
