@@ -72,3 +72,18 @@ def test_torch_sums_the_gradients_of_a_tensor_read_by_three_ops():
     h = torch.randn(4, 8, requires_grad=True)
     ops = _backward_ops(h.sin() + h.cos() + h * 3)  # the adds pass the gradient; sin, cos, mul compute one each
     assert ops.count("add") + ops.count("add_") == 2  # three gradients of h, two sums (nothing else here adds)
+
+
+def test_a_power_s_gradient_recomputes_the_power_first():
+    # pow_backward: grad * (exponent * self.pow(exponent - 1)): a power and a scale of the saved input (each reads and
+    # writes its 96 bytes), then the product: the gradient, the saved input, the input gradient
+    x, out = T(0, 24, "f32", True), T(1, 24, "f32", True)
+    work = aten("pow.Tensor_Scalar", {"self": x}, [out], [x], [x], [-1], 0, True)
+    assert [(k.n, k.bytes) for k in work.bwd] == [(1, 3 * 96), (2, 2 * 96)]
+
+
+def test_torch_runs_three_kernels_for_the_gradients_of_pow_and_rsqrt():
+    torch = pytest.importorskip("torch")
+    for f in (lambda x: x.pow(2), torch.rsqrt):
+        x = (torch.rand(4, 8) + 1).requires_grad_()
+        assert _backward_ops(f(x)) == ["pow", "mul", "mul"]
