@@ -22,9 +22,9 @@ How the work of each kind of op is counted (the rules come from how the kernels 
   q, k, v, the output and the logsumexp (forward); those, the output gradient and dq, dk, dv (backward).
   Eager attention is GEMMs and elementwise ops on the materialised ``s²`` scores.
 * **elementwise** (casts, norms' pieces, activations, adds, copies, dropout, softmax, the loss): no FLOPs
-  that matter; bytes = inputs read + outputs written. Backward: the incoming gradient, the saved tensors
-  and the input gradients; ops whose backward only forwards the gradient (``add``, views, copies) launch
-  nothing.
+  that matter; bytes = inputs read + outputs written. Backward: the saved tensors and the input gradients,
+  and a kernel per gradient the op computes, each reading the incoming gradient (:func:`elementwise`); ops
+  whose backward only forwards the gradient (``add``, views, copies) launch nothing.
 * **dequant** (QLoRA): bitsandbytes' ``dequantize_4bit`` reads the packed 4-bit weight (0.5 B/element plus
   the absmax) and writes it in the compute dtype before every use: forward, and again in the backward
   (``MatMul4Bit.backward`` dequantizes to compute the input gradient).
@@ -102,14 +102,27 @@ class OpWork:
 # --------------------------------------------------------------------------- the work of primitive ops
 
 
-def elementwise(ins, outs, saved, grad_ins, param_grad: int, backward: bool, passes_gradient: bool) -> Work:
-    """An elementwise op: reads its inputs, writes its outputs; its backward reads the incoming gradients and
-    the saved tensors and writes the input (and parameter) gradients, unless it only passes the gradient on."""
+def elementwise(ins, outs, saved, grad_ins, param_grad: int, backward: bool, passes_gradient: bool,
+                computed=None) -> Work:
+    """An elementwise op: reads its inputs, writes its outputs; its backward reads the saved tensors and writes
+    the input (and parameter) gradients, unless it only passes the gradient on. Each gradient it computes
+    (``computed``: the inputs whose gradient is a formula, default all of ``grad_ins``; and the parameter's) is
+    its own formula in torch's ``derivatives.yaml`` (``mul``: ``self: grad * other``, ``other: grad * self``),
+    so one kernel each, each reading the incoming gradient; an input smaller than the output (a broadcast norm
+    weight or statistic) gets its gradient at the output's shape first, which ``at::sum_to`` then reduces
+    (autograd's ``validate_outputs``, torch/csrc/autograd/engine.cpp): the full-size product is written and read
+    once more."""
     fwd = (Kernel("elementwise", "", 0, _nbytes(ins) + _nbytes(outs)),)
     if not backward or passes_gradient:
         return Work(fwd)
-    bwd = _nbytes([t for t in outs if t.rg]) + _nbytes(saved) + _nbytes(grad_ins) + param_grad
-    return Work(fwd, (Kernel("elementwise", "", 0, bwd),))
+    grad = _nbytes([t for t in outs if t.rg])
+    computed = list(grad_ins) if computed is None else computed
+    full = max((t.nbytes for t in outs if t.rg), default=0)
+    sizes = [t.nbytes for t in computed] + ([param_grad] if param_grad else [])
+    kernels = max(1, len(sizes))
+    reduced = sum(2 * full for size in sizes if size < full)
+    bwd = kernels * grad + _nbytes(saved) + _nbytes(grad_ins) + param_grad + reduced
+    return Work(fwd, (Kernel("elementwise", "", 0, bwd / kernels, kernels),))
 
 
 def gemm(rows: int, k: int, n: int, dtype: str, a_bytes: float, b_bytes: float, out_bytes: float, *,
@@ -192,6 +205,8 @@ def step_work(tr: Any) -> tuple[OpWork, ...]:
                     add(k.kind, "recompute", k.dtype, k.flops, k.bytes, weight * k.n, mode)
             for k in w.bwd:
                 add(k.kind, "backward", k.dtype, k.flops, k.bytes, weight * k.n, mode)
+        for nbytes in accumulated_gradients(op for op in ops if op.seg == seg):
+            add("elementwise", "backward", "", 0, 3 * nbytes, weight, "eager")
         for run in _runs(ops, idx):
             fwd, bwd = _fused_bytes(tr, ops, run, last_read, saved_anywhere)
             add("elementwise", "forward", "", 0, fwd, weight, "compiled")
@@ -200,6 +215,20 @@ def step_work(tr: Any) -> tuple[OpWork, ...]:
             if bwd:
                 add("elementwise", "backward", "", 0, bwd, weight, "compiled")
     return tuple(OpWork(k[0], k[1], k[2], k[3], k[4], n, k[5]) for k, n in acc.items())
+
+
+def accumulated_gradients(ops) -> list[int]:
+    """The bytes of each gradient sum the backward of ``ops`` runs: a tensor that several ops differentiate
+    receives one gradient from each, and autograd's engine adds each further one into the first (``InputBuffer::add``
+    -> ``accumulate``: ``old_var.add_(var)`` or ``old_var + var``, torch/csrc/autograd/input_buffer.cpp), a kernel
+    reading two gradients and writing one (3 × the tensor's bytes; compiled, the sums fuse into the backward's
+    kernels). A hidden state read by a norm and a residual add, a norm's output cast for three projections."""
+    seen: dict[int, tuple[Any, int]] = {}
+    for op in ops:
+        for t in op.grad_ins:
+            t0, n = seen.get(id(t), (t, 0))
+            seen[id(t)] = (t0, n + 1)
+    return [t.nbytes for t, n in seen.values() for _ in range(n - 1)]
 
 
 def _fusible(w: Work) -> bool:
@@ -280,7 +309,21 @@ def aten(name: str, named: dict[str, Any], outs, saved, grad_ins, grad_kinds, pa
     if name in ("bnb.dequantize_4bit", "bnb.int8_vectorwise_dequant"):
         return dequant(outs[0].numel, BYTES[outs[0].dtype], backward=False)
     passes = bool(grad_kinds) and all(k >= 0 for k in grad_kinds) and not param_grad
-    return elementwise(flat, outs, saved, grad_ins, param_grad, backward, passes)
+    computed = [t for t, k in zip(grad_ins, grad_kinds) if k < 0] if grad_kinds else list(grad_ins)
+    work = elementwise(flat, outs, saved, grad_ins, param_grad, backward, passes, computed)
+    extra = BACKWARD_PREPASSES.get(name, 0)
+    if not (extra and work.bwd and saved):
+        return work
+    size = max(t.nbytes for t in saved if t is not None)
+    return Work(work.fwd, (*work.bwd, Kernel("elementwise", "", 0, 2 * size, extra)))
+
+
+BACKWARD_PREPASSES = {"pow.Tensor_Scalar": 2, "rsqrt": 2, "reciprocal": 2, "sqrt": 1}
+"""Kernels an op's gradient formula runs on its saved tensor before the product with the incoming gradient, each
+reading and writing a tensor of that size (torch's derivatives.yaml and FunctionsManual.cpp: ``pow_backward`` is
+``grad * (exponent * self.pow(exponent - 1))``: a power and a scale, then the product; ``rsqrt``: ``-0.5 * grad *
+result.pow(3)``; ``reciprocal``: ``-grad * (result * result)``; ``sqrt``: ``grad / (2 * result)``). Measured on
+torch's dispatch: tests/test_time_backward_work.py."""
 
 
 def _contract(a, b, out) -> int:
