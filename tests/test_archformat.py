@@ -183,3 +183,20 @@ def test_a_layer_buffer_counts_in_the_layers_of_its_kinds_only(tiny_llama_with, 
     assert buffer_bytes({"buffers": [*bundled, row]}) - base == layers * 64 * 4
     header = archformat.decode_header({"params": [], "buffers": [row]}, "x.json")
     assert archformat.encode_header({**header, "config": {}})["buffers"] == [row]
+
+
+def test_two_learnings_merge_a_buffers_layer_kinds():
+    """Two learnings of one type with different switches (``learn.files.merge``): a layer buffer both have is held by
+    the layer kinds of either; one that a side lists without kinds (a file before the field) is in every layer."""
+    from fitplan_torch.learn.files import merge
+
+    def learning(kinds, *buffers):
+        return {"model_type": "t", "layers": {"kind": None, "kinds": kinds}, "variants": [], "segments": {},
+                "params": [], "config": {"fields": {}, "checks": []}, "tied": [], "buffers": list(buffers)}
+
+    d = ["m.layers.{i}.decay", ["h"], "f32", True]
+    a = learning(["k0"], [*d, ["k0"]], ["m.layers.{i}.other", ["h"], "f32", True, ["k0"]])
+    b = learning(["k1"], [*d, ["k1"]], ["m.layers.{i}.other", ["h"], "f32", True])
+    out = merge(a, b)
+    assert out["buffers"] == [[*d, ["k0", "k1"]], ["m.layers.{i}.other", ["h"], "f32", True]]
+    assert a["buffers"][0] == [*d, ["k0"]]  # (the learnings themselves unchanged)
