@@ -154,3 +154,49 @@ def test_a_row_format_2_has_no_field_for_is_refused_naming_the_class_to_extend()
         archformat.encode_graphs(grown)
     with pytest.raises(ValueError, match="format 2 has no field for repeat: add it to SegmentRows"):
         archformat.encode_graphs({**GRAPHS, "segments": {"abc": {**SEGMENT, "repeat": 2}}})
+
+
+# --------------------------------------------------------------------------- a buffer of some layer kinds only
+
+
+@pytest.mark.parametrize("kinds, layers", [(None, 2), (["k0"], 2), (["k1"], 0)])
+def test_a_layer_buffer_counts_in_the_layers_of_its_kinds_only(tiny_llama_with, kinds, layers):
+    """MiniMax's lightning-attention decay tables (transformers 5.24 modeling_minimax.py
+    ``MiniMaxLightningAttention``: ``diagonal_decay`` is ``heads × block_size × block_size``) are buffers of its
+    linear-attention layers only; the file counted them in every layer (the memory check: 32-true sdpa full, peak
+    15 % high, the 1056784 B of the one linear layer's tables counted twice). A buffer row's ``layer_kinds`` now
+    says which kinds hold it; a row without it (files written before) counts in every layer. tiny-llama (2 layers,
+    one kind ``k0``, fp32 ``hidden_size`` = 64): a 64-element fp32 buffer per layer adds 2 × 256 B, or nothing when
+    its kind is none of the model's; the file round-trips through the format's rows with the field kept."""
+    row = {"name": "model.layers.{i}.self_attn.decay", "shape": ["hidden_size"], "dtype": "f32", "per_layer": True,
+           **({"layer_kinds": kinds} if kinds is not None else {})}
+    from fitplan.api import clear_arch_caches
+    from fitplan.trace import reuse
+
+    def buffer_bytes(header):
+        clear_arch_caches()  # (the traces built from the other file: the fixture clears the files only)
+        reuse.clear()
+        return tiny_llama_with(header)["buffer_bytes"]
+
+    bundled = json.loads((BUNDLED / "llama.json").read_text())["buffers"]
+    base = buffer_bytes({})
+    assert buffer_bytes({"buffers": [*bundled, row]}) - base == layers * 64 * 4
+    header = archformat.decode_header({"params": [], "buffers": [row]}, "x.json")
+    assert archformat.encode_header({**header, "config": {}})["buffers"] == [row]
+
+
+def test_two_learnings_merge_a_buffers_layer_kinds():
+    """Two learnings of one type with different switches (``learn.files.merge``): a layer buffer both have is held by
+    the layer kinds of either; one that a side lists without kinds (a file before the field) is in every layer."""
+    from fitplan_torch.learn.files import merge
+
+    def learning(kinds, *buffers):
+        return {"model_type": "t", "layers": {"kind": None, "kinds": kinds}, "variants": [], "segments": {},
+                "params": [], "config": {"fields": {}, "checks": []}, "tied": [], "buffers": list(buffers)}
+
+    d = ["m.layers.{i}.decay", ["h"], "f32", True]
+    a = learning(["k0"], [*d, ["k0"]], ["m.layers.{i}.other", ["h"], "f32", True, ["k0"]])
+    b = learning(["k1"], [*d, ["k1"]], ["m.layers.{i}.other", ["h"], "f32", True])
+    out = merge(a, b)
+    assert out["buffers"] == [[*d, ["k0", "k1"]], ["m.layers.{i}.other", ["h"], "f32", True]]
+    assert a["buffers"][0] == [*d, ["k0"]]  # (the learnings themselves unchanged)

@@ -9,7 +9,11 @@ item 3), one class of construct per test, on a real transformers 5.24 type's cla
 * a dropout field whose nonzero value the model class refuses (DiffLlama's ``attention_dropout``): recorded at the
   config's value, not "runs in none of the regimes";
 * a count that must divide the expert count (DeepSeek-V3's expert groups): probed with the experts scaled by it, and
-  a size that changed in that probe only through the experts is fitted over the experts alone.
+  a size that changed in that probe only through the experts is fitted over the experts alone;
+* a tensor the prologue makes for every layer and the last layer frees (BART's causal mask): freed once, not in
+  every copy of the weighted layers;
+* a branch the loss never reads whose op saves its own output (BigBird's pooler ``tanh``): freed as the forward
+  returns under the referee's saved-tensor meter too.
 
 Expected values are measured by torch (the referee: ``fitplan validate``'s CPU run) or derived by hand from the
 model code cited at each test, never taken from the learner's output. Tests that build models are slow
@@ -182,3 +186,53 @@ def test_the_expert_group_count_is_probed_with_the_experts_scaled_by_it():
     cfg, env, rec = divisor_probe(base, variables, "n_group", 2, 16, attempt, env_of, ())
     assert rec == "rec" and cfg["n_routed_experts"] == 2 * cfg["n_group"] and cfg["n_group"] != 2
     assert divisor_probe(base, variables, "hidden_size", 2, 16, attempt, env_of, ()) is None
+
+
+# --------------------------------------------------------------------------- a mask the last layer frees; a dead branch
+
+
+def test_bart_causal_mask_freed_by_the_last_layer_counts_once():
+    """BART's decoder (12 layers shrunk) has no norm after its layers: its eager causal mask (``b × 1 × s × s``
+    fp32, a local of ``BartDecoder.forward``, modeling_bart.py) dies as the last layer returns, once. The replay
+    counted that free in every copy of the weighted layers 1..11 (tests/test_replay_once_frees.py): 10 × 3 × 21 ×
+    21 × 4 = 52920 B of activations below the referee's (3862828 predicted, 3915748 measured: the control, on the
+    code before the fix). The referee now measures the activations and peak the file predicts."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn import verify as V
+
+    cfg = _small("bart")
+    assert cfg["decoder_layers"] >= 3
+    data, _, _ = derive.learn_full(cfg, log=_quiet, variants=(("16", "eager"),), first_only=True)
+    problems, rows = V.check_memory(data, cfg, _quiet, cases=[("32-true", "eager", False, "full")])
+    assert problems == [] and rows[0]["activations"] == 0 and abs(rows[0]["peak"]) < 1e-3
+
+
+def test_big_bird_pooler_branch_is_freed_under_the_referee_too():
+    """``BigBirdForCausalLM`` drops its pooler's ``tanh(pooler(sequence_output[:, 0]))`` (modeling_big_bird.py); a
+    plain step frees it as the forward returns, as fitplan's replay does. The referee's meter held it
+    (tests/test_saved_meter.py); now the referee measures the predicted bf16-mixed activations exactly. Control:
+    with the meter's pack hook holding the tensor (as before) the measured activations are higher than predicted
+    (the 8960 B of the pooler's bf16 weight copy, its bf16 input and ``tanh`` output: 64 × 64 × 2 + 2 × 3 × 64 × 2)."""
+    pytest.importorskip("torch")
+    from fitplan_torch import measure
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn import verify as V
+
+    cfg = _small("big_bird")
+    data, _, _ = derive.learn_full(cfg, log=_quiet, variants=(("mixed", "eager"),), first_only=True)
+    cases = [("bf16-mixed", "eager", False, "full")]
+    problems, rows = V.check_memory(data, cfg, _quiet, cases=cases)
+    assert problems == [] and rows[0]["activations"] == 0
+    pack = measure.SavedTensors._pack
+
+    def holding(self, t):
+        pack(self, t)
+        return t
+
+    measure.SavedTensors._pack = holding
+    try:
+        _, rows = V.check_memory(data, cfg, _quiet, cases=cases)
+    finally:
+        measure.SavedTensors._pack = pack
+    assert rows[0]["activations"] < -0.005  # (predicted - measured) / measured

@@ -50,12 +50,15 @@ class ParamRow:
 
 @attrs.frozen
 class BufferRow:
-    """A registered buffer (``buffers``): name, shape, dtype code, whether each decoder layer has one."""
+    """A registered buffer (``buffers``): name, shape, dtype code, whether it belongs to the decoder layers, and the
+    layer kinds that hold it (null: every layer, as files written before this field say; MiniMax's lightning
+    attention buffers are in its linear-attention layers only)."""
 
     name: str
     shape: list[str]
     dtype: str
     per_layer: bool
+    layer_kinds: list[str] | None = None
 
 
 @attrs.frozen
@@ -278,7 +281,8 @@ def encode_header(header: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in header.items()}
     out["format"] = FORMAT
     out["params"] = [_param_row(p) for p in header["params"]]
-    out["buffers"] = [{"name": n, "shape": s, "dtype": d, "per_layer": per} for n, s, d, per in header.get("buffers", [])]
+    out["buffers"] = [{"name": n, "shape": s, "dtype": d, "per_layer": per, **({"layer_kinds": k[0]} if k else {})}
+                      for n, s, d, per, *k in header.get("buffers", [])]
     out["tied"] = [{"name": n, "target": t, "when": w} for n, t, w in header.get("tied", [])]
     config = dict(header["config"])
     config["checks"] = [{"expr": e, "field": f, "message": m} for e, f, m in config.get("checks", [])]
@@ -345,7 +349,7 @@ def decode_header(data: dict[str, Any], file: str) -> dict[str, Any]:
     out["params"] = [[r.name, r.shape, r.role, r.layer_kinds, r.when, r.dtype, *([r.linear] if r.linear else [])]
                      for r in structure_rows(data.get("params"), ParamRow, file, "$.params")]
     if "buffers" in data:
-        out["buffers"] = [[r.name, r.shape, r.dtype, r.per_layer]
+        out["buffers"] = [[r.name, r.shape, r.dtype, r.per_layer, *([r.layer_kinds] if r.layer_kinds is not None else [])]
                           for r in structure_rows(data["buffers"], BufferRow, file, "$.buffers")]
     if "tied" in data:
         out["tied"] = [[r.name, r.target, r.when]

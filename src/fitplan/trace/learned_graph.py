@@ -364,12 +364,15 @@ class Builder:
         tr.buffer_bytes = self.buffer_bytes()
 
     def buffer_bytes(self) -> int:
-        """The model's buffers (rotary ``inv_freq``, ...), as the learned file lists them."""
+        """The model's buffers (rotary ``inv_freq``, ...), as the learned file lists them: a layer's in every layer
+        of the kinds that hold it (every layer where the file names no kinds)."""
         total = 0
         L = self.af.n_layers(self.env)
-        for name, dims, code, per_layer in self.af.buffers:
+        kinds = self.af.layer_kinds(self.env)
+        for name, dims, code, per_layer, *where in self.af.buffers:
             dtype = ("f32" if code == "bf16" else code) if self.mixed else self.dt(code)
-            for i in (range(L) if per_layer else (None,)):
+            layers = [i for i in range(L) if not where or kinds[i] in where[0]]
+            for i in (layers if per_layer else (None,)):
                 env = self.env if i is None else {**self.env, "i": i}
                 total += math.prod(as_int(compile_expr(d)(env)) for d in dims) * BYTES[dtype]
         return total

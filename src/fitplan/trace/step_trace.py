@@ -817,8 +817,12 @@ class GradBuffer:
 
 @attrs.define(slots=True)
 class OnceFrees:
-    """Backward frees, in a repeated segment, of what the prologue made for every layer (rotary tables, masks):
-    they happen once, in the last copy the backward reaches, not once per copy."""
+    """Frees, in a repeated segment, of what the prologue made for every layer (rotary tables, masks): they happen
+    once, in the last copy the walk reaches, not once per copy. The backward's (:attr:`Replay.once`) and the
+    forward's (:attr:`Replay.forward_once`): a model whose layers are its forward's last code frees its mask in
+    the last layer (BART's decoder has no norm after its layers, so the causal mask ``create_causal_mask`` made is
+    a local of ``BartDecoder.forward`` that dies as the last layer returns: transformers 5.24
+    models/bart/modeling_bart.py), once, not in every layer the repeated segment stands for."""
 
     on: bool = False
     """Counting (the backward has started)."""
@@ -870,6 +874,8 @@ class Replay:
         self.first_part: dict[int, str] = {}
         """Storage -> the part its forward phantom copies were counted under."""
         self.once = OnceFrees()
+        self.forward_once = OnceFrees()
+        """The forward's frees of the prologue's tensors in the current segment's copy (:class:`OnceFrees`)."""
         # the forward
         self.seg = 0
         self.seg_start, self.seg_start_parts = 0, Parts()
@@ -975,9 +981,10 @@ class Replay:
         self.live -= n
         self.live_parts.add(self.part_of[sid], -n)
         sg = self.alloc_seg.get(sid, cur_seg)
-        if self.once.on and sg == 0 and cur_seg != 0 and self.weight[cur_seg] > 1:
-            self.once.nbytes += n
-            self.once.parts.add(self.part_of[sid], n)
+        if sg == 0 and cur_seg != 0 and self.weight[cur_seg] > 1:
+            once = self.once if self.once.on else self.forward_once
+            once.nbytes += n
+            once.parts.add(self.part_of[sid], n)
         if sg != cur_seg and self.weight[sg] > 1 and sid not in self.carried:
             self.phantom -= (self.weight[sg] - 1) * n
             self.phantom_parts.add(self.first_part[sid], -(self.weight[sg] - 1) * n)
@@ -993,9 +1000,10 @@ class Replay:
             for sid in op.allocs:
                 if sid not in self.alive:
                     self.alloc(sid)
-            cur = self.live + self.phantom
+            # (the first copy of a repeated segment has not made its one-time frees: :meth:`_forward_segment_ends`)
+            cur = self.live + self.phantom + self.forward_once.nbytes
             if cur > self.peak:
-                self.peak, self.peak_parts = cur, self.live_parts + self.phantom_parts
+                self.peak, self.peak_parts = cur, self.live_parts + self.phantom_parts + self.forward_once.parts
             if self.live > self.seg_max:
                 self.seg_max, self.seg_max_parts = self.live, self.live_parts.copy()
             if DEBUG is not None:
@@ -1034,14 +1042,15 @@ class Replay:
         Under activation offloading, what only the forward stash holds leaves with the next copy's packs: it is
         not repeated."""
         seg, w = self.seg, self.weight[self.seg]
-        self.seg_delta[seg] = self.live - self.seg_start
-        self.seg_delta_parts[seg] = self.live_parts - self.seg_start_parts
+        # per copy: the delta without the one-time frees of the prologue's tensors (the last copy makes them)
+        once, self.forward_once = self.forward_once, OnceFrees()
+        self.seg_delta[seg] = self.live - self.seg_start + once.nbytes
+        self.seg_delta_parts[seg] = self.live_parts - self.seg_start_parts + once.parts
         if next_seg == self.nseg - 2:  # the last layer segment starts (its last repetition, with the phantom)
             self.before_last = self.live + self.phantom
             self.before_last_parts = self.live_parts + self.phantom_parts
         if w > 1:
-            delta = self.live - self.seg_start
-            delta_parts = self.live_parts - self.seg_start_parts
+            delta, delta_parts = self.seg_delta[seg], self.seg_delta_parts[seg]
             if self.stash is not None:
                 so, so_parts, sids = self.stash_only(i)
                 delta -= so - self.stash_start[0]

@@ -11,7 +11,12 @@
   dispatch mode, it would itself change some backward formulas (an out-of-place fill of a zeros tensor where a
   step without it fills in place); it runs the in-place op there instead (:mod:`.plain_backward`).
 * :class:`SavedTensors` is a ``saved_tensors_hooks`` pair that records every tensor autograd saves for
-  backward, deduplicated by storage, parameter storages excluded.
+  backward, deduplicated by storage, parameter storages excluded. It keeps what it packs detached, as torch asks
+  of a pack hook (torch/autograd/graph.py ``saved_tensors_hooks``, torch 2.13: "the return value of pack_hook
+  cannot hold a reference to the input tensor"): an op that saves its own output (``tanh``) would otherwise hold
+  that output, and through its ``grad_fn`` itself, in a cycle the garbage collector cannot see, so a branch the
+  loss never reads (BigBird's pooler: ``tanh(pooler(sequence_output[:, 0]))``, which ``BigBirdForCausalLM``
+  drops) stayed alive for good where a step without the meter frees it as the forward returns.
 """
 
 from __future__ import annotations
@@ -234,7 +239,7 @@ class SavedTensors:
         if id(st) not in self._exclude and st not in self._seen:
             self._seen[st] = st.nbytes()
         self.count += 1
-        return t
+        return t if t.grad_fn is None else t.detach()  # (a leaf holds no node: nothing to cycle through)
 
     @staticmethod
     def _unpack(t):

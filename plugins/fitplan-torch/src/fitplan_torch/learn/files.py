@@ -143,9 +143,13 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         fields[k] = spec
     out["config"] = {**a["config"], "fields": fields,
                      "checks": a["config"]["checks"] + [c for c in b["config"]["checks"] if c not in a["config"]["checks"]]}
-    bufs = {x[0]: x for x in a["buffers"]}
+    bufs = {x[0]: list(x) for x in a["buffers"]}
     for x in b["buffers"]:
-        bufs.setdefault(x[0], x)
+        mine = bufs.setdefault(x[0], list(x))
+        if len(mine) > 4 and len(x) > 4:  # held by the layer kinds of either learning
+            mine[4] = sorted(set(mine[4]) | set(x[4]))
+        elif len(mine) > 4:  # (the other side's file names no kinds: every layer)
+            del mine[4]
     out["buffers"] = list(bufs.values())
     kinds = list(a["layers"]["kinds"]) + [k for k in b["layers"]["kinds"] if k not in a["layers"]["kinds"]]
     out["layers"] = {**a["layers"], "kinds": kinds}

@@ -405,7 +405,11 @@ def _parameters(rec: ModelRecord, ref16: dict[str, Any], meta: dict[str, Any], k
         tmpl, layer = D._layer_template(name, layer_prefix)
         if any(bb[0] == tmpl for bb in buffers):
             continue
-        buffers.append([tmpl, dims, dtype, layer is not None])
+        row = [tmpl, dims, dtype, layer is not None]
+        if layer is not None:  # the kinds of the layers that hold it, as for a parameter (MiniMax's decay tables)
+            suffix = tmpl.split(".{i}.", 1)[1]
+            row.append(sorted({kinds[i] for i in range(len(kinds)) if f"{layer_prefix}.{i}.{suffix}" in ref16["buffers"]}))
+        buffers.append(row)
     repeats = {}
     for name, n_expr in ref16["repeats"].items():
         repeats.setdefault(D._layer_template(name, layer_prefix)[0], n_expr)
