@@ -213,17 +213,7 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
         if kind == "int" and f in sizes:
             spec["size"] = True
         out_fields[f] = spec
-    out_fields = {**_read_by_derivations(out_fields, defaults, sizes), **out_fields}
-    # a derived field must come after the fields it reads
-    order = list(out_fields)
-    for f in list(order):
-        der = out_fields[f].get("derive")
-        if der:
-            deps = [n for n in _names(der) if n in out_fields]
-            pos = max([order.index(d) for d in deps] + [order.index(f)])
-            order.remove(f)
-            order.insert(pos, f)
-    out_fields = {f: out_fields[f] for f in order}
+    out_fields = _derived_last({**_read_by_derivations(out_fields, defaults, sizes), **out_fields})
     aliases = {std: actual for std, actual in amap.items() if actual in out_fields}
     checks = []
     h, a, g = (causal_field(cls, x) for x in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
@@ -235,6 +225,20 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
         if _rejects(base, e, names):
             checks.append([e, field.format(**names), msg])
     return {"class": cls.__name__, "aliases": aliases, "fields": out_fields, "checks": checks}
+
+
+def _derived_last(out_fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields in an order where a derived field comes after the fields it reads (the core reads them in
+    order)."""
+    order = list(out_fields)
+    for f in list(order):
+        der = out_fields[f].get("derive")
+        if der:
+            deps = [n for n in _names(der) if n in out_fields]
+            pos = max([order.index(d) for d in deps] + [order.index(f)])
+            order.remove(f)
+            order.insert(pos, f)
+    return {f: out_fields[f] for f in order}
 
 
 def _read_by_derivations(out_fields: dict[str, Any], defaults: dict[str, Any], sizes) -> dict[str, Any]:
