@@ -2,8 +2,8 @@
 
 ``x[..., start:end:step]`` (``aten::slice.Tensor(self, dim, start, end, step)``) keeps
 ``len(range(start, min(end, n), step))`` entries of a dimension of size ``n`` (torch 2.13
-aten/src/ATen/native/TensorShape.cpp ``slice``: the end is clamped to the size, the length is
-``(end - start + step - 1) // step``). Such a length moves in steps of ``step`` as ``n`` grows, so a fit over the
+torch/_decomp/decompositions.py ``slice_forward``, as ATen's ``slice``: start and end clamped to ``[0, n]``, an end
+below the start made the start, the length ``(end - start + step - 1) // step``). Such a length moves in steps of ``step`` as ``n`` grows, so a fit over the
 probes' values alone either finds no expression (Cohere Compass's rotary frequencies interleaved for three
 position axes, ``freqs[..., 1:60:3]`` over ``head_dim // 2`` entries: 3, 4 and 6 at head dims 16, 24 and 36), sees
 it change at no single variable's probe (Qwen3.5, ``freqs[..., 1:33:3]`` over
