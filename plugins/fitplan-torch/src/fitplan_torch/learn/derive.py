@@ -25,6 +25,7 @@ from .limits import data_dependent_note
 from .record import (FUNCTION_OP, Recent, Recording, align_backward, config_key, decoder_layers, is_linear_site,
                      linear_types, record)
 from .segments import Cut
+from .slicesizes import sliced_size
 
 DISTINCT_P = (0.11, 0.13, 0.17, 0.19, 0.23, 0.29, 0.31, 0.37, 0.41, 0.43)
 VARIANTS = (("16", "sdpa"), ("16", "eager"), ("mixed", "sdpa"), ("mixed", "eager"))
@@ -470,6 +471,7 @@ def symbolize(cuts: list[Cut], fitter: Fitter, log, skip: set[int] = frozenset()
     """The segments of ``cuts[0]`` with every dimension (and size-dependent backward temporary) written as
     an expression fitted over all probes (segments in ``skip`` are left without)."""
     base = cuts[0]
+    recs = [c.rec for c in cuts]
     out = []
     for n, seg in enumerate(base.segments):
         if n in skip:
@@ -482,8 +484,12 @@ def symbolize(cuts: list[Cut], fitter: Fitter, log, skip: set[int] = frozenset()
             for d in range(len(entry[0])):
                 vals = [s["tensors"][k][0][d] for s in segs]
                 try:
-                    dims.append(fitter.fit(vals))
+                    dims.append(sliced_size(segs, recs, k, d, fitter, strided=True) or fitter.fit(vals))
                 except FitError as e:
+                    got = sliced_size(segs, recs, k, d, fitter)
+                    if got is not None:
+                        dims.append(got)
+                        continue
                     raise LearnError(f"segment {seg['kind']} {seg['layer']} tensor t{k} {entry[1]} dim {d} "
                                      f"(op {_creator(seg, k)}): {e}{data_dependent_note(seg)}") from None
             tensors.append([dims, entry[1], entry[2]])

@@ -12,8 +12,11 @@ order, for the simplest expression over exactly those variables that reproduces 
    count rounded up (the first expert's rows under balanced routing, :mod:`.routing`);
 5. ``C // v``, a held size over one variable (Mamba-2's heads per group with the heads held);
 6. a sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``);
-7. last, a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
-   slopes for a head count that is no power of two, learned in their own regime, :mod:`.sizeregimes`).
+7. a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
+   slopes for a head count that is no power of two, learned in their own regime, :mod:`.sizeregimes`);
+8. last, a product of the variables divided by a field the learner held (DBRX's ``d_model//n_heads//2``).
+
+A strided slice's length is written from the slice's own bounds before any of these (:mod:`.slicesizes`).
 
 A wrong expression would have to agree with every probe, including the joint ones; the learner then
 checks the whole file against a fresh recording at sizes no probe used (:mod:`.verify`).
@@ -245,6 +248,9 @@ class Fitter:
         cand = self._pow2(deps, y)  # last: only where no arithmetic of the sizes fits
         if cand is not None:
             return cand
+        cand = self._over_held_field(deps, y)
+        if cand is not None:
+            return cand
         raise FitError(f"no expression over {sorted(deps)} fits the values {list(y)}")
 
     def _held_over(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
@@ -261,6 +267,26 @@ class Fitter:
         for c in range(max(y[0] * x0, 1), (y[0] + 1) * x0):
             if self.check(f"{c}//{v}", y):
                 return f"{c}//{v}"
+        return None
+
+    def _over_held_field(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
+        """A product of the size's variables divided by a field the learner held (the same at every probe, so no
+        probe sees it move), or by half or twice it: DBRX's rotary frequencies, ``head_dim // 2`` entries with
+        ``head_dim = d_model // n_heads`` and ``n_heads`` held (transformers 5.24 models/dbrx/modeling_dbrx.py
+        ``DbrxAttention`` and ``compute_default_rope_parameters``: ``arange(0, dim, 2)``). Only a field named in the
+        probes' environment, never a number chosen to fit."""
+        held = sorted(k for k, v in self.env[0].items()
+                      if k not in self.single and k not in ("b", "s") and type(v) is int and v > 1
+                      and all(e.get(k) == v for e in self.env))
+        for mono, _ in self.monos(deps, True):
+            if any(p < 0 for _, p in mono):
+                continue
+            m = _fmt_mono(mono)
+            for h in held:
+                for wrap in ("{m}//{h}", "{m}//{h}//2", "2*{m}//{h}"):
+                    expr = wrap.format(m=m, h=h)
+                    if self.check(expr, y):
+                        return expr
         return None
 
     def _sum3(self, deps: frozenset, y: tuple[int, ...]) -> str | None:

@@ -41,6 +41,17 @@ def op_key(func) -> str:
     return name if ov == "default" else f"{name}.{ov}"
 
 
+def _bounds(func, pos: list, kwargs: dict) -> dict[str, Any]:
+    """A slice's ``[start, end, step]`` (``aten::slice.Tensor``) under its own key, which no file or comparison
+    reads (a slice's end that follows a size must not make the probes' ops differ): :mod:`.slicesizes` writes the
+    slice's length from them."""
+    if op_key(func) != "slice.Tensor":
+        return {}
+    names = [a.name for a in func._schema.arguments]
+    vals = {n: (pos[i] if i < len(pos) else kwargs.get(n)) for i, n in enumerate(names)}
+    return {"bounds": [vals.get("start"), vals.get("end"), vals.get("step", 1)]}
+
+
 class Recording:
     """What one recorded forward (and backward) saw. Plain data: lists and dicts of ints and strings."""
 
@@ -254,7 +265,7 @@ def _dispatch_mode(r: _Recorder):
                 elif isinstance(v, (bool, int, float)) and a.name in ("p", "dim", "half_to_float", "exponent", "alpha",
                                                                       "other", "value", "k", "train"):
                     scal[a.name] = v
-            r.rec.ops.append({"name": op_key(func), "args": named, "outs": outs, "scalars": scal,
+            r.rec.ops.append({"name": op_key(func), "args": named, "outs": outs, "scalars": scal, **_bounds(func, pos, kwargs),
                               "inplace": bool(schema.arguments and schema.arguments[0].alias_info is not None
                                               and schema.arguments[0].alias_info.is_write),
                               "saves": r.pending_saves, **r.context(), **({"nograd": 1} if r.in_function else {})})
