@@ -1,0 +1,75 @@
+"""Which part of a config ``fitplan learn-architecture`` learns from, and which of its fields the causal LM reads
+(issue #32): a composite config's decoder (MusicGen's ``decoder``, the config ``MusicgenForCausalLM`` takes), and
+the decoder's layer count of an encoder-decoder family whose ``num_hidden_layers`` is a property returning the
+encoder's (ProphetNet).
+
+Expected values are by hand from transformers 5.24's code cited at each test, or measured on the model torch
+builds; never from fitplan's output.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fitplan.arch.architecture import decoder_config
+
+
+def test_decoder_config_reads_the_part_a_causal_lm_is_built_from():
+    """``PreTrainedConfig.get_text_config(decoder=True)`` looks for ``decoder``, ``generator`` and ``text_config``
+    (configuration_utils.py, 5.24) and refuses more than one; a config with its own ``hidden_size`` is a flat one."""
+    musicgen = {"model_type": "musicgen", "text_encoder": {"model_type": "t5"}, "audio_encoder": {},
+                "decoder": {"model_type": "musicgen_decoder", "hidden_size": 8}}
+    assert decoder_config(musicgen) == {"model_type": "musicgen_decoder", "hidden_size": 8}
+    vlm = {"model_type": "mllama", "text_config": {"hidden_size": 8}, "vision_config": {"hidden_size": 4}}
+    assert decoder_config(vlm) == {"model_type": "mllama", "hidden_size": 8}  # no model_type: the outer one's
+    flat = {"model_type": "fuyu", "hidden_size": 8, "text_config": {"hidden_size": 4}}
+    assert decoder_config(flat) == flat
+    both = {"model_type": "x", "decoder": {"hidden_size": 8}, "text_config": {"hidden_size": 4}}
+    assert decoder_config(both) == both  # ambiguous, as transformers says: left as given
+    assert decoder_config({"model_type": "t5", "decoder_layers": 2}) == {"model_type": "t5", "decoder_layers": 2}
+
+
+def test_musicgen_decoder_builds_its_causal_lm():
+    """``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` lists ``musicgen -> MusicgenForCausalLM`` (modeling_auto.py), whose
+    ``config_class`` is ``MusicgenDecoderConfig``, MusicgenConfig's ``decoder``; ``AutoModelForCausalLM.from_config``
+    passes the outer config whole (auto_factory.py substitutes only a ``text_config``) and the decoder's layers read
+    ``config.dropout``, which MusicgenConfig lacks. Built from its decoder part, the learner gets the class with one
+    LM head per codebook (modeling_musicgen.py ``MusicgenForCausalLM.__init__``)."""
+    pytest.importorskip("torch")
+    from transformers import AutoConfig
+
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.command import text_config
+
+    cfg = text_config({**AutoConfig.for_model("musicgen").to_dict(), "model_type": "musicgen"})
+    assert cfg["model_type"] == "musicgen_decoder"
+    small = {**cfg, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "ffn_dim": 32,
+             "vocab_size": 32, "num_codebooks": 3}
+    model, _ = derive.build(small, "16", "eager")
+    assert type(model).__name__ == "MusicgenForCausalLM"
+    assert len(model.lm_heads) == 3
+
+
+def test_prophetnet_causal_lm_reads_the_decoder_s_layer_count():
+    """ProphetNetConfig's ``num_hidden_layers`` is a property returning ``num_encoder_layers`` (its setter raises)
+    and its ``attribute_map`` sends ``num_attention_heads`` to ``num_encoder_attention_heads``
+    (configuration_prophetnet.py, 5.24); ``ProphetNetForCausalLM`` is the decoder alone, whose layers are
+    ``range(config.num_decoder_layers)`` with ``num_decoder_attention_heads`` heads (modeling_prophetnet.py). Measured:
+    a model with 3 encoder and 2 decoder layers has 2 layers. Control: the property itself says 3, the encoder's."""
+    pytest.importorskip("torch")
+    from transformers import AutoConfig
+
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.configrules import causal_field, config_class
+
+    cls = config_class("prophetnet")
+    assert causal_field(cls, "num_hidden_layers") == "num_decoder_layers"
+    assert causal_field(cls, "num_attention_heads") == "num_decoder_attention_heads"
+    small = {"model_type": "prophetnet", "hidden_size": 16, "num_encoder_layers": 3, "num_decoder_layers": 2,
+             "num_encoder_attention_heads": 2, "num_decoder_attention_heads": 4, "encoder_ffn_dim": 32,
+             "decoder_ffn_dim": 32, "vocab_size": 32}
+    assert AutoConfig.for_model(**small).num_hidden_layers == 3
+    model, _ = derive.build(small, "16", "eager")
+    decoder = model.prophetnet.decoder
+    assert len(decoder.layers) == small[causal_field(cls, "num_hidden_layers")] == 2
+    assert decoder.layers[0].self_attn.num_attn_heads == small[causal_field(cls, "num_attention_heads")] == 4
