@@ -73,3 +73,30 @@ def test_prophetnet_causal_lm_reads_the_decoder_s_layer_count():
     decoder = model.prophetnet.decoder
     assert len(decoder.layers) == small[causal_field(cls, "num_hidden_layers")] == 2
     assert decoder.layers[0].self_attn.num_attn_heads == small[causal_field(cls, "num_attention_heads")] == 4
+
+
+def test_xlnet_float32_parameters_are_refused_by_name(tmp_path):
+    """XLNet creates its attention weights as ``torch.FloatTensor`` (modeling_xlnet.py
+    ``XLNetRelativeAttention.__init__``): float32 under any default dtype. Measured here: saved and loaded back with
+    ``from_pretrained(dtype=bfloat16)`` (core_model_loading.py keeps a parameter's own dtype where it differs), ``q``
+    stays float32 and a bf16 training step raises, in transformers alone; so the learner refuses the type naming
+    the parameters, not with the einsum's error alone. Control: the same model in float32 runs."""
+    pytest.importorskip("torch")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from fitplan import FitplanError
+    from fitplan_torch.learn.shrink_run import run_error, runnable
+
+    small = {"model_type": "xlnet", "d_model": 16, "n_layer": 1, "n_head": 2, "d_inner": 32, "vocab_size": 32}
+    ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**small)).save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert loaded.transformer.layer[0].rel_attn.q.dtype == torch.float32
+    assert loaded.transformer.word_embedding.weight.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="scalar type"):
+        loaded(input_ids=ids, labels=ids)
+    fp32 = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert torch.isfinite(fp32(input_ids=ids, labels=ids).loss)
+    with pytest.raises(FitplanError, match=r"keeps \d+ parameter\(s\) in float32 .*rel_attn\.q"):
+        runnable(small, small, run_error(small))
