@@ -100,3 +100,51 @@ def test_xlnet_float32_parameters_are_refused_by_name(tmp_path):
     assert torch.isfinite(fp32(input_ids=ids, labels=ids).loss)
     with pytest.raises(FitplanError, match=r"keeps \d+ parameter\(s\) in float32 .*rel_attn\.q"):
         runnable(small, small, run_error(small))
+
+
+def test_musicgen_label_layout_is_refused_by_name():
+    """MusicgenForCausalLM reads ``input_ids`` as ``(batch * num_codebooks, seq)`` and ``labels`` as ``(batch, seq,
+    num_codebooks)`` (modeling_musicgen.py ``forward``, 5.24). Measured: the learner's batch (2 rows of 16 ids,
+    labels = input_ids) with 2 codebooks gives 16 logit rows per codebook (one sample of 16 frames) against 2
+    label rows, and the refusal says so (a hidden size of 32: no width the error quotes, which the shrink's repairs
+    would try); control: the same model with the layout it documents trains."""
+    pytest.importorskip("torch")
+    import torch
+    from transformers import AutoConfig
+
+    from fitplan import FitplanError
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.command import text_config
+    from fitplan_torch.learn.shrink_run import run_error, runnable
+
+    cfg = text_config({**AutoConfig.for_model("musicgen").to_dict(), "model_type": "musicgen"})
+    small = {**cfg, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "ffn_dim": 64,
+             "vocab_size": 32, "num_codebooks": 2}
+    with pytest.raises(FitplanError, match=r"another layout .* gives 16 logit rows against 2 label rows"):
+        runnable(small, small, run_error(small))
+    model, _ = derive.build(small, "16", "eager")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 32, (2 * 2, 16), generator=g)  # 2 samples x 2 codebooks
+    labels = torch.randint(0, 32, (2, 16, 2), generator=g)
+    assert torch.isfinite(model(input_ids=ids, labels=labels).loss)
+
+
+def test_olmo_hybrid_key_head_width_is_derived_as_the_class_does():
+    """OlmoHybridConfig derives ``linear_key_head_dim = int(0.75 * hidden_size / linear_num_key_heads)`` when unset
+    (configuration_olmo_hybrid.py ``__post_init__``, 5.24). The fitted rule, read by the core's expression
+    evaluator, gives by hand's value at sizes the fit never saw (h=96, k=5: int(14.4) = 14; h=200, k=3: 50);
+    control: the class resolves the same."""
+    pytest.importorskip("transformers")
+    from fitplan.api import compile_expr
+    from fitplan_torch.learn.configrules import _class_derivation, resolve
+
+    cfg = {"model_type": "olmo_hybrid", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+           "linear_num_key_heads": 4, "linear_num_value_heads": 4, "intermediate_size": 128}
+    fields = ["hidden_size", "num_attention_heads", "linear_num_key_heads", "linear_num_value_heads"]
+    expr = _class_derivation(cfg, "linear_key_head_dim", fields)
+    assert expr is not None
+    f = compile_expr(expr)
+    for h, k in ((96, 5), (200, 3)):
+        by_hand = int(0.75 * h / k)
+        assert f({"hidden_size": h, "linear_num_key_heads": k, "num_attention_heads": 4}) == by_hand
+        assert resolve({**cfg, "hidden_size": h, "linear_num_key_heads": k})["linear_key_head_dim"] == by_hand

@@ -239,7 +239,7 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
                 try:
                     spec["derive"] = fitter.fit(derived)
                 except FitError as e:
-                    same = _same_as(f, fields, used, derived)
+                    same = _same_as(f, fields, used, derived) or _class_derivation(base, f, fields)
                     if same:
                         spec["derive"] = same
                     else:
@@ -311,6 +311,43 @@ def _list_length(cfg: dict[str, Any], field: str, fields: list[str]) -> dict[str
         if ok:
             return {"derive": f"len({lst})"}
     return {}
+
+
+def _class_derivation(cfg: dict[str, Any], field: str, fields: list[str]) -> str | None:
+    """How the config class derives ``field`` (left unset) from the integer fields of ``fields``, fitted on configs
+    the class itself resolves, no model run: ``cfg``, one config per field with that field alone doubled or
+    tripled (where the class accepts it) and two with them all changed by unequal factors; None where no expression
+    fits. OLMo-Hybrid's ``linear_key_head_dim = int(0.75 * hidden_size / linear_num_key_heads)``
+    (models/olmo_hybrid/configuration_olmo_hybrid.py ``__post_init__``, 5.24): the learner's own probes change
+    ``linear_num_key_heads`` only with the value heads, so no probe of its own names it as a dependency."""
+    def derived(c: dict[str, Any]) -> int | None:
+        try:
+            v = resolve({k: x for k, x in c.items() if k != field}).get(field)
+        except Exception:  # noqa: BLE001 - the class rejects this config
+            return None
+        return v if type(v) is int else None
+
+    sizes = [k for k in fields if k != field and type(cfg.get(k)) is int and k not in ("b", "s")]
+    envs, values, single = [cfg], [derived(cfg)], {}
+    if values[0] is None:
+        return None
+    for k in sizes:
+        for m in (2, 3):
+            c = {**cfg, k: cfg[k] * m}
+            if (d := derived(c)) is not None:
+                single[k] = len(envs)
+                envs.append(c)
+                values.append(d)
+                break
+    for shift in (0, 1):  # joint configs: every field changed, by 2 or 3 in turn
+        c = {**cfg, **{k: cfg[k] * (2 + (i + shift) % 2) for i, k in enumerate(single)}}
+        if (d := derived(c)) is not None:
+            envs.append(c)
+            values.append(d)
+    try:
+        return Fitter(envs, single).fit(values)
+    except FitError:
+        return None
 
 
 def _same_as(field: str, fields: list[str], probes, derived: list[int]) -> str | None:

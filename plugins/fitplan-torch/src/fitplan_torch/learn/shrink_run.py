@@ -80,6 +80,7 @@ def runnable(cfg: dict[str, Any], out: dict[str, Any], err: BaseException | None
         return out
     from .verify import failing_line
 
+    _refuse_label_layout(cfg, err)
     quoted = sorted(_quoted_fields(out, err)) or sorted(config_names_read(err, line_only=True))
     raise FitplanError(f"the shrunk config does not run, and no repair made it run: {failing_line(err)}",
                        field=", ".join(quoted) or "model_type", value=cfg.get("model_type"),
@@ -208,6 +209,25 @@ def _refuse_missing(cfg: dict[str, Any], out: dict[str, Any], e: BaseException) 
     raise FitplanError(f"{name} is not set and {m.group(1)} has no default for it, which the model reads: "
                        f"{failing_line(e)}", field=name, value=None,
                        suggestion=f"state {name} in the config (a published config of this type does)")
+
+
+def _refuse_label_layout(cfg: dict[str, Any], e: BaseException) -> None:
+    """:raises FitplanError: no repair made the step run and its loss compares logits and labels of different batch
+    sizes (torch's ``cross_entropy``: "Expected input batch_size (X) to match target batch_size (Y)"): the model
+    takes its tokens in another layout than ``b`` rows of ``s`` ids with ``labels = input_ids``, the batch every
+    recording and every estimate of fitplan assumes. MusicGen's causal LM reads ``input_ids`` as
+    ``(batch * num_codebooks, seq)`` and ``labels`` as ``(batch, seq, num_codebooks)`` (models/musicgen/
+    modeling_musicgen.py ``MusicgenForCausalLM.forward``, 5.24)."""
+    m = re.search(r"Expected input batch_size \((\d+)\) to match target batch_size \((\d+)\)", str(e))
+    if not isinstance(e, ValueError) or m is None:
+        return
+    from .verify import failing_line
+
+    raise FitplanError(f"the model's loss takes labels in another layout than its input_ids (a batch of 2 sequences "
+                       f"of 16 tokens gives {m.group(1)} logit rows against {m.group(2)} label rows), so a batch of "
+                       f"token ids with labels = input_ids, which fitplan's estimates assume, does not train it: "
+                       f"{failing_line(e)}", field="labels", value=cfg.get("model_type"),
+                       suggestion="a model whose tokens come in several streams per position is not supported yet")
 
 
 def _refuse_mixed_dtypes(out: dict[str, Any], e: BaseException) -> None:
