@@ -1,8 +1,8 @@
 """Breadth of ``fitplan learn-architecture``: every causal-LM ``model_type`` of the installed transformers.
 
 For each ``model_type`` of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (transformers/models/auto/modeling_auto.py), the
-config class's defaults (``AutoConfig.for_model(model_type)``, its ``text_config`` for a multimodal one, as the
-CLI reads it; where the defaults are not a runnable config, with the few fields of
+config class's defaults (``AutoConfig.for_model(model_type)``, its ``text_config`` or ``decoder`` for a composite
+one, as the CLI reads it; where the defaults are not a runnable config, with the few fields of
 ``bench/breadth/configs/<type>.json`` over them, which the row and the table then name as its ``config``) are
 written to a ``config.json`` and one child process runs, under ``nice -n 10``, with a wall-clock timeout
 (``--cpu-timeout``: a CPU-seconds limit too, from ``/proc/<pid>/stat``) and a resident-memory cap (polled from

@@ -23,7 +23,7 @@ from fitplan.inputs.settings import Search, Setting
 from fitplan.output.formats import OutputFormat, RenderOptions, ReportSection
 from fitplan.pluginmgr.hookspecs import hookimpl
 
-PLUGIN_API = (1, 1)
+PLUGIN_API = (1, 2)
 """(major, minor): the minor grows when a name is added; the major when a name is removed or changes its
 signature or meaning, after a minor release that warned about it (docs/hooks.md)."""
 
@@ -39,6 +39,7 @@ LAZY: dict[str, str] = {
     # the architecture files and the trace (fitplan-torch's learner writes and verifies them)
     "compile_expr": "fitplan.arch.archexpr:compile_expr",
     "load_arch_file": "fitplan.arch.archfile:load",
+    "decoder_config": "fitplan.arch.architecture:decoder_config",
     "arch_dirs": "fitplan.arch.archfile:user_dirs",
     "autograd_table": "fitplan.arch.archfile:autograd_table",
     "peft_target_modules": "fitplan.trace.lora_targets:peft_target_modules",
@@ -105,6 +106,7 @@ if TYPE_CHECKING:  # for type checkers: the LAZY names, served by __getattr__ (h
     from fitplan.arch.archfile import autograd_table  # noqa: F401
     from fitplan.arch.archfile import load as load_arch_file  # noqa: F401
     from fitplan.arch.archfile import user_dirs as arch_dirs  # noqa: F401
+    from fitplan.arch.architecture import decoder_config  # noqa: F401
     from fitplan.diskcache import make_private  # noqa: F401
     from fitplan.estimation import Estimate, evaluate, hf_config_for  # noqa: F401
     from fitplan.files import write_all  # noqa: F401

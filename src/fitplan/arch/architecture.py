@@ -329,6 +329,23 @@ def check_config_types(c: dict[str, Any], file: str | None) -> None:
             raise FitplanError(f"{key} must be true or false, got {v!r:.40}", file=file, field=f"$.{key}", value=v)
 
 
+DECODER_CONFIG_KEYS = ("decoder", "generator", "text_config")
+"""Where a composite config keeps its text-output part: the names ``PreTrainedConfig.get_text_config(decoder=True)``
+searches (transformers/configuration_utils.py, 5.24): a multimodal type's ``text_config``, MusicGen's ``decoder``
+(the config ``MusicgenForCausalLM`` takes, ``MusicgenDecoderConfig``)."""
+
+
+def decoder_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The part of a composite ``config.json`` its causal LM is built from: with no ``hidden_size`` of its own and
+    exactly one of :data:`DECODER_CONFIG_KEYS` set to an object (transformers refuses more than one as ambiguous),
+    that object under its own ``model_type`` (the outer one where it names none); any other config as given."""
+    found = [k for k in DECODER_CONFIG_KEYS if isinstance(cfg.get(k), dict)]
+    if "hidden_size" in cfg or len(found) != 1:
+        return dict(cfg)
+    inner = cfg[found[0]]
+    return {**inner, "model_type": inner.get("model_type") or cfg.get("model_type")}
+
+
 def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str | None = None, source: str = "") -> ModelSpec:
     """Build a :class:`ModelSpec` from the fields of an HF ``config.json``, through the learned
     architecture file of its ``model_type``.
@@ -340,12 +357,8 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
 
     if not isinstance(cfg, dict):
         raise FitplanError("a model config must be a JSON object / TOML table", file=file, value=type(cfg).__name__)
-    c = dict(cfg)
+    c = decoder_config(cfg)
     model_type = c.get("model_type")
-    if isinstance(c.get("text_config"), dict) and "hidden_size" not in c:
-        inner = c["text_config"]
-        c = {**inner, "model_type": inner.get("model_type") or model_type}
-        model_type = c["model_type"]
     check_config_types(c, file)
     if model_type is not None and not isinstance(model_type, str):
         raise FitplanError(f"model_type must be a string, got {model_type!r}", file=file, field="$.model_type", value=model_type)

@@ -27,14 +27,14 @@ def _read_config(path: str) -> dict:
 
 
 def text_config(data: dict) -> dict:
-    """A multimodal config's ``text_config`` under its own ``model_type`` (the outer one where it names none),
-    as fitplan's estimates read it (fitplan/arch/architecture.py ``spec_from_config``); any other config as
-    given. A text type that ``AutoModelForCausalLM`` lists only under the outer type (emu3's
-    ``emu3_text_model``) is built as that type's causal LM (:func:`.derive.register_text_model`)."""
-    if isinstance(data.get("text_config"), dict) and "hidden_size" not in data:
-        inner = data["text_config"]
-        return {**inner, "model_type": inner.get("model_type") or data["model_type"]}
-    return data
+    """The part of a composite config its causal LM is built from (:func:`fitplan.api.decoder_config`: a
+    multimodal type's ``text_config``, MusicGen's ``decoder``), as fitplan's estimates read it
+    (fitplan/arch/architecture.py ``spec_from_config``); any other config as given. A text type that
+    ``AutoModelForCausalLM`` lists only under the outer type (emu3's ``emu3_text_model``, musicgen's
+    ``musicgen_decoder``) is built as that type's causal LM (:func:`.derive.register_text_model`)."""
+    from fitplan.api import decoder_config
+
+    return decoder_config(data)
 
 
 def _check_known(model_type: str, p: Path) -> None:

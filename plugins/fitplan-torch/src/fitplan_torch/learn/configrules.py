@@ -12,6 +12,7 @@ class rejects a config that violates them.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from typing import Any
 
@@ -47,20 +48,55 @@ def attribute_map(cls) -> dict[str, str]:
 
 
 def causal_field(cls, std: str) -> str:
-    """The config field the causal LM of ``cls`` reads for the standard name ``std``: its ``attribute_map``
-    alias, but the ``decoder_`` field where the alias names an ``encoder_`` one that has a decoder twin. An
-    encoder-decoder family's causal LM is its decoder alone (transformers 5.24 models/bart/modeling_bart.py
-    ``BartForCausalLM``: ``is_encoder_decoder = False``, a ``BartDecoderWrapper``), whose layers read
-    ``decoder_layers``, ``decoder_attention_heads`` and ``decoder_ffn_dim``, while BartConfig's ``attribute_map``
-    sends ``num_attention_heads`` and ``num_hidden_layers`` to the encoder's (configuration_bart.py; BigBird-Pegasus
-    and Blenderbot-Small alike). A file that read the encoder's had no heads (``num_attention_heads`` None in
-    every estimate) and counted the encoder's layers."""
-    actual = attribute_map(cls).get(std, std)
-    if actual.startswith("encoder_"):
-        twin = "decoder_" + actual.removeprefix("encoder_")
+    """The config field the causal LM of ``cls`` reads for the standard name ``std``: its alias
+    (:func:`alias_of`), but the decoder's twin where the alias names an encoder field that has one (``encoder``
+    replaced by ``decoder`` in its name). An encoder-decoder family's causal LM is its decoder alone
+    (transformers 5.24 models/bart/modeling_bart.py ``BartForCausalLM``: ``is_encoder_decoder = False``, a
+    ``BartDecoderWrapper``), whose layers read ``decoder_layers``, ``decoder_attention_heads`` and
+    ``decoder_ffn_dim``, while BartConfig's ``attribute_map`` sends ``num_attention_heads`` and
+    ``num_hidden_layers`` to the encoder's (configuration_bart.py; BigBird-Pegasus and Blenderbot-Small alike;
+    ProphetNet's ``num_encoder_attention_heads`` and ``num_encoder_layers``, whose decoder layers read
+    ``num_decoder_layers``: modeling_prophetnet.py ``ProphetNetDecoder``). A file that read the encoder's had no
+    heads (``num_attention_heads`` None in every estimate) and counted the encoder's layers."""
+    actual = alias_of(cls, std)
+    if "encoder" in actual:
+        twin = actual.replace("encoder", "decoder", 1)
         if twin in class_defaults(cls):
             return twin
     return actual
+
+
+def alias_of(cls, std: str) -> str:
+    """The field the config class reads for ``std``: its ``attribute_map`` entry, or the field that a property
+    named ``std`` returns (ProphetNetConfig's ``num_hidden_layers`` is a property returning
+    ``num_encoder_layers``, whose setter raises: configuration_prophetnet.py, 5.24), or ``std`` itself."""
+    amap = attribute_map(cls)
+    if std in amap:
+        return amap[std]
+    if isinstance(getattr(cls, std, None), property):
+        return _property_field(cls, std) or std
+    return std
+
+
+@functools.cache
+def _property_field(cls, std: str) -> str | None:
+    """The integer field whose value the property ``std`` of ``cls`` returns, found by setting each integer field
+    equal to it at the defaults one higher and seeing the property follow; None if none does."""
+    try:
+        v = getattr(cls(), std)
+    except Exception:  # noqa: BLE001 - the class's defaults do not build or the property raises: no field
+        return None
+    if type(v) is not int:
+        return None
+    for f, d in class_defaults(cls).items():
+        if f == std or type(d) is not int or d != v:
+            continue
+        try:
+            if getattr(cls(**{f: v + 1}), std) == v + 1:
+                return f
+        except Exception:  # noqa: BLE001 - the class rejects the changed field: not this one
+            continue
+    return None
 
 
 def class_defaults(cls) -> dict[str, Any]:
@@ -203,7 +239,7 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
                 try:
                     spec["derive"] = fitter.fit(derived)
                 except FitError as e:
-                    same = _same_as(f, fields, used, derived)
+                    same = _same_as(f, fields, used, derived) or _class_derivation(base, f, fields)
                     if same:
                         spec["derive"] = same
                     else:
@@ -296,6 +332,43 @@ def _list_length(cfg: dict[str, Any], field: str, fields: list[str]) -> dict[str
         if ok:
             return {"derive": f"len({lst})"}
     return {}
+
+
+def _class_derivation(cfg: dict[str, Any], field: str, fields: list[str]) -> str | None:
+    """How the config class derives ``field`` (left unset) from the integer fields of ``fields``, fitted on configs
+    the class itself resolves, no model run: ``cfg``, one config per field with that field alone doubled or
+    tripled (where the class accepts it) and two with them all changed by unequal factors; None where no expression
+    fits. OLMo-Hybrid's ``linear_key_head_dim = int(0.75 * hidden_size / linear_num_key_heads)``
+    (models/olmo_hybrid/configuration_olmo_hybrid.py ``__post_init__``, 5.24): the learner's own probes change
+    ``linear_num_key_heads`` only with the value heads, so no probe of its own names it as a dependency."""
+    def derived(c: dict[str, Any]) -> int | None:
+        try:
+            v = resolve({k: x for k, x in c.items() if k != field}).get(field)
+        except Exception:  # noqa: BLE001 - the class rejects this config
+            return None
+        return v if type(v) is int else None
+
+    sizes = [k for k in fields if k != field and type(cfg.get(k)) is int and k not in ("b", "s")]
+    envs, values, single = [cfg], [derived(cfg)], {}
+    if values[0] is None:
+        return None
+    for k in sizes:
+        for m in (2, 3):
+            c = {**cfg, k: cfg[k] * m}
+            if (d := derived(c)) is not None:
+                single[k] = len(envs)
+                envs.append(c)
+                values.append(d)
+                break
+    for shift in (0, 1):  # joint configs: every field changed, by 2 or 3 in turn
+        c = {**cfg, **{k: cfg[k] * (2 + (i + shift) % 2) for i, k in enumerate(single)}}
+        if (d := derived(c)) is not None:
+            envs.append(c)
+            values.append(d)
+    try:
+        return Fitter(envs, single).fit(values)
+    except FitError:
+        return None
 
 
 def _same_as(field: str, fields: list[str], probes, derived: list[int]) -> str | None:

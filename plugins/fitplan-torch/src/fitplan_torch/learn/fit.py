@@ -28,7 +28,8 @@ import itertools
 from fractions import Fraction
 from typing import Any
 
-COEFFS = {Fraction(c) for c in (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)} | {Fraction(1, 2), Fraction(1, 4), Fraction(3, 2)}
+COEFFS = {Fraction(c) for c in (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)} | {Fraction(1, 2), Fraction(1, 4), Fraction(3, 2),
+                                                                  Fraction(3, 4)}
 
 
 class FitError(ValueError):

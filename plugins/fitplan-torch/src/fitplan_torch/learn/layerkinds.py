@@ -24,7 +24,7 @@ def first_layer_rule(rec, entries: list[dict[str, Any]], log) -> str | None:
     """:data:`FIRST` where, over the variants together, the first layer alone differs and stays the odd one at one
     layer more; None otherwise (the caller refuses the type as before)."""
     from . import derive as D
-    from .configrules import attribute_map
+    from .configrules import causal_field
     from .patterns import with_layers
 
     combined = list(zip(*[e["kinds"] for e in entries]))
@@ -32,7 +32,7 @@ def first_layer_rule(rec, entries: list[dict[str, Any]], log) -> str | None:
         return None
     odd = next(i for i, e in enumerate(entries) if len(set(e["kinds"])) > 1)
     precision, attn, reg = rec.specs[odd]
-    n_name = attribute_map(rec.cls).get("num_hidden_layers", "num_hidden_layers")
+    n_name = causal_field(rec.cls, "num_hidden_layers")
     n = rec.base.get(n_name)
     if not isinstance(n, int):
         return None

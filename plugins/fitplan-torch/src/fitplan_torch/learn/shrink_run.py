@@ -69,6 +69,7 @@ def runnable(cfg: dict[str, Any], out: dict[str, Any], err: BaseException | None
         _refuse_unset(cfg, out, err)
         _refuse_missing(cfg, out, err)
         _refuse_missing_key(out, err)
+        _refuse_mixed_dtypes(out, err)
         fixed, err2, tries = _repair(cfg, out, err, tries, repaired)
         if fixed is None:
             break
@@ -79,6 +80,7 @@ def runnable(cfg: dict[str, Any], out: dict[str, Any], err: BaseException | None
         return out
     from .verify import failing_line
 
+    _refuse_label_layout(cfg, err)
     quoted = sorted(_quoted_fields(out, err)) or sorted(config_names_read(err, line_only=True))
     raise FitplanError(f"the shrunk config does not run, and no repair made it run: {failing_line(err)}",
                        field=", ".join(quoted) or "model_type", value=cfg.get("model_type"),
@@ -207,6 +209,58 @@ def _refuse_missing(cfg: dict[str, Any], out: dict[str, Any], e: BaseException) 
     raise FitplanError(f"{name} is not set and {m.group(1)} has no default for it, which the model reads: "
                        f"{failing_line(e)}", field=name, value=None,
                        suggestion=f"state {name} in the config (a published config of this type does)")
+
+
+def _refuse_label_layout(cfg: dict[str, Any], e: BaseException) -> None:
+    """:raises FitplanError: no repair made the step run and its loss compares logits and labels of different batch
+    sizes (torch's ``cross_entropy``: "Expected input batch_size (X) to match target batch_size (Y)"): the model
+    takes its tokens in another layout than ``b`` rows of ``s`` ids with ``labels = input_ids``, the batch every
+    recording and every estimate of fitplan assumes. MusicGen's causal LM reads ``input_ids`` as
+    ``(batch * num_codebooks, seq)`` and ``labels`` as ``(batch, seq, num_codebooks)`` (models/musicgen/
+    modeling_musicgen.py ``MusicgenForCausalLM.forward``, 5.24)."""
+    m = re.search(r"Expected input batch_size \((\d+)\) to match target batch_size \((\d+)\)", str(e))
+    if not isinstance(e, ValueError) or m is None:
+        return
+    from .verify import failing_line
+
+    raise FitplanError(f"the model's loss takes labels in another layout than its input_ids (a batch of 2 sequences "
+                       f"of 16 tokens gives {m.group(1)} logit rows against {m.group(2)} label rows), so a batch of "
+                       f"token ids with labels = input_ids, which fitplan's estimates assume, does not train it: "
+                       f"{failing_line(e)}", field="labels", value=cfg.get("model_type"),
+                       suggestion="a model whose tokens come in several streams per position is not supported yet")
+
+
+def _refuse_mixed_dtypes(out: dict[str, Any], e: BaseException) -> None:
+    """:raises FitplanError: the bf16 step fails on a dtype mismatch, and the model built in bfloat16 keeps
+    parameters in another dtype that its ``_keep_in_fp32_modules`` lists do not name. XLNet creates its attention
+    weights as ``torch.FloatTensor`` (models/xlnet/modeling_xlnet.py ``XLNetRelativeAttention.__init__``): float32
+    whatever default dtype ``from_config`` sets, and ``from_pretrained`` keeps a parameter's own dtype where it
+    differs from the one asked for (core_model_loading.py, 5.24), so bf16 hidden states meet float32 weights in its
+    einsum: bf16-true training fails in transformers itself, and no file for every precision class can be learned."""
+    if not isinstance(e, RuntimeError) or not re.search(r"scalar type|dtype", str(e)):
+        return
+    import torch
+
+    from .derive import build
+
+    try:
+        model, _ = build(out, "16", "eager")
+    except Exception:  # noqa: BLE001 - it does not build: not this construct
+        return
+    keep = [*(getattr(model, "_keep_in_fp32_modules", None) or []),
+            *(getattr(model, "_keep_in_fp32_modules_strict", None) or [])]
+    odd = {n: p.dtype for n, p in model.named_parameters()
+           if p.is_floating_point() and p.dtype != torch.bfloat16 and not any(k in n for k in keep)}
+    if not odd:
+        return
+    from .verify import failing_line
+
+    names = ", ".join(list(odd)[:3]) + (f" and {len(odd) - 3} more" if len(odd) > 3 else "")
+    dtypes = ", ".join(sorted({str(d).removeprefix("torch.") for d in odd.values()}))
+    raise FitplanError(f"the model keeps {len(odd)} parameter(s) in {dtypes} when built in bfloat16 ({names}), and "
+                       f"its bf16-true training step fails on them: {failing_line(e)}", field="dtype",
+                       value="bfloat16", suggestion="transformers cannot train this model in bf16-true; fitplan "
+                       "learns a file only for a model that runs in every precision class")
 
 
 def _refuse_missing_key(out: dict[str, Any], e: BaseException) -> None:

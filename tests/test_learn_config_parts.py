@@ -1,0 +1,150 @@
+"""Which part of a config ``fitplan learn-architecture`` learns from, and which of its fields the causal LM reads
+(issue #32): a composite config's decoder (MusicGen's ``decoder``, the config ``MusicgenForCausalLM`` takes), and
+the decoder's layer count of an encoder-decoder family whose ``num_hidden_layers`` is a property returning the
+encoder's (ProphetNet).
+
+Expected values are by hand from transformers 5.24's code cited at each test, or measured on the model torch
+builds; never from fitplan's output.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fitplan.arch.architecture import decoder_config
+
+
+def test_decoder_config_reads_the_part_a_causal_lm_is_built_from():
+    """``PreTrainedConfig.get_text_config(decoder=True)`` looks for ``decoder``, ``generator`` and ``text_config``
+    (configuration_utils.py, 5.24) and refuses more than one; a config with its own ``hidden_size`` is a flat one."""
+    musicgen = {"model_type": "musicgen", "text_encoder": {"model_type": "t5"}, "audio_encoder": {},
+                "decoder": {"model_type": "musicgen_decoder", "hidden_size": 8}}
+    assert decoder_config(musicgen) == {"model_type": "musicgen_decoder", "hidden_size": 8}
+    vlm = {"model_type": "mllama", "text_config": {"hidden_size": 8}, "vision_config": {"hidden_size": 4}}
+    assert decoder_config(vlm) == {"model_type": "mllama", "hidden_size": 8}  # no model_type: the outer one's
+    flat = {"model_type": "fuyu", "hidden_size": 8, "text_config": {"hidden_size": 4}}
+    assert decoder_config(flat) == flat
+    both = {"model_type": "x", "decoder": {"hidden_size": 8}, "text_config": {"hidden_size": 4}}
+    assert decoder_config(both) == both  # ambiguous, as transformers says: left as given
+    assert decoder_config({"model_type": "t5", "decoder_layers": 2}) == {"model_type": "t5", "decoder_layers": 2}
+
+
+def test_musicgen_decoder_builds_its_causal_lm():
+    """``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` lists ``musicgen -> MusicgenForCausalLM`` (modeling_auto.py), whose
+    ``config_class`` is ``MusicgenDecoderConfig``, MusicgenConfig's ``decoder``; ``AutoModelForCausalLM.from_config``
+    passes the outer config whole (auto_factory.py substitutes only a ``text_config``) and the decoder's layers read
+    ``config.dropout``, which MusicgenConfig lacks. Built from its decoder part, the learner gets the class with one
+    LM head per codebook (modeling_musicgen.py ``MusicgenForCausalLM.__init__``)."""
+    pytest.importorskip("torch")
+    from transformers import AutoConfig
+
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.command import text_config
+
+    cfg = text_config({**AutoConfig.for_model("musicgen").to_dict(), "model_type": "musicgen"})
+    assert cfg["model_type"] == "musicgen_decoder"
+    small = {**cfg, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "ffn_dim": 32,
+             "vocab_size": 32, "num_codebooks": 3}
+    model, _ = derive.build(small, "16", "eager")
+    assert type(model).__name__ == "MusicgenForCausalLM"
+    assert len(model.lm_heads) == 3
+
+
+def test_prophetnet_causal_lm_reads_the_decoder_s_layer_count():
+    """ProphetNetConfig's ``num_hidden_layers`` is a property returning ``num_encoder_layers`` (its setter raises)
+    and its ``attribute_map`` sends ``num_attention_heads`` to ``num_encoder_attention_heads``
+    (configuration_prophetnet.py, 5.24); ``ProphetNetForCausalLM`` is the decoder alone, whose layers are
+    ``range(config.num_decoder_layers)`` with ``num_decoder_attention_heads`` heads (modeling_prophetnet.py). Measured:
+    a model with 3 encoder and 2 decoder layers has 2 layers. Control: the property itself says 3, the encoder's."""
+    pytest.importorskip("torch")
+    from transformers import AutoConfig
+
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.configrules import causal_field, config_class
+
+    cls = config_class("prophetnet")
+    assert causal_field(cls, "num_hidden_layers") == "num_decoder_layers"
+    assert causal_field(cls, "num_attention_heads") == "num_decoder_attention_heads"
+    small = {"model_type": "prophetnet", "hidden_size": 16, "num_encoder_layers": 3, "num_decoder_layers": 2,
+             "num_encoder_attention_heads": 2, "num_decoder_attention_heads": 4, "encoder_ffn_dim": 32,
+             "decoder_ffn_dim": 32, "vocab_size": 32}
+    assert AutoConfig.for_model(**small).num_hidden_layers == 3
+    model, _ = derive.build(small, "16", "eager")
+    decoder = model.prophetnet.decoder
+    assert len(decoder.layers) == small[causal_field(cls, "num_hidden_layers")] == 2
+    assert decoder.layers[0].self_attn.num_attn_heads == small[causal_field(cls, "num_attention_heads")] == 4
+
+
+def test_xlnet_float32_parameters_are_refused_by_name(tmp_path):
+    """XLNet creates its attention weights as ``torch.FloatTensor`` (modeling_xlnet.py
+    ``XLNetRelativeAttention.__init__``): float32 under any default dtype. Measured here: saved and loaded back with
+    ``from_pretrained(dtype=bfloat16)`` (core_model_loading.py keeps a parameter's own dtype where it differs), ``q``
+    stays float32 and a bf16 training step raises, in transformers alone; so the learner refuses the type naming
+    the parameters, not with the einsum's error alone. Control: the same model in float32 runs."""
+    pytest.importorskip("torch")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from fitplan import FitplanError
+    from fitplan_torch.learn.shrink_run import run_error, runnable
+
+    small = {"model_type": "xlnet", "d_model": 16, "n_layer": 1, "n_head": 2, "d_inner": 32, "vocab_size": 32}
+    ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**small)).save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert loaded.transformer.layer[0].rel_attn.q.dtype == torch.float32
+    assert loaded.transformer.word_embedding.weight.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="scalar type"):
+        loaded(input_ids=ids, labels=ids)
+    fp32 = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert torch.isfinite(fp32(input_ids=ids, labels=ids).loss)
+    with pytest.raises(FitplanError, match=r"keeps \d+ parameter\(s\) in float32 .*rel_attn\.q"):
+        runnable(small, small, run_error(small))
+
+
+def test_musicgen_label_layout_is_refused_by_name():
+    """MusicgenForCausalLM reads ``input_ids`` as ``(batch * num_codebooks, seq)`` and ``labels`` as ``(batch, seq,
+    num_codebooks)`` (modeling_musicgen.py ``forward``, 5.24). Measured: the learner's batch (2 rows of 16 ids,
+    labels = input_ids) with 2 codebooks gives 16 logit rows per codebook (one sample of 16 frames) against 2
+    label rows, and the refusal says so (a hidden size of 32: no width the error quotes, which the shrink's repairs
+    would try); control: the same model with the layout it documents trains."""
+    pytest.importorskip("torch")
+    import torch
+    from transformers import AutoConfig
+
+    from fitplan import FitplanError
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.command import text_config
+    from fitplan_torch.learn.shrink_run import run_error, runnable
+
+    cfg = text_config({**AutoConfig.for_model("musicgen").to_dict(), "model_type": "musicgen"})
+    small = {**cfg, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "ffn_dim": 64,
+             "vocab_size": 32, "num_codebooks": 2}
+    with pytest.raises(FitplanError, match=r"another layout .* gives 16 logit rows against 2 label rows"):
+        runnable(small, small, run_error(small))
+    model, _ = derive.build(small, "16", "eager")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 32, (2 * 2, 16), generator=g)  # 2 samples x 2 codebooks
+    labels = torch.randint(0, 32, (2, 16, 2), generator=g)
+    assert torch.isfinite(model(input_ids=ids, labels=labels).loss)
+
+
+def test_olmo_hybrid_key_head_width_is_derived_as_the_class_does():
+    """OlmoHybridConfig derives ``linear_key_head_dim = int(0.75 * hidden_size / linear_num_key_heads)`` when unset
+    (configuration_olmo_hybrid.py ``__post_init__``, 5.24). The fitted rule, read by the core's expression
+    evaluator, gives by hand's value at sizes the fit never saw (h=96, k=5: int(14.4) = 14; h=200, k=3: 50);
+    control: the class resolves the same."""
+    pytest.importorskip("transformers")
+    from fitplan.api import compile_expr
+    from fitplan_torch.learn.configrules import _class_derivation, resolve
+
+    cfg = {"model_type": "olmo_hybrid", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+           "linear_num_key_heads": 4, "linear_num_value_heads": 4, "intermediate_size": 128}
+    fields = ["hidden_size", "num_attention_heads", "linear_num_key_heads", "linear_num_value_heads"]
+    expr = _class_derivation(cfg, "linear_key_head_dim", fields)
+    assert expr is not None
+    f = compile_expr(expr)
+    for h, k in ((96, 5), (200, 3)):
+        by_hand = int(0.75 * h / k)
+        assert f({"hidden_size": h, "linear_num_key_heads": k, "num_attention_heads": 4}) == by_hand
+        assert resolve({**cfg, "hidden_size": h, "linear_num_key_heads": k})["linear_key_head_dim"] == by_hand
