@@ -128,3 +128,17 @@ def test_torch_runs_five_kernels_for_the_gradients_of_a_division():
     assert sorted(_backward_ops(a / b)) == ["div", "div", "div", "mul", "neg"]
     c = torch.randn(4, 8, requires_grad=True)
     assert _backward_ops(c / torch.randn(4, 8)) == ["div"]  # the dividend alone: grad / other
+
+
+def test_an_expand_s_gradient_is_one_sum_over_the_broadcast():
+    # expand: self: at::sum_to(grad, sizes): one reduction reading the 96-byte gradient and writing the 24-byte input
+    k, wide = T(0, 6, "f32", True), T(0, 24, "f32", True)
+    work = aten("expand", {"self": k}, [wide], [], [k], [-1], 0, True)
+    assert work.fwd == () and [(n.n, n.bytes) for n in work.bwd] == [(1, 96 + 24)]
+
+
+def test_torch_sums_an_expanded_tensor_s_gradient_once():
+    torch = pytest.importorskip("torch")
+    k = torch.randn(2, 2, 5, 4, requires_grad=True)  # repeat_kv: (b, kv, s, d) -> (b, kv * 3, s, d)
+    ops = _backward_ops(k[:, :, None].expand(2, 2, 3, 5, 4).reshape(2, 6, 5, 4))
+    assert [op for op in ops if op not in ("view", "squeeze", "unsqueeze")] == ["sum"]

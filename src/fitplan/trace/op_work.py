@@ -11,7 +11,8 @@ that provides the same list (a measured profile's) gets the same time model.
 How the work of each kind of op is counted (the rules come from how the kernels run):
 
 * **views** (``view``, ``t``, ``expand``, ``slice``...: every output aliases an input) launch nothing forward; the
-  backward of ``slice`` and ``select`` fills a tensor of the input's size and copies the gradient into it.
+  backward of ``slice`` and ``select`` fills a tensor of the input's size and copies the gradient into it, that of
+  ``expand`` sums the gradient over the broadcast dimensions.
 * **GEMM** (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``_grouped_mm``): ``2·M·K·N`` FLOPs; bytes = both operands and the output once each.
   Backward: the input gradient (same FLOPs: ``grad_out @ W``) when the input requires grad and the weight
   gradient (``grad_outᵀ @ x``) when the weight trains, two kernels (``MmBackward0``); ``addmm`` with a
@@ -339,13 +340,24 @@ VIEW_SCATTER_BACKWARD = ("slice.Tensor", "select.int")
 torch's profiler: tests/test_time_backward_work.py."""
 
 
+VIEW_REDUCE_BACKWARD = ("expand",)
+"""Views whose backward sums the incoming gradient over the dimensions they broadcast (derivatives.yaml: ``expand``:
+``self: at::sum_to(grad, self.sym_sizes())``): one reduction reading the gradient and writing the input's size (GQA's
+``repeat_kv`` expands k and v before the attention). Measured on torch's dispatch: tests/test_time_backward_work.py."""
+
+
 def _view_backward(name: str, outs, grad_ins, grad_kinds, backward: bool) -> Work | None:
-    """A view launches nothing forward; its backward launches nothing either, unless it is one of
-    :data:`VIEW_SCATTER_BACKWARD` giving its input a new gradient (a part of it: ``rotate_half``'s two halves)."""
+    """A view launches nothing forward; its backward launches nothing either, unless it gives its input a new
+    gradient: a part of it (:data:`VIEW_SCATTER_BACKWARD`: ``rotate_half``'s two halves) or a sum of a broadcast
+    (:data:`VIEW_REDUCE_BACKWARD`)."""
     fresh = [t for t, k in zip(grad_ins, grad_kinds) if k < 0]
-    if not (backward and fresh and name in VIEW_SCATTER_BACKWARD):
+    if not (backward and fresh):
         return None
-    return Work((), (Kernel("elementwise", "", 0, fresh[0].nbytes), Kernel("elementwise", "", 0, 2 * outs[0].nbytes)))
+    if name in VIEW_SCATTER_BACKWARD:
+        return Work((), (Kernel("elementwise", "", 0, fresh[0].nbytes), Kernel("elementwise", "", 0, 2 * outs[0].nbytes)))
+    if name in VIEW_REDUCE_BACKWARD:
+        return Work((), (Kernel("elementwise", "", 0, outs[0].nbytes + fresh[0].nbytes),))
+    return None
 
 
 BACKWARD_PREPASSES = {"pow.Tensor_Scalar": 2, "rsqrt": 2, "reciprocal": 2, "sqrt": 1}
