@@ -87,3 +87,58 @@ def test_torch_runs_three_kernels_for_the_gradients_of_pow_and_rsqrt():
     for f in (lambda x: x.pow(2), torch.rsqrt):
         x = (torch.rand(4, 8) + 1).requires_grad_()
         assert _backward_ops(f(x)) == ["pow", "mul", "mul"]
+
+
+def test_a_slice_s_gradient_is_a_fill_of_the_input_and_a_copy():
+    # slice_backward: zeros of the input's size (96 bytes written), then the incoming gradient (48) copied into its
+    # half: 48 read + 48 written; nothing forward (a view); a slice taking the whole tensor passes the gradient on
+    x, half = T(0, 24, "f32", True), T(0, 12, "f32", True)  # the view shares its input's storage
+    work = aten("slice.Tensor", {"self": x}, [half], [], [x], [-1], 0, True)
+    assert work.fwd == () and [(k.n, k.bytes) for k in work.bwd] == [(1, 96), (1, 2 * 48)]
+    assert aten("slice.Tensor", {"self": x}, [T(0, 24, "f32", True)], [], [x], [0], 0, True) is None
+    assert aten("slice.Tensor", {"self": x}, [half], [], [x], [-1], 0, False) is None  # no backward: nothing
+    assert aten("view", {"self": x}, [half], [], [x], [-1], 0, True) is None  # other views scatter nothing
+
+
+def test_torch_fills_and_copies_for_a_slice_s_gradient():
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(4, 8, requires_grad=True)
+    y = x[..., 4:]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        y.backward(torch.ones_like(y))
+    inner = [e.name for e in prof.events() if e.cpu_parent is not None and e.cpu_parent.name == "aten::slice_backward"]
+    assert inner == ["aten::zeros", "aten::slice", "aten::copy_"]  # zeros = empty + zero_: a fill, then the copy
+
+
+def test_a_division_s_divisor_gradient_runs_four_kernels():
+    # x / y, both 96 bytes: the dividend's gradient grad / y (96 read twice, 96 written); the divisor's
+    # -grad * ((x / y) / y): x / y (3 × 96), ÷ y (3 × 96), -grad (2 × 96), the product (3 × 96): 14 × 96 in 5 kernels
+    x, y, out = T(0, 24, "f32", True), T(1, 24, "f32", True), T(2, 24, "f32", True)
+    both = aten("div.Tensor", {"self": x, "other": y}, [out], [x, y], [x, y], [-1, -1], 0, True)
+    assert sum(k.n for k in both.bwd) == 5 and sum(k.n * k.bytes for k in both.bwd) == 14 * 96
+    one = aten("div.Tensor", {"self": x, "other": y}, [out], [y], [x], [-1], 0, True)  # y is a constant
+    assert [(k.n, k.bytes) for k in one.bwd] == [(1, 3 * 96)]
+
+
+def test_torch_runs_five_kernels_for_the_gradients_of_a_division():
+    torch = pytest.importorskip("torch")
+    a, b = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    assert sorted(_backward_ops(a / b)) == ["div", "div", "div", "mul", "neg"]
+    c = torch.randn(4, 8, requires_grad=True)
+    assert _backward_ops(c / torch.randn(4, 8)) == ["div"]  # the dividend alone: grad / other
+
+
+def test_an_expand_s_gradient_is_one_sum_over_the_broadcast():
+    # expand: self: at::sum_to(grad, sizes): one reduction reading the 96-byte gradient and writing the 24-byte input
+    k, wide = T(0, 6, "f32", True), T(0, 24, "f32", True)
+    work = aten("expand", {"self": k}, [wide], [], [k], [-1], 0, True)
+    assert work.fwd == () and [(n.n, n.bytes) for n in work.bwd] == [(1, 96 + 24)]
+
+
+def test_torch_sums_an_expanded_tensor_s_gradient_once():
+    torch = pytest.importorskip("torch")
+    k = torch.randn(2, 2, 5, 4, requires_grad=True)  # repeat_kv: (b, kv, s, d) -> (b, kv * 3, s, d)
+    ops = _backward_ops(k[:, :, None].expand(2, 2, 3, 5, 4).reshape(2, 6, 5, 4))
+    assert [op for op in ops if op not in ("view", "squeeze", "unsqueeze")] == ["sum"]

@@ -10,7 +10,9 @@ that provides the same list (a measured profile's) gets the same time model.
 
 How the work of each kind of op is counted (the rules come from how the kernels run):
 
-* **views** (``view``, ``t``, ``expand``, ``slice``...: every output aliases an input) launch nothing.
+* **views** (``view``, ``t``, ``expand``, ``slice``...: every output aliases an input) launch nothing forward; the
+  backward of ``slice`` and ``select`` fills a tensor of the input's size and copies the gradient into it, that of
+  ``expand`` sums the gradient over the broadcast dimensions.
 * **GEMM** (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``_grouped_mm``): ``2·M·K·N`` FLOPs; bytes = both operands and the output once each.
   Backward: the input gradient (same FLOPs: ``grad_out @ W``) when the input requires grad and the weight
   gradient (``grad_outᵀ @ x``) when the weight trains, two kernels (``MmBackward0``); ``addmm`` with a
@@ -296,7 +298,7 @@ def aten(name: str, named: dict[str, Any], outs, saved, grad_ins, grad_kinds, pa
     if outs and not name.split(".", 1)[0].endswith("_"):
         sids = {t.sid for t in flat}
         if all(o.sid in sids for o in outs):
-            return None
+            return _view_backward(name, outs, grad_ins, grad_kinds, backward)
     if name in GEMMS:
         return _aten_gemm(name, named, outs[0], backward)
     if name in FUSED_ATTENTION:
@@ -311,11 +313,51 @@ def aten(name: str, named: dict[str, Any], outs, saved, grad_ins, grad_kinds, pa
     passes = bool(grad_kinds) and all(k >= 0 for k in grad_kinds) and not param_grad
     computed = [t for t, k in zip(grad_ins, grad_kinds) if k < 0] if grad_kinds else list(grad_ins)
     work = elementwise(flat, outs, saved, grad_ins, param_grad, backward, passes, computed)
+    if name == "div.Tensor" and work.bwd and any(t is named.get("other") for t in computed):
+        return Work(work.fwd, (*work.bwd, _divisor_gradient_passes(_nbytes([named.get("self")]) or outs[0].nbytes,
+                                                                   named["other"].nbytes, outs[0].nbytes)))
     extra = BACKWARD_PREPASSES.get(name, 0)
     if not (extra and work.bwd and saved):
         return work
     size = max(t.nbytes for t in saved if t is not None)
     return Work(work.fwd, (*work.bwd, Kernel("elementwise", "", 0, 2 * size, extra)))
+
+
+def _divisor_gradient_passes(x: int, y: int, full: int) -> Kernel:
+    """The kernels the divisor's gradient of ``x / y`` runs before its product with the incoming gradient (torch's
+    derivatives.yaml: ``other: div_tensor_other_backward(grad, self, other)``, FunctionsManual.cpp: ``-grad * ((self /
+    other) / other)``): ``self / other`` and its quotient by ``other`` again (each reading its two operands and writing an
+    output-sized tensor) and ``-grad`` (reading and writing one); the product itself is the formula's own kernel
+    (:func:`elementwise`; ``x``, ``y``, ``full``: the bytes of the dividend, the divisor and the output). Measured on
+    torch's dispatch: div, div, neg, mul for the divisor; one div for the dividend."""
+    return Kernel("elementwise", "", 0, ((x + y + full) + (full + y + full) + 2 * full) / 3, 3)
+
+
+VIEW_SCATTER_BACKWARD = ("slice.Tensor", "select.int")
+"""Views whose backward scatters the incoming gradient into a new tensor of the input's size (torch's
+``slice_backward`` / ``select_backward``, aten/src/ATen/native/TensorShape.cpp: ``at::zeros(input_sizes)``, then
+``grad_input.slice(...).copy_(grad)``): a fill of the input's size and a copy of the gradient, two kernels. Measured on
+torch's profiler: tests/test_time_backward_work.py."""
+
+
+VIEW_REDUCE_BACKWARD = ("expand",)
+"""Views whose backward sums the incoming gradient over the dimensions they broadcast (derivatives.yaml: ``expand``:
+``self: at::sum_to(grad, self.sym_sizes())``): one reduction reading the gradient and writing the input's size (GQA's
+``repeat_kv`` expands k and v before the attention). Measured on torch's dispatch: tests/test_time_backward_work.py."""
+
+
+def _view_backward(name: str, outs, grad_ins, grad_kinds, backward: bool) -> Work | None:
+    """A view launches nothing forward; its backward launches nothing either, unless it gives its input a new
+    gradient: a part of it (:data:`VIEW_SCATTER_BACKWARD`: ``rotate_half``'s two halves) or a sum of a broadcast
+    (:data:`VIEW_REDUCE_BACKWARD`)."""
+    fresh = [t for t, k in zip(grad_ins, grad_kinds) if k < 0]
+    if not (backward and fresh):
+        return None
+    if name in VIEW_SCATTER_BACKWARD:
+        return Work((), (Kernel("elementwise", "", 0, fresh[0].nbytes), Kernel("elementwise", "", 0, 2 * outs[0].nbytes)))
+    if name in VIEW_REDUCE_BACKWARD:
+        return Work((), (Kernel("elementwise", "", 0, outs[0].nbytes + fresh[0].nbytes),))
+    return None
 
 
 BACKWARD_PREPASSES = {"pow.Tensor_Scalar": 2, "rsqrt": 2, "reciprocal": 2, "sqrt": 1}
