@@ -486,10 +486,13 @@ def qlora_linear(inst, site: dict[str, Any]) -> None:
 
 def param_lora(inst, name: str, template: str, mult: int):
     """peft 0.21's ``lora.ParamWrapper`` (LoRA on a parameter: MoE experts stored as 3-D tensors, a router
-    weight), active for the owning module's forward through ``nn.utils.parametrize``: for an expert stack,
-    ``_LoraFactorsProxy``: ``baddbmm(W, B, A, alpha=scaling)`` on A reshaped to (E, r, in) and B to (E, out, r)
-    (cast to the parameter's dtype), a new tensor of the whole stack; for a 2-D weight,
-    ``_LoraParameterProxy``: ``W + (B @ A) * scaling``. The adapters are fp32 and trainable."""
+    weight), active for the owning module's forward through ``nn.utils.parametrize``: for a stack of E > 1
+    experts, ``_LoraFactorsProxy``: ``baddbmm(W, B, A, alpha=scaling)`` on A reshaped to (E, r, in) and B to
+    (E, out, r) (cast to the parameter's dtype), a new tensor of the whole stack; for a 2-D weight and for a
+    stack of one expert (``ParamWrapper._activate_lora`` takes the factors only when ``num_experts > 1``),
+    ``_LoraParameterProxy``: ``W + (B @ A) * scaling``, its delta (``get_delta_weight``, cast to the parameter's
+    dtype) kept by the proxy until the owning module returns. The adapters are fp32 and trainable. Returns the
+    parametrized weight and the tensors the proxy keeps (peft/tuners/lora/layer.py)."""
     b = inst.b
     tr = b.tr
     w = b.param(name, template)
@@ -497,7 +500,8 @@ def param_lora(inst, name: str, template: str, mult: int):
     env = inst.env
     shape = tuple(int(compile_expr(d)(env)) for d in entry[1]) if entry else (w.numel,)
     r = b.spec.lora_r * mult
-    if len(shape) >= 3:
+    held: list[Any] = []
+    if len(shape) >= 3 and shape[0] > 1:
         e, out_f, in_f = shape[0], shape[-2], shape[-1]
         A = tr.param(r * e * in_f, "f32", True)
         B = tr.param(out_f * r * e, "f32", True)
@@ -512,7 +516,8 @@ def param_lora(inst, name: str, template: str, mult: int):
         out = tr.new(w.numel, w.dtype, False, name + ".lora_weight")
         b.emit("baddbmm", [("self", w), ("batch1", lhs), ("batch2", rhs)], [out], label=name + ".lora_baddbmm")
     else:
-        out_f, in_f = shape[0], shape[-1]
+        # (E=1, in, out) as peft reads a stack (``ParamWrapper._get_in_out_features``), (out, in) a 2-D weight
+        in_f, out_f = (shape[1], shape[2]) if len(shape) >= 3 else (shape[-1], shape[0])
         A = tr.param(r * in_f, "f32", True)
         B = tr.param(out_f * r, "f32", True)
         d = tr.new(out_f * in_f, "f32", False, name + ".lora_delta")
@@ -522,5 +527,6 @@ def param_lora(inst, name: str, template: str, mult: int):
         sc = _cast(inst, sc, w.dtype, name + ".lora_delta_cast")
         out = tr.new(w.numel, w.dtype, False, name + ".lora_weight")
         b.emit("add.Tensor", [("self", w), ("other", sc)], [out], label=name + ".lora_add")
+        held.append(sc)
     out.shape = shape
-    return out
+    return out, held
