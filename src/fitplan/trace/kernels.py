@@ -250,6 +250,7 @@ def _math(inst, q, k, v, mask, out, p: float, s: int, gqa: bool = False) -> None
     orig = q.dtype
     acc = "f32" if orig in HALF else orig
     qm, km, vm = (_cast(inst, t, acc, "sdpa.math_acc") for t in (q, k, v))
+    v_acc = vm
     d = getattr(q, "shape", (1,))[-1] or 1
     heads_rows = q.numel // d
     n_scores = heads_rows * s
@@ -280,19 +281,24 @@ def _math(inst, q, k, v, mask, out, p: float, s: int, gqa: bool = False) -> None
     b.emit("_safe_softmax", [("self", s2)], [probs], label="sdpa.math_softmax")
     dropped = dropout_tensor(inst, probs, p, "sdpa.math_dropout")
     weights = _cast(inst, dropped, orig, "sdpa.math_weights_cast")
-    if vm is v and _slice_of_heads(tr, v):
+    copied = vm is v_acc and _slice_of_heads(tr, v)
+    if copied:
         # ``at::matmul`` reshapes v to (b * heads, s, d): a head-transposed slice of a fused projection cannot be
-        # viewed so, and the copy is what bmm saves (LinearAlgebra.cpp _matmul_impl), not the projection
+        # viewed so, and the copy is what bmm saves (LinearAlgebra.cpp _matmul_impl), not the projection. Its
+        # fp32 copy (``value.to(kFloat)``) keeps the heads transposed (``empty_like`` with ``preserve_format``
+        # infers dense strides in the input's order: TensorFactories.cpp), so a 16-bit v is copied again
         vm = tr.new(v.numel, acc, False, "sdpa.math_v_copy")
-        b.emit("clone", [("self", v)], [vm], label="sdpa.math_v_copy")
+        b.emit("clone", [("self", v_acc)], [vm], label="sdpa.math_v_copy")
     o = tr.new(out.numel, acc, False, "sdpa.math_out")
     b.emit("bmm", [("self", dropped), ("mat2", vm)], [o], label="sdpa.math_pv")
     if acc != orig:
         b.emit("_to_copy", [("self", o)], [out], label="sdpa.math_out_cast")
     else:
         b.emit("clone", [("self", o)], [out], label="sdpa.math_out_copy")
-    # the C++ locals (the fp32 copies of q and k, the causal mask, the 16-bit weights) live until the call returns
-    tr.touch(*(t for t in (qm, km, weights, cmask) if t is not None and t not in (q, k, dropped, mask)))
+    # the C++ locals (the fp32 copies of q and k, of v when copied again, the causal mask, the 16-bit weights) live
+    # until the call returns
+    tr.touch(*(t for t in (qm, km, v_acc if copied else None, weights, cmask)
+               if t is not None and t not in (q, k, v, dropped, mask)))
 
 
 def _broadcast(inst, t, numel: int, batch: int, label: str):
