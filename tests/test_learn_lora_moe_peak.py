@@ -60,26 +60,37 @@ def _small(model_type: str) -> dict:
     return shrink(bench_module("learn_breadth").default_config(model_type))
 
 
-def _peak_error(model_type: str, case: tuple[str, str, bool, str]) -> float:
-    """The memory check's peak error (predicted against the referee's measurement) for one case of
-    ``model_type`` learned from its shrunk class defaults (the bf16 SDPA variant only, as the memory check's)."""
+def _errors(model_type: str, cases: list[tuple[str, str, bool, str]]) -> list[dict]:
+    """The memory check's rows (each category's error, predicted against the referee's measurement) for ``cases``
+    of ``model_type`` learned from its shrunk config (the bf16 SDPA variant only; the mixed graph where a case is
+    bf16-mixed)."""
     from fitplan_torch.learn import derive
     from fitplan_torch.learn import verify as V
 
     cfg = _small(model_type)
-    data, _, _ = derive.learn_full(cfg, log=lambda *a: None, variants=(("16", "sdpa"),), first_only=True)
+    variants = (("16", "sdpa"),) + ((("mixed", "sdpa"),) if any(c[0] == "bf16-mixed" for c in cases) else ())
+    data, _, _ = derive.learn_full(cfg, log=lambda *a: None, variants=variants, first_only=True)
     heldout, _, _ = V.heldout(cfg, [], derive.Regime("as given", None), 2, 16)
-    problems, rows = V.check_memory(data, heldout, lambda *a: None, cases=[case])
-    assert not [p for p in problems if "peak" not in p], problems  # the other categories exact
-    return rows[0]["peak"]
+    _, rows = V.check_memory(data, heldout, lambda *a: None, cases=cases)
+    for row in rows:
+        assert all(row[k] == 0 for k in ("parameters", "gradients", "optimizer_states")), row
+    return rows
+
+
+def _peak_error(model_type: str, case: tuple[str, str, bool, str]) -> float:
+    """The peak's error of one case (:func:`_errors`)."""
+    return _errors(model_type, [case])[0]["peak"]
 
 
 def test_hunyuan_moe_one_expert_stack_lora_peak_is_the_referees():
     """hunyuan_v1_moe (class defaults: one expert): 32-true sdpa ckpt lora was 3.8 % low (1723060 predicted,
     1790868 measured): its peak is in a recomputed experts forward, where both expert stacks' deltas and their
-    parametrized weights are alive. Exact now."""
+    parametrized weights are alive. Exact now. Under autocast (bf16-mixed, no checkpointing) peft's
+    ``B @ A`` runs inside the model's forward, so autocast casts both factors and the mm saves the copies: the
+    activations were 2.1 % low (1265720 predicted, 1292344 measured), the peak 1.0 %; both exact now."""
     pytest.importorskip("torch")
-    assert _peak_error("hunyuan_v1_moe", ("32-true", "sdpa", True, "lora")) == 0
+    rows = _errors("hunyuan_v1_moe", [("32-true", "sdpa", True, "lora"), ("bf16-mixed", "sdpa", False, "lora")])
+    assert [(r["activations"], r["peak"]) for r in rows] == [(0, 0), (0, 0)]
 
 
 def test_glm4_moe_lite_fp32_routing_weights_lora_peak_is_the_referees():

@@ -330,17 +330,7 @@ def _linear(inst, x, w, rows: int, in_f: int, out_f: int, rank: int, label: str)
     b = inst.b
     tr = b.tr
     if b.mixed:
-        wc = b.ac_cache.get(w.key)
-        if wc is None:
-            prev = tr.kind_default
-            tr.kind_default = "autocast"
-            wc = tr.new(w.numel, b.compute, False, label + ".weight_copy")
-            tr.kind_default = prev
-            b.emit("_to_copy", [("self", w)], [wc], label=label + ".weight_cast")
-            if w.rg:
-                b.ac_cache[w.key] = wc
-                tr.pinned.add(wc.sid)
-        w = wc
+        w = _autocast_weight(inst, w, label)
         x = _cast(inst, x, b.compute, label + ".input_cast")
     wt = tr.view(w)
     wt.param = False
@@ -358,6 +348,24 @@ def _linear(inst, x, w, rows: int, in_f: int, out_f: int, rank: int, label: str)
         b.emit("_unsafe_view", [("self", o)], [o3], label=label + ".unview")
         o = o3
     return o
+
+
+def _autocast_weight(inst, w, label: str):
+    """Autocast's copy of weight ``w`` in the compute dtype: made once per forward for a leaf that requires grad
+    (autocast's cache, kept until the forward ends), at every use otherwise."""
+    b = inst.b
+    tr = b.tr
+    wc = b.ac_cache.get(w.key)
+    if wc is None:
+        prev = tr.kind_default
+        tr.kind_default = "autocast"
+        wc = tr.new(w.numel, b.compute, False, label + ".weight_copy")
+        tr.kind_default = prev
+        b.emit("_to_copy", [("self", w)], [wc], label=label + ".weight_cast")
+        if w.rg:
+            b.ac_cache[w.key] = wc
+            tr.pinned.add(wc.sid)
+    return wc
 
 
 linear = _linear
@@ -526,9 +534,13 @@ def param_lora(inst, name: str, template: str, mult: int):
         in_f, out_f = (shape[1], shape[2]) if len(shape) >= 3 else (shape[-1], shape[0])
         A = tr.param(r * in_f, "f32", True)
         B = tr.param(out_f * r, "f32", True)
-        d = tr.new(out_f * in_f, "f32", False, name + ".lora_delta")
+        dt = "f32"
+        if b.mixed:  # get_delta_weight runs inside the model's forward: autocast casts the factors for the mm
+            B = _autocast_weight(inst, B, name + ".lora_B")  # mm's arguments in order: B @ A
+            A, dt = _autocast_weight(inst, A, name + ".lora_A"), b.compute
+        d = tr.new(out_f * in_f, dt, False, name + ".lora_delta")
         b.emit("mm", [("self", B), ("mat2", A)], [d], label=name + ".lora_delta")
-        sc = tr.new(d.numel, "f32", False, name + ".lora_scaling")
+        sc = tr.new(d.numel, dt, False, name + ".lora_scaling")
         b.emit("mul.Tensor", [("self", d)], [sc], label=name + ".lora_scaling")
         sc = _cast(inst, sc, w.dtype, name + ".lora_delta_cast")
         out = tr.new(w.numel, w.dtype, False, name + ".lora_weight")
