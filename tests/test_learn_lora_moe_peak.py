@@ -8,7 +8,7 @@ torch:
   learned_segment.py ``module_return``);
 * a pointwise op's gradient of an input narrower than its promoted output is computed at the output's dtype and
   cast by autograd's engine only after the node returns (bf16 ``proj_out`` times fp32 routing weights:
-  learned_graph.py ``broadcast_gradients``);
+  learned_graph.py ``broadcast_gradients``; torch's own instant, by hand, in tests/test_learn_referee_backward.py);
 * the CPU math SDPA's fp32 copy of a head-transposed 16-bit v keeps the transposed layout, so ``at::matmul`` copies
   it again (an MLA v sliced from ``kv_b_proj``: kernels.py ``_math``).
 
@@ -21,35 +21,6 @@ from __future__ import annotations
 
 import pytest
 from conftest import bench_module
-
-N, H = 64, 16
-"""Rows and width of the tensors below: one fp32 ``N × H`` tensor is 4096 bytes, a bf16 one 2048."""
-
-
-def test_a_narrower_inputs_gradient_is_the_promoted_width_until_the_engine_casts_it():
-    """``((a * 1) * w) * 2`` with a bf16 and w fp32 (no grad), both N × H: the product is fp32. The ``* 2`` node
-    makes the incoming gradient (fp32 N × H, new); the mul node returns ``grad * w``, fp32 (FunctionsManual.cpp
-    ``mul_tensor_backward``: no cast to the input's type), and the engine casts it to bf16 after the node returns
-    (engine.cpp ``validate_outputs``): at that instant the incoming gradient, the fp32 gradient and its bf16 copy
-    are alive, 4096 + 4096 + 2048 bytes beside ``g``; a formula computing in the input's dtype would peak at
-    4096 + 2048."""
-    pytest.importorskip("torch")
-    import torch
-
-    from fitplan_torch.measure import LiveBytes
-
-    a = torch.randn(N, H, dtype=torch.bfloat16).requires_grad_()
-    w = torch.randn(N, H)
-    y = ((a * 1) * w) * 2
-    assert y.dtype == torch.float32
-    g = torch.ones_like(y)
-    c = LiveBytes()
-    c.track([a, w, y, g])
-    c.reset_peak()
-    start = c.current
-    with c:
-        y.backward(g)
-    assert c.peak - start == 4096 + 4096 + 2048
 
 
 def _small(model_type: str) -> dict:
