@@ -7,7 +7,8 @@ referee's": qwen3_moe, deepseek_v3, glm4_moe, axk1), two constructs of the backw
   saw one input-sized tensor more than a step without it holds (fitplan_torch/plain_backward.py);
 * a pointwise op's gradient of an input it broadcast is computed at the output's size and reduced by autograd's
   engine after the node returns (the MoE's ``proj_out * sample_weights_g.unsqueeze(-1)``): the trace now holds
-  that temporary (fitplan/trace/learned_graph.py ``broadcast_gradients``).
+  that temporary (fitplan/trace/learned_graph.py ``broadcast_gradients``), and a narrower input's gradient at the
+  promoted output's dtype, cast by the engine after the node returns, likewise.
 
 Expected values are derived by hand from the shapes, or measured by torch (the referee), never taken from fitplan's
 output. Tests that import torch are referee/slow (tests/conftest.py).
@@ -110,10 +111,18 @@ def test_a_broadcast_inputs_gradient_is_the_outputs_size_until_the_engine_reduce
     pytest.importorskip("torch")
     import torch
 
-    from fitplan_torch.measure import LiveBytes
-
     a = torch.randn(N, H).requires_grad_()
     w = torch.randn(N, 1).requires_grad_()
+    assert _scaled_product_backward_peak(a, w) == 3 * N * H * 4 + N * 4
+
+
+def _scaled_product_backward_peak(a, w) -> int:
+    """Bytes the backward of ``((a * 1) * w) * 2`` adds at its peak, under the referee's counter, over what was
+    alive before it (its gradient ``g`` given)."""
+    import torch
+
+    from fitplan_torch.measure import LiveBytes
+
     y = ((a * 1) * w) * 2
     g = torch.ones_like(y)
     c = LiveBytes()
@@ -122,7 +131,21 @@ def test_a_broadcast_inputs_gradient_is_the_outputs_size_until_the_engine_reduce
     start = c.current
     with c:
         y.backward(g)
-    assert c.peak - start == 3 * N * H * 4 + N * 4
+    return c.peak - start
+
+
+def test_a_narrower_inputs_gradient_is_the_promoted_width_until_the_engine_casts_it():
+    """``((a * 1) * w) * 2`` with a bf16 and w fp32 (no grad), both N × H: the product is fp32. The ``* 2`` node
+    makes the incoming gradient (fp32 N × H, new); the mul node returns ``grad * w``, fp32 (FunctionsManual.cpp
+    ``mul_tensor_backward``: no cast to the input's type), and the engine casts it to bf16 after the node returns
+    (engine.cpp ``validate_outputs``): at that instant the incoming gradient, the fp32 gradient and its bf16 copy
+    are alive, 4096 + 4096 + 2048 bytes beside ``g``; a formula computing in the input's dtype would peak at
+    4096 + 2048 (fitplan/trace/learned_graph.py ``broadcast_gradients``; tests/test_learn_lora_moe_peak.py)."""
+    pytest.importorskip("torch")
+    import torch
+
+    a = torch.randn(N, H, dtype=torch.bfloat16).requires_grad_()
+    assert _scaled_product_backward_peak(a, torch.randn(N, H)) == N * H * 4 * 2 + N * H * 2
 
 
 def _small(model_type: str) -> dict:

@@ -250,6 +250,7 @@ def _math(inst, q, k, v, mask, out, p: float, s: int, gqa: bool = False) -> None
     orig = q.dtype
     acc = "f32" if orig in HALF else orig
     qm, km, vm = (_cast(inst, t, acc, "sdpa.math_acc") for t in (q, k, v))
+    v_acc = vm
     d = getattr(q, "shape", (1,))[-1] or 1
     heads_rows = q.numel // d
     n_scores = heads_rows * s
@@ -280,19 +281,24 @@ def _math(inst, q, k, v, mask, out, p: float, s: int, gqa: bool = False) -> None
     b.emit("_safe_softmax", [("self", s2)], [probs], label="sdpa.math_softmax")
     dropped = dropout_tensor(inst, probs, p, "sdpa.math_dropout")
     weights = _cast(inst, dropped, orig, "sdpa.math_weights_cast")
-    if vm is v and _slice_of_heads(tr, v):
+    copied = vm is v_acc and _slice_of_heads(tr, v)
+    if copied:
         # ``at::matmul`` reshapes v to (b * heads, s, d): a head-transposed slice of a fused projection cannot be
-        # viewed so, and the copy is what bmm saves (LinearAlgebra.cpp _matmul_impl), not the projection
+        # viewed so, and the copy is what bmm saves (LinearAlgebra.cpp _matmul_impl), not the projection. Its
+        # fp32 copy (``value.to(kFloat)``) keeps the heads transposed (``empty_like`` with ``preserve_format``
+        # infers dense strides in the input's order: TensorFactories.cpp), so a 16-bit v is copied again
         vm = tr.new(v.numel, acc, False, "sdpa.math_v_copy")
-        b.emit("clone", [("self", v)], [vm], label="sdpa.math_v_copy")
+        b.emit("clone", [("self", v_acc)], [vm], label="sdpa.math_v_copy")
     o = tr.new(out.numel, acc, False, "sdpa.math_out")
     b.emit("bmm", [("self", dropped), ("mat2", vm)], [o], label="sdpa.math_pv")
     if acc != orig:
         b.emit("_to_copy", [("self", o)], [out], label="sdpa.math_out_cast")
     else:
         b.emit("clone", [("self", o)], [out], label="sdpa.math_out_copy")
-    # the C++ locals (the fp32 copies of q and k, the causal mask, the 16-bit weights) live until the call returns
-    tr.touch(*(t for t in (qm, km, weights, cmask) if t is not None and t not in (q, k, dropped, mask)))
+    # the C++ locals (the fp32 copies of q and k, of v when copied again, the causal mask, the 16-bit weights) live
+    # until the call returns
+    tr.touch(*(t for t in (qm, km, v_acc if copied else None, weights, cmask)
+               if t is not None and t not in (q, k, v, dropped, mask)))
 
 
 def _broadcast(inst, t, numel: int, batch: int, label: str):
@@ -324,17 +330,7 @@ def _linear(inst, x, w, rows: int, in_f: int, out_f: int, rank: int, label: str)
     b = inst.b
     tr = b.tr
     if b.mixed:
-        wc = b.ac_cache.get(w.key)
-        if wc is None:
-            prev = tr.kind_default
-            tr.kind_default = "autocast"
-            wc = tr.new(w.numel, b.compute, False, label + ".weight_copy")
-            tr.kind_default = prev
-            b.emit("_to_copy", [("self", w)], [wc], label=label + ".weight_cast")
-            if w.rg:
-                b.ac_cache[w.key] = wc
-                tr.pinned.add(wc.sid)
-        w = wc
+        w = _autocast_weight(inst, w, label)
         x = _cast(inst, x, b.compute, label + ".input_cast")
     wt = tr.view(w)
     wt.param = False
@@ -352,6 +348,24 @@ def _linear(inst, x, w, rows: int, in_f: int, out_f: int, rank: int, label: str)
         b.emit("_unsafe_view", [("self", o)], [o3], label=label + ".unview")
         o = o3
     return o
+
+
+def _autocast_weight(inst, w, label: str):
+    """Autocast's copy of weight ``w`` in the compute dtype: made once per forward for a leaf that requires grad
+    (autocast's cache, kept until the forward ends), at every use otherwise."""
+    b = inst.b
+    tr = b.tr
+    wc = b.ac_cache.get(w.key)
+    if wc is None:
+        prev = tr.kind_default
+        tr.kind_default = "autocast"
+        wc = tr.new(w.numel, b.compute, False, label + ".weight_copy")
+        tr.kind_default = prev
+        b.emit("_to_copy", [("self", w)], [wc], label=label + ".weight_cast")
+        if w.rg:
+            b.ac_cache[w.key] = wc
+            tr.pinned.add(wc.sid)
+    return wc
 
 
 linear = _linear
@@ -486,10 +500,13 @@ def qlora_linear(inst, site: dict[str, Any]) -> None:
 
 def param_lora(inst, name: str, template: str, mult: int):
     """peft 0.21's ``lora.ParamWrapper`` (LoRA on a parameter: MoE experts stored as 3-D tensors, a router
-    weight), active for the owning module's forward through ``nn.utils.parametrize``: for an expert stack,
-    ``_LoraFactorsProxy``: ``baddbmm(W, B, A, alpha=scaling)`` on A reshaped to (E, r, in) and B to (E, out, r)
-    (cast to the parameter's dtype), a new tensor of the whole stack; for a 2-D weight,
-    ``_LoraParameterProxy``: ``W + (B @ A) * scaling``. The adapters are fp32 and trainable."""
+    weight), active for the owning module's forward through ``nn.utils.parametrize``: for a stack of E > 1
+    experts, ``_LoraFactorsProxy``: ``baddbmm(W, B, A, alpha=scaling)`` on A reshaped to (E, r, in) and B to
+    (E, out, r) (cast to the parameter's dtype), a new tensor of the whole stack; for a 2-D weight and for a
+    stack of one expert (``ParamWrapper._activate_lora`` takes the factors only when ``num_experts > 1``),
+    ``_LoraParameterProxy``: ``W + (B @ A) * scaling``, its delta (``get_delta_weight``, cast to the parameter's
+    dtype) kept by the proxy until the owning module returns. The adapters are fp32 and trainable. Returns the
+    parametrized weight and the tensors the proxy keeps (peft/tuners/lora/layer.py)."""
     b = inst.b
     tr = b.tr
     w = b.param(name, template)
@@ -497,7 +514,8 @@ def param_lora(inst, name: str, template: str, mult: int):
     env = inst.env
     shape = tuple(int(compile_expr(d)(env)) for d in entry[1]) if entry else (w.numel,)
     r = b.spec.lora_r * mult
-    if len(shape) >= 3:
+    held: list[Any] = []
+    if len(shape) >= 3 and shape[0] > 1:
         e, out_f, in_f = shape[0], shape[-2], shape[-1]
         A = tr.param(r * e * in_f, "f32", True)
         B = tr.param(out_f * r * e, "f32", True)
@@ -512,15 +530,21 @@ def param_lora(inst, name: str, template: str, mult: int):
         out = tr.new(w.numel, w.dtype, False, name + ".lora_weight")
         b.emit("baddbmm", [("self", w), ("batch1", lhs), ("batch2", rhs)], [out], label=name + ".lora_baddbmm")
     else:
-        out_f, in_f = shape[0], shape[-1]
+        # (E=1, in, out) as peft reads a stack (``ParamWrapper._get_in_out_features``), (out, in) a 2-D weight
+        in_f, out_f = (shape[1], shape[2]) if len(shape) >= 3 else (shape[-1], shape[0])
         A = tr.param(r * in_f, "f32", True)
         B = tr.param(out_f * r, "f32", True)
-        d = tr.new(out_f * in_f, "f32", False, name + ".lora_delta")
+        dt = "f32"
+        if b.mixed:  # get_delta_weight runs inside the model's forward: autocast casts the factors for the mm
+            B = _autocast_weight(inst, B, name + ".lora_B")  # mm's arguments in order: B @ A
+            A, dt = _autocast_weight(inst, A, name + ".lora_A"), b.compute
+        d = tr.new(out_f * in_f, dt, False, name + ".lora_delta")
         b.emit("mm", [("self", B), ("mat2", A)], [d], label=name + ".lora_delta")
-        sc = tr.new(d.numel, "f32", False, name + ".lora_scaling")
+        sc = tr.new(d.numel, dt, False, name + ".lora_scaling")
         b.emit("mul.Tensor", [("self", d)], [sc], label=name + ".lora_scaling")
         sc = _cast(inst, sc, w.dtype, name + ".lora_delta_cast")
         out = tr.new(w.numel, w.dtype, False, name + ".lora_weight")
         b.emit("add.Tensor", [("self", w), ("other", sc)], [out], label=name + ".lora_add")
+        held.append(sc)
     out.shape = shape
-    return out
+    return out, held

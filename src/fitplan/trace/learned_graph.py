@@ -265,14 +265,20 @@ class Builder:
         routing weights' gradient (transformers integrations/moe.py ``grouped_mm_experts_forward``). The sum itself
         is not an instant of its own: there the reduced gradient is alive too, with the node's saved tensors where
         nothing frees them first (without checkpointing; a recomputed layer's unpacked ones are freed when the node
-        returns), at most the broadcast input's bytes more (``b·s·4`` for a norm's statistic)."""
+        returns), at most the broadcast input's bytes more (``b·s·4`` for a norm's statistic).
+
+        The same holds for the dtype: such a formula computes in the dtype of the incoming gradient, the output's
+        (``mul_tensor_backward`` is ``grad * other``, FunctionsManual.cpp, with no cast to the input's type), and
+        the engine casts a gradient to its input's dtype in ``validate_outputs`` after the node returns. An input
+        of a narrower dtype than the op's promoted output (a bf16 ``proj_out`` times fp32 routing weights: an
+        fp32 product) has its gradient at the output's width at the node's peak."""
         if not rule.get("pw") or not outs:
             return 0
         out, passes, extra = outs[0], rule.get("p", []), 0
         for e, t in enumerate(edges):
             if t is None or not t.rg or t.dtype not in FLOAT or (e < len(passes) and passes[e]):
                 continue
-            if t.numel < out.numel:
+            if t.numel <= out.numel and t.nbytes < out.nbytes:
                 extra += self._rounded(out.nbytes) - self._rounded(t.nbytes)
         return extra
 

@@ -36,6 +36,8 @@ class Segment:
         self._dims: dict[Any, int] = {}
         self.inherited: set[str] = set()
         """References this instance shares with the segment instance it continues (:meth:`run`)."""
+        self.proxy_holds: dict[int, list[Any]] = {}
+        """Op index -> tensors a LoRA parametrization keeps until then (:meth:`module_return`)."""
         self.site_end: dict[int, list[dict[str, Any]]] = {}
         self.site_start: dict[int, list[dict[str, Any]]] = {}
         for site in seg.get("sites", []):
@@ -55,8 +57,11 @@ class Segment:
             if r[0] == "p" and b.param_targets:
                 mult = next((m for leaf, m in b.param_targets.items() if name.endswith("." + leaf)), None)
                 if mult is not None:
-                    t = kernels.param_lora(self, concrete, name, mult)
+                    t, held = kernels.param_lora(self, concrete, name, mult)
                     self.refs[r] = t  # the parametrized weight, cached for the owning module's forward
+                    end = self.module_return(r)
+                    if held and end is not None:
+                        self.proxy_holds.setdefault(end, []).extend(held)
                     return t
             if r[0] == "b":
                 return b.buffer(concrete, name)
@@ -74,6 +79,29 @@ class Segment:
                 self.refs[r] = t
                 return t
         raise KeyError(f"unknown reference {r!r}")
+
+    def module_return(self, r: str) -> int | None:
+        """The op after which the module owning parameter ``r`` returns, as the recorded lifetimes show it: peft's
+        ``ParamWrapper.forward`` keeps its parametrization (and the proxy's delta) for the whole
+        ``base_layer(x)`` call, and the other tensors the ops reading the weight (or a view of it) use are locals
+        of that forward (transformers' ``grouped_mm_experts_forward``: the sorted rows and the offsets; a
+        router's cast input), which die when it returns: the latest of their recorded deaths, at least the last
+        read. None: no op of this segment reads it."""
+        chain = {r}
+        for j, entry in enumerate(self.seg["t"]):
+            if entry[2] in chain:
+                chain.add(f"t{j}")
+        die = self.seg.get("die", {})
+        end = None
+        for k, op in enumerate(self.seg["ops"]):
+            refs = [x for _, v in op[1] for x in (v if isinstance(v, list) else [v]) if isinstance(x, str)]
+            if not any(x in chain for x in refs):
+                continue
+            end = max(k, end or 0)
+            for x in refs:
+                if x not in chain and x.startswith("t") and isinstance(die.get(x), int):
+                    end = max(end, die[x])
+        return end
 
     def dim(self, d: str | int) -> int:
         """The size a learned file's dimension expression ``d`` has in this instance's environment (kept: a segment's
@@ -164,6 +192,8 @@ class Segment:
                 self._input_requires_grad(self.refs[embed])
                 embed = None
             self._deaths(deaths_at.get(k))
+            if k in self.proxy_holds:
+                tr.touch(*self.proxy_holds.pop(k))
         tr.kind_default = "activation"
         if last is not None:
             return
