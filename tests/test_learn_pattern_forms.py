@@ -13,6 +13,8 @@ import pytest
 from fitplan.arch.archexpr import compile_expr
 from test_learn_patterns import _defaults, _kind, _same_partition
 
+patterns = pytest.importorskip("fitplan_torch.learn.patterns")
+
 
 def test_last_index_is_the_last_position_of_a_value_before_an_end():
     """``last_index(L, x, n)``: the last ``j < n`` with ``L[j] == x``, -1 when none; ``n`` past the list's end reads
@@ -26,6 +28,16 @@ def test_last_index_is_the_last_position_of_a_value_before_an_end():
     g = compile_expr("i == last_index(layer_types, layer_types[i], num_hidden_layers - num_kv_shared_layers)")
     env = {"layer_types": ["s", "s", "f", "s", "s", "f", "s", "f"], "num_hidden_layers": 8, "num_kv_shared_layers": 3}
     assert [i for i in range(8) if g({**env, "i": i})] == [2, 4]
+
+
+def _pattern(cfg: dict) -> dict:
+    """What the layer-pattern search returns for ``cfg`` (as :func:`test_learn_patterns._kind` learns it)."""
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.learner import _base_config
+    from fitplan_torch.learn.shrink import shrink
+
+    base, _ = _base_config(shrink(cfg))
+    return patterns.learn_pattern(base, derive.size_variables(base), lambda *a: None)
 
 
 def _attention_forms(model) -> list[tuple]:
@@ -43,7 +55,9 @@ def test_gemma3n_places_its_shared_store_and_sparse_layers():
     pytest.importorskip("transformers")
     from transformers import Gemma3nTextConfig, Gemma3nTextModel
 
-    f = compile_expr(_kind(_defaults("gemma3n_text")))
+    found = _pattern(_defaults("gemma3n_text"))  # learned with shared layers: the count is a symbol, not held
+    assert found["held"] == {}
+    f = compile_expr(patterns.kind_expression(found["rules"]))
     tiny = dict(vocab_size=32, vocab_size_per_layer_input=32, hidden_size=16, hidden_size_per_layer_input=4,
                 intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8, laurel_rank=4)
     s, F = "sliding_attention", "full_attention"
@@ -64,13 +78,19 @@ def test_gemma4_places_the_layers_that_store_their_kinds_kv():
     shared: ``num_kv_shared_layers = 0``, the class default the learner starts from), configuration_gemma4.py;
     Gemma4TextAttention keeps that layer's K/V (``store_full_length_kv``, modeling_gemma4.py): four forms of
     ``self_attn`` that no rule of the family separated. The learned rule places the layers of models built at
-    other layer counts and layer types."""
+    other layer counts and layer types; the shared layers any other ``num_kv_shared_layers`` builds are a form it
+    never saw, so the file holds the count at its learned 0 (the core refuses another, naming it)."""
     pytest.importorskip("transformers")
     from transformers import Gemma4TextConfig, Gemma4TextModel
 
-    f = compile_expr(_kind(_defaults("gemma4_text")))
+    found = _pattern(_defaults("gemma4_text"))
+    f = compile_expr(patterns.kind_expression(found["rules"]))
     tiny = dict(vocab_size=32, vocab_size_per_layer_input=32, hidden_size=16, hidden_size_per_layer_input=4,
                 intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8, global_head_dim=8)
+    # any shared layer is a form the learned layers lack (no K/V projections): the file holds the count at 0
+    shared = Gemma4TextModel(Gemma4TextConfig(**tiny, num_hidden_layers=8, num_kv_shared_layers=2))
+    assert [hasattr(x.self_attn, "k_proj") for x in shared.layers] == [True] * 6 + [False] * 2
+    assert found["held"] == {"num_kv_shared_layers": 0}
     s, F = "sliding_attention", "full_attention"
     for n, types in ((9, [s, s, F, s, F, s, s, s, F]), (7, [F, s, s, F, s, s, F]), (13, None)):
         cfg = Gemma4TextConfig(**tiny, num_hidden_layers=n, layer_types=types)

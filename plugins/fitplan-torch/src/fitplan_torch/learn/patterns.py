@@ -308,7 +308,7 @@ def _vary(cfg: dict[str, Any], fields: list[str], observe, observed, names: list
     for f in fields:
         for v in (1, 2, 3, 4):
             n = len(observed)
-            observe({**cfg, f: v})
+            observe({**cfg, f: v}, field=f if v != cfg.get(f) else None)
             if len(observed) > n and n and _kinds(observed[-1], names) != _kinds(observed[0], names) \
                     and f not in moved:
                 moved.append(f)
@@ -359,14 +359,19 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
 
     forms = {name: {f.get(name) for f in feats} for name in names}
 
-    def observe(c, n=N_LAYERS):
+    novel: dict[str, list[bool]] = {}  # a varied field -> per value the class accepts: a form the base lacks?
+
+    def observe(c, n=N_LAYERS, field=None):
         try:
             used = with_layers(c, n)
             fe = layer_features(c, n)
             observed.append((used, hf_config(used).to_dict(), fe))
         except Exception:  # noqa: BLE001 - a value the class rejects
             return
-        if any(f.get(name) not in forms[name] for f in fe for name in names):
+        new = any(f.get(name) not in forms[name] for f in fe for name in names)
+        if field is not None:
+            novel.setdefault(field, []).append(new)
+        if new:
             # a form the base config's layers do not have: the varied value shows in every layer of one kind
             # (Cohere2's sliding_window = 1 is kept as a 0/1 flag by the projection), so this config says
             # nothing about which layer is which kind
@@ -449,7 +454,18 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
     for i, f in enumerate(feats):
         kinds_seen.setdefault(tuple(f.get(n) for n in names), i)
     return {"rules": rules, "names": names, "record_layers": max(2, max(kinds_seen.values()) + 1), "cfg": cfg,
-            "positions": [v for v in moved if v in variables]}
+            "positions": [v for v in moved if v in variables], "held": held_fields(ints, novel, resolved, log)}
+
+
+def held_fields(ints: list[str], novel: dict[str, list[bool]], resolved: dict[str, Any], log) -> dict[str, Any]:
+    """Integer fields whose every other value the class accepts builds a layer of a form the base config has none
+    of (Gemma-4's ``num_kv_shared_layers``, 0 by default: any other value makes the last layers reuse K/V, without
+    K/V projections, modeling_gemma4.py): the file has no graph for such a layer, so it serves the base value only
+    (its ``held``: the core refuses another value, naming the field, with the command that learns that config)."""
+    held = {f: resolved[f] for f in ints if novel.get(f) and all(novel[f])}
+    if held:
+        log(f"    held by the layer pattern (other values build layers of another form): {held}")
+    return held
 
 
 class _Search:
