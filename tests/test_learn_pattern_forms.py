@@ -122,3 +122,19 @@ def test_flint_places_its_dense_layers_by_the_stated_list_and_the_sparse_step():
         assert _same_partition(got, forms), (n, step, stated, got, forms)
         classes |= {m for m, _ in forms}
     assert len(classes) == 2  # dense and MoE layers among the configs (none dense with an empty list)
+
+
+def test_dory_is_refused_naming_the_layer_count_its_class_rewrites():
+    """DoryConfig.to_dict writes each layer's attention and MLP as two ``layer_types`` entries and doubles
+    ``num_hidden_layers``; ``__post_init__`` halves them back (configuration_dory.py), so the model has half the
+    layers its config.json states (measured below on a model transformers builds). The core reads the stated count:
+    the learner refuses, naming it, where it said before that no rule of the family explains the layers."""
+    pytest.importorskip("transformers")
+    from transformers import DoryConfig, DoryModel
+
+    stated = DoryConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                        num_key_value_heads=1, head_dim=8, num_hidden_layers=6, n_input_layers=2,
+                        n_output_layers=2).to_dict()
+    assert len(DoryModel(DoryConfig(**stated)).layers) * 2 == stated["num_hidden_layers"] == 12
+    with pytest.raises(patterns.PatternError, match="builds 4 layers where its config states num_hidden_layers = 8"):
+        _pattern(_defaults("dory"))

@@ -31,7 +31,8 @@ from typing import Any
 from .layercounts import fit_to_class
 
 from .patternsearch import (_conjunction, _cover, components, constant_rules, last_of_kind_rules,  # noqa: F401
-                            pattern_lists, rule_for, split_observed, split_rule, stated_rule, tail_rules)
+                            held_fields, pattern_lists, restated_count, rule_for, split_observed, split_rule,
+                            stated_rule, tail_rules)
 
 
 class PatternError(ValueError):
@@ -331,6 +332,7 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
     Returns ``{"rules": {feature: expression}, "record_layers": n, "cfg": config to record}``."""
     from .derive import hf_config
 
+    restated_count(cfg)
     PROJECT.clear()
     PROJECT.append(Projection(layer_structure(cfg, N_LAYERS)))
     feats = layer_features(cfg, N_LAYERS)
@@ -455,17 +457,6 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
         kinds_seen.setdefault(tuple(f.get(n) for n in names), i)
     return {"rules": rules, "names": names, "record_layers": max(2, max(kinds_seen.values()) + 1), "cfg": cfg,
             "positions": [v for v in moved if v in variables], "held": held_fields(ints, novel, resolved, log)}
-
-
-def held_fields(ints: list[str], novel: dict[str, list[bool]], resolved: dict[str, Any], log) -> dict[str, Any]:
-    """Integer fields whose every other value the class accepts builds a layer of a form the base config has none
-    of (Gemma-4's ``num_kv_shared_layers``, 0 by default: any other value makes the last layers reuse K/V, without
-    K/V projections, modeling_gemma4.py): the file has no graph for such a layer, so it serves the base value only
-    (its ``held``: the core refuses another value, naming the field, with the command that learns that config)."""
-    held = {f: resolved[f] for f in ints if novel.get(f) and all(novel[f])}
-    if held:
-        log(f"    held by the layer pattern (other values build layers of another form): {held}")
-    return held
 
 
 class _Search:

@@ -229,3 +229,31 @@ def stated_rule(name: str, a: str, observed, lists: dict[str, list], extra, give
         if rule is not None and f in rule:
             return rule
     return None
+
+
+def restated_count(cfg: dict[str, Any]) -> None:
+    """:raises PatternError: the config class writes a layer count other than the one it builds (DoryConfig.to_dict
+    writes each layer's attention and MLP as two ``layer_types`` entries and doubles ``num_hidden_layers``, which
+    ``__post_init__`` halves back: configuration_dory.py). The core reads the count and lists as stated, so no rule
+    over them places the layers the model builds."""
+    from .derive import hf_config
+    from .patterns import PatternError
+
+    c = hf_config(cfg)
+    for k in ("num_hidden_layers", "n_layer", "num_layers"):
+        held, written = getattr(c, k, None), c.to_dict().get(k)
+        if type(held) is int and type(written) is int and held != written:
+            raise PatternError(f"the config class builds {held} layers where its config states {k} = {written} "
+                               "(it rewrites the stated layer count and per-layer lists when it reads them): "
+                               "the core reads them as stated")
+
+
+def held_fields(ints: list[str], novel: dict[str, list[bool]], resolved: dict[str, Any], log) -> dict[str, Any]:
+    """Integer fields whose every other value the class accepts builds a layer of a form the base config has none
+    of (Gemma-4's ``num_kv_shared_layers``, 0 by default: any other value makes the last layers reuse K/V, without
+    K/V projections, modeling_gemma4.py): the file has no graph for such a layer, so it serves the base value only
+    (its ``held``: the core refuses another value, naming the field, with the command that learns that config)."""
+    held = {f: resolved[f] for f in ints if novel.get(f) and all(novel[f])}
+    if held:
+        log(f"    held by the layer pattern (other values build layers of another form): {held}")
+    return held
