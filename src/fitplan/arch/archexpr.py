@@ -13,7 +13,10 @@ Grammar: literals (int, float, string, True/False/None), names, ``+ - * / // % *
 subscripts ``name[expr]``, parentheses and the functions ``int min max len ceil_div pow2_floor pow2_ceil``
 (the power of two at or below / at or above a positive integer: ALiBi's slopes are built for the power of two
 nearest the head count, transformers 5.24 modeling_bloom.py ``_get_alibi_slopes``, modeling_mpt.py
-``build_mpt_alibi_tensor``). Nothing else is accepted (rules are data, never ``eval``). Compiled once per file and cached; evaluation is a call.
+``build_mpt_alibi_tensor``) and ``last_index(L, x, n)``: the last index ``j < n`` with ``L[j] == x``, -1 if none
+(the layer that stores its kind's K/V for the shared layers after it: Gemma-4's and Gemma-3n's
+``kv_sharing_modes``, the last layer of each of ``layer_types[:num_hidden_layers - num_kv_shared_layers]``'s
+kinds, transformers 5.24 models/gemma4/configuration_gemma4.py). Nothing else is accepted (rules are data, never ``eval``). Compiled once per file and cached; evaluation is a call.
 """
 
 from __future__ import annotations
@@ -48,9 +51,18 @@ def _pow2_ceil(n: int) -> int:
     return 1 << (int(n) - 1).bit_length()
 
 
+def last_index(seq: Any, x: Any, n: int) -> int:
+    """The last index ``j < n`` (``n`` clipped to ``len(seq)``; a negative ``n`` selects none) with ``seq[j] ==
+    x``, or -1."""
+    for j in range(min(int(n), len(seq)) - 1, -1, -1):
+        if seq[j] == x:
+            return j
+    return -1
+
+
 _FUNCS: dict[str, Callable[..., Any]] = {"int": int, "min": min, "max": max, "len": len, "ceil_div": _ceil_div,
                                          "bool": bool, "float": float, "pow2_floor": _pow2_floor,
-                                         "pow2_ceil": _pow2_ceil}
+                                         "pow2_ceil": _pow2_ceil, "last_index": last_index}
 Env = dict[str, Any]
 
 

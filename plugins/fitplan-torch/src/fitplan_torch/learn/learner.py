@@ -40,6 +40,8 @@ class ModelRecord:
     skipping: list[str]
     """LayerDrop-style fields set to 0 (every layer runs): the file's ``assumed`` entries."""
     kind_expr: str | None
+    pattern_held: dict[str, Any]
+    """Fields whose other values build layers of a form the file has no graph for (:func:`.patterns.held_fields`)."""
     switches: list[Any]
     """Per regime switch, its states (``derive.toggles``)."""
     distinct: dict[str, float]
@@ -91,8 +93,9 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     variables = D.size_variables(base) + list(D.NESTED)
     log(f"learning {model_type}: variables {variables}")
     pattern = patterns.learn_pattern(base, variables, log)
-    kind_expr = None
+    kind_expr, held = None, {}
     if pattern is not None:
+        held = pattern["held"]
         variables = [v for v in variables if v not in pattern["positions"]]  # layer indices, not sizes
         base = patterns.with_layers(pattern["cfg"], pattern["record_layers"])
         kind_expr = patterns.kind_expression(pattern["rules"])
@@ -109,7 +112,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     flag_when = D.flag_condition(flags)
     if flags:
         log(f"  switches that change the graph, learned as given: {flags}")
-    return ModelRecord(model_type, cls, base, variables, skipping, kind_expr, switches, distinct, supported, flags,
+    return ModelRecord(model_type, cls, base, variables, skipping, kind_expr, held, switches, distinct, supported, flags,
                        flag_when)
 
 
@@ -302,6 +305,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
     from .ties import tied_rows
 
     results, supported = rec.results, rec.supported
+    held = [*results.values(), {"held": rec.pattern_held}]
     ref = next(iter(results.values()))
     meta = ref["meta"]
     layer_prefix = D._layer_prefix(ref["rec"])
@@ -331,7 +335,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
                     "model_class": meta["model_class"]},
         "config": cfg_rules,
         "spec": configrules.spec_map(rec.base, rec.cls, cfg_rules["fields"],
-                                     files.held_sizes(results.values()).get("held")),
+                                     files.held_sizes(held).get("held")),
         "params": params,
         "tied": tied,
         "buffers": buffers,
@@ -345,7 +349,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
         **nograd.no_grad_rows(ref.get("no_grad", []), list(ref["accumulate"]),
                               lambda n: D._layer_template(n, layer_prefix)[0], {p[0] for p in params}, log),
         "flags": {"values": rec.flags, "when": rec.flag_when},
-        **files.held_sizes(results.values()),
+        **files.held_sizes(held),
         "autograd": D._missing_rules(segments),
         "lora": {**D.peft_parameter_targets(rec.model_type),
                  **D._non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix)},

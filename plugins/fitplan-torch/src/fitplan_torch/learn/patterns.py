@@ -30,8 +30,9 @@ from typing import Any
 
 from .layercounts import fit_to_class
 
-from .patternsearch import (_conjunction, _cover, components, constant_rules, rule_for,  # noqa: F401
-                            split_observed, split_rule)
+from .patternsearch import (_conjunction, _cover, components, constant_rules, last_of_kind_rules,  # noqa: F401
+                            held_fields, pattern_lists, restated_count, rule_for, split_observed, split_rule,
+                            stated_rule, tail_rules)
 
 
 class PatternError(ValueError):
@@ -308,7 +309,7 @@ def _vary(cfg: dict[str, Any], fields: list[str], observe, observed, names: list
     for f in fields:
         for v in (1, 2, 3, 4):
             n = len(observed)
-            observe({**cfg, f: v})
+            observe({**cfg, f: v}, field=f if v != cfg.get(f) else None)
             if len(observed) > n and n and _kinds(observed[-1], names) != _kinds(observed[0], names) \
                     and f not in moved:
                 moved.append(f)
@@ -331,6 +332,7 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
     Returns ``{"rules": {feature: expression}, "record_layers": n, "cfg": config to record}``."""
     from .derive import hf_config
 
+    restated_count(cfg)
     PROJECT.clear()
     PROJECT.append(Projection(layer_structure(cfg, N_LAYERS)))
     feats = layer_features(cfg, N_LAYERS)
@@ -352,22 +354,26 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
     resolved = hf_config(cfg).to_dict()
     DEFAULTS.clear()
     DEFAULTS.update(class_defaults(type(hf_config(cfg))))
-    lists = [k for k, v in resolved.items() if isinstance(v, list) and k != "architectures"
-             and all(isinstance(x, (str, int, bool)) for x in v)]
+    lists = pattern_lists(resolved)
     ints = [k for k, _ in _structural_ints(cfg, variables)]
-    no_lists = {k: v for k, v in cfg.items() if k not in lists}
+    no_lists = {k: v for k, v in cfg.items() if k not in lists}  # widths per layer kept: not a pattern
     observed = []  # (config as given, resolved config, layer features)
 
     forms = {name: {f.get(name) for f in feats} for name in names}
 
-    def observe(c, n=N_LAYERS):
+    novel: dict[str, list[bool]] = {}  # a varied field -> per value the class accepts: a form the base lacks?
+
+    def observe(c, n=N_LAYERS, field=None):
         try:
             used = with_layers(c, n)
             fe = layer_features(c, n)
             observed.append((used, hf_config(used).to_dict(), fe))
         except Exception:  # noqa: BLE001 - a value the class rejects
             return
-        if any(f.get(name) not in forms[name] for f in fe for name in names):
+        new = any(f.get(name) not in forms[name] for f in fe for name in names)
+        if field is not None:
+            novel.setdefault(field, []).append(new)
+        if new:
             # a form the base config's layers do not have: the varied value shows in every layer of one kind
             # (Cohere2's sliding_window = 1 is kept as a 0/1 flag by the projection), so this config says
             # nothing about which layer is which kind
@@ -396,6 +402,9 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
         elif all(isinstance(x, (int, bool)) and x in (0, 1) for x in base) and len(base) == len(feats_layers(cfg)):
             for _ in range(6):
                 observe({**cfg, f: [rnd.choice((0, 1)) for _ in range(N_LAYERS)]})
+        elif any(type(x) is float for x in base):  # one number per layer (gemma-3n's sparsity): its values shuffled
+            for _ in range(6):
+                observe({**cfg, f: [rnd.choice(sorted(set(base))) for _ in range(N_LAYERS)]})
         else:  # a list of layer indices
             for _ in range(6):
                 observe({**cfg, f: sorted(rnd.sample(range(N_LAYERS), rnd.randint(0, 3)))})
@@ -425,8 +434,9 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
             joint.append(True)
         return moved
 
-    search = _Search(cands, ints, list_rule_sets(lists, resolved), widen,
-                     next((k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in resolved), "num_hidden_layers"))
+    layer_key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in resolved), "num_hidden_layers")
+    search = _Search(cands + tail_rules(ints, layer_key), ints, list_rule_sets(lists, resolved), widen, layer_key)
+    search.stated = last_of_kind_rules(lists, resolved, ints, layer_key, _lv)
     for name in names:
         values = sorted({f.get(name) for f in feats}, key=str)
         found = search.part(name, values, observed)
@@ -446,7 +456,7 @@ def learn_pattern(cfg: dict[str, Any], variables: list[str], log) -> dict[str, A
     for i, f in enumerate(feats):
         kinds_seen.setdefault(tuple(f.get(n) for n in names), i)
     return {"rules": rules, "names": names, "record_layers": max(2, max(kinds_seen.values()) + 1), "cfg": cfg,
-            "positions": [v for v in moved if v in variables]}
+            "positions": [v for v in moved if v in variables], "held": held_fields(ints, novel, resolved, log)}
 
 
 class _Search:
@@ -456,6 +466,8 @@ class _Search:
 
     def __init__(self, cands, ints: list[str], lists: dict[str, list], widen, layer_key: str) -> None:
         self.cands, self.ints, self.lists, self.widen, self.layer_key = cands, ints, lists, widen, layer_key
+        self.stated: list[tuple[str, Any]] = []
+        """Rules on a list that only a config stating it can read (:func:`.patternsearch.stated_rule`)."""
 
     def part(self, name: str, values: list, observed) -> dict[str, Any] | None:
         """``{name: rule}`` (``{name: [rules]}`` for more than two forms), or None when a form has no rule."""
@@ -479,7 +491,9 @@ class _Search:
         fields = self.ints + [m for m in moved if m not in self.ints]
         ext = _int_rules(fields, bounds=True) + constant_rules(moved, N_LAYERS, self.layer_key)
         return (split_rule(name, a, observed, self.lists, ext, _given, _fit, _conjunction)
-                or rule_for(name, a, observed, ext, _fit, _conjunction))
+                or rule_for(name, a, observed, ext, _fit, _conjunction)
+                or stated_rule(name, a, observed, self.lists, self.stated + ext + tail_rules(fields, self.layer_key),
+                               _given, _fit, _conjunction))
 
 
 def kind_expression(rules: dict[str, Any]) -> str:

@@ -47,6 +47,30 @@ def components(sig: str | None) -> dict[str, str]:
     return out
 
 
+def pattern_lists(resolved: dict[str, Any]) -> list[str]:
+    """The resolved config's list fields that may say which layer is of which kind: lists of kinds, flags, layer
+    indices, or one number per layer that differs between layers (gemma-3n's ``activation_sparsity_pattern``:
+    ``Gemma3nTextMLP`` adds a Gaussian top-k where ``activation_sparsity_pattern[layer_idx] > 0``,
+    modeling_gemma3n.py); one width for every layer (gemma-3n's ``intermediate_size``) is a size, not a pattern,
+    and stays stated when the others are left out."""
+    count = next((resolved[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in resolved), None)
+    out = []
+    for k, v in resolved.items():
+        if not isinstance(v, list) or k == "architectures" or not all(isinstance(x, (str, int, bool, float)) for x in v):
+            continue
+        if _one_width(v, count) and not all(x in (0, 1) for x in v):
+            continue
+        if any(type(x) is float for x in v) and not (type(count) is int and len(v) == count and len(set(v)) > 1):
+            continue
+        out.append(k)
+    return out
+
+
+def _one_width(v: list, count: Any) -> bool:
+    """One number per layer of ``count``, the same for each."""
+    return type(count) is int and len(v) == count and len(set(v)) == 1 and all(type(x) in (int, float) for x in v)
+
+
 def split_observed(name: str, observed) -> tuple[list[str], list]:
     """The components of part ``name`` that vary, and ``observed`` with each layer's features replaced by them."""
     split = [(given, rc, [components(f.get(name)) for f in fe]) for given, rc, fe in observed]
@@ -96,7 +120,10 @@ def split_rule(name: str, a: str, observed, lists: dict[str, list], derived_rule
         if not stated or not derived:
             continue
         on_list = fit(name, a, stated, list_rules)
-        if on_list is None:
+        if on_list is None:  # the list and an integer field together (Flint: ``layer_idx not in mlp_only_layers and
+            # (layer_idx + 1) % decoder_sparse_step == 0``, modeling_flint.py)
+            on_list = conjunction(name, a, stated, list_rules + derived_rules)
+        if on_list is None or f not in on_list:
             continue
         otherwise = rule_for(name, a, derived, derived_rules, fit, conjunction)
         if otherwise is not None:
@@ -150,3 +177,83 @@ def _cover(points, rules, negate: bool, most: int) -> list[str] | None:
         left -= kills
     return None if left else terms
 
+
+
+def _last_index(seq: list, x: Any, n: int) -> int:
+    """The core's ``last_index`` (the file's rule is evaluated by the same function)."""
+    from fitplan.api import compile_expr
+
+    return compile_expr("last_index(L, x, n)")({"L": seq, "x": x, "n": n})
+
+
+def tail_rules(ints: list[str], layer_key: str) -> list[tuple[str, Any]]:
+    """``i >= L - P`` per integer field P, each with its negation: the last P layers (Gemma-3n's and Gemma-4's
+    ``kv_sharing_modes``: the layers from ``num_hidden_layers - num_kv_shared_layers`` on reuse an earlier layer's
+    K/V and have no K/V projections, transformers 5.24 models/gemma4/configuration_gemma4.py)."""
+    base = [(f"i >= {layer_key} - {p}", lambda i, c, p=p: i >= _layer_count(c[1]) - c[1][p]) for p in ints]
+    return base + [(f"not ({e})", lambda i, c, f=f: not f(i, c)) for e, f in base]
+
+
+def last_of_kind_rules(lists: list[str], resolved: dict[str, Any], ints: list[str], layer_key: str, lv) -> \
+        list[tuple[str, Any]]:
+    """``i == last_index(L, L[i], end)`` per list of layer kinds L (its entries strings, two kinds or more): the layer
+    is the last of its kind before ``end``, which is the layer count or the count less an integer field P (``lv``:
+    how :mod:`.patterns` reads a list from an observation). Gemma-4's ``kv_sharing_modes`` marks ``"store"`` the last
+    layer of each kind of ``layer_types[:num_hidden_layers - num_kv_shared_layers]``; its attention then keeps its K/V
+    for the shared layers (``store_full_length_kv``, modeling_gemma4.py; Gemma-3n's the same, modeling_gemma3n.py)."""
+    out: list[tuple[str, Any]] = []
+    for f in lists:
+        vals = resolved.get(f)
+        if not isinstance(vals, list) or len(set(vals)) < 2 or not all(isinstance(x, str) for x in vals):
+            continue
+        ends = [(layer_key, lambda c: _layer_count(c[1]))]
+        ends += [(f"{layer_key} - {p}", lambda c, p=p: _layer_count(c[1]) - c[1][p]) for p in ints]
+        for end, n in ends:
+            out.append((f"i == last_index({f}, {f}[i], {end})",
+                        lambda i, c, f=f, n=n: i == _last_index(lv(c, f), lv(c, f)[i], n(c))))
+    return out
+
+
+def stated_rule(name: str, a: str, observed, lists: dict[str, list], extra, given, fit, conjunction) -> str | None:
+    """A rule on a list L alone (``lists``: L -> its rules, with ``extra``: rules over integer fields and of the
+    last of a kind, :func:`last_of_kind_rules`), fitted on the observations whose config states L: where no rule
+    places the form when the class derives L (Gemma-3n's ``activation_sparsity_pattern``: ``[0.95] * 10`` then zeros
+    above 10 layers, none below: configuration_gemma3n.py), the core refuses a config that leaves L out, naming it
+    (:meth:`fitplan.arch.archfile.ArchFile.layer_kinds`); a published config states L (``to_dict`` writes it)."""
+    for f, list_rules in lists.items():
+        stated = [o for o in observed if given((o[0], o[1]), f)]
+        if not stated:
+            continue
+        rules = list_rules + [(e, p) for e, p in extra if "last_index" not in e or f"last_index({f}," in e]
+        rule = fit(name, a, stated, rules) or conjunction(name, a, stated, rules)
+        if rule is not None and f in rule:
+            return rule
+    return None
+
+
+def restated_count(cfg: dict[str, Any]) -> None:
+    """:raises PatternError: the config class writes a layer count other than the one it builds (DoryConfig.to_dict
+    writes each layer's attention and MLP as two ``layer_types`` entries and doubles ``num_hidden_layers``, which
+    ``__post_init__`` halves back: configuration_dory.py). The core reads the count and lists as stated, so no rule
+    over them places the layers the model builds."""
+    from .derive import hf_config
+    from .patterns import PatternError
+
+    c = hf_config(cfg)
+    for k in ("num_hidden_layers", "n_layer", "num_layers"):
+        held, written = getattr(c, k, None), c.to_dict().get(k)
+        if type(held) is int and type(written) is int and held != written:
+            raise PatternError(f"the config class builds {held} layers where its config states {k} = {written} "
+                               "(it rewrites the stated layer count and per-layer lists when it reads them): "
+                               "the core reads them as stated")
+
+
+def held_fields(ints: list[str], novel: dict[str, list[bool]], resolved: dict[str, Any], log) -> dict[str, Any]:
+    """Integer fields whose every other value the class accepts builds a layer of a form the base config has none
+    of (Gemma-4's ``num_kv_shared_layers``, 0 by default: any other value makes the last layers reuse K/V, without
+    K/V projections, modeling_gemma4.py): the file has no graph for such a layer, so it serves the base value only
+    (its ``held``: the core refuses another value, naming the field, with the command that learns that config)."""
+    held = {f: resolved[f] for f in ints if novel.get(f) and all(novel[f])}
+    if held:
+        log(f"    held by the layer pattern (other values build layers of another form): {held}")
+    return held
