@@ -133,10 +133,10 @@ def test_shrink_cuts_prefixed_widths():
     feed-forward beside a 64-wide model (configuration_blenderbot.py); the shrunk configs still run (shrink runs
     them)."""
     pytest.importorskip("torch")
-    from fitplan_torch.learn.shrink import SUFFIXES, shrink
+    from fitplan_torch.learn.shrink import shrink
 
     nem = shrink(_defaults("nemotron_h"))
-    assert nem["mamba_num_heads"] == SUFFIXES["num_heads"] == 8
-    assert nem["moe_shared_expert_intermediate_size"] == SUFFIXES["intermediate_size"] == 128
+    assert nem["mamba_num_heads"] == 8  # SMALL's num_heads
+    assert nem["moe_shared_expert_intermediate_size"] == 128  # SMALL's intermediate_size
     blender = shrink(_defaults("blenderbot"))
-    assert blender["encoder_ffn_dim"] == blender["decoder_ffn_dim"] == SUFFIXES["ffn_dim"] == 128
+    assert blender["encoder_ffn_dim"] == blender["decoder_ffn_dim"] == 128
