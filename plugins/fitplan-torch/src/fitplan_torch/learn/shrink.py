@@ -33,7 +33,7 @@ from typing import Any
 
 from fitplan.api import FitplanError
 
-from .shrink_names import tiny_value
+from .shrink_names import layer_count_key, tiny_value
 
 SMALL = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128, "ffn_hidden_size": 128,
          "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "vocab_size": 512,
@@ -84,7 +84,7 @@ def shrunk_config(cfg: dict[str, Any], each: int = 1, log=lambda msg: None) -> d
     out = _widths(cfg)
     for k in derived_widths(cfg, full):
         del out[k]  # the class derives it from the shrunk widths, as it did from the given ones
-    layers_key = layer_count_key(cfg, full)
+    layers_key = layer_count_key(cfg, full, LAYER_KEYS)
     if layers_key is not None:
         out = _cut_layers(cfg, out, full, layers_key, log, each)
         from .shrink_lists import derived_layer_widths
@@ -98,21 +98,6 @@ def shrunk_config(cfg: dict[str, Any], each: int = 1, log=lambda msg: None) -> d
     except Exception as e:  # noqa: BLE001 - the class rejects the shrunk widths: repair below
         out = _repair(cfg, out, e, log)
     return out
-
-
-def layer_count_key(cfg: dict[str, Any], full: dict[str, Any]) -> str | None:
-    """The field holding the causal LM's layer count: the one the class reads for ``num_hidden_layers``
-    (:func:`.configrules.causal_field`: Blenderbot's causal LM is its decoder, ``decoder_layers``, 24 by default,
-    which no name of :data:`LAYER_KEYS` reaches), else the first of :data:`LAYER_KEYS` the config states."""
-    from .configrules import causal_field, config_class
-
-    try:
-        key = causal_field(config_class(cfg["model_type"]), "num_hidden_layers")
-    except Exception:  # noqa: BLE001 - an unknown type: the usual names
-        key = None
-    if key is not None and isinstance(full.get(key), int) and not isinstance(full[key], bool):
-        return key
-    return next((k for k in LAYER_KEYS if isinstance(full.get(k), int)), None)
 
 
 def _resolved(cfg: dict[str, Any]) -> dict[str, Any]:

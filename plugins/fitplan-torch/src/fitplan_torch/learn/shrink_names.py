@@ -1,4 +1,5 @@
-"""Which tiny value a config field gets from its name, where :data:`.shrink.SMALL` does not list the field.
+"""Which tiny value a config field gets from its name where :data:`.shrink.SMALL` does not list the field, and
+which field is the layer count.
 
 A config class names a width of a known kind in three other ways, and each left at its size made a shrunk model
 far wider than its 64-wide hidden state (each learning passed 4 GB resident):
@@ -18,11 +19,15 @@ far wider than its 64-wide hidden state (each learning passed 4 GB resident):
   ``encoder_hash_byte_group_vocab`` (500002 rows per hash embedding, ``nb_functions * len(group sizes)`` of them in
   one table, modeling_blt.py ``BltModel``: the hash is taken modulo it, so any positive value runs).
 
+The layer count cut is the field the causal LM reads (:func:`layer_count_key`), not only the usual names.
+
 A field is only ever made smaller; a relation the smaller value breaks is repaired as every other (by the class, or
 by running the model: :mod:`.shrink_run`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 KINDS = {"intermediate_size": "intermediate_size", "ffn_dim": "intermediate_size",
          "ffn_hidden_size": "intermediate_size", "num_heads": "num_heads",
@@ -52,3 +57,18 @@ def tiny_value(name: str, aliases: dict[str, str], small: dict[str, int]) -> int
     if "vocab" in parts:
         return small["vocab_size"]
     return None
+
+
+def layer_count_key(cfg: dict[str, Any], full: dict[str, Any], usual: tuple[str, ...]) -> str | None:
+    """The field holding the causal LM's layer count: the one the class reads for ``num_hidden_layers``
+    (:func:`.configrules.causal_field`: Blenderbot's causal LM is its decoder, ``decoder_layers``, 24 by default,
+    which none of the ``usual`` names, :data:`.shrink.LAYER_KEYS`, reaches), else the first of them the config states."""
+    from .configrules import causal_field, config_class
+
+    try:
+        key = causal_field(config_class(cfg["model_type"]), "num_hidden_layers")
+    except Exception:  # noqa: BLE001 - an unknown type: the usual names
+        key = None
+    if key is not None and isinstance(full.get(key), int) and not isinstance(full[key], bool):
+        return key
+    return next((k for k in usual if isinstance(full.get(k), int)), None)
