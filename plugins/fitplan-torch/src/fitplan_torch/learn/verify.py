@@ -255,7 +255,10 @@ def lora_targets(data: dict[str, Any]) -> tuple[str, ...]:
     """The memory check's LoRA targets: ``all-linear``, or where peft refuses some of the linear layers for this
     model type, every linear layer's name but those (peft 0.21's ``_check_lora_target_modules_mamba``,
     peft/tuners/tuners_utils.py: LoRA on ``out_proj`` / ``conv1d`` of falcon_h1, mamba, mamba2, falcon_mamba and
-    nemotron_h raises a ValueError, ``all-linear`` included; asked here of peft itself, per name)."""
+    nemotron_h raises a ValueError, ``all-linear`` included; asked here of peft itself, per name). An
+    ``nn.Linear`` whose forward returns a tuple (the file's ``lora.non_tensor_linears``: Llama-4's router) is left
+    out too: peft adapts it under ``all-linear`` and its LoRA forward fails (peft/tuners/lora/layer.py,
+    ``result.dtype`` of a tuple), so the estimate refuses ``all-linear`` for such a type (builtin/lora.py)."""
     from types import SimpleNamespace
 
     import peft
@@ -264,17 +267,19 @@ def lora_targets(data: dict[str, Any]) -> tuple[str, ...]:
     check = getattr(tuners_utils, "_check_lora_target_modules_mamba", None)
     roles = [p["role"] if isinstance(p, dict) else p[2] for p in data.get("params", ())]  # a row, or as written
     names = sorted({r.split(":", 1)[1] for r in roles if r.startswith("linear:")})
-    if check is None or not names:
+    tuples = {m.rsplit(".", 1)[-1] for m in (data.get("lora") or {}).get("non_tensor_linears", ())}
+    if (check is None and not tuples) or not names:
         return ("all-linear",)
     model = SimpleNamespace(config=SimpleNamespace(model_type=data["model_type"]))
     kept = []
-    for name in names:
+    for name in (n for n in names if n not in tuples):
         try:
-            check(peft.LoraConfig(target_modules=[name]), model, name)
+            if check is not None:
+                check(peft.LoraConfig(target_modules=[name]), model, name)
         except ValueError:
             continue
         kept.append(name)
-    return ("all-linear",) if len(kept) == len(names) else tuple(kept)
+    return ("all-linear",) if len(kept) == len(names) and not tuples else tuple(kept)
 
 
 def supports_checkpointing(config: dict[str, Any]) -> bool:
