@@ -8,6 +8,7 @@ no longer repeats must give what repeating it gave.
 * the graph check's held-out config is recorded at once, and step-checked per variable only where it does not run
   (CodeGen's ``rotary_dim`` at 5/2 of 16 does not rotate: modeling_codegen.py);
 * the memory check's LoRA targets skip the modules peft 0.21 refuses on Mamba-based types (peft's own check);
+* the memory check's LoRA targets leave out an ``nn.Linear`` returning a tuple (Llama-4's router);
 * shrinking cuts widths named ``<prefix>_<kind>`` (NemotronH's ``mamba_num_heads``; Blenderbot's ``*_ffn_dim``).
 
 These build and step tiny models: slow (marked referee/slow by tests/conftest.py's importorskip rule).
@@ -125,6 +126,33 @@ def test_lora_targets_skip_what_peft_refuses_on_mamba_types():
     adapted = peft.get_peft_model(model, peft.LoraConfig(target_modules=list(targets)))
     assert any("lora_A" in n for n, _ in adapted.named_parameters())
     assert lora_targets({"model_type": "llama", "params": data["params"]}) == ("all-linear",)
+
+
+def test_lora_targets_leave_out_a_linear_returning_a_tuple():
+    """Llama-4's router is an ``nn.Linear`` subclass whose forward returns a tuple (modeling_llama4.py
+    ``Llama4Router``): under ``all-linear`` peft 0.21 adapts it and the LoRA forward fails on ``result.dtype``
+    (peft/tuners/lora/layer.py), and the estimate refuses ``all-linear`` (builtin/lora.py). The memory check's
+    targets are the file's linear layers without it, and peft then runs a forward and backward on the real model."""
+    pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.shrink import shrink
+    from fitplan_torch.learn.verify import lora_targets
+
+    cfg = shrink(_defaults("llama4_text"))
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in derive.build(cfg, "32", "eager")[0].named_modules()
+                     if type(m).__name__ == "Linear"} - {"lm_head"})
+    data = {"model_type": "llama4_text", "params": [[f"x.{n}.weight", [], f"linear:{n}"] for n in linear],
+            "lora": {"non_tensor_linears": ["model.layers.{i}.feed_forward.router"]}}
+    targets = lora_targets(data)
+    assert "router" not in targets and set(targets) == set(linear)
+    ids = __import__("torch").tensor([[1, 2, 3, 4]])
+    with pytest.raises(AttributeError, match="dtype"):
+        adapted = peft.get_peft_model(derive.build(cfg, "32", "eager")[0], peft.LoraConfig(target_modules="all-linear"))
+        adapted(input_ids=ids, labels=ids)
+    adapted = peft.get_peft_model(derive.build(cfg, "32", "eager")[0], peft.LoraConfig(target_modules=list(targets)))
+    adapted(input_ids=ids, labels=ids).loss.backward()
+    assert any("lora_A" in n for n, _ in adapted.named_parameters())
 
 
 def test_shrink_cuts_prefixed_widths():
