@@ -33,6 +33,8 @@ from typing import Any
 
 from fitplan.api import FitplanError
 
+from .shrink_names import layer_count_key, tiny_value
+
 SMALL = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128, "ffn_hidden_size": 128,
          "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "vocab_size": 512,
          "max_position_embeddings": 256, "n_positions": 256, "model_max_length": 256, "num_attention_heads": 4, "n_head": 4,
@@ -45,10 +47,6 @@ SMALL = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 12
 Mamba-2 heads of a 64-wide model expanded twice (8 × 16 = 2 × 64; Falcon-H1's ``mamba_d_ssm`` the same 128), a
 state of 16 (Falcon-H1 learned at its default 1024-wide SSM and 256-wide state passed 4 GB resident); DeepSeek-style MLA widths and expert groups (2
 groups of the 4 experts, 1 of them routed to)."""
-SUFFIXES = {"intermediate_size": 128, "ffn_dim": 128, "num_heads": 8}
-"""Widths named ``<prefix>_<kind>`` that :data:`SMALL` does not list, cut as their kind: NemotronH's
-``mamba_num_heads`` (128 heads of 64) and ``moe_shared_expert_intermediate_size`` (7688), Blenderbot's
-``encoder_ffn_dim`` / ``decoder_ffn_dim`` (10240 beside a 64-wide model): each learning past 4 GB resident."""
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 MAX_KINDS = 8
 """More distinct layers than this: refused (the learner records one layer of each kind; patterns.N_LAYERS)."""
@@ -86,7 +84,7 @@ def shrunk_config(cfg: dict[str, Any], each: int = 1, log=lambda msg: None) -> d
     out = _widths(cfg)
     for k in derived_widths(cfg, full):
         del out[k]  # the class derives it from the shrunk widths, as it did from the given ones
-    layers_key = next((k for k in LAYER_KEYS if isinstance(full.get(k), int)), None)
+    layers_key = layer_count_key(cfg, full, LAYER_KEYS)
     if layers_key is not None:
         out = _cut_layers(cfg, out, full, layers_key, log, each)
         from .shrink_lists import derived_layer_widths
@@ -120,12 +118,11 @@ def _widths(cfg: dict[str, Any]) -> dict[str, Any]:
             out[k] = v
         elif isinstance(out.get(k), list) and out[k] and all(type(x) is int for x in out[k]):
             out[k] = [min(x, v) for x in out[k]]  # one width per layer (gemma-3n's intermediate_size)
-    for k, v in cfg.items():  # every other vocabulary: an embedding of its rows (gemma-3n's per-layer inputs)
-        if "vocab_size" in k and k not in SMALL and type(v) is int and v > SMALL["vocab_size"]:
-            out[k] = SMALL["vocab_size"]
-        small = next((w for end, w in SUFFIXES.items() if k.endswith("_" + end)), None)
-        if k not in SMALL and small is not None and type(v) is int and v > small:
-            out[k] = small  # a prefixed width of a kind SMALL names (NemotronH's mamba_num_heads)
+    aliases = {field: std for std, field in _attribute_map(cfg).items()}
+    for k, v in cfg.items():  # a field SMALL names by an alias, a kind in its name, another vocabulary (shrink_names)
+        small = None if k in SMALL else tiny_value(k, aliases, SMALL)
+        if small is not None and type(v) is int and v > small:
+            out[k] = small
     heads, kv = out.get("num_attention_heads"), out.get("num_key_value_heads")
     if isinstance(heads, int) and isinstance(kv, int) and cfg.get("num_key_value_heads") == cfg.get("num_attention_heads"):
         out["num_key_value_heads"] = heads  # multi-head stays multi-head (DeepSeek's MLA runs only so)
@@ -177,12 +174,17 @@ def derived_widths(cfg: dict[str, Any], full: dict[str, Any]) -> list[str]:
 
 def attribute_targets(cfg: dict[str, Any]) -> set[str]:
     """Fields that are aliases (``attribute_map`` values): never dropped, the alias would then read nothing."""
+    return set(_attribute_map(cfg).values())
+
+
+def _attribute_map(cfg: dict[str, Any]) -> dict[str, str]:
+    """The config class's ``attribute_map`` (standard name -> its field); empty for an unknown type."""
     from .configrules import attribute_map, config_class
 
     try:
-        return set(attribute_map(config_class(cfg["model_type"])).values())
+        return attribute_map(config_class(cfg["model_type"]))
     except Exception:  # noqa: BLE001
-        return set()
+        return {}
 
 
 # --------------------------------------------------------------------------- layers
