@@ -192,17 +192,17 @@ def test_the_expert_group_count_is_probed_with_the_experts_scaled_by_it():
 
 
 def test_bart_causal_mask_freed_by_the_last_layer_counts_once():
-    """BART's decoder (12 layers shrunk) has no norm after its layers: its eager causal mask (``b × 1 × s × s``
-    fp32, a local of ``BartDecoder.forward``, modeling_bart.py) dies as the last layer returns, once. The replay
-    counted that free in every copy of the weighted layers 1..11 (tests/test_replay_once_frees.py): 10 × 3 × 21 ×
-    21 × 4 = 52920 B of activations below the referee's (3862828 predicted, 3915748 measured: the control, on the
-    code before the fix). The referee now measures the activations and peak the file predicts."""
+    """BART's decoder has no norm after its layers: its eager causal mask (``b × 1 × s × s`` fp32, a local of
+    ``BartDecoder.forward``, modeling_bart.py) dies as the last layer returns, once. The replay counted that free
+    in every copy of the weighted layers 1..L-1 (tests/test_replay_once_frees.py): at 12 layers, 10 × 3 × 21 × 21 ×
+    4 = 52920 B of activations below the referee's (3862828 predicted, 3915748 measured: the control, on the code
+    before the fix). The shrink keeps 2 decoder layers, where no copy is weighted, so the test states 5 (3 masks
+    too few before the fix). The referee now measures the activations and peak the file predicts."""
     pytest.importorskip("torch")
     from fitplan_torch.learn import derive
     from fitplan_torch.learn import verify as V
 
-    cfg = _small("bart")
-    assert cfg["decoder_layers"] >= 3
+    cfg = {**_small("bart"), "decoder_layers": 5}
     data, _, _ = derive.learn_full(cfg, log=_quiet, variants=(("16", "eager"),), first_only=True)
     problems, rows = V.check_memory(data, cfg, _quiet, cases=[("32-true", "eager", False, "full")])
     assert problems == [] and rows[0]["activations"] == 0 and abs(rows[0]["peak"]) < 1e-3
