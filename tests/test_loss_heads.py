@@ -7,14 +7,12 @@ only), so their bytes are derived here by hand from their sources. Every scenari
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 import fitplan
 from fitplan import FitplanError
-from fitplan.inputs.importers import training_args_fields
 from referee_support import fitplan_torch_referee
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,18 +138,6 @@ def test_chunked_and_liger_lower_the_peak_of_the_hf_loss():
     assert liger["peak_bytes"] < chunked["peak_bytes"] < hf["peak_bytes"]
     assert _llama_8b("cce", "lora")["peak_bytes"] < chunked["peak_bytes"]
     assert hf["peak_phase"] == "backward" and chunked["peak_phase"] == "forward"
-
-
-def test_training_args_use_liger_kernel(tmp_path):
-    p = tmp_path / "args.json"
-    p.write_text(json.dumps({"use_liger_kernel": True, "per_device_train_batch_size": 2}))
-    fields, notes = training_args_fields(p)
-    assert fields == {"per_device_train_batch_size": 2, "loss_implementation": "liger"}
-    assert any("RMSNorm, SwiGLU and RoPE kernels are not modelled" in n for n in notes)
-    p.write_text(json.dumps({"use_liger_kernel": "yes"}))
-    with pytest.raises(FitplanError) as err:
-        training_args_fields(p)
-    assert err.value.render().startswith(f"{p}: use_liger_kernel must be true or false, got 'yes' @ $.use_liger_kernel")
 
 
 def test_unknown_loss_implementation_is_refused():

@@ -36,6 +36,7 @@ from __future__ import annotations
 from fitplan.engine.declarations import quantity, reducer
 from fitplan.inputs.settings import Setting
 from fitplan.pluginmgr.hookspecs import hookimpl
+from fitplan.trace import liger
 from fitplan.trace.offload import OFFLOAD_MODES
 from fitplan.trace.step_trace import ForwardTrace, StepTrace, TraceSpec, build, trace_precision
 
@@ -49,17 +50,22 @@ that its id stays unique."""
 def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_modules, lora_dropout, device,
               framework=None, adapter_dtype: str = "fp32", quant_compute: str | None = None,
               linear_saves_input: bool = False, loss: str = "hf", saved: tuple[str, ...] = (),
-              offload: str = "none", quant_bits: int = 4, forward_only: bool = False) -> StepTrace | ForwardTrace | None:
+              offload: str = "none", quant_bits: int = 4, forward_only: bool = False,
+              liger_kernel: bool = False) -> StepTrace | ForwardTrace | None:
     """The step trace of these inputs (``forward_only``: its forward's figures, :class:`ForwardTrace`), built once per
-    process (:data:`_TRACES`, ``build``) and kept on disk (``build``)."""
+    process (:data:`_TRACES`, ``build``) and kept on disk (``build``). ``liger_kernel``: Liger's patch for the model
+    type (trace/liger.py); on a type Liger does not patch nothing changes, its ``liger`` loss included."""
     if arch.is_bare:
         return None
+    if liger_kernel:
+        loss = liger.unpatched_loss(arch.model_type, loss)
+    liger_kernel = bool(liger_kernel) and liger.patch_for(arch.model_type) is not None
     attn = "sdpa" if attn == "flash_attention_2" else attn
     precision = trace_precision(precision)  # presets with the same trace share it
     targets = tuple(lora_target_modules or ()) if method != "full" else ()
     block = framework.allocator_block_bytes if framework is not None else 512
     key = (id(arch), b, s, precision, attn, ckpt, method, lora_r, targets, lora_dropout, device, block, adapter_dtype,
-           quant_compute if method == "qlora" else None, linear_saves_input, loss, saved, offload, quant_bits)
+           quant_compute if method == "qlora" else None, linear_saves_input, loss, saved, offload, quant_bits, liger_kernel)
     if forward_only:
         key = (*key, "forward")
     hit = _TRACES.get(key)
@@ -71,7 +77,7 @@ def trace_for(arch, b, s, precision, attn, ckpt, method, lora_r, lora_target_mod
                                 adapter_dtype if method != "full" else "fp32", quant_compute if method == "qlora" else None,
                                 bool(linear_saves_input), str(loss), tuple(saved) if method != "full" else (),
                                 offload=str(offload), quant_bits=int(quant_bits) if method == "qlora" else 4,
-                                forward_only=bool(forward_only)))
+                                liger=liger_kernel, forward_only=bool(forward_only)))
         hit = _TRACES[key] = (arch, trace)
     return hit[1]
 
@@ -149,10 +155,12 @@ def trace_setup(precision, sharding_kind, method, kbit_preparation, bnb_4bit_com
 @quantity("trace", type="object")
 def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized_seq_length, trace_setup, attn_implementation,
                                      method, lora_r, lora_target_modules, lora_dropout, device, framework, loss_implementation,
-                                     lora_modules_to_save, activation_offloading, load_in_8bit, gradient_checkpointing):
+                                     lora_modules_to_save, activation_offloading, load_in_8bit, gradient_checkpointing,
+                                     liger_kernel):
     """The symbolic trace of one step without gradient checkpointing (trace/step_trace.py): saved tensors
     per storage, the forward and backward live-byte timelines. ``flash_attention_2`` saves what SDPA's
-    flash kernel saves. ``loss_implementation``: how the loss head runs (trace/loss_heads.py);
+    flash kernel saves. ``loss_implementation``: how the loss head runs (trace/loss_heads.py); ``liger_kernel``:
+    Liger-Kernel's patch as the Trainer applies it (trace/liger.py);
     ``activation_offloading``: which saved tensors the hooks move to the host (trace/offload.py). With gradient
     checkpointing on, only its forward's figures (``ForwardTrace``): what the activations without checkpointing
     and one layer's share read of it; the step's timelines are the checkpointed trace's (:func:`step_trace`)."""
@@ -160,20 +168,22 @@ def step_trace_without_checkpointing(arch, per_device_train_batch_size, realized
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, False, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input,
                      loss_implementation, lora_modules_to_save, activation_offloading, 8 if load_in_8bit else 4,
-                     forward_only=bool(gradient_checkpointing))
+                     forward_only=bool(gradient_checkpointing), liger_kernel=liger_kernel)
 
 
 @quantity("trace", type="object")
 def step_trace(step_trace_without_checkpointing, gradient_checkpointing, arch, per_device_train_batch_size,
                realized_seq_length, trace_setup, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
-               device, framework, loss_implementation, lora_modules_to_save, activation_offloading, load_in_8bit):
+               device, framework, loss_implementation, lora_modules_to_save, activation_offloading, load_in_8bit,
+               liger_kernel):
     """The symbolic trace of one step as configured (with gradient checkpointing when it is on)."""
     if not gradient_checkpointing:
         return step_trace_without_checkpointing
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, True, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input,
-                     loss_implementation, lora_modules_to_save, activation_offloading, 8 if load_in_8bit else 4)
+                     loss_implementation, lora_modules_to_save, activation_offloading, 8 if load_in_8bit else 4,
+                     liger_kernel=liger_kernel)
 
 
 @quantity("bytes")
@@ -348,6 +358,17 @@ def fitplan_register_reducers(register):
         register(r)
 
 
+LIGER_KERNEL = Setting(
+    "liger_kernel", "training", type="bool", default=False, after="activation_offloading",
+    help="Liger-Kernel as the HF Trainer applies it (TrainingArguments use_liger_kernel): for the model types whose "
+         "patch fitplan models (llama, mistral, qwen2, qwen3) its fused RMSNorm, SwiGLU and RoPE kernels (the loss: "
+         "loss_implementation, liger when the model computes it from the labels); a type Liger does not patch runs "
+         "unchanged; the others are refused.",
+    keys={"training_args": "use_liger_kernel"})
+"""The one declaration of ``liger_kernel`` (a field of ``[training]``; trace/liger.py)."""
+
+
 @hookimpl
 def fitplan_register_settings(register):
     register(ACTIVATION_OFFLOADING)
+    register(LIGER_KERNEL)

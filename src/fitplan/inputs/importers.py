@@ -216,7 +216,7 @@ TRAINING_ARGS_FIELDS = {
 """TrainingArguments (and TRL SFTConfig) keys fitplan reads -> scenario fields. ``bf16``, ``fp16``,
 ``deepspeed`` and ``fsdp`` are read too (see :func:`training_args_fields`); every other key is ignored."""
 _TA_OTHER = ("bf16", "fp16", "deepspeed", "fsdp", "fsdp_config", "max_steps", "auto_find_batch_size", "bf16_full_eval",
-             "fp16_full_eval", "use_liger_kernel", "beta", "precompute_ref_log_probs", "sync_ref_model", "loss_type",
+             "fp16_full_eval", "liger_kernel_config", "beta", "precompute_ref_log_probs", "sync_ref_model", "loss_type",
              "loss_weights", "padding_free", "cpo_alpha")
 
 
@@ -341,19 +341,22 @@ def _ta_settings(data: dict[str, Any], bad: Any) -> dict[str, Any]:
 
 
 def _ta_liger(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> dict[str, Any]:
-    """``use_liger_kernel: true``: the Trainer patches the model with Liger-Kernel (transformers 5.24 trainer.py,
-    ``_apply_liger_kernel_to_instance``), whose loss is the fused linear cross-entropy (``loss_implementation``
-    ``liger``, trace/loss_heads.py); its RMSNorm, SwiGLU and RoPE kernels are not modelled (warned)."""
+    """``use_liger_kernel: true`` (read as the ``liger_kernel`` setting, builtin/activations.py): the Trainer patches
+    the model with Liger-Kernel (transformers 5.24 integrations/liger.py, ``_apply_liger_kernel_to_instance``), which
+    trace/liger.py models; said in a warning, with ``liger_kernel_config`` (the apply function's keyword arguments),
+    which fitplan does not read: Liger's defaults are estimated. The Trainer gives the model the labels, so the loss is
+    Liger's fused linear cross-entropy (``loss_implementation`` ``liger``, trace/loss_heads.py)."""
     v = data.get("use_liger_kernel")
-    if v is None:
-        return {}
-    if not isinstance(v, bool):
+    if v is not None and not isinstance(v, bool):  # JSON's own true / false (the setting would take "yes")
         raise bad("use_liger_kernel", f"use_liger_kernel must be true or false, got {v!r}")
-    if not v:
+    if v is not True:
         return {}
-    warnings.append(f"{p}: use_liger_kernel: the loss is estimated as Liger's fused linear cross-entropy "
-                    "(loss_implementation = \"liger\"); Liger's RMSNorm, SwiGLU and RoPE kernels are not modelled "
-                    "(the model's own ops are)")
+    warnings.append(f"{p}: use_liger_kernel: estimated with Liger-Kernel's fused RMSNorm, SwiGLU, RoPE and linear "
+                    "cross-entropy kernels where its patch for the model type puts them (llama, mistral, qwen2, qwen3; "
+                    "a type Liger does not patch runs unchanged), derived from Liger's source, not measured")
+    config = data.get("liger_kernel_config")
+    if config:
+        warnings.append(f"{p}: liger_kernel_config {config!r} is not modelled: Liger's defaults are estimated")
     return {"loss_implementation": "liger"}
 
 

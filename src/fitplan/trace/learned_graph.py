@@ -26,7 +26,7 @@ from typing import Any
 from fitplan.arch.learned_repeat import unroll as unroll_repeats
 from fitplan.arch.archexpr import compile_expr
 from fitplan.arch.archfile import BYTES, FLOAT, ArchFile, autograd_table
-from fitplan.trace import kernels, loss_heads, op_work
+from fitplan.trace import kernels, liger, loss_heads, op_work
 from fitplan.trace.learned_segment import Segment
 from fitplan.trace.symbolic import as_int
 from fitplan.trace.lora_targets import lora_site_matches, parameter_targets
@@ -70,7 +70,8 @@ class Builder:
         self.env = {**env, "b": self.spec.batch, "s": self.spec.seq}
         self.dargs: dict[str, list[str]] = {}
         """Op name -> :meth:`differentiable_args`."""
-        self.table = {**autograd_table(), **af.graphs.get("autograd", {}), **kernels.EXTRA_RULES, **loss_heads.RULES}
+        self.table = {**autograd_table(), **af.graphs.get("autograd", {}), **kernels.EXTRA_RULES, **loss_heads.RULES,
+                      **liger.RULES}
         self.graph_precision, self.dmap = dtype_map(self.spec.precision)
         self.variant = af.variant(self.graph_precision, "eager" if self.spec.attn == "eager" else "sdpa", self.env)
         self.mixed = self.graph_precision == "mixed"
@@ -101,6 +102,9 @@ class Builder:
         """Parameter name -> the parameter it is (tied embeddings: ``lm_head.weight`` is the input embedding)."""
         if self.lora:
             self.param_targets = parameter_targets(af, tuple(self.spec.lora_targets))
+        self.liger = liger.patch_for(self.spec.arch.model_type) if self.spec.liger else None
+        """What ``use_liger_kernel`` patches (:mod:`.liger`); None: nothing."""
+        self.liger_plans: dict[int, dict[int, tuple]] = {}
 
     # ------------------------------------------------------------------ tensors
     def dt(self, code: str) -> str:
@@ -414,6 +418,15 @@ class Builder:
             return ()
         return tuple(lora_site_matches(m.replace("{i}", str(i)), self.spec.lora_targets, self.af)
                      for m in self.af.layer_sites)
+
+    def liger_plan(self, seg: dict[str, Any]) -> dict[int, tuple]:
+        """Op index -> Liger's fused op replacing it in ``seg`` (:func:`.liger.plan`; empty without Liger)."""
+        if self.liger is None:
+            return {}
+        key = id(seg)
+        if key not in self.liger_plans:
+            self.liger_plans[key] = liger.plan(seg, self.liger, str(self.af.path))
+        return self.liger_plans[key]
 
     def segment(self, seg: dict[str, Any], name: str, *, args: list[Any], layer: int | None) -> Segment:
         """Replay ``seg`` (its repeated blocks unrolled for this scenario: :mod:`fitplan.arch.learned_repeat`)."""

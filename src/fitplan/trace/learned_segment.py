@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from fitplan.arch.learned_repeat import template as repeat_template
 from fitplan.arch.archexpr import compile_expr
-from fitplan.trace import kernels, loss_heads
+from fitplan.trace import kernels, liger, loss_heads
 from fitplan.trace.symbolic import as_int
 from fitplan.arch.archfile import FLOAT
 
@@ -156,6 +156,7 @@ class Segment:
         if embed is not None and self._embedding_trains():
             embed = None
         head = loss_heads.head_site(self) if first == 0 else None
+        fused = b.liger_plan(seg)
         output = b.af.data.get("output_module") or "lm_head"
         for k, op in enumerate(seg["ops"]):
             if k < first:
@@ -178,6 +179,8 @@ class Segment:
             if site is not None:
                 kernels.qlora_linear(self, site)
                 skip.update(range(site["start"] + 1, site["end"] + 1))
+            elif k in fused:
+                liger.run(self, fused[k])  # Liger-Kernel's fused op in place of the recorded construct
             elif k not in skip:
                 self.op(op)
                 if op[0] == "embedding":  # the hook below is on the base nn.Embedding: its output is the leaf

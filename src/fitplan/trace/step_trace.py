@@ -112,6 +112,9 @@ class TraceSpec:
     """Activation offloading: ``none``, ``torchtune``, ``trl`` or ``trl_sync`` (:mod:`.offload`)."""
     quant_bits: int = 4
     """QLoRA's base Linears: 4 (NF4, ``Linear4bit``) or 8 (LLM.int8, ``Linear8bitLt``: :mod:`.kernels`)."""
+    liger: bool = False
+    """``use_liger_kernel``: Liger-Kernel's RMSNorm, SwiGLU and RoPE kernels where its patch for the model type puts
+    them (:mod:`.liger`; the loss head is ``loss``)."""
     forward_only: bool = False
     """Only the forward's figures (a :class:`ForwardTrace`, no backward replayed): what a scenario with gradient
     checkpointing reads of its trace without it (``builtin/activations.py``)."""
@@ -532,7 +535,7 @@ TRACE_FORMAT = 1
 TRACE_MODULES = ("trace/step_trace.py", "trace/learned_graph.py", "trace/learned_segment.py",
                  "trace/kernels.py", "trace/int8.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py", "arch/archformat.py",
                  "arch/learned_repeat.py", "trace/lora_targets.py", "trace/loss_heads.py", "trace/fused_head.py", "trace/score_head.py",
-                 "trace/logits_head.py", "trace/offload.py", "trace/symbolic.py", "trace/reuse.py", "inputs/precision.py",
+                 "trace/logits_head.py", "trace/liger.py", "trace/offload.py", "trace/symbolic.py", "trace/reuse.py", "inputs/precision.py",
                  "inputs/files.py", "inputs/convert.py", "errors.py")
 """Every fitplan module that building a trace runs (tests/test_disk_cache.py checks the list against the
 imports): their size and mtime are part of a kept trace's key."""
