@@ -106,3 +106,11 @@ def test_training_args_use_liger_kernel(tmp_path):
     with pytest.raises(FitplanError) as err:
         training_args_fields(p)
     assert err.value.render().startswith(f"{p}: use_liger_kernel must be true or false, got 'yes' @ $.use_liger_kernel")
+
+
+def test_the_torch_referee_refuses_liger_kernels():
+    runner = pytest.importorskip("fitplan_torch.runner")
+    est = fitplan.estimate(model="llama-3.1-8b", precision="bf16-true", optim="adamw_torch", device="cpu",
+                           max_seq_length=256, liger_kernel=True)
+    with pytest.raises(FitplanError, match="Liger-Kernel's RMSNorm, SwiGLU and RoPE kernels"):
+        runner.check_supported(est)

@@ -168,6 +168,10 @@ def check_supported(estimate) -> None:
     from .loss_heads import check
 
     check(loss)
+    if getattr(s.training, "liger_kernel", False):
+        raise FitplanError("the torch referee cannot run Liger-Kernel's RMSNorm, SwiGLU and RoPE kernels: they are "
+                           "Triton (CUDA) code (tests/test_liger_kernels.py derives them from Liger's source)",
+                           field="liger_kernel", value=True, suggestion="validate the scenario without liger_kernel")
     if loss != "hf" and sharded(estimate):
         raise FitplanError("the torch referee runs a chunked loss on one device only", field="loss_implementation",
                            value=loss, suggestion="validate the chunked loss with --num-gpus 1")
