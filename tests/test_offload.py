@@ -277,7 +277,7 @@ def test_activation_offloading_is_declared_once_by_the_activations_plugin(tmp_pa
     assert "activation_offloading" not in attrs.fields_dict(Training)  # no hand-written field
     ctx = get_context()
     rows = {r["name"]: r for r in listing(ctx.registry)["plugins"]}
-    assert rows["fitplan.builtin.activations"]["settings"] == ["activation_offloading"]
+    assert rows["fitplan.builtin.activations"]["settings"] == ["activation_offloading", "liger_kernel"]
     modes = ["none", "torchtune", "trl", "trl_sync", "unsloth"]  # docs/memory-model.md "Activation offloading"
     form = {r["field"]: r for r in field_rows(ctx)}["activation_offloading"]
     assert (form["name"], form["section"], form["default"], form["choices"]) == (
