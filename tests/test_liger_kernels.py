@@ -92,6 +92,20 @@ def test_types_liger_does_not_patch_run_unchanged_and_unmodelled_patches_are_ref
         fitplan.estimate(model="gemma-2b", precision="bf16-true", optim="adamw_torch", device="cpu", liger_kernel=True)
 
 
+def test_the_setup_line_says_liger_is_assumed():
+    from fitplan.builtin.report import memory_lines
+
+    def setup(model, **extra):
+        est = fitplan.estimate(model=model, precision="bf16-true", optim="adamw_torch", device="cpu", max_seq_length=256,
+                               **extra)
+        return dict(memory_lines(est, "GB"))["setup"]
+
+    assert setup("llama-3.1-8b", liger_kernel=True).endswith(
+        ", Liger-Kernel's RMSNorm, SwiGLU and RoPE kernels (derived from its source, not measured)")
+    assert setup("gpt2", liger_kernel=True).endswith(", use_liger_kernel (Liger patches nothing for gpt2)")
+    assert "Liger" not in setup("llama-3.1-8b")
+
+
 def test_training_args_use_liger_kernel(tmp_path):
     p = tmp_path / "args.json"
     p.write_text(json.dumps({"use_liger_kernel": True, "per_device_train_batch_size": 2}))

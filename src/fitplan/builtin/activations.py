@@ -361,7 +361,7 @@ def fitplan_register_reducers(register):
 LIGER_KERNEL = Setting(
     "liger_kernel", "training", type="bool", default=False, after="activation_offloading",
     help="Liger-Kernel as the HF Trainer applies it (TrainingArguments use_liger_kernel): for the model types whose "
-         "patch fitplan models (llama, mistral, qwen2, qwen3) its fused RMSNorm, SwiGLU and RoPE kernels (the loss: "
+         "patch fitplan models (llama, mistral, ministral, qwen2, qwen3, smollm3) its fused RMSNorm, SwiGLU and RoPE kernels (the loss: "
          "loss_implementation, liger when the model computes it from the labels); a type Liger does not patch runs "
          "unchanged; the others are refused.",
     keys={"training_args": "use_liger_kernel"})

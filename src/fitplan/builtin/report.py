@@ -81,6 +81,15 @@ def ds_config_text(est) -> str:
     return ", ".join(parts)
 
 
+def liger_text(model_type: str) -> str:
+    """What the setup line says under ``liger_kernel`` (trace/liger.py): that Liger is assumed, and how it is known."""
+    from fitplan.trace.liger import LIGER_TYPES
+
+    if model_type not in LIGER_TYPES:
+        return f", use_liger_kernel (Liger patches nothing for {model_type})"
+    return ", Liger-Kernel's RMSNorm, SwiGLU and RoPE kernels (derived from its source, not measured)"
+
+
 def memory_lines(est, units: str) -> list[tuple[str, str]]:
     v = est.values
     s = est.scenario
@@ -93,7 +102,8 @@ def memory_lines(est, units: str) -> list[tuple[str, str]]:
                   f"{s.training.per_device_train_batch_size} × seq {s.training.max_seq_length}"
                   + (", grad. checkpointing" if s.training.gradient_checkpointing else "")
                   + (f", activation offloading ({off})" if (off := getattr(s.training, "activation_offloading", "none"))
-                     != "none" else "")),
+                     != "none" else "")
+                  + (liger_text(est.arch.model_type) if getattr(s.training, "liger_kernel", False) else "")),
         ("stack", stack),
         ("assumptions", s.model.assumptions),
         *([("defaults", "; ".join(v["assumed_defaults"]))] if v.get("assumed_defaults") else []),

@@ -352,7 +352,7 @@ def _ta_liger(data: dict[str, Any], p: Path, bad: Any, warnings: list[str]) -> d
     if v is not True:
         return {}
     warnings.append(f"{p}: use_liger_kernel: estimated with Liger-Kernel's fused RMSNorm, SwiGLU, RoPE and linear "
-                    "cross-entropy kernels where its patch for the model type puts them (llama, mistral, qwen2, qwen3; "
+                    "cross-entropy kernels where its patch for the model type puts them (llama, mistral, ministral, qwen2, qwen3, smollm3; "
                     "a type Liger does not patch runs unchanged), derived from Liger's source, not measured")
     config = data.get("liger_kernel_config")
     if config:

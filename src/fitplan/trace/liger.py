@@ -5,7 +5,7 @@ the loaded model (transformers 5.24 trainer.py ``apply_liger_kernel``, integrati
 ``model_type`` up in ``MODEL_TYPE_TO_APPLY_LIGER_FN`` and runs ``apply_liger_kernel_to_<type>(model=...)`` with its
 defaults (Liger-Kernel 0.8.2, ead96b61, src/liger_kernel/transformers/monkey_patch.py); a type it does not list is
 left as it is (only a log line). For an existing instance only what the function patches on the instance, or
-looks up at call time, changes: for Llama, Mistral, Qwen2 and Qwen3 (:data:`PATCHES`)
+looks up at call time, changes: for Llama, Mistral, Ministral, Qwen2, Qwen3 and SmolLM3 (:data:`PATCHES`)
 
 * the final norm and each layer's ``input_layernorm`` and ``post_attention_layernorm`` get
   ``LigerRMSNorm.forward`` (``_patch_rms_norm_module``: casting mode ``llama``, ``in_place=True``); Qwen3's
@@ -73,10 +73,11 @@ class Patch:
 
 _DECODER = Patch(("model.norm", "model.layers.{i}.input_layernorm", "model.layers.{i}.post_attention_layernorm"),
                  "model.layers.{i}.mlp", True)
-PATCHES = {"llama": _DECODER, "mistral": _DECODER, "qwen2": _DECODER, "qwen3": _DECODER}
-"""The model types whose patch fitplan models: ``apply_liger_kernel_to_llama``, ``_mistral``, ``_qwen2``,
-``_qwen3`` with their defaults (rope, rms_norm, swiglu, fused_linear_cross_entropy on; cross_entropy off) patch
-the same modules of an instance (monkey_patch.py)."""
+PATCHES = {t: _DECODER for t in ("llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3")}
+"""The model types whose patch fitplan models: ``apply_liger_kernel_to_llama``, ``_mistral``, ``_ministral``,
+``_qwen2``, ``_qwen3``, ``_smollm3`` with their defaults (rope, rms_norm, swiglu, fused_linear_cross_entropy on;
+cross_entropy off) patch the same modules of an instance (monkey_patch.py). Granite's, with the same modules, swaps
+the loss for Liger's unfused cross-entropy kernel (its logits are scaled), which is not modelled: refused."""
 LIGER_TYPES = frozenset({
     "deepseek_v4", "gemma", "gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4", "glm4", "glm4v", "glm4v_moe",
     "gpt_oss", "internvl", "llama", "llama4_text", "llama4", "llava", "granite", "mllama", "mllama_text_model",
