@@ -139,3 +139,24 @@ def test_gemma4_per_layer_inputs_are_slices_of_one_prologue_tensor():
     assert crosslayer.per_layer_slice(cut, h0, 0) is None
     tid1 = next(t for t, a in layers[1]["argmap"].items() if a == 1)
     assert crosslayer.per_layer_slice(cut, tid1, 2) is None  # slice 1 is not layer 2's
+
+
+def test_the_replay_refuses_a_maker_it_cannot_place_naming_the_expression():
+    """The core evaluates a ``["layer", expr, "t<k>"]`` argument's rule per layer (trace/learned_graph.py
+    ``Builder.maker``): a config that leaves the rule's list out, or a rule naming no earlier layer, is a clear
+    refusal (exit 2), not a KeyError. Control: the same rule over a stated list gives the store layer by hand
+    (layers 0..4 of types s F s F s with the last 2 shared: layer 3 reads layer 1, layer 4 reads layer 2)."""
+    from types import SimpleNamespace
+
+    from fitplan.errors import FitplanError
+    from fitplan.trace.learned_graph import Builder
+
+    rule = "last_index(layer_types, layer_types[i], num_hidden_layers - num_kv_shared_layers)"
+    env = {"layer_types": ["s", "F", "s", "F", "s"], "num_hidden_layers": 5, "num_kv_shared_layers": 2}
+    b = SimpleNamespace(env=env)
+    assert [Builder.maker(b, rule, i) for i in (3, 4)] == [1, 2]
+    with pytest.raises(FitplanError, match="cannot tell which layer's tensor layer 3 reads") as e:
+        Builder.maker(SimpleNamespace(env={**env, "layer_types": None}), rule, 3)
+    assert e.value.exit_code == 2
+    with pytest.raises(FitplanError, match="which is no earlier layer"):
+        Builder.maker(b, rule, 1)  # layer 1 is its own kind's last before the shared ones: itself
