@@ -160,3 +160,56 @@ def test_the_replay_refuses_a_maker_it_cannot_place_naming_the_expression():
     assert e.value.exit_code == 2
     with pytest.raises(FitplanError, match="which is no earlier layer"):
         Builder.maker(b, rule, 1)  # layer 1 is its own kind's last before the shared ones: itself
+
+
+def test_layers_built_one_by_one_give_the_figures_of_the_weighted_block(tmp_path, monkeypatch):
+    """Where a layer reads another layer's tensor the replay builds every layer on its own (``Builder.cross_layer``
+    not None) instead of one block weighted by its repetitions (``layer_plan``); the replay accounts for the
+    repetition exactly (trace/step_trace.py), so the two give the same bytes. Tiny Gemma-2 (sliding and full
+    layers alternating) at 7 layers, with and without checkpointing, full and LoRA. Control: the plans differ
+    (layer 0, then a 2-layer block weighted 3, against 7 single layers)."""
+    import json
+    from pathlib import Path
+
+    import fitplan
+    from fitplan.arch import archfile
+    from fitplan.builtin import activations
+    from fitplan.trace import learned_graph as LG
+    from fitplan.trace import step_trace
+
+    src = Path(__file__).resolve().parent / "data" / "configs" / "tiny-gemma2" / "config.json"
+    cfg = json.loads(src.read_text())
+    cfg["num_hidden_layers"] = 7
+    if isinstance(cfg.get("layer_types"), list):
+        cfg["layer_types"] = [cfg["layer_types"][i % len(cfg["layer_types"])] for i in range(7)]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
+    plans: list = []
+
+    cross, plan = LG.Builder.__dict__["cross_layer"], LG.Builder.layer_plan
+    monkeypatch.setattr(LG.Builder, "layer_plan", lambda self, kinds: plans.append(plan(self, kinds)) or plans[-1])
+
+    def _clear() -> None:
+        archfile.load.cache_clear()
+        step_trace.build.cache_clear()
+        activations._TRACES.clear()
+        step_trace._WHOLE.clear()
+
+    def figures(one_by_one: bool, **kw) -> tuple:
+        _clear()
+        monkeypatch.setattr(LG.Builder, "cross_layer", staticmethod(lambda v: {}) if one_by_one else cross)
+        e = fitplan.estimate(model=str(tmp_path / "config.json"), device="cpu", per_device_train_batch_size=2,
+                             max_seq_length=64, **kw)
+        return e["activation_bytes"], e["saved_for_backward_bytes"], e["peak_bytes"]
+
+    for kw in ({"precision": "bf16-true"}, {"precision": "bf16-true", "gradient_checkpointing": True},
+               {"precision": "bf16-mixed", "gradient_checkpointing": True, "method": "lora",
+                "lora_target_modules": "all-linear"}):
+        plans.clear()
+        block = figures(False, **kw)
+        assert plans and all(p == [(0, 1, 1), (1, 2, 3)] for p in plans)  # the weighted block was planned
+        plans.clear()
+        single = figures(True, **kw)
+        assert not plans  # one by one: no block planned
+        assert single == block, kw
+    _clear()
