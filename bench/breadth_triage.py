@@ -56,7 +56,7 @@ CLASSES: tuple[tuple[str, str], ...] = (
     (r"layer pattern differs between", "layer pattern: differs between precisions / attention kernels"),
     (r"no rule of the layer-pattern family", "layer pattern: a condition over several fields"),
     (r"no expression over", "sizes: no expression fits a recorded size (data-dependent or uncommon formula)"),
-    (r"reads a tensor made by segment .* that is not its argument|comes neither from the prologue nor the previous",
+    (r"reads a tensor made by segment .* that is not its argument|comes neither from the prologue nor",
      "layers: a layer or the epilogue reads what an earlier layer made besides the previous layer's hidden state "
      "(residuals across blocks, a state carried from layer to layer)"),
     (r"runs \d+ times in one training step", "layers: a layer runs more than once per step (recurrent depth: the "

@@ -184,14 +184,15 @@ def test_a_coincidence_of_the_shrunk_widths_is_no_product():
     assert _holds_again(h, "hidden_size", "num_attention_heads", "head_dim") is True
 
 
-def test_a_second_state_carried_between_layers_is_named():
+def test_a_second_state_carried_between_layers_is_bound_not_refused():
     """HYV4's decoder layers return ``(hidden_states, topk_indices)`` and the model passes the indexer's top-k to the
     next layer as ``prev_topk_indices`` (modeling_hy_v4.py ``HYV4Model.forward``; a ``"shared"`` layer reuses it).
-    Recorded, layer 1 takes a tensor made inside layer 0 (segment 1) that is not layer 0's hidden state; the
-    refusal names the argument and where it was made."""
+    Recorded, layer 1 takes a tensor made inside layer 0 (segment 1) that is not layer 0's hidden state: it was
+    refused naming the argument; it is now noted as read from layer 0 (its maker's rule is fitted over every layer,
+    tests/test_learn_cross_layer.py). Control: a tensor made outside every segment is still refused, naming it."""
     pytest.importorskip("torch")
     from fitplan_torch.learn import derive
-    from fitplan_torch.learn.derive import _foreign_argument
+    from fitplan_torch.learn.derive import _foreign_argument, _layer_refs
     from fitplan_torch.learn.segments import Cut
     from fitplan_torch.learn.shrink import shrunk_config
 
@@ -202,8 +203,11 @@ def test_a_second_state_carried_between_layers_is_named():
                if tid != cut.segments[1]["out_tid"] and (cut.owner_seg.get(tid) or (0,))[0] != 0]
     assert len(foreign) == 1
     tid, a = foreign[0]
-    msg = _foreign_argument(cut, layer1, 1, a, cut.owner_seg.get(tid))
-    assert f"layer 1 argument {a} (prev_topk_indices)" in msg and "made by segment 1 (layer 0)" in msg
+    reads: dict = {}
+    refs = _layer_refs(cut, layer1, 1, "k", reads)
+    assert refs[a] is None and reads == {("k", a): [(1, 0, cut.owner_seg[tid][1])]}
+    msg = _foreign_argument(cut, layer1, 1, a, None)
+    assert f"layer 1 argument {a} (prev_topk_indices)" in msg and "made outside every layer" in msg
 
 
 def test_an_attention_free_model_gives_the_core_its_ssm_heads():

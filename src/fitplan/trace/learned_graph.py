@@ -341,7 +341,8 @@ class Builder:
         kinds = af.layer_kinds(self.env)
         pro = self.segment(af.segments[v["prologue"]], "prologue", args=[], layer=None)
         self.prologue = pro
-        plan = self.layer_plan(kinds)
+        made = self.cross_layer(v)
+        plan = self.layer_plan(kinds) if made is None else [(i, 1, 1) for i in range(len(kinds))]
         h = None
         for first, count, weight in plan:
             tr.segment(f"layers {first}..{first + count * weight - 1}" if weight > 1 or count > 1 else f"layer {first}",
@@ -354,6 +355,10 @@ class Builder:
                 for ref in v["layer_args"][kind]:
                     if ref == "h":
                         bind.append(h if h is not None else pro.refs["t" + v["first_input"][1:]])
+                    elif isinstance(ref, list) and ref[0] == "layer":  # ["layer", expr, "t<k>"]: an earlier layer's
+                        bind.append(made[self.maker(ref[1], i)].refs[ref[2]])
+                    elif isinstance(ref, list):  # ["select", "P<k>", d]: the prologue tensor's slice i on dim d
+                        bind.append(self.select(pro.refs["t" + ref[1][1:]], ref[2], i))
                     else:
                         bind.append(pro.refs["t" + ref[1:]])
                 if self.spec.checkpointing:  # each layer is its own checkpoint (GradientCheckpointingLayer)
@@ -366,12 +371,58 @@ class Builder:
                             tr.ckpt_keep[i][t.sid] = tr.ckpt_keep[i].get(t.sid, False) or ref == "h"
                 tr.unit = i
                 inst = self.segment(seg, f"layer {i}", args=bind, layer=i)
+                if made is not None:
+                    made[i] = inst
                 tr.unit = -1
                 h = inst.refs[seg["out"]]
         tr.segment("epilogue")
         epi = self.segment(af.segments[v["epilogue"]], "epilogue", args=[h], layer=None)
         tr.loss = epi.refs[af.segments[v["epilogue"]]["loss"]]
         tr.buffer_bytes = self.buffer_bytes()
+
+    @staticmethod
+    def cross_layer(v: dict[str, Any]) -> dict[int, Segment] | None:
+        """Where a layer reads a tensor an earlier layer made (``["layer", expr, "t<k>"]`` in ``layer_args``: a
+        state carried from layer to layer, K/V shared with a later layer; fitplan_torch/learn/crosslayer.py), the
+        layers' instances by index, filled as they run (each layer is then built on its own, unweighted: a
+        repeated block stands for layers whose tensors are never made); else None."""
+        args = v.get("layer_args", {}).values()
+        return {} if any(isinstance(r, list) and r[0] == "layer" for refs in args for r in refs) else None
+
+    def select(self, base, d: int, i: int):
+        """``base[..., i, ...]`` on dimension ``d``, the op the model's loop runs before layer ``i``
+        (``aten.select.int``): a view, no new storage; its backward (``select_backward``) gives a gradient of
+        ``base``'s size, as the autograd table says."""
+        shape = tuple(base.shape[:d]) + tuple(base.shape[d + 1:])
+        if not 0 <= i < base.shape[d]:
+            from fitplan.errors import FitplanError
+
+            raise FitplanError(f"layer {i} reads slice {i} of a prologue tensor of shape {list(base.shape)} on "
+                               f"dimension {d}", field="$.num_hidden_layers", value=i + 1)
+        t = self.tr.view(base, math.prod(shape))
+        t.shape = shape
+        t.param = False
+        t.base = base.base if base.base is not None else base
+        self.emit("select.int", [("self", base)], [t], extra={"sc": {"dim": d}})
+        return t
+
+    def maker(self, expr: str, i: int) -> int:
+        """The layer whose tensor layer ``i`` reads (``expr`` over ``i`` and the config's fields).
+
+        :raises FitplanError: the config leaves a field of ``expr`` empty, or it names no earlier layer."""
+        from fitplan.errors import FitplanError
+
+        try:
+            m = compile_expr(expr)({**self.env, "i": i})
+        except Exception as e:  # noqa: BLE001 - a field the expression reads that this config lacks
+            raise FitplanError(f"cannot tell which layer's tensor layer {i} reads from {expr!r} ({type(e).__name__}: "
+                               f"{e})", field="$.layer_types", value=None,
+                               suggestion="state the per-layer fields (layer_types) the learned file reads") from None
+        if not (isinstance(m, int) and 0 <= m < i):
+            raise FitplanError(f"layer {i} reads a tensor of layer {m} by {expr!r}, which is no earlier layer",
+                               field="$.num_hidden_layers", value=self.env.get("num_hidden_layers"),
+                               suggestion="re-learn the architecture from a config of this shape")
+        return m
 
     def buffer_bytes(self) -> int:
         """The model's buffers (rotary ``inv_freq``, ...), as the learned file lists them: a layer's in every layer

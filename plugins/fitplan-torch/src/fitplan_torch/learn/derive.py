@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from . import learner, relations, routing
+from . import crosslayer, learner, relations, routing
 from .autograd_rules import function_temporaries
 from .fit import FitError, Fitter
 from .fold import fold
@@ -777,15 +777,38 @@ def _every_layer_runs(res: dict[str, Any], nlayers: int) -> None:
 
 
 def _foreign_argument(cut, cseg: dict[str, Any], j: int, a: int, where) -> str:
-    """Why layer ``j``'s argument ``a`` cannot be a file's: HYV4's layers return ``(hidden_states,
-    topk_indices)`` and the next layer takes the indexer's top-k as ``prev_topk_indices``
-    (transformers/models/hy_v4/modeling_hy_v4.py ``HYV4Model.forward``), a second state carried from layer to
-    layer; a file's layers pass one hidden state."""
+    """Why layer ``j``'s argument ``a`` cannot be a file's: made neither by the prologue nor by an earlier layer
+    (:mod:`.crosslayer`). Gemma-4's loop slices each layer's per-layer input between the layers
+    (``per_layer_inputs[:, :, i, :]``, transformers/models/gemma4/modeling_gemma4.py ``Gemma4TextModel.forward``):
+    an op of no segment."""
     name = cseg["args"][a][0] if a < len(cseg["args"]) else str(a)
-    made = f"made by segment {where[0]} (layer {where[0] - 1})" if where is not None else "made outside every layer"
-    return (f"layer {j} argument {a} ({name}) comes neither from the prologue nor the previous layer's hidden state: "
-            f"{made}, a state carried from layer to layer besides the hidden state, which a learned file cannot "
-            "express yet (its layers pass one hidden state)")
+    made = f"made by segment {where[0]}" if where is not None else "made outside every layer"
+    return (f"layer {j} argument {a} ({name}) comes neither from the prologue nor from an earlier layer: "
+            f"{made} (a per-layer input the model's loop makes between the layers), which a learned file cannot "
+            "express yet (its segments are the prologue, the layers and the epilogue)")
+
+
+def _layer_refs(cut, cseg: dict[str, Any], j: int, kind: str, reads: dict[tuple[str, int], list]) -> list[Any]:
+    """Where each argument of layer ``j`` comes from: ``h`` (the previous layer's hidden state, the first input for
+    layer 0), ``P<k>`` (a prologue tensor), a slice of one (:func:`.crosslayer.per_layer_slice`), or None for a
+    tensor an earlier layer made, noted in ``reads`` (its maker's rule is fitted once every layer is seen:
+    :func:`.crosslayer.maker_args`)."""
+    refs: list[Any] = []
+    for tid, a in sorted(cseg["argmap"].items(), key=lambda kv: kv[1]):
+        where = cut.owner_seg.get(tid)
+        if (j == 0 and a == 0) or (j > 0 and tid == cut.segments[j]["out_tid"]):
+            refs.append("h")
+        elif where is not None and where[0] == 0:
+            refs.append(f"P{where[1]}")
+        elif where is not None and cut.segments[where[0]]["kind"] == "layer" and where[0] < j + 1:
+            reads.setdefault((kind, a), []).append((j, cut.segments[where[0]]["layer"], where[1]))
+            refs.append(None)
+        else:
+            sliced = crosslayer.per_layer_slice(cut, tid, j)
+            if sliced is None:
+                raise LearnError(_foreign_argument(cut, cseg, j, a, where))
+            refs.append(sliced)
+    return refs
 
 
 def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | None, segments: dict[str, Any],
@@ -815,6 +838,7 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
     kind_of_layer = []
     layer_args: dict[str, list[str]] = {}
     template_by_kind: dict[str, dict[str, Any]] = {}
+    reads: dict[tuple[str, int], list[tuple[int, int, int]]] = {}  # (kind, argument) -> (layer, maker, k)
     from fitplan.api import compile_expr
 
     env = hf_config(res["probes"][0].cfg).to_dict()
@@ -839,18 +863,9 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
         kind_of_layer.append(kind)
         if kind not in template_by_kind or j > 0:
             template_by_kind[kind] = seg
-        refs = []
-        for name, _ in cseg["args"]:
-            pass
-        for tid, a in sorted(cseg["argmap"].items(), key=lambda kv: kv[1]):
-            if (j == 0 and a == 0) or (j > 0 and tid == cut.segments[j]["out_tid"]):
-                refs.append("h")
-            else:
-                where = cut.owner_seg.get(tid)
-                if where is None or where[0] != 0:
-                    raise LearnError(_foreign_argument(cut, cseg, j, a, where))
-                refs.append(f"P{where[1]}")
-        layer_args[kind] = refs
+        layer_args[kind] = _layer_refs(cut, cseg, j, kind, reads)
+    for (kind, a), ref in crosslayer.maker_args(reads, env, nlayers).items():
+        layer_args[kind][a] = ref
     first = cut.segments[1]["argmap"]
     first_tid = next(t for t, a in first.items() if a == 0)
     first_input = f"P{cut.owner_seg[first_tid][1]}"

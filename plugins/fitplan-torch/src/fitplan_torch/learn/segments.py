@@ -2,7 +2,7 @@
 
 Within a segment every tensor is referenced locally (``t<k>``, in creation order); tensors from outside
 are ``a<j>`` (the segment's j-th argument: a layer's hidden state and the context the model passes to
-every layer, the epilogue's final hidden state), ``P<k>`` (a prologue tensor), ``p:<name>`` (a parameter,
+every layer, a tensor an earlier layer made that this layer reads, the epilogue's final hidden state), ``P<k>`` (a prologue tensor), ``p:<name>`` (a parameter,
 ``{i}`` standing for the layer index), ``b:<name>`` (a buffer) and ``x:<name>`` (the batch). A storage
 is released after the op named in ``die`` (the Python lifetime the recorder saw); ``L`` means when the
 caller rebinds the layer's result (the layer returns), ``M`` when the base model returns, ``F`` when the
@@ -90,6 +90,13 @@ class Cut:
         where = self.owner_seg.get(tid)
         if where is not None and where[0] == 0:
             return f"P{where[1]}"
+        if where is not None and seg["kind"] == "layer" and 0 < where[0] < n:
+            # an earlier layer's tensor that this layer reads besides its arguments (Gemma-3n's shared layers
+            # read the K/V their store layer put in ``shared_kv_states``, modeling_gemma3n.py
+            # ``Gemma3nTextAttention.forward``): one more argument, whose maker the file states (derive.py)
+            args[tid] = len(seg["args"])
+            seg["args"].append(["from_layer", None])
+            return f"a{args[tid]}"
         # a view of something known, created outside the op stream (e.g. a parameter view): use the storage owner
         t = self.rec.tensors[tid]
         owner = self.rec.storages[t["sid"]]["owner"]
@@ -130,6 +137,7 @@ class Cut:
         local: dict[int, int] = {}
         args: dict[int, int] = {}
         arg_list: list[list[Any]] = []
+        seg["args"] = arg_list  # (:meth:`_ref` appends an earlier layer's tensor that the layer reads)
         if seg["kind"] == "layer":
             L = next(x for x in rec.layers if x["start"] == seg["first"])
             for name, tid in L["args"]:
