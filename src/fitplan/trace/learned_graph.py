@@ -233,11 +233,12 @@ class Builder:
                 else:
                     grad_ins.append((t, k))
         saved = saved if node else []
-        reduced = self.broadcast_gradients(rule, edges, outs) if node else 0
+        reduced, cast = self.broadcast_gradients(rule, edges, outs) if node else (0, 0)
         work = op_work.aten(name, named, outs, saved, [t for t, _ in grad_ins], [k for _, k in grad_ins],
                             sum(p.nbytes for p, _ in params), node)
         temp = self.backward_temporaries(name, named, extra) + reduced if node else 0
-        tr.emit(label or name, flat_in, outs + clones, saved, grad_ins, params, node, bwd_temp=temp, work=work)
+        tr.emit(label or name, flat_in, outs + clones, saved, grad_ins, params, node, bwd_temp=temp, work=work,
+                cast_temp=cast)
 
     def backward_temporaries(self, name: str, named: dict[str, Any], extra: dict[str, Any]) -> int:
         """Bytes the op's backward holds beside the gradients it returns: the file's ``bt`` (an expression),
@@ -258,7 +259,7 @@ class Builder:
                 temp += self._rounded(as_int(round((count - whole) * n)))
         return temp
 
-    def broadcast_gradients(self, rule: dict[str, Any], edges: list[Any], outs: list[Any]) -> int:
+    def broadcast_gradients(self, rule: dict[str, Any], edges: list[Any], outs: list[Any]) -> tuple[int, int]:
         """Bytes a pointwise op's backward holds beyond its inputs' gradients for the inputs it broadcast (the
         table's ``pw``): a formula that does not pass the gradient through (``grad * other`` for ``mul``) computes
         each input's gradient at the output's shape, and autograd's engine reduces one of a smaller input to that
@@ -275,16 +276,34 @@ class Builder:
         (``mul_tensor_backward`` is ``grad * other``, FunctionsManual.cpp, with no cast to the input's type), and
         the engine casts a gradient to its input's dtype in ``validate_outputs`` after the node returns. An input
         of a narrower dtype than the op's promoted output (a bf16 ``proj_out`` times fp32 routing weights: an
-        fp32 product) has its gradient at the output's width at the node's peak."""
+        fp32 product) has its gradient at the output's width at the node's peak. Unlike a broadcast's sum, the
+        cast is an instant of its own: ``validate_outputs`` replaces ``grads[i]`` with ``grad.to(dtype)``, input
+        by input in edge order, while the node's incoming gradient (``call_function``'s ``inputs``) and the
+        gradients of the later inputs, still at the output's width, are alive; at that instant input ``i``'s
+        gradient is there in both widths. Measured on torch 2.13 CPU: the Mamba-2 chunked scan's ``G * L``
+        (``G`` a bf16 ``bmm`` under autocast, ``L`` fp32: transformers models/nemotron_h/modeling_nemotron_h.py
+        ``mamba2_chunk_scan``) peaks with ``G``'s gradient in fp32 and in bf16.
+
+        Returns the bytes held at the node's return beyond the gradients at their inputs' sizes and widths, and
+        those held at the latest cast's instant (0: no cast); the replay records the cast's instant after the
+        node's, when a recomputed layer's unpacked saved tensors are gone (:meth:`.step_trace.Replay._backward_op`)."""
         if not rule.get("pw") or not outs:
-            return 0
-        out, passes, extra = outs[0], rule.get("p", []), 0
+            return 0, 0
+        out, passes, steps = outs[0], rule.get("p", []), []
         for e, t in enumerate(edges):
             if t is None or not t.rg or t.dtype not in FLOAT or (e < len(passes) and passes[e]):
                 continue
             if t.numel <= out.numel and t.nbytes < out.nbytes:
-                extra += self._rounded(out.nbytes) - self._rounded(t.nbytes)
-        return extra
+                cast = BYTES[t.dtype] < BYTES[out.dtype]  # (after the sum to its shape, if it broadcast)
+                steps.append((self._rounded(out.nbytes) - self._rounded(t.nbytes),
+                              self._rounded(t.numel * BYTES[out.dtype]) if cast else 0))
+        held = later = sum(d for d, _ in steps)
+        cast = 0
+        for d, wide in steps:  # input by input: this one's gradient at both widths, the later ones' still wide
+            later -= d
+            if wide:
+                cast = max(cast, later + wide)
+        return held, cast
 
     def _rounded(self, n: int) -> int:
         """``n`` bytes as the CUDA caching allocator hands them out (rounded up to its block), else as they are."""

@@ -86,7 +86,7 @@ class Template:
 
 OUTS, GRAD_INS, PARAMS, SCALARS, WORK = 1, 2, 4, 8, 16
 """What of an op :func:`instantiate` evaluates: its outputs, its gradient inputs (tensors with a symbolic size), its
-parameters' gradient bytes, its ``param_grad`` and ``bwd_temp``, its kernels' work."""
+parameters' gradient bytes, its ``param_grad``, ``bwd_temp`` and ``cast_temp``, its kernels' work."""
 
 
 def plan(tpl: Template) -> None:
@@ -107,7 +107,7 @@ def plan(tpl: Template) -> None:
         what = ((OUTS if any([symbolic(t) for t in op.outs]) else 0)
                 | (GRAD_INS if any([symbolic(t) for t in op.grad_ins]) else 0)
                 | (PARAMS if any(_is_sym(p[1]) for p in op.params) else 0)
-                | (SCALARS if _is_sym(op.param_grad) or _is_sym(op.bwd_temp) else 0)
+                | (SCALARS if _is_sym(op.param_grad) or _is_sym(op.bwd_temp) or _is_sym(op.cast_temp) else 0)
                 | (WORK if op.work is not None and any(_is_sym(x) for ks in op.work for k in ks for x in k) else 0))
         tpl.ops.append((op, what))
     symbolic(tr.loss)
@@ -140,7 +140,7 @@ def unevaluated(tpl: Template) -> str | None:
             items = ((f.name, getattr(x, f.name)) for f in attrs.fields(T) if f.name not in skip)
         elif type(x) is Op:
             items = ((f.name, getattr(x, f.name)) for f in attrs.fields(Op)
-                     if f.name not in ("params", "param_grad", "bwd_temp", "work"))
+                     if f.name not in ("params", "param_grad", "bwd_temp", "cast_temp", "work"))
         elif hasattr(x, "__dict__"):
             items = vars(x).items()
         else:
@@ -197,7 +197,8 @@ def instantiate(tpl: Template, spec: Any, vals: list[Any]) -> Any:
         if what & PARAMS:
             new.params = tuple([(k, _v(nb, vals), kind, last) for k, nb, kind, last in op.params])
         if what & SCALARS:
-            new.param_grad, new.bwd_temp = _v(op.param_grad, vals), _v(op.bwd_temp, vals)
+            new.param_grad, new.bwd_temp, new.cast_temp = (_v(op.param_grad, vals), _v(op.bwd_temp, vals),
+                                                           _v(op.cast_temp, vals))
         if what & WORK:
             new.work = _work(op.work, vals)
         ops.append(new)

@@ -302,6 +302,9 @@ class Op:
     releases: tuple[int, ...] = ()
     """Storages held to the end of the forward (``pinned``) that stop being held here: the model's forward returned
     before its caller's loss runs (:meth:`Trace.release`)."""
+    cast_temp: int = 0
+    """Bytes beyond its inputs' gradients held when autograd casts one of them to its input's dtype after the node
+    returns (:meth:`.learned_graph.Builder.broadcast_gradients`; 0: no such cast)."""
 
 
 _OP_FIELDS = tuple(f.name for f in attrs.fields(Op))
@@ -412,7 +415,8 @@ class Trace:
 
     # ---- recording
     def emit(self, name: str, ins: list[T], outs: list[T], saved: list[T], grad_ins: list[tuple[T, int]],
-             params: list[tuple[T, int]], node: bool, *, bwd_temp: int = 0, work: Any = None) -> None:
+             params: list[tuple[T, int]], node: bool, *, bwd_temp: int = 0, work: Any = None,
+             cast_temp: int = 0) -> None:
         """Record one op (see :meth:`.learned_graph.Builder.emit`, which works out the arguments and the
         op's kernels, ``work``)."""
         reads = tuple([t.sid for t in ins if t is not None and t.sid >= 0])
@@ -441,7 +445,8 @@ class Trace:
         self.ops.append(Op(name, self.seg, reads, allocs, sv, tuple([t for t in outs if t.rg]),
                            tuple([t for t, _ in grad_ins]), tuple([k for _, k in grad_ins]), pentries, pg,
                            bwd_temp if node else 0, work=work, unit=self.unit,
-                           saves_param=any(t is not None and t.sid < 0 for t in saved) if saved else False))
+                           saves_param=any(t is not None and t.sid < 0 for t in saved) if saved else False,
+                           cast_temp=cast_temp if node else 0))
 
     def finish(self) -> None:
         """Drop what dead nodes saved (:meth:`drop_dead_saves`), mark each parameter's last use in the backward
@@ -1350,14 +1355,31 @@ class Replay:
                 self.param_grad(key, nb, incoming[kind] if 0 <= kind < len(incoming) else None, last, op.clone_grad)
                 made += nb if last else 0
             self.point(op.bwd_temp, op.name, made)
+            if op.cast_temp:
+                self._cast_instant(op, seg, made)
             for buf in bufs:
                 self.release(buf)
+        if not (bufs and op.cast_temp and self.ckpt[seg]):
+            self._release_saved(op, seg)
+        if self.stash is not None and not self.stash.cleared and self.unpacked:
+            self._clear_stash(seg)
+
+    def _cast_instant(self, op: Op, seg: int, made: int) -> None:
+        """The instant autograd's engine casts a gradient the node returned to its input's dtype
+        (``validate_outputs``, torch/csrc/autograd/engine.cpp), after ``apply`` returned and before
+        ``call_function`` frees the incoming gradients: a recomputed layer's unpacked saved tensors are gone
+        (they were ``apply``'s locals: torch/utils/checkpoint.py ``unpack_hook`` hands them over), a plain node's
+        stay until the engine's ``release_variables`` after it."""
+        if self.ckpt[seg]:
+            self._release_saved(op, seg)
+        self.point(op.cast_temp, op.name, made)
+
+    def _release_saved(self, op: Op, seg: int) -> None:
+        """The node lets go of what it saved: a storage no other node or frame holds is freed."""
         for sid in op.saved:
             self.savers[sid] = self.savers.get(sid, 0) - 1
             if not self.held(sid):
                 self.free(sid, seg)
-        if self.stash is not None and not self.stash.cleared and self.unpacked:
-            self._clear_stash(seg)
 
     # ---- the result
 
