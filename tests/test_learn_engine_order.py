@@ -56,8 +56,9 @@ def test_roc_bert_mixed_checkpointed_lora_peak_is_the_referees():
     word, shape and pronunciation embeddings, 1344 wide, into ``map_inputs_layer``): bf16-mixed sdpa ckpt lora was
     3.4 % high (5083112 predicted, 4913768 measured). Exact now, backward (the node's input freed before the sum)
     and forward (4842728, the referee's forward maximum, at the prologue's LoRA: the base layer's bf16 input copy
-    freed before the adapter; it was held until the end of the forward). Controls, checked by hand: the backward
-    order alone gives 5012072 (the forward then 1.9 % high); the forward rule alone leaves the backward's 5083112."""
+    freed before the adapter; it was held into the layers, so the replay's forward peak was at the loss). Controls,
+    checked by hand on this file: neither rule gives 5083112 (the backward); the backward order alone 5012072 (the
+    forward, 1.9 % high)."""
     pytest.importorskip("torch")
     from fitplan_torch.learn import derive
     from fitplan_torch.learn import verify as V
