@@ -32,13 +32,17 @@ from fitplan.trace.symbolic import as_int
 from fitplan.trace.lora_targets import lora_site_matches, parameter_targets
 
 _TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
-BACKWARD_TEMPORARIES = {"pow.Tensor_Scalar": ("self", 2)}
+BACKWARD_TEMPORARIES = {"pow.Tensor_Scalar": ("self", 2), "linalg_solve_triangular": ("self", 1)}
 """Ops whose derivative formula allocates intermediates beside the gradient it returns: ``(input, count)``, that
 many tensors of the input's size and dtype alive with the gradient. The autograd table (derivatives.yaml) says
 what is saved, not what the formula computes. ``pow.Tensor_Scalar``: ``pow_backward`` (torch 2.13,
 torch/csrc/autograd/FunctionsManual.cpp) returns ``grad * (exponent * self.pow(exponent - 1))``, whose two
 temporaries (``self.pow(exponent - 1)`` and its product with the exponent) live until the full expression
-ends: measured, ``x.pow(2)``'s backward holds three ``x``-sized tensors (every RMSNorm's variance)."""
+ends: measured, ``x.pow(2)``'s backward holds three ``x``-sized tensors (every RMSNorm's variance).
+``linalg_solve_triangular`` (``A X = B``): ``linalg_solve_triangular_backward`` computes ``gA = -gB.matmul(X.mH())``
+then ``gA.tril()`` (or ``triu``): the matmul's product and its negation are both alive before the projection, one
+``A``-sized tensor beside the gradients it returns (the gated delta rule's UT solve: Qwen3-Next, OLMo-Hybrid). Where
+``B`` needs no gradient, ``gB`` is a temporary too, which this does not count."""
 
 
 def dtype_map(precision: str) -> tuple[str, dict[str, str]]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from fitplan.arch.learned_repeat import template as repeat_template
 from fitplan.arch.archexpr import compile_expr
-from fitplan.trace import kernels, liger, loss_heads
+from fitplan.trace import kernels, liger, loss_heads, strides
 from fitplan.trace.symbolic import as_int
 from fitplan.arch.archfile import FLOAT
 
@@ -38,6 +38,10 @@ class Segment:
         """References this instance shares with the segment instance it continues (:meth:`run`)."""
         self.proxy_holds: dict[int, list[Any]] = {}
         """Op index -> tensors a LoRA parametrization keeps until then (:meth:`module_return`)."""
+        self.dropped_casts: dict[str, str] = {}
+        """A cast's output -> its input, where the replay's dtype makes the cast return its input."""
+        self._strides: dict[str, Any] = {}
+        self._producer: dict[str, list[Any]] | None = None
         self.site_end: dict[int, list[dict[str, Any]]] = {}
         self.site_start: dict[int, list[dict[str, Any]]] = {}
         for site in seg.get("sites", []):
@@ -188,7 +192,14 @@ class Segment:
                         self._input_requires_grad(self.refs[embed])
                         embed = None
                     kernels.lora_embedding(self, op)
-            for s in self.site_end.get(k, ()):
+            ends = self.site_end.get(k, ())
+            if ends and b.lora and deaths_at.get(k):
+                # what dies at a Linear's last op besides its input and output (F.linear's temporaries: autocast's
+                # copy of the input) is gone when the base layer returns, before peft's adapter runs
+                keep = {r for s in ends for r in (s["input"], s["output"])}
+                self._deaths([r for r in deaths_at[k] if r not in keep])
+                deaths_at[k] = [r for r in deaths_at[k] if r in keep]
+            for s in ends:
                 self._site_output(s)
                 kernels.lora_site(self, s)
             if embed is not None and embed in self.refs:
@@ -251,7 +262,10 @@ class Segment:
             if self.b.dt(self.seg["t"][int(outs[0][1:])][1]) == src.dtype:
                 # ``x.to(dtype)`` when x already has it (fp32 runs of a graph recorded in 16-bit) returns x
                 self.refs[outs[0]] = src
+                self.dropped_casts[outs[0]] = args[0][1]
                 return
+        if name == "view" and self.dropped_casts and self._reshape_copies(args, outs):
+            return
         weight_cast = name == "_to_copy" and b.mixed and ins and ins[0][1] is not None and ins[0][1].param
         if weight_cast and ins[0][1].rg and ins[0][1].key in b.ac_cache:
             # autocast casts a leaf that requires grad once per forward (its cache): a chunked loss head's
@@ -300,6 +314,60 @@ class Segment:
             # weight under LoRA is cast at every use and freed after it)
             for t in out_ts:
                 tr.uncached.add(t.sid)
+
+    def _reshape_copies(self, args: list[Any], outs: list[str]) -> bool:
+        """A recorded ``view`` of a cast the replay dropped, which the cast's input cannot give: ``reshape`` copies
+        there (:mod:`.strides`). Emits the copy and returns True; False: the view stands."""
+        src_ref = dict(args).get("self")
+        if not isinstance(src_ref, str) or not self._reads_dropped_cast(src_ref):
+            return False
+        st = self.strides(src_ref)
+        shape = self.shape_of(outs[0])
+        if st is None or strides.view_strides(self.shape_of(src_ref), st, shape) is not None:
+            return False
+        src = self.ref(src_ref)
+        t = self.b.tr.new(math.prod(shape), src.dtype, False, "clone")
+        t.shape = shape
+        self.b.emit("clone", [("self", src)], [t])
+        self.refs[outs[0]] = t
+        self._strides[outs[0]] = strides.contiguous(shape)
+        return True
+
+    def _reads_dropped_cast(self, r: str | None) -> bool:
+        while isinstance(r, str) and r.startswith("t"):
+            if r in self.dropped_casts:
+                return True
+            r = self.seg["t"][int(r[1:])][2]
+        return False
+
+    def shape_of(self, r: str) -> tuple[int, ...]:
+        return tuple(self.dim(d) for d in self.seg["t"][int(r[1:])][0])
+
+    def strides(self, r: str) -> tuple[int, ...] | None:
+        """The strides tensor ``r`` has in this replay (None: unknown), a dropped cast being its input."""
+        if r in self._strides:
+            return self._strides[r]
+        v = None
+        if r in self.dropped_casts:
+            v = self.strides(self.dropped_casts[r])
+        elif r.startswith("t"):
+            entry = self.seg["t"][int(r[1:])]
+            if entry[2] is None or entry[2] == "const":
+                v = strides.contiguous(self.shape_of(r))
+            else:
+                if self._producer is None:
+                    self._producer = {}
+                    for op in self.seg["ops"]:
+                        for o in op[2]:
+                            self._producer.setdefault(o, op)
+                op = self._producer.get(r)
+                src = dict(op[1]).get("self") if op is not None else None
+                st = self.strides(src) if isinstance(src, str) else None
+                if st is not None:
+                    v = strides.derived(op[0], [str(d) for d in self.seg["t"][int(src[1:])][0]], self.shape_of(src),
+                                        st, [str(d) for d in entry[0]], self.shape_of(r))
+        self._strides[r] = v
+        return v
 
     def _current_base(self, view):
         """The tensor ``view`` is a view of, at its current version (the ref the model's code holds): the one it was

@@ -537,7 +537,7 @@ class Trace:
 
 TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
-TRACE_MODULES = ("trace/step_trace.py", "trace/learned_graph.py", "trace/learned_segment.py",
+TRACE_MODULES = ("trace/step_trace.py", "trace/learned_graph.py", "trace/learned_segment.py", "trace/strides.py",
                  "trace/kernels.py", "trace/int8.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py", "arch/archformat.py",
                  "arch/learned_repeat.py", "trace/lora_targets.py", "trace/loss_heads.py", "trace/fused_head.py", "trace/score_head.py",
                  "trace/logits_head.py", "trace/liger.py", "trace/offload.py", "trace/symbolic.py", "trace/reuse.py", "inputs/precision.py",
@@ -1117,10 +1117,18 @@ class Replay:
     def give(self, t: T, buf: GradBuffer | None) -> None:
         """``t`` receives a gradient: ``buf`` passed through, or a new tensor; a second gradient of ``t`` is
         added to the first out of place (``input_buffer.cpp``)."""
+        self.accumulate(t, self.grad_out(t, buf))
+
+    def grad_out(self, t: T, buf: GradBuffer | None) -> GradBuffer:
+        """The gradient a node returns for ``t``: ``buf`` passed through, or a new tensor."""
         if buf is None or buf.nbytes != self.gbytes(t):
             buf = GradBuffer(self.gbytes(t))
             self.live += buf.nbytes
         buf.refs += 1
+        return buf
+
+    def accumulate(self, t: T, buf: GradBuffer) -> None:
+        """``buf`` goes to ``t``'s input buffer, summed out of place with a gradient already waiting there."""
         old = self.pending.get(t.key)
         if old is None:
             self.pending[t.key] = buf
@@ -1251,22 +1259,6 @@ class Replay:
             if not self.held(sid):
                 self.free(sid, sg)
 
-    def before_sum(self, op: Op, incoming: list[GradBuffer | None]) -> None:
-        """An op whose backward holds temporaries (``bwd_temp``) returns its gradients before autograd adds them to
-        the gradients already waiting for the same tensors (torch/csrc/autograd/input_buffer.cpp accumulates
-        after the node returns): at its peak its temporaries, the gradients it made and the waiting ones are all
-        alive. :meth:`give` sums at once, so that instant is recorded here, when a sum follows (RMSNorm's
-        ``pow`` backward: its two temporaries beside the other branch's gradient of the same input)."""
-        new = 0
-        summed = False
-        for t, kind in zip(op.grad_ins, op.grad_kinds):
-            buf = incoming[kind] if 0 <= kind < len(incoming) else None
-            if buf is None or buf.nbytes != self.gbytes(t):
-                new += self.gbytes(t)
-            summed = summed or t.key in self.pending
-        if summed:
-            self.point(op.bwd_temp + new, op.name)
-
     # ---- the backward: the walk
 
     def backward(self) -> None:
@@ -1343,13 +1335,15 @@ class Replay:
             if self.stash is not None:  # its offloaded inputs come back first
                 self.bring_back([sid for sid in self.tr.ckpt_keep.get(op.unit, ()) if sid in self.plan.kept])
             self.recompute(seg, op.unit)
+        given: list[tuple[T, GradBuffer]] = []
         if bufs:
             if self.stash is not None and not self.ckpt[seg]:
                 self.bring_back([sid for sid in op.saved if sid in self.plan.saved])
-            if op.bwd_temp > 0:
-                self.before_sum(op, incoming)
-            for t, kind in zip(op.grad_ins, op.grad_kinds):
-                self.give(t, incoming[kind] if 0 <= kind < len(incoming) else None)
+            # the engine (torch/csrc/autograd/engine.cpp ``evaluate_function``) calls the node, whose incoming
+            # gradients are locals of ``call_function`` and go when it returns; only then does it add each returned
+            # gradient to the input buffer of the node it goes to (input_buffer.cpp, out of place when one waits)
+            given = [(t, self.grad_out(t, incoming[kind] if 0 <= kind < len(incoming) else None))
+                     for t, kind in zip(op.grad_ins, op.grad_kinds)]
             made = 0
             for key, nb, kind, last in op.params:
                 self.param_grad(key, nb, incoming[kind] if 0 <= kind < len(incoming) else None, last, op.clone_grad)
@@ -1361,6 +1355,10 @@ class Replay:
                 self.release(buf)
         if not (bufs and op.cast_temp and self.ckpt[seg]):
             self._release_saved(op, seg)
+        # then, after the engine's ``release_variables``, each returned gradient goes to the input buffer of the node
+        # it feeds (engine.cpp ``evaluate_function``; input_buffer.cpp, out of place when one waits)
+        for t, buf in given:
+            self.accumulate(t, buf)
         if self.stash is not None and not self.stash.cleared and self.unpacked:
             self._clear_stash(seg)
 
