@@ -429,6 +429,11 @@ class ArchFile:
             when = v.get("when")
             if when is None or compile_expr(when)(env):
                 return v
+        if not any(v["precision"] == precision for v in self.variants):  # the learner left it out: the model
+            # fails in it (DBRX's experts under autocast, see docs/architectures.md "The learner")
+            raise FitplanError(f"{self.model_type} does not run in precision class {precision!r}: its learned file "
+                               "has no graph for it (the model failed there when it was learned)", file=str(self.path),
+                               field="precision", value=precision, suggestion="use another precision")
         raise FitplanError(f"{self.model_type}: no learned graph for precision class {precision!r} with "
                            f"{attn!r} attention", file=str(self.path), field="attn_implementation", value=attn,
                            suggestion="re-learn the architecture (fitplan learn-architecture) with this setting")

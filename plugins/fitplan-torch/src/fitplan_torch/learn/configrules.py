@@ -211,7 +211,10 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
         if f in nested:
             field, key = nested[f]
             dflt = (resolved_default.get(field) or {}).get(key)
-            out_fields[f] = {"type": "float", "default": dflt, "from": nested_sources(cls, field, key)}
+            if isinstance(dflt, float) or not isinstance(base.get(field, {}).get(key), int):
+                out_fields[f] = {"type": "float", "default": dflt, "from": nested_sources(cls, field, key)}
+            else:  # a size of a nested config object (DBRX's attn_config.kv_n_heads): read from there only
+                out_fields[f] = {"type": "int", "default": dflt, "from": [[field, key]], **({"size": True} if f in sizes else {})}
             continue
         v = base.get(f, defaults.get(f))
         kind = ("bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float" if isinstance(v, float)

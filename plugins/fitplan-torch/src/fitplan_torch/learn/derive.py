@@ -185,18 +185,36 @@ def size_variables(resolved: dict[str, Any]) -> list[str]:
 
 
 NESTED: dict[str, tuple[str, str]] = {}
-"""Float factors the config keeps inside a dict field (``rope_parameters["partial_rotary_factor"]``),
-varied like top-level fields and named by their key (set by :func:`nested_variables`)."""
+"""Values the config keeps inside a dict field, varied like top-level fields and named by their key (set by
+:func:`nested_variables`): float factors (``rope_parameters["partial_rotary_factor"]``) and the sizes of a
+nested config object (DBRX's ``attn_config["kv_n_heads"]``)."""
 
 
 def nested_variables(resolved: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    out = {}
+    """Float factors in (0, 1] inside any dict field, and integer sizes inside a field the config class keeps as a
+    config object of its own (its ``sub_configs``: DbrxConfig's ``attn_config`` with ``kv_n_heads``, ``ffn_config``
+    with ``ffn_hidden_size``, ``moe_num_experts``, ``moe_top_k``; transformers 5.24 configuration_dbrx.py), which
+    the model reads as sizes (modeling_dbrx.py: ``Wqkv`` is ``d_model + 2·kv_n_heads·head_dim`` wide). A key that
+    is also a top-level field or alias (``ffn_config["hidden_size"]``, the top level's ``attribute_map`` name of
+    ``d_model``), or a size in two nested configs, is left out: its name would be ambiguous."""
+    from .shrink import _attribute_map, sub_config_keys
+
+    subs = sub_config_keys(resolved)
+    taken = set(resolved) | set(_attribute_map(resolved))
+    out: dict[str, tuple[str, str]] = {}
+    twice: set[str] = set()
     for k, v in resolved.items():
-        if isinstance(v, dict):
-            for kk, vv in v.items():
-                if isinstance(vv, float) and 0 < vv <= 1 and kk not in resolved and kk not in out:
-                    out[kk] = (k, kk)
-    return out
+        if not isinstance(v, dict):
+            continue
+        for kk, vv in v.items():
+            factor = isinstance(vv, float) and 0 < vv <= 1
+            size = k in subs and size_variables({kk: vv}) == [kk]
+            if not (factor or size) or kk in taken:
+                continue
+            if kk in out:
+                twice.add(kk)
+            out.setdefault(kk, (k, kk))
+    return {kk: where for kk, where in out.items() if kk not in twice}
 
 
 def get_var(cfg: dict[str, Any], name: str) -> Any:
@@ -421,6 +439,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
                          "record other ops: a Python loop over the sequence, such as Mamba's reference scan off "
                          "CUDA), which a learned file cannot express yet")
     held.update(_held(base, unprobed, followers, log))
+    routing.refuse_held_experts(held)
     # joint probes: every variable that could change alone changes at once (with the fields that follow it)
     for mult in (0, 1):
         cfg = copy.deepcopy(base)

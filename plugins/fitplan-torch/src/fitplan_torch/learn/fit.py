@@ -275,7 +275,9 @@ class Fitter:
         probe sees it move), or by half or twice it: DBRX's rotary frequencies, ``head_dim // 2`` entries with
         ``head_dim = d_model // n_heads`` and ``n_heads`` held (transformers 5.24 models/dbrx/modeling_dbrx.py
         ``DbrxAttention`` and ``compute_default_rope_parameters``: ``arange(0, dim, 2)``). Only a field named in the
-        probes' environment, never a number chosen to fit."""
+        probes' environment, never a number chosen to fit. Rounded up, the first expert's rows under balanced
+        routing with the expert count held (:mod:`.routing`: ``ceil_div(k·b·s, E)``; DBRX's ``torch.where`` over
+        its expert mask, modeling_dbrx.py ``DbrxExperts.forward``)."""
         held = sorted(k for k, v in self.env[0].items()
                       if k not in self.single and k not in ("b", "s") and type(v) is int and v > 1
                       and all(e.get(k) == v for e in self.env))
@@ -284,7 +286,7 @@ class Fitter:
                 continue
             m = _fmt_mono(mono)
             for h in held:
-                for wrap in ("{m}//{h}", "{m}//{h}//2", "2*{m}//{h}"):
+                for wrap in ("{m}//{h}", "{m}//{h}//2", "2*{m}//{h}", "ceil_div({m}, {h})"):
                     expr = wrap.format(m=m, h=h)
                     if self.check(expr, y):
                         return expr
