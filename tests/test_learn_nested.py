@@ -117,3 +117,37 @@ def test_an_unfolded_expert_loop_is_refused():
     finally:
         D.NESTED.clear()
         routing.FORCED.clear()
+
+
+def test_two_causal_convolutions_pad_by_both_kernels():
+    """ZAYA pads its q/k states on the left by ``(cca_time0 - 1) + (cca_time1 - 1)`` before two convolutions
+    (transformers 5.24 modeling_zaya.py ``conv_kernel_size``, ``F.pad(qk_states, (self.conv_kernel_size, 0))``): the
+    padded length, measured with torch's ``F.pad`` at each probe, is fitted as a sum of three variables less 2 and
+    gives torch's length at a held-out size. Control: no sum of two terms (plus or minus 1 or 2) fits these probes."""
+    torch = pytest.importorskip("torch")
+    from fitplan_torch.learn.fit import Fitter
+
+    def padded(s, c0, c1):
+        return torch.nn.functional.pad(torch.zeros(1, 1, s), ((c0 - 1) + (c1 - 1), 0)).shape[-1]
+
+    probes = [(16, 2, 2), (20, 2, 2), (16, 3, 2), (16, 2, 3), (22, 4, 4), (18, 6, 5)]  # base, s, c0, c1, joints
+    env = [{"s": s, "cca_time0": c0, "cca_time1": c1, "b": 2} for s, c0, c1 in probes]
+    y = [padded(*p) for p in probes]
+    fitter = Fitter(env, {"s": 1, "cca_time0": 2, "cca_time1": 3})
+    expr = fitter.fit(y)
+    assert compile_expr(expr)({"s": 37, "cca_time0": 5, "cca_time1": 7, "b": 2}) == padded(37, 5, 7) == 47
+    deps = fitter.deps(tuple(y))
+    assert all(fitter._sum2(deps, tuple(v - off for v in y)) is None for off in (0, -1, 1, -2, 2))
+
+
+def test_histc_is_no_data_dependent_size():
+    """``torch.histc`` returns ``bins`` entries whatever its input (measured), so a refusal next to it does not blame
+    the routing; ``bincount`` (``max + 1`` entries) does."""
+    torch = pytest.importorskip("torch")
+    from fitplan_torch.learn.limits import data_dependent_note
+
+    assert torch.histc(torch.tensor([0.0, 0.0]), bins=4, min=0, max=3).shape == torch.histc(
+        torch.tensor([3.0, 1.0, 2.0]), bins=4, min=0, max=3).shape == (4,)
+    assert torch.bincount(torch.tensor([0, 0])).shape != torch.bincount(torch.tensor([3])).shape
+    assert data_dependent_note({"ops": [["histc"], ["mm"]]}) == ""
+    assert "bincount" in data_dependent_note({"ops": [["bincount"]]})

@@ -11,7 +11,8 @@ order, for the simplest expression over exactly those variables that reproduces 
 4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``); before it, ``ceil_div(c·m, d)``, a
    count rounded up (the first expert's rows under balanced routing, :mod:`.routing`);
 5. ``C // v``, a held size over one variable (Mamba-2's heads per group with the heads held);
-6. a sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``);
+6. a sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``),
+   then the same plus or minus 1 or 2 (ZAYA's convolution pad ``s + cca_time0 + cca_time1 - 2``);
 7. a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
    slopes for a head count that is no power of two, learned in their own regime, :mod:`.sizeregimes`);
 8. last, a product of the variables divided by a field the learner held (DBRX's ``d_model//n_heads//2``).
@@ -246,6 +247,10 @@ class Fitter:
         cand = self._sum3(deps, y)
         if cand is not None:
             return cand
+        for off in (-1, 1, -2, 2):  # two causal convolutions in a row: s + (k0 - 1) + (k1 - 1) (ZAYA's left pad)
+            cand = self._sum3(deps, tuple(v - off for v in y))
+            if cand is not None and self.check(f"{cand} {'-' if off < 0 else '+'} {abs(off)}", y):
+                return f"{cand} {'-' if off < 0 else '+'} {abs(off)}"
         cand = self._pow2(deps, y)  # last: only where no arithmetic of the sizes fits
         if cand is not None:
             return cand
