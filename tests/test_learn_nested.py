@@ -151,3 +151,73 @@ def test_histc_is_no_data_dependent_size():
     assert torch.bincount(torch.tensor([0, 0])).shape != torch.bincount(torch.tensor([3])).shape
     assert data_dependent_note({"ops": [["histc"], ["mm"]]}) == ""
     assert "bincount" in data_dependent_note({"ops": [["bincount"]]})
+
+
+def _mimo(head_dim: int, factor: float, other: float | None = None) -> dict:
+    """A MiMo-V2-Flash config whose two layer types state ``partial_rotary_factor`` (configuration_mimo_v2_flash.py
+    defaults: 0.334 for both)."""
+    return {"model_type": "mimo_v2_flash", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": head_dim, "v_head_dim": 16, "num_hidden_layers": 2,
+            "layer_types": ["full_attention", "sliding_attention"],
+            "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": factor},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                                      "partial_rotary_factor": factor if other is None else other}}}
+
+
+def test_a_factor_stated_per_layer_type_is_one_variable():
+    """MiMo-V2-Flash reads ``rope_parameters[layer_type]["partial_rotary_factor"]`` (modeling_mimo_v2_flash.py
+    ``compute_default_rope_parameters``): stated alike in each layer type's dict, it is one variable, read from the
+    first and written to every one. Control: two different factors are no one variable."""
+    from fitplan_torch.learn import derive as D
+
+    resolved = D.hf_config(_mimo(16, 0.334)).to_dict()
+    got = D.nested_variables(resolved)
+    assert got["partial_rotary_factor"] == ("rope_parameters", "*", "partial_rotary_factor")
+    D.NESTED.clear()
+    try:
+        D.NESTED.update(got)
+        assert D.get_var(resolved, "partial_rotary_factor") == 0.334
+        D.put_var(resolved, "partial_rotary_factor", 0.5)
+        assert [x["partial_rotary_factor"] for x in resolved["rope_parameters"].values()] == [0.5, 0.5]
+        assert resolved["rope_parameters"]["sliding_attention"]["rope_theta"] == 1e4  # the rest kept
+    finally:
+        D.NESTED.clear()
+    assert "partial_rotary_factor" not in D.nested_variables(D.hf_config(_mimo(16, 0.334, 0.5)).to_dict())
+
+
+def _mimo_rotary(head_dim: int, factor: float) -> tuple[int, int]:
+    """(inverse frequencies, width left unrotated) as MiMo-V2-Flash computes them: its own
+    ``compute_default_rope_parameters``; ``apply_rotary_pos_emb`` rotates ``cos.shape[-1]`` = twice as many."""
+    from transformers import AutoConfig
+    from transformers.models.mimo_v2_flash import modeling_mimo_v2_flash as m
+
+    cfg = AutoConfig.for_model(**_mimo(head_dim, factor))
+    inv_freq, _ = m.MiMoV2FlashRotaryEmbedding.compute_default_rope_parameters(cfg, layer_type="full_attention")
+    return inv_freq.shape[0], head_dim - 2 * inv_freq.shape[0]
+
+
+def test_mimo_rotary_widths_from_the_factor():
+    """The fit of MiMo's rotary widths at the probes the learner takes (head_dim 18, 36; factor 0.334, 0.668; a
+    joint probe), evaluated at the published head_dim 192, gives what the model's own code computes there (32
+    frequencies, 128 dims left). Control: ``int(f·head_dim)//2`` fits the frequencies at even rotary dims only."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.fit import Fitter
+
+    probes = [(18, 0.334), (36, 0.334), (18, 0.668), (27 * 2, 0.5), (16, 0.334)]
+    env = [{"head_dim": h, "partial_rotary_factor": f, "b": 2, "s": 16} for h, f in probes]
+    fitter = Fitter(env, {"head_dim": 1, "partial_rotary_factor": 2}, ["partial_rotary_factor"])
+    published = {"head_dim": 192, "partial_rotary_factor": 0.334, "b": 2, "s": 16}
+    for k in (0, 1):
+        y = [_mimo_rotary(h, f)[k] for h, f in probes]
+        assert compile_expr(fitter.fit(y))(published) == _mimo_rotary(192, 0.334)[k] == (32, 128)[k]
+    freqs = [_mimo_rotary(h, f)[0] for h, f in probes]
+    assert not fitter.check("int(partial_rotary_factor*head_dim)//2", tuple(freqs))  # 16·0.334 -> 5 dims, 3 freqs
+
+
+def test_the_shrink_keeps_the_rotary_width_even():
+    """16 · 0.334 = 5.3 rotary dims (odd, unlike the published 192 · 0.334 = 64): the shrunk head_dim is raised to
+    18 (6 dims); with a factor of 0.5 it stays 16 (control)."""
+    from fitplan_torch.learn.shrink import shrunk_config
+
+    assert shrunk_config(_mimo(192, 0.334))["head_dim"] == 18
+    assert shrunk_config(_mimo(192, 0.5))["head_dim"] == 16

@@ -184,10 +184,11 @@ def size_variables(resolved: dict[str, Any]) -> list[str]:
     return out
 
 
-NESTED: dict[str, tuple[str, str]] = {}
+NESTED: dict[str, tuple[str, ...]] = {}
 """Values the config keeps inside a dict field, varied like top-level fields and named by their key (set by
-:func:`nested_variables`): float factors (``rope_parameters["partial_rotary_factor"]``) and the sizes of a
-nested config object (DBRX's ``attn_config["kv_n_heads"]``)."""
+:func:`nested_variables`): float factors (``rope_parameters["partial_rotary_factor"]``), the same factor in each
+layer type's dict (``(field, "*", key)``: MiMo-V2-Flash's ``rope_parameters[layer_type]["partial_rotary_factor"]``)
+and the sizes of a nested config object (DBRX's ``attn_config["kv_n_heads"]``)."""
 
 
 def nested_variables(resolved: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -201,11 +202,15 @@ def nested_variables(resolved: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
     subs = sub_config_keys(resolved)
     taken = set(resolved) | set(_attribute_map(resolved))
-    out: dict[str, tuple[str, str]] = {}
+    out: dict[str, tuple[str, ...]] = {}
     twice: set[str] = set()
     for k, v in resolved.items():
         if not isinstance(v, dict):
             continue
+        for kk, vv in _per_type_factors(v).items():
+            if kk not in taken:
+                twice.update({kk} & set(out))
+                out.setdefault(kk, (k, "*", kk))
         for kk, vv in v.items():
             factor = isinstance(vv, float) and 0 < vv <= 1
             size = k in subs and size_variables({kk: vv}) == [kk]
@@ -217,17 +222,38 @@ def nested_variables(resolved: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return {kk: where for kk, where in out.items() if kk not in twice}
 
 
+def _per_type_factors(d: dict[str, Any]) -> dict[str, float]:
+    """The float factors in (0, 1] that every entry of a dict of dicts (one per layer type) states, with one value
+    (MiMo-V2-Flash's ``partial_rotary_factor`` 0.334 for full and sliding attention, configuration_mimo_v2_flash.py,
+    read per layer type by modeling_mimo_v2_flash.py ``compute_default_rope_parameters``)."""
+    entries = list(d.values())
+    if not entries or not all(isinstance(x, dict) for x in entries):
+        return {}
+    out = {}
+    for kk, vv in entries[0].items():
+        if isinstance(vv, float) and 0 < vv <= 1 and all(x.get(kk) == vv for x in entries):
+            out[kk] = vv
+    return out
+
+
 def get_var(cfg: dict[str, Any], name: str) -> Any:
     if name in NESTED:
-        d = cfg.get(NESTED[name][0]) or {}
-        return d.get(NESTED[name][1]) if isinstance(d, dict) else None
+        where = NESTED[name]
+        d = cfg.get(where[0]) or {}
+        if len(where) == 3:  # the same factor in each layer type's dict: the first one's
+            d = next((x for x in d.values() if isinstance(x, dict)), {}) if isinstance(d, dict) else {}
+        return d.get(where[-1]) if isinstance(d, dict) else None
     return cfg.get(name)
 
 
 def put_var(cfg: dict[str, Any], name: str, value: Any) -> None:
     if name in NESTED:
-        field, key = NESTED[name]
-        cfg[field] = {**(cfg.get(field) or {}), key: value}
+        where = NESTED[name]
+        field, key = where[0], where[-1]
+        if len(where) == 3:  # every layer type's dict alike
+            cfg[field] = {t: {**x, key: value} if isinstance(x, dict) else x for t, x in (cfg.get(field) or {}).items()}
+        else:
+            cfg[field] = {**(cfg.get(field) or {}), key: value}
     else:
         cfg[name] = value
 

@@ -7,7 +7,8 @@ order, for the simplest expression over exactly those variables that reproduces 
 
 1. a constant (no dependency);
 2. ``c · Π vᵢ^eᵢ`` (exponents -1, 1, 2; c a small integer or a half);
-3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m;
+3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m, halved, doubled or rounded up
+   to even (``arange(0, int(f·m), 2)``), or what it leaves of m (``m - 2·ceil_div(int(f·m), 2)``);
 4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``); before it, ``ceil_div(c·m, d)``, a
    count rounded up (the first expert's rows under balanced routing, :mod:`.routing`);
 5. ``C // v``, a held size over one variable (Mamba-2's heads per group with the heads held);
@@ -230,10 +231,15 @@ class Fitter:
             rest = frozenset(deps - {f})
             for mono, val in (self.monos(rest, True) if rest else [((), None)]):
                 inner = f"int({f}*{_fmt_mono(mono)})" if mono else f"int({f})"
-                for wrap in ("{x}", "{x}//2", "2*{x}", "{x}//4"):
+                # rounded up: arange(0, int(f·m), 2) has ceil_div(int(f·m), 2) entries (MiMo-V2-Flash's inv_freq)
+                for wrap in ("{x}", "{x}//2", "2*{x}", "{x}//4", "ceil_div({x}, 2)", "2*ceil_div({x}, 2)"):
                     expr = wrap.format(x=inner)
                     if self.check(expr, y):
                         return expr
+                    # the rest of the width that the rotary part leaves: ``q[..., rotary_dim:]``
+                    # (modeling_mimo_v2_flash.py ``apply_rotary_pos_emb``, rotary_dim = cos.shape[-1])
+                    if mono and self.check(f"{_fmt_mono(mono)} - {expr}", y):
+                        return f"{_fmt_mono(mono)} - {expr}"
         cand = self._sum2(deps, y)
         if cand is not None:
             return cand
