@@ -221,3 +221,24 @@ def test_the_shrink_keeps_the_rotary_width_even():
 
     assert shrunk_config(_mimo(192, 0.334))["head_dim"] == 18
     assert shrunk_config(_mimo(192, 0.5))["head_dim"] == 16
+
+
+def test_a_precision_class_without_a_graph_is_refused_by_name():
+    """A file whose learner left a precision class out (the model fails in it, as DBRX under autocast) refuses that
+    class by name, with no suggestion to re-learn; a kernel missing within a learned class keeps the old message."""
+    import copy
+
+    from fitplan.api import FitplanError
+    from fitplan.arch.archfile import load
+
+    af = copy.copy(load("llama"))
+    graphs = af.graphs
+    env = {**af.symbols({"model_type": "llama"}), "b": 2, "s": 16}
+    assert af.variant("mixed", "sdpa", env)["precision"] == "mixed"  # the file as bundled serves it
+    af._graphs = {**graphs, "variants": [v for v in graphs["variants"] if v["precision"] != "mixed"]}
+    with pytest.raises(FitplanError, match="does not run in precision class 'mixed'"):
+        af.variant("mixed", "sdpa", env)
+    af._graphs = {**graphs, "variants": [v for v in graphs["variants"]
+                                         if not (v["precision"] == "mixed" and v["attn"] == "eager")]}
+    with pytest.raises(FitplanError, match="no learned graph for precision class 'mixed' with 'eager'"):
+        af.variant("mixed", "eager", env)
