@@ -242,3 +242,20 @@ def test_a_precision_class_without_a_graph_is_refused_by_name():
                                          if not (v["precision"] == "mixed" and v["attn"] == "eager")]}
     with pytest.raises(FitplanError, match="no learned graph for precision class 'mixed' with 'eager'"):
         af.variant("mixed", "eager", env)
+
+
+def test_a_regime_without_a_graph_names_the_learned_regimes():
+    """A file whose graphs of one precision class and kernel hold under conditions this config meets none of (MiMo-
+    V2-Flash's: no GQA graph, the learner's GQA setup does not run it) says where its graphs hold."""
+    import copy
+
+    from fitplan.api import FitplanError
+    from fitplan.arch.archfile import load
+
+    af = copy.copy(load("llama"))
+    graphs = af.graphs
+    env = {**af.symbols({"model_type": "llama"}), "b": 2, "s": 16}
+    af._graphs = {**graphs, "variants": [{**v, "when": "b == 1"} for v in graphs["variants"]]}
+    with pytest.raises(FitplanError, match="applies to this config .*b == 1"):
+        af.variant("16", "sdpa", env)
+    assert af.variant("16", "sdpa", {**env, "b": 1})["precision"] == "16"  # control: the regime it holds in

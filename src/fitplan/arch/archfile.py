@@ -434,6 +434,12 @@ class ArchFile:
             raise FitplanError(f"{self.model_type} does not run in precision class {precision!r}: its learned file "
                                "has no graph for it (the model failed there when it was learned)", file=str(self.path),
                                field="precision", value=precision, suggestion="use another precision")
+        whens = [v.get("when") for v in self.variants if v["precision"] == precision and v["attn"] == attn]
+        if whens:  # graphs of this class exist, for other regimes (MiMo-V2-Flash: the learner ran no GQA one)
+            raise FitplanError(f"{self.model_type}: no learned graph for precision class {precision!r} with {attn!r} "
+                               f"attention applies to this config (the learned ones hold where "
+                               f"{' or '.join(str(w) for w in whens)})", file=str(self.path), field="model",
+                               suggestion="a config in one of those regimes is estimated")
         raise FitplanError(f"{self.model_type}: no learned graph for precision class {precision!r} with "
                            f"{attn!r} attention", file=str(self.path), field="attn_implementation", value=attn,
                            suggestion="re-learn the architecture (fitplan learn-architecture) with this setting")

@@ -481,17 +481,13 @@ def rotary_half(resolved: dict[str, Any], rp: dict[str, Any]) -> int | None:
 
 
 def _even_rotary(out: dict[str, Any], full: dict[str, Any]) -> None:
-    """A shrunk ``head_dim`` raised (by 2, at most to the given one) until ``int(head_dim * partial_rotary_factor)``
-    is even for every factor the config states, as published configs keep it (:func:`.derive.typical`; MiMo-V2-
-    Flash: 192 · 0.334 -> 64 rotary dims, while 16 · 0.334 -> 5)."""
+    """A shrunk ``head_dim`` raised by 2 (at most to the given one) while ``int(head_dim * partial_rotary_factor)`` is
+    odd, as published configs never have it (:func:`.derive.typical`; MiMo-V2-Flash: 192 · 0.334 -> 64, 16 -> 5)."""
     hd, given = out.get("head_dim"), full.get("head_dim")
-    if type(hd) is not int or type(given) is not int or hd >= given:
-        return
-    factors = [f for f in [out.get("partial_rotary_factor")] + [rp.get("partial_rotary_factor") for rp in _rope_dicts(out)]
-               if isinstance(f, float) and 0 < f < 1]
-    while hd < given and any(int(hd * f) % 2 for f in factors):
-        hd += 2
-    out["head_dim"] = hd
+    fs = [f for f in [out.get("partial_rotary_factor")] + [rp.get("partial_rotary_factor") for rp in _rope_dicts(out)]
+          if isinstance(f, float) and 0 < f < 1]
+    while type(hd) is int and type(given) is int and hd < given and any(int(hd * f) % 2 for f in fs):
+        out["head_dim"] = hd = hd + 2
 
 
 def _resize_factor_lists(out: dict[str, Any], full: dict[str, Any]) -> None:
