@@ -259,3 +259,61 @@ def test_a_regime_without_a_graph_names_the_learned_regimes():
     with pytest.raises(FitplanError, match="applies to this config .*b == 1"):
         af.variant("16", "sdpa", env)
     assert af.variant("16", "sdpa", {**env, "b": 1})["precision"] == "16"  # control: the regime it holds in
+
+
+def _kimi_like_params() -> dict:
+    """Per-layer parameter shapes as the learner fits them for Kimi-Linear's tiny config (layers 0-3 delta attention,
+    layer 4 MLA: modeling_kimi_linear.py ``KimiLinearDeltaAttention.o_proj`` is ``Linear(linear_num_heads·
+    linear_head_dim, hidden)``, ``KimiLinearAttention.o_proj`` ``Linear(num_attention_heads·v_head_dim, hidden)``)."""
+    out = {}
+    for i in range(5):
+        wide = "num_attention_heads*v_head_dim" if i == 4 else "linear_head_dim*linear_num_heads"
+        out[f"model.layers.{i}.self_attn.o_proj.weight"] = (["hidden_size", wide], "bf16")
+        out[f"model.layers.{i}.input_layernorm.weight"] = (["hidden_size"], "bf16")
+    return out
+
+
+def test_a_name_two_layer_kinds_shape_differently_is_two_rows():
+    """Kimi-Linear's ``o_proj`` is 128 wide in its delta-attention layers and 64 in its MLA layer (tiny config: 8
+    heads × 16, 4 heads × 16): the file keeps one row per shape, each with its layers' kinds, so it counts 4·64·128 +
+    64·64 = 36864 elements, as the model has; one row (the first layer's shape everywhere) counted 40960, the 4096
+    too many the memory check found (1611008 bytes predicted, 1594624 measured, 32-true). The norm, one shape in
+    every kind, stays one row (control)."""
+    import types
+
+    from fitplan_torch.learn.learner import _parameters
+
+    kinds = ["0|1|0", "0|0|0", "0|0|0", "0|0|0", "1|0|1"]
+    ref16 = {"params": _kimi_like_params(), "buffers": {}, "repeats": {}}
+    meta = {"roles": {}, "conv1d": set()}
+    params, _, _ = _parameters(types.SimpleNamespace(base={}), ref16, meta, kinds, "model.layers")
+    o = [p for p in params if p[0] == "model.layers.{i}.self_attn.o_proj.weight"]
+    assert [(p[1][1], p[3]) for p in o] == [("linear_head_dim*linear_num_heads", ["0|0|0", "0|1|0"]),
+                                            ("num_attention_heads*v_head_dim", ["1|0|1"])]
+    assert [p[3] for p in params if p[0].endswith("input_layernorm.weight")] == [["0|0|0", "0|1|0", "1|0|1"]]
+    env = {"hidden_size": 64, "linear_head_dim": 16, "linear_num_heads": 8, "num_attention_heads": 4, "v_head_dim": 16}
+    total = sum(compile_expr(p[1][0])(env) * compile_expr(p[1][1])(env) * sum(k in p[3] for k in kinds) for p in o)
+    assert total == 4 * 64 * 128 + 64 * 64 == 36864
+
+
+def test_the_core_reads_each_layer_s_own_shape():
+    """A file with one row per shape (above) gives each layer its own row's shape, in the parameter list and where a
+    segment looks a parameter up by name (``param_entry``); a file with one row per name is read as before."""
+    import copy
+
+    from fitplan.arch.archfile import load
+
+    af = copy.copy(load("llama"))
+    env = {**af.symbols({"model_type": "llama", "num_hidden_layers": 2}), "b": 2, "s": 16}
+    row = next(p for p in af.params if p[0].endswith("self_attn.o_proj.weight"))
+    narrow = [row[0], [row[1][0], "8"], row[2], ["B"], *row[4:]]
+    af.params = [([*p[:3], ["A"], *p[4:]] if p is row else p) for p in af.params] + [narrow]
+    af.param_index = {}
+    for p in af.params:
+        af.param_index.setdefault(p[0], []).append(p)
+    af.layer_kinds = lambda e: ["A", "B"]
+    got = {n: shape for n, shape, *_ in af.param_list(env) if n.endswith("o_proj.weight")}
+    h = env["hidden_size"]
+    assert got == {"model.layers.0.self_attn.o_proj.weight": (h, h), "model.layers.1.self_attn.o_proj.weight": (h, 8)}
+    assert af.param_entry(row[0], {**env, "i": 1})[1] == [row[1][0], "8"]
+    assert af.param_entry(row[0], {**env, "i": 0})[3] == ["A"]

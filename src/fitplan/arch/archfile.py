@@ -362,10 +362,12 @@ class ArchFile:
                 return self.score_entry()
             if any(p[2] == "output" for p in self.param_index.get(name, ())):
                 return None
-        for p in self.param_index.get(learned_repeat.template(name, self.param_index), ()):
-            if p[4] is None or compile_expr(p[4])(env):
-                return p
-        return None
+        rows = [p for p in self.param_index.get(learned_repeat.template(name, self.param_index), ())
+                if p[4] is None or compile_expr(p[4])(env)]
+        if len(rows) > 1 and "i" in env:  # one row per shape, by layer kind (Kimi-Linear's o_proj): the layer's own
+            kind = self.layer_kinds(env)[env["i"]]
+            return next((p for p in rows if p[3] is not None and kind in p[3]), rows[0])
+        return rows[0] if rows else None
 
     def tie(self, env: dict[str, Any]) -> dict[str, str]:
         """Parameter names that are the same tensor as another in this config (tied embeddings)."""

@@ -396,17 +396,22 @@ def _parameters(rec: ModelRecord, ref16: dict[str, Any], meta: dict[str, Any], k
     from . import derive as D
 
     params = []
-    seen = set()
+    seen: dict[Any, list[Any]] = {}  # template, or (template, shape) of a per-layer one -> its row
     for name, (dims, dtype) in ref16["params"].items():
         tmpl, layer = D._layer_template(name, layer_prefix)
-        if tmpl in seen:
-            continue
-        seen.add(tmpl)
-        role = meta["roles"].get(name, "other")
-        where = None
         if layer is not None:
-            suffix = tmpl.split(".{i}.", 1)[1]
-            where = sorted({kinds[i] for i in range(len(kinds)) if f"{layer_prefix}.{i}.{suffix}" in ref16["params"]})
+            # one row per shape: a name two layer kinds give different shapes (Kimi-Linear's ``self_attn.o_proj``,
+            # ``linear_num_heads·linear_head_dim`` wide in its delta-attention layers, ``num_attention_heads·
+            # v_head_dim`` in its MLA ones) is two rows, each with the kinds of its layers; a kind keeps its first
+            if any(kinds[layer] in row[3] for key, row in seen.items() if isinstance(key, tuple) and key[0] == tmpl):
+                continue
+            if (tmpl, tuple(dims)) in seen:
+                seen[(tmpl, tuple(dims))][3].append(kinds[layer])
+                continue
+        elif tmpl in seen:
+            continue
+        role = meta["roles"].get(name, "other")
+        where = None if layer is None else [kinds[layer]]
         cond = None
         if role == "output" and "tie_word_embeddings" in rec.base and meta.get("tied_keys") != {}:
             cond = "not tie_word_embeddings"  # counted once when tied; never, where the class ties nothing (.ties)
@@ -416,6 +421,10 @@ def _parameters(rec: ModelRecord, ref16: dict[str, Any], meta: dict[str, Any], k
         elif name in meta.get("custom", ()):
             entry.append("custom")  # a subclass of nn.Linear: peft adapts it, bitsandbytes does not quantize it
         params.append(entry)
+        seen[(tmpl, tuple(dims)) if layer is not None else tmpl] = entry
+    for entry in params:
+        if entry[3] is not None:
+            entry[3] = sorted(set(entry[3]))
     buffers = []
     for name, (dims, dtype) in ref16["buffers"].items():
         tmpl, layer = D._layer_template(name, layer_prefix)
