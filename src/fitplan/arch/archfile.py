@@ -362,10 +362,12 @@ class ArchFile:
                 return self.score_entry()
             if any(p[2] == "output" for p in self.param_index.get(name, ())):
                 return None
-        for p in self.param_index.get(learned_repeat.template(name, self.param_index), ()):
-            if p[4] is None or compile_expr(p[4])(env):
-                return p
-        return None
+        rows = [p for p in self.param_index.get(learned_repeat.template(name, self.param_index), ())
+                if p[4] is None or compile_expr(p[4])(env)]
+        if len(rows) > 1 and "i" in env:  # one row per shape, by layer kind (Kimi-Linear's o_proj): the layer's own
+            kind = self.layer_kinds(env)[env["i"]]
+            return next((p for p in rows if p[3] is not None and kind in p[3]), rows[0])
+        return rows[0] if rows else None
 
     def tie(self, env: dict[str, Any]) -> dict[str, str]:
         """Parameter names that are the same tensor as another in this config (tied embeddings)."""
@@ -429,6 +431,17 @@ class ArchFile:
             when = v.get("when")
             if when is None or compile_expr(when)(env):
                 return v
+        if not any(v["precision"] == precision for v in self.variants):  # the learner left it out: the model
+            # fails in it (DBRX's experts under autocast, see docs/architectures.md "The learner")
+            raise FitplanError(f"{self.model_type} does not run in precision class {precision!r}: its learned file "
+                               "has no graph for it (the model failed there when it was learned)", file=str(self.path),
+                               field="precision", value=precision, suggestion="use another precision")
+        whens = [v.get("when") for v in self.variants if v["precision"] == precision and v["attn"] == attn]
+        if whens:  # graphs of this class exist, for other regimes (MiMo-V2-Flash: the learner ran no GQA one)
+            raise FitplanError(f"{self.model_type}: no learned graph for precision class {precision!r} with {attn!r} "
+                               f"attention applies to this config (the learned ones hold where "
+                               f"{' or '.join(str(w) for w in whens)})", file=str(self.path), field="model",
+                               suggestion="a config in one of those regimes is estimated")
         raise FitplanError(f"{self.model_type}: no learned graph for precision class {precision!r} with "
                            f"{attn!r} attention", file=str(self.path), field="attn_implementation", value=attn,
                            suggestion="re-learn the architecture (fitplan learn-architecture) with this setting")

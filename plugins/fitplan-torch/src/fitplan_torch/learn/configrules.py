@@ -208,10 +208,18 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
             dflt = getattr(cls(), f, None)
             out_fields[f] = {"type": "int" if isinstance(dflt, int) else "any", "default": dflt, "from": [[f[1:]], [f]]}
             continue
+        if f in nested and len(nested[f]) == 3:  # one factor in each layer type's dict: read from them in turn
+            field, key = nested[f][0], nested[f][-1]
+            dflt = next((x.get(key) for x in (resolved_default.get(field) or {}).values() if isinstance(x, dict)), None)
+            out_fields[f] = {"type": "float", "default": dflt, "from": [[field, t, key] for t in base.get(field, {})]}
+            continue
         if f in nested:
             field, key = nested[f]
             dflt = (resolved_default.get(field) or {}).get(key)
-            out_fields[f] = {"type": "float", "default": dflt, "from": nested_sources(cls, field, key)}
+            if isinstance(dflt, float) or not isinstance(base.get(field, {}).get(key), int):
+                out_fields[f] = {"type": "float", "default": dflt, "from": nested_sources(cls, field, key)}
+            else:  # a size of a nested config object (DBRX's attn_config.kv_n_heads): read from there only
+                out_fields[f] = {"type": "int", "default": dflt, "from": [[field, key]], **({"size": True} if f in sizes else {})}
             continue
         v = base.get(f, defaults.get(f))
         kind = ("bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float" if isinstance(v, float)

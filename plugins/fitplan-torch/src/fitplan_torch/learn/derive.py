@@ -184,32 +184,76 @@ def size_variables(resolved: dict[str, Any]) -> list[str]:
     return out
 
 
-NESTED: dict[str, tuple[str, str]] = {}
-"""Float factors the config keeps inside a dict field (``rope_parameters["partial_rotary_factor"]``),
-varied like top-level fields and named by their key (set by :func:`nested_variables`)."""
+NESTED: dict[str, tuple[str, ...]] = {}
+"""Values the config keeps inside a dict field, varied like top-level fields and named by their key (set by
+:func:`nested_variables`): float factors (``rope_parameters["partial_rotary_factor"]``), the same factor in each
+layer type's dict (``(field, "*", key)``: MiMo-V2-Flash's ``rope_parameters[layer_type]["partial_rotary_factor"]``)
+and the sizes of a nested config object (DBRX's ``attn_config["kv_n_heads"]``)."""
 
 
 def nested_variables(resolved: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    out = {}
+    """Float factors in (0, 1] inside any dict field, and integer sizes inside a field the config class keeps as a
+    config object of its own (its ``sub_configs``: DbrxConfig's ``attn_config`` with ``kv_n_heads``, ``ffn_config``
+    with ``ffn_hidden_size``, ``moe_num_experts``, ``moe_top_k``; transformers 5.24 configuration_dbrx.py), which
+    the model reads as sizes (modeling_dbrx.py: ``Wqkv`` is ``d_model + 2·kv_n_heads·head_dim`` wide). A key that
+    is also a top-level field or alias (``ffn_config["hidden_size"]``, the top level's ``attribute_map`` name of
+    ``d_model``), or a size in two nested configs, is left out: its name would be ambiguous."""
+    from .shrink import _attribute_map, sub_config_keys
+
+    subs = sub_config_keys(resolved)
+    taken = set(resolved) | set(_attribute_map(resolved))
+    out: dict[str, tuple[str, ...]] = {}
+    twice: set[str] = set()
     for k, v in resolved.items():
-        if isinstance(v, dict):
-            for kk, vv in v.items():
-                if isinstance(vv, float) and 0 < vv <= 1 and kk not in resolved and kk not in out:
-                    out[kk] = (k, kk)
+        if not isinstance(v, dict):
+            continue
+        for kk, vv in _per_type_factors(v).items():
+            if kk not in taken:
+                twice.update({kk} & set(out))
+                out.setdefault(kk, (k, "*", kk))
+        for kk, vv in v.items():
+            factor = isinstance(vv, float) and 0 < vv <= 1
+            size = k in subs and size_variables({kk: vv}) == [kk]
+            if not (factor or size) or kk in taken:
+                continue
+            if kk in out:
+                twice.add(kk)
+            out.setdefault(kk, (k, kk))
+    return {kk: where for kk, where in out.items() if kk not in twice}
+
+
+def _per_type_factors(d: dict[str, Any]) -> dict[str, float]:
+    """The float factors in (0, 1] that every entry of a dict of dicts (one per layer type) states, with one value
+    (MiMo-V2-Flash's ``partial_rotary_factor`` 0.334 for full and sliding attention, configuration_mimo_v2_flash.py,
+    read per layer type by modeling_mimo_v2_flash.py ``compute_default_rope_parameters``)."""
+    entries = list(d.values())
+    if not entries or not all(isinstance(x, dict) for x in entries):
+        return {}
+    out = {}
+    for kk, vv in entries[0].items():
+        if isinstance(vv, float) and 0 < vv <= 1 and all(x.get(kk) == vv for x in entries):
+            out[kk] = vv
     return out
 
 
 def get_var(cfg: dict[str, Any], name: str) -> Any:
     if name in NESTED:
-        d = cfg.get(NESTED[name][0]) or {}
-        return d.get(NESTED[name][1]) if isinstance(d, dict) else None
+        where = NESTED[name]
+        d = cfg.get(where[0]) or {}
+        if len(where) == 3:  # the same factor in each layer type's dict: the first one's
+            d = next((x for x in d.values() if isinstance(x, dict)), {}) if isinstance(d, dict) else {}
+        return d.get(where[-1]) if isinstance(d, dict) else None
     return cfg.get(name)
 
 
 def put_var(cfg: dict[str, Any], name: str, value: Any) -> None:
     if name in NESTED:
-        field, key = NESTED[name]
-        cfg[field] = {**(cfg.get(field) or {}), key: value}
+        where = NESTED[name]
+        field, key = where[0], where[-1]
+        if len(where) == 3:  # every layer type's dict alike
+            cfg[field] = {t: {**x, key: value} if isinstance(x, dict) else x for t, x in (cfg.get(field) or {}).items()}
+        else:
+            cfg[field] = {**(cfg.get(field) or {}), key: value}
     else:
         cfg[name] = value
 
@@ -421,6 +465,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
                          "record other ops: a Python loop over the sequence, such as Mamba's reference scan off "
                          "CUDA), which a learned file cannot express yet")
     held.update(_held(base, unprobed, followers, log))
+    routing.refuse_held_experts(held)
     # joint probes: every variable that could change alone changes at once (with the fields that follow it)
     for mult in (0, 1):
         cfg = copy.deepcopy(base)

@@ -7,11 +7,13 @@ order, for the simplest expression over exactly those variables that reproduces 
 
 1. a constant (no dependency);
 2. ``c · Π vᵢ^eᵢ`` (exponents -1, 1, 2; c a small integer or a half);
-3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m;
+3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m, halved, doubled or rounded up
+   to even (``arange(0, int(f·m), 2)``), or what it leaves of m (``m - 2·ceil_div(int(f·m), 2)``);
 4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``); before it, ``ceil_div(c·m, d)``, a
    count rounded up (the first expert's rows under balanced routing, :mod:`.routing`);
 5. ``C // v``, a held size over one variable (Mamba-2's heads per group with the heads held);
-6. a sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``);
+6. a sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``),
+   then the same plus or minus 1 or 2 (ZAYA's convolution pad ``s + cca_time0 + cca_time1 - 2``);
 7. a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
    slopes for a head count that is no power of two, learned in their own regime, :mod:`.sizeregimes`);
 8. last, a product of the variables divided by a field the learner held (DBRX's ``d_model//n_heads//2``).
@@ -229,10 +231,15 @@ class Fitter:
             rest = frozenset(deps - {f})
             for mono, val in (self.monos(rest, True) if rest else [((), None)]):
                 inner = f"int({f}*{_fmt_mono(mono)})" if mono else f"int({f})"
-                for wrap in ("{x}", "{x}//2", "2*{x}", "{x}//4"):
+                # rounded up: arange(0, int(f·m), 2) has ceil_div(int(f·m), 2) entries (MiMo-V2-Flash's inv_freq)
+                for wrap in ("{x}", "{x}//2", "2*{x}", "{x}//4", "ceil_div({x}, 2)", "2*ceil_div({x}, 2)"):
                     expr = wrap.format(x=inner)
                     if self.check(expr, y):
                         return expr
+                    # the rest of the width that the rotary part leaves: ``q[..., rotary_dim:]``
+                    # (modeling_mimo_v2_flash.py ``apply_rotary_pos_emb``, rotary_dim = cos.shape[-1])
+                    if mono and self.check(f"{_fmt_mono(mono)} - {expr}", y):
+                        return f"{_fmt_mono(mono)} - {expr}"
         cand = self._sum2(deps, y)
         if cand is not None:
             return cand
@@ -246,6 +253,10 @@ class Fitter:
         cand = self._sum3(deps, y)
         if cand is not None:
             return cand
+        for off in (-1, 1, -2, 2):  # two causal convolutions in a row: s + (k0 - 1) + (k1 - 1) (ZAYA's left pad)
+            cand = self._sum3(deps, tuple(v - off for v in y))
+            if cand is not None and self.check(f"{cand} {'-' if off < 0 else '+'} {abs(off)}", y):
+                return f"{cand} {'-' if off < 0 else '+'} {abs(off)}"
         cand = self._pow2(deps, y)  # last: only where no arithmetic of the sizes fits
         if cand is not None:
             return cand
@@ -275,7 +286,9 @@ class Fitter:
         probe sees it move), or by half or twice it: DBRX's rotary frequencies, ``head_dim // 2`` entries with
         ``head_dim = d_model // n_heads`` and ``n_heads`` held (transformers 5.24 models/dbrx/modeling_dbrx.py
         ``DbrxAttention`` and ``compute_default_rope_parameters``: ``arange(0, dim, 2)``). Only a field named in the
-        probes' environment, never a number chosen to fit."""
+        probes' environment, never a number chosen to fit. Rounded up, the first expert's rows under balanced
+        routing with the expert count held (:mod:`.routing`: ``ceil_div(k·b·s, E)``; DBRX's ``torch.where`` over
+        its expert mask, modeling_dbrx.py ``DbrxExperts.forward``)."""
         held = sorted(k for k, v in self.env[0].items()
                       if k not in self.single and k not in ("b", "s") and type(v) is int and v > 1
                       and all(e.get(k) == v for e in self.env))
@@ -284,7 +297,7 @@ class Fitter:
                 continue
             m = _fmt_mono(mono)
             for h in held:
-                for wrap in ("{m}//{h}", "{m}//{h}//2", "2*{m}//{h}"):
+                for wrap in ("{m}//{h}", "{m}//{h}//2", "2*{m}//{h}", "ceil_div({m}, {h})"):
                     expr = wrap.format(m=m, h=h)
                     if self.check(expr, y):
                         return expr

@@ -165,8 +165,10 @@ def _supported(base: dict[str, Any], variants, log) -> list[tuple[str, str]]:
 def _fix_routing(base: dict[str, Any], model, log) -> None:
     """Where the model's routers pick experts per token (:mod:`.routing`), record them fixed to balanced routing
     (``routing.FORCED``, read by ``derive.run`` and the file's ``assumed``)."""
+    from . import derive as D
+
     names = routing.fields(base)
-    if names and routing.routers(model, base[names[0]]) and not routing.FORCED:
+    if names and routing.routers(model, D.get_var(base, names[0])) and not routing.FORCED:
         routing.FORCED.update({"experts": names[0], "top_k": names[1]})
         log(f"  routers fixed to balanced routing while recording ({names[1]} of {names[0]} experts per token)")
 
@@ -179,8 +181,17 @@ def derive_variants(rec: ModelRecord, *, log, b: int, s: int, first_only: bool) 
     and ``rec.specs``)."""
     from . import derive as D
 
-    for precision, attn in rec.supported:
-        vbase, pf = _dropout_sites(rec, rec.distinct, precision, attn, b, s, log)
+    for precision, attn in list(rec.supported):
+        try:
+            vbase, pf = _dropout_sites(rec, rec.distinct, precision, attn, b, s, log)
+        except D.LearnError as e:
+            if (precision, attn) == rec.supported[0] or "runs in none of the regimes" not in str(e):
+                raise
+            # the model's own code fails in this precision class (DBRX's index_add_ of autocast's bf16 expert
+            # outputs into an fp32 buffer, modeling_dbrx.py): a run in it fails too, so no graph is learned for it
+            log(f"  {precision}/{attn}: left out (the model does not run in it)")
+            rec.supported.remove((precision, attn))
+            continue
         classes = _regime_classes(rec, vbase, precision, attn, b, s, log)
         log(f"  {precision}/{attn}: {len(classes)} distinct graph(s) over {sum(len(c) for c in classes.values())} regimes")
         learned: list[dict[str, Any]] = []
@@ -205,7 +216,7 @@ def _dropout_sites(rec: ModelRecord, distinct: dict[str, float], precision: str,
     from . import derive as D
 
     mapped = {**rec.base, **distinct}
-    rec_map = None
+    rec_map, last = None, ""
     for combo in itertools.product(*rec.switches):
         default = D._combine(list(combo))
         bb = 1 if "b" in default.fixed else b
@@ -213,13 +224,14 @@ def _dropout_sites(rec: ModelRecord, distinct: dict[str, float], precision: str,
             rec_map = D.run(default.setup(mapped, bb, s), precision, attn, bb, s)
             break
         except Exception as e:  # noqa: BLE001 - e.g. DeepSeek-V2's attention needs kv heads == heads
-            log(f"    regime {default.name} does not run: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+            last = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+            log(f"    regime {default.name} does not run: {last}")
     if rec_map is None:
         refused = _refused_dropouts(rec.base, distinct, precision, attn, log)
         if refused:  # learned at the config's value: the model takes no other
             return _dropout_sites(rec, {f: p for f, p in distinct.items() if f not in refused}, precision, attn, b, s,
                                   log)
-        raise D.LearnError(f"{precision}/{attn}: the model runs in none of the regimes")
+        raise D.LearnError(f"{precision}/{attn}: the model runs in none of the regimes ({last})")
     pf = []
     sdpa_fields = set()
     for o in rec_map.ops:
@@ -384,17 +396,22 @@ def _parameters(rec: ModelRecord, ref16: dict[str, Any], meta: dict[str, Any], k
     from . import derive as D
 
     params = []
-    seen = set()
+    seen: dict[Any, list[Any]] = {}  # template, or (template, shape) of a per-layer one -> its row
     for name, (dims, dtype) in ref16["params"].items():
         tmpl, layer = D._layer_template(name, layer_prefix)
-        if tmpl in seen:
-            continue
-        seen.add(tmpl)
-        role = meta["roles"].get(name, "other")
-        where = None
         if layer is not None:
-            suffix = tmpl.split(".{i}.", 1)[1]
-            where = sorted({kinds[i] for i in range(len(kinds)) if f"{layer_prefix}.{i}.{suffix}" in ref16["params"]})
+            # one row per shape: a name two layer kinds give different shapes (Kimi-Linear's ``self_attn.o_proj``,
+            # ``linear_num_heads·linear_head_dim`` wide in its delta-attention layers, ``num_attention_heads·
+            # v_head_dim`` in its MLA ones) is two rows, each with the kinds of its layers; a kind keeps its first
+            if any(kinds[layer] in row[3] for key, row in seen.items() if isinstance(key, tuple) and key[0] == tmpl):
+                continue
+            if (tmpl, tuple(dims)) in seen:
+                seen[(tmpl, tuple(dims))][3].append(kinds[layer])
+                continue
+        elif tmpl in seen:
+            continue
+        role = meta["roles"].get(name, "other")
+        where = None if layer is None else [kinds[layer]]
         cond = None
         if role == "output" and "tie_word_embeddings" in rec.base and meta.get("tied_keys") != {}:
             cond = "not tie_word_embeddings"  # counted once when tied; never, where the class ties nothing (.ties)
@@ -404,6 +421,10 @@ def _parameters(rec: ModelRecord, ref16: dict[str, Any], meta: dict[str, Any], k
         elif name in meta.get("custom", ()):
             entry.append("custom")  # a subclass of nn.Linear: peft adapts it, bitsandbytes does not quantize it
         params.append(entry)
+        seen[(tmpl, tuple(dims)) if layer is not None else tmpl] = entry
+    for entry in params:
+        if entry[3] is not None:
+            entry[3] = sorted(set(entry[3]))
     buffers = []
     for name, (dims, dtype) in ref16["buffers"].items():
         tmpl, layer = D._layer_template(name, layer_prefix)

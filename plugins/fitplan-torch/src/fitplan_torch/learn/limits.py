@@ -27,10 +27,13 @@ def dropout_fields(base: dict[str, Any]) -> tuple[list[str], list[str]]:
     return drops, skipping
 
 
-DATA_DEPENDENT = ("nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive", "bincount", "histc",
+DATA_DEPENDENT = ("nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive", "bincount",
                   "repeat_interleave.Tensor", "masked_scatter", "argwhere")
 """aten ops whose output size depends on the values of their input, not on the config (MoE routing's
-``torch.nonzero`` / ``torch.where(mask)`` per expert, ``bincount`` of routed tokens)."""
+``torch.nonzero`` / ``torch.where(mask)`` per expert, ``bincount`` of routed tokens: ``max(input) + 1`` entries).
+Not ``histc``: it has ``bins`` entries whatever the data (torch 2.13 ``torch.histc``; transformers 5.24's
+``grouped_mm`` experts, integrations/moe.py, and DeepSeek-V4's load-balancing loss count tokens per expert with
+``bins=num_experts``), so a size that no expression fits next to it is no routing count."""
 
 
 def data_dependent_note(seg: dict[str, Any]) -> str:

@@ -38,15 +38,18 @@ empty (the file's ``assumed`` says so)."""
 
 
 def _field(cfg: dict[str, Any], names: tuple[str, ...]) -> tuple[str, int] | None:
+    from .derive import get_var
+
     for k in names:
-        v = cfg.get(k)
+        v = get_var(cfg, k)
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return k, v
     return None
 
 
 def fields(cfg: dict[str, Any]) -> tuple[str, str] | None:
-    """The names of the config's expert count and top-k (top-level fields), or None."""
+    """The names of the config's expert count and top-k (top-level fields, or sizes of a nested config the learner
+    varies: DBRX's ``ffn_config["moe_num_experts"]``, :data:`.derive.NESTED`), or None."""
     e, k = _field(cfg, EXPERTS + ("moe_num_experts",)), _field(cfg, TOP_K)
     return (e[0], k[0]) if e and k and k[1] <= e[1] else None
 
@@ -88,12 +91,14 @@ def balanced(model, cfg: dict[str, Any]):
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
+    from .derive import get_var
+
     names = fields(cfg)
-    found = routers(model, cfg[names[0]]) if names else []
+    found = routers(model, get_var(cfg, names[0])) if names else []
     if not found:
         yield False
         return
-    n_experts, k = cfg[names[0]], cfg[names[1]]
+    n_experts, k = get_var(cfg, names[0]), get_var(cfg, names[1])
 
     def hook(module, args, out):
         if isinstance(out, torch.Tensor) and out.shape[-1] == n_experts:
@@ -154,3 +159,19 @@ def keep_divisors(cfg: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
         if all(isinstance(v, int) and v > 0 for v in (g, e, g0, e0)) and e0 % g0 == 0:
             put_var(cfg, experts, g * max(e0 // g0, -(-e // g)))
     return cfg
+
+
+def refuse_held_experts(held: dict[str, Any]) -> None:
+    """Refuse a model whose expert count, with the routers fixed to balanced routing, cannot change without changing
+    the recorded ops: its experts run in a Python loop the learner does not fold into one repeated block (DBRX's
+    ``for expert_idx in expert_hit``, each expert's rows taken with ``torch.where`` and added back with
+    ``index_add_``, transformers 5.24 modeling_dbrx.py ``DbrxExperts.forward``). Each expert's rows then differ by
+    its index under balanced routing (expert j: ``ceil_div(k·b·s - j, E)``), so no file with the count held would
+    reproduce a run (:mod:`.fold` folds a split whose blocks a list op gathers, not blocks that accumulate in place)."""
+    from .derive import LearnError
+
+    name = FORCED.get("experts")
+    if name in held:
+        raise LearnError(f"the expert count {name} = {held[name]} cannot vary without changing the recorded ops: the "
+                         "experts run in a Python loop (one block per expert hit, adding its rows back in place) that "
+                         "the learner does not fold into one repeated block yet")

@@ -91,6 +91,7 @@ def shrunk_config(cfg: dict[str, Any], each: int = 1, log=lambda msg: None) -> d
 
         for k in derived_layer_widths(cfg, full, full[layers_key]):
             out.pop(k, None)  # the class derives it again at the shrunk widths and layer count
+    _even_rotary(out, full)
     _resize_factor_lists(out, full)
     _token_ids(out, full)
     try:
@@ -477,6 +478,16 @@ def rotary_half(resolved: dict[str, Any], rp: dict[str, Any]) -> int | None:
         return None
     prf = rp.get("partial_rotary_factor", resolved.get("partial_rotary_factor", 1.0)) or 1.0
     return int(head_dim * prf) // 2
+
+
+def _even_rotary(out: dict[str, Any], full: dict[str, Any]) -> None:
+    """A shrunk ``head_dim`` raised by 2 (at most to the given one) while ``int(head_dim * partial_rotary_factor)`` is
+    odd, as published configs never have it (:func:`.derive.typical`; MiMo-V2-Flash: 192 · 0.334 -> 64, 16 -> 5)."""
+    hd, given = out.get("head_dim"), full.get("head_dim")
+    fs = [f for f in [out.get("partial_rotary_factor")] + [rp.get("partial_rotary_factor") for rp in _rope_dicts(out)]
+          if isinstance(f, float) and 0 < f < 1]
+    while type(hd) is int and type(given) is int and hd < given and any(int(hd * f) % 2 for f in fs):
+        out["head_dim"] = hd = hd + 2
 
 
 def _resize_factor_lists(out: dict[str, Any], full: dict[str, Any]) -> None:
