@@ -24,7 +24,7 @@ segment then has ``rep``, a list of blocks::
   repetition ``r >= 1`` the body's reference to ``X`` (the state repetition 0 starts from) means repetition
   ``r - 1``'s ``Y`` (the state it made)::
 
-      {"n": "s - 1", "first": 66, "len": 14, "each": [...], "carry": {"t71": "t74"}}
+      {"n": "-1 + s", "first": 66, "len": 14, "each": [...], "carry": {"t71": "t74"}}
 
 :func:`unroll` turns such a segment into the plain segment the model would have recorded at ``n``: the replay
 (:mod:`.learned_segment`) never sees a block.
