@@ -79,8 +79,8 @@ def _run_at(rec: Recording, deep: list[tuple], made: dict[int, tuple[int, int]],
     for length in range(1, MAX_BODY + 1):
         if i + MIN_RUN * length > n:
             return None
-        if deep[i:i + length] != deep[i + length:i + 2 * length]:
-            continue
+        if deep[i] != deep[i + length] or deep[i:i + length] != deep[i + length:i + 2 * length]:
+            continue  # the first op's comparison alone rules out most lengths
         k = 2
         while i + (k + 1) * length <= n and deep[i:i + length] == deep[i + k * length:i + (k + 1) * length]:
             k += 1
