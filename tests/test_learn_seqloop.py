@@ -97,3 +97,29 @@ def test_mamba_learns_its_reference_scan_and_the_referee_measures_the_same():
             r.pop("carry", None)
     problems, _ = V.check_memory(broken, {**resolved, "model_type": "mamba"}, lambda *a: None, cases=cases[:1])
     assert problems and "activations" in problems[0]
+
+
+def test_a_loop_that_does_not_fold_is_named_with_its_module_and_why():
+    """Qwen4-Exp's QSA indexer loops over (batch, position) with ``torch.nonzero`` of the mask row (transformers 5.24
+    modeling_qwen4_exp.py): the refusal names the module and the data-dependent op. Fake recordings: 3 ops per
+    position in ``m.indexer`` (one a ``nonzero``), 1 per position in ``m.other`` (by hand: 12 and 4 more at s + 4)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.seqloop import unfolded_loop_note
+
+    def run(cfg, precision, attn, b, s):
+        rec = _recording([], 0)
+        rec.ops = ([{"name": n, "module": "m.indexer", "args": [], "outs": []} for _ in range(s)
+                    for n in ("nonzero", "index_select", "mm")]
+                   + [{"name": "neg", "module": "m.other", "args": [], "outs": []} for _ in range(s)])
+        return rec
+
+    note = unfolded_loop_note(run, {}, "16", "eager", 2, 16)
+    assert note == ("; the loop runs in m.indexer (12 more ops at 20 positions than at 16): its iterations differ "
+                    "in size: nonzero sizes them by the data")
+
+    def plain(cfg, precision, attn, b, s):  # control: no data-dependent op
+        rec = run(cfg, precision, attn, b, s)
+        rec.ops = [o for o in rec.ops if o["name"] != "nonzero"]
+        return rec
+
+    assert "not one repeated block" in unfolded_loop_note(plain, {}, "16", "eager", 2, 16)

@@ -25,7 +25,7 @@ from .limits import data_dependent_note
 from .record import (FUNCTION_OP, Recent, Recording, align_backward, config_key, decoder_layers, is_linear_site,
                      linear_types, record)
 from .segments import Cut
-from .seqloop import fold_loops
+from .seqloop import fold_loops, unfolded_loop_note
 from .slicesizes import sliced_size
 
 DISTINCT_P = (0.11, 0.13, 0.17, 0.19, 0.23, 0.29, 0.31, 0.37, 0.41, 0.43)
@@ -421,8 +421,9 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
     unprobed = [(n, v) for n, v in unprobed if not (n in relations.PRODUCTS and relations.holds(base, n))]
     if any(n == "s" for n, _ in unprobed):  # every size would be fitted at this one length: refused, not written
         raise LearnError(f"the recorded ops change with the sequence length (s = {s}, {s + 4}, {s + 6}, {s - 2} each "
-                         "record other ops: a Python loop over the sequence, such as Mamba's reference scan off "
-                         "CUDA), which a learned file cannot express yet")
+                         "record other ops: a Python loop over the sequence that is no run of identical iterations "
+                         "carrying a state, which a learned file cannot express yet"
+                         + unfolded_loop_note(run, base, precision, attn, b, s))
     held.update(_held(base, unprobed, followers, log))
     # joint probes: every variable that could change alone changes at once (with the fields that follow it)
     for mult in (0, 1):

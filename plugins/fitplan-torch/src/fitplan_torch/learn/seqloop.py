@@ -182,3 +182,29 @@ def _fold_run(rec: Recording, run: dict[str, Any], made: dict[int, tuple[int, in
     removed.update(range(first + length, run["end"]))
     rec.repeats.append({"first": first, "len": length, "count": k, "each": list(run["blocks"][0]),
                         "carry": dict(run["carry"])})
+
+
+def unfolded_loop_note(run, base: dict[str, Any], precision: str, attn: str, b: int, s: int) -> str:
+    """Where a loop over the sequence that did not fold runs, for the refusal: the module whose ops grow most from
+    ``s`` to ``s + 4`` positions, and why its iterations are no repeated block (a ``nonzero`` among them: sizes
+    that depend on the data, such as Qwen4-Exp's QSA indexer, transformers 5.24 modeling_qwen4_exp.py
+    ``Qwen4ExpTextQSAIndexer``: ``for batch_idx ... for query_idx ...: torch.nonzero(visible[...])``, whose blocks
+    grow with the position); "" where the recordings cannot be made."""
+    from collections import Counter
+
+    try:
+        recs = [run(base, precision, attn, b, n) for n in (s, s + 4)]
+    except Exception:  # noqa: BLE001 - a note only: the refusal stands without it
+        return ""
+    counts = [Counter((o.get("module") or "?", o["name"]) for o in r.ops) for r in recs]
+    grown = Counter({k: v - counts[0].get(k, 0) for k, v in counts[1].items() if v > counts[0].get(k, 0)})
+    if not grown:
+        return ""
+    per_module = Counter()
+    for (module, _), v in grown.items():
+        per_module[module] += v
+    module, more = per_module.most_common(1)[0]
+    dependent = sorted({name for (m, name) in grown if m == module and name in ("nonzero", "masked_select", "unique")})
+    why = (f"its iterations differ in size: {', '.join(dependent)} sizes them by the data" if dependent else
+           "its iterations are not one repeated block (their ops or shapes differ from one position to the next)")
+    return f"; the loop runs in {module} ({more} more ops at {s + 4} positions than at {s}): {why}"
