@@ -146,8 +146,9 @@ def _flat_index(rec: Recording, first: int, at: tuple[int, int]) -> int:
 
 
 def _read_after_as_lists(rec: Recording, end: int, blocks: list[list[int]]) -> bool:
-    """Whether every op after the run reads a tensor of the run only as part of a list naming that tensor's
-    instance in every block, in order (the ``stack``), or only block 0's... never a single later block's."""
+    """Whether every op after the run reads a later block's tensor only as part of a list naming that tensor's
+    instance in every block, in order (the ``stack``): never a later block's tensor alone, which the folded file
+    could not name (the first block's, read alone, is the first repetition's)."""
     later = {t: j for j, b in enumerate(blocks) for t in b if j > 0}
     for op in rec.ops[end:]:
         for _, v in op["args"]:
