@@ -200,3 +200,18 @@ def test_two_learnings_merge_a_buffers_layer_kinds():
     out = merge(a, b)
     assert out["buffers"] == [[*d, ["k0", "k1"]], ["m.layers.{i}.other", ["h"], "f32", True]]
     assert a["buffers"][0] == [*d, ["k0"]]  # (the learnings themselves unchanged)
+
+
+def test_a_repeated_block_with_a_carry_reads_back_and_a_bad_carry_is_refused():
+    """A loop over the sequence (``rep[].carry``, docs/architectures.md "Repeated blocks") round-trips; a block
+    without one stays without; a carry that is not an object of strings names the row."""
+    seg = {**SEGMENT, "rep": [{"n": "s - 1", "first": 1, "len": 1, "each": ["t1"], "carry": {"t0": "t1"}}]}
+    graphs = {**GRAPHS, "segments": {"abc": seg, "def": {**SEGMENT, "rep": [{"n": "s", "first": 1, "len": 1,
+                                                                            "each": ["t1"]}]}}}
+    back = archformat.decode_graphs(json.loads(archformat.dumps(archformat.encode_graphs(graphs))), "g.json")
+    assert back["segments"]["abc"]["rep"] == seg["rep"]
+    assert "carry" not in back["segments"]["def"]["rep"][0]
+    bad = archformat.encode_graphs(graphs)
+    bad["segments"]["abc"]["rep"][0]["carry"] = {"t0": 1}
+    with pytest.raises(FitplanError, match="carry must be an object of strings"):
+        archformat.decode_graphs(bad, "x.graphs.json")

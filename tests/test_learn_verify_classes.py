@@ -161,16 +161,22 @@ def test_mamba_first_layer_is_its_own_kind_in_bf16_only():
     assert first_layer_rule(rec, middle, lambda m: None) is None
 
 
-def test_a_loop_over_the_sequence_is_refused_naming_it():
-    """Mamba's reference scan off CUDA (modeling_mamba.py ``slow_forward``: ``for i in range(seq_len)``) records
-    other ops at every sequence length, so no probe of ``s`` keeps them; the learning went on with every size at
-    s = 16 and failed its held-out check at s = 21. It is now refused naming the construct."""
+def test_a_loop_over_the_sequence_is_probed_as_a_size():
+    """Mamba's reference scan off CUDA (modeling_mamba.py ``slow_forward``: ``for i in range(seq_len)``) recorded
+    other ops at every sequence length, so no probe of ``s`` kept them and the learning was refused. The loop now
+    folds to one carried block (learn/seqloop.py) repeated once per position but the first: the probes of ``s``
+    record the same ops, with the count following ``s`` (by hand: 15 at s = 16, 19 at s = 20). The refusal for a
+    loop that does not fold is tests/test_learn_seqloop.py's."""
     pytest.importorskip("torch")
     from fitplan_torch.learn import derive
 
     base = derive.hf_config(_small("mamba")).to_dict()
-    with pytest.raises(derive.LearnError, match="the recorded ops change with the sequence length"):
-        derive.make_probes(base, [], 2, 16, derive.Regime("b>1", None), None, "16", "eager", lambda m: None)
+    probes, single, recs, _ = derive.make_probes(base, [], 2, 16, derive.Regime("b>1", None), None, "16", "eager",
+                                                 lambda m: None)
+    assert "s" in single
+    rec = recs[single["s"]]
+    assert probes[single["s"]].s == 20 and {r["count"] for r in rec.repeats} == {19}
+    assert {r["count"] for r in recs[0].repeats} == {15} and all(len(r["carry"]) == 1 for r in rec.repeats)
 
 
 # --------------------------------------------------------------------------- frozen parameters

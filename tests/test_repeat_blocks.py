@@ -203,3 +203,39 @@ def test_a_split_whose_pieces_are_not_gathered_in_a_list_is_not_folded():
     rec.forward_end = 5
     fold(rec)
     assert len(rec.ops) == 5 and rec.repeats == []
+
+
+# a folded loop over the sequence (Mamba's reference scan): t0 the initial state, then per position a select of
+# a0 (t1), the new state t2 = t1 * state, and a select of it (t3); a stack over every position's t3 (t4). The
+# first repetition reads t0; repetition r >= 1 reads repetition r - 1's t2 (the carry)
+SCAN = {
+    "t": [[["b", "d"], "f32", None],
+          [["b", "d"], "f32", "a0"],
+          [["b", "d"], "f32", None],
+          [["b"], "f32", "t2"],
+          [["b", "s"], "f32", None]],
+    "ops": [["zeros", [], ["t0"]],
+            ["select.int", [["self", "a0"]], ["t1"]],
+            ["mul.Tensor", [["self", "t1"], ["other", "t0"]], ["t2"], {"g": "yy"}],
+            ["select.int", [["self", "t2"]], ["t3"]],
+            ["stack", [["tensors", ["t3"]]], ["t4"]]],
+    "args": ["x"],
+    "die": {"t0": "F", "t1": "F", "t2": "F", "t3": "F", "t4": "F"},
+    "rep": [{"n": "s", "first": 1, "len": 3, "each": ["t1", "t2", "t3"], "carry": {"t0": "t2"}}],
+}
+
+
+def test_a_loop_over_the_sequence_unrolls_with_its_carried_state():
+    """Written out by hand from the loop: ``state = a[:, i] * state; outs.append(state[:, 0])``, ``stack(outs)``."""
+    seg = unroll(SCAN, {"s": 3})
+    assert [op[0] for op in seg["ops"]] == ["zeros"] + ["select.int", "mul.Tensor", "select.int"] * 3 + ["stack"]
+    # repetition 1's tensors are t5 t6 t7, repetition 2's t8 t9 t10
+    assert [op[1] for op in seg["ops"][2:9:3]] == [[["self", "t1"], ["other", "t0"]],
+                                                   [["self", "t5"], ["other", "t2"]],
+                                                   [["self", "t8"], ["other", "t6"]]]
+    assert seg["ops"][10][1] == [["tensors", ["t3", "t7", "t10"]]]
+    assert seg["t"][7] == [["b"], "f32", "t6"]  # repetition 1's select is a view of its own state
+    assert seg["t"][5] == [["b", "d"], "f32", "a0"]
+    # control: without the carry every repetition would read the initial state
+    plain = unroll({**SCAN, "rep": [{k: v for k, v in SCAN["rep"][0].items() if k != "carry"}]}, {"s": 3})
+    assert plain["ops"][5][1] == [["self", "t5"], ["other", "t0"]]

@@ -111,12 +111,15 @@ class OpRow:
 class RepeatRow:
     """A block of ops run once per head (``segments.<id>.rep``, docs/architectures.md "Repeated blocks"): ops
     ``first`` .. ``first + len - 1`` are one repetition, run ``n`` times (an expression over the config's
-    symbols); ``each`` the tensors that exist once per repetition."""
+    symbols); ``each`` the tensors that exist once per repetition; ``carry`` (a loop over the sequence that carries
+    its state, Mamba's reference scan) ``{X: Y}``: in repetition ``r >= 1`` the body's ``X`` is repetition ``r - 1``'s
+    ``Y`` (absent: the repetitions are independent)."""
 
     n: str
     first: int
     len: int
     each: list[str]
+    carry: dict[str, str] = attrs.Factory(dict)
 
 
 @attrs.frozen
@@ -170,6 +173,10 @@ def _opt_strs(v: Any) -> bool:
     return v is None or _strs(v)
 
 
+def _str_map(v: Any) -> bool:
+    return type(v) is dict and all(type(k) is str and type(x) is str for k, x in v.items())
+
+
 def _bool(v: Any) -> bool:
     return type(v) is bool
 
@@ -185,11 +192,12 @@ _ROW_CHECKS: dict[type, dict[str, Any]] = {
     TiedRow: {"name": _str, "target": _str, "when": _opt_str},
     CheckRow: {"expr": _str, "field": _str, "message": _str},
     TensorRow: {"id": _str, "shape": _strs, "dtype": _str, "base": _opt_str},
-    RepeatRow: {"n": _str, "first": _int, "len": _int, "each": _strs},
+    RepeatRow: {"n": _str, "first": _int, "len": _int, "each": _strs, "carry": _str_map},
 }
 """Each row's fields and the type each must have (a list of size expressions is a list of strings)."""
 _WORDS = {_str: "a string", _opt_str: "a string or null", _strs: "a list of strings",
-          _opt_strs: "a list of strings or null", _bool: "true or false", _int: "an integer"}
+          _opt_strs: "a list of strings or null", _bool: "true or false", _int: "an integer",
+          _str_map: "an object of strings"}
 
 
 def _row_hook(cls: type, checks: dict[str, Any]):
@@ -327,7 +335,8 @@ def _segment_object(seg: dict[str, Any], sid: str) -> dict[str, Any]:
     if "sites" in seg:
         out["sites"] = seg["sites"]
     if "rep" in seg:
-        out["rep"] = [{"n": r["n"], "first": r["first"], "len": r["len"], "each": r["each"]} for r in seg["rep"]]
+        out["rep"] = [{"n": r["n"], "first": r["first"], "len": r["len"], "each": r["each"],
+                       **({"carry": r["carry"]} if r.get("carry") else {})} for r in seg["rep"]]
     return out
 
 
@@ -385,7 +394,8 @@ def _segment_memory(seg: SegmentRows, raw: dict[str, Any]) -> dict[str, Any]:
         "ops": [[o.op, [[k, v] for k, v in o.args.items()], o.out, *([o.extra] if o.extra else [])] for o in seg.ops],
         "args": seg.args, "die": seg.die, "out": seg.out, "sites": seg.sites, "loss": seg.loss,
         "logits_from": seg.logits_from, "embed_out": seg.embed_out,
-        "rep": None if seg.rep is None else [{"n": r.n, "first": r.first, "len": r.len, "each": r.each} for r in seg.rep],
+        "rep": None if seg.rep is None else [{"n": r.n, "first": r.first, "len": r.len, "each": r.each,
+                                              **({"carry": r.carry} if r.carry else {})} for r in seg.rep],
     }
     return {k: full[k] for k in _SEGMENT_KEYS if k in raw or k == "t"}
 

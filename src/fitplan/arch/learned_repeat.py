@@ -19,7 +19,12 @@ segment then has ``rep``, a list of blocks::
 * outside the body, a list (an op's outputs, a list argument) that names an ``each`` tensor names its ``n``
   instances in order (the split's outputs, the ``cat``'s inputs);
 * positions (``die``, ``sites``, ``logits_from``) after the body move by ``(n - 1) * len``; an ``each`` tensor that
-  dies in the body dies in its own repetition.
+  dies in the body dies in its own repetition;
+* ``carry`` (a loop over the sequence, fitplan-torch ``learn/seqloop.py``: Mamba's reference scan), ``{X: Y}``: in
+  repetition ``r >= 1`` the body's reference to ``X`` (the state repetition 0 starts from) means repetition
+  ``r - 1``'s ``Y`` (the state it made)::
+
+      {"n": "-1 + s", "first": 66, "len": 14, "each": [...], "carry": {"t71": "t74"}}
 
 :func:`unroll` turns such a segment into the plain segment the model would have recorded at ``n``: the replay
 (:mod:`.learned_segment`) never sees a block.
@@ -69,9 +74,13 @@ def _unroll_block(seg: dict[str, Any], block: dict[str, Any], n: int) -> dict[st
             inst[ref].append(f"t{len(tensors)}")
             tensors.append(entry)
 
+    carry = block.get("carry") or {}
+
     def one(ref: Any, r: int) -> Any:
         if not isinstance(ref, str):
             return ref
+        if r >= 1 and ref in carry:  # the state the repetition before made (a loop over the sequence)
+            return inst[carry[ref]][r - 1]
         if ref in inst:
             return inst[ref][r]
         if ref.startswith(("p:", "b:")) and H in ref:

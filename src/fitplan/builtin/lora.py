@@ -50,7 +50,8 @@ def adapter_tensors(arch, lora_r, lora_target_modules, idle: bool = False):
     ``lora.ParamWrapper`` factors A (r·E, in) and B (out, r·E) per expert stack (r doubled for the fused
     ``gate_up_proj``) and A (r, in), B (out, r) for a 2-D router weight. Those on a Linear the step never runs
     (``ParamGroup.no_grad``: peft wraps it all the same, tuners/tuners_utils.py ``inject_adapter`` matches names)
-    get no gradient: ``idle`` returns them alone, otherwise they are left out."""
+    or whose forward the step never calls (the learned file's ``lora.uncalled_linears``: Mamba's ``dt_proj``, read
+    as a weight by the reference scan) get no gradient: ``idle`` returns them alone, otherwise they are left out."""
     from fitplan.trace.lora_targets import ALL_LINEAR, lora_site_matches, parameter_targets, unmatched_targets
 
     targets = tuple(lora_target_modules or ())
@@ -64,6 +65,11 @@ def adapter_tensors(arch, lora_r, lora_target_modules, idle: bool = False):
 
     af = load(arch.model_type)
     no_grad = idle_params(af, dict(arch.symbols))
+    uncalled = set(af.lora.get("uncalled_linears", ()))  # a Linear the step never calls: its adapters never run
+
+    def path_template(name: str) -> str:
+        return name.rsplit(".", 1)[0]
+
     names: list[str] = []
     # every concrete Linear weight, in the layers whose kind has it (a shared expert in the MoE layers only)
     for name, shape, role, _, _, entry in af.param_list(dict(arch.symbols)):
@@ -73,7 +79,7 @@ def adapter_tensors(arch, lora_r, lora_target_modules, idle: bool = False):
         names.append(path)
         if lora_site_matches(path, targets, af):
             in_f, out_f = (shape[0], shape[1]) if len(entry) > 6 and entry[6] == "conv1d" else (shape[1], shape[0])
-            into = unused if entry[0] in no_grad else trained
+            into = unused if entry[0] in no_grad or path_template(entry[0]) in uncalled else trained
             for shape_ in ((lora_r, in_f), (out_f, lora_r)):
                 into[shape_] = into.get(shape_, 0) + 1
     for path, shapes in head_and_embedding_adapters(af, dict(arch.symbols), targets, lora_r):
@@ -276,9 +282,16 @@ def qlora(value, arch, param_count, weight_dtype_bytes, adapter_param_count, tra
 def idle_adapter_param_count(method, arch, lora_r, lora_target_modules):
     """LoRA parameters on Linears the step never runs (:func:`adapter_tensors` ``idle``): peft creates them, so
     they are weights, but they get no gradient and no optimizer state; 0 for full fine-tuning."""
-    if method == "full" or arch.count_only or not arch.no_grad_params[0]:
+    if method == "full" or arch.count_only or not (arch.no_grad_params[0] or _uncalled_linears(arch)):
         return 0
     return sum(math.prod(shape) * n for shape, n in adapter_tensors(arch, lora_r, lora_target_modules, idle=True))
+
+
+def _uncalled_linears(arch) -> bool:
+    """Whether the learned file names Linears the step never calls (``lora.uncalled_linears``)."""
+    from fitplan.arch.archfile import load
+
+    return bool(load(arch.model_type).lora.get("uncalled_linears"))
 
 
 @quantity("params")

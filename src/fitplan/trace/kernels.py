@@ -39,7 +39,7 @@ from typing import Any
 from fitplan.arch.archexpr import compile_expr
 from fitplan.arch.archfile import BYTES
 from fitplan.trace.int8 import int8_linear
-from fitplan.trace.lora_targets import embedding_matches, lora_site_matches
+from fitplan.trace.lora_targets import contiguous_input, embedding_matches, lora_site_matches
 
 HALF = ("bf16", "f16")
 CUDA_OUTPUT_DTYPES = {
@@ -409,9 +409,9 @@ def lora_site(inst, site: dict[str, Any]) -> None:
     xd = dropout_tensor(inst, xa, b.spec.lora_dropout, label + ".lora_dropout")
     if b.adapter_input != adapter:  # FSDP1: autocast casts the fp32 input back to the gathered adapter's dtype
         xd = _cast(inst, xd, adapter, label + ".lora_A.input_cast")
-    rank = site.get("rank", 3)
-    a = _linear(inst, xd, A, rows, in_f, r, rank, label + ".lora_A")
-    bb = _linear(inst, a, B, rows, r, out_f, rank, label + ".lora_B")
+    xd = contiguous_input(inst, site, x, xd, label)  # the copy F.linear makes of a non-contiguous input
+    a = _linear(inst, xd, A, rows, in_f, r, site.get("rank", 3), label + ".lora_A")
+    bb = _linear(inst, a, B, rows, r, out_f, site.get("rank", 3), label + ".lora_B")
     result = _scaled_sum(inst, base, bb, label)
     if xa is not x:
         tr.touch(xa)  # peft's local ``x`` (the cast input) lives until the forward returns

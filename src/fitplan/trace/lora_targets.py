@@ -101,3 +101,23 @@ def parameter_targets(af, targets: tuple[str, ...]) -> dict[str, int]:
                                "in transformers 5: peft needs them all", field="lora_target_modules", value=k)
         out[param] = fused if fused > 1 else 1
     return out
+
+
+def base_copies_input(seg: dict[str, Any], site: dict[str, Any]) -> bool:
+    """Whether the base ``nn.Linear`` of ``site`` made its input contiguous (a ``clone`` of the site's input among
+    its recorded ops: aten's ``linear`` -> ``matmul`` reshapes a non-contiguous 3-D input, a copy, before ``mm``;
+    Mamba's ``x_proj`` reads ``hidden_states.transpose(1, 2)``, transformers 5.24 modeling_mamba.py). peft's
+    ``lora_A`` then reads the same input: where peft passes it uncast (adapters in the input's dtype: 32-true),
+    its ``F.linear`` copies it again, and ``mm`` saves that copy; a cast input is the copy ``mm`` reads."""
+    return any(op[0] == "clone" and dict(op[1]).get("self") == site["input"]
+               for op in seg["ops"][site["start"]:site["end"]])
+
+
+def contiguous_input(inst, site: dict[str, Any], x, xd, label: str):
+    """``lora_A``'s input: ``xd``, or, where peft passes the site's input ``x`` as it is and the base Linear copied
+    it (:func:`base_copies_input`), the copy ``F.linear`` makes of it (a new tensor, saved by ``mm``)."""
+    if xd is not x or inst.b.mixed or not base_copies_input(inst.seg, site):  # autocast's cast is mm's input
+        return xd
+    out = inst.b.tr.new(x.numel, x.dtype, False, label + ".lora_A.contiguous")
+    inst.b.emit("clone", [("self", x)], [out], label=label + ".lora_A.contiguous")
+    return out

@@ -472,8 +472,10 @@ def spec_map(resolved: dict[str, Any], cls, fields: dict[str, Any], held: dict[s
     if resolved.get(causal_field(cls, "num_attention_heads")) is None:  # no attention (Mamba-2): its SSM heads
         out.pop("num_attention_heads", None)
         ssm = next((n for n in map(name, SSM_HEADS) if n is not None), None)
-        if ssm is not None:
-            out["num_attention_heads"] = ssm
+        # no heads of any kind (MambaConfig, FalconMambaConfig: transformers 5.24 configuration_mamba.py has no head
+        # field): one, as wide as the hidden size, so that the core's integer fields hold; the learned graph, not
+        # these fields, gives the memory and the work
+        out["num_attention_heads"] = ssm if ssm is not None else "1"
     heads = out.get("num_attention_heads")
     hidden = out.get("hidden_size")
     out.setdefault("num_key_value_heads", heads)

@@ -25,6 +25,7 @@ from .limits import data_dependent_note
 from .record import (FUNCTION_OP, Recent, Recording, align_backward, config_key, decoder_layers, is_linear_site,
                      linear_types, record)
 from .segments import Cut
+from .seqloop import fold_loops, unfolded_loop_note
 from .slicesizes import sliced_size
 
 DISTINCT_P = (0.11, 0.13, 0.17, 0.19, 0.23, 0.29, 0.31, 0.37, 0.41, 0.43)
@@ -128,7 +129,9 @@ def _run(cfg: dict[str, Any], precision: str, attn: str, b: int, s: int, *, back
             rec.accumulate = recb.accumulate
             rec.no_grad = recb.no_grad
     rec.meta = _meta(model, config, rec.sites)
-    return fold(rec, rec.meta)  # a loop over heads (StableLM's per-head LayerNorm): one repeated block
+    # a loop over heads (StableLM's per-head LayerNorm) and a loop over the sequence (Mamba's reference scan): one
+    # repeated block each
+    return fold_loops(fold(rec, rec.meta))
 
 
 def _meta(model, config, sites) -> dict[str, Any]:
@@ -462,8 +465,9 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
     unprobed = [(n, v) for n, v in unprobed if not (n in relations.PRODUCTS and relations.holds(base, n))]
     if any(n == "s" for n, _ in unprobed):  # every size would be fitted at this one length: refused, not written
         raise LearnError(f"the recorded ops change with the sequence length (s = {s}, {s + 4}, {s + 6}, {s - 2} each "
-                         "record other ops: a Python loop over the sequence, such as Mamba's reference scan off "
-                         "CUDA), which a learned file cannot express yet")
+                         "record other ops: a Python loop over the sequence that is no run of identical iterations "
+                         "carrying a state, which a learned file cannot express yet"
+                         + unfolded_loop_note(run, base, precision, attn, b, s))
     held.update(_held(base, unprobed, followers, log))
     routing.refuse_held_experts(held)
     # joint probes: every variable that could change alone changes at once (with the fields that follow it)
@@ -594,7 +598,8 @@ def segment_json(cut: Cut, sym: list[dict[str, Any]], n: int, rec: Recording, ba
     tensors = [[t[0], t[1], t[2]] for t in ssym["sym_tensors"]]
     out = {"t": tensors, "ops": ops, "args": [a[0] for a in seg["args"]]}
     if seg.get("rep"):  # ops run once per head (fold.py): the core unrolls them (fitplan.arch.learned_repeat)
-        out["rep"] = [{"n": n_expr, "first": b["first"], "len": b["len"], "each": b["each"]}
+        out["rep"] = [{"n": n_expr, "first": b["first"], "len": b["len"], "each": b["each"],
+                       **({"carry": b["carry"]} if b.get("carry") else {})}
                       for b, n_expr in zip(seg["rep"], ssym["sym_rep"])]
     # Python lifetimes
     die: dict[str, Any] = {}
@@ -1174,6 +1179,19 @@ def _non_tensor_linears(modules: list[str], layer_prefix: str) -> dict[str, Any]
     refuses LoRA targets that select them."""
     names = sorted({_layer_template(m, layer_prefix)[0] for m in modules})
     return {"non_tensor_linears": names} if names else {}
+
+
+def _uncalled_linears(rec: Recording, layer_prefix: str) -> dict[str, Any]:
+    """``nn.Linear`` modules whose forward the training step never calls: Mamba's ``dt_proj``, whose weight the
+    reference scan reads directly (``self.dt_proj.weight @ time_step.transpose(1, 2)``, transformers 5.24
+    modeling_mamba.py ``MambaMixer.slow_forward``). peft 0.21 wraps them all the same (``all-linear`` matches by
+    type, tuners/tuners_utils.py ``inject_adapter``), and their adapters, never run, get no gradient: the core
+    counts them as weights only."""
+    called = {s["module"] for s in rec.sites}
+    out_mod = rec.meta.get("output_module")
+    names = sorted({_layer_template(n.rsplit(".", 1)[0], layer_prefix)[0] for n, role in rec.meta["roles"].items()
+                    if role.startswith("linear:") and n.rsplit(".", 1)[0] not in called and n.rsplit(".", 1)[0] != out_mod})
+    return {"uncalled_linears": names} if names else {}
 
 
 def peft_parameter_targets(model_type: str) -> dict[str, Any]:

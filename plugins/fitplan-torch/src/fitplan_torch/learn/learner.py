@@ -23,7 +23,7 @@ from typing import Any
 from fitplan.api import FitplanError, archformat
 
 from . import relations, routing
-from .limits import LAYERDROP_WHY, dropout_fields
+from .limits import LAYERDROP_WHY, SCAN_WHY, dropout_fields
 
 
 @dataclass
@@ -364,9 +364,10 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
         **files.held_sizes(held),
         "autograd": D._missing_rules(segments),
         "lora": {**D.peft_parameter_targets(rec.model_type),
-                 **D._non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix)},
+                 **D._non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix),
+                 **D._uncalled_linears(ref["rec"], layer_prefix)},
         "attn_implementations": sorted({a for _, a in supported}),
-        **_assumed(rec.skipping),
+        **_assumed(rec.skipping, segments),
     }
 
 
@@ -380,10 +381,13 @@ def _frozen(meta: dict[str, Any], layer_prefix: str) -> dict[str, Any]:
     return {"frozen": names} if names else {}
 
 
-def _assumed(skipping: list[str]) -> dict[str, Any]:
-    """The file's ``assumed``: layer skipping off (every layer runs), and balanced routing where the routers were
-    fixed while recording (:mod:`.routing`)."""
+def _assumed(skipping: list[str], segments: dict[str, Any]) -> dict[str, Any]:
+    """The file's ``assumed``: layer skipping off (every layer runs), balanced routing where the routers were
+    fixed while recording (:mod:`.routing`), and the reference scan where a loop over the sequence was folded
+    (:mod:`.seqloop`: a carried repeated block)."""
     out: dict[str, Any] = {k: {"value": 0.0, "why": LAYERDROP_WHY} for k in skipping}
+    if any(r.get("carry") for seg in segments.values() for r in seg.get("rep", ())):
+        out["scan"] = {"value": "reference", "why": SCAN_WHY, "always": True}
     if routing.FORCED:
         out["routing"] = {"value": "balanced", "why": routing.ROUTING_WHY, "always": True}
     return {"assumed": out} if out else {}

@@ -10,6 +10,10 @@ from typing import Any
 LAYERDROP_WHY = ("every decoder layer runs: in training each is skipped with probability layerdrop (OPT, XGLM: "
                  "modeling_opt.py ``if self.training and self.layerdrop > 0.0``), so the figures are the upper bound")
 """Why a file assumes layerdrop 0 (docs/architectures.md "What the learner assumes")."""
+SCAN_WHY = ("the model's Python loop over the sequence (its reference scan, learn/seqloop.py), which transformers "
+            "runs off CUDA and wherever the optional fused kernels (mamba_ssm, causal_conv1d, ...) are not installed: "
+            "every position's saved tensors and work are counted; with the kernels installed a step holds less")
+"""Why a file with a folded sequence loop states the kernel path it assumes."""
 
 
 def dropout_fields(base: dict[str, Any]) -> tuple[list[str], list[str]]:

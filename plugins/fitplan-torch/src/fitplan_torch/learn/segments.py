@@ -196,7 +196,9 @@ class Cut:
         reps = [r for r in getattr(rec, "repeats", ()) if seg["first"] <= r["first"] < seg["end"]]
         if reps:  # a loop over heads folded to one repetition (fold.py): positions and tensors made local
             seg["rep"] = [{"first": r["first"] - seg["first"], "len": r["len"], "count": r["count"],
-                           "each": [f"t{local[t]}" for t in r["each"]]} for r in reps]
+                           "each": [f"t{local[t]}" for t in r["each"]],
+                           **({"carry": {self._ref(x, n, seg, local, args): f"t{local[y]}" for x, y in r["carry"].items()}}
+                              if r.get("carry") else {})} for r in reps]
         seg["ops"] = ops
         seg["local"] = local
         seg["argmap"] = args
