@@ -138,3 +138,26 @@ def test_a_per_layer_type_dict_without_the_layer_type_is_named():
     assert e.value.field == "rope_parameters['full_attention']" and "modeling_cohere_compass.py:80" in str(e.value)
     small = shrink({**cfg, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}})
     assert small["hidden_size"] == 64 and run_error(small) is None
+
+
+def test_blt_nested_width_tie_is_repaired_from_the_matmul_error():
+    """BltLocalDecoder projects the global transformer's output through ``nn.Linear(in_features=
+    config.hidden_size_global, out_features=config.hidden_size * config.cross_attn_k)`` (models/blt/
+    modeling_blt.py:688, 5.24), with ``hidden_size_global`` a field of ``decoder_config`` and the width it must
+    equal ``global_config.hidden_size`` (2048 both, by the class defaults); the class checks neither. Shrinking
+    the nested ``global_config`` to 64 left ``hidden_size_global`` at 2048, and torch's error quotes the shapes
+    as ``34x64 and 2048x128``, numbers the repair did not read. Expected by hand: the decoder's projection takes
+    the global width, 64 (the shrunk ``hidden_size``), and the step runs. Control: without the nested fields or
+    without reading ``AxB`` shapes the shrink refuses (checked by reverting either hunk of learn/shrink_run.py)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.derive import hf_config
+    from fitplan_torch.learn.shrink import shrink
+    from fitplan_torch.learn.shrink_run import run_error
+
+    cfg = _defaults("blt")
+    assert cfg["decoder_config"]["hidden_size_global"] == cfg["global_config"]["hidden_size"] == 2048
+    small = shrink(cfg)
+    c = hf_config(small)
+    assert c.global_config.hidden_size == 64
+    assert c.decoder_config.hidden_size_global == c.global_config.hidden_size
+    assert run_error(small) is None

@@ -287,11 +287,42 @@ def _refuse_missing_key(out: dict[str, Any], e: BaseException) -> None:
 
 
 def _quoted_fields(out: dict[str, Any], e: BaseException) -> dict[str, int]:
-    """Integer fields of the resolved config whose value the error message quotes (not 0 or 1)."""
-    numbers = {int(x) for x in re.findall(r"(?<![\w.])\d+(?![\w.])", str(e))} - {0, 1}
+    """Integer fields of the resolved config whose value the error message quotes (not 0 or 1), also those of its
+    nested configs (:func:`nested_ints`)."""
+    message = re.sub(r"(?<=\d)x(?=\d)", " ", str(e))  # torch's matmul quotes shapes as "34x64 and 2048x128"
+    numbers = {int(x) for x in re.findall(r"(?<![\w.])\d+(?![\w.])", message)} - {0, 1}
     resolved = _resolved(out)
-    return {k: v for k, v in resolved.items() if type(v) is int and v in numbers
-            and not any(x in k for x in NOT_A_WIDTH)}
+    fields = {**{k: v for k, v in resolved.items() if type(v) is int}, **nested_ints(out, resolved)}
+    return {k: v for k, v in fields.items() if v in numbers and not any(x in k for x in NOT_A_WIDTH)}
+
+
+def nested_ints(out: dict[str, Any], resolved: dict[str, Any]) -> dict[str, int]:
+    """``{"<sub>.<field>": value}``: the integer fields of the nested configs (the class's ``sub_configs``) that
+    ``out`` states. A width of one nested config can be tied to one of another that the model alone checks: BLT's
+    local decoder projects the global transformer's output with ``nn.Linear(decoder_config.hidden_size_global,
+    ...)`` (models/blt/modeling_blt.py ``BltLocalDecoder``, 5.24), so ``global_config.hidden_size`` shrunk to 64
+    meets ``hidden_size_global`` at its 2048 ("mat1 and mat2 shapes cannot be multiplied (34x64 and 2048x128)")."""
+    from .shrink import sub_config_keys
+
+    subs = [k for k in sorted(sub_config_keys(out))
+            if isinstance(out.get(k), dict) and isinstance(resolved.get(k), dict)]
+    return {f"{sub}.{k}": v for sub in subs for k, v in resolved[sub].items()
+            if type(v) is int and k in out[sub]}
+
+
+def _get(cfg: dict[str, Any], name: str) -> Any:
+    """The value of ``name`` in ``cfg``, a nested config's field as ``<sub>.<field>``; None where not stated."""
+    sub, _, k = name.rpartition(".")
+    d = cfg.get(sub) if sub else cfg
+    return d.get(k) if isinstance(d, dict) else None
+
+
+def _with(cfg: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    """``cfg`` with ``name`` (``<sub>.<field>`` inside a nested config) set to ``value``; ``cfg`` is left as it is."""
+    sub, _, k = name.rpartition(".")
+    if not sub:
+        return {**cfg, k: value}
+    return {**cfg, sub: {**cfg[sub], k: value}}
 
 
 def _candidates(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, repaired: list[str]):
@@ -306,13 +337,15 @@ def _candidates(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, repa
     fields = {k: v for k, v in read.items() if type(v) is int and not any(x in k for x in NOT_A_WIDTH[:3])}
     strong = set(fields)
     fields.update({k: v for k, v in _quoted_fields(out, e).items() if k not in fields})
-    touched = {k for k in fields if k not in repaired and k in cfg and k in out and cfg[k] != out[k]}
+    fields = {k: v for k, v in fields.items() if "." not in k or isinstance(out.get(k.rpartition(".")[0]), dict)}
+    touched = {k for k in fields if k not in repaired and _get(cfg, k) is not None and _get(out, k) is not None
+               and _get(cfg, k) != _get(out, k)}
     for k, value in fields.items():
         if k not in touched:
-            yield from (({**out, k: v}, f"{k} = {v}", k in strong) for v in TINY if v < value)
+            yield from ((_with(out, k, v), f"{k} = {v}", k in strong) for v in TINY if v < value)
     for k in fields:  # never the model width itself: a 4096-wide model is no repair of a tiny one
-        if k in touched and type(cfg.get(k)) is int and k not in MODEL_WIDTHS:
-            yield {**out, k: cfg[k]}, f"{k} kept at {cfg[k]}", k in strong
+        if k in touched and type(_get(cfg, k)) is int and k.rpartition(".")[2] not in MODEL_WIDTHS:
+            yield _with(out, k, _get(cfg, k)), f"{k} kept at {_get(cfg, k)}", k in strong
 
 
 def _repair(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, tries: int, repaired: list[str]):
