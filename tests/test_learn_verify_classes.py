@@ -199,3 +199,30 @@ def test_a_frozen_parameter_has_no_gradient_and_no_optimizer_state(tiny_llama_wi
     assert part["weight_bytes"] == full["weight_bytes"]
     assert full["gradient_bytes"] - part["gradient_bytes"] == layers * hidden * 2
     assert full["optimizer_state_bytes"] - part["optimizer_state_bytes"] == layers * (hidden * 2 * 2 + 4)
+
+
+# --------------------------------------------------------------------------- a precision the model cannot train in
+
+
+def test_a_model_that_runs_in_no_regime_names_the_op_and_line(tmp_path, cli_in_process):
+    """XMOD's language adapters write the adapters' output into ``torch.zeros_like(hidden_states)`` by a boolean
+    mask (models/xmod/modeling_xmod.py ``XmodOutput.lang_adapter``). Under bf16 autocast the hidden states come
+    out of ``LayerNorm`` in float32 and the adapter's ``Linear`` in bfloat16 (layer_norm is on autocast's float32
+    list, linear on its lower-precision list, on CUDA as on the CPU), and ``index_put_`` requires one dtype
+    (torch's own check, which fires without autocast too: checked by hand with a float32 destination and a
+    bfloat16 source), so bf16-mixed does not run on any device. The refusal says so with the op and the line,
+    not only "runs in none of the regimes". The config: the class defaults with ``default_language`` "en_XX",
+    as transformers' XmodModelTester states it (bench/breadth/configs/xmod.json). Control: the line before this
+    change ended at "none of the regimes" (checked on the branch's parent)."""
+    pytest.importorskip("torch")
+    from transformers import AutoConfig
+
+    cfg = {**AutoConfig.for_model("xmod", default_language="en_XX").to_dict(), "model_type": "xmod"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg, default=str))
+    proc = cli_in_process("learn-architecture", str(path), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    err = " ".join(proc.stderr.split())  # the console wraps long lines
+    assert "the model runs in none of the regimes: RuntimeError: Index put requires the source and destination " \
+           "dtypes match" in err
+    assert "models/xmod/modeling_xmod.py:" in err and "new_hidden_states[lang_mask]" in err

@@ -205,7 +205,7 @@ def _dropout_sites(rec: ModelRecord, distinct: dict[str, float], precision: str,
     from . import derive as D
 
     mapped = {**rec.base, **distinct}
-    rec_map = None
+    rec_map, last = None, None
     for combo in itertools.product(*rec.switches):
         default = D._combine(list(combo))
         bb = 1 if "b" in default.fixed else b
@@ -214,12 +214,16 @@ def _dropout_sites(rec: ModelRecord, distinct: dict[str, float], precision: str,
             break
         except Exception as e:  # noqa: BLE001 - e.g. DeepSeek-V2's attention needs kv heads == heads
             log(f"    regime {default.name} does not run: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+            last = e
     if rec_map is None:
         refused = _refused_dropouts(rec.base, distinct, precision, attn, log)
         if refused:  # learned at the config's value: the model takes no other
             return _dropout_sites(rec, {f: p for f, p in distinct.items() if f not in refused}, precision, attn, b, s,
                                   log)
-        raise D.LearnError(f"{precision}/{attn}: the model runs in none of the regimes")
+        from .verify import failing_line
+
+        why = f": {failing_line(last)}" if last is not None else ""
+        raise D.LearnError(f"{precision}/{attn}: the model runs in none of the regimes{why}")
     pf = []
     sdpa_fields = set()
     for o in rec_map.ops:
