@@ -226,3 +226,43 @@ def test_a_model_that_runs_in_no_regime_names_the_op_and_line(tmp_path, cli_in_p
     assert "the model runs in none of the regimes: RuntimeError: Index put requires the source and destination " \
            "dtypes match" in err
     assert "models/xmod/modeling_xmod.py:" in err and "new_hidden_states[lang_mask]" in err
+
+
+# --------------------------------------------------------------------------- a regime reusing another's segments
+
+
+def test_a_segment_reused_at_batch_one_must_give_its_recorded_shapes():
+    """``torch.einsum`` permutes its operands with the dimensions of size 1 grouped apart (torch 2.13,
+    aten/src/ATen/native/Linear.cpp ``sumproduct_pair``): ProphetNet's n-gram attention ``einsum("bnhtc,bnhsc->
+    bnhts")`` (models/prophetnet/modeling_prophetnet.py) permutes the query to ``[b, n, h, t, c, 1]`` at b = 2 and
+    to ``[n, h, t, c, 1, 1]`` at b = 1: the same ops in the same order, another layout. The b = 1 regime took the
+    b > 1 regime's expressions for such a segment, and verification found ``[1, 40, 21, 4, 1]`` where the model
+    made ``[40, 21, 4, 1, 1]``. The shapes are measured here by torch (each permute's output); the expressions
+    are those of the b = 2 layout, written by hand. Expected: they hold at b = 2, and not at b = 1 (control)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fitplan_torch.learn.derive import _shapes_hold
+
+    def permutes(b):
+        shapes = []
+
+        class Log(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func is torch.ops.aten.permute.default:
+                    shapes.append(list(out.shape))
+                return out
+
+        with Log():
+            torch.einsum("bnhtc,bnhsc->bnhts", torch.randn(b, 4, 2, 21, 16), torch.randn(b, 4, 2, 42, 16))
+        return {"tensors": [[x, "f32", None] for x in shapes]}
+
+    ref = {"sym_tensors": [[d, "f32", None] for d in (
+        ["b", "n", "h", "s", "1", "c"], ["b", "n", "h", "1", "2 * s", "c"], ["b", "n", "h", "s", "c", "1"],
+        ["b", "n", "h", "c", "2 * s", "1"], ["b", "n", "h", "s", "2 * s", "1"])]}
+    env = {"n": 4, "h": 2, "s": 21, "c": 16}
+    assert _shapes_hold(ref, permutes(2), {**env, "b": 2})
+    at_one = permutes(1)
+    assert at_one["tensors"][2][0] == [4, 2, 21, 16, 1, 1]  # the b = 1 layout, as torch makes it
+    assert not _shapes_hold(ref, at_one, {**env, "b": 1})
