@@ -161,3 +161,24 @@ def test_blt_nested_width_tie_is_repaired_from_the_matmul_error():
     assert c.global_config.hidden_size == 64
     assert c.decoder_config.hidden_size_global == c.global_config.hidden_size
     assert run_error(small) is None
+
+
+def test_git_loss_leaving_out_image_positions_is_refused_naming_them():
+    """GitForCausalLM's loss slices ``logits[:, num_image_tokens:-1]`` with ``num_image_tokens = (image_size /
+    patch_size)**2 + 1`` from its vision config, with or without pixel values (models/git/modeling_git.py, 5.24):
+    by hand, (224 / 16)**2 + 1 = 197 positions at the class defaults, more than the 16 of the learner's batch, so 0
+    logit rows meet 2 × 15 = 30 label rows. No config makes a text-only batch train it (the slice keeps at least
+    one position), and the refusal says that the loss keeps positions for other inputs, not that the labels come
+    in another layout (MusicGen's construct, more logit rows than label rows). Control: before this change the
+    message was MusicGen's "labels in another layout" (checked on the branch's parent)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.shrink import shrink
+
+    cfg = _defaults("git")
+    vision = cfg["vision_config"]
+    assert int((vision["image_size"] / vision["patch_size"]) ** 2 + 1) == 197
+    with pytest.raises(FitplanError) as e:
+        shrink(cfg)
+    assert e.value.field == "labels"
+    assert "leaves out positions it keeps for inputs other than token ids" in str(e.value)
+    assert "gives 0 logit rows against 30 label rows" in str(e.value) and "modeling_git.py" in str(e.value)

@@ -217,12 +217,22 @@ def _refuse_label_layout(cfg: dict[str, Any], e: BaseException) -> None:
     takes its tokens in another layout than ``b`` rows of ``s`` ids with ``labels = input_ids``, the batch every
     recording and every estimate of fitplan assumes. MusicGen's causal LM reads ``input_ids`` as
     ``(batch * num_codebooks, seq)`` and ``labels`` as ``(batch, seq, num_codebooks)`` (models/musicgen/
-    modeling_musicgen.py ``MusicgenForCausalLM.forward``, 5.24)."""
+    modeling_musicgen.py ``MusicgenForCausalLM.forward``, 5.24). Fewer logit rows than label rows is another
+    construct: the loss leaves out positions kept for inputs other than token ids, which a text-only batch has not
+    (GIT's loss slices ``logits[:, num_image_tokens:-1]``, ``num_image_tokens = (image_size / patch_size)**2 + 1``,
+    at least 1, with or without pixel values: models/git/modeling_git.py ``GitForCausalLM.forward``, 5.24)."""
     m = re.search(r"Expected input batch_size \((\d+)\) to match target batch_size \((\d+)\)", str(e))
     if not isinstance(e, ValueError) or m is None:
         return
     from .verify import failing_line
 
+    if int(m.group(1)) < int(m.group(2)):
+        raise FitplanError(f"the model's loss leaves out positions it keeps for inputs other than token ids (a batch "
+                           f"of 2 sequences of 16 tokens gives {m.group(1)} logit rows against {m.group(2)} label "
+                           f"rows), so a text-only batch, which fitplan's estimates assume, does not train it: "
+                           f"{failing_line(e)}", field="labels", value=cfg.get("model_type"),
+                           suggestion="a causal LM that trains only with image (or other non-token) inputs is not "
+                           "supported yet")
     raise FitplanError(f"the model's loss takes labels in another layout than its input_ids (a batch of 2 sequences "
                        f"of 16 tokens gives {m.group(1)} logit rows against {m.group(2)} label rows), so a batch of "
                        f"token ids with labels = input_ids, which fitplan's estimates assume, does not train it: "
