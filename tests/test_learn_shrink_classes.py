@@ -182,3 +182,26 @@ def test_git_loss_leaving_out_image_positions_is_refused_naming_them():
     assert e.value.field == "labels"
     assert "leaves out positions it keeps for inputs other than token ids" in str(e.value)
     assert "gives 0 logit rows against 30 label rows" in str(e.value) and "modeling_git.py" in str(e.value)
+
+
+def test_reformer_axial_widths_follow_the_shrunk_width_and_its_fixed_length_is_named():
+    """Reformer concatenates one position embedding per axis, ``axial_pos_embds_dim`` wide each, into the hidden
+    state and raises unless they sum to ``hidden_size``; in training it raises unless the sequence is
+    ``prod(axial_pos_shape)`` tokens long (models/reformer/modeling_reformer.py ``AxialPositionEmbeddings``, 5.24;
+    the class checks neither). By hand: (64, 192) of 256 scale to (64 * 64 // 256, 64 - 16) = (16, 48) of the
+    shrunk 64. The step then stops at the sequence length (64 × 64 = 4096 tokens, the learner's batch has 16), which
+    no config of a varying ``s`` meets: refused naming ``axial_pos_shape``. ``is_decoder`` as transformers' tester
+    states it (bench/breadth/configs/reformer.json). Control: without the rescaling the refusal named the sum of
+    ``axial_pos_embds`` factors (the breadth table's reason before), and without reading the first error it named
+    the chunk length a repair reached."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.shrink import shrink, shrunk_config
+
+    cfg = {**_defaults("reformer"), "is_decoder": True}
+    assert (cfg["axial_pos_embds_dim"], cfg["hidden_size"]) == ([64, 192], 256)
+    small = shrunk_config(cfg)
+    assert (small["axial_pos_embds_dim"], small["hidden_size"]) == ([16, 48], 64)
+    with pytest.raises(FitplanError) as e:
+        shrink(cfg)
+    assert e.value.field == "axial_pos_shape"
+    assert "trains only at sequence lengths its config fixes" in str(e.value) and "modeling_reformer.py" in str(e.value)

@@ -61,7 +61,7 @@ def runnable(cfg: dict[str, Any], out: dict[str, Any], err: BaseException | None
     :raises FitplanError: naming the unset field, or the fields the error quotes, with the model's error."""
     if err is None:
         return out
-    tries = 0
+    tries, first = 0, err
     repaired: list[str] = []
     for _ in range(MAX_ROUNDS):
         if err is None:
@@ -81,6 +81,7 @@ def runnable(cfg: dict[str, Any], out: dict[str, Any], err: BaseException | None
     from .verify import failing_line
 
     _refuse_label_layout(cfg, err)
+    _refuse_fixed_length(cfg, first)
     quoted = sorted(_quoted_fields(out, err)) or sorted(config_names_read(err, line_only=True))
     raise FitplanError(f"the shrunk config does not run, and no repair made it run: {failing_line(err)}",
                        field=", ".join(quoted) or "model_type", value=cfg.get("model_type"),
@@ -238,6 +239,24 @@ def _refuse_label_layout(cfg: dict[str, Any], e: BaseException) -> None:
                        f"token ids with labels = input_ids, which fitplan's estimates assume, does not train it: "
                        f"{failing_line(e)}", field="labels", value=cfg.get("model_type"),
                        suggestion="a model whose tokens come in several streams per position is not supported yet")
+
+
+def _refuse_fixed_length(cfg: dict[str, Any], e: BaseException) -> None:
+    """:raises FitplanError: no repair made the step run, and the model's first error was its own check of the
+    sequence length (a ``ValueError`` naming it): the model trains only at sequence lengths its config fixes, while
+    fitplan's estimates and the learner's probes vary ``s``. Reformer's axial position embeddings train only at
+    ``prod(axial_pos_shape)`` tokens, and its chunked attention at multiples of its chunk lengths
+    (models/reformer/modeling_reformer.py ``AxialPositionEmbeddings.forward``, ``ReformerModel.forward``, 5.24).
+    Only the message changes (the step was refused anyway): it names the fields the model's message names."""
+    if not isinstance(e, ValueError) or not re.search(r"sequence[ _]length", str(e), re.IGNORECASE):
+        return
+    from .verify import failing_line
+
+    named = list(dict.fromkeys(re.findall(r"config\.(\w+)", str(e))))
+    raise FitplanError(f"the model trains only at sequence lengths its config fixes, and fitplan's estimates vary the "
+                       f"sequence length: {failing_line(e)}", field=", ".join(named) or "model_type",
+                       value=cfg.get("model_type"), suggestion="a model that trains at one sequence length only "
+                       "is not supported yet")
 
 
 def _refuse_mixed_dtypes(out: dict[str, Any], e: BaseException) -> None:
