@@ -266,3 +266,16 @@ def test_a_segment_reused_at_batch_one_must_give_its_recorded_shapes():
     at_one = permutes(1)
     assert at_one["tensors"][2][0] == [4, 2, 21, 16, 1, 1]  # the b = 1 layout, as torch makes it
     assert not _shapes_hold(ref, at_one, {**env, "b": 1})
+
+
+def test_a_held_out_config_keeps_what_the_file_holds():
+    """The graph check's held-out config changes only sizes the file serves: the file refuses a config that states
+    another value of a field it holds (archfile ``symbols``: "the learned ... file serves only ..."), and its
+    ``held`` is the union over every variant and the layer pattern (learn/files.py ``held_sizes``), so a size one
+    variant probed but another held is no free size of the check. By hand: variables a, b, c, d; the variant
+    holds b, the file holds b and c: a and d are free."""
+    from fitplan_torch.learn.verify import free_variables
+
+    res = {"variables": ["a", "b", "c", "d"], "held": {"b": 2}}
+    assert free_variables(res, {"held": {"b": 2, "c": 4}}) == ["a", "d"]
+    assert free_variables(res, {}) == ["a", "c", "d"]  # control: without the file's held, c would be changed
