@@ -212,8 +212,9 @@ def test_a_model_that_runs_in_no_regime_names_the_op_and_line(tmp_path, cli_in_p
     (torch's own check, which fires without autocast too: checked by hand with a float32 destination and a
     bfloat16 source), so bf16-mixed does not run on any device. The refusal says so with the op and the line,
     not only "runs in none of the regimes". The config: the class defaults with ``default_language`` "en_XX",
-    as transformers' XmodModelTester states it (bench/breadth/configs/xmod.json). Control: the line before this
-    change ended at "none of the regimes" (checked on the branch's parent)."""
+    as transformers' XmodModelTester states it (bench/breadth/configs/xmod.json). Control: before this change the
+    line ended at "none of the regimes" (the breadth row of xmod, learn-9zzzzzz-z2-lead.json), which fails both
+    asserts on the message."""
     pytest.importorskip("torch")
     from transformers import AutoConfig
 
