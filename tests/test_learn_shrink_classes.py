@@ -205,3 +205,24 @@ def test_reformer_axial_widths_follow_the_shrunk_width_and_its_fixed_length_is_n
         shrink(cfg)
     assert e.value.field == "axial_pos_shape"
     assert "trains only at sequence lengths its config fixes" in str(e.value) and "modeling_reformer.py" in str(e.value)
+
+
+def test_blt_layer_stacks_in_nested_configs_are_refused_naming_them():
+    """BltConfig declares no ``num_hidden_layers``: its four stacks count their layers in nested configs (patcher
+    14, local encoder 1, local decoder 9, global transformer 25 by the class defaults, models/blt/
+    configuration_blt.py, 5.24), which one layer count of a learned file cannot express. Refused before any
+    recording (it ended in exit 70 after 267 CPU s of learning), naming the four counts. Control: a config that
+    states a top-level layer count is not refused here (llama's defaults pass the check)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.configrules import config_class
+    from fitplan_torch.learn.learner import _refuse_nested_layer_counts
+    from fitplan_torch.learn.shrink import shrink
+
+    base = derive.hf_config(shrink(_defaults("blt"))).to_dict()
+    assert "num_hidden_layers" not in base
+    with pytest.raises(derive.LearnError) as e:
+        _refuse_nested_layer_counts(base, config_class("blt"))
+    for stack, n in (("patcher_config", 14), ("encoder_config", 1), ("decoder_config", 9), ("global_config", 25)):
+        assert f"{stack}.num_hidden_layers = {n}" in str(e.value)
+    _refuse_nested_layer_counts(derive.hf_config(_defaults("llama")).to_dict(), config_class("llama"))
