@@ -148,3 +148,28 @@ def test_olmo_hybrid_key_head_width_is_derived_as_the_class_does():
         by_hand = int(0.75 * h / k)
         assert f({"hidden_size": h, "linear_num_key_heads": k, "num_attention_heads": 4}) == by_hand
         assert resolve({**cfg, "hidden_size": h, "linear_num_key_heads": k})["linear_key_head_dim"] == by_hand
+
+
+def test_derived_fields_follow_what_they_read_through_a_chain():
+    """The core reads a file's fields in order and derives each from those already read (ArchFile.symbols), so the
+    learner writes a derived field after every field its derivation names, also through a chain. BailingHybridConfig
+    sets ``linear_conv_kernel_dim = short_conv_kernel_size`` (models/bailing_hybrid/configuration_bailing_hybrid.py
+    ``__post_init__``, 5.24); a field derived from ``linear_conv_kernel_dim`` in turn (``conv_pad`` here, the
+    model's ``padding = conv_kernel_size - 1``) makes the chain. Expected by hand: ``short, linear, pad`` in that
+    order, and a config stating ``short_conv_kernel_size`` 7 reads 7 and 6. Control: the single pass this replaces
+    gave ``conv_pad, short_conv_kernel_size, linear_conv_kernel_dim``, and reading it failed ("cannot derive
+    conv_pad (linear_conv_kernel_dim - 1): 'linear_conv_kernel_dim'")."""
+    from types import SimpleNamespace
+
+    from fitplan.arch.archfile import ArchFile
+    from fitplan_torch.learn.configrules import _derived_last
+
+    fields = {"conv_pad": {"type": "int", "default": None, "derive": "linear_conv_kernel_dim - 1"},
+              "linear_conv_kernel_dim": {"type": "int", "default": None, "derive": "short_conv_kernel_size"},
+              "short_conv_kernel_size": {"type": "int", "default": 4}}
+    ordered = _derived_last(fields)
+    assert list(ordered) == ["short_conv_kernel_size", "linear_conv_kernel_dim", "conv_pad"]
+    fake = SimpleNamespace(config={"fields": ordered, "checks": []}, data={})
+    env = ArchFile.symbols(fake, {"short_conv_kernel_size": 7})
+    assert (env["linear_conv_kernel_dim"], env["conv_pad"]) == (7, 6)
+    assert ArchFile.symbols(fake, {})["conv_pad"] == 3  # the class default 4, less one

@@ -138,3 +138,91 @@ def test_a_per_layer_type_dict_without_the_layer_type_is_named():
     assert e.value.field == "rope_parameters['full_attention']" and "modeling_cohere_compass.py:80" in str(e.value)
     small = shrink({**cfg, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}})
     assert small["hidden_size"] == 64 and run_error(small) is None
+
+
+def test_blt_nested_width_tie_is_repaired_from_the_matmul_error():
+    """BltLocalDecoder projects the global transformer's output through ``nn.Linear(in_features=
+    config.hidden_size_global, out_features=config.hidden_size * config.cross_attn_k)`` (models/blt/
+    modeling_blt.py:688, 5.24), with ``hidden_size_global`` a field of ``decoder_config`` and the width it must
+    equal ``global_config.hidden_size`` (2048 both, by the class defaults); the class checks neither. Shrinking
+    the nested ``global_config`` to 64 left ``hidden_size_global`` at 2048, and torch's error quotes the shapes
+    as ``34x64 and 2048x128``, numbers the repair did not read. Expected by hand: the decoder's projection takes
+    the global width, 64 (the shrunk ``hidden_size``), and the step runs. Control: without the nested fields or
+    without reading ``AxB`` shapes the shrink refuses (checked by reverting either hunk of learn/shrink_run.py)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.derive import hf_config
+    from fitplan_torch.learn.shrink import shrink
+    from fitplan_torch.learn.shrink_run import run_error
+
+    cfg = _defaults("blt")
+    assert cfg["decoder_config"]["hidden_size_global"] == cfg["global_config"]["hidden_size"] == 2048
+    small = shrink(cfg)
+    c = hf_config(small)
+    assert c.global_config.hidden_size == 64
+    assert c.decoder_config.hidden_size_global == c.global_config.hidden_size
+    assert run_error(small) is None
+
+
+def test_git_loss_leaving_out_image_positions_is_refused_naming_them():
+    """GitForCausalLM's loss slices ``logits[:, num_image_tokens:-1]`` with ``num_image_tokens = (image_size /
+    patch_size)**2 + 1`` from its vision config, with or without pixel values (models/git/modeling_git.py, 5.24):
+    by hand, (224 / 16)**2 + 1 = 197 positions at the class defaults, more than the 16 of the learner's batch, so 0
+    logit rows meet 2 × 15 = 30 label rows. No config makes a text-only batch train it (the slice keeps at least
+    one position), and the refusal says that the loss keeps positions for other inputs, not that the labels come
+    in another layout (MusicGen's construct, more logit rows than label rows). Control: before this change the
+    message was MusicGen's "labels in another layout" (checked on the branch's parent)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.shrink import shrink
+
+    cfg = _defaults("git")
+    vision = cfg["vision_config"]
+    assert int((vision["image_size"] / vision["patch_size"]) ** 2 + 1) == 197
+    with pytest.raises(FitplanError) as e:
+        shrink(cfg)
+    assert e.value.field == "labels"
+    assert "leaves out positions it keeps for inputs other than token ids" in str(e.value)
+    assert "gives 0 logit rows against 30 label rows" in str(e.value) and "modeling_git.py" in str(e.value)
+
+
+def test_reformer_axial_widths_follow_the_shrunk_width_and_its_fixed_length_is_named():
+    """Reformer concatenates one position embedding per axis, ``axial_pos_embds_dim`` wide each, into the hidden
+    state and raises unless they sum to ``hidden_size``; in training it raises unless the sequence is
+    ``prod(axial_pos_shape)`` tokens long (models/reformer/modeling_reformer.py ``AxialPositionEmbeddings``, 5.24;
+    the class checks neither). By hand: (64, 192) of 256 scale to (64 * 64 // 256, 64 - 16) = (16, 48) of the
+    shrunk 64. The step then stops at the sequence length (64 × 64 = 4096 tokens, the learner's batch has 16), which
+    no config of a varying ``s`` meets: refused naming ``axial_pos_shape``. ``is_decoder`` as transformers' tester
+    states it (bench/breadth/configs/reformer.json). Control: without the rescaling the refusal named the sum of
+    ``axial_pos_embds`` factors (the breadth table's reason before), and without reading the first error it named
+    the chunk length a repair reached."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn.shrink import shrink, shrunk_config
+
+    cfg = {**_defaults("reformer"), "is_decoder": True}
+    assert (cfg["axial_pos_embds_dim"], cfg["hidden_size"]) == ([64, 192], 256)
+    small = shrunk_config(cfg)
+    assert (small["axial_pos_embds_dim"], small["hidden_size"]) == ([16, 48], 64)
+    with pytest.raises(FitplanError) as e:
+        shrink(cfg)
+    assert e.value.field == "axial_pos_shape"
+    assert "trains only at sequence lengths its config fixes" in str(e.value) and "modeling_reformer.py" in str(e.value)
+
+
+def test_blt_layer_stacks_in_nested_configs_are_refused_naming_them():
+    """BltConfig declares no ``num_hidden_layers``: its four stacks count their layers in nested configs (patcher
+    14, local encoder 1, local decoder 9, global transformer 25 by the class defaults, models/blt/
+    configuration_blt.py, 5.24), which one layer count of a learned file cannot express. Refused before any
+    recording (it ended in exit 70 after 267 CPU s of learning), naming the four counts. Control: a config that
+    states a top-level layer count is not refused here (llama's defaults pass the check)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn.configrules import config_class
+    from fitplan_torch.learn.learner import _refuse_nested_layer_counts
+    from fitplan_torch.learn.shrink import shrink
+
+    base = derive.hf_config(shrink(_defaults("blt"))).to_dict()
+    assert "num_hidden_layers" not in base
+    with pytest.raises(derive.LearnError) as e:
+        _refuse_nested_layer_counts(base, config_class("blt"))
+    for stack, n in (("patcher_config", 14), ("encoder_config", 1), ("decoder_config", 9), ("global_config", 25)):
+        assert f"{stack}.num_hidden_layers = {n}" in str(e.value)
+    _refuse_nested_layer_counts(derive.hf_config(_defaults("llama")).to_dict(), config_class("llama"))

@@ -205,3 +205,84 @@ def test_a_frozen_parameter_has_no_gradient_and_no_optimizer_state(tiny_llama_wi
     assert part["weight_bytes"] == full["weight_bytes"]
     assert full["gradient_bytes"] - part["gradient_bytes"] == layers * hidden * 2
     assert full["optimizer_state_bytes"] - part["optimizer_state_bytes"] == layers * (hidden * 2 * 2 + 4)
+
+
+# --------------------------------------------------------------------------- a precision the model cannot train in
+
+
+def test_a_model_that_runs_in_no_regime_names_the_op_and_line(tmp_path, cli_in_process):
+    """XMOD's language adapters write the adapters' output into ``torch.zeros_like(hidden_states)`` by a boolean
+    mask (models/xmod/modeling_xmod.py ``XmodOutput.lang_adapter``). Under bf16 autocast the hidden states come
+    out of ``LayerNorm`` in float32 and the adapter's ``Linear`` in bfloat16 (layer_norm is on autocast's float32
+    list, linear on its lower-precision list, on CUDA as on the CPU), and ``index_put_`` requires one dtype
+    (torch's own check, which fires without autocast too: checked by hand with a float32 destination and a
+    bfloat16 source), so bf16-mixed does not run on any device. The refusal says so with the op and the line,
+    not only "runs in none of the regimes". The config: the class defaults with ``default_language`` "en_XX",
+    as transformers' XmodModelTester states it (bench/breadth/configs/xmod.json). Control: before this change the
+    line ended at "none of the regimes" (the breadth row of xmod, learn-9zzzzzz-z2-lead.json), which fails both
+    asserts on the message."""
+    pytest.importorskip("torch")
+    from transformers import AutoConfig
+
+    cfg = {**AutoConfig.for_model("xmod", default_language="en_XX").to_dict(), "model_type": "xmod"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg, default=str))
+    proc = cli_in_process("learn-architecture", str(path), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    err = " ".join(proc.stderr.split())  # the console wraps long lines
+    assert "the model runs in none of the regimes: RuntimeError: Index put requires the source and destination " \
+           "dtypes match" in err
+    assert "models/xmod/modeling_xmod.py:" in err and "new_hidden_states[lang_mask]" in err
+
+
+# --------------------------------------------------------------------------- a regime reusing another's segments
+
+
+def test_a_segment_reused_at_batch_one_must_give_its_recorded_shapes():
+    """``torch.einsum`` permutes its operands with the dimensions of size 1 grouped apart (torch 2.13,
+    aten/src/ATen/native/Linear.cpp ``sumproduct_pair``): ProphetNet's n-gram attention ``einsum("bnhtc,bnhsc->
+    bnhts")`` (models/prophetnet/modeling_prophetnet.py) permutes the query to ``[b, n, h, t, c, 1]`` at b = 2 and
+    to ``[n, h, t, c, 1, 1]`` at b = 1: the same ops in the same order, another layout. The b = 1 regime took the
+    b > 1 regime's expressions for such a segment, and verification found ``[1, 40, 21, 4, 1]`` where the model
+    made ``[40, 21, 4, 1, 1]``. The shapes are measured here by torch (each permute's output); the expressions
+    are those of the b = 2 layout, written by hand. Expected: they hold at b = 2, and not at b = 1 (control)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fitplan_torch.learn.derive import _shapes_hold
+
+    def permutes(b):
+        shapes = []
+
+        class Log(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func is torch.ops.aten.permute.default:
+                    shapes.append(list(out.shape))
+                return out
+
+        with Log():
+            torch.einsum("bnhtc,bnhsc->bnhts", torch.randn(b, 4, 2, 21, 16), torch.randn(b, 4, 2, 42, 16))
+        return {"tensors": [[x, "f32", None] for x in shapes]}
+
+    ref = {"sym_tensors": [[d, "f32", None] for d in (
+        ["b", "n", "h", "s", "1", "c"], ["b", "n", "h", "1", "2 * s", "c"], ["b", "n", "h", "s", "c", "1"],
+        ["b", "n", "h", "c", "2 * s", "1"], ["b", "n", "h", "s", "2 * s", "1"])]}
+    env = {"n": 4, "h": 2, "s": 21, "c": 16}
+    assert _shapes_hold(ref, permutes(2), {**env, "b": 2})
+    at_one = permutes(1)
+    assert at_one["tensors"][2][0] == [4, 2, 21, 16, 1, 1]  # the b = 1 layout, as torch makes it
+    assert not _shapes_hold(ref, at_one, {**env, "b": 1})
+
+
+def test_a_held_out_config_keeps_what_the_file_holds():
+    """The graph check's held-out config changes only sizes the file serves: the file refuses a config that states
+    another value of a field it holds (archfile ``symbols``: "the learned ... file serves only ..."), and its
+    ``held`` is the union over every variant and the layer pattern (learn/files.py ``held_sizes``), so a size one
+    variant probed but another held is no free size of the check. By hand: variables a, b, c, d; the variant
+    holds b, the file holds b and c: a and d are free."""
+    from fitplan_torch.learn.verify import free_variables
+
+    res = {"variables": ["a", "b", "c", "d"], "held": {"b": 2}}
+    assert free_variables(res, {"held": {"b": 2, "c": 4}}) == ["a", "d"]
+    assert free_variables(res, {}) == ["a", "c", "d"]  # control: without the file's held, c would be changed

@@ -272,16 +272,26 @@ def learn_config(model_type: str, fields: list[str], probes, log, nested: dict[s
 
 
 def _derived_last(out_fields: dict[str, Any]) -> dict[str, Any]:
-    """The fields in an order where a derived field comes after the fields it reads (the core reads them in
-    order)."""
-    order = list(out_fields)
-    for f in list(order):
-        der = out_fields[f].get("derive")
-        if der:
-            deps = [n for n in _names(der) if n in out_fields]
-            pos = max([order.index(d) for d in deps] + [order.index(f)])
-            order.remove(f)
-            order.insert(pos, f)
+    """The fields in an order where a derived field comes after every field it reads, also through a chain (the
+    core reads them in order and derives each from those already read: src/fitplan/arch/archfile.py
+    ``ArchFile.symbols``): a field is placed after what its derivation names, depth first, each in its first
+    place otherwise. A single pass that moved each derived field after its own dependencies broke a chain:
+    ``a = lin``, ``lin = short`` gave ``a, short, lin``, and ``a`` was derived before ``lin`` existed ("cannot
+    derive a (lin): 'lin'")."""
+    order: list[str] = []
+    seen: set[str] = set()
+
+    def place(f: str) -> None:
+        if f in seen:
+            return  # placed, or a cycle (left in its first place)
+        seen.add(f)
+        for d in _names(out_fields[f].get("derive") or ""):
+            if d in out_fields:
+                place(d)
+        order.append(f)
+
+    for f in out_fields:
+        place(f)
     return {f: out_fields[f] for f in order}
 
 

@@ -719,8 +719,9 @@ def learn_variant(base_cfg: dict[str, Any], variables: list[str], precision: str
         ref = max(refs, key=shared)
         ref_keys = [structure(sg) for sg in ref["cut"].segments]
         differing = []
+        here = _full_env(Probe(base0, b, s, {"b": b, "s": s}))
         for n, sg in enumerate(cut_b.segments):
-            if n < len(ref_keys) and structure(sg) == ref_keys[n]:
+            if n < len(ref_keys) and structure(sg) == ref_keys[n] and _shapes_hold(ref["sym"][n], sg, here):
                 reuse[n] = n
             else:
                 differing.append(n)
@@ -950,6 +951,23 @@ def _full_env(p: Probe) -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - a nested name this config does not have
             pass
     return {**env, **p.env}
+
+
+def _shapes_hold(ref_sym: dict[str, Any], seg: dict[str, Any], env: dict[str, Any]) -> bool:
+    """Whether a segment fitted in another regime gives this regime's recorded shapes at its base config. The same
+    ops in the same order (:func:`structure`) can lay a tensor out otherwise at ``b = 1``: ``torch.einsum`` groups
+    the dimensions of size 1 apart from the others when it permutes its operands for the product (torch 2.13,
+    aten/src/ATen/native/Linear.cpp ``sumproduct_pair``), so ProphetNet's n-gram attention (``einsum("bnhtc,bnhsc->
+    bnhts")``, models/prophetnet/modeling_prophetnet.py, 5.24) permutes a query to ``[b, n, h, t, c, 1]`` at
+    ``b > 1`` and to ``[n, h, t, c, 1, 1]`` at ``b = 1``. The reference's expressions then do not serve this
+    regime: the segment is fitted here."""
+    from fitplan.api import compile_expr
+
+    try:
+        return all([compile_expr(d)(env) for d in sym[0]] == list(t[0])
+                   for sym, t in zip(ref_sym["sym_tensors"], seg["tensors"]))
+    except Exception:  # noqa: BLE001 - an expression over a name this config lacks: not shown to hold
+        return False
 
 
 def _reproduces(site: dict[str, str], envs: list[dict[str, Any]], seen: list[dict[str, Any]]) -> bool:

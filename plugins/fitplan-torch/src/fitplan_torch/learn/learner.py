@@ -84,6 +84,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     model_type = config["model_type"]
     base, skipping = _base_config(config)
     cls = configrules.config_class(model_type)
+    _refuse_nested_layer_counts(base, cls)
     D.NESTED.clear()
     D.FOLLOWERS.clear()
     D.RECENT.clear()
@@ -141,6 +142,31 @@ def _base_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     _, skipping = dropout_fields(base)
     base.update({k: 0.0 for k in skipping})  # every layer runs: a stated assumption of the file (``assumed``)
     return base, skipping
+
+
+def _refuse_nested_layer_counts(base: dict[str, Any], cls) -> None:
+    """:raises LearnError: the config states no layer count the causal LM reads, and nested configs count their
+    own layers: several stacks of layers, which the file's one layer count and one layer pattern cannot express.
+    BltConfig declares no ``num_hidden_layers``; its patcher, local encoder, global transformer and local decoder
+    count theirs in ``patcher_config``, ``encoder_config``, ``global_config``, ``decoder_config`` (14, 1, 25 and 9
+    by default: models/blt/configuration_blt.py, 5.24). Learned anyway, BLT ended in exit 70 ("int() argument must
+    be ... not 'NoneType'") after 267 CPU s; the traceback was not captured, and a layer count of None, the cause of
+    ProphetNet's same error before its decoder's count was read, is the likely one."""
+    from . import configrules
+    from . import derive as D
+
+    from fitplan.api import decoder_config
+
+    key = configrules.causal_field(cls, "num_hidden_layers")
+    if type(base.get(key)) is int or decoder_config(base) != base:
+        return  # a composite config (gemma-3's text_config): the learner reads its text part (learn/command.py)
+    nested = {k: v["num_hidden_layers"] for k, v in base.items()
+              if isinstance(v, dict) and type(v.get("num_hidden_layers")) is int}
+    if nested:
+        stacks = ", ".join(f"{k}.num_hidden_layers = {n}" for k, n in nested.items())
+        raise D.LearnError(f"the config states no layer count the causal LM reads ({key}); {len(nested)} nested "
+                           f"configs count layers of their own ({stacks}): several stacks of layers, which a "
+                           "learned file's one layer count cannot express")
 
 
 def _supported(base: dict[str, Any], variants, log) -> list[tuple[str, str]]:
@@ -216,7 +242,7 @@ def _dropout_sites(rec: ModelRecord, distinct: dict[str, float], precision: str,
     from . import derive as D
 
     mapped = {**rec.base, **distinct}
-    rec_map, last = None, ""
+    rec_map, last = None, None
     for combo in itertools.product(*rec.switches):
         default = D._combine(list(combo))
         bb = 1 if "b" in default.fixed else b
@@ -224,14 +250,17 @@ def _dropout_sites(rec: ModelRecord, distinct: dict[str, float], precision: str,
             rec_map = D.run(default.setup(mapped, bb, s), precision, attn, bb, s)
             break
         except Exception as e:  # noqa: BLE001 - e.g. DeepSeek-V2's attention needs kv heads == heads
-            last = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
-            log(f"    regime {default.name} does not run: {last}")
+            log(f"    regime {default.name} does not run: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+            last = e
     if rec_map is None:
         refused = _refused_dropouts(rec.base, distinct, precision, attn, log)
         if refused:  # learned at the config's value: the model takes no other
             return _dropout_sites(rec, {f: p for f, p in distinct.items() if f not in refused}, precision, attn, b, s,
                                   log)
-        raise D.LearnError(f"{precision}/{attn}: the model runs in none of the regimes ({last})")
+        from .verify import failing_line
+
+        why = f": {failing_line(last)}" if last is not None else ""
+        raise D.LearnError(f"{precision}/{attn}: the model runs in none of the regimes{why}")
     pf = []
     sdpa_fields = set()
     for o in rec_map.ops:

@@ -93,6 +93,10 @@ def shrunk_config(cfg: dict[str, Any], each: int = 1, log=lambda msg: None) -> d
             out.pop(k, None)  # the class derives it again at the shrunk widths and layer count
     _even_rotary(out, full)
     _resize_factor_lists(out, full)
+    from .shrink_lists import resize_partitions
+
+    for k in resize_partitions(cfg, out, full.get(layers_key) if layers_key else None):
+        log(f"  shrink: {k} = {out[k]} (its parts sum to the shrunk width, as the model requires)")
     _token_ids(out, full)
     try:
         hf_config(out)

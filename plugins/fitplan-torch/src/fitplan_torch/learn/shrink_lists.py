@@ -39,3 +39,28 @@ def derived_layer_widths(cfg: dict[str, Any], full: dict[str, Any], n: Any) -> l
         if derived == v and k not in attribute_targets(cfg):
             out.append(k)
     return out
+
+
+def resize_partitions(cfg: dict[str, Any], out: dict[str, Any], layers: Any = None) -> list[str]:
+    """Lists of two or more positive integers that split a width shrinking changed (their sum is its given value,
+    the list not one entry per layer), rescaled in ``out`` to sum to the shrunk width, each part at least 1 and
+    the last taking the rounding: Reformer's axial position embeddings are ``axial_pos_embds_dim`` wide per axis
+    and concatenated into the hidden state, and the model raises unless they sum to ``hidden_size``
+    (transformers/models/reformer/modeling_reformer.py ``AxialPositionEmbeddings.__init__``, 5.24; the class does
+    not check it): (64, 192) of 256 become (16, 48) of 64. Returns the fields changed. Over the 196 causal-LM
+    types' class defaults, Reformer's is the only such list."""
+    from .shrink import SMALL
+
+    shrunk = {k: v for k, v in cfg.items() if k in SMALL and type(v) is int and type(out.get(k)) is int
+              and out[k] < v}
+    changed = []
+    for k, v in cfg.items():
+        if not (isinstance(v, list) and len(v) >= 2 and len(v) != layers and all(type(x) is int and x > 0 for x in v)):
+            continue
+        w = next((w for w, total in shrunk.items() if sum(v) == total), None)
+        if w is None or out[w] < len(v):
+            continue
+        parts = [max(1, x * out[w] // cfg[w]) for x in v[:-1]]
+        out[k] = [*parts, out[w] - sum(parts)]
+        changed.append(k)
+    return changed

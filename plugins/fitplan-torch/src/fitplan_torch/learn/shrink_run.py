@@ -61,7 +61,7 @@ def runnable(cfg: dict[str, Any], out: dict[str, Any], err: BaseException | None
     :raises FitplanError: naming the unset field, or the fields the error quotes, with the model's error."""
     if err is None:
         return out
-    tries = 0
+    tries, first = 0, err
     repaired: list[str] = []
     for _ in range(MAX_ROUNDS):
         if err is None:
@@ -81,6 +81,7 @@ def runnable(cfg: dict[str, Any], out: dict[str, Any], err: BaseException | None
     from .verify import failing_line
 
     _refuse_label_layout(cfg, err)
+    _refuse_fixed_length(cfg, first)
     quoted = sorted(_quoted_fields(out, err)) or sorted(config_names_read(err, line_only=True))
     raise FitplanError(f"the shrunk config does not run, and no repair made it run: {failing_line(err)}",
                        field=", ".join(quoted) or "model_type", value=cfg.get("model_type"),
@@ -217,17 +218,45 @@ def _refuse_label_layout(cfg: dict[str, Any], e: BaseException) -> None:
     takes its tokens in another layout than ``b`` rows of ``s`` ids with ``labels = input_ids``, the batch every
     recording and every estimate of fitplan assumes. MusicGen's causal LM reads ``input_ids`` as
     ``(batch * num_codebooks, seq)`` and ``labels`` as ``(batch, seq, num_codebooks)`` (models/musicgen/
-    modeling_musicgen.py ``MusicgenForCausalLM.forward``, 5.24)."""
+    modeling_musicgen.py ``MusicgenForCausalLM.forward``, 5.24). Fewer logit rows than label rows is another
+    construct: the loss leaves out positions kept for inputs other than token ids, which a text-only batch has not
+    (GIT's loss slices ``logits[:, num_image_tokens:-1]``, ``num_image_tokens = (image_size / patch_size)**2 + 1``,
+    at least 1, with or without pixel values: models/git/modeling_git.py ``GitForCausalLM.forward``, 5.24)."""
     m = re.search(r"Expected input batch_size \((\d+)\) to match target batch_size \((\d+)\)", str(e))
     if not isinstance(e, ValueError) or m is None:
         return
     from .verify import failing_line
 
+    if int(m.group(1)) < int(m.group(2)):
+        raise FitplanError(f"the model's loss leaves out positions it keeps for inputs other than token ids (a batch "
+                           f"of 2 sequences of 16 tokens gives {m.group(1)} logit rows against {m.group(2)} label "
+                           f"rows), so a text-only batch, which fitplan's estimates assume, does not train it: "
+                           f"{failing_line(e)}", field="labels", value=cfg.get("model_type"),
+                           suggestion="a causal LM that trains only with image (or other non-token) inputs is not "
+                           "supported yet")
     raise FitplanError(f"the model's loss takes labels in another layout than its input_ids (a batch of 2 sequences "
                        f"of 16 tokens gives {m.group(1)} logit rows against {m.group(2)} label rows), so a batch of "
                        f"token ids with labels = input_ids, which fitplan's estimates assume, does not train it: "
                        f"{failing_line(e)}", field="labels", value=cfg.get("model_type"),
                        suggestion="a model whose tokens come in several streams per position is not supported yet")
+
+
+def _refuse_fixed_length(cfg: dict[str, Any], e: BaseException) -> None:
+    """:raises FitplanError: no repair made the step run, and the model's first error was its own check of the
+    sequence length (a ``ValueError`` naming it): the model trains only at sequence lengths its config fixes, while
+    fitplan's estimates and the learner's probes vary ``s``. Reformer's axial position embeddings train only at
+    ``prod(axial_pos_shape)`` tokens, and its chunked attention at multiples of its chunk lengths
+    (models/reformer/modeling_reformer.py ``AxialPositionEmbeddings.forward``, ``ReformerModel.forward``, 5.24).
+    Only the message changes (the step was refused anyway): it names the fields the model's message names."""
+    if not isinstance(e, ValueError) or not re.search(r"sequence[ _]length", str(e), re.IGNORECASE):
+        return
+    from .verify import failing_line
+
+    named = list(dict.fromkeys(re.findall(r"config\.(\w+)", str(e))))
+    raise FitplanError(f"the model trains only at sequence lengths its config fixes, and fitplan's estimates vary the "
+                       f"sequence length: {failing_line(e)}", field=", ".join(named) or "model_type",
+                       value=cfg.get("model_type"), suggestion="a model that trains at one sequence length only "
+                       "is not supported yet")
 
 
 def _refuse_mixed_dtypes(out: dict[str, Any], e: BaseException) -> None:
@@ -287,11 +316,42 @@ def _refuse_missing_key(out: dict[str, Any], e: BaseException) -> None:
 
 
 def _quoted_fields(out: dict[str, Any], e: BaseException) -> dict[str, int]:
-    """Integer fields of the resolved config whose value the error message quotes (not 0 or 1)."""
-    numbers = {int(x) for x in re.findall(r"(?<![\w.])\d+(?![\w.])", str(e))} - {0, 1}
+    """Integer fields of the resolved config whose value the error message quotes (not 0 or 1), also those of its
+    nested configs (:func:`nested_ints`)."""
+    message = re.sub(r"(?<=\d)x(?=\d)", " ", str(e))  # torch's matmul quotes shapes as "34x64 and 2048x128"
+    numbers = {int(x) for x in re.findall(r"(?<![\w.])\d+(?![\w.])", message)} - {0, 1}
     resolved = _resolved(out)
-    return {k: v for k, v in resolved.items() if type(v) is int and v in numbers
-            and not any(x in k for x in NOT_A_WIDTH)}
+    fields = {**{k: v for k, v in resolved.items() if type(v) is int}, **nested_ints(out, resolved)}
+    return {k: v for k, v in fields.items() if v in numbers and not any(x in k for x in NOT_A_WIDTH)}
+
+
+def nested_ints(out: dict[str, Any], resolved: dict[str, Any]) -> dict[str, int]:
+    """``{"<sub>.<field>": value}``: the integer fields of the nested configs (the class's ``sub_configs``) that
+    ``out`` states. A width of one nested config can be tied to one of another that the model alone checks: BLT's
+    local decoder projects the global transformer's output with ``nn.Linear(decoder_config.hidden_size_global,
+    ...)`` (models/blt/modeling_blt.py ``BltLocalDecoder``, 5.24), so ``global_config.hidden_size`` shrunk to 64
+    meets ``hidden_size_global`` at its 2048 ("mat1 and mat2 shapes cannot be multiplied (34x64 and 2048x128)")."""
+    from .shrink import sub_config_keys
+
+    subs = [k for k in sorted(sub_config_keys(out))
+            if isinstance(out.get(k), dict) and isinstance(resolved.get(k), dict)]
+    return {f"{sub}.{k}": v for sub in subs for k, v in resolved[sub].items()
+            if type(v) is int and k in out[sub]}
+
+
+def _get(cfg: dict[str, Any], name: str) -> Any:
+    """The value of ``name`` in ``cfg``, a nested config's field as ``<sub>.<field>``; None where not stated."""
+    sub, _, k = name.rpartition(".")
+    d = cfg.get(sub) if sub else cfg
+    return d.get(k) if isinstance(d, dict) else None
+
+
+def _with(cfg: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    """``cfg`` with ``name`` (``<sub>.<field>`` inside a nested config) set to ``value``; ``cfg`` is left as it is."""
+    sub, _, k = name.rpartition(".")
+    if not sub:
+        return {**cfg, k: value}
+    return {**cfg, sub: {**cfg[sub], k: value}}
 
 
 def _candidates(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, repaired: list[str]):
@@ -306,13 +366,15 @@ def _candidates(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, repa
     fields = {k: v for k, v in read.items() if type(v) is int and not any(x in k for x in NOT_A_WIDTH[:3])}
     strong = set(fields)
     fields.update({k: v for k, v in _quoted_fields(out, e).items() if k not in fields})
-    touched = {k for k in fields if k not in repaired and k in cfg and k in out and cfg[k] != out[k]}
+    fields = {k: v for k, v in fields.items() if "." not in k or isinstance(out.get(k.rpartition(".")[0]), dict)}
+    touched = {k for k in fields if k not in repaired and _get(cfg, k) is not None and _get(out, k) is not None
+               and _get(cfg, k) != _get(out, k)}
     for k, value in fields.items():
         if k not in touched:
-            yield from (({**out, k: v}, f"{k} = {v}", k in strong) for v in TINY if v < value)
+            yield from ((_with(out, k, v), f"{k} = {v}", k in strong) for v in TINY if v < value)
     for k in fields:  # never the model width itself: a 4096-wide model is no repair of a tiny one
-        if k in touched and type(cfg.get(k)) is int and k not in MODEL_WIDTHS:
-            yield {**out, k: cfg[k]}, f"{k} kept at {cfg[k]}", k in strong
+        if k in touched and type(_get(cfg, k)) is int and k.rpartition(".")[2] not in MODEL_WIDTHS:
+            yield _with(out, k, _get(cfg, k)), f"{k} kept at {_get(cfg, k)}", k in strong
 
 
 def _repair(cfg: dict[str, Any], out: dict[str, Any], e: BaseException, tries: int, repaired: list[str]):
