@@ -77,8 +77,9 @@ def read_json(path: Path) -> Any:
         raise ValueError(e.message) from None
 
 
-SHARED_TABLES = ("autograd", "peft", "sequence_classifiers")
-"""Files beside the architecture files that are no model type: PyTorch's save rules, peft's default targets."""
+SHARED_TABLES = ("autograd", "peft", "sequence_classifiers", "liger")
+"""Files beside the architecture files that are no model type: PyTorch's save rules, peft's default targets,
+transformers' generic sequence classifiers, Liger-Kernel's patches."""
 
 
 def known_model_types() -> list[str]:

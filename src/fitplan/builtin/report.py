@@ -83,9 +83,9 @@ def ds_config_text(est) -> str:
 
 def liger_text(model_type: str) -> str:
     """What the setup line says under ``liger_kernel`` (trace/liger.py): that Liger is assumed, and how it is known."""
-    from fitplan.trace.liger import LIGER_TYPES
+    from fitplan.trace.liger import patched_types
 
-    if model_type not in LIGER_TYPES:
+    if model_type not in patched_types():
         return f", use_liger_kernel (Liger patches nothing for {model_type})"
     return ", Liger-Kernel's RMSNorm, SwiGLU and RoPE kernels (derived from its source, not measured)"
 

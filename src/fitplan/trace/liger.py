@@ -5,7 +5,7 @@ the loaded model (transformers 5.24 trainer.py ``apply_liger_kernel``, integrati
 ``model_type`` up in ``MODEL_TYPE_TO_APPLY_LIGER_FN`` and runs ``apply_liger_kernel_to_<type>(model=...)`` with its
 defaults (Liger-Kernel 0.8.2, ead96b61, src/liger_kernel/transformers/monkey_patch.py); a type it does not list is
 left as it is (only a log line). For an existing instance only what the function patches on the instance, or
-looks up at call time, changes: for Llama, Mistral, Ministral, Qwen2, Qwen3 and SmolLM3 (:data:`PATCHES`)
+looks up at call time, changes: for Llama, Mistral, Ministral, Qwen2, Qwen3 and SmolLM3 (:func:`modelled_types`, the shared table ``liger.json``)
 
 * the final norm and each layer's ``input_layernorm`` and ``post_attention_layernorm`` get
   ``LigerRMSNorm.forward`` (``_patch_rms_norm_module``: casting mode ``llama``, ``in_place=True``); Qwen3's
@@ -46,11 +46,14 @@ have that form is refused, naming it. The Triton kernels run on CUDA only: no re
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
-from fitplan.arch.archfile import BYTES
+from fitplan.arch.archfile import BYTES, data_file
+from fitplan.errors import FitplanError
 from fitplan.trace import op_work
 
 if TYPE_CHECKING:
@@ -71,21 +74,32 @@ class Patch:
     rope: bool
 
 
-_DECODER = Patch(("model.norm", "model.layers.{i}.input_layernorm", "model.layers.{i}.post_attention_layernorm"),
-                 "model.layers.{i}.mlp", True)
-PATCHES = {t: _DECODER for t in ("llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3")}
-"""The model types whose patch fitplan models: ``apply_liger_kernel_to_llama``, ``_mistral``, ``_ministral``,
-``_qwen2``, ``_qwen3``, ``_smollm3`` with their defaults (rope, rms_norm, swiglu, fused_linear_cross_entropy on;
-cross_entropy off) patch the same modules of an instance (monkey_patch.py). Granite's, with the same modules, swaps
-the loss for Liger's unfused cross-entropy kernel (its logits are scaled), which is not modelled: refused."""
-LIGER_TYPES = frozenset({
-    "deepseek_v4", "gemma", "gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4", "glm4", "glm4v", "glm4v_moe",
-    "gpt_oss", "internvl", "llama", "llama4_text", "llama4", "llava", "granite", "mllama", "mllama_text_model",
-    "ministral", "mistral", "mixtral", "nemotron", "olmo2", "pixtral", "olmo3", "qwen2", "qwen3", "qwen3_moe",
-    "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_next", "qwen3_5", "qwen3_5_text",
-    "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "smollm3",
-    "phi3", "paligemma", "falcon_h1", "smolvlm", "hunyuan_v1_dense", "hunyuan_v1_moe", "exaone4"})
-"""``MODEL_TYPE_TO_APPLY_LIGER_FN``'s keys (monkey_patch.py): the types Liger patches at all."""
+@functools.lru_cache(maxsize=1)
+def _table() -> tuple[dict[str, Patch], frozenset[str]]:
+    """The shared table ``liger.json`` (beside the bundled architectures, with its source): the model types Liger
+    patches at all (``MODEL_TYPE_TO_APPLY_LIGER_FN``'s keys, monkey_patch.py) and, for those whose patch fitplan
+    models, what ``apply_liger_kernel_to_<type>(model=...)`` changes on an instance. ``llama``, ``mistral``,
+    ``ministral``, ``qwen2``, ``qwen3``, ``smollm3`` with their defaults (rope, rms_norm, swiglu,
+    fused_linear_cross_entropy on; cross_entropy off) patch the same modules; Granite's, with the same modules,
+    swaps the loss for Liger's unfused cross-entropy kernel (its logits are scaled), which is not modelled: refused."""
+    path = data_file("liger.json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        kinds = {k: Patch(tuple(v["norms"]), v["mlp"], bool(v["rope"])) for k, v in data["patches"].items()}
+        return {t: kinds[k] for t, k in data["modelled"].items()}, frozenset(data["patched_types"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise FitplanError(f"cannot read Liger's patch table: {e}", file=str(path)) from None
+
+
+def modelled_types() -> dict[str, Patch]:
+    """Model type -> the patch fitplan models for it (:func:`_table`)."""
+    return _table()[0]
+
+
+def patched_types() -> frozenset[str]:
+    """The model types Liger patches at all (:func:`_table`)."""
+    return _table()[1]
+
 
 RULES = {
     # LigerRMSNormFunction: differentiable in X and W; dX is written into dY (passes); saves X, RSTD (``sv``)
@@ -101,15 +115,13 @@ def patch_for(model_type: str) -> Patch | None:
     """What ``use_liger_kernel`` changes for ``model_type`` (None: Liger does not patch it).
 
     :raises FitplanError: a type Liger patches whose patch fitplan does not model."""
-    if model_type not in LIGER_TYPES:
+    if model_type not in patched_types():
         return None
-    patch = PATCHES.get(model_type)
+    patch = modelled_types().get(model_type)
     if patch is None:
-        from fitplan.errors import FitplanError
-
         raise FitplanError(f"use_liger_kernel on model_type {model_type!r}: Liger's apply_liger_kernel_to_{model_type} "
                            "patches kernels fitplan does not model for this type", field="liger_kernel", value=True,
-                           suggestion="modelled for " + ", ".join(sorted(PATCHES)) + "; estimate without liger_kernel "
+                           suggestion="modelled for " + ", ".join(sorted(modelled_types())) + "; estimate without liger_kernel "
                            "(the model's own ops) or with loss_implementation = \"liger\" alone")
     return patch
 
@@ -117,7 +129,7 @@ def patch_for(model_type: str) -> Patch | None:
 def unpatched_loss(model_type: str, loss: str) -> str:
     """The loss head when ``use_liger_kernel`` meets a type Liger does not patch: Liger changes nothing, its fused
     linear cross-entropy included (it comes with the type's patch), so ``liger`` is the model's own loss (``hf``)."""
-    return "hf" if loss == "liger" and model_type not in LIGER_TYPES else loss
+    return "hf" if loss == "liger" and model_type not in patched_types() else loss
 
 
 # --------------------------------------------------------------------------- finding the patched constructs
