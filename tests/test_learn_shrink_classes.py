@@ -216,13 +216,13 @@ def test_blt_layer_stacks_in_nested_configs_are_refused_naming_them():
     pytest.importorskip("torch")
     from fitplan_torch.learn import derive
     from fitplan_torch.learn.configrules import config_class
-    from fitplan_torch.learn.learner import _refuse_nested_layer_counts
+    from fitplan_torch.learn.layercounts import refuse_nested_layer_counts
     from fitplan_torch.learn.shrink import shrink
 
     base = derive.hf_config(shrink(_defaults("blt"))).to_dict()
     assert "num_hidden_layers" not in base
     with pytest.raises(derive.LearnError) as e:
-        _refuse_nested_layer_counts(base, config_class("blt"))
+        refuse_nested_layer_counts(base, config_class("blt"))
     for stack, n in (("patcher_config", 14), ("encoder_config", 1), ("decoder_config", 9), ("global_config", 25)):
         assert f"{stack}.num_hidden_layers = {n}" in str(e.value)
-    _refuse_nested_layer_counts(derive.hf_config(_defaults("llama")).to_dict(), config_class("llama"))
+    refuse_nested_layer_counts(derive.hf_config(_defaults("llama")).to_dict(), config_class("llama"))

@@ -63,7 +63,7 @@ def rejection(cfg: dict[str, Any]) -> str | None:
     try:
         c = hf_config(cfg)
     except Exception as e:  # noqa: BLE001 - any rejection of the class
-        from .shrink import first_line
+        from .limits import first_line
 
         return first_line(e)
     baseline = _raising_at_defaults(type(c))
@@ -128,3 +128,28 @@ def fit_to_class(before: dict[str, Any], after: dict[str, Any], count: Any, n: i
             if x is not None:
                 after[k] = x
                 return
+
+
+def refuse_nested_layer_counts(base: dict[str, Any], cls) -> None:
+    """:raises LearnError: the config states no layer count the causal LM reads, and nested configs count their
+    own layers: several stacks of layers, which the file's one layer count and one layer pattern cannot express.
+    BltConfig declares no ``num_hidden_layers``; its patcher, local encoder, global transformer and local decoder
+    count theirs in ``patcher_config``, ``encoder_config``, ``global_config``, ``decoder_config`` (14, 1, 25 and 9
+    by default: models/blt/configuration_blt.py, 5.24). Learned anyway, BLT ended in exit 70 ("int() argument must
+    be ... not 'NoneType'") after 267 CPU s; the traceback was not captured, and a layer count of None, the cause of
+    ProphetNet's same error before its decoder's count was read, is the likely one."""
+    from . import configrules
+    from . import derive as D
+
+    from fitplan.api import decoder_config
+
+    key = configrules.causal_field(cls, "num_hidden_layers")
+    if type(base.get(key)) is int or decoder_config(base) != base:
+        return  # a composite config (gemma-3's text_config): the learner reads its text part (learn/command.py)
+    nested = {k: v["num_hidden_layers"] for k, v in base.items()
+              if isinstance(v, dict) and type(v.get("num_hidden_layers")) is int}
+    if nested:
+        stacks = ", ".join(f"{k}.num_hidden_layers = {n}" for k, n in nested.items())
+        raise D.LearnError(f"the config states no layer count the causal LM reads ({key}); {len(nested)} nested "
+                           f"configs count layers of their own ({stacks}): several stacks of layers, which a "
+                           "learned file's one layer count cannot express")

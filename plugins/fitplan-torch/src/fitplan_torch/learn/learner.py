@@ -22,7 +22,7 @@ from typing import Any
 
 from fitplan.api import FitplanError, archformat
 
-from . import relations, routing
+from . import layercounts, relations, routing
 from .limits import LAYERDROP_WHY, SCAN_WHY, dropout_fields
 
 
@@ -84,7 +84,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     model_type = config["model_type"]
     base, skipping = _base_config(config)
     cls = configrules.config_class(model_type)
-    _refuse_nested_layer_counts(base, cls)
+    layercounts.refuse_nested_layer_counts(base, cls)
     D.NESTED.clear()
     D.FOLLOWERS.clear()
     D.RECENT.clear()
@@ -142,31 +142,6 @@ def _base_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     _, skipping = dropout_fields(base)
     base.update({k: 0.0 for k in skipping})  # every layer runs: a stated assumption of the file (``assumed``)
     return base, skipping
-
-
-def _refuse_nested_layer_counts(base: dict[str, Any], cls) -> None:
-    """:raises LearnError: the config states no layer count the causal LM reads, and nested configs count their
-    own layers: several stacks of layers, which the file's one layer count and one layer pattern cannot express.
-    BltConfig declares no ``num_hidden_layers``; its patcher, local encoder, global transformer and local decoder
-    count theirs in ``patcher_config``, ``encoder_config``, ``global_config``, ``decoder_config`` (14, 1, 25 and 9
-    by default: models/blt/configuration_blt.py, 5.24). Learned anyway, BLT ended in exit 70 ("int() argument must
-    be ... not 'NoneType'") after 267 CPU s; the traceback was not captured, and a layer count of None, the cause of
-    ProphetNet's same error before its decoder's count was read, is the likely one."""
-    from . import configrules
-    from . import derive as D
-
-    from fitplan.api import decoder_config
-
-    key = configrules.causal_field(cls, "num_hidden_layers")
-    if type(base.get(key)) is int or decoder_config(base) != base:
-        return  # a composite config (gemma-3's text_config): the learner reads its text part (learn/command.py)
-    nested = {k: v["num_hidden_layers"] for k, v in base.items()
-              if isinstance(v, dict) and type(v.get("num_hidden_layers")) is int}
-    if nested:
-        stacks = ", ".join(f"{k}.num_hidden_layers = {n}" for k, n in nested.items())
-        raise D.LearnError(f"the config states no layer count the causal LM reads ({key}); {len(nested)} nested "
-                           f"configs count layers of their own ({stacks}): several stacks of layers, which a "
-                           "learned file's one layer count cannot express")
 
 
 def _supported(base: dict[str, Any], variants, log) -> list[tuple[str, str]]:

@@ -51,3 +51,11 @@ def data_dependent_note(seg: dict[str, Any]) -> str:
         return ""
     return (f"; this segment runs {', '.join('aten.' + o for o in ops)}, whose output size depends on the data "
             "(MoE routing counts), which a learned file cannot express yet")
+
+
+def first_line(e: Exception) -> str:
+    """The line of an exception's message worth quoting (its ``ValueError`` line, else its last), at most 200
+    characters: what a refusal names when the config class or the model rejects a shrunk config."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    detail = next((x for x in lines if x.startswith("ValueError")), lines[-1] if lines else type(e).__name__)
+    return detail[:200]

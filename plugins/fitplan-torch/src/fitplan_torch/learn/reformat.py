@@ -22,7 +22,7 @@ from fitplan.api import FitplanError
 from . import files
 
 BUNDLED = Path(__file__).resolve().parents[5] / "rulesets" / "architectures"
-SHARED = ("autograd", "peft", "sequence_classifiers")
+SHARED = ("autograd", "peft", "sequence_classifiers", "liger")
 """Tables beside the architecture files that are no pair (:data:`fitplan.arch.archfile.SHARED_TABLES`)."""
 
 

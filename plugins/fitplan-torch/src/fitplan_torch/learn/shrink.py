@@ -33,6 +33,7 @@ from typing import Any
 
 from fitplan.api import FitplanError
 
+from .limits import first_line
 from .shrink_names import layer_count_key, tiny_value
 
 SMALL = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128, "ffn_hidden_size": 128,
@@ -544,9 +545,3 @@ def _repair(cfg: dict[str, Any], out: dict[str, Any], first: Exception, log) -> 
     raise FitplanError(f"the config class rejects every shrunk config of this type: {first_line(first)}",
                        field=", ".join(changed) or "model_type", value=cfg.get("model_type"),
                        suggestion="--no-shrink learns it at its own size")
-
-
-def first_line(e: Exception) -> str:
-    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-    detail = next((x for x in lines if x.startswith("ValueError")), lines[-1] if lines else type(e).__name__)
-    return detail[:200]
