@@ -578,8 +578,8 @@ def _release_model(r: _Recorder) -> None:
     or the callback is detached), and the recorder held the model (``r.model``, ``r.names``) and the forward's
     autograd nodes (``r.nodes``, ``r.keep``, ``r.prev_outs``), whose saved tensors hold storages that have
     callbacks: so every recorded model and graph stayed alive to the end of the process. Detaching only the
-    model's own storages (parameters, buffers, gradients, tensor attributes) was not enough: a forward-only
-    recording keeps its loss's graph in ``r.nodes`` (Lara-Mini's shrunk model recorded again and again at one size
+    model's own storages (parameters, buffers, gradients, tensor attributes) was not enough: the recording
+    with the backward keeps the graph's nodes in ``r.nodes`` (Lara-Mini's shrunk model recorded again and again at one size
     grew ~1 MB resident a recording; the larger growth at new sizes is torch's kernel caches: command.py). A storage alive here dies after the step; its death is not the recording's (the learner reads a
     death in the ``after`` phase as none: derive.py ``segment_json``), so it stays unrecorded, as it did when it
     never died."""
