@@ -575,12 +575,13 @@ def _release_model(r: _Recorder) -> None:
     recorder's references to the model and the autograd graph.
 
     Each callback holds the recorder (``weakref.finalize`` keeps it in a global registry until the storage dies
-    or the callback is detached), and the recorder held the model (``r.model``, ``r.names``) and the forward's
+    or the callback is detached), and the recorder held the model (``r.model``, ``r.names``) and the graph's
     autograd nodes (``r.nodes``, ``r.keep``, ``r.prev_outs``), whose saved tensors hold storages that have
     callbacks: so every recorded model and graph stayed alive to the end of the process. Detaching only the
     model's own storages (parameters, buffers, gradients, tensor attributes) was not enough: the recording
-    with the backward keeps the graph's nodes in ``r.nodes`` (Lara-Mini's shrunk model recorded again and again at one size
-    grew ~1 MB resident a recording; the larger growth at new sizes is torch's kernel caches: command.py). A storage alive here dies after the step; its death is not the recording's (the learner reads a
+    with the backward keeps the graph's nodes in ``r.nodes`` (Lara-Mini's shrunk model recorded again and again at
+    one size grew ~1 MB resident a recording; the larger growth at new sizes is torch's kernel caches:
+    command.py). A storage alive here dies after the step; its death is not the recording's (the learner reads a
     death in the ``after`` phase as none: derive.py ``segment_json``), so it stays unrecorded, as it did when it
     never died."""
     for f in r.finalizers.values():
