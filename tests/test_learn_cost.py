@@ -10,6 +10,7 @@ no longer repeats must give what repeating it gave.
 * the memory check's LoRA targets skip the modules peft 0.21 refuses on Mamba-based types (peft's own check);
 * the memory check's LoRA targets leave out an ``nn.Linear`` returning a tuple (Llama-4's router);
 * shrinking cuts widths named ``<prefix>_<kind>`` (NemotronH's ``mamba_num_heads``; Blenderbot's ``*_ffn_dim``).
+* the learning bounds torch's oneDNN kernel caches (a new shape each recording grew Lara-Mini ~30 MB resident).
 
 These build and step tiny models: slow (marked referee/slow by tests/conftest.py's importorskip rule).
 """
@@ -172,3 +173,54 @@ def test_shrink_cuts_prefixed_widths():
     assert nem["moe_shared_expert_intermediate_size"] == 128  # SMALL's intermediate_size
     blender = shrink(_defaults("blenderbot"))
     assert blender["encoder_ffn_dim"] == blender["decoder_ffn_dim"] == 128
+
+
+_SHAPES = """
+import sys
+if sys.argv[1] == "bound":
+    from fitplan_torch.learn.command import bound_kernel_caches
+    bound_kernel_caches()
+import torch
+def rss():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) // 1024
+w = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
+for i in range(160):
+    x = torch.randn(2, 8 + i, 64, dtype=torch.bfloat16, requires_grad=True)
+    (x @ w).sum().backward()
+    if i == 9:
+        start = rss()
+print(rss() - start)
+"""
+
+
+def test_the_learning_bounds_the_cpu_kernel_caches():
+    """A bf16 matmul at 150 new shapes grows resident memory by megabytes a shape with torch's default oneDNN
+    kernel caches (1024 entries each: the control, which must grow > 150 MB for the test to tell anything); with
+    ``bound_kernel_caches`` (what ``learn-architecture`` calls first) it grows less than a third of that. A value
+    the environment sets is kept. Each in a fresh process: the caches read their capacity once."""
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+
+    from fitplan_torch.learn import command
+
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+
+    def growth(how: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _SHAPES, how], env=env, capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1])
+
+    default, bound = growth("default"), growth("bound")
+    assert default > 150, default
+    assert bound < default / 3, (bound, default)
+    old = os.environ.get("LRU_CACHE_CAPACITY")
+    os.environ["LRU_CACHE_CAPACITY"] = "7"
+    try:
+        command.bound_kernel_caches()
+        assert os.environ["LRU_CACHE_CAPACITY"] == "7"
+    finally:
+        if old is None:
+            os.environ.pop("LRU_CACHE_CAPACITY")
+        else:
+            os.environ["LRU_CACHE_CAPACITY"] = old

@@ -148,17 +148,22 @@ def test_fit_a_held_size_over_one_variable():
 # --------------------------------------------------------------------------- cost
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_5_text"])
 @pytest.mark.parametrize("backward", [False, True], ids=["lifetimes", "backward"])
-def test_a_recorded_model_is_released(backward, monkeypatch):
+def test_a_recorded_model_is_released(backward, model_type, monkeypatch):
     """The recorder marks a storage's death with a ``weakref.finalize`` callback bound to itself; the recorder
     holds the model, and the model its parameters, buffers and gradients, so the callbacks of those storages
     kept every recorded model alive through finalize's global registry (Jamba's learning grew by a few hundred
-    MB per variant, past 4 GB). After a recording, with or without its backward, the model is garbage."""
+    MB per variant, past 4 GB). After a recording, with or without its backward, the model is garbage, and so is
+    the recorder: a callback still pending held it, and it held the forward's autograd nodes; a tensor the
+    saved-tensor hook stored bare, saved by the node that made it (``exp`` in Qwen3.5's gated delta rule, in a
+    branch the loss does not reach), held that node through autograd's C++ (record.py ``_release_model``)."""
     pytest.importorskip("torch")
     import gc
     import weakref
 
     from fitplan_torch.learn import derive
+    from fitplan_torch.learn.record import _Recorder
     from fitplan_torch.learn.shrink import shrink
 
     built = []
@@ -170,10 +175,12 @@ def test_a_recorded_model_is_released(backward, monkeypatch):
         return model, config
 
     monkeypatch.setattr(derive, "build", tracked)
-    cfg = shrink({**_defaults("llama"), "num_hidden_layers": 2})
-    assert derive.run(cfg, "16", "sdpa", 2, 16, backward=backward).ops
+    cfg = shrink({**_defaults(model_type), "num_hidden_layers": 2} if model_type == "llama" else _defaults(model_type))
+    derive.RECENT.clear()
+    assert derive._run(cfg, "16", "sdpa", 2, 16, backward=backward).ops
     gc.collect()
     assert built and all(ref() is None for ref in built)
+    assert not [o for o in gc.get_objects() if isinstance(o, _Recorder)]
 
 
 def test_a_layer_count_named_n_layers_is_cut():

@@ -162,6 +162,17 @@ class _Recorder:
         self.bwd_cur: dict[str, Any] | None = None
         self.names = {m: n for n, m in model.named_modules()}
         self.finalizers: dict[int, Any] = {}
+        self.boxes: list[list[Any]] = []
+
+    def boxed(self, t) -> list[Any]:
+        """What the saved-tensor hook stores for ``t``: a list holding it, emptied when the recording ends
+        (:func:`_release_model`). Stored bare, a tensor saved by the node that made it (``exp`` saves its result)
+        holds that node through its ``grad_fn``, a cycle through autograd's C++ that Python's collector cannot see;
+        where the backward does not reach the node (a branch the loss does not read), the node, its saved tensors
+        and the hooks (which hold the recorder) stayed alive to the end of the process."""
+        box = [t]
+        self.boxes.append(box)
+        return box
 
     # ---- identities
     def storage(self, t) -> int:
@@ -524,14 +535,14 @@ def record(model, batch, *, autocast_dtype=None, lifetimes: bool = True, backwar
 
     def pack(t):
         if r.suppress or r.phase != "forward":
-            return t if not lifetimes else None
+            return r.boxed(t) if not lifetimes else None
         tid = r.tensor(t, "const")
         r.pending_saves.append(tid)
         rec.saves.append((tid, len(rec.ops)))
-        return None if lifetimes else t
+        return None if lifetimes else r.boxed(t)
 
     def unpack(x):
-        return x
+        return x[0] if x is not None else None
 
     layers = decoder_layers(model)
     embed = model.get_input_embeddings()
@@ -560,20 +571,30 @@ def record(model, batch, *, autocast_dtype=None, lifetimes: bool = True, backwar
 
 
 def _release_model(r: _Recorder) -> None:
-    """Detach the death callbacks of the storages the model holds (parameters, buffers, gradients, tensors kept as
-    module attributes): each callback holds the recorder, which holds the model, which holds those storages, so
-    through ``weakref.finalize``'s global registry every recorded model stayed alive to the end of the process
-    (Jamba's learning passed 4 GB resident). They die with the model, after the recording: their death was never
-    recorded and is not now."""
-    torch = r.torch
-    held = [*r.model.parameters(), *r.model.buffers()]
-    held += [p.grad for p in r.model.parameters() if p.grad is not None]
-    held += [v for m in r.model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
-    for t in held:
-        s = r.sid.get(t.untyped_storage())
-        f = r.finalizers.pop(s, None) if s is not None else None
-        if f is not None:
-            f.detach()
+    """End the recording's hold on what it recorded: detach every death callback still pending and drop the
+    recorder's references to the model and the autograd graph.
+
+    Each callback holds the recorder (``weakref.finalize`` keeps it in a global registry until the storage dies
+    or the callback is detached), and the recorder held the model (``r.model``, ``r.names``) and the graph's
+    autograd nodes (``r.nodes``, ``r.keep``, ``r.prev_outs``), whose saved tensors hold storages that have
+    callbacks: so every recorded model and graph stayed alive to the end of the process. Detaching only the
+    model's own storages (parameters, buffers, gradients, tensor attributes) was not enough: the recording
+    with the backward keeps the graph's nodes in ``r.nodes`` (Lara-Mini's shrunk model recorded again and again at
+    one size grew ~1 MB resident a recording; the larger growth at new sizes is torch's kernel caches:
+    command.py). A storage alive here dies after the step; its death is not the recording's (the learner reads a
+    death in the ``after`` phase as none: derive.py ``segment_json``), so it stays unrecorded, as it did when it
+    never died."""
+    for f in r.finalizers.values():
+        f.detach()
+    r.finalizers.clear()
+    r.model = None
+    r.names = {}
+    r.nodes = {}
+    r.keep = None
+    r.prev_outs = []
+    for box in r.boxes:
+        box.clear()
+    r.boxes = []
 
 
 def _record_backward(r: _Recorder, model, loss, dmode) -> None:
