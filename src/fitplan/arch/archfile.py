@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -438,11 +439,17 @@ class ArchFile:
                                "has no graph for it (the model failed there when it was learned)", file=str(self.path),
                                field="precision", value=precision, suggestion="use another precision")
         whens = [v.get("when") for v in self.variants if v["precision"] == precision and v["attn"] == attn]
-        if whens:  # graphs of this class exist, for other regimes (MiMo-V2-Flash: the learner ran no GQA one)
+        if whens:  # graphs of this class exist, for other regimes (MiMo-V2-Flash: the learner ran no GQA one; a
+            # chunked mixer learned below one chunk holds for ``s <= chunk_size`` only, fitplan_torch.learn.seqbound)
+            names = sorted({n for w in whens for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*",
+                                                                  re.sub(r"'[^']*'|\"[^\"]*\"", "", str(w)))
+                            if n in env and n not in ("and", "or", "not", "is", "None")})
+            shown = ", ".join(f"{n}={env[n]!r}" for n in names)
             raise FitplanError(f"{self.model_type}: no learned graph for precision class {precision!r} with {attn!r} "
-                               f"attention applies to this config (the learned ones hold where "
+                               f"attention applies to this config ({shown}; the learned ones hold where "
                                f"{' or '.join(str(w) for w in whens)})", file=str(self.path), field="model",
-                               suggestion="a config in one of those regimes is estimated")
+                               suggestion="a config (and sequence length) in one of those regimes is estimated, or "
+                                          "re-learn the architecture where this one is")
         raise FitplanError(f"{self.model_type}: no learned graph for precision class {precision!r} with "
                            f"{attn!r} attention", file=str(self.path), field="attn_implementation", value=attn,
                            suggestion="re-learn the architecture (fitplan learn-architecture) with this setting")

@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from . import crosslayer, learner, relations, routing
+from . import crosslayer, learner, relations, routing, seqbound
 from .autograd_rules import function_temporaries
 from .fit import FitError, Fitter
 from .fold import fold
@@ -930,6 +930,7 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
         d = digest(seg)
         segments[d] = seg
         layer_ids[kind] = d
+    when = seqbound.bounded(when, segs)  # a sequence padded to one chunk: the graph holds up to it
     return {"precision": precision, "attn": attn, "when": when, "prologue": ids["prologue"],
             "epilogue": ids["epilogue"], "layers": layer_ids, "layer_args": layer_args, "first_input": first_input,
             "kinds": kind_of_layer}
