@@ -15,6 +15,9 @@ learner's output. The tests that build models are slow (referee/slow through tes
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -216,11 +219,12 @@ def test_a_model_that_runs_in_no_regime_names_the_op_and_line(tmp_path, cli_in_p
     out of ``LayerNorm`` in float32 and the adapter's ``Linear`` in bfloat16 (layer_norm is on autocast's float32
     list, linear on its lower-precision list, on CUDA as on the CPU), and ``index_put_`` requires one dtype
     (torch's own check, which fires without autocast too: checked by hand with a float32 destination and a
-    bfloat16 source), so bf16-mixed does not run on any device. The refusal says so with the op and the line,
-    not only "runs in none of the regimes". The config: the class defaults with ``default_language`` "en_XX",
-    as transformers' XmodModelTester states it (bench/breadth/configs/xmod.json). Control: before this change the
-    line ended at "none of the regimes" (the breadth row of xmod, learn-9zzzzzz-z2-lead.json), which fails both
-    asserts on the message."""
+    bfloat16 source), so bf16-mixed does not run on any device. The learner leaves that precision class out of the
+    file, saying why with the op and the line (not only "runs in none of the regimes"), learns the others, and the
+    core refuses bf16-mixed by name (exit 2). The config: the class defaults with ``default_language`` "en_XX", as
+    transformers' XmodModelTester states it (bench/breadth/configs/xmod.json). Controls: before the op and line were
+    named the log ended at "none of the regimes" (the breadth row of xmod, learn-9zzzzzz-z2-lead.json); before the
+    class was left out the learning refused the whole type (exit 2)."""
     pytest.importorskip("torch")
     from transformers import AutoConfig
 
@@ -228,11 +232,17 @@ def test_a_model_that_runs_in_no_regime_names_the_op_and_line(tmp_path, cli_in_p
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg, default=str))
     proc = cli_in_process("learn-architecture", str(path), "--out", str(tmp_path / "out"))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    err = " ".join(proc.stderr.split())  # the console wraps long lines
-    assert "the model runs in none of the regimes: RuntimeError: Index put requires the source and destination " \
-           "dtypes match" in err
-    assert "models/xmod/modeling_xmod.py:" in err and "new_hidden_states[lang_mask]" in err
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = " ".join((proc.stdout + proc.stderr).split())  # the console wraps long lines
+    assert "mixed/sdpa: left out, the model does not run in it (the model runs in none of the regimes: " \
+           "RuntimeError: Index put requires the source and destination dtypes match" in said
+    assert "models/xmod/modeling_xmod.py:" in said and "new_hidden_states[lang_mask]" in said
+    run = subprocess.run([sys.executable, "-m", "fitplan", "estimate", "--model", str(path), "--precision",
+                          "bf16-mixed"], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "FITPLAN_ARCH_DIR": str(tmp_path / "out"), "FITPLAN_NO_CACHE": "1"})
+    refused = " ".join((run.stdout + run.stderr).split())
+    assert run.returncode == 2 and "Traceback" not in refused, refused[-2000:]
+    assert "xmod does not run in precision class 'mixed'" in refused
 
 
 # --------------------------------------------------------------------------- a regime reusing another's segments

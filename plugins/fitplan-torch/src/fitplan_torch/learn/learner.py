@@ -190,7 +190,7 @@ def derive_variants(rec: ModelRecord, *, log, b: int, s: int, first_only: bool) 
                 raise
             # the model's own code fails in this precision class (DBRX's index_add_ of autocast's bf16 expert
             # outputs into an fp32 buffer, modeling_dbrx.py): a run in it fails too, so no graph is learned for it
-            log(f"  {precision}/{attn}: left out (the model does not run in it)")
+            log(f"  {precision}/{attn}: left out, the model does not run in it ({str(e).split(': ', 1)[-1]})")
             rec.supported.remove((precision, attn))
             continue
         classes = _regime_classes(rec, vbase, precision, attn, b, s, log)
