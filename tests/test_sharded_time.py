@@ -277,3 +277,21 @@ def test_hf_fsdp_reduce_scatters_once_per_step():
         e = est(num_gpus=8, fsdp="full_shard", precision="bf16-mixed", gradient_accumulation_steps=k)
         expected = nccl(k * 2 * F * P * 2, k * 2 * UNITS, N - 1) + nccl(F * P * 2, UNITS, N - 1)
         assert e["comm_seconds_per_step"] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_fsdp2_copies_out_every_gather_on_the_compute_stream(k):
+    # FSDP2 (torch 2.13 _fully_shard/_fsdp_collectives.py foreach_all_gather_copy_out, from
+    # FSDPParamGroup.wait_for_unshard on the current stream): after each unit's all-gather, split_with_sizes_copy
+    # reads the flat gathered buffer and writes every parameter's unsharded tensor: per micro-step two gathers
+    # (forward, backward) of the whole bf16 model, each read and written once: 2 · (k · 2 · P · 2 B). FSDP1 gathers
+    # into its flat parameter in place (no copy).
+    e2 = est(num_gpus=8, fsdp="full_shard", stack="fsdp2", precision="bf16-mixed", gradient_accumulation_steps=k)
+    e1 = est(num_gpus=8, fsdp="full_shard", stack="fsdp1", precision="bf16-mixed", gradient_accumulation_steps=k)
+    copied = 2 * (k * 2 * P * 2)
+    assert e2["fsdp_copy_out_bytes"] == pytest.approx(copied, rel=1e-12)
+    assert e1["fsdp_copy_out_bytes"] == 0
+    # serial with the compute: its bytes at the memory efficiency, on top of the micro-steps and per-step passes
+    rest = (k * e2["micro_step_time"]["micro_step"] + e2["gradient_accumulation_seconds"] + e2["grad_clip_seconds"]
+            + e2["optimizer_step_seconds"])
+    assert e2["compute_seconds_per_step"] - rest == pytest.approx(copied / (BANDWIDTH * MEMORY_EFF), rel=1e-9)

@@ -9,6 +9,8 @@ of ``b × s`` tokens per optimizer step, per GPU):
   efficiency factors fitted for the GPU's generation (``[[time_efficiency]]``); ``max(GPU, host)``;
 * **gradient accumulation**: after the first micro-step, autograd's ``AccumulateGrad`` adds each new
   gradient into ``.grad`` in place: the gradient read twice and written once (``3 × gradient bytes``);
+* **FSDP2's copy-out**: after each all-gather, FSDP2 copies the flat gathered buffer into every parameter's own
+  unsharded tensor on the compute stream (``fsdp_copy_out_bytes``); FSDP1 gathers into its flat buffer in place;
 * **gradient clipping**: the HF Trainer clips at ``max_grad_norm = 1.0`` by default
   (``torch.nn.utils.clip_grad_norm_``, foreach): one pass reads every gradient for the norm, a second
   scales them in place (``3 × gradient bytes``);
@@ -163,6 +165,27 @@ def grad_clip_bytes(gradient_bytes):
     return CLIP_PASSES * gradient_bytes
 
 
+FSDP2_KINDS = ("hf_fsdp2", "fsdp_zero2", "fsdp_zero3")
+"""Sharding kinds that run PyTorch's FSDP2 (``fully_shard``): the HF Trainer's ``fsdp_version: 2`` and the
+torch-native stack's ZeRO-2/3 layouts (builtin/sharding/common.py)."""
+COPY_OUT_PASSES = 2
+"""FSDP2's copy-out reads the gathered buffer and writes each parameter's unsharded tensor: 2 × gathered bytes."""
+
+
+@quantity("bytes")
+def fsdp_copy_out_bytes(comm_volumes, sharding_kind):
+    """FSDP2's all-gather copy-out per optimizer step: after every all-gather the compute stream waits for it and
+    ``foreach_all_gather_copy_out`` (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, called
+    from ``FSDPParamGroup.wait_for_unshard`` on the current stream) runs ``split_with_sizes_copy`` from the flat
+    all-gather output into every parameter's unsharded tensor: the whole gathered tensor read and written once
+    (``COPY_OUT_PASSES``), for every gather ``comm_volumes`` counts (``all_gather``: k × passes × P). Serial with
+    the compute, memory-bound. FSDP1 all-gathers straight into its padded flat parameter, whose views the
+    parameters are (no copy); 0 for every other stack."""
+    if sharding_kind not in FSDP2_KINDS or not comm_volumes:
+        return 0.0
+    return COPY_OUT_PASSES * comm_volumes["all_gather"]
+
+
 @quantity("s")
 def gradient_accumulation_seconds(gradient_accumulation_bytes, gpu_spec, kernel_efficiency):
     """Gradient accumulation's bytes at the memory efficiency. None without a GPU."""
@@ -181,12 +204,12 @@ def grad_clip_seconds(grad_clip_bytes, gpu_spec, kernel_efficiency):
 
 @quantity("s", json_key="time.compute_seconds_per_step")
 def compute_seconds_per_step(micro_step_time, gradient_accumulation_steps, gradient_accumulation_bytes, grad_clip_bytes,
-                             optimizer_step_seconds, gpu_spec, kernel_efficiency, flops_per_token, per_device_train_batch_size,
-                             max_seq_length, tensor_parallel, matmul_dtype, assumed_mfu):
-    """Compute time of one optimizer step on one GPU: ``k × micro-step + accumulation + clipping + optimizer
-    update`` (the module doc: the accumulation's and clipping's bytes at the memory efficiency, as
-    ``gradient_accumulation_seconds`` and ``grad_clip_seconds``); with ``--mfu`` or a measured MFU, ``FLOPs per
-    token × b·s·k / t / (peak × MFU)``. None without a GPU."""
+                             fsdp_copy_out_bytes, optimizer_step_seconds, gpu_spec, kernel_efficiency, flops_per_token,
+                             per_device_train_batch_size, max_seq_length, tensor_parallel, matmul_dtype, assumed_mfu):
+    """Compute time of one optimizer step on one GPU: ``k × micro-step + accumulation + clipping + FSDP2 copy-out
+    + optimizer update`` (the module doc: the accumulation's, clipping's and copy-out's bytes at the memory
+    efficiency, as ``gradient_accumulation_seconds`` and ``grad_clip_seconds``); with ``--mfu`` or a measured MFU,
+    ``FLOPs per token × b·s·k / t / (peak × MFU)``. None without a GPU."""
     if gpu_spec is None:
         return None
     if assumed_mfu:
@@ -195,11 +218,11 @@ def compute_seconds_per_step(micro_step_time, gradient_accumulation_steps, gradi
         return flops_per_token * tokens / tensor_parallel / (peak * assumed_mfu) if peak else None
     if micro_step_time is None:
         return None
-    passes = roofline.memory_seconds(gradient_accumulation_bytes + grad_clip_bytes, gpu_spec.bandwidth_gbps,
-                                     kernel_efficiency)
+    passes = roofline.memory_seconds(gradient_accumulation_bytes + grad_clip_bytes + fsdp_copy_out_bytes,
+                                     gpu_spec.bandwidth_gbps, kernel_efficiency)
     return gradient_accumulation_steps * micro_step_time["micro_step"] + passes + optimizer_step_seconds
 
 
-QUANTITIES = (kernel_efficiency, zero3_fetches_per_pass, micro_step_time, optimizer_step_bytes, optimizer_step_kernels, optimizer_step_seconds,
-              gradient_accumulation_bytes, grad_clip_bytes, gradient_accumulation_seconds, grad_clip_seconds,
-              compute_seconds_per_step)
+QUANTITIES = (kernel_efficiency, zero3_fetches_per_pass, micro_step_time, optimizer_step_bytes, optimizer_step_kernels,
+              optimizer_step_seconds, gradient_accumulation_bytes, grad_clip_bytes, fsdp_copy_out_bytes,
+              gradient_accumulation_seconds, grad_clip_seconds, compute_seconds_per_step)
