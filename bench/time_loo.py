@@ -101,7 +101,8 @@ def parts(run, est) -> dict:
         "kind": [0 if t.kind == "gemm" else 1 if t.kind == "attention" else 2 for t in ts],
         "phase": [PHASES.index(t.phase) for t in ts], "fetches": v["zero3_fetches_per_pass"],
         "f": [t.flop_seconds for t in ts], "b": [t.byte_seconds for t in ts], "n": [t.kernels for t in ts],
-        "mem": (v["gradient_accumulation_bytes"] + v["grad_clip_bytes"] + v["fsdp_copy_out_bytes"]) / bw,
+        "mem": (v["gradient_accumulation_bytes"] + v["grad_clip_bytes"] + v["fsdp_copy_out_bytes"]
+                + v["fsdp_grad_cat_bytes"]) / bw,
         "opt": v["optimizer_step_bytes"] / bw, "opt_kernels": v["optimizer_step_kernels"],
         "micro_transfers": (v["comm_seconds_by_window"] or {}).get("micro", 0.0) + v["offload_seconds_per_step"],
         "last_transfers": (v["comm_seconds_by_window"] or {}).get("last", 0.0),

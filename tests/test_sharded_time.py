@@ -280,18 +280,37 @@ def test_hf_fsdp_reduce_scatters_once_per_step():
 
 
 @pytest.mark.parametrize("k", [1, 4])
-def test_fsdp2_copies_out_every_gather_on_the_compute_stream(k):
+def test_fsdp_copies_on_the_compute_stream(k):
     # FSDP2 (torch 2.13 _fully_shard/_fsdp_collectives.py foreach_all_gather_copy_out, from
     # FSDPParamGroup.wait_for_unshard on the current stream): after each unit's all-gather, split_with_sizes_copy
     # reads the flat gathered buffer and writes every parameter's unsharded tensor: per micro-step two gathers
-    # (forward, backward) of the whole bf16 model, each read and written once: 2 · (k · 2 · P · 2 B). FSDP1 gathers
-    # into its flat parameter in place (no copy).
+    # (forward, backward) of the whole bf16 model, each read and written once: 2 · (k · 2 · P · 2 B).
+    # FSDP1 gathers into its flat parameter in place, but runs the forward on torch.split views of it
+    # (_flat_param.py _use_unsharded_views), so each backward builds the flat bf16 gradient with
+    # SplitWithSizesBackward's cat: every gradient read and written once per micro-step: k · 2 · P · 2 B.
     e2 = est(num_gpus=8, fsdp="full_shard", stack="fsdp2", precision="bf16-mixed", gradient_accumulation_steps=k)
     e1 = est(num_gpus=8, fsdp="full_shard", stack="fsdp1", precision="bf16-mixed", gradient_accumulation_steps=k)
-    copied = 2 * (k * 2 * P * 2)
-    assert e2["fsdp_copy_out_bytes"] == pytest.approx(copied, rel=1e-12)
-    assert e1["fsdp_copy_out_bytes"] == 0
-    # serial with the compute: its bytes at the memory efficiency, on top of the micro-steps and per-step passes
-    rest = (k * e2["micro_step_time"]["micro_step"] + e2["gradient_accumulation_seconds"] + e2["grad_clip_seconds"]
-            + e2["optimizer_step_seconds"])
-    assert e2["compute_seconds_per_step"] - rest == pytest.approx(copied / (BANDWIDTH * MEMORY_EFF), rel=1e-9)
+    copied, catted = 2 * (k * 2 * P * 2), k * 2 * P * 2
+    assert (e2["fsdp_copy_out_bytes"], e2["fsdp_grad_cat_bytes"]) == (pytest.approx(copied, rel=1e-12), 0)
+    assert (e1["fsdp_copy_out_bytes"], e1["fsdp_grad_cat_bytes"]) == (0, pytest.approx(catted, rel=1e-12))
+    # serial with the compute: their bytes at the memory efficiency, on top of the micro-steps and per-step passes
+    for e, extra in ((e2, copied), (e1, catted)):
+        rest = (k * e["micro_step_time"]["micro_step"] + e["gradient_accumulation_seconds"] + e["grad_clip_seconds"]
+                + e["optimizer_step_seconds"])
+        assert e["compute_seconds_per_step"] - rest == pytest.approx(extra / (BANDWIDTH * MEMORY_EFF), rel=1e-9)
+
+
+def test_fsdp_split_backward_is_a_cat_of_the_gradients():
+    # the rule's premise on torch's own dispatch: a parameter used through torch.split views (as FSDP1 unflattens
+    # its flat parameter) gets its gradient from SplitWithSizesBackward0, which runs one aten::cat
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    flat = torch.nn.Parameter(torch.randn(3 * 16 * 16))
+    x = torch.randn(4, 16)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        a, b, c = [t.view(16, 16) for t in torch.split(flat, [256] * 3)]
+        (x @ a.t() @ b.t() @ c.t()).sum().backward()
+    names = [ev.name for ev in prof.events()]
+    assert "SplitWithSizesBackward0" in names and names.count("aten::cat") == 1
+    assert flat.grad is not None and flat.grad.shape == flat.shape

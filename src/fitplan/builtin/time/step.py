@@ -10,7 +10,8 @@ of ``b × s`` tokens per optimizer step, per GPU):
 * **gradient accumulation**: after the first micro-step, autograd's ``AccumulateGrad`` adds each new
   gradient into ``.grad`` in place: the gradient read twice and written once (``3 × gradient bytes``);
 * **FSDP2's copy-out**: after each all-gather, FSDP2 copies the flat gathered buffer into every parameter's own
-  unsharded tensor on the compute stream (``fsdp_copy_out_bytes``); FSDP1 gathers into its flat buffer in place;
+  unsharded tensor on the compute stream (``fsdp_copy_out_bytes``); FSDP1 gathers into its flat buffer in place,
+  but its backward concatenates each unit's parameter gradients into the flat gradient (``fsdp_grad_cat_bytes``);
 * **gradient clipping**: the HF Trainer clips at ``max_grad_norm = 1.0`` by default
   (``torch.nn.utils.clip_grad_norm_``, foreach): one pass reads every gradient for the norm, a second
   scales them in place (``3 × gradient bytes``);
@@ -186,6 +187,21 @@ def fsdp_copy_out_bytes(comm_volumes, sharding_kind):
     return COPY_OUT_PASSES * comm_volumes["all_gather"]
 
 
+@quantity("bytes")
+def fsdp_grad_cat_bytes(sharding_kind, trainable_param_count, fsdp_rank, tensor_parallel, gradient_accumulation_steps):
+    """FSDP1's gradient concatenation per optimizer step: FSDP1 runs the forward on views of the unsharded flat
+    parameter (``FlatParamHandle._use_unsharded_views``: ``torch.split`` then ``.view``, torch 2.13
+    torch/distributed/fsdp/_flat_param.py; the same in torch 1.13), so autograd builds the flat gradient through
+    ``SplitWithSizesBackward``, an ``aten::cat`` of the parameters' gradients (read once, written once:
+    ``COPY_OUT_PASSES``) in every micro-step's backward, on the compute stream, at the gathered dtype. Trainable
+    flat parameters only: a frozen one does not require grad (peft's FSDP wrap policy puts adapters in units of
+    their own). 0 for every other stack."""
+    if sharding_kind != "hf_fsdp1" or fsdp_rank is None:
+        return 0.0
+    grads = trainable_param_count * fsdp_rank["gather_b"] / tensor_parallel
+    return gradient_accumulation_steps * COPY_OUT_PASSES * grads
+
+
 @quantity("s")
 def gradient_accumulation_seconds(gradient_accumulation_bytes, gpu_spec, kernel_efficiency):
     """Gradient accumulation's bytes at the memory efficiency. None without a GPU."""
@@ -204,10 +220,11 @@ def grad_clip_seconds(grad_clip_bytes, gpu_spec, kernel_efficiency):
 
 @quantity("s", json_key="time.compute_seconds_per_step")
 def compute_seconds_per_step(micro_step_time, gradient_accumulation_steps, gradient_accumulation_bytes, grad_clip_bytes,
-                             fsdp_copy_out_bytes, optimizer_step_seconds, gpu_spec, kernel_efficiency, flops_per_token,
-                             per_device_train_batch_size, max_seq_length, tensor_parallel, matmul_dtype, assumed_mfu):
-    """Compute time of one optimizer step on one GPU: ``k × micro-step + accumulation + clipping + FSDP2 copy-out
-    + optimizer update`` (the module doc: the accumulation's, clipping's and copy-out's bytes at the memory
+                             fsdp_copy_out_bytes, fsdp_grad_cat_bytes, optimizer_step_seconds, gpu_spec,
+                             kernel_efficiency, flops_per_token, per_device_train_batch_size, max_seq_length,
+                             tensor_parallel, matmul_dtype, assumed_mfu):
+    """Compute time of one optimizer step on one GPU: ``k × micro-step + accumulation + clipping + FSDP's copies
+    + optimizer update`` (the module doc: the accumulation's, clipping's and FSDP's copies' bytes at the memory
     efficiency, as ``gradient_accumulation_seconds`` and ``grad_clip_seconds``); with ``--mfu`` or a measured MFU,
     ``FLOPs per token × b·s·k / t / (peak × MFU)``. None without a GPU."""
     if gpu_spec is None:
@@ -218,11 +235,12 @@ def compute_seconds_per_step(micro_step_time, gradient_accumulation_steps, gradi
         return flops_per_token * tokens / tensor_parallel / (peak * assumed_mfu) if peak else None
     if micro_step_time is None:
         return None
-    passes = roofline.memory_seconds(gradient_accumulation_bytes + grad_clip_bytes + fsdp_copy_out_bytes,
-                                     gpu_spec.bandwidth_gbps, kernel_efficiency)
+    fsdp = fsdp_copy_out_bytes + fsdp_grad_cat_bytes
+    passes = roofline.memory_seconds(gradient_accumulation_bytes + grad_clip_bytes + fsdp, gpu_spec.bandwidth_gbps,
+                                     kernel_efficiency)
     return gradient_accumulation_steps * micro_step_time["micro_step"] + passes + optimizer_step_seconds
 
 
 QUANTITIES = (kernel_efficiency, zero3_fetches_per_pass, micro_step_time, optimizer_step_bytes, optimizer_step_kernels,
               optimizer_step_seconds, gradient_accumulation_bytes, grad_clip_bytes, fsdp_copy_out_bytes,
-              gradient_accumulation_seconds, grad_clip_seconds, compute_seconds_per_step)
+              fsdp_grad_cat_bytes, gradient_accumulation_seconds, grad_clip_seconds, compute_seconds_per_step)
