@@ -176,3 +176,46 @@ def test_a_learned_file_naming_a_kept_graph_refuses_checkpointing(tmp_path, monk
     finally:
         monkeypatch.undo()
         clear_arch_caches()
+
+
+def _live_at_input_grad(torch, branch: str) -> int:
+    """Live bytes when the input's gradient is computed (after the recomputation) under non-reentrant
+    checkpointing of ``f``: ``x @ w`` to the loss, and a branch ``(x * 3).exp()`` (exp saves its result) whose
+    only use is its integer ``argmax``: ``dead`` (grad-tracked, its node dies with its outputs in the forward),
+    ``no_grad`` (no node at all) or ``kept`` (the forward's node held outside the function: alive, with the
+    holder of what it saved)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from fitplan_torch.measure import LiveBytes
+
+    keep = []
+
+    def f(x, w):
+        if branch == "no_grad":
+            with torch.no_grad():
+                e = (x * 3).exp()
+        else:
+            e = (x * 3).exp()
+        if branch == "kept" and not keep:  # the forward's node only (the recomputation runs f again)
+            keep.append(e.grad_fn)
+        return (x @ w).sum() + e.argmax(-1).sum().float() * 0
+
+    x = torch.randn(64, 256, requires_grad=True)
+    w = torch.randn(256, 8, requires_grad=True)
+    c, at = LiveBytes(), []
+    x.register_hook(lambda g: at.append(c.current))
+    with c:
+        c.track([x, w])
+        checkpoint(f, x, w, use_reentrant=False).backward()
+    return at[0]
+
+
+@pytest.mark.slow
+def test_torch_recomputation_keeps_nothing_a_dead_node_saved():
+    """The premise of ``Op.dead``, measured: the recomputed exp output of a dead branch is not alive when the
+    input's gradient is computed, exactly as if the branch ran without grad; with its node kept alive (control)
+    the recomputation stores it (64 x 256 fp32 = 65536 bytes more)."""
+    torch = pytest.importorskip("torch")
+    dead, no_grad, kept = (_live_at_input_grad(torch, b) for b in ("dead", "no_grad", "kept"))
+    assert dead == no_grad
+    assert kept - dead == 64 * 256 * 4
