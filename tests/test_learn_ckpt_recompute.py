@@ -6,6 +6,8 @@ constructs of transformers 5.24 types (issue #32):
   tensor only for a holder still alive (``_recomputation_hook.pack_hook``: ``weak_holders[recomp_idx]()`` is None
   for a dead node), so the recomputed branch keeps nothing past its Python lifetime (``Op.dead``, the replay's
   ``recompute``);
+* a module called twice in a layer under LoRA with autocast (ProphetNet's n-gram attention): one adapter pair per
+  module, cast once by autocast's cache, while the frozen base weight is cast at every call;
 * a module attribute keeping a tensor with autograd history past the forward (RecurrentGemma's
   ``RecurrentGemmaRglru.recurrent_states``): the recomputed history stays alive to the next forward; the learned
   file names it (``kept_graphs``) and the core refuses checkpointing for it (exit 2).
@@ -39,6 +41,20 @@ def _bench_config(model_type: str) -> dict:
 
 
 # --------------------------------------------------------------------------- a dead node in a checkpointed layer
+
+
+def test_a_module_called_twice_gets_one_adapter_pair():
+    from fitplan.trace.learned_graph import Builder
+    from fitplan.trace.step_trace import Trace
+
+    b = Builder.__new__(Builder)  # only what ``adapters`` reads
+    b.tr, b.lora_pairs = Trace.__new__(Trace), {}
+    b.tr.params = []
+    first = b.adapters("m.layers.0.out_proj", 8 * 64, 64 * 8, "f32")
+    assert b.adapters("m.layers.0.out_proj", 8 * 64, 64 * 8, "f32") == first  # peft: one pair per module
+    other = b.adapters("m.layers.1.out_proj", 8 * 64, 64 * 8, "f32")
+    assert other[0] is not first[0] and len(b.tr.params) == 4
+    assert first[0].name == "m.layers.0.out_proj.lora_A" and first[0].numel == 512
 
 
 def test_a_dead_op_in_a_checkpointed_layer_is_marked_and_keeps_its_saves_listed():
@@ -219,3 +235,47 @@ def test_torch_recomputation_keeps_nothing_a_dead_node_saved():
     dead, no_grad, kept = (_live_at_input_grad(torch, b) for b in ("dead", "no_grad", "kept"))
     assert dead == no_grad
     assert kept - dead == 64 * 256 * 4
+
+
+# --------------------------------------------------------------------------- a module called twice under LoRA
+
+
+@pytest.mark.slow
+def test_prophetnet_lora_under_autocast_one_adapter_pair_per_module_and_a_frozen_weight_cast_per_call(monkeypatch):
+    """ProphetNet's n-gram attention calls ``out_proj`` and ``relative_pos_embeddings`` on the main and the predicting
+    streams (modeling_prophetnet.py ``ProphetNetNgramSelfAttention``). Under LoRA with autocast (bf16-mixed) peft
+    has one ``lora_A`` / ``lora_B`` per module, whose 16-bit copies autocast caches once per forward (leaves that
+    require grad), while the frozen base weight is cast again at every call (autocast_mode.cpp ``cached_cast``);
+    the recording (full fine-tuning) took the second call's base copy from the cache. The referee measures."""
+    from fitplan.api import clear_arch_caches
+    from fitplan.trace import learned_graph, learned_segment
+
+    from fitplan_torch.learn import derive
+    from fitplan_torch.learn import verify as V
+
+    cfg = _bench_config("prophetnet")
+    data, _, _ = derive.learn_full(cfg, log=_quiet, variants=(("mixed", "eager"),), first_only=True)
+    held, _, _ = V.heldout(cfg, [], derive.Regime("as given", None), 2, 16)
+    cases = [("bf16-mixed", "eager", False, "lora")]
+    problems, rows = V.check_memory(data, held, _quiet, cases=cases)
+    assert problems == [], problems
+
+    # control 1: the base weight's cast taken from the cache at the second call (the recording as it was)
+    monkeypatch.setattr(learned_segment.Segment, "_recast", lambda self, ref, t: t)
+    clear_arch_caches()
+    _, rows = V.check_memory(data, held, _quiet, cases=cases)
+    low = rows[0]["activations"]
+    assert low < -0.01, rows
+    # control 2: besides, a new adapter pair at every call (one more 16-bit copy of each per call)
+    monkeypatch.setattr(learned_graph.Builder, "adapters", _adapters_per_call)
+    clear_arch_caches()
+    _, rows = V.check_memory(data, held, _quiet, cases=cases)
+    assert low < rows[0]["activations"] < -0.005, rows
+    monkeypatch.undo()
+    clear_arch_caches()
+
+
+def _adapters_per_call(self, module, a_numel, b_numel, dtype):
+    a, b = self.tr.param(a_numel, dtype, True), self.tr.param(b_numel, dtype, True)
+    a.name, b.name = module + ".lora_A", module + ".lora_B"
+    return a, b
