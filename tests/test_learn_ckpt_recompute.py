@@ -57,25 +57,6 @@ def test_a_module_called_twice_gets_one_adapter_pair():
     assert first[0].name == "m.layers.0.out_proj.lora_A" and first[0].numel == 512
 
 
-def test_a_dead_op_in_a_checkpointed_layer_is_marked_and_keeps_its_saves_listed():
-    from fitplan.arch.architecture import spec_from_config
-    from fitplan.trace.step_trace import Trace, TraceSpec
-
-    # x -> a = f(x) (saves x) -> loss;  x -> d = g(x) (saves its own output e) -> nothing differentiable reads d
-    arch = spec_from_config(json.loads((CONFIGS / "tiny-llama" / "config.json").read_text()))
-    tr = Trace(TraceSpec(arch, 1, 4, "32-true", "eager", True, device="cpu"))
-    tr.segment("layer", ckpt=True)
-    x = tr.new(8, "f32", True, "x")
-    a, d, e = tr.new(8, "f32", True, "a"), tr.new(8, "f32", True, "d"), tr.new(8, "f32", False, "e")
-    tr.emit("f", [x], [a], [x], [(x, -1)], [], True)
-    tr.emit("g", [x], [d, e], [e], [(x, -1)], [], True)
-    tr.loss = a
-    tr.finish()
-    # the saves stay listed (the recomputation packs them toward its early stop); only g's node is dead
-    assert [op.saved for op in tr.ops] == [(x.sid,), (e.sid,)]
-    assert [op.dead for op in tr.ops] == [False, True]
-
-
 @pytest.mark.slow
 def test_hy_v4_checkpointed_lora_peak_recomputes_its_no_grad_indexer_without_keeping_it(monkeypatch):
     """HY-V4's checkpointed LoRA peak was 9.4 % high: the replay's recomputation kept what the indexer's ops
