@@ -164,20 +164,36 @@ def test_weights_the_model_keeps_in_fp32_count_4_bytes_with_their_gradients_and_
     assert lora["weight_bytes"] - lora["gradient_bytes"] == 2 * (n - router) + 4 * router  # frozen: no gradient
 
 
-def test_dead_autograd_branches_free_what_they_saved():
+def _dead_branch(ckpt: bool):
+    """x -> a = f(x) (saves x) -> loss;  x -> d = g(x) (saves its own output e) -> nothing differentiable reads d;
+    in one checkpointed layer segment with ``ckpt``. Returns the finished trace, x and e."""
     from fitplan.trace.step_trace import TraceSpec, Trace
     from fitplan.arch.architecture import spec_from_config
 
-    # x -> a = f(x) (saves x) -> loss;  x -> d = g(x) (saves its own output e) -> nothing differentiable reads d
     arch = spec_from_config(json.loads((CONFIGS / "tiny-llama" / "config.json").read_text()))
-    tr = Trace(TraceSpec(arch, 1, 4, "32-true", "eager", False, device="cpu"))
+    tr = Trace(TraceSpec(arch, 1, 4, "32-true", "eager", ckpt, device="cpu"))
+    if ckpt:
+        tr.segment("layer", ckpt=True)
     x = tr.new(8, "f32", True, "x")
     a, d, e = tr.new(8, "f32", True, "a"), tr.new(8, "f32", True, "d"), tr.new(8, "f32", False, "e")
     tr.emit("f", [x], [a], [x], [(x, -1)], [], True)
     tr.emit("g", [x], [d, e], [e], [(x, -1)], [], True)
     tr.loss = a
     tr.finish()
+    return tr, x, e
+
+
+def test_dead_autograd_branches_free_what_they_saved():
+    tr, x, _ = _dead_branch(False)
     assert [op.saved for op in tr.ops] == [(x.sid,), ()]
+
+
+def test_a_dead_op_in_a_checkpointed_layer_is_marked_and_keeps_its_saves_listed():
+    # the saves stay listed (the recomputation packs them toward its early stop); only g's node is dead, and the
+    # recomputation keeps nothing it saved (step_trace.Replay.recompute; tests/test_learn_ckpt_recompute.py)
+    tr, x, e = _dead_branch(True)
+    assert [op.saved for op in tr.ops] == [(x.sid,), (e.sid,)]
+    assert [op.dead for op in tr.ops] == [False, True]
 
 
 def test_checkpointing_keeps_layer_arguments():

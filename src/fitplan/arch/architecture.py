@@ -120,6 +120,9 @@ class ModelSpec:
     """The routing the learned file's experts are sized by (``"balanced"``: the learner fixed the routers while
     recording experts that loop over the rows each received, JetMoE's), or None where the sizes do not depend on
     it (transformers 5's ``grouped_mm`` experts) or the model has no experts."""
+    kept_graphs: tuple[str, ...] = ()
+    """Module attributes (``Class.attribute``) where the model keeps a tensor with autograd history past its forward
+    (the learned file's ``kept_graphs``): checkpointing is refused for them (builtin/activations.py ``step_trace``)."""
     unverified: str | None = None
     """The learned file, when it was written with ``fitplan learn-architecture --no-verify`` (its ``verified`` is
     false): no fresh torch run checked it, so the figures it gives are not known exactly (builtin/confidence.py)."""
@@ -408,9 +411,19 @@ def spec_from_config(cfg: dict[str, Any], *, name: str | None = None, file: str 
         unverified=str(af.path) if af.data.get("verified") is False else None,
         assumed=assumed_statements(af, c),
         routing=((af.data.get("assumed") or {}).get("routing") or {}).get("value"),
+        kept_graphs=_kept_graphs(af),
     )
     _check_size(spec, file)
     return spec
+
+
+def _kept_graphs(af) -> tuple[str, ...]:
+    """The learned file's ``kept_graphs``: a list of ``Class.attribute`` strings (absent: none)."""
+    v = af.data.get("kept_graphs") or []
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise FitplanError("kept_graphs must be a list of module attribute names (Class.attribute)",
+                           file=str(af.path), field="$.kept_graphs", value=v)
+    return tuple(v)
 
 
 def _check_size(spec: ModelSpec, file: str | None) -> None:

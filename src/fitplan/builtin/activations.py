@@ -34,6 +34,7 @@ approximation: 22 % low to 19 % high for bf16 Llama). docs/memory-model.md lists
 from __future__ import annotations
 
 from fitplan.engine.declarations import quantity, reducer
+from fitplan.errors import FitplanError
 from fitplan.inputs.settings import Setting
 from fitplan.pluginmgr.hookspecs import hookimpl
 from fitplan.trace import liger
@@ -176,9 +177,19 @@ def step_trace(step_trace_without_checkpointing, gradient_checkpointing, arch, p
                realized_seq_length, trace_setup, attn_implementation, method, lora_r, lora_target_modules, lora_dropout,
                device, framework, loss_implementation, lora_modules_to_save, activation_offloading, load_in_8bit,
                liger_kernel):
-    """The symbolic trace of one step as configured (with gradient checkpointing when it is on)."""
+    """The symbolic trace of one step as configured (with gradient checkpointing when it is on). Refused with
+    checkpointing where the learned file names module attributes that keep a tensor with autograd history
+    (``arch.kept_graphs``): torch's recomputation then leaves that tensor's recomputed history alive to the next
+    forward, which the replay does not model (fitplan-torch learn/keptgraph.py)."""
     if not gradient_checkpointing:
         return step_trace_without_checkpointing
+    if arch.kept_graphs:
+        raise FitplanError(
+            f"{arch.model_type} keeps a tensor with autograd history as a module attribute past its forward "
+            f"({', '.join(arch.kept_graphs)}): under gradient checkpointing torch's recomputation leaves that "
+            "tensor's recomputed history (every tensor its ancestors in the layer saved) alive until the layer's "
+            "next forward, which fitplan does not model", field="gradient_checkpointing", value=True,
+            suggestion="gradient_checkpointing = false")
     precision, adapter, quant, linear_input = trace_setup
     return trace_for(arch, per_device_train_batch_size, realized_seq_length, precision, attn_implementation, True, method,
                      lora_r, lora_target_modules, lora_dropout, device, framework, adapter, quant, linear_input,

@@ -402,9 +402,7 @@ def lora_site(inst, site: dict[str, Any]) -> None:
     r = b.spec.lora_r
     label = module
     adapter = b.adapter
-    A = tr.param(r * in_f, adapter, True)
-    B = tr.param(out_f * r, adapter, True)
-    A.name, B.name = module + ".lora_A", module + ".lora_B"
+    A, B = b.adapters(module, r * in_f, out_f * r, adapter)  # one pair per module, every call of it
     xa = _cast(inst, x, b.adapter_input, label + ".lora_input_cast")
     xd = dropout_tensor(inst, xa, b.spec.lora_dropout, label + ".lora_dropout")
     if b.adapter_input != adapter:  # FSDP1: autocast casts the fp32 input back to the gathered adapter's dtype

@@ -97,6 +97,7 @@ class Builder:
         self.unrolled: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
         """id(segment) -> (the segment, kept alive; its repeated blocks unrolled for this scenario)."""
         self.ac_cache: dict[str, Any] = {}
+        self.lora_pairs: dict[str, tuple[Any, Any]] = {}
         self.param_dtypes = {p[0]: p[5] if len(p) > 5 else "bf16" for p in af.params}
         self.frozen = set(af.data.get("frozen") or ())  # parameters the model creates with requires_grad=False
         self.param_uses: dict[int, int] = {}
@@ -111,6 +112,18 @@ class Builder:
         self.liger_plans: dict[int, dict[int, tuple]] = {}
 
     # ------------------------------------------------------------------ tensors
+
+    def adapters(self, module: str, a_numel: int, b_numel: int, dtype: str) -> tuple[Any, Any]:
+        """peft's ``lora_A`` and ``lora_B`` weights of ``module``: one pair per module (peft 0.21
+        tuners/lora/layer.py ``LoraLayer.update_layer``), shared by every call of it in the step (ProphetNet's
+        n-gram attention runs ``out_proj`` and ``relative_pos_embeddings`` on the main and the predicting streams):
+        one autocast copy each (autocast's cache of a leaf that requires grad), one gradient each."""
+        pair = self.lora_pairs.get(module)
+        if pair is None:
+            a, b = self.tr.param(a_numel, dtype, True), self.tr.param(b_numel, dtype, True)
+            a.name, b.name = module + ".lora_A", module + ".lora_B"
+            pair = self.lora_pairs[module] = (a, b)
+        return pair
     def dt(self, code: str) -> str:
         return self.dmap.get(code, code)
 

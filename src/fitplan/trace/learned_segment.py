@@ -39,6 +39,8 @@ class Segment:
         self.proxy_holds: dict[int, list[Any]] = {}
         """Op index -> tensors a LoRA parametrization keeps until then (:meth:`module_return`)."""
         self.dropped_casts: dict[str, str] = {}
+        self.frozen_casts: dict[str, list[Any]] = {}
+        """A frozen weight's autocast copy (its ref) -> [the weight, the ops that read it directly] (:meth:`_recast`)."""
         """A cast's output -> its input, where the replay's dtype makes the cast return its input."""
         self._strides: dict[str, Any] = {}
         self._producer: dict[str, list[Any]] | None = None
@@ -247,7 +249,7 @@ class Segment:
         extra = op[3] if len(op) > 3 else {}
         ins = []
         for an, v in args:
-            ins.append((an, [self.ref(x) for x in v] if isinstance(v, list) else self.ref(v)))
+            ins.append((an, [self.ref(x) for x in v] if isinstance(v, list) else self._recast(v, self.ref(v))))
         if "fsv" in extra:  # a custom autograd Function's node: its saves are the tensors ctx.save_for_backward kept
             extra = {**extra, "sv": [t for t in (self.ref(x) for x in extra["fsv"]) if t is not None]}
         pseudo = extra.get("pseudo")
@@ -314,6 +316,29 @@ class Segment:
             # weight under LoRA is cast at every use and freed after it)
             for t in out_ts:
                 tr.uncached.add(t.sid)
+            self.frozen_casts[outs[0]] = [ins[0][1], 0]
+
+    def _recast(self, ref: str, t):
+        """``t`` (the tensor ``ref`` names) as this op reads it: a frozen weight's autocast copy that an earlier op
+        already read directly is cast again. The recording (full fine-tuning: the weight is a leaf that requires
+        grad) took a module's second call's copy from autocast's cache (ProphetNet's ``out_proj`` and
+        ``relative_pos_embeddings``, run on the main and the predicting streams); frozen under LoRA, the weight is
+        cast at every call (aten/src/ATen/autocast_mode.cpp ``cached_cast``: only a leaf that requires grad is
+        cached), each copy saved by its own ``mm`` where the input requires grad."""
+        entry = self.frozen_casts.get(ref) if isinstance(ref, str) else None
+        if entry is None or t is None:
+            return t
+        entry[1] += 1
+        if entry[1] == 1:
+            return t
+        b, tr = self.b, self.b.tr
+        prev, tr.kind_default = tr.kind_default, "autocast"
+        c = tr.new(t.numel, t.dtype, False, ref + ".recast")
+        tr.kind_default = prev
+        b.emit("_to_copy", [("self", entry[0])], [c])
+        tr.uncached.add(c.sid)
+        self.refs[ref] = c  # this call's views of the copy are views of its own copy
+        return c
 
     def _reshape_copies(self, args: list[Any], outs: list[str]) -> bool:
         """A recorded ``view`` of a cast the replay dropped, which the cast's input cannot give: ``reshape`` copies

@@ -305,6 +305,9 @@ class Op:
     cast_temp: int = 0
     """Bytes beyond its inputs' gradients held when autograd casts one of them to its input's dtype after the node
     returns (:meth:`.learned_graph.Builder.broadcast_gradients`; 0: no such cast)."""
+    dead: bool = False
+    """In a checkpointed layer: the op's node leads nowhere differentiable (:meth:`Trace.drop_dead_saves`), so it
+    died with its outputs in the forward and the recomputation keeps nothing it saved (:meth:`Replay.recompute`)."""
 
 
 _OP_FIELDS = tuple(f.name for f in attrs.fields(Op))
@@ -487,8 +490,9 @@ class Trace:
         routing: ``topk`` values summed, then only a ``topk``'s indices used) saved its tensors for nothing, and
         they are freed when the model's code drops the branch's outputs. Walking the ops backward from the loss
         (an op is live when one of its outputs shares a storage with a gradient input of a live op, an
-        over-approximation that keeps every in-place version's node), a dead op's saves are dropped, outside
-        checkpointed segments (their recompute is modelled op by op)."""
+        over-approximation that keeps every in-place version's node), a dead op's saves are dropped. In a
+        checkpointed segment the op is marked ``dead`` instead (its saves still count toward the recomputation's
+        early stop, :meth:`Replay.recompute`)."""
         if self.loss is None:
             return
         live = {self.loss.sid} | (self.pinned - self.uncached)
@@ -500,8 +504,11 @@ class Trace:
                     live.update([g.sid for g in op.grad_ins if g.sid >= 0])
                     break
             else:
-                if op.outs and op.saved and not ckpt[op.seg]:
-                    self._own_op(i).saved = ()
+                if op.outs and op.saved:
+                    if ckpt[op.seg]:
+                        self._own_op(i).dead = True
+                    else:
+                        self._own_op(i).saved = ()
 
     def checkpointed(self, spec: TraceSpec, *, copy: bool) -> Trace:
         """This recording (made with checkpointing on) for ``spec``, with checkpointing as ``spec`` says: without
@@ -1231,7 +1238,10 @@ class Replay:
         Python code holds them (the recorded lifetimes, holds past the stop included) until the stop unwinds the
         layer's frames, which frees every recomputed tensor nothing saved. Autograd packs an op's inputs before
         its kernel runs and its outputs after (torchgen ``gen_variable_type.py``): a last op saving only inputs
-        stops before allocating its outputs."""
+        stops before allocating its outputs. A dead op (:meth:`Trace.drop_dead_saves`: its node died with its
+        outputs in the forward, with the holders of what it saved) packs toward the stop but keeps nothing: the pack
+        hook stores a recomputed tensor only for a holder still alive (``_recomputation_hook.pack_hook``,
+        ``weak_holders[recomp_idx]()`` is None), so its saves live as long as the recomputing code holds them."""
         seg_ops = [(i, op) for i, op in enumerate(self.ops) if op.seg == sg and op.unit == unit]  # one layer
         last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved or op.saves_param), default=-1)
         if last_saving < 0:
@@ -1243,7 +1253,7 @@ class Replay:
             for sid in (*op.reads, *op.allocs):
                 last_in[sid] = i
         for i, op in seg_ops[:last_saving + 1]:
-            for sid in op.saved:
+            for sid in () if op.dead else op.saved:
                 self.savers[sid] = self.savers.get(sid, 0) + 1
         made: list[int] = []
         for i, op in seg_ops[:last_saving + 1 if packs_output else last_saving]:
@@ -1373,8 +1383,9 @@ class Replay:
         self.point(op.cast_temp, op.name, made)
 
     def _release_saved(self, op: Op, seg: int) -> None:
-        """The node lets go of what it saved: a storage no other node or frame holds is freed."""
-        for sid in op.saved:
+        """The node lets go of what it saved: a storage no other node or frame holds is freed (a dead op's
+        recomputation saved nothing)."""
+        for sid in () if op.dead else op.saved:
             self.savers[sid] = self.savers.get(sid, 0) - 1
             if not self.held(sid):
                 self.free(sid, seg)

@@ -22,7 +22,7 @@ from typing import Any
 
 from fitplan.api import FitplanError, archformat
 
-from . import layercounts, relations, routing
+from . import keptgraph, layercounts, relations, routing
 from .limits import LAYERDROP_WHY, SCAN_WHY, dropout_fields
 
 
@@ -371,6 +371,7 @@ def fold_variants(rec: ModelRecord, *, log) -> dict[str, Any]:
                  **D._non_tensor_linears(ref["rec"].non_tensor_sites, layer_prefix),
                  **D._uncalled_linears(ref["rec"], layer_prefix)},
         "attn_implementations": sorted({a for _, a in supported}),
+        **keptgraph.rows(ref["rec"].kept_graphs),
         **_assumed(rec.skipping, segments),
     }
 

@@ -25,6 +25,8 @@ import contextlib
 import weakref
 from typing import Any
 
+from . import keptgraph
+
 DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64", "int32": "i32", "bool": "bool",
           "uint8": "u8", "int8": "i8", "float64": "f64", "int16": "i16", "complex64": "c64"}
 PSEUDO = ("dropout", "sdpa")
@@ -63,6 +65,7 @@ class Recording:
         self.layers: list[dict[str, Any]] = []
         self.sites: list[dict[str, Any]] = []  # Linear / Conv1D call sites
         self.non_tensor_sites: list[str] = []  # Linear modules whose forward returned something else (a tuple)
+        self.kept_graphs: list[str] = []  # module attributes holding a tensor with autograd history (keptgraph.py)
         self.embed_out: int | None = None
         self.loss: int | None = None
         self.logits: int | None = None
@@ -551,6 +554,7 @@ def record(model, batch, *, autocast_dtype=None, lifetimes: bool = True, backwar
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack), fmode, dmode, _function_boundaries(r):
             with ac:
                 out = model(**batch)
+                rec.kept_graphs = keptgraph.attributes_with_history(model)
                 loss = out.loss
                 rec.loss = r.tensor(loss, "op")
                 logits = getattr(out, "logits", None)

@@ -231,9 +231,11 @@ def check_memory(data: dict[str, Any], config: dict[str, Any], log, *, tolerance
     problems: list[str] = []
     rows: list[dict[str, Any]] = []
     if cases is None:
-        ckpts = (False, True) if supports_checkpointing(config) else (False,)
+        ckpts = (False, True) if supports_checkpointing(config) and not data.get("kept_graphs") else (False,)
         if len(ckpts) == 1:
-            log("  memory: no checkpointing cases (the model class does not support gradient checkpointing)")
+            log("  memory: no checkpointing cases (" + ("the estimate refuses checkpointing: the model keeps a tensor "
+                f"with autograd history as {', '.join(data['kept_graphs'])}, learn/keptgraph.py)"
+                if data.get("kept_graphs") else "the model class does not support gradient checkpointing") + ")")
         kernels = [a for a in ("sdpa", "eager") if a in data.get("attn_implementations", ("sdpa", "eager"))]
         learned = {p for v in data.get("variants", ()) for p in PRECISIONS.get(v.get("precision"), ())}
         cases = [(p, a, ck, m) for p in ("32-true", "bf16-true", "bf16-mixed") for a in kernels
