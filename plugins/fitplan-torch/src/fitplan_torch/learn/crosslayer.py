@@ -67,7 +67,8 @@ def maker_args(reads: dict[tuple[str, int], list[tuple[int, int, int]]], env: di
         rule = maker_rule(env, nlayers, [(i, m) for i, m, _ in seen])
         if rule is None or len(ks) > 1:
             shown = ", ".join(f"layer {i} reads layer {m}'s" for i, m, _ in seen[:4])
-            raise LearnError(f"layers of kind {kind} read a tensor an earlier layer made ({shown}) by no rule "
+            who = "the epilogue" if kind.startswith(" ") else f"layers of kind {kind}"
+            raise LearnError(f"{who} read a tensor an earlier layer made ({shown}) by no rule "
                              "over the layer index the learner knows (the previous layer, the last earlier layer "
                              "of its kind): a state carried between layers that a learned file cannot express yet")
         out[(kind, a)] = ["layer", rule, f"t{ks.pop()}"]
