@@ -85,3 +85,50 @@ def test_gemma4_per_layer_slice_stays_outside_the_layers():
     assert [b[2] for b in bounds] == [L["end"] for L in rec.layers]
     gaps = [rec.ops[a["end"]:b["start"]] for a, b in zip(rec.layers, rec.layers[1:])]
     assert gaps and all(g and {o["name"] for o in g} == {"select.int"} for g in gaps)
+
+
+def test_the_epilogue_binds_an_earlier_layers_tensor_by_the_rule_with_i_the_layer_count():
+    """``epilogue_args`` (trace/learned_graph.py ``Builder.epilogue_args``): the last layer's output, then each
+    ``["layer", expr, "t<k>"]`` is tensor ``t<k>`` of the layer ``expr`` names with ``i`` the layer count (the
+    epilogue's place in the loop). By hand: 6 layers, ``i - 2`` names layer 4. A file without the field binds the
+    hidden state alone. Control: a rule naming the epilogue's own place (``i``, layer 6 of 6) is refused (exit 2)."""
+    from types import SimpleNamespace
+
+    from fitplan.errors import FitplanError
+    from fitplan.trace.learned_graph import Builder
+
+    made = {m: SimpleNamespace(refs={"t3": f"layer {m} t3"}) for m in range(6)}
+    b = SimpleNamespace(env={"num_hidden_layers": 6})
+    b.maker = lambda expr, i: Builder.maker(b, expr, i)
+    v = {"epilogue_args": ["h", ["layer", "i - 2", "t3"]]}
+    assert Builder.epilogue_args(b, v, "H", made, 6) == ["H", "layer 4 t3"]
+    assert Builder.epilogue_args(b, {}, "H", None, 6) == ["H"]
+    with pytest.raises(FitplanError, match="no earlier layer") as e:
+        Builder.epilogue_args(b, {"epilogue_args": ["h", ["layer", "i", "t3"]]}, "H", made, 6)
+    assert e.value.exit_code == 2
+
+
+def test_inkling2_epilogue_reads_the_block_states_a_boundary_layers_tail_made():
+    """Inkling2TextModel.forward: after a block boundary layer (``layer_idx % n_layers_per_attn_res_block == 0``)
+    the loop concatenates that layer's input onto ``block_states``; every later layer and ``final_input`` (the
+    epilogue) read it. By hand at the shrunk config (6 layers, one block of 6: layer 0 the only boundary): layer 0's
+    segment holds the loop's ``unsqueeze`` and ``cat``, the last layer's second argument is their output, and the
+    epilogue reads that same tensor as its argument 1, noted as read from layer 0 at the epilogue's place 6.
+    Control: no other layer has a tail (their gaps are empty)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive, looptail
+    from fitplan_torch.learn.segments import Cut
+
+    rec = _record("inkling2_text")
+    assert [L["index"] for L in rec.layers] == list(range(6))
+    bounds = looptail.layer_bounds(rec)
+    tails = [rec.ops[L["end"]:b[2]] for L, b in zip(rec.layers, bounds)]
+    assert [o["name"] for o in tails[0]] == ["unsqueeze", "cat"] and not any(tails[1:])
+    cut = Cut(rec, {})
+    block = rec.layers[-1]["args"][1][1]
+    assert rec.tensors[block]["op"] == rec.layers[0]["end"] + 1  # the cat after layer 0
+    epi = cut.segments[-1]
+    assert epi["argmap"].get(block) == 1
+    reads: dict = {}
+    assert derive._epilogue_refs(cut, 6, reads) == ["h", None]
+    assert reads == {(derive.EPILOGUE, 1): [(6, 0, cut.owner_seg[block][1])]}
