@@ -938,6 +938,8 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
         if kind not in template_by_kind or j > 0:
             template_by_kind[kind] = seg
         layer_args[kind] = _layer_refs(cut, cseg, j, kind, reads)
+    if any(isinstance(r, list) and r[0] == "select" for refs in layer_args.values() for r in refs):
+        pro = crosslayer.count_scaled(res, pro, precision, attn, nlayers)  # the sliced tensor: the layer count wide
     epi_args = _epilogue_refs(cut, nlayers, reads)
     for (kind, a), ref in crosslayer.maker_args(reads, env, nlayers).items():
         if kind == EPILOGUE:
