@@ -213,3 +213,44 @@ def test_layers_built_one_by_one_give_the_figures_of_the_weighted_block(tmp_path
         assert not plans  # one by one: no block planned
         assert single == block, kw
     _clear()
+
+
+def test_gemma4_sizes_made_of_the_layer_count_scale_with_it():
+    """The probes hold the layer count, so the per-layer inputs' sizes were fitted as numbers and a file learned at
+    30 layers sliced a 30-wide tensor at any count (refused at the held-out count: "layer 30 reads slice 30").
+    By hand from Gemma4TextModel (modeling_gemma4.py): ``embed_tokens_per_layer`` is ``num_hidden_layers *
+    hidden_size_per_layer_input`` wide, and so is ``per_layer_model_projection``'s output; the per-layer inputs
+    are ``[b, s, num_hidden_layers, hidden_size_per_layer_input]``. ``crosslayer.count_scaled`` (fitted at n and
+    n + 1 layers) is checked against a recording at n + 3 layers, which it never saw: every prologue tensor and
+    parameter shape. Control: the sizes as fitted (numbers) miss the n + 3 recording."""
+    pytest.importorskip("torch")
+    from fitplan.api import compile_expr
+    from fitplan_torch.learn import crosslayer, derive
+    from fitplan_torch.learn.patterns import with_layers
+    from fitplan_torch.learn.segments import Cut
+    from fitplan_torch.learn.shrink import shrunk_config
+
+    cfg = shrunk_config(_defaults("gemma4_text"))
+    rec = derive.run(cfg, "16", "eager", 2, 16)
+    cut, n = Cut(rec, {}), len(rec.layers)
+    pro = {"t": [[[str(x) for x in t[0]], t[1], t[2]] for t in cut.segments[0]["tensors"]]}
+    params = {k: ([str(x) for x in rec.tensors[v]["shape"]], rec.tensors[v]["dtype"]) for k, v in rec.params.items()}
+    fitted = {k: list(v[0]) for k, v in params.items()}
+    res = {"probes": [derive.Probe(cfg, 2, 16, {})], "rec": rec, "cut": cut, "params": params}
+    out = crosslayer.count_scaled(res, pro, "16", "eager", n)
+    far = with_layers(cfg, n + 3)
+    rec3 = derive.run(far, "16", "eager", 2, 16)
+    env = {**derive.hf_config(far).to_dict(), "num_hidden_layers": n + 3}
+
+    def shape(dims):
+        return [compile_expr(str(e))(env) for e in dims]
+
+    seg3 = Cut(rec3, {}).segments[0]
+    assert [shape(t[0]) for t in out["t"]] == [list(t[0]) for t in seg3["tensors"]]
+    assert all(shape(params[k][0]) == list(rec3.tensors[rec3.params[k]]["shape"]) for k in params)
+    hpl = cfg["hidden_size_per_layer_input"]
+    assert list(rec3.tensors[rec3.params["model.embed_tokens_per_layer.weight"]]["shape"])[1] == (n + 3) * hpl
+    # control: the numbers fitted at n layers
+    assert [shape(t[0]) for t in pro["t"]] != [list(t[0]) for t in seg3["tensors"]]
+    assert shape(fitted["model.embed_tokens_per_layer.weight"]) != \
+        list(rec3.tensors[rec3.params["model.embed_tokens_per_layer.weight"]]["shape"])

@@ -412,7 +412,8 @@ class Builder:
                 tr.unit = -1
                 h = inst.refs[seg["out"]]
         tr.segment("epilogue")
-        epi = self.segment(af.segments[v["epilogue"]], "epilogue", args=[h], layer=None)
+        epi = self.segment(af.segments[v["epilogue"]], "epilogue", args=self.epilogue_args(v, h, made, len(kinds)),
+                           layer=None)
         tr.loss = epi.refs[af.segments[v["epilogue"]]["loss"]]
         tr.buffer_bytes = self.buffer_bytes()
 
@@ -422,8 +423,17 @@ class Builder:
         state carried from layer to layer, K/V shared with a later layer; fitplan_torch/learn/crosslayer.py), the
         layers' instances by index, filled as they run (each layer is then built on its own, unweighted: a
         repeated block stands for layers whose tensors are never made); else None."""
-        args = v.get("layer_args", {}).values()
+        args = [*v.get("layer_args", {}).values(), v.get("epilogue_args", [])]
         return {} if any(isinstance(r, list) and r[0] == "layer" for refs in args for r in refs) else None
+
+    def epilogue_args(self, v: dict[str, Any], h, made: dict[int, Segment] | None, n: int) -> list[Any]:
+        """The epilogue's arguments: the last layer's output, then (``epilogue_args``) tensors earlier layers made,
+        ``["layer", expr, "t<k>"]`` with ``i`` the layer count (the epilogue's place in the loop: Inkling2's
+        ``final_input`` reads the ``block_states`` its block boundary layers made)."""
+        bind = [h]
+        for ref in v.get("epilogue_args", ["h"])[1:]:
+            bind.append(made[self.maker(ref[1], n)].refs[ref[2]])
+        return bind
 
     def select(self, base, d: int, i: int):
         """``base[..., i, ...]`` on dimension ``d``, the op the model's loop runs before layer ``i``

@@ -67,7 +67,8 @@ def maker_args(reads: dict[tuple[str, int], list[tuple[int, int, int]]], env: di
         rule = maker_rule(env, nlayers, [(i, m) for i, m, _ in seen])
         if rule is None or len(ks) > 1:
             shown = ", ".join(f"layer {i} reads layer {m}'s" for i, m, _ in seen[:4])
-            raise LearnError(f"layers of kind {kind} read a tensor an earlier layer made ({shown}) by no rule "
+            who = "the epilogue" if kind.startswith(" ") else f"layers of kind {kind}"
+            raise LearnError(f"{who} read a tensor an earlier layer made ({shown}) by no rule "
                              "over the layer index the learner knows (the previous layer, the last earlier layer "
                              "of its kind): a state carried between layers that a learned file cannot express yet")
         out[(kind, a)] = ["layer", rule, f"t{ks.pop()}"]
@@ -96,3 +97,55 @@ def per_layer_slice(cut, tid: int, j: int) -> list[Any] | None:
     if stride <= 0 or (t["offset"] - base["offset"]) != j * stride or base["shape"][d] <= j:
         return None
     return ["select", f"P{where[1]}", d]
+
+
+def _scaled(expr: Any, v0: int, v1: int, n0: int, n1: int, count: str) -> Any:
+    """``expr`` (a dimension fitted at ``n0`` layers, ``v0`` there) as a multiple of the layer count, where the
+    dimension is ``v1`` at ``n1`` layers, exactly in proportion; else ``expr`` unchanged."""
+    if v0 == v1 or v1 * n0 != v0 * n1 or count in str(expr):
+        return expr
+    if str(expr).isdigit() and int(expr) % n0 == 0:
+        return count if int(expr) == n0 else f"{int(expr) // n0} * {count}"
+    return f"({expr}) * {count} // {n0}"
+
+
+def count_scaled(res: dict[str, Any], pro: dict[str, Any], precision: str, attn: str, nlayers: int) -> dict[str, Any]:
+    """The prologue (and the parameter table, in place) with the dimensions that scale with the layer count written
+    over it. The learner's probes hold the layer count (it sets how many layer segments there are), so a size made
+    of it is fitted as a number; a per-layer slice proves there is one: Gemma-4 and Gemma-3n build their per-layer
+    inputs as ``[b, s, num_hidden_layers, hidden_size_per_layer_input]`` from ``embed_tokens_per_layer`` and
+    ``per_layer_model_projection``, ``num_hidden_layers * hidden_size_per_layer_input`` wide (transformers 5.24
+    models/gemma4/modeling_gemma4.py ``Gemma4TextModel.get_per_layer_inputs`` / ``project_per_layer_inputs``).
+    Probe 0 recorded again at one layer more: each prologue tensor (the same ops) and parameter whose dimension
+    grew in exact proportion gets ``(expr) * count // n``. None of it where the prologue's ops differ there."""
+    from .derive import run
+    from .patterns import with_layers
+    from .segments import Cut
+
+    p0 = res["probes"][0]
+    count = next((k for k in COUNT_KEYS if p0.cfg.get(k) == nlayers), None)
+    if count is None:
+        return pro
+    n1 = nlayers + 1
+    rec0 = res["rec"]
+    try:
+        rec1 = run(with_layers(p0.cfg, n1), precision, attn, p0.b, p0.s)
+        cut1 = Cut(rec1, {})
+    except Exception:  # noqa: BLE001 - no config or cut at one layer more: the sizes stay as fitted (the held-out
+        return pro  # check at another layer count then says where they do not hold)
+    seg0, seg1 = res["cut"].segments[0], cut1.segments[0]
+    if [o[0] for o in seg0["ops"]] != [o[0] for o in seg1["ops"]] or len(seg0["tensors"]) != len(seg1["tensors"]):
+        return pro
+    tensors = []
+    for t, a, b in zip(pro["t"], seg0["tensors"], seg1["tensors"]):
+        dims = [_scaled(e, x, y, nlayers, n1, count) for e, x, y in zip(t[0], a[0], b[0])] \
+            if len(a[0]) == len(b[0]) == len(t[0]) else t[0]
+        tensors.append([dims, *t[1:]])
+    for name, (dims, dtype) in list(res["params"].items()):
+        a, b = rec0.params.get(name), rec1.params.get(name)
+        if a is None or b is None:
+            continue
+        sa, sb = rec0.tensors[a]["shape"], rec1.tensors[b]["shape"]
+        if len(sa) == len(sb) == len(dims):
+            res["params"][name] = ([_scaled(e, x, y, nlayers, n1, count) for e, x, y in zip(dims, sa, sb)], dtype)
+    return {**pro, "t": tensors}

@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from . import crosslayer, learner, relations, routing, seqbound
+from . import crosslayer, learner, looptail, relations, routing, seqbound
 from .autograd_rules import function_temporaries
 from .fit import FitError, Fitter
 from .fold import fold
@@ -862,6 +862,29 @@ def _layer_refs(cut, cseg: dict[str, Any], j: int, kind: str, reads: dict[tuple[
     return refs
 
 
+EPILOGUE = " epilogue"  # the key of the epilogue's reads in :func:`_layer_refs`'s ``reads`` (no layer kind has it)
+
+
+def _epilogue_refs(cut, nlayers: int, reads: dict[tuple[str, int], list]) -> list[Any]:
+    """Where each argument of the epilogue comes from: ``h`` (the last layer's output), or None for a tensor an
+    earlier layer made (noted in ``reads`` as read by "layer" ``nlayers``, the epilogue's place in the loop; the maker's
+    rule is fitted with the layers' by :func:`.crosslayer.maker_args`). Inkling2's ``final_input`` reads the
+    ``block_states`` its block boundary layers made (transformers 5.24 models/inkling2/modeling_inkling2.py
+    ``Inkling2TextModel.forward``)."""
+    cseg = cut.segments[-1]
+    refs: list[Any] = []
+    for tid, a in sorted(cseg["argmap"].items(), key=lambda kv: kv[1]):
+        where = cut.owner_seg.get(tid)
+        if a == 0:
+            refs.append("h")
+        elif where is not None and cut.segments[where[0]]["kind"] == "layer":
+            reads.setdefault((EPILOGUE, a), []).append((nlayers, cut.segments[where[0]]["layer"], where[1]))
+            refs.append(None)
+        else:
+            raise LearnError(f"the epilogue's argument {a} is made neither by the last layer nor by an earlier layer")
+    return refs
+
+
 def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | None, segments: dict[str, Any],
                   layer_prefix: str, kind_expr: str | None = None) -> dict[str, Any]:
     cut, rec, segs = res["cut"], res["rec"], res["segments"]
@@ -897,13 +920,13 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
         _every_layer_runs(res, nlayers)
     for j in range(nlayers):
         seg = dict(segs[1 + j])
-        # the decoder loop holds a layer's input until the layer returns
-        last = len(seg["ops"]) - 1
+        cseg = cut.segments[1 + j]
+        # the decoder loop holds a layer's input until the layer module returns (its tail may drop it later)
+        last = looptail.module_last(rec, cseg)
         die = dict(seg.get("die", {}))
         if not isinstance(die.get("a0"), int) or die["a0"] < last:
             die["a0"] = last
         seg["die"] = die
-        cseg = cut.segments[1 + j]
         key = digest({k: v for k, v in seg.items() if k != "die"})
         if kind_expr:
             kind = str(compile_expr(kind_expr)({**env, "i": j}))
@@ -915,8 +938,14 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
         if kind not in template_by_kind or j > 0:
             template_by_kind[kind] = seg
         layer_args[kind] = _layer_refs(cut, cseg, j, kind, reads)
+    if any(isinstance(r, list) and r[0] == "select" for refs in layer_args.values() for r in refs):
+        pro = crosslayer.count_scaled(res, pro, precision, attn, nlayers)  # the sliced tensor: the layer count wide
+    epi_args = _epilogue_refs(cut, nlayers, reads)
     for (kind, a), ref in crosslayer.maker_args(reads, env, nlayers).items():
-        layer_args[kind][a] = ref
+        if kind == EPILOGUE:
+            epi_args[a] = ref
+        else:
+            layer_args[kind][a] = ref
     first = cut.segments[1]["argmap"]
     first_tid = next(t for t, a in first.items() if a == 0)
     first_input = f"P{cut.owner_seg[first_tid][1]}"
@@ -933,7 +962,7 @@ def variant_entry(res: dict[str, Any], precision: str, attn: str, when: str | No
     when = seqbound.bounded(when, segs)  # a sequence padded to one chunk: the graph holds up to it
     return {"precision": precision, "attn": attn, "when": when, "prologue": ids["prologue"],
             "epilogue": ids["epilogue"], "layers": layer_ids, "layer_args": layer_args, "first_input": first_input,
-            "kinds": kind_of_layer}
+            "kinds": kind_of_layer, **({"epilogue_args": epi_args} if len(epi_args) > 1 else {})}
 
 
 SWITCH_SKIP = {"use_cache", "tie_word_embeddings", "return_dict", "output_hidden_states", "output_attentions",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from . import looptail
 from .record import Recording
 
 LAYER_RE = re.compile(r"\.(\d+)\.")
@@ -44,6 +45,28 @@ def _each_layer_once(rec: Recording) -> None:
                          "yet (its segments run each layer once, in order)")
 
 
+def between_layers(cut: "Cut", op: Any) -> str | None:
+    """Where op ``op`` runs in the model's loop between two layer modules (in no segment), the words that say so:
+    which layers, the ops and the modules they run in. XLM's loop calls ``attentions[i]`` as the layer and then
+    ``layer_norm1[i]``, ``ffns[i]``, ``layer_norm2[i]`` itself (transformers 5.24 models/xlm/modeling_xlm.py
+    ``XLMModel.forward``); Inkling2's loop concatenates a block boundary's input onto ``block_states``
+    (models/inkling2/modeling_inkling2.py ``Inkling2TextModel.forward``). None: the op lies in a segment (or is no op
+    of the step)."""
+    if not isinstance(op, int) or op in cut.op_seg or not 0 <= op < len(cut.rec.ops):
+        return None
+    layers = [s for s in cut.segments if s["kind"] == "layer"]
+    before = [s for s in layers if s["end"] <= op]
+    after = [s for s in layers if s["first"] > op]
+    if not before or not after:
+        return None
+    a, b = before[-1], after[0]
+    gap = cut.rec.ops[a["end"]:b["first"]]
+    names = ", ".join(dict.fromkeys(o["name"] for o in gap))
+    mods = ", ".join(m for m in dict.fromkeys(o.get("module") or "" for o in gap) if m) or "no module"
+    return (f"made by the model's loop between layers {a['layer']} and {b['layer']} ({len(gap)} ops outside the "
+            f"layer modules: {names}; in {mods})")
+
+
 class Cut:
     """One recording cut into segments (numeric shapes; :mod:`.derive` makes them symbolic)."""
 
@@ -61,9 +84,10 @@ class Cut:
         rec = self.rec
         _each_layer_once(rec)
         bounds = [(None, 0, rec.layers[0]["start"] if rec.layers else rec.forward_end)]
-        for L in rec.layers:
-            bounds.append((L["index"], L["start"], L["end"]))
-        bounds.append(("epilogue", rec.layers[-1]["end"] if rec.layers else rec.forward_end, rec.forward_end))
+        layers = looptail.layer_bounds(rec)  # each layer with the ops its loop runs after it (its tail)
+        bounds += layers
+        bounds.append(("epilogue", layers[-1][2] if rec.layers else rec.forward_end, rec.forward_end))
+        self.outs = [looptail.layer_output(rec, layers, k) for k in range(len(layers))]
         self.owner_seg: dict[int, tuple[int, int]] = {}  # tid -> (segment number, local index)
         self.op_seg: dict[int, tuple[int, int]] = {}
         for n, (kind, a, b) in enumerate(bounds):
@@ -90,10 +114,11 @@ class Cut:
         where = self.owner_seg.get(tid)
         if where is not None and where[0] == 0:
             return f"P{where[1]}"
-        if where is not None and seg["kind"] == "layer" and 0 < where[0] < n:
+        if where is not None and seg["kind"] in ("layer", "epilogue") and 0 < where[0] < n:
             # an earlier layer's tensor that this layer reads besides its arguments (Gemma-3n's shared layers
             # read the K/V their store layer put in ``shared_kv_states``, modeling_gemma3n.py
-            # ``Gemma3nTextAttention.forward``): one more argument, whose maker the file states (derive.py)
+            # ``Gemma3nTextAttention.forward``; Inkling2's epilogue reads the ``block_states`` a block boundary
+            # layer made, modeling_inkling2.py): one more argument, whose maker the file states (derive.py)
             args[tid] = len(seg["args"])
             seg["args"].append(["from_layer", None])
             return f"a{args[tid]}"
@@ -110,6 +135,11 @@ class Cut:
             return f"t{local[tid]}"
         from .derive import LearnError
 
+        between = between_layers(self, t["op"])
+        if between is not None:
+            raise LearnError(f"segment {n} ({seg['kind']}) reads a tensor (shape {list(t['shape'])}, op {t['op']}) "
+                             f"{between}, which a learned file cannot express yet (its segments are the prologue, "
+                             "the layer modules and the epilogue)")
         # Inkling2's epilogue (``final_input``, modeling_inkling2.py) attends over every block's output, not only
         # the last layer's: a file's segments pass one hidden state from layer to layer (a refusal, not a crash)
         raise LearnError(f"segment {n} ({seg['kind']}) reads a tensor made by segment "
@@ -139,12 +169,12 @@ class Cut:
         arg_list: list[list[Any]] = []
         seg["args"] = arg_list  # (:meth:`_ref` appends an earlier layer's tensor that the layer reads)
         if seg["kind"] == "layer":
-            L = next(x for x in rec.layers if x["start"] == seg["first"])
+            k, L = next((k, x) for k, x in enumerate(rec.layers) if x["start"] == seg["first"])
             for name, tid in L["args"]:
                 if tid not in args:
                     args[tid] = len(arg_list)
                     arg_list.append([name, None])
-            seg["out_tid"] = L["out"]
+            seg["out_tid"] = self.outs[k]
         elif seg["kind"] == "epilogue":
             prev = self.segments[n - 1]
             if prev["kind"] == "layer":
