@@ -148,29 +148,47 @@ class Fitter:
                     return expr
         return None
 
-    def _padded(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
-        """``d*ceil_div(m, d)``: ``m`` padded up to a multiple of ``d`` (Mamba-2's ``torch_forward``, transformers 5.24
-        modeling_mamba2.py: ``pad_size = (chunk_size - seq_len % chunk_size) % chunk_size`` and ``pad_tensor_by_size``
-        give ``chunk_size*ceil_div(s, chunk_size)`` rows). ``m`` a product of the other variables; ``d`` a variable,
-        a field the learner held, or a constant chunk (every divisor of the values' common divisor above 1, largest
-        first: the gated delta rule's 64, modeling_qwen3_next.py ``torch_chunk_gated_delta_rule``). Only where a probe
-        was padded (``y`` above ``m`` somewhere): otherwise ``m`` itself is the size."""
+    def _padded(self, deps: frozenset, y: tuple[int, ...], depth: int = 2) -> str | None:
+        """``r*ceil_div(m, d)``: a count of chunks of ``d`` in ``m``, times ``r`` (a monomial, or one more such count):
+        Mamba-2's ``torch_forward`` (transformers 5.24 modeling_mamba2.py) pads the sequence by ``pad_size =
+        (chunk_size - seq_len % chunk_size) % chunk_size`` (``pad_tensor_by_size``) and reshapes it to
+        ``[b, ceil(s/chunk_size), chunk_size, ...]``: the padded length ``chunk_size*ceil_div(s, chunk_size)``
+        (``d*ceil_div(m, d)``), the chunk tensors ``8*b*ceil_div(s, chunk_size)`` and the chunk-by-chunk states
+        ``...*ceil_div(s, chunk_size)*ceil_div(s, chunk_size)``. ``m`` a product of the other variables; ``d`` a
+        variable other than ``b`` and ``s``, a field the learner held, or a constant chunk (a divisor above 1 of the
+        values' common divisor, largest first, or one fitted before: the gated delta rule's 64, modeling_qwen3_next.py
+        ``torch_chunk_gated_delta_rule``). Only where a probe rounded up (``m`` no multiple of ``d``) into two chunks
+        or more: otherwise a monomial is the size."""
         held = [k for k, v in self.env[0].items() if k not in deps and k not in ("b", "s") and type(v) is int
                 and v > 1 and all(e.get(k) == v for e in self.env)]
         g = math.gcd(*y)
-        consts = [str(d) for d in range(g, 1, -1) if g % d == 0]
-        for d in sorted(deps) + held + consts:
-            rest = frozenset(deps - {d})
-            for mono, val in self.monos(rest, True) if rest else []:
-                if any(p < 0 for _, p in mono) or all(v == w for v, w in zip(val, y)):
+        consts = list(dict.fromkeys(self.chunks + [str(d) for d in range(g, 1, -1) if g % d == 0]))
+        for d in [v for v in sorted(deps) if v not in ("b", "s")] + held + consts:
+            dv = [int(d) if d.isdigit() else e[d] for e in self.env]
+            for mono, val in self.monos(frozenset(deps - {d}), False):
+                if not mono or any(p != 1 for _, p in mono) or all(v % w == 0 for v, w in zip(val, dv)):
                     continue
-                m = _fmt_mono(mono)
-                expr = f"{d}*ceil_div({m}, {d})"
+                q = [-(-int(v) // w) for v, w in zip(val, dv)]
+                if max(q) < 2 or any(x % c for x, c in zip(y, q)):
+                    continue
+                r = self._factor(tuple(x // c for x, c in zip(y, q)), depth)
+                if r is None:
+                    continue
+                count = f"ceil_div({_fmt_mono(mono)}, {d})"
+                expr = count if r == "1" else f"{r}*{count}"
                 if self.check(expr, y):
-                    if d in consts and d not in self.chunks:
+                    if d.isdigit() and d not in self.chunks:
                         self.chunks.append(d)
                     return expr
         return None
+
+    def _factor(self, r: tuple[int, ...], depth: int) -> str | None:
+        """What multiplies a chunk count in :meth:`_padded`: a constant, a monomial, or (``depth`` > 1) a count."""
+        deps = self.deps(r)
+        if not deps:
+            return str(r[0]) if len(set(r)) == 1 else None
+        got = self._monomial(deps, r)
+        return got if got is not None or depth < 2 else self._padded(deps, r, depth - 1)
 
     def _pow2(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
         """A power of two at or near one variable ``v``: ``pow2_floor(v)``, ``pow2_ceil(v)``, half or twice
