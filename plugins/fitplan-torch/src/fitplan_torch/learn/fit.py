@@ -168,18 +168,32 @@ class Fitter:
             for mono, val in self.monos(frozenset(deps - {d}), False):
                 if not mono or any(p != 1 for _, p in mono) or all(v % w == 0 for v, w in zip(val, dv)):
                     continue
-                q = [-(-int(v) // w) for v, w in zip(val, dv)]
-                if max(q) < 2 or any(x % c for x, c in zip(y, q)):
-                    continue
-                r = self._factor(tuple(x // c for x, c in zip(y, q)), depth)
-                if r is None:
-                    continue
-                count = f"ceil_div({_fmt_mono(mono)}, {d})"
-                expr = count if r == "1" else f"{r}*{count}"
-                if self.check(expr, y):
+                got = self._count_times(y, mono, val, d, dv, depth)
+                if got is not None:
                     if d.isdigit() and d not in self.chunks:
                         self.chunks.append(d)
-                    return expr
+                    return got
+        return None
+
+    def _count_times(self, y, mono, val, d: str, dv: list[int], depth: int) -> str | None:
+        """:meth:`_padded` for one count ``ceil_div(m, d)``, or one more than it: the chunk states with the initial
+        state before them (modeling_mamba2.py ``torch_forward``: ``torch.cat([previous_states, states], dim=1)``, and
+        ``segment_sum`` over that padded by one, ``[..., n + 1, n + 1]``)."""
+        q0 = [-(-int(v) // w) for v, w in zip(val, dv)]
+        if max(q0) < 2:
+            return None
+        for off in (0, 1):
+            q = [c + off for c in q0]
+            if any(x % c for x, c in zip(y, q)):
+                continue
+            r = self._factor(tuple(x // c for x, c in zip(y, q)), depth)
+            if r is None:
+                continue
+            count = f"ceil_div({_fmt_mono(mono)}, {d})"
+            expr = (count if not off else f"{count} + {off}") if r == "1" else \
+                f"{r}*{count}" if not off else f"{r}*({count} + {off})"
+            if self.check(expr, y):
+                return expr
         return None
 
     def _factor(self, r: tuple[int, ...], depth: int) -> str | None:
