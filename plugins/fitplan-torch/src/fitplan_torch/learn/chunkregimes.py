@@ -10,12 +10,19 @@ chunk_size, ...]`` and slices the output back ``y[:, :seq_len]`` only ``if pad_s
 :func:`padded_chunk` finds a chunk field from the recording itself (no field name is assumed): a ``constant_pad_nd``
 pads a sequence dimension ``s`` up to ``P``; the variables ``f`` whose value pads ``s`` to ``P`` (``f *
 ceil(s / f) == P``) are tried at a small value, and the one that moves ``P`` to its own multiple is the chunk.
-It returns the switch ``[s % f != 0, s % f == 0]`` (:class:`.derive.Regime` states): padded, the base is set to
-2 to 3 chunks (``f`` = 6 at s = 16: 18 rows in 3 chunks) and the chunk probe takes a value that moves both the padded
-length and the chunk count (:func:`moving_chunks`; the chunk count's probe at 9 would pad 16 to 18 as well, so the
-fitter would see no dependence on ``f``); unpadded, ``f`` divides ``s`` (the smallest divisor above 1: every
-probed sequence of the learner, 14 to 22, is even, and the held-out 21 takes ``f`` = 3). The fitter writes the
-padded length ``f*ceil_div(s, f)`` and the chunk count ``ceil_div(s, f)`` (:mod:`.fit`).
+It returns the switch ``[s <= f, s > f and s % f != 0, s > f and s % f == 0]`` (:class:`.derive.Regime` states):
+
+- one chunk (``f`` set to twice the base sequence): the einsums of ``torch_forward`` (torch 2.13 ``at::einsum``:
+  ``sumproduct_pair`` permutes and reshapes each operand to a ``bmm``) reshape a permuted tensor whose chunk
+  dimension is 1, a view, where two chunks or more copy it (``clone`` + ``_unsafe_view``): its own graph, the one
+  the probes below one chunk learned before, its padded length ``f`` (:mod:`.seqbound` also writes ``s <= f``);
+- padded, two chunks or more: the base is set to 2 to 3 chunks (``f`` = 6 at s = 16: 18 rows in 3 chunks) and the
+  chunk probe takes a value that moves both the padded length and the chunk count (:func:`moving_chunks`; the probe
+  at 9 would pad 16 to 18 as well, so the fitter would see no dependence on ``f``);
+- unpadded (``y[:, :seq_len]`` is not taken), two chunks or more: ``f`` divides ``s`` (the smallest divisor above
+  1: every probed sequence of the learner, 14 to 22, is even, and the held-out 21 takes ``f`` = 3).
+
+The fitter writes the padded length ``f*ceil_div(s, f)`` and the chunk count ``ceil_div(s, f)`` (:mod:`.fit`).
 """
 
 from __future__ import annotations
@@ -63,8 +70,9 @@ def moving_chunks(val: int, s: int, default: list[int]) -> list[int]:
 
 
 def dividing_chunks(val: int, s: int, default: list[int]) -> list[int]:
-    """Divisors of ``s`` other than ``val`` (below ``s``): ``default``'s order first."""
-    ok = [c for c in default + list(range(2, s)) if c > 1 and c != val and s % c == 0]
+    """Divisors of ``s`` other than ``val``, above 1 and below ``s`` (two chunks or more): ``default``'s order
+    first."""
+    ok = [c for c in default + list(range(2, s)) if 1 < c < s and c != val and s % c == 0]
     return list(dict.fromkeys(ok))
 
 
@@ -100,7 +108,9 @@ def padded_chunk(base: dict[str, Any], variables: list[str], variant: tuple[str,
     def alts(pick):
         return lambda name, val, ss, default: pick(val, ss, default) if name == f else None
 
-    return [Regime("chunk-padded", f"s % {f} != 0", lambda cfg, bb, ss: {**cfg, f: padded_base(ss)},
-                   valid=lambda cfg, bb, ss: ss % cfg[f] != 0, alts=alts(moving_chunks)),
-            Regime("chunk-even", f"s % {f} == 0", lambda cfg, bb, ss: {**cfg, f: even_base(ss)},
-                   valid=lambda cfg, bb, ss: ss % cfg[f] == 0, alts=alts(dividing_chunks))]
+    return [Regime("chunk-one", f"s <= {f}", lambda cfg, bb, ss: {**cfg, f: max(cfg[f], 2 * ss)},
+                   valid=lambda cfg, bb, ss: ss <= cfg[f]),
+            Regime("chunk-padded", f"s > {f} and s % {f} != 0", lambda cfg, bb, ss: {**cfg, f: padded_base(ss)},
+                   valid=lambda cfg, bb, ss: ss > cfg[f] and ss % cfg[f] != 0, alts=alts(moving_chunks)),
+            Regime("chunk-even", f"s > {f} and s % {f} == 0", lambda cfg, bb, ss: {**cfg, f: even_base(ss)},
+                   valid=lambda cfg, bb, ss: ss > cfg[f] and ss % cfg[f] == 0, alts=alts(dividing_chunks))]
