@@ -155,36 +155,39 @@ class Fitter:
         ``[b, ceil(s/chunk_size), chunk_size, ...]``: the padded length ``chunk_size*ceil_div(s, chunk_size)``
         (``d*ceil_div(m, d)``), the chunk tensors ``8*b*ceil_div(s, chunk_size)`` and the chunk-by-chunk states
         ``...*ceil_div(s, chunk_size)*ceil_div(s, chunk_size)``. ``m`` a product of the other variables; ``d`` a
-        variable other than ``b`` and ``s``, a field the learner held, or a constant chunk (a divisor above 1 of the
-        values' common divisor, largest first, or one fitted before: the gated delta rule's 64, modeling_qwen3_next.py
-        ``torch_chunk_gated_delta_rule``). Only where a probe rounded up (``m`` no multiple of ``d``) into two chunks
+        variable other than ``b`` and ``s``, a field the learner held, or a constant chunk (one a padded length was
+        fitted with before, or a divisor above 1 of the values' common divisor, largest first, as a padded length
+        only: the gated delta rule's 64, modeling_qwen3_next.py ``torch_chunk_gated_delta_rule``). ``m`` holds ``s``
+        (chunks run along the sequence). Only where a probe rounded up (``m`` no multiple of ``d``) into two chunks
         or more: otherwise a monomial is the size."""
         held = [k for k, v in self.env[0].items() if k not in deps and k not in ("b", "s") and type(v) is int
                 and v > 1 and all(e.get(k) == v for e in self.env)]
         g = math.gcd(*y)
-        consts = list(dict.fromkeys(self.chunks + [str(d) for d in range(g, 1, -1) if g % d == 0]))
-        for d in [v for v in sorted(deps) if v not in ("b", "s")] + held + consts:
+        fresh = [str(d) for d in range(g, 1, -1) if g % d == 0 and str(d) not in self.chunks]
+        for d in [v for v in sorted(deps) if v not in ("b", "s")] + held + self.chunks + fresh:
             dv = [int(d) if d.isdigit() else e[d] for e in self.env]
             for mono, val in self.monos(frozenset(deps - {d}), False):
-                if not mono or any(p != 1 for _, p in mono) or all(v % w == 0 for v, w in zip(val, dv)):
+                # chunks run along the sequence: m holds s, once
+                if dict(mono).get("s") != 1 or any(p != 1 for _, p in mono) or all(v % w == 0 for v, w in zip(val, dv)):
                     continue
-                got = self._count_times(y, mono, val, d, dv, depth)
+                got = self._count_times(y, mono, val, d, dv, depth, d in fresh)
                 if got is not None:
                     if d.isdigit() and d not in self.chunks:
                         self.chunks.append(d)
                     return got
         return None
 
-    def _count_times(self, y, mono, val, d: str, dv: list[int], depth: int) -> str | None:
+    def _count_times(self, y, mono, val, d: str, dv: list[int], depth: int, fresh: bool) -> str | None:
         """:meth:`_padded` for one count ``ceil_div(m, d)``, or one more than it: the chunk states with the initial
         state before them (modeling_mamba2.py ``torch_forward``: ``torch.cat([previous_states, states], dim=1)``, and
-        ``segment_sum`` over that padded by one, ``[..., n + 1, n + 1]``)."""
+        ``segment_sum`` over that padded by one, ``[..., n + 1, n + 1]``). A constant chunk not seen before
+        (``fresh``) only as a padded length ``d*ceil_div(m, d)``: a common divisor of a product is no chunk."""
         q0 = [-(-int(v) // w) for v, w in zip(val, dv)]
         if max(q0) < 2:
             return None
-        for off in (0, 1):
+        for off in (0,) if fresh else (0, 1):
             q = [c + off for c in q0]
-            if any(x % c for x, c in zip(y, q)):
+            if any(x % c for x, c in zip(y, q)) or (fresh and any(x != c * w for x, c, w in zip(y, q, dv))):
                 continue
             r = self._factor(tuple(x // c for x, c in zip(y, q)), depth)
             if r is None:
