@@ -417,7 +417,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
     for name, val in knobs:
         if name in regime.fixed or val is None:
             continue
-        for alt in ([b + 1, b + 2] if name == "b" else [s + 4, s + 6, s - 2] if name == "s" else alternatives(name, val)):
+        for alt in ([b + 1, b + 2] if name == "b" else [s + 4, s + 6, s - 2] if name == "s" else regime.values(name, val, s)):
             # a field equal to it that the config class would set from it (stated in base, so kept as stated by
             # V3): varied together, also where this regime probes only some variables
             same = [k for k in base if k != name and not isinstance(base[k], bool) and base[k] == val]
@@ -483,7 +483,7 @@ def make_probes(base_cfg: dict[str, Any], variables: list[str], b: int, s: int, 
             elif name == "s":
                 ss = p.s + 2 * mult
             else:
-                new = get_var(p.cfg, name) if mult == 0 else alternatives(name, get_var(p.cfg, name))[0]
+                new = get_var(p.cfg, name) if mult == 0 else regime.values(name, get_var(p.cfg, name), ss)[0]
                 for k in [name] + [f for f, lead in followers.items() if lead == name]:
                     put_var(cfg, k, new)
         rec, used = attempt(routing.keep_divisors(relations.keep_products(cfg, base), base), bb, ss)
@@ -502,15 +502,24 @@ class Regime:
     no ``repeat_kv``; ``b == 1``: the shifted labels are a view; ``s > sliding_window``: a mask). ``setup``
     puts the base config in the regime, ``couple`` keeps a probe in it after one variable changed (MHA:
     the key/value heads follow the heads), ``valid`` rejects probes outside it; ``fixed`` variables are
-    not varied (``b`` under ``b == 1``)."""
+    not varied (``b`` under ``b == 1``); ``alts(name, val, s, default)`` gives a variable's probe values where the
+    regime needs its own (a chunk that must keep the sequence padded or not, :mod:`.chunkregimes`), None
+    otherwise."""
 
-    def __init__(self, name: str, when: str | None, setup=None, couple=None, valid=None, fixed: tuple[str, ...] = ()) -> None:
+    def __init__(self, name: str, when: str | None, setup=None, couple=None, valid=None, fixed: tuple[str, ...] = (),
+                 alts=None) -> None:
         self.name = name
         self.when = when
         self.setup = setup or (lambda cfg, b, s: cfg)
         self.couple = couple or (lambda cfg: cfg)
         self.valid = valid or (lambda cfg, b, s: True)
         self.fixed = fixed
+        self.alts = alts or (lambda name, val, s, default: None)
+
+    def values(self, name: str, val: Any, s: int) -> list[Any]:
+        """``name``'s probe values from ``val`` at sequence ``s``: the regime's own, else :func:`alternatives`."""
+        default = alternatives(name, val)
+        return self.alts(name, val, s, default) or default
 
 
 # --------------------------------------------------------------------------- symbolic segments
@@ -1190,9 +1199,12 @@ def _combine(regs: list[Regime]) -> Regime:
     def valid(cfg, b, s):
         return all(r.valid(cfg, b, s) for r in regs)
 
+    def alts(name, val, s, default):
+        return next((got for r in regs if (got := r.alts(name, val, s, default)) is not None), None)
+
     when = " and ".join(f"({r.when})" for r in regs if r.when) or None
     fixed = tuple(x for r in regs for x in r.fixed)
-    return Regime("+".join(r.name for r in regs) or "base", when, setup, couple, valid, fixed)
+    return Regime("+".join(r.name for r in regs) or "base", when, setup, couple, valid, fixed, alts)
 
 
 learn_full = learner.learn_full

@@ -10,7 +10,8 @@ order, for the simplest expression over exactly those variables that reproduces 
 3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m, halved, doubled or rounded up
    to even (``arange(0, int(f·m), 2)``), or what it leaves of m (``m - 2·ceil_div(int(f·m), 2)``);
 4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``); before it, ``ceil_div(c·m, d)``, a
-   count rounded up (the first expert's rows under balanced routing, :mod:`.routing`);
+   count rounded up (the first expert's rows under balanced routing, :mod:`.routing`; a chunked scan's chunk
+   count, also of a constant chunk a padded length was fitted with), and ``d*ceil_div(m, d)``, a length padded up to a multiple of a chunk (Mamba-2's chunked scan);
 5. ``C // v``, a held size over one variable (Mamba-2's heads per group with the heads held);
 6. a sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``),
    then the same plus or minus 1 or 2 (ZAYA's convolution pad ``s + cca_time0 + cca_time1 - 2``);
@@ -27,6 +28,7 @@ checks the whole file against a fresh recording at sizes no probe used (:mod:`.v
 from __future__ import annotations
 
 import itertools
+import math
 from fractions import Fraction
 from typing import Any
 
@@ -84,6 +86,8 @@ class Fitter:
         self.floats = [f for f in floats if all(isinstance(e.get(f), float) for e in env)]
         self.cache: dict[tuple[int, ...], str] = {}
         self._monos: dict[frozenset, list] = {}
+        self.chunks: list[str] = []
+        """The constant chunks a padded length was fitted with (:meth:`_padded`): a chunk count divides by them."""
 
     def check(self, expr: str, y: tuple[int, ...]) -> bool:
         from fitplan.api import compile_expr
@@ -137,7 +141,71 @@ class Fitter:
                     expr = f"ceil_div({m}, {neg[0]})"
                     if self.check(expr, y):
                         return expr
+        for mono, _ in self.monos(deps, True):  # a count of constant chunks (a padded length fitted before)
+            for d in self.chunks if all(p > 0 for _, p in mono) else ():
+                expr = f"ceil_div({_fmt_mono(mono)}, {d})"
+                if self.check(expr, y):
+                    return expr
         return None
+
+    def _padded(self, deps: frozenset, y: tuple[int, ...], depth: int = 2) -> str | None:
+        """``r*ceil_div(m, d)``: a count of chunks of ``d`` in ``m``, times ``r`` (a monomial, or one more such count):
+        Mamba-2's ``torch_forward`` (transformers 5.24 modeling_mamba2.py) pads the sequence by ``pad_size =
+        (chunk_size - seq_len % chunk_size) % chunk_size`` (``pad_tensor_by_size``) and reshapes it to
+        ``[b, ceil(s/chunk_size), chunk_size, ...]``: the padded length ``chunk_size*ceil_div(s, chunk_size)``
+        (``d*ceil_div(m, d)``), the chunk tensors ``8*b*ceil_div(s, chunk_size)`` and the chunk-by-chunk states
+        ``...*ceil_div(s, chunk_size)*ceil_div(s, chunk_size)``. ``m`` a product of the other variables; ``d`` a
+        variable other than ``b`` and ``s``, a field the learner held, or a constant chunk (one a padded length was
+        fitted with before, or a divisor above 1 of the values' common divisor, largest first, as a padded length
+        only: the gated delta rule's 64, modeling_qwen3_next.py ``torch_chunk_gated_delta_rule``). ``m`` holds ``s``
+        (chunks run along the sequence). Only where a probe rounded up (``m`` no multiple of ``d``) into two chunks
+        or more: otherwise a monomial is the size."""
+        held = [k for k, v in self.env[0].items() if k not in deps and k not in ("b", "s") and type(v) is int
+                and v > 1 and all(e.get(k) == v for e in self.env)]
+        g = math.gcd(*y)
+        fresh = [str(d) for d in range(g, 1, -1) if g % d == 0 and str(d) not in self.chunks]
+        for d in [v for v in sorted(deps) if v not in ("b", "s")] + held + self.chunks + fresh:
+            dv = [int(d) if d.isdigit() else e[d] for e in self.env]
+            for mono, val in self.monos(frozenset(deps - {d}), False):
+                # chunks run along the sequence: m holds s, once
+                if dict(mono).get("s") != 1 or any(p != 1 for _, p in mono) or all(v % w == 0 for v, w in zip(val, dv)):
+                    continue
+                got = self._count_times(y, mono, val, d, dv, depth, d in fresh)
+                if got is not None:
+                    if d.isdigit() and d not in self.chunks:
+                        self.chunks.append(d)
+                    return got
+        return None
+
+    def _count_times(self, y, mono, val, d: str, dv: list[int], depth: int, fresh: bool) -> str | None:
+        """:meth:`_padded` for one count ``ceil_div(m, d)``, or one more than it: the chunk states with the initial
+        state before them (modeling_mamba2.py ``torch_forward``: ``torch.cat([previous_states, states], dim=1)``, and
+        ``segment_sum`` over that padded by one, ``[..., n + 1, n + 1]``). A constant chunk not seen before
+        (``fresh``) only as a padded length ``d*ceil_div(m, d)``: a common divisor of a product is no chunk."""
+        q0 = [-(-int(v) // w) for v, w in zip(val, dv)]
+        if max(q0) < 2:
+            return None
+        for off in (0,) if fresh else (0, 1):
+            q = [c + off for c in q0]
+            if any(x % c for x, c in zip(y, q)) or (fresh and any(x != c * w for x, c, w in zip(y, q, dv))):
+                continue
+            r = self._factor(tuple(x // c for x, c in zip(y, q)), depth)
+            if r is None:
+                continue
+            count = f"ceil_div({_fmt_mono(mono)}, {d})"
+            expr = (count if not off else f"{count} + {off}") if r == "1" else \
+                f"{r}*{count}" if not off else f"{r}*({count} + {off})"
+            if self.check(expr, y):
+                return expr
+        return None
+
+    def _factor(self, r: tuple[int, ...], depth: int) -> str | None:
+        """What multiplies a chunk count in :meth:`_padded`: a constant, a monomial, or (``depth`` > 1) a count."""
+        deps = self.deps(r)
+        if not deps:
+            return str(r[0]) if len(set(r)) == 1 else None
+        got = self._monomial(deps, r)
+        return got if got is not None or depth < 2 else self._padded(deps, r, depth - 1)
 
     def _pow2(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
         """A power of two at or near one variable ``v``: ``pow2_floor(v)``, ``pow2_ceil(v)``, half or twice
@@ -200,6 +268,9 @@ class Fitter:
         if best is not None:
             return best
         best = self._ceil_quotient(deps, y)
+        if best is not None:
+            return best
+        best = self._padded(deps, y)
         if best is not None:
             return best
         return self._wider(deps, y)

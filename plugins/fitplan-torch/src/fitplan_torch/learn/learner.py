@@ -78,7 +78,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
                  known: dict[str, Any] | None) -> ModelRecord:
     """Phase 1: the base config, the layer pattern, the supported variants, the regime switches and the structural
     flags (each found by recording the model)."""
-    from . import configrules, patterns, sizeregimes
+    from . import chunkregimes, configrules, patterns, sizeregimes
     from . import derive as D
 
     model_type = config["model_type"]
@@ -107,6 +107,8 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     supported = _supported(base, variants, log)
     pow2 = sizeregimes.power_of_two_heads(base, cls, supported[0], log) if regimes else None
     switches += [pow2] if pow2 else []
+    chunk = chunkregimes.padded_chunk(base, variables, supported[0], b, s, log) if regimes else None
+    switches += [chunk] if chunk else []
     others = tuple(v for v in supported if v[1] != supported[0][1])[:1]
     flags = D.structural_flags(base, supported[0], b, s, log, cls, known, others,
                                skip=set(variables) | {n for sw in switches for r in sw for n in D._names(r.when)})

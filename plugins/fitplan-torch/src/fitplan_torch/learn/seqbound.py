@@ -62,6 +62,7 @@ def bounded(when: str | None, segs: list[dict[str, Any]]) -> str | None:
     """``when`` and ``s <= <padded size>`` for each of :func:`sequence_bounds` (``when`` unchanged if none)."""
     terms = [f"s <= {e}" if re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*|\d+", e) else f"s <= ({e})"
              for e in sequence_bounds(segs)]
+    terms = [x for x in terms if not re.search(rf"\b{re.escape(x)}(?![\w.])", when or "")]  # one chunk's regime says it
     if not terms:
         return when
     bound = " and ".join(terms)

@@ -21,6 +21,7 @@ import copy
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -61,10 +62,20 @@ def heldout(base: dict[str, Any], variables: list[str], regime, b: int, s: int,
     rotary halves do not pair up, and the model itself fails (OLMo-3, 12 GQA heads scaled by 3). ``runs(cfg, b,
     s)``: a candidate must also run (a relation the model needs and neither the class nor ``typical`` states,
     such as experts divisible by the expert groups): a held-out config that does not run checks nothing."""
+    start = regime.setup(copy.deepcopy(base), b, s)
+    bb = b if "b" in regime.fixed else b + 1
+    if not regime.valid(start, b + 1, s + 5):
+        # the base itself is outside the regime at s + 5 (a chunk dividing s, :mod:`.chunkregimes`): the variables
+        # the regime's condition names first, so that the sizes enter the regime before the others are checked in it
+        named = set(re.findall(r"[A-Za-z_]\w*", regime.when or ""))
+        variables = sorted(variables, key=lambda v: v not in named)
+    return _scaled(start, variables, regime, b, s, bb, runs), bb, s + 5
+
+
+def _scaled(cfg: dict[str, Any], variables: list[str], regime, b: int, s: int, bb: int, runs) -> dict[str, Any]:
+    """:func:`heldout`'s sizes, each variable in turn at its first candidate that is typical, in the regime and runs."""
     from .derive import hf_config, typical
 
-    cfg = regime.setup(copy.deepcopy(base), b, s)
-    bb = b if "b" in regime.fixed else b + 1
     for v in variables:
         if v in regime.fixed or not isinstance(cfg.get(v), int):
             continue
@@ -79,7 +90,7 @@ def heldout(base: dict[str, Any], variables: list[str], regime, b: int, s: int,
             if regime.valid(trial, b + 1, s + 5) and (runs is None or runs(trial, bb, s + 5)):
                 cfg = trial
                 break
-    return cfg, bb, s + 5
+    return cfg
 
 
 def steps(precision: str, attn: str):
