@@ -36,6 +36,24 @@ def test_a_pad_to_a_chunk_bounds_the_sequence():
     assert bounded("b != 1", [_seg(["b", "s"], ["b", "1 + s"])]) == "b != 1"
 
 
+def test_the_fitter_writes_a_length_padded_to_a_chunk():
+    """Mamba-2's padded length ``chunk*ceil(s/chunk)`` and chunk count ``ceil(s/chunk)`` at probes over two to four
+    chunks, by hand: (s, chunk) = (16, 6) pads to 18 in 3 chunks, (20, 6) to 24 in 4, (16, 12) to 24 in 2, (20, 12)
+    to 24 in 2, (22, 18) to 36 in 2. A constant chunk (the gated delta rule's 64) at s = 100, 150, 130, 90: 128, 192,
+    192, 128 in 2, 3, 3, 2 chunks. Controls: ``s + 1`` and ``2*s`` (no padding) keep their forms; without the
+    padded form no expression fits (checked by removing ``_padded`` from ``_fit_over``: FitError)."""
+    from fitplan_torch.learn.fit import Fitter
+
+    pts = [(16, 6), (20, 6), (16, 12), (20, 12), (22, 18)]
+    f = Fitter([{"b": 2, "s": s, "chunk_size": c} for s, c in pts], {"s": 1, "chunk_size": 2})
+    assert f.fit([18, 24, 24, 24, 36]) == "chunk_size*ceil_div(s, chunk_size)"
+    assert f.fit([3, 4, 2, 2, 2]) == "ceil_div(s, chunk_size)"
+    g = Fitter([{"b": 2, "s": s} for s in (100, 150, 130, 90)], {"s": 1})
+    assert g.fit([128, 192, 192, 128]) == "64*ceil_div(s, 64)"
+    assert g.fit([2, 3, 3, 2]) == "ceil_div(s, 64)"
+    assert g.fit([101, 151, 131, 91]) == "1 + s" and g.fit([200, 300, 260, 180]) == "2*s"
+
+
 def _learned(model_type: str, tmp_path):
     from fitplan.arch.archfile import ArchFile
 

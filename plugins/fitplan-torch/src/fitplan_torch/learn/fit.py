@@ -10,7 +10,8 @@ order, for the simplest expression over exactly those variables that reproduces 
 3. ``int(f · m)`` for a float field f (``partial_rotary_factor``) and a monomial m, halved, doubled or rounded up
    to even (``arange(0, int(f·m), 2)``), or what it leaves of m (``m - 2·ceil_div(int(f·m), 2)``);
 4. a sum of two such terms (``(heads + 2·kv_heads)·head_dim``, ``s + 1``); before it, ``ceil_div(c·m, d)``, a
-   count rounded up (the first expert's rows under balanced routing, :mod:`.routing`);
+   count rounded up (the first expert's rows under balanced routing, :mod:`.routing`; a chunked scan's chunk
+   count, also of a constant chunk a padded length was fitted with), and ``d*ceil_div(m, d)``, a length padded up to a multiple of a chunk (Mamba-2's chunked scan);
 5. ``C // v``, a held size over one variable (Mamba-2's heads per group with the heads held);
 6. a sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``),
    then the same plus or minus 1 or 2 (ZAYA's convolution pad ``s + cca_time0 + cca_time1 - 2``);
@@ -27,6 +28,7 @@ checks the whole file against a fresh recording at sizes no probe used (:mod:`.v
 from __future__ import annotations
 
 import itertools
+import math
 from fractions import Fraction
 from typing import Any
 
@@ -84,6 +86,8 @@ class Fitter:
         self.floats = [f for f in floats if all(isinstance(e.get(f), float) for e in env)]
         self.cache: dict[tuple[int, ...], str] = {}
         self._monos: dict[frozenset, list] = {}
+        self.chunks: list[str] = []
+        """The constant chunks a padded length was fitted with (:meth:`_padded`): a chunk count divides by them."""
 
     def check(self, expr: str, y: tuple[int, ...]) -> bool:
         from fitplan.api import compile_expr
@@ -137,6 +141,35 @@ class Fitter:
                     expr = f"ceil_div({m}, {neg[0]})"
                     if self.check(expr, y):
                         return expr
+        for mono, _ in self.monos(deps, True):  # a count of constant chunks (a padded length fitted before)
+            for d in self.chunks if all(p > 0 for _, p in mono) else ():
+                expr = f"ceil_div({_fmt_mono(mono)}, {d})"
+                if self.check(expr, y):
+                    return expr
+        return None
+
+    def _padded(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
+        """``d*ceil_div(m, d)``: ``m`` padded up to a multiple of ``d`` (Mamba-2's ``torch_forward``, transformers 5.24
+        modeling_mamba2.py: ``pad_size = (chunk_size - seq_len % chunk_size) % chunk_size`` and ``pad_tensor_by_size``
+        give ``chunk_size*ceil_div(s, chunk_size)`` rows). ``m`` a product of the other variables; ``d`` a variable,
+        a field the learner held, or a constant chunk (every divisor of the values' common divisor above 1, largest
+        first: the gated delta rule's 64, modeling_qwen3_next.py ``torch_chunk_gated_delta_rule``). Only where a probe
+        was padded (``y`` above ``m`` somewhere): otherwise ``m`` itself is the size."""
+        held = [k for k, v in self.env[0].items() if k not in deps and k not in ("b", "s") and type(v) is int
+                and v > 1 and all(e.get(k) == v for e in self.env)]
+        g = math.gcd(*y)
+        consts = [str(d) for d in range(g, 1, -1) if g % d == 0]
+        for d in sorted(deps) + held + consts:
+            rest = frozenset(deps - {d})
+            for mono, val in self.monos(rest, True) if rest else []:
+                if any(p < 0 for _, p in mono) or all(v == w for v, w in zip(val, y)):
+                    continue
+                m = _fmt_mono(mono)
+                expr = f"{d}*ceil_div({m}, {d})"
+                if self.check(expr, y):
+                    if d in consts and d not in self.chunks:
+                        self.chunks.append(d)
+                    return expr
         return None
 
     def _pow2(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
@@ -200,6 +233,9 @@ class Fitter:
         if best is not None:
             return best
         best = self._ceil_quotient(deps, y)
+        if best is not None:
+            return best
+        best = self._padded(deps, y)
         if best is not None:
             return best
         return self._wider(deps, y)
