@@ -19,6 +19,7 @@ from typing import Any
 
 from . import crosslayer, learner, looptail, relations, routing, seqbound
 from .autograd_rules import function_temporaries
+from .chunkregime import fit_count
 from .fit import FitError, Fitter
 from .fold import fold
 from .limits import data_dependent_note
@@ -504,11 +505,13 @@ class Regime:
     the key/value heads follow the heads), ``valid`` rejects probes outside it; ``fixed`` variables are
     not varied (``b`` under ``b == 1``); ``alts(name, val, s, default)`` gives a variable's probe values where the
     regime needs its own (a chunk that must keep the sequence padded or not, :mod:`.chunkregimes`), None
-    otherwise."""
+    otherwise; ``seq``: the sequence length its probes are recorded at, where not the learner's (several chunks of a
+    constant chunk, :mod:`.chunkregime`)."""
 
     def __init__(self, name: str, when: str | None, setup=None, couple=None, valid=None, fixed: tuple[str, ...] = (),
-                 alts=None) -> None:
+                 alts=None, seq: int | None = None) -> None:
         self.name = name
+        self.seq = seq
         self.when = when
         self.setup = setup or (lambda cfg, b, s: cfg)
         self.couple = couple or (lambda cfg: cfg)
@@ -554,7 +557,7 @@ def symbolize(cuts: list[Cut], fitter: Fitter, log, skip: set[int] = frozenset()
         reps = []
         for j, block in enumerate(seg.get("rep", ())):
             try:
-                reps.append(fitter.fit([s["rep"][j]["count"] for s in segs]))
+                reps.append(fit_count(fitter, [s["rep"][j]["count"] for s in segs]))
             except (FitError, IndexError, KeyError) as e:
                 raise LearnError(f"segment {seg['kind']} {seg['layer']}: the count of repeated block {j} "
                                  f"(op {block['first']}): {e}") from None
@@ -1204,7 +1207,8 @@ def _combine(regs: list[Regime]) -> Regime:
 
     when = " and ".join(f"({r.when})" for r in regs if r.when) or None
     fixed = tuple(x for r in regs for x in r.fixed)
-    return Regime("+".join(r.name for r in regs) or "base", when, setup, couple, valid, fixed, alts)
+    seq = max((r.seq for r in regs if r.seq), default=None)
+    return Regime("+".join(r.name for r in regs) or "base", when, setup, couple, valid, fixed, alts, seq)
 
 
 learn_full = learner.learn_full

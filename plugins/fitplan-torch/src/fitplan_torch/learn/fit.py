@@ -32,6 +32,8 @@ import math
 from fractions import Fraction
 from typing import Any
 
+from .chunkregime import chunked_product
+
 COEFFS = {Fraction(c) for c in (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)} | {Fraction(1, 2), Fraction(1, 4), Fraction(3, 2),
                                                                   Fraction(3, 4)}
 
@@ -271,6 +273,9 @@ class Fitter:
         if best is not None:
             return best
         best = self._padded(deps, y)
+        if best is not None:
+            return best
+        best = chunked_product(self, deps, y)
         if best is not None:
             return best
         return self._wider(deps, y)

@@ -78,7 +78,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
                  known: dict[str, Any] | None) -> ModelRecord:
     """Phase 1: the base config, the layer pattern, the supported variants, the regime switches and the structural
     flags (each found by recording the model)."""
-    from . import chunkregimes, configrules, patterns, sizeregimes
+    from . import chunkregime, chunkregimes, configrules, patterns, sizeregimes
     from . import derive as D
 
     model_type = config["model_type"]
@@ -109,6 +109,8 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     switches += [pow2] if pow2 else []
     chunk = chunkregimes.padded_chunk(base, variables, supported[0], b, s, log) if regimes else None
     switches += [chunk] if chunk else []
+    chunks = chunkregime.chunk_switch(base, supported[0], b, s, log) if regimes else None
+    switches += [chunks] if chunks else []
     others = tuple(v for v in supported if v[1] != supported[0][1])[:1]
     flags = D.structural_flags(base, supported[0], b, s, log, cls, known, others,
                                skip=set(variables) | {n for sw in switches for r in sw for n in D._names(r.when)})
@@ -201,7 +203,7 @@ def derive_variants(rec: ModelRecord, *, log, b: int, s: int, first_only: bool) 
         for combos in list(classes.values())[:1] if first_only else classes.values():
             reg = _class_regime(rec, combos, len(classes))
             bb = 1 if "b" in reg.fixed else b
-            res = D.learn_variant(vbase, rec.variables, precision, attn, reg, bb, s, log, pf, refs=learned)
+            res = D.learn_variant(vbase, rec.variables, precision, attn, reg, bb, reg.seq or s, log, pf, refs=learned)
             learned.append(res)
             res["variables"] = rec.variables
             rec.results[(precision, attn, reg.name)] = res
@@ -283,9 +285,9 @@ def _regime_classes(rec: ModelRecord, vbase: dict[str, Any], precision: str, att
     classes: dict[str, list[tuple[Any, ...]]] = {}
     for combo in itertools.product(*rec.switches):
         reg = D._combine(list(combo))
-        bb = 1 if "b" in reg.fixed else b
+        bb, ss = 1 if "b" in reg.fixed else b, reg.seq or s
         try:
-            sig = D.signature(D.run(reg.setup(vbase, bb, s), precision, attn, bb, s))
+            sig = D.signature(D.run(reg.setup(vbase, bb, ss), precision, attn, bb, ss))
         except Exception as e:  # noqa: BLE001 - a combination this model cannot take
             log(f"    regime {reg.name} not learnable: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
             continue
