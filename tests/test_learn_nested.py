@@ -92,30 +92,70 @@ def test_rows_of_the_first_expert_with_the_expert_count_held():
     assert compile_expr("b*s*moe_top_k//moe_num_experts")(held_out) != 16
 
 
-def test_an_unfolded_expert_loop_is_refused():
-    """DBRX loops over the experts hit (``for expert_idx in expert_hit``, modeling_dbrx.py): with the routing fixed,
-    4 and 8 experts record different ops (measured), so the count is held and the learner refuses, naming the loop."""
-    pytest.importorskip("torch")
+def _dbrx_recordings(accumulate: bool = True):
+    """Tiny DBRX recorded with 4 and 8 experts under the learner's balanced routing (b = 2, s = 8, top-2)."""
     from fitplan_torch.learn import derive as D
+    from fitplan_torch.learn import fold as F
     from fitplan_torch.learn import routing
 
     base = _dbrx_resolved()
     D.NESTED.clear()
     routing.FORCED.clear()
+    D.RECENT.items.clear()
+    real = F._accumulates
     try:
+        if not accumulate:
+            F._accumulates = lambda *a: set()
         D.NESTED.update(D.nested_variables(base))
         routing.FORCED.update({"experts": "moe_num_experts", "top_k": "moe_top_k"})
-        sigs = []
+        recs = []
         for e in (4, 8):
             cfg = dict(base)
             D.put_var(cfg, "moe_num_experts", e)
-            sigs.append(D.signature(D.run(cfg, "16", "sdpa", 2, 8)))
-        assert sigs[0] != sigs[1]
+            recs.append(D.run(cfg, "16", "sdpa", 2, 8))
+        return recs
+    finally:
+        F._accumulates = real
+        D.NESTED.clear()
+        routing.FORCED.clear()
+        D.RECENT.items.clear()
+
+
+def test_the_expert_loop_folds_to_one_block():
+    """DBRX loops over the experts hit (``for expert_idx in expert_hit``, modeling_dbrx.py ``DbrxExperts``), each
+    block adding its rows back into ``next_states`` with ``index_add_``. Folded (fold.py, the in-place form), 4 and
+    8 experts record the same ops; each layer has one repeated block run once per expert, whose ``nonzero`` (the
+    expert's (slot, token) pairs) has the rows torch's own top-k routes to expert 0 (8 and 4 of k·b·s = 32).
+    Control: without the in-place form the two counts record different ops (the refusal before this fold)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive as D
+
+    recs = _dbrx_recordings()
+    assert D.signature(recs[0]) == D.signature(recs[1])
+    for rec, e in zip(recs, (4, 8)):
+        assert [r["count"] for r in rec.repeats] == [e, e]  # n_layers = 2, one loop each
+        r = rec.repeats[0]
+        body = rec.ops[r["first"]:r["first"] + r["len"]]
+        rows = [rec.tensors[o["outs"][0]]["shape"][0] for o in body if o["name"] == "nonzero"]
+        assert rows == [_first_expert_rows(2, 8, 2, e)] == [32 // e]
+        written = [o for o in body if o["name"] == "index_add_"]
+        assert len(written) == 1 and written[0]["outs"][0] not in r["each"]  # the accumulator is no repetition's own
+    unfolded = _dbrx_recordings(accumulate=False)
+    assert D.signature(unfolded[0]) != D.signature(unfolded[1])
+
+
+def test_a_held_expert_count_with_an_unfolded_loop_is_refused():
+    """A loop the fold cannot take still holds the expert count; the learner then refuses, naming the loop."""
+    from fitplan_torch.learn import derive as D
+    from fitplan_torch.learn import routing
+
+    routing.FORCED.clear()
+    try:
+        routing.FORCED.update({"experts": "moe_num_experts", "top_k": "moe_top_k"})
         with pytest.raises(D.LearnError, match="Python loop"):
             routing.refuse_held_experts({"moe_num_experts": 4})
         routing.refuse_held_experts({"kv_n_heads": 2})  # another held size: no refusal
     finally:
-        D.NESTED.clear()
         routing.FORCED.clear()
 
 
