@@ -357,3 +357,62 @@ def test_the_core_reads_each_layer_s_own_shape():
     assert got == {"model.layers.0.self_attn.o_proj.weight": (h, h), "model.layers.1.self_attn.o_proj.weight": (h, 8)}
     assert af.param_entry(row[0], {**env, "i": 1})[1] == [row[1][0], "8"]
     assert af.param_entry(row[0], {**env, "i": 0})[3] == ["A"]
+
+
+def _tiny_longcat():
+    from fitplan_torch.learn import derive as D
+
+    return D.hf_config({"model_type": "longcat_flash", "hidden_size": 32, "num_layers": 1, "num_attention_heads": 2,
+                        "num_key_value_heads": 2, "vocab_size": 64, "ffn_hidden_size": 48, "q_lora_rank": 16,
+                        "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
+                        "moe_topk": 2, "n_routed_experts": 4, "zero_expert_num": 2, "expert_ffn_hidden_size": 24})
+
+
+def test_a_router_that_returns_its_indices_is_fixed_by_them():
+    """LongCat-Flash's router is no ``nn.Linear``: it scores ``n_routed_experts + zero_expert_num`` choices with
+    ``F.linear`` on its ``classifier``'s weight and returns ``(logits, weights, indices)`` (transformers 5.24
+    modeling_longcat_flash.py ``LongcatFlashTopkRouter``). Fixed by its indices, token t's j-th choice is
+    ``(t·k + j) mod E`` over the 4 experts: every expert gets k·T/E = 2·16/4 = 8 rows (counted by hand from that
+    rule) and the 2 identity ("zero") experts none. Control: without the hook the random router sends rows to the
+    zero experts (measured), so the hook is what sets the counts."""
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    from fitplan_torch.learn import routing
+
+    config = _tiny_longcat()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    found = routing.index_routers(model, 4)
+    assert [type(m).__name__ for m in found] == ["LongcatFlashTopkRouter"]
+    assert routing.routers(model, 4) == []  # no nn.Linear router with 4 outputs: the classifier has 6
+    hidden = torch.randn(1, 16, 32)
+
+    def counts():
+        return torch.bincount(found[0](hidden)[2].flatten(), minlength=6).tolist()
+
+    with routing.balanced(model, {"n_routed_experts": 4, "moe_topk": 2}) as fixed:
+        assert fixed
+        assert counts() == [8, 8, 8, 8, 0, 0]
+    free = counts()
+    assert sum(free) == 32 and free[4] + free[5] > 0
+
+
+def test_grouped_mm_experts_state_no_routing():
+    """Routers fixed by their indices state the routing only where a segment runs an op the data sizes (the experts
+    -hit loop's ``nonzero``); ``grouped_mm`` experts size every tensor by k·T rows, so Mixtral's file states none.
+    Control: a router fixed through its ``nn.Linear`` scores (JetMoE's) always states it."""
+    from fitplan_torch.learn import routing
+
+    seg_loop = {"layer": {"ops": [["nonzero", [], ["t3"]], ["index_add_", [], ["t1"]]]}}
+    seg_grouped = {"layer": {"ops": [["histc", [], ["t3"]], ["_grouped_mm", [], ["t4"]]]}}
+    routing.FORCED.clear()
+    try:
+        routing.FORCED.update({"experts": "num_local_experts", "top_k": "num_experts_per_tok", "by": "indices"})
+        assert routing.sizes_the_step(seg_loop) and not routing.sizes_the_step(seg_grouped)
+        routing.FORCED.pop("by")
+        assert routing.sizes_the_step(seg_grouped)
+        routing.FORCED.clear()
+        assert not routing.sizes_the_step(seg_loop)
+    finally:
+        routing.FORCED.clear()
