@@ -416,3 +416,21 @@ def test_grouped_mm_experts_state_no_routing():
         assert not routing.sizes_the_step(seg_loop)
     finally:
         routing.FORCED.clear()
+
+
+def test_a_layer_count_no_config_states_is_refused_by_name():
+    """LongcatFlashConfig's ``num_hidden_layers`` is a property, ``2 * num_layers`` (configuration_longcat_flash.py),
+    absent from the config's dict: a file reading it would have no layer count (the verification crashed with
+    ``int(None)``). The learner refuses, naming the field. Control: Llama's, stated in the config, is mapped."""
+    from transformers import LlamaConfig, LongcatFlashConfig
+
+    from fitplan_torch.learn import configrules as C
+    from fitplan_torch.learn import derive as D
+
+    fields = {k: {"type": "int"} for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")}
+    resolved = _tiny_longcat().to_dict()
+    assert resolved.get("num_hidden_layers") is None and resolved["num_layers"] == 1
+    with pytest.raises(D.LearnError, match="LongcatFlashConfig.num_hidden_layers"):
+        C.spec_map(resolved, LongcatFlashConfig, fields)
+    llama = D.hf_config({"model_type": "llama", "num_hidden_layers": 2}).to_dict()
+    assert C.spec_map(llama, LlamaConfig, fields)["num_hidden_layers"] == "num_hidden_layers"
