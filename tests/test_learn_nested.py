@@ -92,30 +92,70 @@ def test_rows_of_the_first_expert_with_the_expert_count_held():
     assert compile_expr("b*s*moe_top_k//moe_num_experts")(held_out) != 16
 
 
-def test_an_unfolded_expert_loop_is_refused():
-    """DBRX loops over the experts hit (``for expert_idx in expert_hit``, modeling_dbrx.py): with the routing fixed,
-    4 and 8 experts record different ops (measured), so the count is held and the learner refuses, naming the loop."""
-    pytest.importorskip("torch")
+def _dbrx_recordings(accumulate: bool = True):
+    """Tiny DBRX recorded with 4 and 8 experts under the learner's balanced routing (b = 2, s = 8, top-2)."""
     from fitplan_torch.learn import derive as D
+    from fitplan_torch.learn import fold as F
     from fitplan_torch.learn import routing
 
     base = _dbrx_resolved()
     D.NESTED.clear()
     routing.FORCED.clear()
+    D.RECENT.items.clear()
+    real = F._accumulates
     try:
+        if not accumulate:
+            F._accumulates = lambda *a: set()
         D.NESTED.update(D.nested_variables(base))
         routing.FORCED.update({"experts": "moe_num_experts", "top_k": "moe_top_k"})
-        sigs = []
+        recs = []
         for e in (4, 8):
             cfg = dict(base)
             D.put_var(cfg, "moe_num_experts", e)
-            sigs.append(D.signature(D.run(cfg, "16", "sdpa", 2, 8)))
-        assert sigs[0] != sigs[1]
+            recs.append(D.run(cfg, "16", "sdpa", 2, 8))
+        return recs
+    finally:
+        F._accumulates = real
+        D.NESTED.clear()
+        routing.FORCED.clear()
+        D.RECENT.items.clear()
+
+
+def test_the_expert_loop_folds_to_one_block():
+    """DBRX loops over the experts hit (``for expert_idx in expert_hit``, modeling_dbrx.py ``DbrxExperts``), each
+    block adding its rows back into ``next_states`` with ``index_add_``. Folded (fold.py, the in-place form), 4 and
+    8 experts record the same ops; each layer has one repeated block run once per expert, whose ``nonzero`` (the
+    expert's (slot, token) pairs) has the rows torch's own top-k routes to expert 0 (8 and 4 of k·b·s = 32).
+    Control: without the in-place form the two counts record different ops (the refusal before this fold)."""
+    pytest.importorskip("torch")
+    from fitplan_torch.learn import derive as D
+
+    recs = _dbrx_recordings()
+    assert D.signature(recs[0]) == D.signature(recs[1])
+    for rec, e in zip(recs, (4, 8)):
+        assert [r["count"] for r in rec.repeats] == [e, e]  # n_layers = 2, one loop each
+        r = rec.repeats[0]
+        body = rec.ops[r["first"]:r["first"] + r["len"]]
+        rows = [rec.tensors[o["outs"][0]]["shape"][0] for o in body if o["name"] == "nonzero"]
+        assert rows == [_first_expert_rows(2, 8, 2, e)] == [32 // e]
+        written = [o for o in body if o["name"] == "index_add_"]
+        assert len(written) == 1 and written[0]["outs"][0] not in r["each"]  # the accumulator is no repetition's own
+    unfolded = _dbrx_recordings(accumulate=False)
+    assert D.signature(unfolded[0]) != D.signature(unfolded[1])
+
+
+def test_a_held_expert_count_with_an_unfolded_loop_is_refused():
+    """A loop the fold cannot take still holds the expert count; the learner then refuses, naming the loop."""
+    from fitplan_torch.learn import derive as D
+    from fitplan_torch.learn import routing
+
+    routing.FORCED.clear()
+    try:
+        routing.FORCED.update({"experts": "moe_num_experts", "top_k": "moe_top_k"})
         with pytest.raises(D.LearnError, match="Python loop"):
             routing.refuse_held_experts({"moe_num_experts": 4})
         routing.refuse_held_experts({"kv_n_heads": 2})  # another held size: no refusal
     finally:
-        D.NESTED.clear()
         routing.FORCED.clear()
 
 
@@ -317,3 +357,80 @@ def test_the_core_reads_each_layer_s_own_shape():
     assert got == {"model.layers.0.self_attn.o_proj.weight": (h, h), "model.layers.1.self_attn.o_proj.weight": (h, 8)}
     assert af.param_entry(row[0], {**env, "i": 1})[1] == [row[1][0], "8"]
     assert af.param_entry(row[0], {**env, "i": 0})[3] == ["A"]
+
+
+def _tiny_longcat():
+    from fitplan_torch.learn import derive as D
+
+    return D.hf_config({"model_type": "longcat_flash", "hidden_size": 32, "num_layers": 1, "num_attention_heads": 2,
+                        "num_key_value_heads": 2, "vocab_size": 64, "ffn_hidden_size": 48, "q_lora_rank": 16,
+                        "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
+                        "moe_topk": 2, "n_routed_experts": 4, "zero_expert_num": 2, "expert_ffn_hidden_size": 24})
+
+
+def test_a_router_that_returns_its_indices_is_fixed_by_them():
+    """LongCat-Flash's router is no ``nn.Linear``: it scores ``n_routed_experts + zero_expert_num`` choices with
+    ``F.linear`` on its ``classifier``'s weight and returns ``(logits, weights, indices)`` (transformers 5.24
+    modeling_longcat_flash.py ``LongcatFlashTopkRouter``). Fixed by its indices, token t's j-th choice is
+    ``(t·k + j) mod E`` over the 4 experts: every expert gets k·T/E = 2·16/4 = 8 rows (counted by hand from that
+    rule) and the 2 identity ("zero") experts none. Control: without the hook the random router sends rows to the
+    zero experts (measured), so the hook is what sets the counts."""
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    from fitplan_torch.learn import routing
+
+    config = _tiny_longcat()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    found = routing.index_routers(model, 4)
+    assert [type(m).__name__ for m in found] == ["LongcatFlashTopkRouter"]
+    assert routing.routers(model, 4) == []  # no nn.Linear router with 4 outputs: the classifier has 6
+    hidden = torch.randn(1, 16, 32)
+
+    def counts():
+        return torch.bincount(found[0](hidden)[2].flatten(), minlength=6).tolist()
+
+    with routing.balanced(model, {"n_routed_experts": 4, "moe_topk": 2}) as fixed:
+        assert fixed
+        assert counts() == [8, 8, 8, 8, 0, 0]
+    free = counts()
+    assert sum(free) == 32 and free[4] + free[5] > 0
+
+
+def test_grouped_mm_experts_state_no_routing():
+    """Routers fixed by their indices state the routing only where a segment runs an op the data sizes (the experts
+    -hit loop's ``nonzero``); ``grouped_mm`` experts size every tensor by k·T rows, so Mixtral's file states none.
+    Control: a router fixed through its ``nn.Linear`` scores (JetMoE's) always states it."""
+    from fitplan_torch.learn import routing
+
+    seg_loop = {"layer": {"ops": [["nonzero", [], ["t3"]], ["index_add_", [], ["t1"]]]}}
+    seg_grouped = {"layer": {"ops": [["histc", [], ["t3"]], ["_grouped_mm", [], ["t4"]]]}}
+    routing.FORCED.clear()
+    try:
+        routing.FORCED.update({"experts": "num_local_experts", "top_k": "num_experts_per_tok", "by": "indices"})
+        assert routing.sizes_the_step(seg_loop) and not routing.sizes_the_step(seg_grouped)
+        routing.FORCED.pop("by")
+        assert routing.sizes_the_step(seg_grouped)
+        routing.FORCED.clear()
+        assert not routing.sizes_the_step(seg_loop)
+    finally:
+        routing.FORCED.clear()
+
+
+def test_a_layer_count_no_config_states_is_refused_by_name():
+    """LongcatFlashConfig's ``num_hidden_layers`` is a property, ``2 * num_layers`` (configuration_longcat_flash.py),
+    absent from the config's dict: a file reading it would have no layer count (the verification crashed with
+    ``int(None)``). The learner refuses, naming the field. Control: Llama's, stated in the config, is mapped."""
+    from transformers import LlamaConfig, LongcatFlashConfig
+
+    from fitplan_torch.learn import configrules as C
+    from fitplan_torch.learn import derive as D
+
+    fields = {k: {"type": "int"} for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")}
+    resolved = _tiny_longcat().to_dict()
+    assert resolved.get("num_hidden_layers") is None and resolved["num_layers"] == 1
+    with pytest.raises(D.LearnError, match="LongcatFlashConfig.num_hidden_layers"):
+        C.spec_map(resolved, LongcatFlashConfig, fields)
+    llama = D.hf_config({"model_type": "llama", "num_hidden_layers": 2}).to_dict()
+    assert C.spec_map(llama, LlamaConfig, fields)["num_hidden_layers"] == "num_hidden_layers"

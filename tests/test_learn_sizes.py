@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from fitplan import FitplanError
+from fitplan.arch.archexpr import compile_expr
 
 
 def _defaults(model_type: str) -> dict:
@@ -194,3 +195,27 @@ def test_a_layer_count_named_n_layers_is_cut():
     assert cfg["n_layers"] == 24
     out = shrunk_config(cfg)
     assert out["n_layers"] < 24 and hf_config(out).num_hidden_layers == out["n_layers"]
+
+
+def test_a_width_rounded_up_to_a_multiple_of_a_field():
+    """xLSTM's feed-forward width: ``round_up_to_next_multiple_of(hidden_size * ffn_proj_factor,
+    ffn_round_up_to_multiple_of)`` (transformers 5.24 configuration_xlstm.py), the values computed with that
+    function itself. The multiple's own probe (64 -> 96) and the factor's (2.667 -> 2.5) leave the width at 192, so
+    the size depends on ``hidden_size`` alone by the probes; the joint probe moves all three. The fit, at a held-out
+    config, gives the function's value there. Control: the plain ``int(f·h)`` does not fit (the rounding is
+    there), nor does the rounding with the multiple held at the base's 64 (the joint probe's 48 shows)."""
+    from fitplan_torch.learn.fit import Fitter
+    from transformers.models.xlstm.configuration_xlstm import round_up_to_next_multiple_of as up
+
+    probes = [(64, 64, 2.667), (96, 64, 2.667), (64, 96, 2.667), (64, 64, 2.5), (80, 48, 3.0)]  # base, singles, joint
+    env = [{"b": 1, "s": 16, "hidden_size": h, "ffn_round_up_to_multiple_of": m, "ffn_proj_factor": f}
+           for h, m, f in probes]
+    y = [up(h * f, m) for h, m, f in probes]
+    assert y == [192, 256, 192, 192, 240]  # by hand: 170.7 -> 192, 256.03 -> 256 (x + m - 1 floored), 170.7 -> 192, 160 -> 192, 240
+    single = {"hidden_size": 1, "ffn_round_up_to_multiple_of": 2, "ffn_proj_factor": 3}
+    fitter = Fitter(env, single, ["ffn_proj_factor"])
+    expr = fitter.fit(y)
+    held_out = {"b": 1, "s": 16, "hidden_size": 200, "ffn_round_up_to_multiple_of": 72, "ffn_proj_factor": 2.667}
+    assert compile_expr(expr)(held_out) == up(200 * 2.667, 72) == 576
+    assert not fitter.check("int(ffn_proj_factor*hidden_size)", tuple(y))
+    assert not fitter.check("64*ceil_div(int(ffn_proj_factor*hidden_size), 64)", tuple(y))

@@ -508,4 +508,12 @@ def spec_map(resolved: dict[str, Any], cls, fields: dict[str, Any], held: dict[s
         out["num_experts_per_tok"] = "num_experts_per_tok"
     if "moe_intermediate_size" in fields:
         out["moe_intermediate_size"] = "moe_intermediate_size"
+    layers = out.get("num_hidden_layers")
+    if layers and layers.isidentifier() and resolved.get(layers) is None:
+        from .derive import LearnError
+
+        # LongcatFlashConfig's num_hidden_layers is a property, 2 * num_layers (each decoder layer holds two
+        # attention sublayers), stated in no config.json: the file would have no layer count
+        raise LearnError(f"the layer count: {cls.__name__}.{layers} has no value in the config (a property that "
+                         "follows no single field); the file cannot count its layers")
     return out

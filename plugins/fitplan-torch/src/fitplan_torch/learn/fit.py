@@ -15,9 +15,10 @@ order, for the simplest expression over exactly those variables that reproduces 
 5. ``C // v``, a held size over one variable (Mamba-2's heads per group with the heads held);
 6. a sum of three terms, each a small integer times a product of at most two fields (Mamba-2's ``in_proj``),
    then the same plus or minus 1 or 2 (ZAYA's convolution pad ``s + cca_time0 + cca_time1 - 2``);
-7. a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
+7. a width rounded up to a multiple of a field, ``d·ceil_div(x, d)`` (xLSTM's ``round_up_to_next_multiple_of``);
+8. a power of two near one variable (``pow2_floor(n_head)``, ``n_head - pow2_floor(n_head)``: ALiBi's
    slopes for a head count that is no power of two, learned in their own regime, :mod:`.sizeregimes`);
-8. last, a product of the variables divided by a field the learner held (DBRX's ``d_model//n_heads//2``).
+9. last, a product of the variables divided by a field the learner held (DBRX's ``d_model//n_heads//2``).
 
 A strided slice's length is written from the slice's own bounds before any of these (:mod:`.slicesizes`).
 
@@ -333,6 +334,9 @@ class Fitter:
             cand = self._sum3(deps, tuple(v - off for v in y))
             if cand is not None and self.check(f"{cand} {'-' if off < 0 else '+'} {abs(off)}", y):
                 return f"{cand} {'-' if off < 0 else '+'} {abs(off)}"
+        cand = self._round_up(deps, y)
+        if cand is not None:
+            return cand
         cand = self._pow2(deps, y)  # last: only where no arithmetic of the sizes fits
         if cand is not None:
             return cand
@@ -377,6 +381,28 @@ class Fitter:
                     expr = wrap.format(m=m, h=h)
                     if self.check(expr, y):
                         return expr
+        return None
+
+    def _round_up(self, deps: frozenset, y: tuple[int, ...]) -> str | None:
+        """``d·ceil_div(x, d)``: a width rounded up to a multiple of a field ``d``, ``x`` a monomial over the size's
+        variables or ``int(f·monomial)`` for a float field f. xLSTM's feed-forward width
+        (transformers 5.24 configuration_xlstm.py ``round_up_to_next_multiple_of(hidden_size * ffn_proj_factor,
+        ffn_round_up_to_multiple_of)``, ``int(((x + m - 1) // m) * m)``, equal to ``m·ceil_div(int(x), m)`` for an
+        integer m). Neither ``d`` nor ``f`` need be among the size's variables: their own probes may leave the
+        rounded width where it was (64 -> 96 rounds 171 to 192 both times); the joint probes, where every
+        variable moves, are what tell the expression."""
+        ints = sorted(k for k, v in self.env[0].items() if k not in ("b", "s") and type(v) is int and v > 1
+                      and k not in deps)
+        inner = []
+        for mono, _ in self.monos(deps, True):
+            if mono and all(p > 0 for _, p in mono):
+                inner.append(_fmt_mono(mono))
+                inner += [f"int({f}*{_fmt_mono(mono)})" for f in self.floats]
+        for x in inner:
+            for d in ints:
+                expr = f"{d}*ceil_div({x}, {d})"
+                if self.check(expr, y):
+                    return expr
         return None
 
     def _sum3(self, deps: frozenset, y: tuple[int, ...]) -> str | None:

@@ -8,6 +8,23 @@ StableLM's per-head q/k LayerNorm (transformers 5.24 ``modeling_stablelm.py`` ``
 
 records ``split`` with ``k`` outputs, ``k`` identical blocks (block ``j`` reads output ``j`` and the ``j``-th
 module's parameters, ``norms.<j>.weight``) and one op that takes the ``k`` blocks' results as a list (``cat``).
+
+A loop over the experts a router hit hands its blocks' results on in place instead. DBRX's experts (transformers
+5.24 ``modeling_dbrx.py`` ``DbrxExperts.forward``; LongCat-Flash's and the eager path of the ``grouped_mm``
+experts, ``integrations/moe.py``, read alike)::
+
+    next_states = torch.zeros_like(hidden_states)
+    expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+    for expert_idx in expert_hit:                                     # unbind.int: one output per expert hit
+        idx, token_idx = torch.where(expert_mask[expert_idx])
+        states = self.mlp(hidden_states[token_idx], w1, v1, w2)       # the expert's rows
+        next_states.index_add_(0, token_idx, states * weights)        # written in place, no list consumer
+
+records ``unbind`` with one output per expert hit and one block per output that ends writing ``next_states`` in
+place (:func:`_accumulates`). Every block writes the same tensor, made before the loop, so the folded block reads
+and writes it as it is in each repetition, and nothing after the loop names a block's own tensors. With the
+routing the learner declares (:mod:`.routing`: every expert is hit, each with ``k·b·s/E`` rows rounded up) the
+blocks have the same ops, block 0 the most rows.
 :func:`fold` keeps block 0 and says so in ``rec.repeats`` (its position, length, count and the tensors that
 exist once per repetition); the parameters of block 0 are renamed with ``{h}`` for the repetition
 (``norms.{h}.weight``) and counted in ``rec.param_repeats``. Probes at other head counts then record the same
@@ -24,6 +41,8 @@ from .record import Recording
 
 MAX_BODY = 16
 """The longest loop body looked for (StableLM's is one op: ``native_layer_norm``)."""
+MAX_ACC_BODY = 64
+"""The longest body of a loop that writes its result in place (DBRX's expert is 27 ops)."""
 H = "{h}"
 
 
@@ -39,7 +58,7 @@ def fold(rec: Recording, params_meta: dict[str, Any] | None = None) -> Recording
             i += 1
             continue
         blocks.append(found)
-        i = found["consumer"] + 1
+        i = found["end"]
     if not blocks:
         return rec
     removed: set[int] = set()
@@ -51,15 +70,16 @@ def fold(rec: Recording, params_meta: dict[str, Any] | None = None) -> Recording
 
 def _block_at(rec: Recording, i: int) -> dict[str, Any] | None:
     """The loop at op ``i`` (an op with k >= 2 outputs), or None: the k blocks after it have the same ops, block
-    ``j`` reads output ``j`` only, and the op after them takes the k blocks' results (same position) as a list."""
+    ``j`` reads output ``j`` only, and the op after them takes the k blocks' results (same position) as a list, or
+    every block writes its result in place into the same tensors made before the loop (:func:`_accumulates`)."""
     op = rec.ops[i]
     outs = op["outs"]
     k = len(outs)
     if k < 2 or op.get("pseudo"):
         return None
-    for length in range(1, MAX_BODY + 1):
+    for length in range(1, MAX_ACC_BODY + 1):
         c = i + 1 + k * length
-        if c >= len(rec.ops):
+        if c > len(rec.ops):
             return None
         blocks = [rec.ops[i + 1 + j * length: i + 1 + (j + 1) * length] for j in range(k)]
         if any(_shape(b) != _shape(blocks[0]) for b in blocks[1:]):
@@ -67,16 +87,52 @@ def _block_at(rec: Recording, i: int) -> dict[str, Any] | None:
         if not all(_reads_only(b, outs, j) for j, b in enumerate(blocks)):
             continue
         made = [[t for o in b for t in o["outs"]] for b in blocks]
+        site = any(o.get("site") is not None for b in blocks for o in b)
+        written = set() if site else _accumulates(rec, i, blocks, made)
+        if written:
+            return {"split": i, "first": i + 1, "len": length, "count": k, "consumer": None, "end": c,
+                    "blocks": blocks, "made": [[t for t in m if t not in written] for m in made]}
+        if length > MAX_BODY or c >= len(rec.ops):
+            continue
         consumer = rec.ops[c]
         lists = [v for _, v in consumer["args"] if isinstance(v, list) and len(v) == k]
         for v in lists:
             pos = [made[j].index(t) if t in made[j] else -1 for j, t in enumerate(v)]
             if pos[0] >= 0 and all(p == pos[0] for p in pos):
-                if any(o.get("site") is not None for b in blocks for o in b):
+                if site:
                     return None  # an nn.Linear in the loop: not folded (sites are not repeated by the learner)
-                return {"split": i, "first": i + 1, "len": length, "count": k, "consumer": c, "blocks": blocks,
-                        "made": made}
+                return {"split": i, "first": i + 1, "len": length, "count": k, "consumer": c, "end": c + 1,
+                        "blocks": blocks, "made": made}
     return None
+
+
+def _accumulates(rec: Recording, i: int, blocks: list[list[dict[str, Any]]], made: list[list[int]]) -> set[int]:
+    """The tensors every block writes in place (the same ones in each, made before op ``i``), where that is how the
+    blocks hand their result on: no block reads another block's tensors, and nothing after the loop reads a
+    block's own; else the empty set."""
+    def written(block: list[dict[str, Any]]) -> set[int]:
+        return {t for o in block if o.get("inplace") for t in o["outs"]
+                if any(t in (v if isinstance(v, list) else [v]) for _, v in o["args"])}
+
+    acc = written(blocks[0])
+    if not acc or any(written(b) != acc for b in blocks[1:]):
+        return set()
+    before = {t for o in rec.ops[:i] for t in o["outs"]}
+    if not acc <= before:
+        return set()
+    own = [set(m) - acc for m in made]
+    for j, b in enumerate(blocks):
+        others = set().union(*(own[n] for n in range(len(blocks)) if n != j))
+        if any(t in others for o in b for _, v in o["args"] for t in (v if isinstance(v, list) else [v])):
+            return set()
+    mine = set().union(*own)
+    end = i + 1 + len(blocks) * len(blocks[0])
+    for o in rec.ops[end:]:
+        if any(t in mine for _, v in o["args"] for t in (v if isinstance(v, list) else [v])):
+            return set()
+    if mine & {rec.loss, rec.logits, rec.embed_out}:
+        return set()
+    return acc
 
 
 def _shape(block: list[dict[str, Any]]) -> list[Any]:
@@ -92,15 +148,16 @@ def _fold_one(rec: Recording, b: dict[str, Any], removed: set[int]) -> None:
     split = rec.ops[b["split"]]
     k, length = b["count"], b["len"]
     each = [split["outs"][0]] + b["made"][0]
-    consumer = rec.ops[b["consumer"]]
-    keep = set(b["made"][0])
-    consumer["args"] = [(a, [t for t in v if t in keep] if isinstance(v, list) and len(v) == k else v)
-                        for a, v in consumer["args"]]
+    if b["consumer"] is not None:
+        consumer = rec.ops[b["consumer"]]
+        keep = set(b["made"][0])
+        consumer["args"] = [(a, [t for t in v if t in keep] if isinstance(v, list) and len(v) == k else v)
+                            for a, v in consumer["args"]]
     split["outs"] = [split["outs"][0]]
     names = {tid: name for name, tid in rec.params.items()}
     for pos, op0 in enumerate(b["blocks"][0]):
         for ai, (_, v0) in enumerate(op0["args"]):
-            if v0 not in names:
+            if isinstance(v0, list) or v0 not in names:
                 continue
             others = [b["blocks"][j][pos]["args"][ai][1] for j in range(1, k)]
             tmpl = _template(names[v0], [names.get(t) for t in others])

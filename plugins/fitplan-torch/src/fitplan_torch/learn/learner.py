@@ -173,8 +173,10 @@ def _fix_routing(base: dict[str, Any], model, log) -> None:
     from . import derive as D
 
     names = routing.fields(base)
-    if names and routing.routers(model, D.get_var(base, names[0])) and not routing.FORCED:
-        routing.FORCED.update({"experts": names[0], "top_k": names[1]})
+    linear = bool(names) and bool(routing.routers(model, D.get_var(base, names[0])))
+    by_index = bool(names) and not linear and bool(routing.index_routers(model, D.get_var(base, names[0])))
+    if (linear or by_index) and not routing.FORCED:
+        routing.FORCED.update({"experts": names[0], "top_k": names[1], **({"by": "indices"} if by_index else {})})
         log(f"  routers fixed to balanced routing while recording ({names[1]} of {names[0]} experts per token)")
 
 
@@ -397,7 +399,7 @@ def _assumed(skipping: list[str], segments: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {k: {"value": 0.0, "why": LAYERDROP_WHY} for k in skipping}
     if any(r.get("carry") for seg in segments.values() for r in seg.get("rep", ())):
         out["scan"] = {"value": "reference", "why": SCAN_WHY, "always": True}
-    if routing.FORCED:
+    if routing.sizes_the_step(segments):
         out["routing"] = {"value": "balanced", "why": routing.ROUTING_WHY, "always": True}
     return {"assumed": out} if out else {}
 

@@ -14,6 +14,16 @@ into one repeated block (:mod:`.fold`), expert 0's, whose rows fit ``ceil_div(k�
 core repeats it E times, at most E - 1 rows more than k·T. The total rows, k·T, are the routing's own, so the
 saved activations summed over experts are what any routing saves; what balanced routing sets is each expert's
 transient, from k·T/E rows (balanced) up to T (every token on one expert).
+
+A router that is no ``nn.Linear`` is fixed by what it returns instead (:func:`index_routers`): DeepSeek-V4's
+``DeepseekV4TopKRouter`` holds a raw ``weight`` and its ``DeepseekV4HashRouter`` looks the experts up in a
+``tid2eid[input_ids]`` buffer; LongCat-Flash's ``LongcatFlashTopkRouter`` scores ``n_routed_experts +
+zero_expert_num`` choices with ``F.linear`` on its ``classifier``'s weight (its forward never calls the module).
+Each returns ``(logits, weights, indices)``, the top-k expert indices a ``(tokens, k)`` integer tensor (transformers
+5.24 modeling_deepseek_v4.py, modeling_longcat_flash.py); the learner overwrites them with the balanced choices
+``(t·k + j) mod E`` over the config's E experts. LongCat-Flash's extra choices, its identity ("zero") experts
+(``LongcatFlashExperts``: ``expert_idx >= num_routed_experts`` returns its rows unchanged), then receive no row:
+a choice of one costs a copy of its rows where an expert's costs its MLP, so the file counts an upper bound.
 """
 
 from __future__ import annotations
@@ -24,17 +34,33 @@ from typing import Any
 
 from .configrules import EXPERTS
 
-TOP_K = ("num_experts_per_tok", "moe_top_k", "top_k")
+TOP_K = ("num_experts_per_tok", "moe_top_k", "moe_topk", "top_k")
 """Config fields that hold the number of experts each token is routed to."""
 
 ROUTING_WHY = ("each expert receives k·b·s/E (token, expert) rows, rounded up (balanced routing; the learner fixed "
                "the router's choices while recording), so the per-expert transients are the balanced ones; the "
-               "saved activations, summed over the experts, do not depend on the routing")
+               "saved activations, summed over the experts, do not depend on the routing; a router with choices "
+               "besides the experts (identity 'zero' experts) is counted as sending every row to an expert, an "
+               "upper bound")
 """What a file whose experts are sized by the routing assumes (docs/architectures.md, "What the learner assumes")."""
 
 FORCED: dict[str, str] = {}
 """While a type is learned: the config fields of its expert count and top-k when its routers are fixed, else
-empty (the file's ``assumed`` says so)."""
+empty (the file's ``assumed`` says so); ``"by": "indices"`` where the routers were fixed by the indices they
+return (:func:`index_routers`)."""
+
+
+def sizes_the_step(segments: dict[str, Any]) -> bool:
+    """Whether the fixed routing sets sizes in the learned file: always for ``nn.Linear`` routers (JetMoE counts
+    rows with ``.tolist()``), and for routers fixed by their indices where a segment runs an op whose size the data
+    sets (:data:`.limits.DATA_DEPENDENT`, the experts-hit loop's ``nonzero``). transformers 5's ``grouped_mm``
+    experts (Mixtral's, DeepSeek-V3's: ``@use_experts_implementation``, integrations/moe.py) size every tensor by
+    the k·T rows whatever the router picks: their files state no routing."""
+    from .limits import DATA_DEPENDENT
+
+    if FORCED.get("by") != "indices":
+        return bool(FORCED)
+    return any(op[0] in DATA_DEPENDENT for seg in segments.values() for op in seg.get("ops", ()))
 
 
 def _field(cfg: dict[str, Any], names: tuple[str, ...]) -> tuple[str, int] | None:
@@ -71,6 +97,33 @@ def routers(model, n_experts: int) -> list:
             if isinstance(m, torch.nn.Linear) and m.out_features == n_experts and named(path)]
 
 
+def index_routers(model, n_experts: int) -> list:
+    """Router modules that are no ``nn.Linear`` (a path part names a router, see :func:`routers`) and score at least
+    ``n_experts`` choices: a 2-D weight of their own, or of a child ``nn.Linear``, with as many rows (DeepSeek-V4's
+    routers, LongCat-Flash's ``classifier`` over experts and zero experts). What they return is fixed by
+    :func:`balanced` where it holds the top-k indices."""
+    import torch
+
+    def named(path: str) -> bool:
+        return any(part in ROUTER_NAMES or part.endswith("router") for part in path.split("."))
+
+    def scores(m) -> bool:
+        ws = [p for n, p in m.named_parameters() if n.count(".") <= 1 and n.endswith("weight")]
+        return any(w.dim() == 2 and w.shape[0] >= n_experts for w in ws)
+
+    return [m for path, m in model.named_modules()
+            if path and not isinstance(m, torch.nn.Linear) and named(path) and scores(m)]
+
+
+def _balanced_indices(idx, n_experts: int, k: int):
+    """``idx``'s shape (tokens, k) with token t's j-th choice expert ``(t·k + j) mod E``."""
+    import torch
+
+    rows = idx.numel() // k
+    t = torch.arange(rows, device=idx.device).unsqueeze(1) * k + torch.arange(k, device=idx.device)
+    return (t % n_experts).to(idx.dtype).view(idx.shape)
+
+
 def _balanced_scores(out, n_experts: int, k: int):
     """Scores of ``out``'s shape whose top k for token t are experts (t·k + j) mod E, j = 0..k-1, in that order."""
     import torch
@@ -95,7 +148,8 @@ def balanced(model, cfg: dict[str, Any]):
 
     names = fields(cfg)
     found = routers(model, get_var(cfg, names[0])) if names else []
-    if not found:
+    by_index = [] if found or not names else index_routers(model, get_var(cfg, names[0]))
+    if not found and not by_index:
         yield False
         return
     n_experts, k = get_var(cfg, names[0]), get_var(cfg, names[1])
@@ -106,7 +160,15 @@ def balanced(model, cfg: dict[str, Any]):
                 out.detach().copy_(_balanced_scores(out, n_experts, k))
         return None
 
-    handles = [m.register_forward_hook(hook) for m in found]
+    def index_hook(module, args, out):
+        for t in out if isinstance(out, tuple) else ():
+            if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() == 2 and t.shape[-1] == k:
+                with _disable_current_modes(), torch.no_grad():
+                    # through ``.data``: no version bump, the router's own ``gather`` saved these indices
+                    t.data.copy_(_balanced_indices(t, n_experts, k))
+        return None
+
+    handles = [m.register_forward_hook(hook) for m in found] + [m.register_forward_hook(index_hook) for m in by_index]
     try:
         yield True
     finally:
