@@ -201,7 +201,7 @@ class Segment:
                 deaths_at[k] = [r for r in deaths_at[k] if r in keep]
             for s in ends:
                 self._site_output(s)
-                kernels.lora_site(self, s)
+                kernels.lora_site(self, s, bool(op[3].get("ng")) if len(op) > 3 and op[3] else False)
             if embed is not None and embed in self.refs:
                 self._input_requires_grad(self.refs[embed])
                 embed = None
