@@ -772,6 +772,18 @@ def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace | Forward
 # --------------------------------------------------------------------------- replay: forward and backward timelines
 
 
+def recomputed_lifetimes(seg_ops: list[tuple[int, Op]], last_read: dict[int, int], stop: int) -> dict[int, int]:
+    """Storage -> the last of a recomputed layer's ops ``seg_ops`` (``(index, op)``) that holds it: its last read in
+    the layer, or ``stop`` (past every op: held to the recomputation's stop) for one whose recorded lifetime
+    (``last_read``, over the whole forward) runs past the layer, a tensor the layer returns for a later one."""
+    end = seg_ops[-1][0] if seg_ops else -1
+    last_in: dict[int, int] = {}
+    for i, op in seg_ops:
+        for sid in (*op.reads, *op.allocs):
+            last_in[sid] = i if last_read.get(sid, -1) <= end else stop
+    return last_in
+
+
 def replay(tr: Trace) -> StepTrace:
     """Walk the recorded forward, then the backward, counting live bytes (see the module doc and :class:`Replay`)."""
     return Replay(tr).run()
@@ -1229,19 +1241,18 @@ class Replay:
         runs again until it has packed as many saved tensors as the original forward, parameters included
         ("early stop": the pack hook raises ``_StopRecomputationError``). Tensors live as long as the model's
         Python code holds them (the recorded lifetimes, holds past the stop included) until the stop unwinds the
-        layer's frames, which frees every recomputed tensor nothing saved. Autograd packs an op's inputs before
-        its kernel runs and its outputs after (torchgen ``gen_variable_type.py``): a last op saving only inputs
-        stops before allocating its outputs."""
+        layer's frames, which frees every recomputed tensor nothing saved. A tensor a later layer reads (ZAYA's
+        router state, which the layer returns for the next one) is held by those frames up to the stop too: its
+        recorded lifetime runs past the layer. Autograd packs an op's inputs before its kernel runs and its
+        outputs after (torchgen ``gen_variable_type.py``): a last op saving only inputs stops before allocating
+        its outputs."""
         seg_ops = [(i, op) for i, op in enumerate(self.ops) if op.seg == sg and op.unit == unit]  # one layer
         last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved or op.saves_param), default=-1)
         if last_saving < 0:
             return
         stop = seg_ops[last_saving][1]
         packs_output = any(sid in stop.allocs for sid in stop.saved)
-        last_in: dict[int, int] = {}
-        for i, op in seg_ops:
-            for sid in (*op.reads, *op.allocs):
-                last_in[sid] = i
+        last_in = recomputed_lifetimes(seg_ops, self.last_read, len(self.ops))
         for i, op in seg_ops[:last_saving + 1]:
             for sid in op.saved:
                 self.savers[sid] = self.savers.get(sid, 0) + 1
