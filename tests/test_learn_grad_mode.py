@@ -1,7 +1,8 @@
 """Checkpointed peaks the learned file missed (issue #32): what a layer's recomputation keeps alive.
 
-* Ops that run with grad mode off make no autograd node (torch/csrc/autograd: ``compute_requires_grad`` is false
-  while ``GradMode`` is off), so they save nothing and their parameters get no gradient. DeepSeek-V3.2's sparse
+* Ops that run with grad mode off make no autograd node (torch/csrc/autograd/functions/utils.h
+  ``compute_requires_grad`` is false while ``GradMode`` is off), so they save nothing and their parameters get no
+  gradient. DeepSeek-V3.2's sparse
   attention indexer is a ``@torch.no_grad()`` forward (transformers 5.24 modeling_deepseek_v32.py
   ``DeepseekV32Indexer``; also Dots3Note's and AXK2's). The recorder marks such ops ``ng`` as it marks a custom
   autograd Function's inner ops; without the mark the replay gave them nodes whose saves lived from the layer's
@@ -91,15 +92,15 @@ def test_a_lora_adapter_on_a_no_grad_site_makes_no_node(deepseek_v32, monkeypatc
     """LoRA on every linear layer, the indexer's included (peft wraps them by name): 32-true checkpointed, the peak
     torch measures. Control: the adapters on the indexer given nodes (the site's grad mode ignored) put the peak
     more than 1 % low (their A and B counted among the gradients the estimate then scales)."""
-    from fitplan.trace import kernels
+    from fitplan.trace import learned_segment
     from fitplan_torch.learn import verify as V
 
     cfg, data = deepseek_v32
     cases = [("32-true", "sdpa", True, "lora")]
     problems, rows = V.check_memory(data, cfg, _quiet, cases=cases)
     assert problems == [] and rows[0]["peak"] == 0
-    original = kernels.lora_site
-    monkeypatch.setattr(kernels, "lora_site", lambda inst, site, grad_off=False: original(inst, site))
+    monkeypatch.setattr(learned_segment.Segment, "_site_adapter",
+                        lambda seg, site, op: learned_segment.kernels.lora_site(seg, site))
     _, rows = V.check_memory(data, cfg, _quiet, cases=cases)
     assert rows[0]["peak"] < -0.01
 

@@ -385,27 +385,14 @@ def zero3_linear_input(inst, site: dict[str, Any]) -> None:
     inst.b.tr.emit(site["module"] + ".zero3_saved_input", [x], [], [x], [], [], True)
 
 
-def lora_site(inst, site: dict[str, Any], grad_off: bool = False) -> None:
-    """After a Linear call site's last op: peft's adapter, when the site is targeted. ``grad_off``: the site ran
-    with grad mode off (its ops recorded ``ng``: a ``torch.no_grad`` block such as the DSA indexer); peft's
-    ``lora.Linear.forward`` runs in the same grad mode, so its adapter makes no autograd node either (no saves, no
-    gradient for A and B: torch/csrc/autograd ``compute_requires_grad`` is false while grad mode is off)."""
+def lora_site(inst, site: dict[str, Any]) -> None:
+    """After a Linear call site's last op: peft's adapter, when the site is targeted."""
     b = inst.b
     if not b.lora:
         return
     module = site["module"].replace("{i}", str(inst.layer)) if inst.layer is not None else site["module"]
     if not lora_site_matches(module, b.spec.lora_targets, b.af):
         return
-    b.grad_off = grad_off
-    try:
-        _lora_adapter(inst, site, module)
-    finally:
-        b.grad_off = False
-
-
-def _lora_adapter(inst, site: dict[str, Any], module: str) -> None:
-    """peft 0.21 ``lora.Linear.forward``'s adapter after the base layer's output (:func:`lora_site`)."""
-    b = inst.b
     tr = b.tr
     x = inst.refs.get(site["input"]) or inst.ref(site["input"])
     base = inst.refs.get(site["output"]) or inst.ref(site["output"])

@@ -88,7 +88,9 @@ class Builder:
         adapter, _, adapter_input = self.spec.adapter_dtype.partition("<")
         self.adapter = _TRACE_DTYPE[adapter]
         self.grad_off = False
-        """Ops emitted now run with grad mode off (peft's adapter at a call site recorded under ``no_grad``)."""
+        """Ops emitted now run with grad mode off: peft's adapter at a call site recorded under ``no_grad``
+        (:meth:`.learned_segment.Segment._site_adapter`); autograd makes no node for them
+        (torch/csrc/autograd/functions/utils.h ``compute_requires_grad`` is false while grad mode is off)."""
         """LoRA adapters' dtype (peft keeps them in fp32; TRL and DeepSpeed's module cast change it)."""
         self.adapter_input = _TRACE_DTYPE[adapter_input or adapter]
         """The dtype peft casts an adapter's input to (``lora_A.weight.dtype`` when peft reads it: FSDP1's shard)."""

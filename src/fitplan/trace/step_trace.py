@@ -29,7 +29,8 @@ mask in the input dtype, CUDA in one byte). The forward of every architecture is
   arguments and re-runs the layer's forward when the backward first unpacks one of its saved tensors
   (a saved frozen weight counts: the checkpoint's pack hook wraps every saved tensor), up to its last op
   that saves something ("early stop": before that op's outputs when it saves only inputs); the re-run
-  frees what the forward freed, the stop releases what the layer's frames held;
+  frees what the forward freed inside the layer (what it returns for a later layer stays to the stop), the stop
+  releases what the layer's frames held;
 * an in-place op on a view whose result requires grad (``key[..., :d].copy_(k)``) rebases the view's base
   on a ``CopySlices`` node: the base's readers send their gradient there, and its backward allocates a
   copy of that gradient at the base's size and a clone of the slice (:mod:`.learned_graph`).
