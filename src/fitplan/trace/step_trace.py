@@ -452,19 +452,22 @@ class Trace:
     def finish(self) -> None:
         """Drop what dead nodes saved (:meth:`drop_dead_saves`), mark each parameter's last use in the backward
         (its first in the forward): where its gradient is complete, and count the parameter gradient bytes
-        (weighted by layer repetition)."""
-        self.drop_dead_saves()
+        (weighted by layer repetition). A dead node never runs, so a parameter only dead nodes read gets no
+        gradient: autocast's cached copy of a weight made inside a ``no_grad`` block (the cache casts with grad
+        mode on, torch/csrc/autocast_mode.cpp ``cached_cast``: a node whose output only ``ng`` ops read)."""
+        dead = self.drop_dead_saves()
         first: dict[int, int] = {}
         for i, op in enumerate(self.ops):
-            for key, *_ in op.params:
-                first.setdefault(key, i)
+            if i not in dead:
+                for key, *_ in op.params:
+                    first.setdefault(key, i)
         total = 0
         for i, op in enumerate(self.ops):
             if not op.params:
                 continue
             new = []
             for key, nb, kind, _ in op.params:
-                last = first[key] == i
+                last = first.get(key) == i
                 new.append((key, nb, kind, last))
                 if last:
                     total += nb * self.seg_weight[op.seg]
@@ -481,7 +484,7 @@ class Trace:
             op = self.ops[i] = _copy_op(op)
         return op
 
-    def drop_dead_saves(self) -> None:
+    def drop_dead_saves(self) -> set[int]:
         """An autograd node lives as long as a tensor it produced or a node downstream of it: once the forward
         returns, only the loss's ancestors and the nodes of the tensors the caller still holds are alive, and a
         node that dies frees what it saved. A branch whose outputs lead nowhere differentiable (DeepSeek's group
@@ -489,13 +492,20 @@ class Trace:
         they are freed when the model's code drops the branch's outputs. Walking the ops backward from the loss
         (an op is live when one of its outputs shares a storage with a gradient input of a live op, an
         over-approximation that keeps every in-place version's node), a dead op's saves are dropped, outside
-        checkpointed segments (their recompute is modelled op by op)."""
+        checkpointed segments (their recompute is modelled op by op). Returns the ops with outputs that are no
+        ancestor of the loss (their nodes, alive or not, never receive a gradient)."""
+        dead: set[int] = set()
         if self.loss is None:
-            return
+            return dead
         live = {self.loss.sid} | (self.pinned - self.uncached)
+        reach = {self.loss.sid}
         ops, ckpt = self.ops, self.seg_ckpt
         for i in range(len(ops) - 1, -1, -1):
             op = ops[i]
+            if op.outs and not any(t.sid in reach or t.sid < 0 for t in op.outs):  # (a parameter's view: no storage)
+                dead.add(i)
+            elif op.outs:
+                reach.update([g.sid for g in op.grad_ins if g.sid >= 0])
             for t in op.outs:  # (a loop, not ``any`` over a generator: a third of the time, four times a request)
                 if t.sid in live:
                     live.update([g.sid for g in op.grad_ins if g.sid >= 0])
@@ -503,6 +513,7 @@ class Trace:
             else:
                 if op.outs and op.saved and not ckpt[op.seg]:
                     self._own_op(i).saved = ()
+        return dead
 
     def checkpointed(self, spec: TraceSpec, *, copy: bool) -> Trace:
         """This recording (made with checkpointing on) for ``spec``, with checkpointing as ``spec`` says: without
@@ -773,15 +784,20 @@ def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace | Forward
 # --------------------------------------------------------------------------- replay: forward and backward timelines
 
 
-def recomputed_lifetimes(seg_ops: list[tuple[int, Op]], last_read: dict[int, int], stop: int) -> dict[int, int]:
+def recomputed_lifetimes(seg_ops: list[tuple[int, Op]], last_read: dict[int, int], stop: int,
+                         to_the_end: set[int] = frozenset()) -> dict[int, int]:
     """Storage -> the last of a recomputed layer's ops ``seg_ops`` (``(index, op)``) that holds it: its last read in
     the layer, or ``stop`` (past every op: held to the recomputation's stop) for one whose recorded lifetime
-    (``last_read``, over the whole forward) runs past the layer, a tensor the layer returns for a later one."""
+    (``last_read``, over the whole forward) runs past the layer, a tensor the layer returns for a later one, and
+    for one of ``to_the_end``, held to the end of the forward: autocast's copy of a weight that requires grad,
+    which the cache of the recomputation's own ``torch.autocast`` context keeps until the stop unwinds it
+    (torch/csrc/autocast_mode.cpp ``cached_cast``; torch/amp/autocast_mode.py ``__exit__`` clears the cache when
+    the outermost context exits; torch/utils/checkpoint.py re-enters the forward's autocast state to recompute)."""
     end = seg_ops[-1][0] if seg_ops else -1
     last_in: dict[int, int] = {}
     for i, op in seg_ops:
         for sid in (*op.reads, *op.allocs):
-            last_in[sid] = i if last_read.get(sid, -1) <= end else stop
+            last_in[sid] = i if last_read.get(sid, -1) <= end and sid not in to_the_end else stop
     return last_in
 
 
@@ -1253,7 +1269,7 @@ class Replay:
             return
         stop = seg_ops[last_saving][1]
         packs_output = any(sid in stop.allocs for sid in stop.saved)
-        last_in = recomputed_lifetimes(seg_ops, self.last_read, len(self.ops))
+        last_in = recomputed_lifetimes(seg_ops, self.last_read, len(self.ops), self.tr.pinned - self.tr.uncached)
         for i, op in seg_ops[:last_saving + 1]:
             for sid in op.saved:
                 self.savers[sid] = self.savers.get(sid, 0) + 1
