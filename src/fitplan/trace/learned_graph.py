@@ -87,6 +87,10 @@ class Builder:
 
         adapter, _, adapter_input = self.spec.adapter_dtype.partition("<")
         self.adapter = _TRACE_DTYPE[adapter]
+        self.grad_off = False
+        """Ops emitted now run with grad mode off: peft's adapter at a call site recorded under ``no_grad``
+        (:meth:`.learned_segment.Segment._site_adapter`); autograd makes no node for them
+        (torch/csrc/autograd/functions/utils.h ``compute_requires_grad`` is false while grad mode is off)."""
         """LoRA adapters' dtype (peft keeps them in fp32; TRL and DeepSpeed's module cast change it)."""
         self.adapter_input = _TRACE_DTYPE[adapter_input or adapter]
         """The dtype peft casts an adapter's input to (``lora_A.weight.dtype`` when peft reads it: FSDP1's shard)."""
@@ -216,7 +220,8 @@ class Builder:
                 else:
                     edges.append(v)
                     any_rg = any_rg or (v is not None and v.rg and v.dtype in FLOAT)
-        node = rule is not None and any_rg and not extra.get("ng")  # ng: inside a custom autograd Function
+        # ng: recorded with grad mode off (a custom autograd Function's forward, a ``torch.no_grad`` block): no node
+        node = rule is not None and any_rg and not extra.get("ng") and not self.grad_off
         if node:
             odiff = rule.get("o")
             for k, o in enumerate(outs):

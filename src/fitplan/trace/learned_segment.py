@@ -203,7 +203,7 @@ class Segment:
                 deaths_at[k] = [r for r in deaths_at[k] if r in keep]
             for s in ends:
                 self._site_output(s)
-                kernels.lora_site(self, s)
+                self._site_adapter(s, op)
             if embed is not None and embed in self.refs:
                 self._input_requires_grad(self.refs[embed])
                 embed = None
@@ -218,6 +218,17 @@ class Segment:
                 t = self.refs.get(r) if r.startswith(("t", "a")) else self.ref(r)
                 if t is not None and t.sid >= 0 and t.sid not in tr.uncached:
                     tr.pinned.add(t.sid)
+
+    def _site_adapter(self, site: dict[str, Any], op: list[Any]) -> None:
+        """peft's adapter after call site ``site``'s last op ``op`` (:func:`.kernels.lora_site`), in that op's grad
+        mode: ``lora.Linear.forward`` (peft 0.21 tuners/lora/layer.py) runs in its caller's, so at a site recorded
+        under ``torch.no_grad`` (its ops ``ng``: the DSA indexer) the adapter makes no autograd node either
+        (:attr:`.learned_graph.Builder.grad_off`)."""
+        self.b.grad_off = bool((op[3] if len(op) > 3 else {}).get("ng"))
+        try:
+            kernels.lora_site(self, site)
+        finally:
+            self.b.grad_off = False
 
     def _embedding_trains(self) -> bool:
         """The input embedding is in ``modules_to_save``: its output already requires grad, and peft's

@@ -29,7 +29,8 @@ mask in the input dtype, CUDA in one byte). The forward of every architecture is
   arguments and re-runs the layer's forward when the backward first unpacks one of its saved tensors
   (a saved frozen weight counts: the checkpoint's pack hook wraps every saved tensor), up to its last op
   that saves something ("early stop": before that op's outputs when it saves only inputs); the re-run
-  frees what the forward freed, the stop releases what the layer's frames held;
+  frees what the forward freed inside the layer (what it returns for a later layer stays to the stop), the stop
+  releases what the layer's frames held;
 * an in-place op on a view whose result requires grad (``key[..., :d].copy_(k)``) rebases the view's base
   on a ``CopySlices`` node: the base's readers send their gradient there, and its backward allocates a
   copy of that gradient at the base's size and a clone of the slice (:mod:`.learned_graph`).
@@ -454,19 +455,22 @@ class Trace:
     def finish(self) -> None:
         """Drop what dead nodes saved (:meth:`drop_dead_saves`), mark each parameter's last use in the backward
         (its first in the forward): where its gradient is complete, and count the parameter gradient bytes
-        (weighted by layer repetition)."""
-        self.drop_dead_saves()
+        (weighted by layer repetition). A dead node never runs, so a parameter only dead nodes read gets no
+        gradient: autocast's cached copy of a weight made inside a ``no_grad`` block (the cache casts with grad
+        mode on, torch/csrc/autocast_mode.cpp ``cached_cast``: a node whose output only ``ng`` ops read)."""
+        dead = self.drop_dead_saves()
         first: dict[int, int] = {}
         for i, op in enumerate(self.ops):
-            for key, *_ in op.params:
-                first.setdefault(key, i)
+            if i not in dead:
+                for key, *_ in op.params:
+                    first.setdefault(key, i)
         total = 0
         for i, op in enumerate(self.ops):
             if not op.params:
                 continue
             new = []
             for key, nb, kind, _ in op.params:
-                last = first[key] == i
+                last = first.get(key) == i
                 new.append((key, nb, kind, last))
                 if last:
                     total += nb * self.seg_weight[op.seg]
@@ -483,7 +487,7 @@ class Trace:
             op = self.ops[i] = _copy_op(op)
         return op
 
-    def drop_dead_saves(self) -> None:
+    def drop_dead_saves(self) -> set[int]:
         """An autograd node lives as long as a tensor it produced or a node downstream of it: once the forward
         returns, only the loss's ancestors and the nodes of the tensors the caller still holds are alive, and a
         node that dies frees what it saved. A branch whose outputs lead nowhere differentiable (DeepSeek's group
@@ -492,13 +496,20 @@ class Trace:
         (an op is live when one of its outputs shares a storage with a gradient input of a live op, an
         over-approximation that keeps every in-place version's node), a dead op's saves are dropped. In a
         checkpointed segment the op is marked ``dead`` instead (its saves still count toward the recomputation's
-        early stop, :meth:`Replay.recompute`)."""
+        early stop, :meth:`Replay.recompute`). Returns the ops with outputs that are no ancestor of the loss (their
+        nodes, alive or not, never receive a gradient)."""
+        dead: set[int] = set()
         if self.loss is None:
-            return
+            return dead
         live = {self.loss.sid} | (self.pinned - self.uncached)
+        reach = {self.loss.sid}
         ops, ckpt = self.ops, self.seg_ckpt
         for i in range(len(ops) - 1, -1, -1):
             op = ops[i]
+            if op.outs and not any(t.sid in reach or t.sid < 0 for t in op.outs):  # (a parameter's view: no storage)
+                dead.add(i)
+            elif op.outs:
+                reach.update([g.sid for g in op.grad_ins if g.sid >= 0])
             for t in op.outs:  # (a loop, not ``any`` over a generator: a third of the time, four times a request)
                 if t.sid in live:
                     live.update([g.sid for g in op.grad_ins if g.sid >= 0])
@@ -509,6 +520,7 @@ class Trace:
                         self._own_op(i).dead = True
                     else:
                         self._own_op(i).saved = ()
+        return dead
 
     def checkpointed(self, spec: TraceSpec, *, copy: bool) -> Trace:
         """This recording (made with checkpointing on) for ``spec``, with checkpointing as ``spec`` says: without
@@ -777,6 +789,23 @@ def build_sharing(spec: TraceSpec, fingerprint: str = "") -> StepTrace | Forward
 
 
 # --------------------------------------------------------------------------- replay: forward and backward timelines
+
+
+def recomputed_lifetimes(seg_ops: list[tuple[int, Op]], last_read: dict[int, int], stop: int,
+                         to_the_end: set[int] = frozenset()) -> dict[int, int]:
+    """Storage -> the last of a recomputed layer's ops ``seg_ops`` (``(index, op)``) that holds it: its last read in
+    the layer, or ``stop`` (past every op: held to the recomputation's stop) for one whose recorded lifetime
+    (``last_read``, over the whole forward) runs past the layer, a tensor the layer returns for a later one, and
+    for one of ``to_the_end``, held to the end of the forward: autocast's copy of a weight that requires grad,
+    which the cache of the recomputation's own ``torch.autocast`` context keeps until the stop unwinds it
+    (torch/csrc/autocast_mode.cpp ``cached_cast``; torch/amp/autocast_mode.py ``__exit__`` clears the cache when
+    the outermost context exits; torch/utils/checkpoint.py re-enters the forward's autocast state to recompute)."""
+    end = seg_ops[-1][0] if seg_ops else -1
+    last_in: dict[int, int] = {}
+    for i, op in seg_ops:
+        for sid in (*op.reads, *op.allocs):
+            last_in[sid] = i if last_read.get(sid, -1) <= end and sid not in to_the_end else stop
+    return last_in
 
 
 def replay(tr: Trace) -> StepTrace:
@@ -1236,22 +1265,21 @@ class Replay:
         runs again until it has packed as many saved tensors as the original forward, parameters included
         ("early stop": the pack hook raises ``_StopRecomputationError``). Tensors live as long as the model's
         Python code holds them (the recorded lifetimes, holds past the stop included) until the stop unwinds the
-        layer's frames, which frees every recomputed tensor nothing saved. Autograd packs an op's inputs before
-        its kernel runs and its outputs after (torchgen ``gen_variable_type.py``): a last op saving only inputs
-        stops before allocating its outputs. A dead op (:meth:`Trace.drop_dead_saves`: its node died with its
-        outputs in the forward, with the holders of what it saved) packs toward the stop but keeps nothing: the pack
-        hook stores a recomputed tensor only for a holder still alive (``_recomputation_hook.pack_hook``,
-        ``weak_holders[recomp_idx]()`` is None), so its saves live as long as the recomputing code holds them."""
+        layer's frames, which frees every recomputed tensor nothing saved. A tensor a later layer reads (ZAYA's
+        router state, which the layer returns for the next one) is held by those frames up to the stop too: its
+        recorded lifetime runs past the layer. Autograd packs an op's inputs before its kernel runs and its
+        outputs after (torchgen ``gen_variable_type.py``): a last op saving only inputs stops before allocating
+        its outputs. A dead op (:meth:`Trace.drop_dead_saves`: its node died with its outputs in the forward, with
+        the holders of what it saved) packs toward the stop but keeps nothing: the pack hook stores a recomputed
+        tensor only for a holder still alive (``_recomputation_hook.pack_hook``, ``weak_holders[recomp_idx]()`` is
+        None), so its saves live as long as the recomputing code holds them."""
         seg_ops = [(i, op) for i, op in enumerate(self.ops) if op.seg == sg and op.unit == unit]  # one layer
         last_saving = max((k for k, (_, op) in enumerate(seg_ops) if op.saved or op.saves_param), default=-1)
         if last_saving < 0:
             return
         stop = seg_ops[last_saving][1]
         packs_output = any(sid in stop.allocs for sid in stop.saved)
-        last_in: dict[int, int] = {}
-        for i, op in seg_ops:
-            for sid in (*op.reads, *op.allocs):
-                last_in[sid] = i
+        last_in = recomputed_lifetimes(seg_ops, self.last_read, len(self.ops), self.tr.pinned - self.tr.uncached)
         for i, op in seg_ops[:last_saving + 1]:
             for sid in () if op.dead else op.saved:
                 self.savers[sid] = self.savers.get(sid, 0) + 1

@@ -282,7 +282,8 @@ def _dispatch_mode(r: _Recorder):
             r.rec.ops.append({"name": op_key(func), "args": named, "outs": outs, "scalars": scal, **_bounds(func, pos, kwargs),
                               "inplace": bool(schema.arguments and schema.arguments[0].alias_info is not None
                                               and schema.arguments[0].alias_info.is_write),
-                              "saves": r.pending_saves, **r.context(), **({"nograd": 1} if r.in_function else {})})
+                              "saves": r.pending_saves, **r.context(),
+                              **({"nograd": 1} if r.in_function or not torch.is_grad_enabled() else {})})
             r.pending_saves = []
             if r.keep is not None:
                 r.prev_outs = [t for t in _flat(out) if isinstance(t, torch.Tensor)]

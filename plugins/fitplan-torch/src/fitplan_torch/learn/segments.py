@@ -216,7 +216,7 @@ class Cut:
             if op.get("site") is not None:
                 extra["site"] = op["site"]
             if op.get("nograd"):
-                extra["ng"] = 1  # inside a custom autograd Function: no autograd node
+                extra["ng"] = 1  # grad mode off (a custom autograd Function, a torch.no_grad block): no autograd node
             if op.get("function"):  # the Function's node: what ctx.save_for_backward kept
                 extra["fn"] = op["function"]
                 extra["fsv"] = [self._ref(t, n, seg, local, args) for t in op["fsaves"]]
