@@ -142,28 +142,28 @@ def test_gemma4_per_layer_inputs_are_slices_of_one_prologue_tensor():
 
 
 def test_the_replay_refuses_a_maker_it_cannot_place_naming_the_expression():
-    """The core evaluates a ``["layer", expr, "t<k>"]`` argument's rule per layer (trace/learned_graph.py
-    ``Builder.maker``): a config that leaves the rule's list out, or a rule naming no earlier layer, is a clear
+    """The core evaluates a ``["layer", expr, "t<k>"]`` argument's rule per layer (trace/layer_refs.py
+    ``maker``): a config that leaves the rule's list out, or a rule naming no earlier layer, is a clear
     refusal (exit 2), not a KeyError. Control: the same rule over a stated list gives the store layer by hand
     (layers 0..4 of types s F s F s with the last 2 shared: layer 3 reads layer 1, layer 4 reads layer 2)."""
     from types import SimpleNamespace
 
     from fitplan.errors import FitplanError
-    from fitplan.trace.learned_graph import Builder
+    from fitplan.trace.layer_refs import maker
 
     rule = "last_index(layer_types, layer_types[i], num_hidden_layers - num_kv_shared_layers)"
     env = {"layer_types": ["s", "F", "s", "F", "s"], "num_hidden_layers": 5, "num_kv_shared_layers": 2}
     b = SimpleNamespace(env=env)
-    assert [Builder.maker(b, rule, i) for i in (3, 4)] == [1, 2]
+    assert [maker(b.env, rule, i) for i in (3, 4)] == [1, 2]
     with pytest.raises(FitplanError, match="cannot tell which layer's tensor layer 3 reads") as e:
-        Builder.maker(SimpleNamespace(env={**env, "layer_types": None}), rule, 3)
+        maker({**env, "layer_types": None}, rule, 3)
     assert e.value.exit_code == 2
     with pytest.raises(FitplanError, match="which is no earlier layer"):
-        Builder.maker(b, rule, 1)  # layer 1 is its own kind's last before the shared ones: itself
+        maker(b.env, rule, 1)  # layer 1 is its own kind's last before the shared ones: itself
 
 
 def test_layers_built_one_by_one_give_the_figures_of_the_weighted_block(tmp_path, monkeypatch):
-    """Where a layer reads another layer's tensor the replay builds every layer on its own (``Builder.cross_layer``
+    """Where a layer reads another layer's tensor the replay builds every layer on its own (``layer_refs.cross_layer``
     not None) instead of one block weighted by its repetitions (``layer_plan``); the replay accounts for the
     repetition exactly (trace/step_trace.py), so the two give the same bytes. Tiny Gemma-2 (sliding and full
     layers alternating) at 7 layers, with and without checkpointing, full and LoRA. Control: the plans differ
@@ -186,7 +186,9 @@ def test_layers_built_one_by_one_give_the_figures_of_the_weighted_block(tmp_path
     monkeypatch.setenv("FITPLAN_NO_CACHE", "1")
     plans: list = []
 
-    cross, plan = LG.Builder.__dict__["cross_layer"], LG.Builder.layer_plan
+    from fitplan.trace import layer_refs
+
+    cross, plan = layer_refs.cross_layer, LG.Builder.layer_plan
     monkeypatch.setattr(LG.Builder, "layer_plan", lambda self, kinds: plans.append(plan(self, kinds)) or plans[-1])
 
     def _clear() -> None:
@@ -197,7 +199,7 @@ def test_layers_built_one_by_one_give_the_figures_of_the_weighted_block(tmp_path
 
     def figures(one_by_one: bool, **kw) -> tuple:
         _clear()
-        monkeypatch.setattr(LG.Builder, "cross_layer", staticmethod(lambda v: {}) if one_by_one else cross)
+        monkeypatch.setattr(layer_refs, "cross_layer", (lambda v: {}) if one_by_one else cross)
         e = fitplan.estimate(model=str(tmp_path / "config.json"), device="cpu", per_device_train_batch_size=2,
                              max_seq_length=64, **kw)
         return e["activation_bytes"], e["saved_for_backward_bytes"], e["peak_bytes"]

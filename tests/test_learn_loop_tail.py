@@ -99,7 +99,6 @@ def test_the_epilogue_binds_an_earlier_layers_tensor_by_the_rule_with_i_the_laye
 
     made = {m: SimpleNamespace(refs={"t3": f"layer {m} t3"}) for m in range(6)}
     b = SimpleNamespace(env={"num_hidden_layers": 6})
-    b.maker = lambda expr, i: Builder.maker(b, expr, i)
     v = {"epilogue_args": ["h", ["layer", "i - 2", "t3"]]}
     assert Builder.epilogue_args(b, v, "H", made, 6) == ["H", "layer 4 t3"]
     assert Builder.epilogue_args(b, {}, "H", None, 6) == ["H"]

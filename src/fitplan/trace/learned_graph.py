@@ -26,7 +26,7 @@ from typing import Any
 from fitplan.arch.learned_repeat import unroll as unroll_repeats
 from fitplan.arch.archexpr import compile_expr
 from fitplan.arch.archfile import BYTES, FLOAT, ArchFile, autograd_table
-from fitplan.trace import kernels, liger, loss_heads, op_work
+from fitplan.trace import kernels, layer_refs, liger, loss_heads, op_work
 from fitplan.trace.learned_segment import Segment
 from fitplan.trace.symbolic import as_int
 from fitplan.trace.lora_targets import lora_site_matches, parameter_targets
@@ -382,7 +382,7 @@ class Builder:
         kinds = af.layer_kinds(self.env)
         pro = self.segment(af.segments[v["prologue"]], "prologue", args=[], layer=None)
         self.prologue = pro
-        made = self.cross_layer(v)
+        made = layer_refs.cross_layer(v)
         plan = self.layer_plan(kinds) if made is None else [(i, 1, 1) for i in range(len(kinds))]
         h = None
         for first, count, weight in plan:
@@ -397,7 +397,7 @@ class Builder:
                     if ref == "h":
                         bind.append(h if h is not None else pro.refs["t" + v["first_input"][1:]])
                     elif isinstance(ref, list) and ref[0] == "layer":  # ["layer", expr, "t<k>"]: an earlier layer's
-                        bind.append(made[self.maker(ref[1], i)].refs[ref[2]])
+                        bind.append(made[layer_refs.maker(self.env, ref[1], i)].refs[ref[2]])
                     elif isinstance(ref, list):  # ["select", "P<k>", d]: the prologue tensor's slice i on dim d
                         bind.append(self.select(pro.refs["t" + ref[1][1:]], ref[2], i))
                     else:
@@ -422,22 +422,13 @@ class Builder:
         tr.loss = epi.refs[af.segments[v["epilogue"]]["loss"]]
         tr.buffer_bytes = self.buffer_bytes()
 
-    @staticmethod
-    def cross_layer(v: dict[str, Any]) -> dict[int, Segment] | None:
-        """Where a layer reads a tensor an earlier layer made (``["layer", expr, "t<k>"]`` in ``layer_args``: a
-        state carried from layer to layer, K/V shared with a later layer; fitplan_torch/learn/crosslayer.py), the
-        layers' instances by index, filled as they run (each layer is then built on its own, unweighted: a
-        repeated block stands for layers whose tensors are never made); else None."""
-        args = [*v.get("layer_args", {}).values(), v.get("epilogue_args", [])]
-        return {} if any(isinstance(r, list) and r[0] == "layer" for refs in args for r in refs) else None
-
     def epilogue_args(self, v: dict[str, Any], h, made: dict[int, Segment] | None, n: int) -> list[Any]:
         """The epilogue's arguments: the last layer's output, then (``epilogue_args``) tensors earlier layers made,
         ``["layer", expr, "t<k>"]`` with ``i`` the layer count (the epilogue's place in the loop: Inkling2's
         ``final_input`` reads the ``block_states`` its block boundary layers made)."""
         bind = [h]
         for ref in v.get("epilogue_args", ["h"])[1:]:
-            bind.append(made[self.maker(ref[1], n)].refs[ref[2]])
+            bind.append(made[layer_refs.maker(self.env, ref[1], n)].refs[ref[2]])
         return bind
 
     def select(self, base, d: int, i: int):
@@ -456,24 +447,6 @@ class Builder:
         t.base = base.base if base.base is not None else base
         self.emit("select.int", [("self", base)], [t], extra={"sc": {"dim": d}})
         return t
-
-    def maker(self, expr: str, i: int) -> int:
-        """The layer whose tensor layer ``i`` reads (``expr`` over ``i`` and the config's fields).
-
-        :raises FitplanError: the config leaves a field of ``expr`` empty, or it names no earlier layer."""
-        from fitplan.errors import FitplanError
-
-        try:
-            m = compile_expr(expr)({**self.env, "i": i})
-        except Exception as e:  # noqa: BLE001 - a field the expression reads that this config lacks
-            raise FitplanError(f"cannot tell which layer's tensor layer {i} reads from {expr!r} ({type(e).__name__}: "
-                               f"{e})", field="$.layer_types", value=None,
-                               suggestion="state the per-layer fields (layer_types) the learned file reads") from None
-        if not (isinstance(m, int) and 0 <= m < i):
-            raise FitplanError(f"layer {i} reads a tensor of layer {m} by {expr!r}, which is no earlier layer",
-                               field="$.num_hidden_layers", value=self.env.get("num_hidden_layers"),
-                               suggestion="re-learn the architecture from a config of this shape")
-        return m
 
     def buffer_bytes(self) -> int:
         """The model's buffers (rotary ``inv_freq``, ...), as the learned file lists them: a layer's in every layer
