@@ -243,3 +243,28 @@ def test_derived_fields_follow_what_they_read_through_a_chain():
     env = ArchFile.symbols(fake, {"short_conv_kernel_size": 7})
     assert (env["linear_conv_kernel_dim"], env["conv_pad"]) == (7, 6)
     assert ArchFile.symbols(fake, {})["conv_pad"] == 3  # the class default 4, less one
+
+
+def test_a_causal_lm_that_takes_no_labels_is_refused_naming_its_class(tmp_path, cli_in_process):
+    """Gemma4AssistantForCausalLM's forward takes ``input_ids`` ("not actually used"), ``inputs_embeds`` and
+    ``shared_kv_states`` (the target model's), and no ``labels``; it returns logits and no loss
+    (models/gemma4_assistant/modeling_gemma4_assistant.py, 5.24): a speculative-decoding drafter, with no training
+    step of token ids to learn. The README command refuses it by name before shrinking (exit 2), from the class
+    defaults with the fixture the bench uses (the class's own check: no per-layer inputs). Controls: before, it
+    ran and ended in the model's TypeError at modeling_gemma4.py (its breadth row); llama's causal LM takes
+    labels, and the check lets it through."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from fitplan_torch.learn.command import _check_takes_labels
+
+    cfg = AutoConfig.for_model("gemma4_assistant", text_config={"hidden_size_per_layer_input": 0,
+                                                                "vocab_size_per_layer_input": 0}).to_dict()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg, default=str))
+    proc = cli_in_process("learn-architecture", str(path), "--out", str(tmp_path / "out"))
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "Traceback" not in said, said[-2000:]
+    assert "Gemma4AssistantForCausalLM takes no labels and returns no loss" in said and "shared_kv_states" in said
+    assert _check_takes_labels("llama", Path("config.json")) is None
