@@ -268,3 +268,28 @@ def test_a_causal_lm_that_takes_no_labels_is_refused_naming_its_class(tmp_path, 
     assert proc.returncode == 2 and "Traceback" not in said, said[-2000:]
     assert "Gemma4AssistantForCausalLM takes no labels and returns no loss" in said and "shared_kv_states" in said
     assert _check_takes_labels("llama", Path("config.json")) is None
+
+
+def test_a_nested_field_the_class_overwrites_follows_its_leader():
+    """MoshiConfig sets ``depth_decoder_config["input_size"] = hidden_size`` whatever the config states
+    (models/moshi/configuration_moshi.py ``__post_init__``, 5.24), so a probe that changes ``hidden_size`` alone
+    changes the nested ``input_size`` with it. The learner took that as a second variable changing and dropped
+    the probe, and the file held ``hidden_size`` at the regime's 192 (its memory check then refused the shrunk
+    config's 64, the breadth row of moshi). Expected by hand from that code: ``input_size`` follows
+    ``hidden_size``. Control: ``num_filters`` of ``audio_encoder_config``, which the class does not set from
+    ``hidden_size``, does not."""
+    from transformers import AutoConfig
+
+    from fitplan_torch.learn import derive
+
+    base = AutoConfig.for_model("moshi", hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                audio_encoder_config={"hidden_size": 64, "num_filters": 8},
+                                depth_decoder_config={"hidden_size": 64}).to_dict()
+    derive.NESTED.clear()
+    derive.NESTED.update(derive.nested_variables(base))
+    try:
+        assert derive.NESTED["input_size"] == ("depth_decoder_config", "input_size")
+        assert derive.follows(base, "input_size", "hidden_size", 96)
+        assert "num_filters" in derive.NESTED and not derive.follows(base, "num_filters", "hidden_size", 96)
+    finally:
+        derive.NESTED.clear()
