@@ -290,6 +290,8 @@ def test_a_nested_field_the_class_overwrites_follows_its_leader():
     try:
         assert derive.NESTED["input_size"] == ("depth_decoder_config", "input_size")
         assert derive.follows(base, "input_size", "hidden_size", 96)
+        # overwritten whatever it states: not a field of the file (its value read by the nested name)
+        assert derive.derived_by_config(base, "input_size", derive.get_var(base, "input_size"))
         assert "num_filters" in derive.NESTED and not derive.follows(base, "num_filters", "hidden_size", 96)
     finally:
         derive.NESTED.clear()

@@ -476,7 +476,7 @@ def _config_rules(rec: ModelRecord, ref: dict[str, Any], segments, params, buffe
     fields = [f for f in base if f in used] + [f for f in D.NESTED if f in used] + [n_layers]
     if "tie_word_embeddings" in base:
         fields.append("tie_word_embeddings")
-    fields += [k for k, lead in D.FOLLOWERS.items() if lead in fields and not D.derived_by_config(base, k, base.get(k))]
+    fields += [k for k, lead in D.FOLLOWERS.items() if lead in fields and not D.derived_by_config(base, k, D.get_var(base, k))]
     fields += [x for x, yz in relations.PRODUCTS.items() if set(yz) <= set(fields)]  # the spec reads it
     fields = list(dict.fromkeys(fields))
     cfg_rules = configrules.learn_config(rec.model_type, fields, ref["probes"], log, dict(D.NESTED))
