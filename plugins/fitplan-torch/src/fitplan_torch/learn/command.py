@@ -22,7 +22,6 @@ def _read_config(path: str) -> dict:
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise FitplanError("a config.json must name its model_type", file=str(p), field="$.model_type",
                            value=data.get("model_type") if isinstance(data, dict) else None)
-    _check_known(data["model_type"], p)
     _check_takes_labels(data["model_type"], p)
     data = text_config(data)
     _check_known(data["model_type"], p)
