@@ -435,8 +435,12 @@ class ArchFile:
                 return v
         if not any(v["precision"] == precision for v in self.variants):  # the learner left it out: the model
             # fails in it (DBRX's experts under autocast, see docs/architectures.md "The learner")
+            from fitplan.inputs.precision import PRESETS
+
+            replay = ", ".join(n for n, p in PRESETS.items() if p.graph_class == precision)  # XLNet: 32-true too
             raise FitplanError(f"{self.model_type} does not run in precision class {precision!r}: its learned file "
-                               "has no graph for it (the model failed there when it was learned)", file=str(self.path),
+                               f"has no graph for it (the model failed there when it was learned), and the presets "
+                               f"{replay} replay that graph", file=str(self.path),
                                field="precision", value=precision, suggestion="use another precision")
         whens = [v.get("when") for v in self.variants if v["precision"] == precision and v["attn"] == attn]
         if whens:  # graphs of this class exist, for other regimes (MiMo-V2-Flash: the learner ran no GQA one; a

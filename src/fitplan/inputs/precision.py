@@ -101,6 +101,13 @@ class Preset:
         return self.compute_dtype != "fp32"
 
     @property
+    def graph_class(self) -> str:
+        """The precision class of a learned file's graph this preset replays (``fitplan.trace.learned_graph``
+        ``dtype_map``): ``mixed`` for autocast over weights of another dtype, else ``16`` (the 16-bit graph, its
+        bf16 renamed to the weight dtype: 32-true too)."""
+        return "mixed" if self.autocast and self.weight_dtype != self.compute_dtype else "16"
+
+    @property
     def deepspeed(self) -> bool:
         """A precision a DeepSpeed engine runs: fp32, or its 16-bit optimizer with fp32 master weights."""
         return self.master or self.name == "32-true"

@@ -59,7 +59,7 @@ def dtype_map(precision: str) -> tuple[str, dict[str, str]]:
     from fitplan.inputs.precision import PRESETS
 
     p = PRESETS[precision]
-    if p.autocast and p.weight_dtype != p.compute_dtype:
+    if p.graph_class == "mixed":
         return "mixed", {"bf16": _TRACE_DTYPE[p.compute_dtype]}
     return "16", {"bf16": _TRACE_DTYPE[p.weight_dtype]}
 

@@ -22,9 +22,37 @@ def _read_config(path: str) -> dict:
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise FitplanError("a config.json must name its model_type", file=str(p), field="$.model_type",
                            value=data.get("model_type") if isinstance(data, dict) else None)
+    _check_takes_labels(data["model_type"], p)
     data = text_config(data)
     _check_known(data["model_type"], p)
     return data
+
+
+def _check_takes_labels(model_type: str, p: Path) -> None:
+    """The causal LM ``AutoModelForCausalLM`` builds for ``model_type`` computes a loss from ``labels`` (the
+    training step every estimate counts). Gemma4AssistantForCausalLM and Gemma4UnifiedAssistantForCausalLM take no
+    ``labels`` and return no loss: drafters for speculative decoding, run on the target model's ``inputs_embeds``
+    and ``shared_kv_states``, whose ``input_ids`` are "not actually used" (models/gemma4_assistant/
+    modeling_gemma4_assistant.py ``forward``, 5.24); over the 196 causal-LM types, only these two.
+    :raises FitplanError: naming the class and the inputs its forward takes."""
+    import inspect
+
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if cls is None:
+        return
+    params = inspect.signature(cls.forward).parameters
+    if "labels" in params:
+        return
+    takes = [k for k, v in params.items() if k != "self" and v.kind not in (v.VAR_KEYWORD, v.VAR_POSITIONAL)]
+    raise FitplanError(f"{model_type}'s causal LM {name} takes no labels and returns no loss (its forward takes "
+                       f"{', '.join(takes)}): there is no training step of token ids with labels to learn",
+                       file=str(p), field="$.model_type", value=model_type,
+                       suggestion="a model that trains only on another model's states (a speculative-decoding "
+                       "drafter) is not supported")
 
 
 def text_config(data: dict) -> dict:

@@ -305,9 +305,11 @@ def follows(base: dict[str, Any], k: str, name: str, alt) -> bool:
         return False
     c = copy.deepcopy(base)
     put_var(c, name, alt)
-    if k in NESTED:
-        return False
-    c.pop(k, None)
+    if k in NESTED:  # a nested config's field the class overwrites from ``name`` whatever it states (MoshiConfig:
+        # ``depth_decoder_config["input_size"] = hidden_size``, models/moshi/configuration_moshi.py ``__post_init__``)
+        put_var(c, k, alt + 1)
+    else:
+        c.pop(k, None)
     try:
         return get_var(hf_config(c).to_dict(), k) == alt
     except Exception:  # noqa: BLE001 - the class refuses the config: no evidence

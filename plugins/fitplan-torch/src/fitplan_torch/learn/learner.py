@@ -139,10 +139,10 @@ def _base_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     from .configrules import config_class, sentinels
 
     base.update(sentinels(base, config_class(config["model_type"])))  # widths the class derives from "auto"
-    from .shrink_lists import derived_layer_widths
+    from .shrink_lists import derived_layer_widths, pinned_widths
 
-    for k in derived_layer_widths(base, base, base.get("num_hidden_layers")):
-        del base[k]  # a per-layer width list the class derives: it follows the probed widths (Laguna's heads)
+    for k in derived_layer_widths(base, base, base.get("num_hidden_layers")) + pinned_widths(base):
+        del base[k]  # a width (list) the class derives: it follows the probed widths (Laguna's heads, XLNet's d_head)
     _, skipping = dropout_fields(base)
     base.update({k: 0.0 for k in skipping})  # every layer runs: a stated assumption of the file (``assumed``)
     return base, skipping
@@ -154,11 +154,17 @@ def _supported(base: dict[str, Any], variants, log) -> list[tuple[str, str]]:
 
     supported = []
     routing.FORCED.clear()
+    from .shrink_run import bf16_failure
+
+    fails: dict[str, str] = {}
     for precision, attn in variants:
         try:
             model, _ = D.build(base, precision, attn)
         except ValueError as e:
             log(f"  {precision}/{attn}: not supported by this model ({str(e).splitlines()[0][:90]})")
+            continue
+        if precision == "16" and fails.setdefault(precision, bf16_failure(base, model)):
+            log(f"  {precision}/{attn}: left out, the model does not run in it ({fails[precision]})")
             continue
         supported.append((precision, attn))
         _fix_routing(base, model, log)
@@ -477,7 +483,7 @@ def _config_rules(rec: ModelRecord, ref: dict[str, Any], segments, params, buffe
     fields = [f for f in base if f in used] + [f for f in D.NESTED if f in used] + [n_layers]
     if "tie_word_embeddings" in base:
         fields.append("tie_word_embeddings")
-    fields += [k for k, lead in D.FOLLOWERS.items() if lead in fields and not D.derived_by_config(base, k, base.get(k))]
+    fields += [k for k, lead in D.FOLLOWERS.items() if lead in fields and not D.derived_by_config(base, k, D.get_var(base, k))]
     fields += [x for x, yz in relations.PRODUCTS.items() if set(yz) <= set(fields)]  # the spec reads it
     fields = list(dict.fromkeys(fields))
     cfg_rules = configrules.learn_config(rec.model_type, fields, ref["probes"], log, dict(D.NESTED))

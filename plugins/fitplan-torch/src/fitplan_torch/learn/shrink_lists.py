@@ -64,3 +64,39 @@ def resize_partitions(cfg: dict[str, Any], out: dict[str, Any], layers: Any = No
         out[k] = [*parts, out[w] - sum(parts)]
         changed.append(k)
     return changed
+
+
+def pinned_widths(cfg: dict[str, Any]) -> list[str]:
+    """Integer fields whose class default is None, that ``cfg`` states exactly as the class derives them without
+    them, and whose every other value the class rejects: XLNetConfig's ``d_head = d_model // n_head`` when None,
+    and its ``validate_architecture`` raises unless a stated ``d_head`` equals it
+    (transformers/models/xlnet/configuration_xlnet.py, 5.24). Stated in the learner's base config (``to_dict``
+    states it), no probe could change ``d_model`` or ``n_head`` alone, and the file held all three at the tiny
+    sizes; dropped, the class derives it at every config the learner builds, and the file reads the fields it
+    follows from."""
+    from .configrules import class_defaults, config_class
+    from .derive import alternatives, hf_config
+
+    defaults = class_defaults(config_class(cfg["model_type"]))
+    out = []
+    for k, v in cfg.items():
+        if type(v) is not int or v < 1 or k not in defaults or defaults[k] is not None:
+            continue
+        try:
+            if hf_config({x: y for x, y in cfg.items() if x != k}).to_dict().get(k) != v:
+                continue
+        except Exception:  # noqa: BLE001 - required: not derived
+            continue
+        if all(_rejects(cfg, k, alt) for alt in alternatives(k, v)):
+            out.append(k)
+    return out
+
+
+def _rejects(cfg: dict[str, Any], k: str, alt: int) -> bool:
+    from .derive import hf_config
+
+    try:
+        hf_config({**cfg, k: alt})
+    except Exception:  # noqa: BLE001 - the class rejects the value
+        return True
+    return False

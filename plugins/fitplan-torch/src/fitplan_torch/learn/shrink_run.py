@@ -35,17 +35,18 @@ NOT_A_WIDTH = ("_token_id", "layers", "_layer", "max_position_embeddings", "n_po
                "num_labels", "seed")
 
 
-def run_error(cfg: dict[str, Any]) -> BaseException | None:
-    """The exception one bf16 training step of ``cfg`` raises (SDPA, or eager where the model has none), or None."""
+def run_error(cfg: dict[str, Any], precision: str = "16") -> BaseException | None:
+    """The exception one training step of ``cfg`` raises (SDPA, or eager where the model has none), or None;
+    ``precision``: the learner's precision class (``16``: bf16 weights; ``mixed``: fp32 weights under autocast)."""
     from .derive import batch_for, build
 
     try:
         try:
-            model, config = build(cfg, "16", "sdpa")
+            model, config = build(cfg, precision, "sdpa")
         except ValueError as e:
             if "attention implementation" not in str(e) and "sdpa" not in str(e).lower():
                 raise
-            model, config = build(cfg, "16", "eager")
+            model, config = build(cfg, precision, "eager")
         out = model(**batch_for(config, 2, 16))
         out.loss.backward()
     except Exception as e:  # noqa: BLE001 - whatever the model raises is the finding
@@ -69,7 +70,8 @@ def runnable(cfg: dict[str, Any], out: dict[str, Any], err: BaseException | None
         _refuse_unset(cfg, out, err)
         _refuse_missing(cfg, out, err)
         _refuse_missing_key(out, err)
-        _refuse_mixed_dtypes(out, err)
+        if _runs_mixed_only(out, err, log):
+            return out
         fixed, err2, tries = _repair(cfg, out, err, tries, repaired)
         if fixed is None:
             break
@@ -259,37 +261,73 @@ def _refuse_fixed_length(cfg: dict[str, Any], e: BaseException) -> None:
                        "is not supported yet")
 
 
-def _refuse_mixed_dtypes(out: dict[str, Any], e: BaseException) -> None:
-    """:raises FitplanError: the bf16 step fails on a dtype mismatch, and the model built in bfloat16 keeps
-    parameters in another dtype that its ``_keep_in_fp32_modules`` lists do not name. XLNet creates its attention
-    weights as ``torch.FloatTensor`` (models/xlnet/modeling_xlnet.py ``XLNetRelativeAttention.__init__``): float32
-    whatever default dtype ``from_config`` sets, and ``from_pretrained`` keeps a parameter's own dtype where it
-    differs from the one asked for (core_model_loading.py, 5.24), so bf16 hidden states meet float32 weights in its
-    einsum: bf16-true training fails in transformers itself, and no file for every precision class can be learned."""
-    if not isinstance(e, RuntimeError) or not re.search(r"scalar type|dtype", str(e)):
-        return
+def kept_dtypes(model) -> dict[str, Any]:
+    """Parameter name -> dtype, for the floating parameters of a model built in bfloat16 that keep another dtype
+    and that its ``_keep_in_fp32_modules`` lists do not name. XLNet creates its attention weights as
+    ``torch.FloatTensor`` (models/xlnet/modeling_xlnet.py ``XLNetRelativeAttention.__init__``): float32 whatever
+    default dtype ``from_config`` sets, and ``from_pretrained`` keeps a parameter's own dtype where it differs from
+    the one asked for (core_model_loading.py, 5.24)."""
     import torch
 
+    keep = [*(getattr(model, "_keep_in_fp32_modules", None) or []),
+            *(getattr(model, "_keep_in_fp32_modules_strict", None) or [])]
+    return {n: p.dtype for n, p in model.named_parameters()
+            if p.is_floating_point() and p.dtype != torch.bfloat16 and not any(k in n for k in keep)}
+
+
+def fails_on_kept_dtypes(cfg: dict[str, Any], e: BaseException | None) -> dict[str, Any]:
+    """The kept parameters (:func:`kept_dtypes`) of ``cfg`` built in bfloat16, where its bf16 step failed with
+    ``e``, a dtype mismatch: bf16 hidden states meet those float32 weights (XLNet's einsum), so bf16-true
+    training fails in transformers itself; empty where that is not the failure."""
+    if not isinstance(e, RuntimeError) or not re.search(r"scalar type|dtype", str(e)):
+        return {}
     from .derive import build
 
     try:
-        model, _ = build(out, "16", "eager")
+        model, _ = build(cfg, "16", "eager")
     except Exception:  # noqa: BLE001 - it does not build: not this construct
-        return
-    keep = [*(getattr(model, "_keep_in_fp32_modules", None) or []),
-            *(getattr(model, "_keep_in_fp32_modules_strict", None) or [])]
-    odd = {n: p.dtype for n, p in model.named_parameters()
-           if p.is_floating_point() and p.dtype != torch.bfloat16 and not any(k in n for k in keep)}
-    if not odd:
-        return
+        return {}
+    return kept_dtypes(model)
+
+
+def kept_line(odd: dict[str, Any], e: BaseException) -> str:
+    """How the learner names the construct of :func:`fails_on_kept_dtypes` (its parameters and failing line)."""
     from .verify import failing_line
 
     names = ", ".join(list(odd)[:3]) + (f" and {len(odd) - 3} more" if len(odd) > 3 else "")
     dtypes = ", ".join(sorted({str(d).removeprefix("torch.") for d in odd.values()}))
-    raise FitplanError(f"the model keeps {len(odd)} parameter(s) in {dtypes} when built in bfloat16 ({names}), and "
-                       f"its bf16-true training step fails on them: {failing_line(e)}", field="dtype",
-                       value="bfloat16", suggestion="transformers cannot train this model in bf16-true; fitplan "
-                       "learns a file only for a model that runs in every precision class")
+    return (f"the model keeps {len(odd)} parameter(s) in {dtypes} when built in bfloat16 ({names}), and its "
+            f"bf16-true training step fails on them: {failing_line(e)}")
+
+
+def bf16_failure(base: dict[str, Any], model) -> str:
+    """Why the 16-bit step of ``base`` fails, where ``model`` (built in bfloat16) keeps float32 parameters the
+    step fails on (:func:`fails_on_kept_dtypes`); '' where it keeps none or runs. bf16-true fails in transformers
+    itself and 32-true replays the same graph, so the learner leaves the class out (``learner._supported``)."""
+    if not kept_dtypes(model):
+        return ""
+    err = run_error(base, "16")
+    odd = fails_on_kept_dtypes(base, err)
+    return kept_line(odd, err) if odd else ""
+
+
+def _runs_mixed_only(out: dict[str, Any], e: BaseException, log) -> bool:
+    """True where ``out``'s bf16 step fails on parameters it keeps in float32 (:func:`fails_on_kept_dtypes`) and
+    its bf16-mixed step runs: autocast casts both operands of the failing op (``einsum``, on autocast's
+    lower-precision list, torch/csrc/autocast_mode.cpp) to bf16, so the learner learns that precision class and
+    leaves the 16-bit one out (:func:`.learner._supported`).
+
+    :raises FitplanError: the construct named, where the bf16-mixed step fails too."""
+    odd = fails_on_kept_dtypes(out, e)
+    if not odd:
+        return False
+    said = kept_line(odd, e)
+    mixed = run_error(out, "mixed")
+    if mixed is None:
+        log(f"  shrink: {said}; it runs in bf16-mixed, which is learned")
+        return True
+    raise FitplanError(f"{said}; its bf16-mixed step fails too: {_short(mixed)}", field="dtype", value="bfloat16",
+                       suggestion="transformers cannot train this model in bf16-true or bf16-mixed")
 
 
 def _refuse_missing_key(out: dict[str, Any], e: BaseException) -> None:
