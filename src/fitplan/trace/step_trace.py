@@ -556,7 +556,7 @@ class Trace:
 
 TRACE_FORMAT = 1
 """Bumped when a kept trace's layout changes without a module's size or mtime changing."""
-TRACE_MODULES = ("trace/step_trace.py", "trace/learned_graph.py", "trace/learned_segment.py", "trace/strides.py",
+TRACE_MODULES = ("trace/step_trace.py", "trace/learned_graph.py", "trace/learned_segment.py", "trace/strides.py", "trace/layer_refs.py",
                  "trace/kernels.py", "trace/int8.py", "trace/op_work.py", "arch/archexpr.py", "arch/archfile.py", "arch/archformat.py",
                  "arch/learned_repeat.py", "trace/lora_targets.py", "trace/loss_heads.py", "trace/fused_head.py", "trace/score_head.py",
                  "trace/logits_head.py", "trace/liger.py", "trace/offload.py", "trace/symbolic.py", "trace/reuse.py", "inputs/precision.py",
