@@ -91,7 +91,9 @@ def test_olmo_hybrid_fp32_activations_are_the_referees():
     from fitplan_torch.learn.command import shrink
 
     cfg = shrink(bench_module("learn_breadth").default_config("olmo_hybrid"))
-    data, _, _ = derive.learn_full(cfg, log=lambda *a: None, variants=(("16", "sdpa"),), first_only=True)
+    # every regime class: the first is now the several-chunk one (s > 64, learn/chunkregime.py); the check runs at
+    # one chunk (s = 21), the regime this test is about
+    data, _, _ = derive.learn_full(cfg, log=lambda *a: None, variants=(("16", "sdpa"),))
     heldout, _, _ = V.heldout(cfg, [], derive.Regime("as given", None), 2, 16)
     _, rows = V.check_memory(data, heldout, lambda *a: None,
                              cases=[("32-true", "sdpa", False, "full"), ("32-true", "sdpa", True, "full")])
