@@ -91,7 +91,7 @@ def test_olmo_hybrid_fp32_activations_are_the_referees():
     from fitplan_torch.learn.command import shrink
 
     cfg = shrink(bench_module("learn_breadth").default_config("olmo_hybrid"))
-    # every regime class: the first is now the several-chunk one (s > 64, learn/chunkregime.py); the check runs at
+    # every regime class: the first is now the several-chunk one (s > 64, learn/constchunk.py); the check runs at
     # one chunk (s = 21), the regime this test is about
     data, _, _ = derive.learn_full(cfg, log=lambda *a: None, variants=(("16", "sdpa"),))
     heldout, _, _ = V.heldout(cfg, [], derive.Regime("as given", None), 2, 16)

@@ -1,4 +1,5 @@
-"""Chunked scans learned across chunks: the sequence padded to a multiple of a config's chunk field (issue #32).
+"""Chunked scans learned across chunks: the sequence padded to a multiple of a config's chunk field (issue #32;
+a chunk that is a constant of the model's code, the gated delta rule's 64, is :mod:`.constchunk`'s).
 
 Mamba-2's ``torch_forward`` (transformers 5.24 modeling_mamba2.py ``torch_forward``; the same code in nemotron_h, bamba,
 falcon_h1, granitemoehybrid, zamba2) pads the sequence by ``pad_size = (chunk_size - seq_len % chunk_size) %

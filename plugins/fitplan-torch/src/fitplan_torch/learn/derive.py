@@ -19,7 +19,7 @@ from typing import Any
 
 from . import crosslayer, learner, looptail, relations, routing, seqbound
 from .autograd_rules import function_temporaries
-from .chunkregime import fit_count
+from .constchunk import fit_count
 from .fit import FitError, Fitter
 from .fold import fold
 from .limits import data_dependent_note
@@ -508,7 +508,7 @@ class Regime:
     not varied (``b`` under ``b == 1``); ``alts(name, val, s, default)`` gives a variable's probe values where the
     regime needs its own (a chunk that must keep the sequence padded or not, :mod:`.chunkregimes`), None
     otherwise; ``seq``: the sequence length its probes are recorded at, where not the learner's (several chunks of a
-    constant chunk, :mod:`.chunkregime`)."""
+    constant chunk, :mod:`.constchunk`)."""
 
     def __init__(self, name: str, when: str | None, setup=None, couple=None, valid=None, fixed: tuple[str, ...] = (),
                  alts=None, seq: int | None = None) -> None:

@@ -33,7 +33,7 @@ import math
 from fractions import Fraction
 from typing import Any
 
-from .chunkregime import chunked_product
+from .constchunk import chunked_product
 
 COEFFS = {Fraction(c) for c in (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)} | {Fraction(1, 2), Fraction(1, 4), Fraction(3, 2),
                                                                   Fraction(3, 4)}

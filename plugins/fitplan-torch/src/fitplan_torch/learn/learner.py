@@ -78,7 +78,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
                  known: dict[str, Any] | None) -> ModelRecord:
     """Phase 1: the base config, the layer pattern, the supported variants, the regime switches and the structural
     flags (each found by recording the model)."""
-    from . import chunkregime, chunkregimes, configrules, patterns, sizeregimes
+    from . import chunkregimes, configrules, constchunk, patterns, sizeregimes
     from . import derive as D
 
     model_type = config["model_type"]
@@ -109,7 +109,7 @@ def record_model(config: dict[str, Any], *, log, variants, b: int, s: int, regim
     switches += [pow2] if pow2 else []
     chunk = chunkregimes.padded_chunk(base, variables, supported[0], b, s, log) if regimes else None
     switches += [chunk] if chunk else []
-    chunks = chunkregime.chunk_switch(base, supported[0], b, s, log) if regimes else None
+    chunks = constchunk.chunk_switch(base, supported[0], b, s, log) if regimes else None
     switches += [chunks] if chunks else []
     others = tuple(v for v in supported if v[1] != supported[0][1])[:1]
     flags = D.structural_flags(base, supported[0], b, s, log, cls, known, others,

@@ -1,4 +1,4 @@
-"""The gated delta rule learned across chunks (issue #32, fitplan_torch/learn/chunkregime.py).
+"""The gated delta rule learned across chunks (issue #32, fitplan_torch/learn/constchunk.py).
 
 transformers 5.24 modeling_qwen3_next.py ``torch_chunk_gated_delta_rule(chunk_size=64)`` (olmo_hybrid's too) pads
 the sequence to a multiple of the constant 64 and loops over the chunks in Python. Expected values are derived by
@@ -14,7 +14,7 @@ import copy
 import pytest
 from conftest import bench_module
 
-from fitplan_torch.learn.chunkregime import fit_count
+from fitplan_torch.learn.constchunk import fit_count
 from fitplan_torch.learn.fit import FitError, Fitter
 
 
